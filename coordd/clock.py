@@ -1,0 +1,102 @@
+"""Time for coordd and the worker: the only module that imports `time`.
+
+`wall()` is Unix seconds (float), used only for values stored or sent; `mono()` is a
+monotonic reading in seconds, used for deadlines and intervals. Tests pin time with
+`FakeClock`; nothing in coordd sleeps to make time pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+class Clock:
+    """Interface: wall time, monotonic time, and an interruptible wait."""
+
+    def wall(self) -> float:
+        """Return Unix time in seconds."""
+        raise NotImplementedError
+
+    def mono(self) -> float:
+        """Return a monotonic reading in seconds."""
+        raise NotImplementedError
+
+    async def wait(self, stop: asyncio.Event, seconds: float) -> bool:
+        """Wait up to `seconds` or until `stop` is set; return True if `stop` is set."""
+        raise NotImplementedError
+
+
+class SystemClock(Clock):
+    """The real clock: `time.time()` and `time.monotonic()`."""
+
+    def wall(self) -> float:
+        return time.time()
+
+    def mono(self) -> float:
+        return time.monotonic()
+
+    async def wait(self, stop: asyncio.Event, seconds: float) -> bool:
+        if stop.is_set():
+            return True
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=max(0.0, seconds))
+        except TimeoutError:
+            return False
+        return True
+
+
+class FakeClock(Clock):
+    """A pinned clock for tests.
+
+    `advance(s)` moves wall and monotonic time together; `jump_wall(s)` moves only the
+    wall clock (a suspend/resume or an NTP step). Waiters wake when their deadline passes.
+    """
+
+    def __init__(self, start: float = 1_000.0) -> None:
+        self._wall = float(start)
+        self._mono = 0.0
+        self._changed: asyncio.Event | None = None
+
+    def wall(self) -> float:
+        return self._wall
+
+    def mono(self) -> float:
+        return self._mono
+
+    def set(self, wall: float) -> None:
+        """Set wall and monotonic time so that wall equals `wall` (must not go back)."""
+        self.advance(wall - self._wall)
+
+    def advance(self, seconds: float) -> None:
+        """Move both clocks forward by `seconds` (>= 0)."""
+        if seconds < 0:
+            raise ValueError("FakeClock cannot go back")
+        self._wall += seconds
+        self._mono += seconds
+        self._notify()
+
+    def jump_wall(self, seconds: float) -> None:
+        """Move only the wall clock by `seconds` (a suspend, or an NTP step)."""
+        self._wall += seconds
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def wait(self, stop: asyncio.Event, seconds: float) -> bool:
+        deadline = self._mono + seconds
+        while not stop.is_set() and self._mono < deadline:
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            changed = self._changed
+            stop_task = asyncio.ensure_future(stop.wait())
+            change_task = asyncio.ensure_future(changed.wait())
+            try:
+                await asyncio.wait({stop_task, change_task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop_task.cancel()
+                change_task.cancel()
+        return stop.is_set()

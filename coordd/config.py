@@ -1,0 +1,163 @@
+"""coordd's configuration: one msgspec Struct loaded from TOML (stdlib tomllib).
+
+Every knob has a default beside it; unknown keys are an error (a typo must not silently
+fall back to a default). Gate policies per priority live under `[gates.p0]` .. `[gates.p3]`;
+keys given there replace the built-in defaults of `coordd.gates.default_policies`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from coordd.errors import ConfigError
+from coordd.gates import GatePolicy, default_policies
+from coordd.protocol import MAX_FRAME_DEFAULT
+
+LEASE_DEFAULT_S = 30.0
+LEASE_MIN_S = 1.0
+LEASE_MAX_S = 3600.0
+HEARTBEAT_STALE_S = 30.0
+REAPER_INTERVAL_S = 5.0
+MAX_ATTEMPTS_DEFAULT = 3
+BACKOFF_BASE_S = 5.0
+BACKOFF_CAP_S = 600.0
+BACKOFF_JITTER = 0.25
+MAX_PAYLOAD_BYTES = 1 << 20
+MAX_RESULT_BYTES = 8 << 20
+MAX_CHECKPOINT_BYTES = 1 << 20
+MAX_ERROR_CHARS = 4000
+WRITER_QUEUE_MAX = 20_000
+WRITER_BATCH_MAX = 1024
+CLOCK_JUMP_S = 60.0
+BUSY_TIMEOUT_MS = 10_000
+
+
+class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """coordd settings. Durations in seconds, sizes in bytes.
+
+    Attributes:
+        db: SQLite file path ("" = the default state directory).
+        socket: Unix socket path ("" = the default runtime directory).
+        lease_default_s / lease_min_s / lease_max_s: lease length granted (clamped).
+        heartbeat_stale_s: a worker whose last heartbeat is older gets no claim.
+        reaper_interval_s: how often expired leases are reaped.
+        max_attempts_default: attempts a job gets unless enqueue says otherwise.
+        backoff_base_s / backoff_cap_s / backoff_jitter: retry delay after a retryable
+            failure: min(cap, base * 2**(attempts-1)) * (1 + U(0, jitter)).
+        aging_interval_s: priority aging; a waiting job's effective priority improves one
+            step per interval (never above P0). 0 = off (strict priority).
+        max_payload_bytes / max_result_bytes / max_checkpoint_bytes: caps on stored JSON.
+        max_error_chars: a failure's error text is truncated to this.
+        max_frame_bytes: RPC frame cap.
+        writer_queue_max / writer_batch_max: writer back-pressure and group-commit bound.
+        clock_jump_s: a wall-clock jump this much larger than the monotonic advance (a
+            suspend/resume) extends every live lease by the jump instead of expiring it.
+        admin_uids / admin_gids: who may call admin methods, besides root and coordd's uid.
+        log_json: log lines as JSON objects.
+        gates: per-priority gate overrides, keys "p0".."p3".
+    """
+
+    db: str = ""
+    socket: str = ""
+    lease_default_s: float = LEASE_DEFAULT_S
+    lease_min_s: float = LEASE_MIN_S
+    lease_max_s: float = LEASE_MAX_S
+    heartbeat_stale_s: float = HEARTBEAT_STALE_S
+    reaper_interval_s: float = REAPER_INTERVAL_S
+    max_attempts_default: int = MAX_ATTEMPTS_DEFAULT
+    backoff_base_s: float = BACKOFF_BASE_S
+    backoff_cap_s: float = BACKOFF_CAP_S
+    backoff_jitter: float = BACKOFF_JITTER
+    aging_interval_s: float = 0.0
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    max_result_bytes: int = MAX_RESULT_BYTES
+    max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES
+    max_error_chars: int = MAX_ERROR_CHARS
+    max_frame_bytes: int = MAX_FRAME_DEFAULT
+    writer_queue_max: int = WRITER_QUEUE_MAX
+    writer_batch_max: int = WRITER_BATCH_MAX
+    clock_jump_s: float = CLOCK_JUMP_S
+    busy_timeout_ms: int = BUSY_TIMEOUT_MS
+    admin_uids: list[int] = []
+    admin_gids: list[int] = []
+    log_json: bool = False
+    gates: dict[str, dict[str, Any]] = {}
+
+    def __post_init__(self) -> None:
+        if not 0 < self.lease_min_s <= self.lease_default_s <= self.lease_max_s:
+            raise ValueError("need 0 < lease_min_s <= lease_default_s <= lease_max_s")
+        if self.max_attempts_default < 1:
+            raise ValueError("max_attempts_default must be >= 1")
+        if self.backoff_base_s < 0 or self.backoff_cap_s < self.backoff_base_s:
+            raise ValueError("need 0 <= backoff_base_s <= backoff_cap_s")
+        if self.backoff_jitter < 0:
+            raise ValueError("backoff_jitter must be >= 0")
+        if self.aging_interval_s < 0:
+            raise ValueError("aging_interval_s must be >= 0")
+        if self.writer_batch_max < 1 or self.writer_queue_max < 1:
+            raise ValueError("writer_batch_max and writer_queue_max must be >= 1")
+        if self.max_frame_bytes < 1024:
+            raise ValueError("max_frame_bytes must be >= 1024")
+        bad = set(self.gates) - {"p0", "p1", "p2", "p3"}
+        if bad:
+            raise ValueError(f"gates: unknown priority table(s) {sorted(bad)}; use p0..p3")
+        self.policies()  # validate gate keys now, not at the first claim
+
+    def policies(self) -> dict[int, GatePolicy]:
+        """Return the effective GatePolicy per priority 0..3 (defaults plus overrides)."""
+        out = default_policies()
+        for key, overrides in self.gates.items():
+            prio = int(key[1])
+            fields = msgspec.structs.asdict(out[prio])
+            fields.update(overrides)
+            out[prio] = msgspec.convert(fields, GatePolicy)
+        return out
+
+
+def load(path: str | os.PathLike[str] | None, **overrides: Any) -> Config:
+    """Load a Config from a TOML file (None = defaults), then apply non-None `overrides`.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or has unknown keys or bad values.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"config {path}: {exc.strerror or exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config {path}: not valid TOML: {exc}") from exc
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return msgspec.convert(data, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"config {path or '(defaults)'}: {exc}") from exc
+
+
+def default_state_dir() -> Path:
+    """Return `$XDG_STATE_HOME/coordd` (default ~/.local/state/coordd)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
+    return Path(base) / "coordd"
+
+
+def default_socket_path() -> Path:
+    """Return `$COORDD_SOCKET`, else `$XDG_RUNTIME_DIR/coordd/coordd.sock`, else one in the state dir."""
+    env = os.environ.get("COORDD_SOCKET")
+    if env:
+        return Path(env)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "coordd" / "coordd.sock"
+    return default_state_dir() / "coordd.sock"
+
+
+def default_db_path() -> Path:
+    """Return `$COORDD_DB`, else `<state dir>/coordd.db`."""
+    env = os.environ.get("COORDD_DB")
+    return Path(env) if env else default_state_dir() / "coordd.db"

@@ -1,0 +1,386 @@
+"""The wire schema: msgspec Structs for every request and reply. Data only, no I/O.
+
+Frame: 4-byte big-endian unsigned length N, then N bytes of msgpack (DESIGN.md, "Wire
+protocol"). A request is `{"id": int, "method": str, "params": map}`; a reply is
+`{"id": int, "result": ...}` or `{"id": int, "error": {"code": str, "message": str}}`.
+Times are Unix seconds (float); durations are seconds; job ids are strings.
+
+Evolution rules (msgspec docs/schema-evolution.rst): new fields get defaults and go last;
+a field's type never changes; wire Structs never forbid unknown fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+FRAME_HEADER_BYTES = 4
+MAX_FRAME_DEFAULT = 16 << 20  # 16 MiB; client and server both enforce an explicit cap
+PRIORITIES = (0, 1, 2, 3)
+JOB_STATUSES = ("waiting", "running", "succeeded", "failed", "cancelled")
+TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+class Request(msgspec.Struct, kw_only=True):
+    """The request envelope; `params` is decoded later by the method's own Struct."""
+
+    id: int
+    method: str
+    params: msgspec.Raw = msgspec.Raw(b"\x80")  # an empty msgpack map
+
+
+class ErrorBody(msgspec.Struct):
+    """A wire error: `code` is one of the stable codes in coordd.errors."""
+
+    code: str
+    message: str
+
+
+class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The reply envelope: exactly one of `result` / `error` is set."""
+
+    id: int
+    result: Any = None
+    error: ErrorBody | None = None
+
+
+class ReplyHeader(msgspec.Struct, kw_only=True):
+    """What a client decodes first: the id, the error, and the result left raw."""
+
+    id: int
+    result: msgspec.Raw = msgspec.Raw(b"\xc0")
+    error: ErrorBody | None = None
+
+
+# ---------------------------------------------------------------- requests (params)
+
+
+class Empty(msgspec.Struct):
+    """Params of methods that take none (`reap`, `status`, `workers`, `metrics`)."""
+
+
+class Readings(msgspec.Struct, kw_only=True):
+    """The resource readings a heartbeat carries (null = the machine can't tell).
+
+    Free-form extra keys are kept in the stored heartbeat; these are the ones gates read.
+    """
+
+    memory_used_pct: float | None = None
+    temperature_c: float | None = None
+    on_battery: bool | None = None
+    user_idle_s: float | None = None
+    battery_pct: float | None = None
+    temperature_reason: str | None = None
+    power_reason: str | None = None
+    user_idle_reason: str | None = None
+
+
+class Heartbeat(msgspec.Struct, kw_only=True):
+    """`heartbeat`: the worker's roles and readings (a map; see `Readings`)."""
+
+    worker_id: str
+    roles: list[str]
+    readings: dict[str, Any] = {}
+
+
+class Enqueue(msgspec.Struct, kw_only=True):
+    """`enqueue`: one job. `payload` must be JSON-compatible.
+
+    `gates` optionally overrides the priority's gate policy for this job (same keys as
+    coordd.gates.GatePolicy). `max_runtime_s` makes coordd refuse renewals past it.
+    """
+
+    kind: str
+    required_role: str
+    priority: int
+    payload: Any = None
+    run_at: float | None = None
+    max_attempts: int | None = None
+    idempotency_key: str | None = None
+    max_runtime_s: float | None = None
+    gates: dict[str, Any] | None = None
+
+
+class EnqueueBatch(msgspec.Struct, kw_only=True):
+    """`enqueue_batch`: many jobs in one transaction (all or none)."""
+
+    jobs: list[Enqueue]
+
+
+class Claim(msgspec.Struct, kw_only=True):
+    """`claim`: `claim_id` makes a repeated claim return the lease it already granted."""
+
+    worker_id: str
+    lease_s: float | None = None
+    claim_id: str | None = None
+
+
+class LeaseRef(msgspec.Struct, kw_only=True):
+    """The fencing triple every lease-holder call presents."""
+
+    job_id: str
+    worker_id: str
+    token: int
+
+
+class Renew(LeaseRef, kw_only=True):
+    """`renew`: extend the lease by `lease_s` from now (coordd's clock)."""
+
+    lease_s: float | None = None
+
+
+class Checkpoint(LeaseRef, kw_only=True):
+    """`checkpoint`: record the latest checkpoint (JSON-compatible, small; files go to artifacts)."""
+
+    checkpoint: Any = None
+
+
+class Complete(LeaseRef, kw_only=True):
+    """`complete`: the job's result (JSON-compatible) or a reference to a stored artifact."""
+
+    result: Any = None
+    artifact: "ArtifactRef | None" = None
+
+
+class Fail(LeaseRef, kw_only=True):
+    """`fail`: `retryable` False means permanent (dead letter at once)."""
+
+    error: str = ""
+    retryable: bool = True
+
+
+class JobId(msgspec.Struct, kw_only=True):
+    """`cancel`, `retry`, `get_job`: one job id."""
+
+    job_id: str
+
+
+class ListJobs(msgspec.Struct, kw_only=True):
+    """`list_jobs`: filters (all optional), page size and the last id of the previous page."""
+
+    status: str | None = None
+    kind: str | None = None
+    role: str | None = None
+    priority: int | None = None
+    limit: int = 100
+    after: str | None = None
+
+
+class Backup(msgspec.Struct, kw_only=True):
+    """`backup`: a path on coordd's host for a consistent, verified copy of the database."""
+
+    dest: str
+
+
+# ---------------------------------------------------------------- results
+
+
+class ArtifactRef(msgspec.Struct, kw_only=True):
+    """A content-addressed file in the artifact store beside the DB."""
+
+    sha256: str
+    size: int
+    path: str
+
+
+class ClaimedJob(msgspec.Struct, kw_only=True):
+    """The job a claim hands out."""
+
+    job_id: str
+    kind: str
+    required_role: str
+    priority: int
+    payload: Any
+    attempts: int
+    checkpoint: Any = None
+    max_runtime_s: float | None = None
+
+
+class LeaseGrant(msgspec.Struct, kw_only=True):
+    """A granted lease: time it on your own monotonic clock from when you sent the request."""
+
+    token: int
+    expires_at: float
+    lease_s: float
+
+
+class ClaimResult(msgspec.Struct, kw_only=True):
+    """`claim` result: a job and lease, or `job=None` with the refusal reason codes."""
+
+    job: ClaimedJob | None = None
+    lease: LeaseGrant | None = None
+    reasons: list[str] = []
+    detail: str = ""
+
+
+class HeartbeatResult(msgspec.Struct, kw_only=True):
+    """`heartbeat` result: coordd's time and the held jobs whose cancel was requested."""
+
+    now: float
+    cancel: list[str] = []
+
+
+class EnqueueResult(msgspec.Struct, kw_only=True):
+    """`enqueue` result: `created` False means the idempotency key already named this job."""
+
+    job_id: str
+    created: bool
+
+
+class EnqueueBatchResult(msgspec.Struct, kw_only=True):
+    """`enqueue_batch` result, in request order."""
+
+    jobs: list[EnqueueResult]
+
+
+class RenewResult(msgspec.Struct, kw_only=True):
+    """`renew` result."""
+
+    expires_at: float
+    lease_s: float
+    cancel_requested: bool
+
+
+class CompleteResult(msgspec.Struct, kw_only=True):
+    """`complete` result: `cancelled` if a cancel was requested first (the result is dropped)."""
+
+    status: str = "succeeded"
+
+
+class StatusResult(msgspec.Struct, kw_only=True):
+    """`fail` / `cancel` / `retry` result: the job's status afterwards (and next run time)."""
+
+    status: str
+    run_at: float | None = None
+
+
+class ReapResult(msgspec.Struct, kw_only=True):
+    """`reap` result: how many expired leases were returned to waiting or failed."""
+
+    reaped: int
+
+
+class EventView(msgspec.Struct, kw_only=True):
+    """One row of the job's transition log."""
+
+    at: float
+    from_status: str | None
+    to_status: str
+    worker_id: str | None
+    reason: str | None
+
+
+class LeaseView(msgspec.Struct, kw_only=True):
+    """The job's current lease."""
+
+    worker_id: str
+    token: int
+    granted_at: float
+    expires_at: float
+    lease_s: float
+
+
+class JobView(msgspec.Struct, kw_only=True):
+    """A stored job as `get_job` / `list_jobs` show it (`events` only from `get_job`)."""
+
+    job_id: str
+    kind: str
+    required_role: str
+    priority: int
+    effective_priority: int
+    status: str
+    attempts: int
+    max_attempts: int
+    run_at: float
+    created_at: float
+    updated_at: float
+    age_s: float
+    payload: Any = None
+    result: Any = None
+    artifact: ArtifactRef | None = None
+    last_error: str | None = None
+    checkpoint: Any = None
+    cancel_requested: bool = False
+    idempotency_key: str | None = None
+    max_runtime_s: float | None = None
+    finished_at: float | None = None
+    lease: LeaseView | None = None
+    events: list[EventView] = []
+    waiting_reason: str | None = None
+
+
+class JobList(msgspec.Struct, kw_only=True):
+    """`list_jobs` result: `next_after` is the `after` for the next page (None at the end)."""
+
+    jobs: list[JobView]
+    next_after: str | None = None
+
+
+class WorkerView(msgspec.Struct, kw_only=True):
+    """A worker with its last readings and what each priority's gates say about it."""
+
+    worker_id: str
+    roles: list[str]
+    readings: dict[str, Any]
+    heartbeat_at: float
+    heartbeat_age_s: float
+    live: bool
+    verdicts: dict[str, list[str]]  # "p0".."p3" -> refusal reason codes ([] = would claim)
+    notes: list[str] = []
+    active_leases: int = 0
+
+
+class WorkersResult(msgspec.Struct, kw_only=True):
+    """`workers` result."""
+
+    workers: list[WorkerView]
+
+
+class StatusReply(msgspec.Struct, kw_only=True):
+    """`status` result. `jobs` always holds every status, zero where none."""
+
+    workers: int
+    workers_live: int
+    active_leases: int
+    jobs: dict[str, int]
+    waiting_by_priority: dict[str, int] = {}
+    db_bytes: int = 0
+    wal_bytes: int = 0
+    oldest_waiting_age_s: float | None = None
+    warnings: list[str] = []
+    now: float = 0.0
+
+
+class BackupResult(msgspec.Struct, kw_only=True):
+    """`backup` result: the copy's path, size in bytes, and its `PRAGMA quick_check` answer."""
+
+    path: str
+    bytes: int
+    quick_check: str
+    jobs: int
+
+
+PARAMS: dict[str, type[msgspec.Struct]] = {
+    "heartbeat": Heartbeat,
+    "enqueue": Enqueue,
+    "enqueue_batch": EnqueueBatch,
+    "claim": Claim,
+    "renew": Renew,
+    "checkpoint": Checkpoint,
+    "complete": Complete,
+    "fail": Fail,
+    "cancel": JobId,
+    "retry": JobId,
+    "reap": Empty,
+    "status": Empty,
+    "get_job": JobId,
+    "list_jobs": ListJobs,
+    "workers": Empty,
+    "backup": Backup,
+    "check": Empty,
+}
+"""Every RPC method and its params Struct."""
+
+ADMIN_METHODS = frozenset({"enqueue", "enqueue_batch", "cancel", "retry", "reap", "backup"})
+"""Methods limited to the configured admin uids/gids."""

@@ -1,0 +1,433 @@
+"""The coordinator's operations: validate, then write through the Writer or read beside it.
+
+`Coordinator` has one coroutine per RPC method (DESIGN.md, "Wire protocol"); each takes
+the method's params Struct from coordd.protocol and returns its result Struct, raising a
+`coordd.errors.CoordError` whose `code` goes on the wire. Nothing slow runs inside the
+writer's transaction: sizes and encodings are checked here, before the op is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import secrets
+import sqlite3
+from datetime import datetime, timezone
+from functools import partial
+from typing import Any
+
+import aiosqlite
+import msgspec
+
+from coordd import errors, gates, store
+from coordd.clock import Clock
+from coordd.config import Config
+from coordd.protocol import (
+    PRIORITIES, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
+    CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
+    Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, ReapResult, Renew,
+    RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
+)
+from coordd.writer import Writer
+
+logger = logging.getLogger(__name__)
+
+LIST_LIMIT_MAX = 1000
+NAME_MAX_CHARS = 200
+
+
+def fmt_time(ts: float) -> str:
+    """Format Unix seconds as ISO-8601 UTC (seconds precision)."""
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Coordinator:
+    """The operations over one database.
+
+    Args:
+        db_path: the SQLite file.
+        config: limits, defaults and gate policies.
+        clock: the injectable clock (tests pin it).
+        rng: source of backoff jitter (tests may seed it).
+    """
+
+    def __init__(self, db_path: str, config: Config, clock: Clock,
+                 rng: random.Random | None = None) -> None:
+        self.db_path = db_path
+        self.config = config
+        self.clock = clock
+        self._rng = rng or random.Random()
+        self.writer = Writer(db_path, clock, queue_max=config.writer_queue_max,
+                             batch_max=config.writer_batch_max,
+                             busy_timeout_ms=config.busy_timeout_ms,
+                             clock_jump_s=config.clock_jump_s)
+        self._reader: aiosqlite.Connection | None = None
+        self._policies = config.policies()
+        self._claim_policy = store.ClaimPolicy(
+            policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
+            aging_interval_s=config.aging_interval_s)
+
+    async def start(self) -> None:
+        """Open the writer (creating and migrating the DB) and the read-only connection.
+
+        Raises:
+            errors.StoreError: the file is not a compatible coordd database.
+        """
+        await self.writer.start()
+        try:
+            self._reader = await aiosqlite.connect(f"file:{self.db_path}?mode=ro", uri=True,
+                                                   isolation_level=None)
+            await self._reader.execute(f"PRAGMA busy_timeout = {self.config.busy_timeout_ms}")
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Drain and close the writer, close the reader. Idempotent."""
+        try:
+            await self.writer.stop()
+        finally:
+            if self._reader is not None:
+                reader, self._reader = self._reader, None
+                await reader.close()
+
+    async def _read(self, fn: Any, *args: Any) -> Any:
+        if self._reader is None:
+            raise errors.CoordError("coordinator is not started")
+        return await self._reader._execute(fn, self._reader._conn, *args)
+
+    # ------------------------------------------------------------ workers
+
+    async def heartbeat(self, p: Heartbeat) -> HeartbeatResult:
+        """Record a worker's roles and readings (stamped with coordd's clock).
+
+        Returns the ids of jobs this worker holds whose cancel was requested.
+        Raises: errors.BadRequest (empty id, bad readings types).
+        """
+        _check_name("worker_id", p.worker_id)
+        for role in p.roles:
+            _check_name("role", role)
+        try:
+            msgspec.convert(p.readings, _ReadingsCheck)
+        except msgspec.ValidationError as exc:
+            raise errors.BadRequest(f"readings: {exc}") from exc
+        readings_json = store.dumps(p.readings)
+        cancel = await self.writer.run(
+            lambda conn, now: (store.heartbeat(conn, now, p.worker_id, p.roles, readings_json),
+                               now))
+        return HeartbeatResult(now=cancel[1], cancel=cancel[0])
+
+    async def claim(self, p: Claim) -> ClaimResult:
+        """Claim the best job for `p.worker_id` (see coordd.store.claim).
+
+        `lease_s` is clamped to the configured [lease_min_s, lease_max_s]; it never
+        depends on a job's max runtime. Raises: errors.BadRequest.
+        """
+        _check_name("worker_id", p.worker_id)
+        lease_s = self._lease_s(p.lease_s)
+        return await self.writer.run(
+            partial(_claim_op, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,
+                    policy=self._claim_policy))
+
+    async def renew(self, p: Renew) -> RenewResult:
+        """Extend a lease. Raises: LeaseLost, LeaseExpired, AlreadyCompleted, NotFound."""
+        lease_s = self._lease_s(p.lease_s)
+        return await self.writer.run(
+            lambda conn, now: store.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s))
+
+    async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
+        """Record a job's latest checkpoint. Raises: PayloadTooLarge and the lease errors."""
+        text = _encode("checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
+        await self.writer.run(
+            lambda conn, now: store.checkpoint(conn, now, p.job_id, p.worker_id, p.token, text))
+        return {}
+
+    async def complete(self, p: Complete) -> CompleteResult:
+        """Store a job's result, once. Raises: AlreadyCompleted (a result is stored: treat as
+        success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound."""
+        text = _encode("result", p.result, self.config.max_result_bytes)
+        return await self.writer.run(
+            lambda conn, now: store.complete(conn, now, p.job_id, p.worker_id, p.token, text,
+                                             p.artifact))
+
+    async def fail(self, p: Fail) -> StatusResult:
+        """Record a failure; the error text is truncated to `max_error_chars`.
+
+        Retryable with attempts left -> waiting after exponential backoff with jitter;
+        otherwise `failed` (dead letter). Raises: the lease errors.
+        """
+        error = _truncate(p.error, self.config.max_error_chars)
+        backoff = partial(store.backoff_delay, base_s=self.config.backoff_base_s,
+                          cap_s=self.config.backoff_cap_s, jitter=self.config.backoff_jitter,
+                          u=self._rng.random())
+        return await self.writer.run(
+            lambda conn, now: store.fail(conn, now, p.job_id, p.worker_id, p.token, error,
+                                         p.retryable, backoff))
+
+    # ------------------------------------------------------------ producers and admin
+
+    def _new_job(self, p: Enqueue) -> store.NewJob:
+        _check_name("kind", p.kind)
+        _check_name("required_role", p.required_role)
+        if p.priority not in PRIORITIES:
+            raise errors.BadRequest(f"priority must be 0..3, got {p.priority}")
+        max_attempts = p.max_attempts if p.max_attempts is not None \
+            else self.config.max_attempts_default
+        if max_attempts < 1:
+            raise errors.BadRequest(f"max_attempts must be >= 1, got {max_attempts}")
+        if p.max_runtime_s is not None and p.max_runtime_s <= 0:
+            raise errors.BadRequest("max_runtime_s must be > 0")
+        if p.idempotency_key is not None:
+            _check_name("idempotency_key", p.idempotency_key)
+        gates_json = None
+        if p.gates:
+            try:
+                gates.merge(self._policies[p.priority], p.gates)
+            except msgspec.ValidationError as exc:
+                raise errors.BadRequest(f"gates: {exc}") from exc
+            gates_json = store.dumps(p.gates)
+        return store.NewJob(
+            job_id=secrets.token_hex(8), kind=p.kind, required_role=p.required_role,
+            priority=p.priority,
+            payload_json=_encode("payload", p.payload, self.config.max_payload_bytes),
+            run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
+            max_runtime_s=p.max_runtime_s, gates_json=gates_json)
+
+    async def enqueue(self, p: Enqueue) -> EnqueueResult:
+        """Add a waiting job; a repeated idempotency key returns the existing job id with
+        created=False (the insert and the id come from one transaction).
+
+        Raises: BadRequest (priority outside 0..3, empty names, bad gates),
+        PayloadTooLarge (payload JSON over `max_payload_bytes`; nothing is written).
+        """
+        job = self._new_job(p)
+        return await self.writer.run(lambda conn, now: store.enqueue(conn, now, job))
+
+    async def enqueue_batch(self, p: EnqueueBatch) -> EnqueueBatchResult:
+        """Add many jobs in one transaction, all or none. Raises as `enqueue`."""
+        jobs = [self._new_job(j) for j in p.jobs]
+        return EnqueueBatchResult(jobs=await self.writer.run(
+            lambda conn, now: [store.enqueue(conn, now, j) for j in jobs]))
+
+    async def cancel(self, p: JobId) -> StatusResult:
+        """Cancel a job (see coordd.store.cancel). Raises: NotFound, InvalidState."""
+        return await self.writer.run(lambda conn, now: store.cancel(conn, now, p.job_id))
+
+    async def retry(self, p: JobId) -> StatusResult:
+        """Put a failed or cancelled job back to waiting. Raises: NotFound, InvalidState."""
+        return await self.writer.run(lambda conn, now: store.retry(conn, now, p.job_id))
+
+    async def reap(self, p: Empty | None = None) -> ReapResult:
+        """Reap expired leases now (coordd's clock decides). Returns how many."""
+        n = await self.writer.run(lambda conn, now: store.reap_expired(conn, now))
+        if n:
+            logger.info("reaped %d expired lease(s)", n, extra={"action": "reap", "n": n})
+        return ReapResult(reaped=n)
+
+    # ------------------------------------------------------------ reads
+
+    async def status(self, p: Empty | None = None) -> StatusReply:
+        """Counts of workers, live leases and jobs by status (every status, zero where none)."""
+        now = self.clock.wall()
+        workers, live, leases, jobs, waiting, oldest = await self._read(
+            store.status_counts, now, self.config.heartbeat_stale_s)
+        db_bytes, wal_bytes = _file_size(self.db_path), _file_size(self.db_path + "-wal")
+        return StatusReply(workers=workers, workers_live=live, active_leases=leases, jobs=jobs,
+                           waiting_by_priority=waiting, db_bytes=db_bytes, wal_bytes=wal_bytes,
+                           oldest_waiting_age_s=oldest, now=now)
+
+    async def get_job(self, p: JobId) -> JobView:
+        """One job with lease, events and, if waiting, why it is not running. Raises: NotFound."""
+        now = self.clock.wall()
+        job = await self._read(store.get_job, now, p.job_id, self.config.aging_interval_s)
+        if job.status == "waiting":
+            job.waiting_reason = await self._explain(job, now)
+        return job
+
+    async def list_jobs(self, p: ListJobs) -> JobList:
+        """A page of jobs (filters: status, kind, role, priority). Raises: BadRequest."""
+        if p.status is not None and p.status not in JOB_STATUSES:
+            raise errors.BadRequest(f"status must be one of {', '.join(JOB_STATUSES)}")
+        limit = max(1, min(p.limit, LIST_LIMIT_MAX))
+        now = self.clock.wall()
+        jobs = await self._read(partial(
+            store.list_jobs, now=now, status=p.status, kind=p.kind, role=p.role,
+            priority=p.priority, limit=limit, after=p.after,
+            aging_s=self.config.aging_interval_s))
+        if any(j.status == "waiting" for j in jobs):
+            workers = await self._read(store.list_workers)
+            for j in jobs:
+                if j.status == "waiting":
+                    j.waiting_reason = self._explain_with(j, now, workers)
+        return JobList(jobs=jobs, next_after=jobs[-1].job_id if len(jobs) == limit else None)
+
+    async def workers(self, p: Empty | None = None) -> WorkersResult:
+        """Every known worker with its readings, heartbeat age and per-priority gate verdicts."""
+        now = self.clock.wall()
+        out = []
+        for worker_id, roles, readings, hb_at, n in await self._read(store.list_workers):
+            age = now - hb_at
+            live = age <= self.config.heartbeat_stale_s
+            verdicts = {}
+            for prio, policy in self._policies.items():
+                codes = [c for c, _ in gates.evaluate(policy, readings)]
+                verdicts[f"p{prio}"] = ([gates.HEARTBEAT_STALE] if not live else []) + codes
+            out.append(WorkerView(worker_id=worker_id, roles=roles, readings=readings,
+                                  heartbeat_at=hb_at, heartbeat_age_s=age, live=live,
+                                  verdicts=verdicts, notes=_reading_notes(readings),
+                                  active_leases=n))
+        return WorkersResult(workers=out)
+
+    async def check(self, p: Empty | None = None) -> dict[str, Any]:
+        """Run `PRAGMA quick_check` and `foreign_key_check` on the live database."""
+        def run(conn: sqlite3.Connection) -> dict[str, Any]:
+            qc = [r[0] for r in conn.execute("PRAGMA quick_check")]
+            fk = [list(r) for r in conn.execute("PRAGMA foreign_key_check")]
+            return {"quick_check": "; ".join(qc), "foreign_key_violations": len(fk)}
+        return await self._read(run)
+
+    async def backup(self, p: Backup) -> BackupResult:
+        """Copy the DB with SQLite's backup API (a consistent snapshot while writes go on)
+        to a temporary name, fsync, rename to `p.dest`, then open the copy on its own
+        connection and run `PRAGMA quick_check`.
+
+        Raises: BadRequest (dest exists or its folder is missing), CoordError (the copy
+        failed its check: it is removed).
+        """
+        return await asyncio.get_running_loop().run_in_executor(
+            None, _backup_file, self.db_path, p.dest)
+
+    # ------------------------------------------------------------ helpers
+
+    def _lease_s(self, asked: float | None) -> float:
+        if asked is None:
+            return self.config.lease_default_s
+        if asked != asked:
+            raise errors.BadRequest("lease_s is NaN")
+        return min(self.config.lease_max_s, max(self.config.lease_min_s, float(asked)))
+
+    async def _explain(self, job: JobView, now: float) -> str:
+        return self._explain_with(job, now, await self._read(store.list_workers),
+                                  await self._read(store.job_gates, job.job_id))
+
+    def _explain_with(self, job: JobView, now: float, workers: list[Any],
+                      overrides: dict[str, Any] | None = None) -> str:
+        """Say why a waiting job is not running: backoff, no live worker, or which gate."""
+        if job.run_at > now:
+            what = "backoff" if job.attempts else "scheduled"
+            return f"{what} until {fmt_time(job.run_at)}"
+        live = [w for w in workers if job.required_role in w[1]
+                and now - w[3] <= self.config.heartbeat_stale_s]
+        if not live:
+            return f"no live worker with role {job.required_role}"
+        try:
+            policy = gates.merge(self._policies[job.priority], overrides)
+        except msgspec.ValidationError:
+            policy = self._policies[job.priority]
+        refused = []
+        for worker_id, _roles, readings, hb_at, _n in live:
+            refusals = gates.evaluate(policy, readings)
+            if not refusals:
+                return "runnable: waiting for a worker to claim it"
+            detail = "; ".join(d for _, d in refusals)
+            refused.append(f"gate {detail} on {worker_id} (checked {fmt_time(hb_at)})")
+        return "; ".join(refused)
+
+
+class _ReadingsCheck(msgspec.Struct):
+    """Types of the readings gates use (extra keys are free-form)."""
+
+    memory_used_pct: float | None = None
+    temperature_c: float | None = None
+    on_battery: bool | None = None
+    user_idle_s: float | None = None
+    battery_pct: float | None = None
+
+
+def _claim_op(conn: sqlite3.Connection, now: float, *, worker_id: str, lease_s: float,
+              claim_id: str | None, policy: store.ClaimPolicy) -> ClaimResult:
+    return store.claim(conn, now, worker_id, lease_s, claim_id, policy)
+
+
+def _reading_notes(readings: dict[str, Any]) -> list[str]:
+    notes = []
+    if readings.get("temperature_c") is None:
+        notes.append(f"temperature: unavailable ({readings.get('temperature_reason') or 'no reading'})")
+    if readings.get("on_battery") is None:
+        notes.append(f"power: unknown ({readings.get('power_reason') or 'no reading'})")
+    if readings.get("user_idle_s") is None:
+        notes.append(f"user idle: unknown ({readings.get('user_idle_reason') or 'no reading'})")
+    return notes
+
+
+def _check_name(what: str, value: str) -> None:
+    if not value or len(value) > NAME_MAX_CHARS:
+        raise errors.BadRequest(f"{what} must be 1..{NAME_MAX_CHARS} characters")
+
+
+def _encode(what: str, value: Any, cap: int) -> str:
+    try:
+        raw = msgspec.json.encode(value)
+    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        raise errors.BadRequest(f"{what} is not JSON-compatible: {exc}") from exc
+    if len(raw) > cap:
+        raise errors.PayloadTooLarge(f"{what} is {len(raw)} bytes; the cap is {cap}")
+    return raw.decode()
+
+
+def _truncate(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"... [truncated {len(text) - limit} chars]"
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _backup_file(db_path: str, dest: str) -> BackupResult:
+    dest_dir = os.path.dirname(os.path.abspath(dest))
+    if not os.path.isdir(dest_dir):
+        raise errors.BadRequest(f"backup: folder {dest_dir} does not exist")
+    if os.path.exists(dest):
+        raise errors.BadRequest(f"backup: {dest} exists; choose a new path")
+    tmp = f"{dest}.tmp-{secrets.token_hex(4)}"
+    try:
+        src = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+        try:
+            dst = sqlite3.connect(tmp)
+            try:
+                src.backup(dst)  # pages=-1: one step, one consistent snapshot
+                dst.execute("PRAGMA journal_mode=DELETE")
+            finally:
+                dst.close()
+        finally:
+            src.close()
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.rename(tmp, dest)
+        dir_fd = os.open(dest_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except (OSError, sqlite3.Error) as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise errors.CoordError(f"backup failed: {exc}") from exc
+    check = sqlite3.connect(f"file:{dest}?mode=ro", uri=True)
+    try:
+        qc = "; ".join(r[0] for r in check.execute("PRAGMA quick_check"))
+        jobs = check.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    finally:
+        check.close()
+    if qc != "ok":
+        os.unlink(dest)
+        raise errors.CoordError(f"backup copy failed quick_check ({qc}); removed")
+    return BackupResult(path=os.path.abspath(dest), bytes=os.stat(dest).st_size,
+                        quick_check=qc, jobs=jobs)

@@ -1,0 +1,219 @@
+"""The single writer: one task owns the write connection and group-commits requests.
+
+Callers `submit(op)` an operation `op(conn, now) -> result` and await its future. The
+writer drains what is queued (up to `batch_max`), and in ONE hand-off to aiosqlite's
+database thread opens `BEGIN IMMEDIATE`, runs each op inside its own SAVEPOINT (an op
+that raises rolls back alone and fails only its own future), `COMMIT`s once, and only
+then resolves the futures: no reply reports a state that is not yet durable
+(DESIGN.md, "The single writer"). One hand-off per batch matters: one await per
+statement through aiosqlite costs a thread round trip each.
+
+`now` for every op in a batch is read once, here, from the injected clock. Here too the
+writer watches for a wall-clock jump far beyond the monotonic clock (a suspend/resume)
+and first shifts live leases by it, so frozen lease holders are not expired en masse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+import aiosqlite
+
+from coordd import errors, store
+from coordd.clock import Clock
+
+logger = logging.getLogger(__name__)
+
+WriteOp = Callable[[sqlite3.Connection, float], Any]
+
+
+class WriterStats:
+    """Counters the writer keeps: batches, requests, commit seconds (for metrics and bench)."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.requests = 0
+        self.commit_s_total = 0.0
+        self.last_batch = 0
+        self.max_batch = 0
+        self.commit_times: collections.deque[float] = collections.deque(maxlen=4096)
+        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
+
+
+class Writer:
+    """Own the write connection to `path`; serialize and group-commit every mutation.
+
+    Args:
+        path: the SQLite file (created if missing; schema migrated on start).
+        clock: where `now` comes from.
+        queue_max: requests accepted but not yet committed; past it `submit` raises
+            `errors.Overloaded`.
+        batch_max: requests per transaction at most.
+        busy_timeout_ms: SQLite busy timeout, for outside processes holding the file.
+        clock_jump_s: a wall-vs-monotonic jump above this extends live leases (0 = off).
+    """
+
+    def __init__(self, path: str, clock: Clock, *, queue_max: int = 20_000,
+                 batch_max: int = 1024, busy_timeout_ms: int = 10_000,
+                 clock_jump_s: float = 60.0) -> None:
+        self._path = path
+        self._clock = clock
+        self._queue_max = queue_max
+        self._batch_max = batch_max
+        self._busy_timeout_ms = busy_timeout_ms
+        self._clock_jump_s = clock_jump_s
+        self._queue: collections.deque[tuple[WriteOp, asyncio.Future[Any]]] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._db: aiosqlite.Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._last_times: tuple[float, float] | None = None
+        self.stats = WriterStats()
+        self.last_commit_mono = 0.0
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests accepted and not yet committed."""
+        return len(self._queue)
+
+    async def start(self) -> None:
+        """Open the connection (WAL, synchronous=NORMAL, foreign keys, busy timeout),
+        migrate the schema and start the writer task. Idempotent.
+
+        Raises:
+            errors.StoreError: the file is not a (compatible) coordd SQLite database.
+        """
+        if self._task is not None:
+            return
+        db = await aiosqlite.connect(self._path, isolation_level=None)
+        try:
+            await db._execute(self._setup, db._conn)
+        except BaseException:
+            await db.close()
+            raise
+        self._db = db
+        self._task = asyncio.create_task(self._run(), name="coordd-writer")
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            mode = conn.execute(store.PRAGMAS_WRITER[0]).fetchone()[0]
+            if mode.lower() != "wal":
+                raise errors.StoreError(f"{self._path}: could not enable WAL (mode {mode})")
+            for pragma in store.PRAGMAS_WRITER[1:]:
+                conn.execute(pragma)
+            store.migrate(conn)
+        except sqlite3.DatabaseError as exc:
+            raise errors.StoreError(f"{self._path}: {exc}") from exc
+
+    def submit(self, op: WriteOp) -> asyncio.Future[Any]:
+        """Queue `op` for the next group commit; return the future of its result.
+
+        Raises:
+            errors.Overloaded: the queue is full, or the writer is shutting down.
+        """
+        if self._closing or self._task is None:
+            raise errors.Overloaded("writer is not accepting requests (shutting down)")
+        if len(self._queue) >= self._queue_max:
+            raise errors.Overloaded(f"writer queue full ({self._queue_max} requests)")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((op, fut))
+        self._wakeup.set()
+        return fut
+
+    async def run(self, op: WriteOp) -> Any:
+        """Submit `op` and await its result (its CoordError is raised here)."""
+        return await self.submit(op)
+
+    async def stop(self) -> None:
+        """Stop intake, commit everything already accepted, close the connection. Idempotent."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            try:
+                await self._task
+            finally:
+                self._task = None
+        if self._db is not None:
+            db, self._db = self._db, None
+            await db.close()
+
+    async def _run(self) -> None:
+        assert self._db is not None
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch = [self._queue.popleft()
+                     for _ in range(min(self._batch_max, len(self._queue)))]
+            try:
+                outcomes = await self._db._execute(self._apply, self._db._conn, batch)
+            except Exception as exc:  # the whole transaction failed: nothing of it is stored
+                logger.error("group commit failed: %s", exc,
+                             extra={"action": "commit_failed", "n": len(batch)})
+                err = errors.CoordError(f"commit failed, nothing stored: {exc}")
+                outcomes = [(False, err)] * len(batch)
+            self.last_commit_mono = self._clock.mono()
+            for (_, fut), (ok, value) in zip(batch, outcomes):
+                if fut.done():
+                    continue  # the caller went away; the op is committed all the same
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
+
+    def _apply(self, conn: sqlite3.Connection,
+               batch: list[tuple[WriteOp, asyncio.Future[Any]]]) -> list[tuple[bool, Any]]:
+        """Run one batch in the database thread: BEGIN IMMEDIATE, SAVEPOINT per op, COMMIT."""
+        t0 = self._clock.mono()
+        now = self._clock.wall()
+        outcomes: list[tuple[bool, Any]] = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._check_clock_jump(conn, now, t0)
+            for op, _ in batch:
+                conn.execute("SAVEPOINT op")
+                try:
+                    outcomes.append((True, op(conn, now)))
+                    conn.execute("RELEASE op")
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    if not isinstance(exc, errors.CoordError):
+                        logger.exception("write op failed", extra={"action": "op_failed"})
+                        exc = errors.CoordError(f"internal error: {type(exc).__name__}: {exc}")
+                    outcomes.append((False, exc))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        dt = self._clock.mono() - t0
+        st = self.stats
+        st.batches += 1
+        st.requests += len(batch)
+        st.commit_s_total += dt
+        st.last_batch = len(batch)
+        st.max_batch = max(st.max_batch, len(batch))
+        st.commit_times.append(dt)
+        st.batch_sizes.append(len(batch))
+        return outcomes
+
+    def _check_clock_jump(self, conn: sqlite3.Connection, wall: float, mono: float) -> None:
+        last, self._last_times = self._last_times, (wall, mono)
+        if last is None or self._clock_jump_s <= 0:
+            return
+        jump = (wall - last[0]) - (mono - last[1])
+        if jump > self._clock_jump_s:
+            n = store.extend_leases(conn, jump)
+            logger.warning("wall clock jumped %.1fs past the monotonic clock (suspend?); "
+                           "extended %d live lease(s) by it", jump, n,
+                           extra={"action": "clock_jump", "jump_s": jump, "n": n})
