@@ -75,11 +75,17 @@ class Coordinator:
         Raises:
             errors.StoreError: the file is not a compatible coordd database.
         """
-        await self.writer.start()
+        try:
+            await self.writer.start()
+        except sqlite3.Error as exc:
+            raise errors.StoreError(f"{self.db_path}: {exc}") from exc
         try:
             self._reader = await aiosqlite.connect(f"file:{self.db_path}?mode=ro", uri=True,
                                                    isolation_level=None)
             await self._reader.execute(f"PRAGMA busy_timeout = {self.config.busy_timeout_ms}")
+        except sqlite3.Error as exc:
+            await self.close()
+            raise errors.StoreError(f"{self.db_path}: {exc}") from exc
         except BaseException:
             await self.close()
             raise

@@ -1,0 +1,315 @@
+"""The client library: how a program talks to coordd (workers, coordctl, scripts).
+
+`Client` is asyncio; `SyncClient` wraps it for scripts. Both:
+- enforce the same explicit frame cap as the daemon (protocol.MAX_FRAME_DEFAULT);
+- time out each call (`timeout` seconds, `asyncio.TimeoutError` -> `CallTimeout`);
+- reconnect on the next call after a dropped connection (a call in flight when the
+  connection drops raises `Disconnected`; it is not resent, because the server may have
+  committed it: resend it yourself where it is idempotent — claim with `claim_id`,
+  enqueue with `idempotency_key`, `complete` (a resend answers `already_completed`));
+- raise the server's error as a `coordd.errors.CoordError` subclass with its `code`.
+
+    async with Client("/run/coordd/coordd.sock") as c:
+        job = await c.enqueue(kind="embed", required_role="cpu", priority=0,
+                              payload={"texts": ["hello"]})
+        view = await c.wait_for(job.job_id, timeout=60)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from typing import Any, TypeVar
+
+import msgspec
+
+from coordd import errors
+from coordd.protocol import (
+    MAX_FRAME_DEFAULT, TERMINAL_STATUSES, BackupResult, ClaimResult, CompleteResult, Enqueue,
+    EnqueueBatchResult, EnqueueResult, HeartbeatResult, JobList, JobView, ReapResult,
+    RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
+)
+from coordd.rpc import encode_frame, read_frame
+
+T = TypeVar("T")
+CALL_TIMEOUT_DEFAULT = 30.0
+
+_decode_header = msgspec.msgpack.Decoder(ReplyHeader).decode
+
+
+class Disconnected(errors.CoordError):
+    """The connection to coordd dropped before the reply came (the call may have committed)."""
+
+    code = "disconnected"
+
+
+class CallTimeout(errors.CoordError):
+    """No reply within the call timeout (the call may still commit)."""
+
+    code = "timeout"
+
+
+class Client:
+    """An asyncio connection to coordd; many calls may be in flight at once.
+
+    Args:
+        path: the socket path (default: $COORDD_SOCKET or the per-user default).
+        timeout: seconds to wait for each reply.
+        max_frame: frame cap in bytes for replies.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *,
+                 timeout: float = CALL_TIMEOUT_DEFAULT, max_frame: int = MAX_FRAME_DEFAULT) -> None:
+        if path is None:
+            from coordd.config import default_socket_path
+            path = default_socket_path()
+        self.path = str(path)
+        self.timeout = timeout
+        self.max_frame = max_frame
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[ReplyHeader]] = {}
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._read_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> "Client":
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Connect if not connected.
+
+        Raises:
+            Disconnected: nothing listens at the path (coordd is not running).
+        """
+        async with self._lock:
+            if self._writer is not None and not self._writer.is_closing():
+                return
+            try:
+                self._reader, self._writer = await asyncio.open_unix_connection(
+                    self.path, limit=1 << 20)
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                raise Disconnected(f"coordd is not running at {self.path}: {exc.strerror}") from exc
+            self._read_task = asyncio.create_task(self._read_loop(self._reader))
+
+    async def close(self) -> None:
+        """Close the connection; calls in flight raise Disconnected. Idempotent."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (ConnectionError, OSError):
+                pass
+        if self._read_task is not None:
+            self._read_task.cancel()
+            try:
+                await self._read_task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._read_task = None
+        self._fail_pending(Disconnected("connection closed"))
+
+    def _fail_pending(self, exc: Exception) -> None:
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                body = await read_frame(reader, self.max_frame)
+                if body is None:
+                    break
+                header = _decode_header(body)
+                fut = self._pending.pop(header.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(header)
+                elif header.id == 0 and header.error is not None:
+                    # a connection-level error (oversize or garbage frame): fail everyone
+                    self._fail_pending(errors.error_for_code(header.error.code,
+                                                             header.error.message))
+        except (asyncio.IncompleteReadError, ConnectionError, msgspec.DecodeError,
+                errors.PayloadTooLarge) as exc:
+            self._fail_pending(Disconnected(f"connection to coordd lost: {exc}"))
+            return
+        self._fail_pending(Disconnected("coordd closed the connection"))
+
+    async def call(self, method: str, params: Any = None, result_type: type[T] | None = None
+                   ) -> T | Any:
+        """Send one request and return its decoded result.
+
+        Args:
+            method: an RPC method name (protocol.PARAMS).
+            params: a params Struct or a dict (None = no params).
+            result_type: decode the result into this type (None = plain msgpack objects).
+        Raises:
+            errors.CoordError subclass with the server's code; Disconnected; CallTimeout;
+            errors.PayloadTooLarge if the request frame is over the cap (nothing is sent).
+        """
+        if self._writer is None or self._writer.is_closing() or self._read_task is None \
+                or self._read_task.done():
+            await self.connect()
+        assert self._writer is not None
+        req_id = next(self._ids)
+        frame = encode_frame({"id": req_id, "method": method,
+                              "params": params if params is not None else {}})
+        if len(frame) - 4 > self.max_frame:
+            raise errors.PayloadTooLarge(
+                f"request of {len(frame) - 4} bytes is over the {self.max_frame}-byte frame cap")
+        fut: asyncio.Future[ReplyHeader] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = fut
+        try:
+            self._writer.write(frame)
+            await self._writer.drain()
+            header = await asyncio.wait_for(fut, self.timeout)
+        except asyncio.TimeoutError:
+            raise CallTimeout(f"{method}: no reply within {self.timeout:g}s") from None
+        except (ConnectionError, OSError) as exc:
+            await self.close()
+            raise Disconnected(f"{method}: connection to coordd lost: {exc}") from exc
+        finally:
+            self._pending.pop(req_id, None)
+        if header.error is not None:
+            raise errors.error_for_code(header.error.code, header.error.message)
+        if result_type is None:
+            return msgspec.msgpack.decode(header.result)
+        return msgspec.msgpack.decode(header.result, type=result_type)
+
+    # ------------------------------------------------------------ typed helpers
+
+    async def heartbeat(self, worker_id: str, roles: list[str], readings: dict[str, Any]
+                        ) -> HeartbeatResult:
+        """Send a heartbeat; returns coordd's time and held jobs to cancel."""
+        return await self.call("heartbeat", {"worker_id": worker_id, "roles": roles,
+                                             "readings": readings}, HeartbeatResult)
+
+    async def enqueue(self, **fields: Any) -> EnqueueResult:
+        """Enqueue one job (fields of protocol.Enqueue)."""
+        return await self.call("enqueue", Enqueue(**fields), EnqueueResult)
+
+    async def enqueue_batch(self, jobs: list[dict[str, Any]]) -> EnqueueBatchResult:
+        """Enqueue many jobs in one transaction."""
+        return await self.call("enqueue_batch", {"jobs": jobs}, EnqueueBatchResult)
+
+    async def claim(self, worker_id: str, lease_s: float | None = None,
+                    claim_id: str | None = None) -> ClaimResult:
+        """Claim a job (see protocol.Claim)."""
+        return await self.call("claim", {"worker_id": worker_id, "lease_s": lease_s,
+                                         "claim_id": claim_id}, ClaimResult)
+
+    async def renew(self, job_id: str, worker_id: str, token: int,
+                    lease_s: float | None = None) -> RenewResult:
+        """Renew a lease."""
+        return await self.call("renew", {"job_id": job_id, "worker_id": worker_id,
+                                         "token": token, "lease_s": lease_s}, RenewResult)
+
+    async def checkpoint(self, job_id: str, worker_id: str, token: int, checkpoint: Any) -> None:
+        """Record a checkpoint."""
+        await self.call("checkpoint", {"job_id": job_id, "worker_id": worker_id,
+                                       "token": token, "checkpoint": checkpoint})
+
+    async def complete(self, job_id: str, worker_id: str, token: int, result: Any,
+                       artifact: dict[str, Any] | None = None) -> CompleteResult:
+        """Report a result."""
+        return await self.call("complete", {"job_id": job_id, "worker_id": worker_id,
+                                            "token": token, "result": result,
+                                            "artifact": artifact}, CompleteResult)
+
+    async def fail(self, job_id: str, worker_id: str, token: int, error: str,
+                   retryable: bool) -> StatusResult:
+        """Report a failure."""
+        return await self.call("fail", {"job_id": job_id, "worker_id": worker_id,
+                                        "token": token, "error": error,
+                                        "retryable": retryable}, StatusResult)
+
+    async def cancel(self, job_id: str) -> StatusResult:
+        """Cancel a job."""
+        return await self.call("cancel", {"job_id": job_id}, StatusResult)
+
+    async def retry(self, job_id: str) -> StatusResult:
+        """Retry a failed or cancelled job."""
+        return await self.call("retry", {"job_id": job_id}, StatusResult)
+
+    async def reap(self) -> ReapResult:
+        """Reap expired leases now."""
+        return await self.call("reap", {}, ReapResult)
+
+    async def status(self) -> StatusReply:
+        """Counts of workers, leases and jobs."""
+        return await self.call("status", {}, StatusReply)
+
+    async def get_job(self, job_id: str) -> JobView:
+        """One job with lease and events."""
+        return await self.call("get_job", {"job_id": job_id}, JobView)
+
+    async def list_jobs(self, **filters: Any) -> JobList:
+        """A page of jobs (status, kind, role, priority, limit, after)."""
+        return await self.call("list_jobs", filters, JobList)
+
+    async def workers(self) -> WorkersResult:
+        """Workers with readings and gate verdicts."""
+        return await self.call("workers", {}, WorkersResult)
+
+    async def backup(self, dest: str) -> BackupResult:
+        """Make a verified backup at `dest` (a path on coordd's host)."""
+        return await self.call("backup", {"dest": dest}, BackupResult)
+
+    async def check(self) -> dict[str, Any]:
+        """quick_check and foreign_key_check of the live database."""
+        return await self.call("check", {})
+
+    async def wait_for(self, job_id: str, timeout: float, poll_s: float = 0.2) -> JobView:
+        """Poll until the job is terminal; return it.
+
+        Raises:
+            CallTimeout: not terminal within `timeout` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            job = await self.get_job(job_id)
+            if job.status in TERMINAL_STATUSES:
+                return job
+            if loop.time() >= deadline:
+                raise CallTimeout(f"job {job_id} still {job.status} after {timeout:g}s")
+            await asyncio.sleep(poll_s)
+
+
+class SyncClient:
+    """A blocking wrapper around Client for scripts: same methods, no `await`.
+
+    Use as a context manager; it runs its own event loop.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, **kw: Any) -> None:
+        self._runner = asyncio.Runner()
+        self._client = Client(path, **kw)
+
+    def __enter__(self) -> "SyncClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection and the loop."""
+        try:
+            self._runner.run(self._client.close())
+        finally:
+            self._runner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr) or not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        def blocking(*args: Any, **kw: Any) -> Any:
+            return self._runner.run(attr(*args, **kw))
+        return blocking

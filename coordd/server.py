@@ -1,0 +1,202 @@
+"""The daemon: socket, services, signals, systemd notifications, orderly shutdown.
+
+Start-up: take `<socket>.lock` (flock) so two starters cannot race; a socket file that
+answers means another coordd is live (refuse); one that refuses connections is stale
+(unlink it); a non-socket file at the path is never deleted (refuse). Socket activation
+through LISTEN_FDS is accepted, and such a socket is never unlinked.
+Shutdown on SIGTERM/SIGINT: stop accepting, let in-flight requests finish (bounded),
+drain the writer, commit, close every connection, remove the socket file, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+from coordd import errors
+from coordd.clock import Clock, SystemClock
+from coordd.config import Config
+from coordd.protocol import Empty
+from coordd.reaper import Reaper
+from coordd.rpc import Dispatcher, PeerCred
+from coordd.service import Coordinator
+
+logger = logging.getLogger(__name__)
+
+SOCKET_MODE = 0o660
+DRAIN_TIMEOUT_S = 5.0
+SD_LISTEN_FDS_START = 3
+
+
+class StartupError(Exception):
+    """coordd cannot start (socket in use, bad path, bad database); the message says why."""
+
+
+def sd_notify(message: str) -> None:
+    """Send one datagram to $NOTIFY_SOCKET (no-op when not under systemd)."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return
+    if path[0] == "@":
+        path = "\0" + path[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(path)
+            s.sendall(message.encode())
+    except OSError as exc:
+        logger.warning("sd_notify failed: %s", exc)
+
+
+def activated_socket() -> socket.socket | None:
+    """Return the listening socket passed by systemd (LISTEN_FDS), or None; unset the vars."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return None
+    n = int(os.environ.get("LISTEN_FDS", "0"))
+    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(var, None)
+    if n < 1:
+        return None
+    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    sock.set_inheritable(False)
+    return sock
+
+
+def bind_socket(path: Path) -> tuple[socket.socket, int]:
+    """Bind a fresh listening Unix socket at `path` under `<path>.lock`.
+
+    Returns the socket and the lock file descriptor (keep it open while serving).
+    Raises:
+        StartupError: another coordd answers there, a non-socket file is in the way,
+            the folder is missing, or the path is too long for a Unix socket.
+    """
+    if len(os.fsencode(str(path))) > 107:
+        raise StartupError(f"socket path too long for a Unix socket (max 107 bytes): {path}")
+    if not path.parent.is_dir():
+        raise StartupError(f"socket folder {path.parent} does not exist")
+    lock_fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StartupError(f"coordd is already running on {path} (lock held)") from None
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(path)
+            if not stat.S_ISSOCK(st.st_mode):
+                raise StartupError(f"{path} exists and is not a socket; not touching it")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.settimeout(1.0)
+            try:
+                probe.connect(str(path))
+            except (ConnectionRefusedError, FileNotFoundError):
+                logger.warning("removing stale socket %s (nothing answers)", path,
+                               extra={"action": "stale_socket"})
+                os.unlink(path)
+            else:
+                raise StartupError(f"coordd is already running on {path}")
+            finally:
+                probe.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o117)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, SOCKET_MODE)
+        sock.listen(512)
+        return sock, lock_fd
+    except BaseException:
+        os.close(lock_fd)
+        raise
+
+
+class Daemon:
+    """coordd: a Coordinator behind the RPC socket, with the reaper beside it.
+
+    Args:
+        config: settings; `config.db` and `config.socket` must be set.
+        clock: the clock (SystemClock in production).
+    """
+
+    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.coord = Coordinator(config.db, config, self.clock)
+        self.stop_event = asyncio.Event()
+        self._admin_uids = {0, os.getuid(), *config.admin_uids}
+        self._admin_gids = set(config.admin_gids)
+        self.dispatcher = Dispatcher(self._handle, config.max_frame_bytes, self._is_admin)
+
+    def _is_admin(self, peer: PeerCred) -> bool:
+        return peer.uid in self._admin_uids or peer.gid in self._admin_gids
+
+    async def _handle(self, method: str, params: Any) -> Any:
+        return await getattr(self.coord, method)(params)
+
+    async def run(self) -> None:
+        """Serve until `stop_event` is set (SIGTERM/SIGINT set it), then shut down in order.
+
+        Raises:
+            StartupError: the socket or database cannot be used.
+        """
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_event.set)
+        sock_path = Path(self.config.socket)
+        activated = activated_socket()
+        lock_fd = None
+        if activated is not None:
+            sock = activated
+        else:
+            sock, lock_fd = bind_socket(sock_path)
+        try:
+            try:
+                await self.coord.start()
+            except errors.StoreError as exc:
+                raise StartupError(str(exc)) from exc
+            server = await asyncio.start_unix_server(self.dispatcher.serve, sock=sock)
+            reaper = Reaper(self.coord, self.clock, self.config.reaper_interval_s)
+            logger.info("coordd serving on %s (db %s)", sock_path, self.config.db,
+                        extra={"action": "ready"})
+            sd_notify("READY=1\nSTATUS=serving")
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(reaper.run(self.stop_event))
+                tg.create_task(self._watchdog())
+                await self.stop_event.wait()
+            sd_notify("STOPPING=1")
+            logger.info("coordd stopping", extra={"action": "stopping"})
+            server.close()
+            await self.dispatcher.drain(DRAIN_TIMEOUT_S)
+            await self.coord.close()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), 2.0)
+        finally:
+            await self.coord.close()
+            if lock_fd is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    if stat.S_ISSOCK(os.lstat(sock_path).st_mode):
+                        os.unlink(sock_path)
+                os.close(lock_fd)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        logger.info("coordd stopped", extra={"action": "stopped"})
+
+    async def _watchdog(self) -> None:
+        usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
+        if usec <= 0 or os.environ.get("WATCHDOG_PID", str(os.getpid())) != str(os.getpid()):
+            return
+        interval = usec / 2e6
+        while not await self.clock.wait(self.stop_event, interval):
+            try:  # ping only when the writer answers: a wedged writer gets restarted
+                await asyncio.wait_for(self.coord.status(Empty()), interval)
+            except (asyncio.TimeoutError, errors.CoordError):
+                continue
+            sd_notify("WATCHDOG=1")
