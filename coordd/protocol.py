@@ -219,6 +219,7 @@ class HeartbeatResult(msgspec.Struct, kw_only=True):
 
     now: float
     cancel: list[str] = []
+    artifact_dir: str | None = None  # coordd's content-addressed store (same host only)
 
 
 class EnqueueResult(msgspec.Struct, kw_only=True):

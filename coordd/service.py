@@ -56,6 +56,7 @@ class Coordinator:
     def __init__(self, db_path: str, config: Config, clock: Clock,
                  rng: random.Random | None = None) -> None:
         self.db_path = db_path
+        self.artifact_dir = os.path.join(os.path.dirname(os.path.abspath(db_path)), "artifacts")
         self.config = config
         self.clock = clock
         self._rng = rng or random.Random()
@@ -123,7 +124,7 @@ class Coordinator:
         cancel = await self.writer.run(
             lambda conn, now: (store.heartbeat(conn, now, p.worker_id, p.roles, readings_json),
                                now))
-        return HeartbeatResult(now=cancel[1], cancel=cancel[0])
+        return HeartbeatResult(now=cancel[1], cancel=cancel[0], artifact_dir=self.artifact_dir)
 
     async def claim(self, p: Claim) -> ClaimResult:
         """Claim the best job for `p.worker_id` (see coordd.store.claim).
