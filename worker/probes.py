@@ -1,0 +1,347 @@
+"""Read the host's resource conditions for the heartbeat; the only module that touches the host.
+
+Every reading may be unknown. An unknown reading is ``None`` plus a human reason, never an
+exception: the gate policy in coordd decides what unknown means (OPS-FACTS 1.2-1.4).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+LOG_INTERVAL_S_DEFAULT = 600.0
+"""At most one log line per distinct failure reason in this many seconds."""
+SUBPROCESS_TIMEOUT_S_DEFAULT = 1.0
+"""Bound on each ``loginctl`` call, seconds."""
+LOGIND_MAX_SESSIONS = 16
+"""Sessions asked for their idle hint; more are ignored to keep a probe bounded."""
+TTY_SKIP_PREFIXES = ("ttyS", "ttyACM")
+"""Serial devices are not user input (BOINC client/hostinfo_unix.cpp)."""
+
+READING_KEYS = (
+    "memory_used_pct",
+    "temperature_c",
+    "temperature_reason",
+    "on_battery",
+    "power_reason",
+    "battery_pct",
+    "user_idle_s",
+    "user_idle_reason",
+)
+
+Clock = Callable[[], float]
+
+HOST_SENSORS_TEMPERATURES: Callable[[], dict[str, Any]] | None = getattr(psutil, "sensors_temperatures", None)
+"""psutil's provider, or None where the platform lacks it (only Linux and FreeBSD have it)."""
+HOST_SENSORS_BATTERY: Callable[[], Any] | None = getattr(psutil, "sensors_battery", None)
+
+
+class SourceUnknown(Exception):
+    """An idle-time source gave no answer; the message says why."""
+
+
+IdleSource = Callable[[], float]
+"""Return seconds since the last user input, or raise ``SourceUnknown``."""
+
+
+class ReasonLog:
+    """Log a warning at most once per distinct reason per interval."""
+
+    def __init__(self, mono: Clock = time.monotonic, interval_s: float = LOG_INTERVAL_S_DEFAULT) -> None:
+        """Create the limiter.
+
+        Args:
+            mono: Monotonic clock, seconds.
+            interval_s: Minimum seconds between two lines for the same reason.
+
+        Raises:
+            ValueError: If ``interval_s`` is negative.
+        """
+        if interval_s < 0:
+            raise ValueError(f"interval_s must be >= 0, got {interval_s}")
+        self._mono = mono
+        self._interval_s = interval_s
+        self._last: dict[str, float] = {}
+
+    def warn(self, action: str, reason: str) -> bool:
+        """Log ``reason`` under ``action`` unless the same pair was logged recently; True if logged."""
+        key = f"{action}:{reason}"
+        now = self._mono()
+        last = self._last.get(key)
+        if last is not None and now - last < self._interval_s:
+            return False
+        self._last[key] = now
+        logger.warning("probe %s unavailable: %s", action, reason, extra={"action": action, "reason": reason})
+        return True
+
+
+def _describe(call: str, exc: BaseException) -> str:
+    return f"{call} raised {type(exc).__name__}: {exc}"
+
+
+def logind_idle_source(
+    wall: Clock = time.time,
+    timeout_s: float = SUBPROCESS_TIMEOUT_S_DEFAULT,
+    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+) -> IdleSource:
+    """Build a source that asks logind for ``IdleSinceHint`` (manager and ``Class=user`` sessions).
+
+    Args:
+        wall: Wall clock, epoch seconds (``IdleSinceHint`` is CLOCK_REALTIME µs).
+        timeout_s: Bound on each ``loginctl`` call, seconds.
+        run: ``subprocess.run`` or a fake with its signature.
+
+    Returns:
+        A source returning the smallest idle time in seconds over what logind reports.
+    """
+
+    def loginctl(*args: str) -> str:
+        try:
+            done = run(["loginctl", *args], capture_output=True, text=True, timeout=timeout_s, check=False)
+        except FileNotFoundError as exc:
+            raise SourceUnknown("loginctl not installed") from exc
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SourceUnknown(_describe("loginctl", exc)) from exc
+        if done.returncode != 0:
+            lines = (done.stderr or "").strip().splitlines()
+            raise SourceUnknown(f"loginctl failed: {lines[-1] if lines else f'exit {done.returncode}'}")
+        return done.stdout
+
+    def since_to_idle(hint_us: str) -> float | None:
+        try:
+            value = int(hint_us.strip())
+        except ValueError:
+            return None
+        if value <= 0:
+            return None
+        return max(0.0, wall() - value / 1e6)
+
+    def source() -> float:
+        found: list[float] = []
+        for line in loginctl("show-session", "-p", "IdleSinceHint").splitlines():
+            if line.startswith("IdleSinceHint="):
+                idle = since_to_idle(line.partition("=")[2])
+                if idle is not None:
+                    found.append(idle)
+        sessions = [ln.split()[0] for ln in loginctl("list-sessions", "--no-legend").splitlines() if ln.strip()]
+        for sid in sessions[:LOGIND_MAX_SESSIONS]:
+            try:
+                out = loginctl("show-session", sid, "-p", "Class", "-p", "IdleSinceHint")
+            except SourceUnknown:
+                continue  # a session may end between the two calls
+            props = dict(ln.partition("=")[::2] for ln in out.splitlines() if "=" in ln)
+            if props.get("Class") == "user":
+                idle = since_to_idle(props.get("IdleSinceHint", ""))
+                if idle is not None:
+                    found.append(idle)
+        if not found:
+            raise SourceUnknown("logind reports no idle hint")
+        return min(found)
+
+    return source
+
+
+def _tty_paths(dev: str) -> Iterable[str]:
+    try:
+        names = sorted(os.listdir(dev))
+    except OSError:
+        names = []
+    for name in names:
+        if name.startswith(("tty", "pty")) and not name.startswith(TTY_SKIP_PREFIXES):
+            yield os.path.join(dev, name)
+    pts = os.path.join(dev, "pts")
+    try:
+        pts_names = sorted(os.listdir(pts))
+    except OSError:
+        pts_names = []
+    for name in pts_names:
+        if name != "ptmx":  # the multiplexer, not a terminal
+            yield os.path.join(pts, name)
+
+
+def tty_idle_source(wall: Clock = time.time, dev: str = "/dev") -> IdleSource:
+    """Build a source from the newest atime of ``/dev/tty*``, ``/dev/pty*`` and ``/dev/pts/*``.
+
+    The kernel updates a tty's atime only every 8 s (OPS-FACTS 1.4), so this is coarse.
+
+    Args:
+        wall: Wall clock, epoch seconds.
+        dev: The device directory to scan.
+
+    Returns:
+        A source returning seconds since the newest atime.
+    """
+
+    def source() -> float:
+        newest = 0.0
+        for path in _tty_paths(dev):
+            try:
+                atime = os.stat(path).st_atime
+            except OSError:
+                continue
+            newest = max(newest, atime)
+        if newest <= 0:
+            raise SourceUnknown(f"no tty/pty device with an atime under {dev}")
+        return max(0.0, wall() - newest)
+
+    return source
+
+
+class Probes:
+    """Measure memory, temperature, power and user idle time through injectable providers."""
+
+    def __init__(
+        self,
+        *,
+        virtual_memory: Callable[[], Any] = psutil.virtual_memory,
+        sensors_temperatures: Callable[[], dict[str, Any]] | None = HOST_SENSORS_TEMPERATURES,
+        sensors_battery: Callable[[], Any] | None = HOST_SENSORS_BATTERY,
+        idle_sources: Sequence[tuple[str, IdleSource]] | None = None,
+        override_path: str | None = None,
+        mono: Clock = time.monotonic,
+        wall: Clock = time.time,
+        log_interval_s: float = LOG_INTERVAL_S_DEFAULT,
+    ) -> None:
+        """Create the probes; defaults read the host through psutil, loginctl and /dev.
+
+        Args:
+            virtual_memory: Returns an object with ``percent`` (0-100, based on ``available``).
+            sensors_temperatures: psutil-style ``{chip: [entry.current °C, ...]}``; None where the
+                platform lacks it.
+            sensors_battery: psutil-style battery (``percent``, ``power_plugged``) or None; the
+                provider itself is None where the platform lacks it.
+            idle_sources: ``(name, source)`` pairs; default logind then tty/pty atime.
+            override_path: JSON file whose keys replace readings on every ``read()``.
+            mono: Monotonic clock, seconds (log rate limiting).
+            wall: Wall clock, epoch seconds (idle computation).
+            log_interval_s: Minimum seconds between two log lines for the same failure.
+        """
+        self._virtual_memory = virtual_memory
+        self._sensors_temperatures = sensors_temperatures
+        self._sensors_battery = sensors_battery
+        if idle_sources is None:
+            idle_sources = (("logind", logind_idle_source(wall)), ("tty", tty_idle_source(wall)))
+        self._idle_sources = tuple(idle_sources)
+        self._override_path = override_path
+        self._log = ReasonLog(mono, log_interval_s)
+
+    def read(self) -> dict[str, Any]:
+        """Return one reading of every key in ``READING_KEYS``; never raises.
+
+        Blocking (it may run ``loginctl``, bounded at 1 s a call): call it from a thread in async code.
+        """
+        readings: dict[str, Any] = {"memory_used_pct": self._memory()}
+        readings["temperature_c"], readings["temperature_reason"] = self._temperature()
+        readings["on_battery"], readings["battery_pct"], readings["power_reason"] = self._power()
+        readings["user_idle_s"], readings["user_idle_reason"] = self._idle()
+        return apply_override(readings, self._override_path, self._log)
+
+    def _memory(self) -> float | None:
+        try:
+            return float(self._virtual_memory().percent)
+        except Exception as exc:  # noqa: BLE001 - a provider must never crash the heartbeat
+            self._log.warn("memory", _describe("virtual_memory", exc))
+            return None
+
+    def _temperature(self) -> tuple[float | None, str | None]:
+        if self._sensors_temperatures is None:
+            return self._unknown("temperature", "not supported on this platform")
+        try:
+            chips = self._sensors_temperatures()
+        except Exception as exc:  # noqa: BLE001
+            return self._unknown("temperature", _describe("sensors_temperatures", exc))
+        if not chips:
+            return self._unknown("temperature", "no sensors")
+        values: list[float] = []
+        try:
+            for entries in chips.values():
+                for entry in entries:
+                    current = getattr(entry, "current", None)
+                    if isinstance(current, int | float) and math.isfinite(current):
+                        values.append(float(current))
+        except Exception as exc:  # noqa: BLE001 - a malformed provider result
+            return self._unknown("temperature", _describe("reading sensors", exc))
+        if not values:
+            return self._unknown("temperature", "no readable sensor value")
+        return max(values), None
+
+    def _power(self) -> tuple[bool | None, float | None, str | None]:
+        if self._sensors_battery is None:
+            return False, None, "no battery (not supported on this platform)"
+        try:
+            battery = self._sensors_battery()
+            if battery is None:
+                return False, None, "no battery"  # a desktop or server counts as mains (OPS-FACTS 1.3)
+            percent = battery.percent
+            plugged = battery.power_plugged
+        except Exception as exc:  # noqa: BLE001
+            reason = _describe("sensors_battery", exc)
+            self._log.warn("power", reason)
+            return None, None, reason
+        pct = float(percent) if isinstance(percent, int | float) and math.isfinite(percent) else None
+        if plugged is None:
+            return None, pct, "power state unknown"
+        return (not plugged), pct, None
+
+    def _idle(self) -> tuple[float | None, str | None]:
+        answers: list[float] = []
+        reasons: list[str] = []
+        for name, source in self._idle_sources:
+            try:
+                answers.append(float(source()))
+            except SourceUnknown as exc:
+                reasons.append(f"{name}: {exc}")
+            except Exception as exc:  # noqa: BLE001
+                reasons.append(f"{name}: {_describe('source', exc)}")
+        if answers:
+            return min(answers), None
+        reason = "no idle source answered" + (f" ({'; '.join(reasons)})" if reasons else "")
+        return self._unknown("user_idle", reason)
+
+    def _unknown(self, action: str, reason: str) -> tuple[None, str]:
+        self._log.warn(action, reason)
+        return None, reason
+
+
+_override_log = ReasonLog()
+
+
+def apply_override(readings: dict[str, Any], path: str | None, log: ReasonLog | None = None) -> dict[str, Any]:
+    """Return ``readings`` with the keys of the JSON object in ``path`` replacing them.
+
+    The file is read on every call so an operator or test can change it live
+    (``--readings-override FILE``). A missing or malformed file is logged and ignored.
+
+    Args:
+        readings: The measured readings; not modified.
+        path: The override file, or None for no override.
+        log: Rate limiter for failure lines; a module-wide one if None.
+
+    Returns:
+        A new dict.
+    """
+    merged = dict(readings)
+    if not path:
+        return merged
+    log = log or _override_log
+    try:
+        with open(path, encoding="utf-8") as fh:
+            override = json.load(fh)
+    except (OSError, ValueError) as exc:
+        log.warn("readings_override", _describe(f"reading {path}", exc))
+        return merged
+    if not isinstance(override, dict):
+        log.warn("readings_override", f"{path} holds {type(override).__name__}, not a JSON object")
+        return merged
+    merged.update(override)
+    return merged
