@@ -1,0 +1,245 @@
+"""The main job, end to end: `python -m worker.demo` (what `./demo.sh` runs).
+
+Starts a private coordd and two coord-worker supervisors in a fresh run folder, enqueues
+a real batch — one `keywords` request per standard-library module (P0..P2, a person
+waiting) plus a few `train` jobs (P3 idle learning: a character n-gram model trained on
+the standard library's docstrings, checkpointed and resumable) — shows live progress,
+prints a summary (done/failed per kind, time, throughput, P0-before-P3 check) and where
+the results are, then stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from coordd.client import Client
+
+DENY = frozenset({
+    "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "pydoc_data",
+    "lib2to3", "ensurepip", "venv", "msilib", "winreg", "winsound", "nt", "msvcrt",
+    "nturl2path", "ntpath", "sre_compile", "sre_constants", "sre_parse",
+})
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 30.0
+
+COORDD_CONFIG = """\
+# demo coordd: a headless box has no user session to read idle time from, so P3 idle
+# work is allowed when idle time is unknown (the production default denies it).
+reaper_interval_s = 1.0
+[gates.p3]
+idle_unknown = "allow"
+"""
+
+WORKER_CONFIG = """\
+lease_s = 15
+heartbeat_interval_s = 2
+claim_interval_s = 0.2
+work_dir = "{work}"
+
+[kinds.keywords]
+argv = ["{py}", "-m", "worker.models.keywords", "--payload", "{{payload}}", "--result", "{{result}}"]
+timeout_s = 120
+slots = 2
+
+[kinds.train]
+argv = ["{py}", "-m", "worker.models.train", "--payload", "{{payload}}", "--result", "{{result}}",
+        "--checkpoint-dir", "{{checkpoint_dir}}", "--resume-from", "{{resume_from}}"]
+timeout_s = 900
+slots = 1
+"""
+
+
+def stdlib_modules(limit: int) -> list[str]:
+    """Public, importable standard-library module names, sorted, at most `limit`."""
+    mods = sorted(m for m in sys.stdlib_module_names
+                  if not m.startswith("_") and m not in DENY
+                  and importlib.util.find_spec(m) is not None)
+    return mods[:limit]
+
+
+def batch(n_requests: int, n_train: int, train_steps: int) -> list[dict[str, Any]]:
+    """The demo jobs: P3 train jobs first (so they are the oldest), then keyword requests."""
+    jobs = [{"kind": "train", "required_role": "idle", "priority": 3,
+             "payload": {"steps": train_steps, "seed": i, "checkpoint_every": 20}}
+            for i in range(n_train)]
+    for i, mod in enumerate(stdlib_modules(n_requests)):
+        jobs.append({"kind": "keywords", "required_role": "cpu", "priority": i % 3,
+                     "payload": {"module": mod, "top": 10}})
+    return jobs
+
+
+class Fleet:
+    """The processes the demo starts; `stop()` ends them all and reports leftovers."""
+
+    def __init__(self, run: Path) -> None:
+        self.run = run
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.run / f"{name}.log", "wb")
+        self.procs.append((name, subprocess.Popen(argv, stdout=log, stderr=log,
+                                                  start_new_session=True)))
+        log.close()
+
+    def stop(self) -> list[str]:
+        """SIGTERM workers first, then coordd; SIGKILL what is left after the timeout."""
+        for name, p in reversed(self.procs):  # workers were started last
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+        left = []
+        for name, p in self.procs:
+            try:
+                os.killpg(p.pid, 0)
+                left.append(name)
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return left
+
+
+async def wait_socket(path: str, fleet: Fleet) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for name, p in fleet.procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited {p.returncode}; see {fleet.run}/{name}.log")
+        try:
+            async with Client(path, timeout=2) as c:
+                await c.status()
+                return
+        except Exception:
+            await asyncio.sleep(0.05)
+    raise RuntimeError("coordd did not come up")
+
+
+async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Console) -> int:
+    sock = str(run / "coordd.sock")
+    py = sys.executable
+    (run / "coordd.toml").write_text(COORDD_CONFIG)
+    (run / "worker.toml").write_text(WORKER_CONFIG.format(work=run / "work", py=py))
+    fleet.spawn("coordd", [py, "-m", "coordd", "--db", str(run / "coordd.db"), "--socket", sock,
+                           "--config", str(run / "coordd.toml")])
+    await wait_socket(sock, fleet)
+    for w in ("w1", "w2"):
+        fleet.spawn(w, [py, "-m", "worker", "--worker-id", w, "--roles", "cpu,idle",
+                        "--socket", sock, "--config", str(run / "worker.toml")])
+    jobs = batch(args.requests, args.train, args.train_steps)
+    t0 = time.monotonic()
+    async with Client(sock, timeout=30) as c:
+        ids = [r.job_id for r in (await c.enqueue_batch(jobs)).jobs]
+        kind_of = dict(zip(ids, (j["kind"] for j in jobs)))
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
+            task = bar.add_task("jobs", total=len(ids))
+            while True:
+                st = await c.status()
+                done = st.jobs["succeeded"] + st.jobs["failed"] + st.jobs["cancelled"]
+                bar.update(task, completed=done, description=(
+                    f"running {st.jobs['running']}, waiting {st.jobs['waiting']}"))
+                if done >= len(ids):
+                    break
+                if time.monotonic() - t0 > args.timeout:
+                    console.print(f"[red]timed out after {args.timeout}s")
+                    break
+                for name, p in fleet.procs:
+                    if p.poll() is not None:
+                        raise RuntimeError(f"{name} exited {p.returncode}; see {run}/{name}.log")
+                await asyncio.sleep(0.5)
+        elapsed = time.monotonic() - t0
+        views = [await c.get_job(i) for i in ids]
+    return report(views, kind_of, elapsed, run, sock, console)
+
+
+def report(views: list[Any], kind_of: dict[str, str], elapsed: float, run: Path, sock: str,
+           console: Console) -> int:
+    """Print the summary table and write results.jsonl; return the exit code."""
+    table = Table(title=f"coordd demo: {len(views)} jobs in {elapsed:.1f}s "
+                        f"({len(views) / elapsed:.1f} jobs/s)")
+    for col in ("kind", "jobs", "succeeded", "failed", "attempts>1"):
+        table.add_column(col, justify="right" if col != "kind" else "left")
+    for kind in sorted(set(kind_of.values())):
+        vs = [v for v in views if v.kind == kind]
+        table.add_row(kind, str(len(vs)), str(sum(v.status == "succeeded" for v in vs)),
+                      str(sum(v.status == "failed" for v in vs)),
+                      str(sum(v.attempts > 1 for v in vs)))
+    console.print(table)
+    with open(run / "results.jsonl", "w") as f:
+        for v in views:
+            f.write(json.dumps({"job_id": v.job_id, "kind": v.kind, "priority": v.priority,
+                                "status": v.status, "attempts": v.attempts,
+                                "finished_at": v.finished_at, "result": v.result,
+                                "error": v.last_error}) + "\n")
+    p0 = [v.finished_at for v in views if v.priority == 0 and v.finished_at]
+    p3 = [v.finished_at for v in views if v.priority == 3 and v.finished_at]
+    if p0 and p3:
+        console.print(f"last P0 request finished {max(p3) - max(p0):.1f}s before the last "
+                      f"P3 idle-learning job")
+    for v in views:
+        if v.kind == "train" and v.result:
+            console.print(f"train {v.job_id}: {v.result.get('steps')} steps, perplexity "
+                          f"{v.result.get('perplexity'):.2f}, sample {v.result.get('sample')!r}")
+            break
+    console.print(f"results: {run / 'results.jsonl'}  (database {run / 'coordd.db'}; "
+                  f"while running: coordctl --socket {sock} list)")
+    failed = [v for v in views if v.status != "succeeded"]
+    for v in failed[:5]:
+        console.print(f"[red]{v.job_id} {v.kind} {v.status}: {v.last_error}")
+    return 0 if not failed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; exit 0 when every job succeeded and no process was left behind."""
+    p = argparse.ArgumentParser(prog="python -m worker.demo", description=__doc__)
+    p.add_argument("--requests", type=int, default=197,
+                   help="keyword requests (one per stdlib module, at most ~197)")
+    p.add_argument("--train", type=int, default=4, help="P3 train jobs")
+    p.add_argument("--train-steps", type=int, default=200, help="steps per train job")
+    p.add_argument("--run-dir", help="folder for the run (default: a new one under ./demo-runs)")
+    p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    args = p.parse_args(argv)
+    if args.run_dir:
+        run = Path(args.run_dir)
+        run.mkdir(parents=True, exist_ok=True)
+    else:
+        Path("demo-runs").mkdir(exist_ok=True)
+        run = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir="demo-runs"))
+    run = run.resolve()
+    console = Console()
+    fleet = Fleet(run)
+    code = 1
+    try:
+        code = asyncio.run(drive(args, run, fleet, console))
+    except (RuntimeError, KeyboardInterrupt) as exc:
+        console.print(f"[red]demo failed: {exc}")
+    finally:
+        left = fleet.stop()
+        if left:
+            console.print(f"[red]processes left behind and killed: {left}")
+            code = 1
+        else:
+            console.print("all demo processes stopped")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
