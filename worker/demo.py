@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from coordd.client import Client
+from coordd.clock import SystemClock
 
 DENY = frozenset({
     "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "pydoc_data",
@@ -36,6 +37,7 @@ DENY = frozenset({
 })
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 30.0
+CLOCK = SystemClock()
 
 COORDD_CONFIG = """\
 # demo coordd: a headless box has no user session to read idle time from, so P3 idle
@@ -118,8 +120,8 @@ class Fleet:
 
 
 async def wait_socket(path: str, fleet: Fleet) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
+    deadline = CLOCK.mono() + START_TIMEOUT_S
+    while CLOCK.mono() < deadline:
         for name, p in fleet.procs:
             if p.poll() is not None:
                 raise RuntimeError(f"{name} exited {p.returncode}; see {fleet.run}/{name}.log")
@@ -144,7 +146,7 @@ async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Cons
         fleet.spawn(w, [py, "-m", "worker", "--worker-id", w, "--roles", "cpu,idle",
                         "--socket", sock, "--config", str(run / "worker.toml")])
     jobs = batch(args.requests, args.train, args.train_steps)
-    t0 = time.monotonic()
+    t0 = CLOCK.mono()
     async with Client(sock, timeout=30) as c:
         ids = [r.job_id for r in (await c.enqueue_batch(jobs)).jobs]
         kind_of = dict(zip(ids, (j["kind"] for j in jobs)))
@@ -158,14 +160,14 @@ async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Cons
                     f"running {st.jobs['running']}, waiting {st.jobs['waiting']}"))
                 if done >= len(ids):
                     break
-                if time.monotonic() - t0 > args.timeout:
+                if CLOCK.mono() - t0 > args.timeout:
                     console.print(f"[red]timed out after {args.timeout}s")
                     break
                 for name, p in fleet.procs:
                     if p.poll() is not None:
                         raise RuntimeError(f"{name} exited {p.returncode}; see {run}/{name}.log")
                 await asyncio.sleep(0.5)
-        elapsed = time.monotonic() - t0
+        elapsed = CLOCK.mono() - t0
         views = [await c.get_job(i) for i in ids]
     return report(views, kind_of, elapsed, run, sock, console)
 
