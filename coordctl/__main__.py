@@ -1,0 +1,193 @@
+"""`coordctl [--socket PATH] [--json] [--timeout S] COMMAND ...`: the coordd admin CLI.
+
+Exit codes: 0 ok; 1 the operation was refused or failed (a coordd error code, coordd not
+running, a failed check); 2 usage error. Every error is one stderr line:
+`coordctl: <code>: <message>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, NoReturn
+
+import msgspec
+
+from coordctl.commands import COMMANDS, Outcome, UsageError
+from coordd.client import CALL_TIMEOUT_DEFAULT
+from coordd.protocol import JOB_STATUSES
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+EPILOG = """examples:
+  coordctl status
+  coordctl enqueue --kind embed --role cpu --priority 1 --payload '{"texts": ["hi"]}'
+  coordctl enqueue --batch jobs.jsonl
+  coordctl list --status waiting --all
+  coordctl show 3f9a0c1d2e4b5a69
+  coordctl --json workers
+  coordctl backup /var/backups/coordd-$(date +%F).db && coordctl check /var/backups/coordd-*.db
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one stderr line and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `coordctl: usage: MESSAGE (see PROG --help)` and exit 2."""
+        fail("usage", f"{message} (see '{self.prog} --help')", EXIT_USAGE)
+
+
+def fail(code: str, message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
+    """Print the one-line error to stderr and exit."""
+    one_line = " ".join(str(message).split())
+    print(f"coordctl: {code}: {one_line}", file=sys.stderr)
+    raise SystemExit(exit_code)
+
+
+def _positive(kind: type) -> Any:
+    def conv(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    conv.__name__ = kind.__name__
+    return conv
+
+
+def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """Global options, accepted before or after the subcommand."""
+    d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
+    parser.add_argument("--socket", metavar="PATH", default=d(None),
+                        help="coordd socket (default: $COORDD_SOCKET, else the per-user path)")
+    parser.add_argument("--json", action="store_true", default=d(False),
+                        help="print a JSON document instead of tables")
+    parser.add_argument("--timeout", metavar="S", type=_positive(float),
+                        default=d(CALL_TIMEOUT_DEFAULT),
+                        help=f"seconds to wait for each reply (default {CALL_TIMEOUT_DEFAULT:g})")
+
+
+def build_parser() -> Parser:
+    """Build the argument parser with every subcommand."""
+    p = Parser(prog="coordctl", description="Administer coordd: jobs, workers, backups.",
+               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p, suppress=False)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        _common(sp, suppress=True)
+        return sp
+
+    cmd("status", "counts, sizes, warnings and the oldest waiting jobs")
+
+    e = cmd("enqueue", "add a job (prints its id) or a batch from a JSON-lines file")
+    e.add_argument("--kind", help="job kind (selects the model command on the worker)")
+    e.add_argument("--role", help="the worker role the job needs")
+    e.add_argument("--priority", type=int, metavar="P", help="0 (user waiting) .. 3 (idle)")
+    e.add_argument("--payload", metavar="JSON|@FILE", help="the payload: inline JSON, @FILE, @-")
+    when = e.add_mutually_exclusive_group()
+    when.add_argument("--run-at", metavar="TS", help="not before: Unix seconds or ISO-8601")
+    when.add_argument("--delay", metavar="S", type=_positive(float), help="not before now + S")
+    e.add_argument("--max-attempts", type=int, metavar="N")
+    e.add_argument("--key", metavar="IDEMPOTENCY_KEY",
+                   help="a repeated key returns the existing job's id")
+    e.add_argument("--max-runtime", type=_positive(float), metavar="S",
+                   help="coordd refuses renewals past this many seconds of running")
+    e.add_argument("--gates", metavar="JSON|@FILE", help="gate policy overrides for this job")
+    e.add_argument("--batch", metavar="FILE.jsonl",
+                   help="one Enqueue object per line (kind, required_role, priority, payload,"
+                        " ...); flags above fill fields a line omits; '-' = stdin")
+
+    ls = cmd("list", "a table of jobs")
+    ls.add_argument("--status", choices=JOB_STATUSES)
+    ls.add_argument("--kind")
+    ls.add_argument("--role")
+    ls.add_argument("--priority", type=int, metavar="P")
+    ls.add_argument("--limit", type=_positive(int), metavar="N",
+                    help="rows (page size with --all)")
+    ls.add_argument("--after", metavar="ID", help="start after this job id")
+    ls.add_argument("--all", action="store_true", help="page through every matching job")
+
+    for name, help_ in (("show", "one job with its lease and event log"),
+                        ("cancel", "cancel a job (a running one stops at its next renew)"),
+                        ("retry", "put a failed or cancelled job back to waiting")):
+        cmd(name, help_).add_argument("job_id", metavar="ID")
+    cmd("reap", "return jobs with expired leases to waiting now")
+    cmd("workers", "workers, their readings and gate verdicts per priority")
+    b = cmd("backup", "a consistent, verified copy of the database, written by coordd")
+    b.add_argument("dest", metavar="DEST", help="a new file path on coordd's host")
+    c = cmd("check", "integrity check of the live database, or of a copy at PATH")
+    c.add_argument("path", metavar="PATH", nargs="?",
+                   help="check this SQLite file read-only here instead of asking coordd")
+    return p
+
+
+def _socket_path(args: argparse.Namespace) -> str:
+    if args.socket:
+        return args.socket
+    from coordd.config import default_socket_path
+    return str(default_socket_path())  # reads $COORDD_SOCKET first
+
+
+def _print(outcome: Outcome, as_json: bool) -> None:
+    if as_json:
+        doc = msgspec.json.format(msgspec.json.encode(outcome.data), indent=2)
+        sys.stdout.buffer.write(doc + b"\n")
+        sys.stdout.flush()
+    elif isinstance(outcome.human, str):
+        if outcome.human:
+            print(outcome.human)
+    else:
+        from coordctl.render import make_console
+        outcome.human(make_console())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one parsed command; return the exit code (errors become one stderr line)."""
+    from coordd.client import SyncClient
+    from coordd.errors import CoordError
+
+    path = _socket_path(args)
+    client = SyncClient(path, timeout=args.timeout)
+    try:
+        outcome = COMMANDS[args.command](client, args)
+    except UsageError as exc:
+        fail("usage", str(exc), EXIT_USAGE)
+    except CoordError as exc:
+        message = exc.message
+        if exc.code == "disconnected" and path not in message:
+            message = f"coordd is not running at {path}? {message}"
+        fail(exc.code, message)
+    except OSError as exc:  # e.g. permission denied on the socket, path too long
+        fail("disconnected", f"cannot connect to coordd at {path}: {exc.strerror or exc}")
+    finally:
+        client.close()
+    _print(outcome, args.json)
+    if outcome.failure is not None:
+        fail(*outcome.failure)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `coordctl` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("coordctl: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""coordctl commands: each turns parsed arguments into one RPC (or a local file check) and
+returns an `Outcome`: what `--json` prints, how to print it for humans, and whether it
+failed. Parsing of user input (JSON payloads, files, times) raises `UsageError` before
+anything is sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import msgspec
+
+from coordd.protocol import Enqueue, JobList, JobView, StatusReply
+
+STATUS_WAITING_SHOWN = 10
+LIST_ALL_PAGE_DEFAULT = 500
+WAL_WARN_BYTES = 256 << 20
+
+
+class UsageError(Exception):
+    """Bad command-line input (exit 2)."""
+
+
+class Outcome(NamedTuple):
+    """A command's result.
+
+    Attributes:
+        data: what `--json` prints (a Struct, dict or list).
+        human: prints the human form to a rich Console, or a plain string to print.
+        failure: `(code, message)` when the operation failed after all (exit 1).
+    """
+
+    data: Any
+    human: Callable[[Any], None] | str
+    failure: tuple[str, str] | None = None
+
+
+# ---------------------------------------------------------------- input parsing
+
+
+def read_text_arg(value: str, what: str) -> str:
+    """Return `value`, or the contents of FILE for `@FILE` (`@-` = stdin).
+
+    Raises:
+        UsageError: the file cannot be read.
+    """
+    if not value.startswith("@"):
+        return value
+    path = value[1:]
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{what}: {path} is not UTF-8 text: {exc}") from None
+
+
+def parse_json_arg(value: str, what: str) -> Any:
+    """Parse `value` (inline JSON or `@FILE`) as JSON.
+
+    Raises:
+        UsageError: unreadable file or invalid JSON (with line and column).
+    """
+    text = read_text_arg(value, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        src = value if value.startswith("@") else "inline value"
+        raise UsageError(f"{what} is not valid JSON ({src}): {exc.msg} at line {exc.lineno} "
+                         f"column {exc.colno}") from None
+
+
+def parse_time_arg(value: str) -> float:
+    """Parse `--run-at`: Unix seconds, or ISO-8601 (no zone = local time).
+
+    Raises:
+        UsageError: neither form.
+    """
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise UsageError(f"--run-at: {value!r} is neither Unix seconds nor ISO-8601") from None
+
+
+def _job_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The Enqueue fields given on the command line (only those given)."""
+    fields: dict[str, Any] = {}
+    for attr, key in (("kind", "kind"), ("role", "required_role"), ("priority", "priority"),
+                      ("max_attempts", "max_attempts"), ("key", "idempotency_key"),
+                      ("max_runtime", "max_runtime_s")):
+        if getattr(args, attr) is not None:
+            fields[key] = getattr(args, attr)
+    if args.payload is not None:
+        fields["payload"] = parse_json_arg(args.payload, "--payload")
+    if args.gates is not None:
+        gates = parse_json_arg(args.gates, "--gates")
+        if not isinstance(gates, dict):
+            raise UsageError("--gates must be a JSON object, e.g. '{\"max_memory_pct\": 70}'")
+        fields["gates"] = gates
+    if args.run_at is not None:
+        fields["run_at"] = parse_time_arg(args.run_at)
+    elif args.delay is not None:
+        fields["run_at"] = time.time() + args.delay
+    return fields
+
+
+def _to_enqueue(obj: Any, where: str) -> Enqueue:
+    try:
+        return msgspec.convert(obj, Enqueue)
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+
+
+def read_batch(path: str, defaults: dict[str, Any]) -> list[Enqueue]:
+    """Read a JSON-lines file of Enqueue objects (`-` = stdin); `defaults` fill missing fields.
+
+    Raises:
+        UsageError: unreadable file, a line that is not a JSON object, missing fields.
+    """
+    text = read_text_arg("@" + path, "--batch")
+    jobs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--batch {path} line {n}: not valid JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise UsageError(f"--batch {path} line {n}: expected a JSON object")
+        jobs.append(_to_enqueue({**defaults, **obj}, f"--batch {path} line {n}"))
+    if not jobs:
+        raise UsageError(f"--batch {path}: no jobs in the file")
+    return jobs
+
+
+# ---------------------------------------------------------------- commands
+
+
+def status(client: Any, args: argparse.Namespace) -> Outcome:
+    """`status`: counts, sizes, warnings and the oldest waiting jobs with their reasons."""
+    from coordctl import render
+    st: StatusReply = client.status()
+    waiting: list[JobView] = []
+    if st.jobs.get("waiting", 0):
+        waiting = client.list_jobs(status="waiting", limit=STATUS_WAITING_SHOWN).jobs
+    warnings = list(st.warnings)
+    if st.jobs.get("waiting", 0) and st.workers_live == 0:
+        warnings.append(f"{st.jobs['waiting']} job(s) waiting and no live worker")
+    if st.wal_bytes > WAL_WARN_BYTES:
+        warnings.append(f"WAL is {render.fmt_bytes(st.wal_bytes)}: is a reader pinning it?")
+    data = msgspec.structs.asdict(st)
+    data["warnings"] = warnings
+    data["oldest_waiting"] = [
+        {"job_id": j.job_id, "kind": j.kind, "required_role": j.required_role,
+         "priority": j.priority, "age_s": j.age_s, "waiting_reason": j.waiting_reason}
+        for j in waiting]
+    return Outcome(data, lambda con: render.status(con, st, waiting, warnings))
+
+
+def enqueue(client: Any, args: argparse.Namespace) -> Outcome:
+    """`enqueue`: one job from flags, or `--batch FILE.jsonl` in one transaction."""
+    fields = _job_fields(args)
+    if args.batch is not None:
+        jobs = read_batch(args.batch, fields)
+        res = client.enqueue_batch([msgspec.to_builtins(j) for j in jobs])
+        return Outcome(res, "\n".join(j.job_id for j in res.jobs))
+    missing = [flag for flag, key in (("--kind", "kind"), ("--role", "required_role"),
+                                      ("--priority", "priority"), ("--payload", "payload"))
+               if key not in fields]
+    if missing:
+        raise UsageError(f"enqueue needs {', '.join(missing)} (or --batch FILE)")
+    job = _to_enqueue(fields, "enqueue")
+    res = client.enqueue(**msgspec.structs.asdict(job))
+    return Outcome(res, res.job_id)
+
+
+def list_jobs(client: Any, args: argparse.Namespace) -> Outcome:
+    """`list`: one page of jobs (or every page with `--all`) as a table."""
+    from coordctl import render
+    filters = {k: getattr(args, k) for k in ("status", "kind", "role", "priority")
+               if getattr(args, k) is not None}
+    limit = args.limit if args.limit is not None else (LIST_ALL_PAGE_DEFAULT if args.all else 50)
+    page: JobList = client.list_jobs(**filters, limit=limit, after=args.after)
+    if args.all:
+        jobs = list(page.jobs)
+        seen = {j.job_id for j in jobs}
+        while page.next_after is not None:
+            page = client.list_jobs(**filters, limit=limit, after=page.next_after)
+            fresh = [j for j in page.jobs if j.job_id not in seen]
+            if not fresh:  # a server that restarts paging must not loop us forever
+                break
+            seen.update(j.job_id for j in fresh)
+            jobs.extend(fresh)
+        page = JobList(jobs=jobs, next_after=None)
+    return Outcome(page, lambda con: render.job_list(con, page, args.all))
+
+
+def show(client: Any, args: argparse.Namespace) -> Outcome:
+    """`show ID`: the job, its lease, blobs and event log."""
+    from coordctl import render
+    job: JobView = client.get_job(args.job_id)
+    return Outcome(job, lambda con: render.job(con, job))
+
+
+def cancel(client: Any, args: argparse.Namespace) -> Outcome:
+    """`cancel ID`: print the job's status afterwards."""
+    res = client.cancel(args.job_id)
+    return Outcome(res, f"{args.job_id}: {res.status}")
+
+
+def retry(client: Any, args: argparse.Namespace) -> Outcome:
+    """`retry ID`: put a failed or cancelled job back to waiting; print its status."""
+    res = client.retry(args.job_id)
+    return Outcome(res, f"{args.job_id}: {res.status}")
+
+
+def reap(client: Any, args: argparse.Namespace) -> Outcome:
+    """`reap`: reap expired leases now; print how many."""
+    res = client.reap()
+    return Outcome(res, f"reaped {res.reaped} expired lease(s)")
+
+
+def workers(client: Any, args: argparse.Namespace) -> Outcome:
+    """`workers`: readings, liveness, leases and gate verdicts per priority."""
+    from coordctl import render
+    res = client.workers()
+    return Outcome(res, lambda con: render.workers(con, res))
+
+
+def backup(client: Any, args: argparse.Namespace) -> Outcome:
+    """`backup DEST`: coordd writes a verified copy at DEST (made absolute here)."""
+    dest = os.path.abspath(os.path.expanduser(args.dest))
+    res = client.backup(dest)
+    line = (f"backup written to {res.path} ({res.bytes} bytes, {res.jobs} jobs); "
+            f"quick_check: {res.quick_check}")
+    failure = None
+    if res.quick_check != "ok":
+        failure = ("check_failed", f"backup copy {res.path} failed quick_check: {res.quick_check}")
+    return Outcome(res, line, failure)
+
+
+def _check_line(res: dict[str, Any]) -> str:
+    line = (f"quick_check: {res.get('quick_check')}; "
+            f"foreign key violations: {res.get('foreign_key_violations')}")
+    if "jobs" in res:
+        line += f"; jobs: {res['jobs']}"
+    if "schema_version" in res:
+        line += f"; schema version: {res['schema_version']}"
+    return (f"{res['path']}: " if "path" in res else "") + line
+
+
+def _check_failure(res: dict[str, Any]) -> tuple[str, str] | None:
+    if res.get("quick_check") != "ok" or res.get("foreign_key_violations"):
+        return ("check_failed", _check_line(res))
+    return None
+
+
+def check_file(path: str) -> dict[str, Any]:
+    """Open a SQLite file read-only and run quick_check and foreign_key_check on it.
+
+    Raises:
+        FileNotFoundError: no such file.
+        sqlite3.Error: not a SQLite database (or unreadable).
+    """
+    p = Path(path).expanduser().absolute()
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such file")
+    conn = sqlite3.connect(p.as_uri() + "?mode=ro", uri=True)
+    try:
+        qc = "; ".join(str(r[0]) for r in conn.execute("PRAGMA quick_check"))
+        fk = [list(r) for r in conn.execute("PRAGMA foreign_key_check")]
+        res: dict[str, Any] = {"path": str(p), "quick_check": qc,
+                               "foreign_key_violations": len(fk), "violations": fk[:100]}
+        res["schema_version"] = conn.execute("PRAGMA user_version").fetchone()[0]
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='jobs'"
+                        ).fetchone():
+            res["jobs"] = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        return res
+    finally:
+        conn.close()
+
+
+def check(client: Any, args: argparse.Namespace) -> Outcome:
+    """`check [PATH]`: integrity of the live DB (via coordd) or of a file (read-only here)."""
+    if args.path is None:
+        res = client.check()
+        return Outcome(res, _check_line(res), _check_failure(res))
+    try:
+        res = check_file(args.path)
+    except FileNotFoundError as exc:
+        return Outcome({"path": args.path, "error": str(exc)}, "", ("not_found", str(exc)))
+    except sqlite3.Error as exc:
+        msg = f"{args.path}: not a readable SQLite database: {exc}"
+        return Outcome({"path": args.path, "error": msg}, "", ("check_failed", msg))
+    failure = _check_failure(res)
+    if failure is None and "jobs" not in res:
+        failure = ("check_failed", f"{res['path']}: not a coordd database (no jobs table)")
+    return Outcome(res, _check_line(res), failure)
+
+
+COMMANDS: dict[str, Callable[[Any, argparse.Namespace], Outcome]] = {
+    "status": status, "enqueue": enqueue, "list": list_jobs, "show": show,
+    "cancel": cancel, "retry": retry, "reap": reap, "workers": workers,
+    "backup": backup, "check": check,
+}
+"""Subcommand name -> implementation."""

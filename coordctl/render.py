@@ -1,0 +1,230 @@
+"""Human output for coordctl: rich tables over the wire Structs. No I/O besides printing.
+
+Every user-supplied string (kinds, errors, payloads) is printed with markup, emoji and
+highlighting off, so brackets or colons in them come out as typed. When stdout is not a
+terminal the console is made wide, so tables stay one row per line for grep and less.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from coordd.protocol import JOB_STATUSES, JobList, JobView, StatusReply, WorkersResult
+
+PIPE_WIDTH_DEFAULT = 200
+BLOB_CHARS_MAX = 4000
+PRIORITIES_SHOWN = ("p0", "p1", "p2", "p3")
+
+
+def make_console() -> Console:
+    """Return the stdout console (plain and wide when stdout is not a terminal)."""
+    width = None
+    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+        width = PIPE_WIDTH_DEFAULT
+    return Console(width=width, markup=False, emoji=False, highlight=False, soft_wrap=False)
+
+
+def fmt_time(ts: float | None) -> str:
+    """Format Unix seconds as ISO-8601 UTC, seconds precision ("-" for None)."""
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def fmt_age(seconds: float | None) -> str:
+    """Format a duration compactly: 42s, 3m12s, 5h04m, 2d03h ("-" for None)."""
+    if seconds is None:
+        return "-"
+    neg, s = seconds < 0, abs(seconds)
+    if s < 60:
+        out = f"{s:.1f}s" if s < 10 else f"{s:.0f}s"
+    elif s < 3600:
+        out = f"{int(s // 60)}m{int(s % 60):02d}s"
+    elif s < 86400:
+        out = f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    else:
+        out = f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+    return f"-{out}" if neg else out
+
+
+def fmt_bytes(n: int) -> str:
+    """Format a byte count with a binary unit."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # unreachable
+
+
+def fmt_blob(value: Any) -> str:
+    """Pretty JSON for payloads/results/checkpoints, cut at BLOB_CHARS_MAX characters."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    if len(text) > BLOB_CHARS_MAX:
+        text = text[:BLOB_CHARS_MAX] + f"\n... [{len(text) - BLOB_CHARS_MAX} more chars; use --json]"
+    return text
+
+
+def _kv_table(title: str | None = None) -> Table:
+    t = Table(title=title, show_header=False, box=box.SIMPLE, title_justify="left",
+              show_edge=False)
+    t.add_column("field", style="bold", no_wrap=True)
+    t.add_column("value", overflow="fold")
+    return t
+
+
+def job_note(job: JobView) -> str:
+    """The one-line 'why' of a job: its waiting reason, else its last error."""
+    if job.status == "waiting" and job.waiting_reason:
+        return job.waiting_reason
+    return job.last_error or ""
+
+
+# ---------------------------------------------------------------- status
+
+
+def status(console: Console, st: StatusReply, waiting: list[JobView],
+           warnings: list[str]) -> None:
+    """Print the status summary and the oldest waiting jobs with their reasons."""
+    t = _kv_table("coordd status")
+    t.add_row("workers", f"{st.workers} ({st.workers_live} live)")
+    t.add_row("active leases", str(st.active_leases))
+    t.add_row("jobs", "  ".join(f"{s} {st.jobs.get(s, 0)}" for s in JOB_STATUSES))
+    by_prio = st.waiting_by_priority or {}
+    t.add_row("waiting by priority",
+              "  ".join(f"{p.upper()} {by_prio.get(p, 0)}" for p in PRIORITIES_SHOWN))
+    t.add_row("oldest waiting", fmt_age(st.oldest_waiting_age_s))
+    t.add_row("database", f"{fmt_bytes(st.db_bytes)} (WAL {fmt_bytes(st.wal_bytes)})")
+    t.add_row("warnings", "; ".join(warnings) if warnings else "none")
+    console.print(t)
+    if waiting:
+        w = Table(title=f"oldest waiting jobs ({len(waiting)})", box=box.SIMPLE_HEAD, show_edge=False,
+                  title_justify="left")
+        for col in ("id", "kind", "role", "prio", "age", "waiting reason"):
+            w.add_column(col, no_wrap=col != "waiting reason",
+                         overflow="fold" if col == "waiting reason" else "ellipsis")
+        for j in waiting:
+            w.add_row(j.job_id, j.kind, j.required_role, f"P{j.priority}", fmt_age(j.age_s),
+                      j.waiting_reason or "")
+        console.print(w)
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def job_list(console: Console, page: JobList, paged_all: bool) -> None:
+    """Print a table of jobs; hint at the next page when there is one."""
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    for col in ("id", "kind", "role", "prio", "eff", "status", "attempts", "age",
+                "waiting reason / last error"):
+        t.add_column(col, no_wrap=not col.startswith("waiting"), overflow="fold")
+    for j in page.jobs:
+        t.add_row(j.job_id, j.kind, j.required_role, f"P{j.priority}",
+                  f"P{j.effective_priority}", j.status, f"{j.attempts}/{j.max_attempts}",
+                  fmt_age(j.age_s), job_note(j))
+    console.print(t)
+    tail = f"{len(page.jobs)} job(s)"
+    if page.next_after and not paged_all:
+        tail += f"; more after --after {page.next_after} (or use --all)"
+    console.print(tail)
+
+
+def job(console: Console, j: JobView) -> None:
+    """Print one job: its fields, lease, blobs and event log."""
+    now = j.created_at + j.age_s  # coordd's clock when it answered
+    t = _kv_table(f"job {j.job_id}")
+    t.add_row("kind", j.kind)
+    t.add_row("role", j.required_role)
+    prio = f"P{j.priority}"
+    if j.effective_priority != j.priority:
+        prio += f" (effective P{j.effective_priority})"
+    t.add_row("priority", prio)
+    t.add_row("status", j.status + (" (cancel requested)" if j.cancel_requested else ""))
+    t.add_row("attempts", f"{j.attempts}/{j.max_attempts}")
+    t.add_row("created", f"{fmt_time(j.created_at)} ({fmt_age(j.age_s)} ago)")
+    t.add_row("updated", fmt_time(j.updated_at))
+    t.add_row("run at", fmt_time(j.run_at))
+    if j.finished_at is not None:
+        t.add_row("finished", fmt_time(j.finished_at))
+    if j.idempotency_key:
+        t.add_row("idempotency key", j.idempotency_key)
+    if j.max_runtime_s is not None:
+        t.add_row("max runtime", fmt_age(j.max_runtime_s))
+    if j.lease is not None:
+        left = j.lease.expires_at - now
+        when = f"expires in {fmt_age(left)}" if left > 0 else f"EXPIRED {fmt_age(-left)} ago"
+        t.add_row("lease", f"worker {j.lease.worker_id}, token {j.lease.token}, "
+                           f"granted {fmt_time(j.lease.granted_at)}, {when}")
+    if j.waiting_reason:
+        t.add_row("waiting reason", j.waiting_reason)
+    if j.last_error:
+        t.add_row("last error", j.last_error)
+    if j.artifact is not None:
+        t.add_row("artifact", f"{j.artifact.path} ({fmt_bytes(j.artifact.size)}, "
+                              f"sha256 {j.artifact.sha256})")
+    t.add_row("payload", fmt_blob(j.payload))
+    if j.result is not None:
+        t.add_row("result", fmt_blob(j.result))
+    if j.checkpoint is not None:
+        t.add_row("checkpoint", fmt_blob(j.checkpoint))
+    console.print(t)
+    ev = Table(title="events", box=box.SIMPLE_HEAD, show_edge=False, title_justify="left")
+    for col in ("at", "transition", "worker", "reason"):
+        ev.add_column(col, no_wrap=col != "reason", overflow="fold")
+    for e in j.events:
+        ev.add_row(fmt_time(e.at), f"{e.from_status or '-'} -> {e.to_status}",
+                   e.worker_id or "-", e.reason or "")
+    console.print(ev)
+
+
+# ---------------------------------------------------------------- workers
+
+
+def _reading(readings: dict[str, Any], notes: list[str], key: str, note_prefix: str,
+             fmt: Any) -> str:
+    value = readings.get(key)
+    if value is not None:
+        return fmt(value)
+    for n in notes:
+        if n.startswith(note_prefix + ":"):
+            return n.split(":", 1)[1].strip()
+    return "unavailable"
+
+
+def _power(readings: dict[str, Any]) -> str:
+    pct = readings.get("battery_pct")
+    suffix = f" ({pct:.0f}%)" if isinstance(pct, (int, float)) else ""
+    return ("battery" if readings.get("on_battery") else "mains") + suffix
+
+
+def workers(console: Console, res: WorkersResult) -> None:
+    """Print each worker's liveness, readings, leases and per-priority gate verdicts."""
+    if not res.workers:
+        console.print("no workers have sent a heartbeat")
+        return
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    for col in ("worker", "roles", "heartbeat", "live", "mem %", "temp", "power",
+                "user idle", "leases", *PRIORITIES_SHOWN):
+        t.add_column(col, overflow="fold")
+    for w in res.workers:
+        r = w.readings
+        mem = r.get("memory_used_pct")
+        verdicts = [",".join(w.verdicts.get(p, [])) or "ok" if p in w.verdicts else "-"
+                    for p in PRIORITIES_SHOWN]
+        t.add_row(
+            w.worker_id, ",".join(w.roles), f"{fmt_age(w.heartbeat_age_s)} ago",
+            "yes" if w.live else "NO",
+            f"{mem:.0f}" if isinstance(mem, (int, float)) else "unavailable",
+            _reading(r, w.notes, "temperature_c", "temperature", lambda v: f"{v:.0f}°C"),
+            _reading(r, w.notes, "on_battery", "power", lambda _v: _power(r)),
+            _reading(r, w.notes, "user_idle_s", "user idle", fmt_age),
+            str(w.active_leases), *verdicts)
+    console.print(t)

@@ -1,0 +1,293 @@
+"""coordctl as a real subprocess against a real coordd process (the `daemon` fixture)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import closing
+
+from coordd.client import SyncClient
+
+JOB_ID = re.compile(r"^[0-9a-f]{16}$")
+STATUSES = ("waiting", "running", "succeeded", "failed", "cancelled")
+COOL = {"memory_used_pct": 30.0, "temperature_c": 40.0, "on_battery": False,
+        "user_idle_s": 10_000.0}
+
+
+def ctl(socket: str, *args: str, cwd: str | None = None, stdin: str | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m coordctl --socket SOCKET ARGS...` and capture its output."""
+    argv = [sys.executable, "-m", "coordctl", *(["--socket", socket] if socket else []), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=cwd,
+                          input=stdin, env={**os.environ, **(env or {})})
+
+
+def ok(p: subprocess.CompletedProcess[str]) -> str:
+    """Assert exit 0 and an empty stderr; return stdout."""
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    assert p.stderr == "", p.stderr
+    return p.stdout
+
+
+def ok_json(p: subprocess.CompletedProcess[str]) -> object:
+    """Assert exit 0 and return the parsed JSON document on stdout."""
+    return json.loads(ok(p))
+
+
+def refused(p: subprocess.CompletedProcess[str], exit_code: int, code: str) -> str:
+    """Assert the exit code and a single `coordctl: CODE: ...` stderr line; return it."""
+    assert p.returncode == exit_code, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith(f"coordctl: {code}: "), lines[0]
+    return lines[0]
+
+
+def enqueue(sock: str, *extra: str, kind: str = "echo", role: str = "cpu",
+            priority: int = 1, payload: str = '{"n": 1}') -> str:
+    """Enqueue through coordctl; return the printed job id."""
+    out = ok(ctl(sock, "enqueue", "--kind", kind, "--role", role, "--priority",
+                 str(priority), "--payload", payload, *extra))
+    job_id = out.strip()
+    assert JOB_ID.match(job_id) and out == job_id + "\n", out
+    return job_id
+
+
+def test_status_json_on_empty_db_is_all_zero(daemon):
+    st = ok_json(ctl(daemon.socket, "status", "--json"))
+    assert st["workers"] == 0 and st["active_leases"] == 0
+    assert st["jobs"] == dict.fromkeys(STATUSES, 0)
+    assert st["oldest_waiting"] == [] and st["oldest_waiting_age_s"] is None
+    # the global flag before the subcommand works the same way
+    assert ok_json(ctl(daemon.socket, "--json", "status"))["jobs"] == st["jobs"]
+    human = ok(ctl(daemon.socket, "status"))
+    assert "waiting 0" in human and "cancelled 0" in human and "warnings" in human
+
+
+def test_status_lists_oldest_waiting_with_reason(daemon):
+    job_id = enqueue(daemon.socket, role="gpu", priority=2)
+    human = ok(ctl(daemon.socket, "status"))
+    assert job_id in human and "no live worker with role gpu" in human
+    assert "no live worker" in human.split("warnings", 1)[1]
+    st = ok_json(ctl(daemon.socket, "--json", "status"))
+    assert st["jobs"]["waiting"] == 1 and st["waiting_by_priority"]["p2"] == 1
+    assert st["oldest_waiting"][0]["job_id"] == job_id
+    assert st["oldest_waiting"][0]["waiting_reason"] == "no live worker with role gpu"
+
+
+def test_enqueue_prints_id_that_show_returns(daemon):
+    job_id = enqueue(daemon.socket, "--max-attempts", "5", priority=0,
+                     payload='{"texts": ["hello [world]"]}')
+    job = ok_json(ctl(daemon.socket, "show", job_id, "--json"))
+    assert job["job_id"] == job_id and job["status"] == "waiting"
+    assert job["payload"] == {"texts": ["hello [world]"]}
+    assert (job["priority"], job["max_attempts"], job["kind"]) == (0, 5, "echo")
+    assert [e["to_status"] for e in job["events"]] == ["waiting"]
+    human = ok(ctl(daemon.socket, "show", job_id))
+    assert job_id in human and "hello [world]" in human and "enqueued" in human
+    assert "no live worker with role cpu" in human
+    refused(ctl(daemon.socket, "show", "0000000000000000"), 1, "not_found")
+
+
+def test_enqueue_with_same_key_gives_same_id(daemon):
+    first = enqueue(daemon.socket, "--key", "req-42")
+    again = ok_json(ctl(daemon.socket, "--json", "enqueue", "--kind", "echo", "--role", "cpu",
+                        "--priority", "1", "--payload", "{}", "--key", "req-42"))
+    assert again == {"job_id": first, "created": False}
+    assert enqueue(daemon.socket, "--key", "req-42") == first
+    assert ok_json(ctl(daemon.socket, "--json", "status"))["jobs"]["waiting"] == 1
+
+
+def test_enqueue_delay_is_scheduled(daemon):
+    job_id = enqueue(daemon.socket, "--delay", "600")
+    job = ok_json(ctl(daemon.socket, "--json", "show", job_id))
+    assert job["run_at"] > time.time() + 500
+    assert job["waiting_reason"].startswith("scheduled until ")
+
+
+def test_batch_enqueue_from_jsonl(daemon, tmp_path):
+    lines = [json.dumps({"kind": "embed", "required_role": "cpu", "priority": 2,
+                         "payload": {"i": i}}) for i in range(3)]
+    batch = tmp_path / "jobs.jsonl"
+    batch.write_text("\n".join(lines[:2]) + "\n\n" + lines[2] + "\n")
+    ids = ok(ctl(daemon.socket, "enqueue", "--batch", str(batch))).splitlines()
+    assert len(ids) == 3 and len(set(ids)) == 3 and all(JOB_ID.match(i) for i in ids)
+    listed = ok_json(ctl(daemon.socket, "--json", "list", "--kind", "embed"))["jobs"]
+    assert [j["job_id"] for j in listed] == ids
+    assert [j["payload"] for j in listed] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    # flags fill fields a line omits; a line missing a required field is a usage error
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text('{"payload": 1}\n{"payload": 2, "priority": 0}\n')
+    res = ok_json(ctl(daemon.socket, "--json", "enqueue", "--batch", str(partial),
+                      "--kind", "k2", "--role", "cpu", "--priority", "3"))
+    prios = [ok_json(ctl(daemon.socket, "--json", "show", j["job_id"]))["priority"]
+             for j in res["jobs"]]
+    assert prios == [3, 0]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(lines[0] + "\n" + '{"kind": "x"}\n')
+    line = refused(ctl(daemon.socket, "enqueue", "--batch", str(bad)), 2, "usage")
+    assert "line 2" in line
+    assert ok_json(ctl(daemon.socket, "--json", "status"))["jobs"]["waiting"] == 5
+
+
+def test_payload_from_file(daemon, tmp_path):
+    payload = {"prompt": "résumé", "n": [1, 2, 3]}
+    (tmp_path / "p.json").write_text(json.dumps(payload))
+    job_id = enqueue(daemon.socket, payload=f"@{tmp_path / 'p.json'}")
+    assert ok_json(ctl(daemon.socket, "--json", "show", job_id))["payload"] == payload
+    job_id2 = ok(ctl(daemon.socket, "enqueue", "--kind", "k", "--role", "cpu", "--priority", "1",
+                     "--payload", "@-", stdin='{"from": "stdin"}')).strip()
+    assert ok_json(ctl(daemon.socket, "--json", "show", job_id2))["payload"] == {"from": "stdin"}
+    line = refused(ctl(daemon.socket, "enqueue", "--kind", "k", "--role", "cpu", "--priority",
+                       "1", "--payload", f"@{tmp_path / 'missing.json'}"), 2, "usage")
+    assert "missing.json" in line
+
+
+def test_bad_json_payload_is_usage_error(daemon):
+    line = refused(ctl(daemon.socket, "enqueue", "--kind", "k", "--role", "cpu", "--priority",
+                       "1", "--payload", "{not json"), 2, "usage")
+    assert "--payload is not valid JSON" in line
+    refused(ctl(daemon.socket, "enqueue", "--kind", "k", "--payload", "{}"), 2, "usage")
+    refused(ctl(daemon.socket, "enqueue", "--kind", "k", "--role", "cpu", "--priority", "1",
+                "--payload", "{}", "--gates", "[1]"), 2, "usage")
+    assert ok_json(ctl(daemon.socket, "--json", "status"))["jobs"]["waiting"] == 0
+
+
+def test_priority_out_of_range_is_refused(daemon):
+    p = ctl(daemon.socket, "enqueue", "--kind", "k", "--role", "cpu", "--priority", "7",
+            "--payload", "{}")
+    assert "0..3" in refused(p, 1, "bad_request")
+    assert p.stdout == ""
+
+
+def test_list_filters_json_and_paging(daemon):
+    sock = daemon.socket
+    jsonl = "".join(json.dumps({"kind": k, "required_role": r, "priority": p, "payload": {}})
+                    + "\n" for k, r, p in [("alpha", "cpu", 1)] * 3 + [("beta", "gpu", 3)] * 2)
+    made = ok(ctl(sock, "enqueue", "--batch", "-", stdin=jsonl)).split()  # batch from stdin
+    a, b = made[:3], made[3:]
+    everything = ok_json(ctl(sock, "--json", "list"))
+    assert [j["job_id"] for j in everything["jobs"]] == a + b
+    assert everything["next_after"] is None
+
+    def ids(*args: str) -> list[str]:
+        return [j["job_id"] for j in ok_json(ctl(sock, "--json", "list", *args))["jobs"]]
+
+    assert ids("--kind", "alpha") == a
+    assert ids("--role", "gpu") == b
+    assert ids("--priority", "3") == b
+    assert ids("--status", "cancelled") == []
+    assert ids("--kind", "alpha", "--role", "gpu") == []
+    page = ok_json(ctl(sock, "--json", "list", "--limit", "2"))
+    assert [j["job_id"] for j in page["jobs"]] == a[:2] and page["next_after"] == a[1]
+    assert ids("--after", a[1]) == a[2:] + b
+    assert ids("--all", "--limit", "2") == a + b
+    human = ok(ctl(sock, "list", "--limit", "2"))
+    assert a[0] in human and b[0] not in human and f"--after {a[1]}" in human
+    human = ok(ctl(sock, "list", "--role", "gpu"))
+    assert all(i in human for i in b) and "no live worker with role gpu" in human
+    refused(ctl(sock, "list", "--status", "bogus"), 2, "usage")
+
+
+def test_cancel_then_retry(daemon):
+    job_id = enqueue(daemon.socket)
+    assert ok(ctl(daemon.socket, "cancel", job_id)) == f"{job_id}: cancelled\n"
+    assert ok_json(ctl(daemon.socket, "--json", "show", job_id))["status"] == "cancelled"
+    assert ok(ctl(daemon.socket, "retry", job_id)) == f"{job_id}: waiting\n"
+    job = ok_json(ctl(daemon.socket, "--json", "show", job_id))
+    assert job["status"] == "waiting"
+    assert [e["to_status"] for e in job["events"]] == ["waiting", "cancelled", "waiting"]
+    refused(ctl(daemon.socket, "retry", job_id), 1, "invalid_state")
+    refused(ctl(daemon.socket, "cancel", "ffffffffffffffff"), 1, "not_found")
+
+
+def test_reap_requeues_expired_lease(daemon_factory):
+    d = daemon_factory("lease_min_s = 0.1\nreaper_interval_s = 3600.0\n")
+    d.start()
+    job_id = enqueue(d.socket)
+    assert ok_json(ctl(d.socket, "--json", "reap")) == {"reaped": 0}
+    with SyncClient(d.socket, timeout=10) as c:
+        c.heartbeat("w1", ["cpu"], COOL)
+        got = c.claim("w1", lease_s=0.1)
+        assert got.job.job_id == job_id
+        assert ok_json(ctl(d.socket, "--json", "status"))["active_leases"] == 1
+        time.sleep(0.3)  # a real process on the real clock: let the 0.1 s lease run out
+    show = ok(ctl(d.socket, "show", job_id))
+    assert "EXPIRED" in show and "worker w1" in show
+    assert ok(ctl(d.socket, "reap")) == "reaped 1 expired lease(s)\n"
+    job = ok_json(ctl(d.socket, "--json", "show", job_id))
+    assert job["status"] == "waiting" and job["lease"] is None and job["attempts"] == 1
+    assert ok(ctl(d.socket, "reap")) == "reaped 0 expired lease(s)\n"
+
+
+def test_workers_show_gate_verdicts(daemon):
+    with SyncClient(daemon.socket, timeout=10) as c:
+        c.heartbeat("w-hot", ["cpu", "gpu"],
+                    {"memory_used_pct": 90.0, "temperature_c": None, "on_battery": False,
+                     "user_idle_s": 5.0, "temperature_reason": "no thermal sensors"})
+        c.heartbeat("w-cool", ["cpu"], COOL)
+    res = ok_json(ctl(daemon.socket, "--json", "workers"))
+    by_id = {w["worker_id"]: w for w in res["workers"]}
+    hot, cool = by_id["w-hot"], by_id["w-cool"]
+    assert hot["verdicts"]["p0"] == ["memory_high"] and hot["live"] is True
+    assert "user_active" in hot["verdicts"]["p3"]
+    assert all(v == [] for v in cool["verdicts"].values())
+    human = ok(ctl(daemon.socket, "workers"))
+    hot_row = next(line for line in human.splitlines() if line.strip().startswith("w-hot"))
+    cool_row = next(line for line in human.splitlines() if line.strip().startswith("w-cool"))
+    assert "memory_high" in hot_row and "unavailable (no thermal sensors)" in hot_row
+    assert "cpu,gpu" in hot_row and "90" in hot_row and "mains" in hot_row
+    assert "memory_high" not in cool_row and cool_row.split()[-4:] == ["ok"] * 4
+
+
+def test_backup_then_check_the_copy(daemon, tmp_path):
+    ids = sorted(enqueue(daemon.socket, payload=f'{{"i": {i}}}') for i in range(3))
+    out = ok(ctl(daemon.socket, "backup", "copy.db", cwd=str(tmp_path)))  # relative DEST
+    dest = tmp_path / "copy.db"
+    assert out == f"backup written to {dest} ({dest.stat().st_size} bytes, 3 jobs); " \
+                  "quick_check: ok\n"
+    checked = ok(ctl(daemon.socket, "check", str(dest)))
+    assert "quick_check: ok" in checked and "foreign key violations: 0" in checked
+    assert ok_json(ctl("", "--json", "check", str(dest)))["jobs"] == 3  # no coordd needed
+    with closing(sqlite3.connect(f"file:{dest}?mode=ro", uri=True)) as conn:
+        assert sorted(r[0] for r in conn.execute("SELECT job_id FROM jobs")) == ids
+    assert ok_json(ctl(daemon.socket, "--json", "check")) == {
+        "quick_check": "ok", "foreign_key_violations": 0}
+    assert "exists" in refused(ctl(daemon.socket, "backup", str(dest)), 1, "bad_request")
+
+
+def test_check_refuses_non_sqlite_and_missing_files(tmp_path):
+    junk = tmp_path / "junk.db"
+    junk.write_text("this is not a database\n" * 100)
+    p = ctl("", "check", str(junk))
+    assert "junk.db" in refused(p, 1, "check_failed") and p.stdout == ""
+    refused(ctl("", "check", str(tmp_path / "absent.db")), 1, "not_found")
+    assert not (tmp_path / "absent.db").exists()  # read-only: nothing created
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()  # a valid but empty SQLite file is not a coordd DB
+    assert "no jobs table" in refused(ctl("", "check", str(empty)), 1, "check_failed")
+
+
+def test_missing_socket_is_one_line_exit_1(tmp_path):
+    sock = str(tmp_path / "nobody-home.sock")
+    p = ctl(sock, "status")
+    line = refused(p, 1, "disconnected")
+    assert line.startswith(f"coordctl: disconnected: coordd is not running at {sock}")
+    assert p.stdout == ""
+    # $COORDD_SOCKET is the default when --socket is not given
+    p = ctl("", "list", env={"COORDD_SOCKET": sock})
+    assert sock in refused(p, 1, "disconnected")
+
+
+def test_usage_errors_exit_2(tmp_path):
+    refused(ctl("", env={"COORDD_SOCKET": str(tmp_path / "s")}), 2, "usage")
+    refused(ctl(str(tmp_path / "s"), "frobnicate"), 2, "usage")
+    refused(ctl(str(tmp_path / "s"), "show"), 2, "usage")
+    refused(ctl(str(tmp_path / "s"), "--timeout", "-1", "status"), 2, "usage")
+    helped = ctl("", "--help")
+    assert helped.returncode == 0 and "backup" in helped.stdout and "enqueue" in helped.stdout
