@@ -1,0 +1,80 @@
+"""`coord-worker --worker-id ID --roles R[,R...] [--socket PATH] [--config FILE]
+[--readings-override FILE] [--log-json]`: run the worker supervisor.
+
+Exit codes: 0 clean stop (SIGTERM/SIGINT), 2 usage or config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+import uvloop
+
+from coordd.__main__ import setup_logging
+from coordd.client import Client
+from coordd.config import default_socket_path
+from worker import config as config_mod
+from worker.probes import Probes
+from worker.supervisor import CALL_TIMEOUT_S, Supervisor
+
+logger = logging.getLogger("worker")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="coord-worker", description="Run jobs for coordd.")
+    p.add_argument("--worker-id", required=True, help="this worker's id (unique in the fleet)")
+    p.add_argument("--roles", required=True, help="comma-separated roles, e.g. cpu,gpu")
+    p.add_argument("--socket", help="coordd socket (env COORDD_SOCKET; default "
+                                    "$XDG_RUNTIME_DIR/coordd/coordd.sock)")
+    p.add_argument("--config", help="worker TOML config (default: built-in kinds)")
+    p.add_argument("--readings-override", help="JSON object replacing probe readings "
+                                               "(re-read every heartbeat)")
+    p.add_argument("--log-json", action="store_true", help="log JSON lines")
+    return p.parse_args(argv)
+
+
+async def _run(sup: Supervisor) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, sup.request_stop)
+    logger.info("worker %s started (roles %s, kinds %s)", sup.worker_id, ",".join(sup.roles),
+                ",".join(sorted(sup.config.kinds)), extra={"action": "worker_start"})
+    await sup.run()
+    logger.info("worker %s stopped", sup.worker_id, extra={"action": "worker_exit"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `coord-worker` command."""
+    args = parse_args(argv)
+    roles = [r.strip() for r in args.roles.split(",") if r.strip()]
+    if not args.worker_id.strip() or not roles:
+        print("coord-worker: --worker-id and --roles must not be empty", file=sys.stderr)
+        return 2
+    try:
+        cfg = config_mod.load(args.config)
+    except config_mod.WorkerConfigError as exc:
+        print(f"coord-worker: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(args.log_json)
+    sock = args.socket or os.environ.get("COORDD_SOCKET") or str(default_socket_path())
+    try:
+        os.makedirs(cfg.work_dir, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        print(f"coord-worker: cannot create work_dir {cfg.work_dir}: {exc.strerror}", file=sys.stderr)
+        return 2
+    sup = Supervisor(lambda: Client(sock, timeout=CALL_TIMEOUT_S), args.worker_id, roles, cfg,
+                     probes=Probes(), override_path=args.readings_override)
+    try:
+        uvloop.run(_run(sup))
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

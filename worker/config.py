@@ -1,0 +1,178 @@
+"""The worker's configuration: a TOML file decoded into `WorkerConfig` (DESIGN.md, "Admin surface").
+
+Unknown keys are errors, so a typo never silently falls back to a default. A file without a
+`[kinds]` table (or no file at all) gets the built-in kinds `train` and `embed`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tomllib
+from typing import Any
+
+import msgspec
+
+LEASE_S_DEFAULT = 30.0
+HEARTBEAT_INTERVAL_S_DEFAULT = 5.0
+WORK_DIR_DEFAULT = "~/.local/state/coordd/work"
+GRACE_S_DEFAULT = 10.0
+STOP_TIMEOUT_S_DEFAULT = 30.0
+"""Must stay below the unit's TimeoutStopSec (120 s in coordd-worker@.service)."""
+CLAIM_INTERVAL_S_DEFAULT = 1.0
+INLINE_RESULT_BYTES_DEFAULT = 65536
+TIMEOUT_S_DEFAULT = 3600.0
+SLOTS_DEFAULT = 1
+MAX_RESULT_BYTES_DEFAULT = 1 << 20
+
+PLACEHOLDERS = ("job_id", "payload", "result", "checkpoint_dir", "resume_from")
+"""The argv tokens replaced per job; each is also in the environment as COORD_<NAME>."""
+_PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+
+
+class WorkerConfigError(Exception):
+    """The worker configuration file is missing, not TOML, or has bad values."""
+
+
+class KindConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How to run one job kind.
+
+    Attributes:
+        argv: the command; `{job_id}`, `{payload}`, `{result}`, `{checkpoint_dir}` and
+            `{resume_from}` are replaced (other braces are left as they are).
+        timeout_s: run time after which the tree is stopped and the job failed (retryable).
+        slots: how many jobs of this kind run at once on this worker.
+        max_result_bytes: a larger result file fails the job (permanent).
+        result_json: the result file must be JSON (else it is stored as an opaque artifact).
+        env: extra environment variables for the model process.
+    """
+
+    argv: list[str]
+    timeout_s: float = TIMEOUT_S_DEFAULT
+    slots: int = SLOTS_DEFAULT
+    max_result_bytes: int = MAX_RESULT_BYTES_DEFAULT
+    result_json: bool = True
+    env: dict[str, str] = {}
+
+    def __post_init__(self) -> None:
+        if not self.argv or not self.argv[0]:
+            raise ValueError("argv must name a program")
+        if not self.timeout_s > 0:
+            raise ValueError("timeout_s must be > 0")
+        if self.slots < 1:
+            raise ValueError("slots must be >= 1")
+        if self.max_result_bytes < 0:
+            raise ValueError("max_result_bytes must be >= 0")
+
+
+def default_kinds() -> dict[str, KindConfig]:
+    """Return the built-in kinds: the repository's `train` and `embed` model processes."""
+    py = sys.executable or "python3"
+    return {
+        "train": KindConfig(argv=[
+            py, "-m", "worker.models.train", "--payload", "{payload}", "--result", "{result}",
+            "--checkpoint-dir", "{checkpoint_dir}", "--resume-from", "{resume_from}"]),
+        "embed": KindConfig(argv=[
+            py, "-m", "worker.models.embed", "--payload", "{payload}", "--result", "{result}"]),
+    }
+
+
+class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The coord-worker settings (durations in seconds, sizes in bytes).
+
+    Attributes:
+        lease_s: lease asked for on claim; renewed every third of it.
+        heartbeat_interval_s: how often readings are sent (keep well below coordd's
+            `heartbeat_stale_s`).
+        work_dir: per-job folders live here (`~` is expanded).
+        grace_s: SIGTERM -> SIGKILL grace for a model tree.
+        stop_timeout_s: the worker exits within this after SIGTERM; keep it below systemd's
+            TimeoutStopSec.
+        claim_interval_s: idle poll interval when coordd has nothing for this worker.
+        inline_result_bytes: larger results go to the artifact store, not the DB.
+        kinds: one table per job kind this worker can run.
+    """
+
+    lease_s: float = LEASE_S_DEFAULT
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S_DEFAULT
+    work_dir: str = WORK_DIR_DEFAULT
+    grace_s: float = GRACE_S_DEFAULT
+    stop_timeout_s: float = STOP_TIMEOUT_S_DEFAULT
+    claim_interval_s: float = CLAIM_INTERVAL_S_DEFAULT
+    inline_result_bytes: int = INLINE_RESULT_BYTES_DEFAULT
+    kinds: dict[str, KindConfig] = msgspec.field(default_factory=default_kinds)
+
+    def __post_init__(self) -> None:
+        for name in ("lease_s", "heartbeat_interval_s", "claim_interval_s", "stop_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.grace_s < 0:
+            raise ValueError("grace_s must be >= 0")
+        if self.stop_timeout_s <= self.grace_s:
+            raise ValueError("stop_timeout_s must be greater than grace_s")
+        if self.inline_result_bytes < 0:
+            raise ValueError("inline_result_bytes must be >= 0")
+        if not self.work_dir:
+            raise ValueError("work_dir must not be empty")
+        self.work_dir = os.path.abspath(os.path.expanduser(self.work_dir))
+        for name in self.kinds:
+            if not name or name != name.strip():
+                raise ValueError(f"bad kind name {name!r}")
+
+    @property
+    def total_slots(self) -> int:
+        """Jobs this worker runs at once, over all kinds."""
+        return sum(k.slots for k in self.kinds.values())
+
+
+def parse(text: str, source: str = "<config>") -> WorkerConfig:
+    """Decode TOML text into a WorkerConfig.
+
+    Raises:
+        WorkerConfigError: not TOML, an unknown key, a wrong type or a bad value.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise WorkerConfigError(f"{source}: not valid TOML: {exc}") from exc
+    return from_dict(data, source)
+
+
+def from_dict(data: dict[str, Any], source: str = "<config>") -> WorkerConfig:
+    """Validate a decoded mapping as a WorkerConfig. Raises: WorkerConfigError."""
+    try:
+        return msgspec.convert(data, WorkerConfig)
+    except msgspec.ValidationError as exc:
+        raise WorkerConfigError(f"{source}: {exc}") from exc
+
+
+def load(path: str | os.PathLike[str] | None) -> WorkerConfig:
+    """Load the config file at `path`; None gives the defaults with the built-in kinds.
+
+    Raises:
+        WorkerConfigError: the file is unreadable or invalid.
+    """
+    if path is None:
+        return WorkerConfig()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise WorkerConfigError(f"cannot read config {os.fspath(path)}: {exc.strerror}") from exc
+    return parse(text, os.fspath(path))
+
+
+def expand_argv(argv: list[str], values: dict[str, str]) -> list[str]:
+    """Replace the placeholder tokens in each argument (one pass; unknown braces stay).
+
+    Args:
+        argv: the kind's argv template.
+        values: a value for every name in PLACEHOLDERS.
+    """
+    return [_PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], arg) for arg in argv]
+
+
+def job_env(values: dict[str, str]) -> dict[str, str]:
+    """Return the COORD_* variables for the placeholder `values`."""
+    return {f"COORD_{name.upper()}": values[name] for name in PLACEHOLDERS}

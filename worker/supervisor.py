@@ -1,0 +1,654 @@
+"""The worker supervisor: heartbeats, claims, leases, model process trees, checkpoints, results.
+
+Why the lease is timed here and not trusted to coordd: a supervisor that was frozen (SIGSTOP,
+a blocked loop, a suspend) must find out on its own that its lease is gone and kill its model
+tree before anything else (CASES B07). Its deadline is the monotonic moment the claim/renew
+was *sent* plus the granted `lease_s` (DESIGN.md, "Wire protocol"); past it, or on
+`lease_lost`/`lease_expired`, the tree is killed and no result is ever reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from coordd import errors
+from coordd.client import CallTimeout, Client, Disconnected
+from coordd.clock import Clock, SystemClock
+from coordd.protocol import ClaimedJob
+from worker import artifacts
+from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
+from worker.probes import Probes, apply_override
+from worker.process import ModelProcess, classify_exit
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_POLL_S = 0.5
+RETRY_S = 0.2
+"""Pause between quick retries of a renew or a report that failed transiently."""
+RENEW_CALL_TIMEOUT_MAX_S = 5.0
+REPORT_TIMEOUT_S = 5.0
+REPORT_RETRY_MAX_S = 60.0
+SHUTDOWN_REPORT_TIMEOUT_S = 2.0
+CALL_TIMEOUT_S = 10.0
+STDERR_TAIL_BYTES = 2000
+FORCE_MARGIN_S = 2.0
+"""At stop, job tasks still running this long before `stop_timeout_s` are cancelled (SIGKILL)."""
+
+LEASE_GONE = (errors.LeaseLost, errors.LeaseExpired, errors.NotFound, errors.AlreadyCompleted)
+SHUTDOWN, CANCELLED, TIMEOUT, LEASE_LOST = "shutdown", "cancelled", "timeout", "lease_lost"
+
+
+@dataclass(eq=False)
+class JobRun:
+    """One claimed job on this worker: its lease as we time it, its process and its folder."""
+
+    job: ClaimedJob
+    token: int
+    deadline: float
+    """Monotonic time the lease ends, as far as we can know (send time + granted lease_s)."""
+    dir: str
+    kind: KindConfig | None
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    abort_reason: str | None = None
+    lease_gone: bool = False
+    proc: ModelProcess | None = None
+    waiting_for_slot: bool = False
+    seen_checkpoints: set[str] = field(default_factory=set)
+    checkpoint_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    def abort(self, reason: str) -> None:
+        """Ask the job to end for `reason` (the first reason wins; lease loss is kept apart)."""
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        self.aborted.set()
+
+    def holds_lease(self, mono: float) -> bool:
+        """True while we may still speak for this job."""
+        return not self.lease_gone and mono < self.deadline
+
+
+class Supervisor:
+    """Run jobs for one worker id until `request_stop`.
+
+    Args:
+        client_factory: returns the coordd Client (one connection, many calls in flight).
+        worker_id: this worker's id.
+        roles: the roles it claims for.
+        config: the worker config.
+        probes: host readings (default: the real `Probes`).
+        clock: time source (default: SystemClock).
+        override_path: `--readings-override` JSON file, re-read every heartbeat.
+    """
+
+    def __init__(self, client_factory: Callable[[], Client], worker_id: str, roles: list[str],
+                 config: WorkerConfig, *, probes: Probes | None = None,
+                 clock: Clock | None = None, override_path: str | None = None) -> None:
+        if not worker_id or not roles:
+            raise ValueError("worker_id and roles are required")
+        self.worker_id = worker_id
+        self.roles = list(roles)
+        self.config = config
+        self._client = client_factory()
+        self._probes = probes or Probes()
+        self._clock = clock or SystemClock()
+        self._override_path = override_path
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()  # a slot freed, or stop
+        self._never = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._runs: dict[str, JobRun] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._busy: dict[str, int] = {name: 0 for name in config.kinds}
+        self._last_heartbeat: float | None = None
+        self._artifact_dir: str | None = None
+        self._coordd_down = False
+        self._forced = False
+        self._tg: asyncio.TaskGroup | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def request_stop(self) -> None:
+        """Stop claiming, hand running jobs back and return from `run` (idempotent)."""
+        self._stop.set()
+        self._wake.set()
+
+    @property
+    def running_jobs(self) -> list[str]:
+        """Ids of the jobs this supervisor holds."""
+        return list(self._runs)
+
+    async def run(self) -> None:
+        """Heartbeat, claim and run jobs until stopped; every model tree is gone on return."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                tg.create_task(self._heartbeat_loop(), name="heartbeat")
+                tg.create_task(self._claim_loop(), name="claim")
+                tg.create_task(self._stop_watch(), name="stop")
+        finally:
+            await self._client.close()
+
+    async def _stop_watch(self) -> None:
+        await self._stop.wait()
+        logger.info("stopping: handing back %d job(s)", len(self._runs),
+                    extra={"action": "worker_stop", "jobs": sorted(self._runs)})
+        for run in list(self._runs.values()):
+            run.abort(SHUTDOWN)
+        budget = self.config.stop_timeout_s - min(FORCE_MARGIN_S, self.config.stop_timeout_s / 4)
+        force_at = self._clock.mono() + budget
+        while self._tasks and self._clock.mono() < force_at:  # a claim in flight may add one
+            await asyncio.wait(set(self._tasks), timeout=force_at - self._clock.mono())
+        pending = set(self._tasks)
+        if pending:
+            logger.warning("stop timeout: killing %d job(s)", len(pending),
+                           extra={"action": "worker_stop_forced"})
+            self._forced = True
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    # ------------------------------------------------------------ heartbeat
+
+    def _read_probes(self) -> dict[str, Any]:
+        return apply_override(self._probes.read(), self._override_path)
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._stop.is_set():
+            await self.heartbeat_once()
+            if await self._clock.wait(self._stop, self.config.heartbeat_interval_s):
+                return
+
+    async def heartbeat_once(self) -> bool:
+        """Send one heartbeat; act on its cancel list. Returns False if coordd did not answer."""
+        readings = await asyncio.to_thread(self._read_probes)
+        sent = self._clock.mono()
+        try:
+            reply = await self._client.heartbeat(self.worker_id, self.roles, readings)
+        except errors.CoordError as exc:
+            self._note_down(exc)
+            return False
+        self._note_up()
+        self._last_heartbeat = sent
+        if reply.artifact_dir:
+            self._artifact_dir = reply.artifact_dir
+        for job_id in reply.cancel:
+            run = self._runs.get(job_id)
+            if run is not None:
+                logger.info("cancel requested", extra={"action": "cancel", "job_id": job_id})
+                run.abort(CANCELLED)
+        return True
+
+    def _note_down(self, exc: Exception) -> None:
+        if not self._coordd_down:
+            logger.warning("coordd unreachable: %s", exc, extra={"action": "coordd_down"})
+        self._coordd_down = True
+
+    def _note_up(self) -> None:
+        if self._coordd_down:
+            logger.info("coordd reachable again", extra={"action": "coordd_up"})
+        self._coordd_down = False
+
+    @property
+    def artifact_dir(self) -> str:
+        """coordd's content-addressed store (from the heartbeat), else one beside work_dir."""
+        return self._artifact_dir or os.path.join(os.path.dirname(self.config.work_dir), "artifacts")
+
+    # ------------------------------------------------------------ claiming
+
+    def _can_claim(self) -> bool:
+        if any(r.waiting_for_slot for r in self._runs.values()):
+            return False  # a job already waits for a slot of its kind: take no more
+        return len(self._runs) < max(1, self.config.total_slots)
+
+    async def _claim_loop(self) -> None:
+        interval = self.config.claim_interval_s
+        while not self._stop.is_set():
+            self._wake.clear()
+            if not self._can_claim():
+                await self._clock.wait(self._wake, interval)
+                continue
+            stale = (self._last_heartbeat is None
+                     or self._clock.mono() - self._last_heartbeat >= self.config.heartbeat_interval_s)
+            if stale and not await self.heartbeat_once():
+                await self._clock.wait(self._wake, interval)
+                continue
+            got = await self.claim_once()
+            if got is None:
+                await self._clock.wait(self._wake, interval)
+                continue
+            run = JobRun(job=got[0], token=got[1], deadline=got[2],
+                         dir=os.path.join(self.config.work_dir, _safe_name(got[0].job_id)),
+                         kind=self.config.kinds.get(got[0].kind))
+            self._start_job(run)
+
+    async def claim_once(self) -> tuple[ClaimedJob, int, float] | None:
+        """Claim one job: (job, token, monotonic lease deadline), or None.
+
+        A fresh claim_id per attempt, resent once on a lost reply, so a lost reply leaves no
+        orphan lease.
+        """
+        claim_id = uuid.uuid4().hex
+        sent = self._clock.mono()
+        for attempt in (1, 2):
+            try:
+                res = await self._client.claim(self.worker_id, self.config.lease_s, claim_id)
+                break
+            except (Disconnected, CallTimeout) as exc:
+                if attempt == 2:
+                    self._note_down(exc)
+                    return None
+            except errors.CoordError as exc:
+                logger.warning("claim refused: %s", exc, extra={"action": "claim_error"})
+                return None
+        self._note_up()
+        if res.job is None or res.lease is None:
+            if "heartbeat_stale" in res.reasons:
+                self._last_heartbeat = None
+            logger.debug("nothing to claim", extra={"action": "claim_none", "reasons": res.reasons})
+            return None
+        logger.info("claimed %s (%s, P%d, attempt %d)", res.job.job_id, res.job.kind,
+                    res.job.priority, res.job.attempts,
+                    extra={"action": "claim", "job_id": res.job.job_id, "token": res.lease.token})
+        return res.job, res.lease.token, sent + res.lease.lease_s
+
+    def _start_job(self, run: JobRun) -> None:
+        assert self._tg is not None
+        self._runs[run.job_id] = run
+        if self._stop.is_set():
+            run.abort(SHUTDOWN)
+        task = self._tg.create_task(self._job_task(run), name=f"job-{run.job_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------ one job
+
+    async def _job_task(self, run: JobRun) -> None:
+        renewer = asyncio.create_task(self._renew_loop(run))
+        try:
+            await self._run_job(run)
+        except Exception as exc:  # a bug in one job must not stop the worker
+            logger.exception("job %s: supervisor error", run.job_id,
+                             extra={"action": "job_error", "job_id": run.job_id})
+            await self._kill(run)
+            await self._report_fail(run, f"worker error: {type(exc).__name__}: {exc}", True)
+        finally:
+            try:
+                await self._kill(run)  # also when this task is cancelled: never leave a tree
+            finally:
+                run.finished.set()
+                renewer.cancel()
+                self._runs.pop(run.job_id, None)
+                self._wake.set()
+
+    async def _kill(self, run: JobRun) -> None:
+        if run.proc is not None:
+            await run.proc.terminate_tree(0.0 if self._forced else self.config.grace_s)
+
+    async def _run_job(self, run: JobRun) -> None:
+        job, kind = run.job, run.kind
+        if kind is None:
+            await self._report_fail(run, f"kind {job.kind} not configured on worker {self.worker_id}",
+                                    False)
+            return
+        values = await asyncio.to_thread(_prepare_dir, run.dir, job.job_id, job.payload,
+                                         job.checkpoint)
+        if not await self._acquire_slot(run, job.kind, kind):
+            await self._after_abort(run, kind)
+            return
+        try:
+            await self._execute(run, kind, values)
+        finally:
+            self._busy[job.kind] -= 1
+            self._slot_freed.set()
+            self._slot_freed = asyncio.Event()
+
+    async def _acquire_slot(self, run: JobRun, name: str, kind: KindConfig) -> bool:
+        run.waiting_for_slot = True
+        try:
+            while self._busy[name] >= kind.slots:
+                if run.aborted.is_set():
+                    return False
+                await _wait_any(self._slot_freed, run.aborted)
+            if run.aborted.is_set():
+                return False
+            self._busy[name] += 1
+            return True
+        finally:
+            run.waiting_for_slot = False
+
+    async def _execute(self, run: JobRun, kind: KindConfig, values: dict[str, str]) -> None:
+        argv = expand_argv(kind.argv, values)
+        env = {**os.environ, **kind.env, **job_env(values), "COORD_WORKER_ID": self.worker_id}
+        start = asyncio.ensure_future(ModelProcess.start(
+            argv, env, run.dir, os.path.join(run.dir, "stdout.log"), os.path.join(run.dir, "stderr.log")))
+        try:
+            run.proc = await asyncio.shield(start)
+        except asyncio.CancelledError:  # spawned but not handed to us yet: still ours to kill
+            try:
+                run.proc = await start
+            except Exception:
+                pass
+            raise
+        except OSError as exc:
+            await self._report_fail(run, f"cannot start {argv[0]}: {exc}", False)
+            return
+        timeout_s = kind.timeout_s if run.job.max_runtime_s is None \
+            else min(kind.timeout_s, run.job.max_runtime_s)
+        helpers = [asyncio.create_task(self._checkpoint_loop(run, values["checkpoint_dir"])),
+                   asyncio.create_task(self._timeout_timer(run, timeout_s))]
+        try:
+            exited = asyncio.ensure_future(run.proc.wait())
+            await _wait_any(run.aborted, future=exited)
+            await self._kill(run)  # on exit too: leftover group members go now
+        finally:
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+        if run.proc.killed_by_us:
+            await self._after_abort(run, kind, values, timeout_s)
+        else:
+            await self._after_exit(run, kind, values)
+
+    async def _after_abort(self, run: JobRun, kind: KindConfig, values: dict[str, str] | None = None,
+                           timeout_s: float = 0.0) -> None:
+        reason = run.abort_reason
+        if not run.holds_lease(self._clock.mono()):
+            logger.warning("job %s: lease lost; tree killed, nothing reported", run.job_id,
+                           extra={"action": "lease_lost_drop", "job_id": run.job_id})
+            return
+        if reason == CANCELLED:
+            await self._report_fail(run, "cancelled", False)
+            return
+        if values is not None:
+            await self._checkpoint_once(run, values["checkpoint_dir"])
+        if reason == TIMEOUT:
+            await self._report_fail(run, f"timeout after {timeout_s:g}s", True)
+        else:
+            await self._report_fail(run, "worker_shutdown", True)
+
+    async def _after_exit(self, run: JobRun, kind: KindConfig, values: dict[str, str]) -> None:
+        assert run.proc is not None and run.proc.returncode is not None
+        rc = run.proc.returncode
+        await self._checkpoint_once(run, values["checkpoint_dir"])
+        verdict = classify_exit(rc, killed_by_us=False)
+        tail = run.proc.stderr_tail(STDERR_TAIL_BYTES).strip()
+        what = f"exit {rc}" if rc >= 0 else f"killed by {_signame(-rc)}"
+        logger.info("job %s: model %s (%s)", run.job_id, what, verdict,
+                    extra={"action": "model_exit", "job_id": run.job_id, "rc": rc})
+        if verdict != "success":
+            await self._report_fail(run, f"{what}: {tail}" if tail else what, verdict == "retryable")
+            return
+        try:
+            outcome = await asyncio.to_thread(_read_result, values["result"], kind,
+                                              self.config.inline_result_bytes, self.artifact_dir)
+        except OSError as exc:
+            await self._report_fail(run, f"cannot store result: {exc}", True)
+            return
+        if isinstance(outcome, str):
+            await self._report_fail(run, outcome, False)
+            return
+        await self._complete(run, outcome)
+        if not run.lease_gone:
+            await asyncio.to_thread(shutil.rmtree, run.dir, True)
+
+    # ------------------------------------------------------------ lease, timeout, checkpoints
+
+    async def _renew_loop(self, run: JobRun) -> None:
+        interval = self.config.lease_s / 3
+        while not await self._clock.wait(run.finished, interval):
+            while True:
+                now = self._clock.mono()
+                if now >= run.deadline:
+                    self._lose_lease(run, "local lease deadline passed")
+                    return
+                timeout = min(RENEW_CALL_TIMEOUT_MAX_S, max(0.05, run.deadline - now))
+                try:
+                    r = await asyncio.wait_for(self._client.renew(
+                        run.job_id, self.worker_id, run.token, self.config.lease_s), timeout)
+                except LEASE_GONE as exc:
+                    self._lose_lease(run, f"{exc.code}: {exc}")
+                    return
+                except (errors.CoordError, TimeoutError) as exc:
+                    logger.warning("job %s: renew failed, retrying: %s", run.job_id, exc,
+                                   extra={"action": "renew_retry", "job_id": run.job_id})
+                    if await self._clock.wait(run.finished, RETRY_S):
+                        return
+                    continue
+                run.deadline = now + r.lease_s
+                if r.cancel_requested and not run.aborted.is_set():
+                    logger.info("cancel requested", extra={"action": "cancel", "job_id": run.job_id})
+                    run.abort(CANCELLED)
+                break
+
+    def _lose_lease(self, run: JobRun, why: str) -> None:
+        if run.finished.is_set():
+            return
+        logger.warning("job %s: lease lost (%s); killing its tree", run.job_id, why,
+                       extra={"action": "lease_lost", "job_id": run.job_id})
+        run.lease_gone = True
+        run.abort(LEASE_LOST)
+
+    async def _timeout_timer(self, run: JobRun, seconds: float) -> None:
+        if not await self._clock.wait(run.aborted, seconds):
+            logger.warning("job %s: timeout after %gs", run.job_id, seconds,
+                           extra={"action": "timeout", "job_id": run.job_id})
+            run.abort(TIMEOUT)
+
+    async def _checkpoint_loop(self, run: JobRun, ckpt_dir: str) -> None:
+        while not await self._clock.wait(run.aborted, CHECKPOINT_POLL_S):
+            await self._checkpoint_once(run, ckpt_dir)
+
+    async def _checkpoint_once(self, run: JobRun, ckpt_dir: str) -> None:
+        """Store the newest new checkpoint file, then record it in coordd."""
+        async with run.checkpoint_lock:
+            name = await asyncio.to_thread(_newest_new_file, ckpt_dir, run.seen_checkpoints)
+            if name is None or not run.holds_lease(self._clock.mono()):
+                return
+            try:
+                stored = await asyncio.to_thread(artifacts.store_file, self.artifact_dir,
+                                                 os.path.join(ckpt_dir, name))
+            except FileNotFoundError:
+                run.seen_checkpoints.add(name)  # pruned by the model before we got to it
+                return
+            ref = {"path": stored.path, "sha256": stored.sha256, "size": stored.size, "name": name}
+            try:
+                await asyncio.wait_for(self._client.checkpoint(
+                    run.job_id, self.worker_id, run.token, ref), REPORT_TIMEOUT_S)
+            except LEASE_GONE as exc:
+                self._lose_lease(run, f"{exc.code}: {exc}")
+                return
+            except (errors.CoordError, TimeoutError) as exc:
+                logger.warning("job %s: checkpoint not recorded (will retry): %s", run.job_id, exc,
+                               extra={"action": "checkpoint_retry", "job_id": run.job_id})
+                return
+            run.seen_checkpoints.add(name)
+            logger.info("job %s: checkpoint %s recorded", run.job_id, name,
+                        extra={"action": "checkpoint", "job_id": run.job_id, "sha256": stored.sha256})
+
+    # ------------------------------------------------------------ reporting
+
+    async def _report(self, run: JobRun, method: str, **params: Any) -> Any:
+        """Send complete/fail while we hold the lease; resend on a lost reply. None if dropped."""
+        stopping = self._stop.is_set()
+        timeout = SHUTDOWN_REPORT_TIMEOUT_S if stopping else REPORT_TIMEOUT_S
+        give_up = self._clock.mono() + (timeout if stopping else REPORT_RETRY_MAX_S)
+        call = getattr(self._client, method)
+        while True:
+            if not run.holds_lease(self._clock.mono()):
+                logger.warning("job %s: lease gone, %s not sent", run.job_id, method,
+                               extra={"action": "report_dropped", "job_id": run.job_id})
+                return None
+            try:
+                res = await asyncio.wait_for(
+                    call(run.job_id, self.worker_id, run.token, **params), timeout)
+                run.finished.set()  # the lease ends with this report: stop renewing it
+                return res
+            except errors.AlreadyCompleted:
+                run.finished.set()
+                raise
+            except LEASE_GONE as exc:
+                run.lease_gone = True
+                logger.warning("job %s: %s refused: %s", run.job_id, method, exc,
+                               extra={"action": "report_refused", "job_id": run.job_id})
+                return None
+            except (Disconnected, CallTimeout, errors.Overloaded, TimeoutError) as exc:
+                if self._clock.mono() >= give_up:
+                    logger.warning("job %s: %s not delivered: %s", run.job_id, method, exc,
+                                   extra={"action": "report_lost", "job_id": run.job_id})
+                    return None
+                await self._clock.wait(self._never, RETRY_S)
+
+    async def _report_fail(self, run: JobRun, error: str, retryable: bool) -> None:
+        try:
+            res = await self._report(run, "fail", error=error, retryable=retryable)
+        except errors.CoordError as exc:
+            logger.error("job %s: fail refused: %s", run.job_id, exc,
+                         extra={"action": "fail_refused", "job_id": run.job_id})
+            return
+        if res is not None:
+            logger.info("job %s: failed (%s) -> %s", run.job_id, error[:200], res.status,
+                        extra={"action": "fail", "job_id": run.job_id, "status": res.status,
+                               "retryable": retryable})
+
+    async def _complete(self, run: JobRun, outcome: Any) -> None:
+        result, artifact = outcome
+        try:
+            res = await self._report(run, "complete", result=result, artifact=artifact)
+        except errors.AlreadyCompleted:
+            logger.info("job %s: result already stored", run.job_id,
+                        extra={"action": "complete", "job_id": run.job_id})
+            return
+        except errors.CoordError as exc:  # e.g. payload_too_large: the job cannot succeed as is
+            await self._report_fail(run, f"result refused by coordd: {exc.code}: {exc}", False)
+            return
+        if res is not None:
+            logger.info("job %s: %s", run.job_id, res.status,
+                        extra={"action": "complete", "job_id": run.job_id, "status": res.status})
+
+
+# ---------------------------------------------------------------- helpers (blocking ones run in threads)
+
+
+async def _wait_any(*events: asyncio.Event, future: asyncio.Future[Any] | None = None) -> None:
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait([*waiters, *([future] if future else [])],
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
+def _safe_name(job_id: str) -> str:
+    name = job_id.replace(os.sep, "_")
+    return name if name not in ("", ".", "..") else f"job-{name}"
+
+
+def _signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _prepare_dir(job_dir: str, job_id: str, payload: Any, checkpoint: Any) -> dict[str, str]:
+    """Make a fresh job folder with payload.json (fsynced); return the placeholder values."""
+    if os.path.exists(job_dir):
+        shutil.rmtree(job_dir)  # a previous attempt's leftovers must not look like new checkpoints
+    ckpt_dir = os.path.join(job_dir, "checkpoints")
+    os.makedirs(ckpt_dir)
+    payload_path = os.path.join(job_dir, "payload.json")
+    with open(payload_path, "wb") as fh:
+        fh.write(msgspec.json.encode(payload))
+        fh.flush()
+        os.fsync(fh.fileno())
+    artifacts.fsync_dir(job_dir)
+    return {"job_id": job_id, "payload": payload_path,
+            "result": os.path.join(job_dir, "result.json"), "checkpoint_dir": ckpt_dir,
+            "resume_from": _resume_copy(job_dir, checkpoint)}
+
+
+def _resume_copy(job_dir: str, checkpoint: Any) -> str:
+    """Copy the recorded checkpoint into the job folder; "" if there is none or it is unusable."""
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("path"), str):
+        return ""
+    src = checkpoint["path"]
+    name = os.path.basename(str(checkpoint.get("name") or src)) or "checkpoint"
+    dest = os.path.join(job_dir, "resume", name)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    try:
+        artifacts.copy_out(src, dest)
+        sha, _size = artifacts.sha256_file(dest)
+    except OSError as exc:
+        logger.warning("checkpoint %s unreadable, starting fresh: %s", src, exc,
+                       extra={"action": "resume_missing"})
+        return ""
+    if checkpoint.get("sha256") not in (None, sha):
+        logger.warning("checkpoint %s has the wrong sha256, starting fresh", src,
+                       extra={"action": "resume_corrupt"})
+        return ""
+    return dest
+
+
+def _newest_new_file(directory: str, seen: set[str]) -> str | None:
+    """Return the newest complete file in `directory` not in `seen` (older new ones join `seen`).
+
+    Temp names (a leading dot, `.tmp`/`.partial`) are skipped: models rename into place.
+    """
+    found: list[tuple[int, str]] = []
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                name = entry.name
+                if name in seen or name.startswith(".") or name.endswith((".tmp", ".partial")):
+                    continue
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        found.append((entry.stat().st_mtime_ns, name))
+                except FileNotFoundError:
+                    continue
+    except FileNotFoundError:
+        return None
+    if not found:
+        return None
+    found.sort()
+    seen.update(name for _, name in found[:-1])
+    return found[-1][1]
+
+
+def _read_result(path: str, kind: KindConfig, inline_bytes: int, store: str
+                 ) -> str | tuple[Any, dict[str, Any] | None]:
+    """Validate the result file: (result, artifact) for complete, or the reason it is invalid."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return "exit 0 but no result file was written"
+    if size > kind.max_result_bytes:
+        return f"result is {size} bytes, over max_result_bytes {kind.max_result_bytes}"
+    if kind.result_json:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        try:
+            value = msgspec.json.decode(data)
+        except msgspec.DecodeError as exc:
+            return f"result is not valid JSON: {exc}"
+        if len(data) <= inline_bytes:
+            return value, None
+    stored = artifacts.store_file(store, path)
+    return ({"artifact": stored.sha256, "bytes": stored.size},
+            {"sha256": stored.sha256, "size": stored.size, "path": stored.path})
