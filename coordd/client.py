@@ -95,6 +95,8 @@ class Client:
                     self.path, limit=1 << 20)
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 raise Disconnected(f"coordd is not running at {self.path}: {exc.strerror}") from exc
+            except OSError as exc:  # permission denied on the socket, path too long, ...
+                raise Disconnected(f"cannot connect to coordd at {self.path}: {exc}") from exc
             self._read_task = asyncio.create_task(self._read_loop(self._reader))
 
     async def close(self) -> None:
