@@ -1,0 +1,387 @@
+"""Whole-process tests of coord-worker: a real coordd, real worker processes, real model trees.
+
+Model processes are small scripts configured as kinds in a worker TOML, plus the real `train`
+model. Leases, grace periods and reaper intervals are kept short so the file stays quick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from coordd.client import Client
+
+COOL = {"memory_used_pct": 30.0, "temperature_c": 40.0, "on_battery": False,
+        "user_idle_s": 10_000.0}
+DAEMON_FAST = """
+reaper_interval_s = 0.3
+heartbeat_stale_s = 5
+backoff_base_s = 0.2
+backoff_cap_s = 0.5
+"""
+
+# One model for every test, steered by its payload:
+#   sleep (s, or a map worker_id -> s), exit (code), fail_times + counter (exit 75 that many
+#   times first), child (a SIGTERM-ignoring helper in the same group), trap_term (ignore
+#   SIGTERM), stderr (text), echo (copied into the result), pad (bytes of padding).
+MODEL = textwrap.dedent("""
+    import json, os, signal, subprocess, sys, time
+    p = json.load(open(os.environ["COORD_PAYLOAD"]))
+    me = os.environ["COORD_WORKER_ID"]
+    pids = [os.getpid()]
+    if p.get("child"):
+        helper = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+        pids.append(subprocess.Popen([sys.executable, "-c", helper]).pid)
+    if p.get("trap_term"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    piddir = os.environ.get("PIDDIR")
+    if piddir:
+        tmp = os.path.join(piddir, ".tmp-" + me)
+        with open(tmp, "w") as fh:
+            json.dump({"worker": me, "pids": pids}, fh)
+        os.replace(tmp, os.path.join(piddir, os.environ["COORD_JOB_ID"] + "." + me))
+    sys.stderr.write(p.get("stderr", ""))
+    sys.stderr.flush()
+    if "counter" in p:
+        n = int(open(p["counter"]).read() or 0) + 1 if os.path.exists(p["counter"]) else 1
+        open(p["counter"], "w").write(str(n))
+        if n <= p.get("fail_times", 0):
+            sys.exit(75)
+    s = p.get("sleep", 0)
+    time.sleep(s.get(me, 0) if isinstance(s, dict) else s)
+    code = p.get("exit", 0)
+    if code == 0:
+        with open(os.environ["COORD_RESULT"], "w") as fh:
+            json.dump({"echo": p.get("echo"), "worker": me, "pad": "x" * p.get("pad", 0)}, fh)
+    sys.exit(code)
+""")
+
+WAIT_S = 20.0
+
+
+@dataclass
+class WorkerProc:
+    """A coord-worker process under test."""
+
+    worker_id: str
+    proc: subprocess.Popen
+    log_path: Path
+    work_dir: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+
+@dataclass
+class Bench:
+    """What a worker test needs: the daemon, a client, the model script and a worker factory."""
+
+    tmp: Path
+    daemon: Any
+    client: Client
+    piddir: Path
+    start_worker: Callable[..., WorkerProc]
+
+    async def enqueue(self, payload: dict[str, Any], kind: str = "m", priority: int = 1,
+                      **kw: Any) -> str:
+        return (await self.client.enqueue(kind=kind, required_role="cpu", priority=priority,
+                                          payload=payload, **kw)).job_id
+
+    async def until(self, check: Callable[[], Awaitable[Any]], timeout: float = WAIT_S,
+                    what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = await check()
+            if got:
+                return got
+            assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
+            await asyncio.sleep(0.05)
+
+    async def status_is(self, job_id: str, *statuses: str, timeout: float = WAIT_S) -> Any:
+        async def check() -> Any:
+            job = await self.client.get_job(job_id)
+            return job if job.status in statuses else None
+        return await self.until(check, timeout, f"job {job_id} in {statuses}")
+
+    async def model_pids(self, job_id: str, worker_id: str) -> list[int]:
+        path = self.piddir / f"{job_id}.{worker_id}"
+
+        async def check() -> Any:
+            return json.loads(path.read_text())["pids"] if path.exists() else None
+        return await self.until(check, what=f"model of {job_id} on {worker_id} started")
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def worker_toml(work_dir: Path, kinds: dict[str, dict[str, Any]], **settings: Any) -> str:
+    base = {"lease_s": 2, "heartbeat_interval_s": 0.5, "grace_s": 0.5, "stop_timeout_s": 5,
+            "claim_interval_s": 0.1, **settings}
+    lines = [f"{k} = {json.dumps(v)}" for k, v in base.items()]
+    lines.append(f"work_dir = {json.dumps(str(work_dir))}")
+    for name, kind in kinds.items():
+        lines.append(f"[kinds.{name}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in kind.items() if k != "env"]
+        env = kind.get("env", {})
+        lines.append("env = {" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + "}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+async def bench(daemon_factory, tmp_path):
+    daemon = daemon_factory(DAEMON_FAST)
+    daemon.start()
+    model = tmp_path / "model.py"
+    model.write_text(MODEL)
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    override = tmp_path / "readings.json"
+    override.write_text(json.dumps(COOL))
+    started: list[WorkerProc] = []
+
+    def start_worker(worker_id: str = "w1", kind: dict[str, Any] | None = None,
+                     extra_kinds: dict[str, dict[str, Any]] | None = None,
+                     readings: Path | None = None, **settings: Any) -> WorkerProc:
+        kinds = {"m": {"argv": [sys.executable, str(model)], "env": {"PIDDIR": str(piddir)},
+                       **(kind or {})}, **(extra_kinds or {})}
+        work_dir = tmp_path / f"work-{worker_id}"
+        cfg = tmp_path / f"{worker_id}.toml"
+        cfg.write_text(worker_toml(work_dir, kinds, **settings))
+        log_path = tmp_path / f"{worker_id}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "worker", "--worker-id", worker_id, "--roles", "cpu",
+                 "--socket", daemon.socket, "--config", str(cfg),
+                 "--readings-override", str(readings or override)],
+                stdout=log, stderr=log)
+        w = WorkerProc(worker_id, proc, log_path, work_dir)
+        started.append(w)
+        return w
+
+    async with Client(daemon.socket, timeout=10) as client:
+        yield Bench(tmp_path, daemon, client, piddir, start_worker)
+    for w in started:  # whatever a test left behind: the worker and its model trees
+        w.proc.send_signal(signal.SIGCONT)
+        kids = w.descendants()
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait(10)
+        for kid in kids:
+            try:
+                kid.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+async def test_end_to_end_batch_runs_once_and_p0_first(bench):
+    low = [await bench.enqueue({"echo": i}, priority=3) for i in range(4)]
+    high = [await bench.enqueue({"echo": 10 + i}, priority=0) for i in range(2)]
+    big = await bench.enqueue({"echo": "big", "pad": 400}, priority=2)
+    w = bench.start_worker(inline_result_bytes=300)
+    views = [await bench.status_is(j, "succeeded", "failed") for j in [*high, big, *low]]
+    assert [v.status for v in views] == ["succeeded"] * 7, w.log()
+    for v in views:
+        assert v.attempts == 1
+        assert [e.to_status for e in v.events].count("succeeded") == 1
+    for v in views[:2] + views[3:]:
+        assert v.result["worker"] == "w1" and v.artifact is None
+    assert [v.result["echo"] for v in views[:2] + views[3:]] == [10, 11, 0, 1, 2, 3]
+    assert max(v.finished_at for v in views[:2]) < min(v.finished_at for v in views[2:])
+    # over inline_result_bytes: the file is in the artifact store, the DB keeps a reference
+    art = views[2].artifact
+    assert art is not None and views[2].result == {"artifact": art.sha256, "bytes": art.size}
+    data = Path(art.path).read_bytes()
+    assert len(data) == art.size and json.loads(data)["pad"] == "x" * 400
+    assert Path(art.path).name == art.sha256 and Path(art.path).parent.name == art.sha256[:2]
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(10) == 0
+
+
+async def test_b10_b16_kill9_worker_midjob_resumes_from_checkpoint(bench):
+    payload = {"steps": 40, "checkpoint_every": 5, "seed": 7}
+    ref_dir = bench.tmp / "ref"
+    (ref_dir / "ckpt").mkdir(parents=True)
+    (ref_dir / "payload.json").write_text(json.dumps(payload))
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.models.train", "--payload", str(ref_dir / "payload.json"),
+         "--result", str(ref_dir / "result.json"), "--checkpoint-dir", str(ref_dir / "ckpt"),
+         "--resume-from", ""], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    reference = json.loads((ref_dir / "result.json").read_text())
+
+    train = {"train": {"argv": [sys.executable, "-m", "worker.models.train", "--payload", "{payload}",
+                                "--result", "{result}", "--checkpoint-dir", "{checkpoint_dir}",
+                                "--resume-from", "{resume_from}"]}}
+    job = await bench.enqueue({**payload, "step_delay_s": 0.15}, kind="train", priority=3,
+                              max_attempts=3)
+    a = bench.start_worker("A", extra_kinds=train)
+
+    async def checkpointed() -> Any:
+        view = await bench.client.get_job(job)
+        return view if view.checkpoint else None
+    view = await bench.until(checkpointed, what="a checkpoint recorded")
+    assert view.status == "running" and view.lease.worker_id == "A"
+    ckpt = view.checkpoint
+    assert Path(ckpt["path"]).is_file() and ckpt["name"].startswith("ckpt-")
+    assert Path(ckpt["path"]).name == ckpt["sha256"] and Path(ckpt["path"]).stat().st_size == ckpt["size"]
+
+    # a power cut: the supervisor and the model's whole group, SIGKILL, no goodbye
+    models = a.descendants()
+    assert models, a.log()
+    a.proc.kill()
+    for m in models:
+        try:
+            os.killpg(m.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    a.proc.wait(5)
+
+    back = await bench.status_is(job, "waiting", timeout=10)  # lease (2 s) + reaper, not hours
+    assert back.attempts == 1 and "lease_expired" in (back.last_error or "")
+    b = bench.start_worker("B", extra_kinds=train)
+    final = await bench.status_is(job, "succeeded", "failed", timeout=40)
+    assert final.status == "succeeded", (final.last_error, b.log())
+    assert final.attempts == 2
+    assert [e.to_status for e in final.events].count("succeeded") == 1
+    assert final.result["resumed_from_step"] > 0
+    assert final.result["model_sha256"] == reference["model_sha256"]
+
+
+async def test_b25_cancel_kills_tree_within_grace(bench):
+    w = bench.start_worker(kind={}, grace_s=1)
+    job = await bench.enqueue({"sleep": 60, "child": True})
+    pids = await bench.model_pids(job, "w1")
+    assert len(alive(pids)) == 2
+    t0 = time.monotonic()
+    assert (await bench.client.cancel(job)).status == "running"  # cancel requested
+    final = await bench.status_is(job, "cancelled", timeout=10)
+    gone_after = time.monotonic() - t0
+    assert alive(pids) == [], w.log()
+    # renew every lease/3 (0.67 s) or a heartbeat (0.5 s) tells the worker; then 1 s of grace
+    assert gone_after < 0.7 + 1.0 + 2.0
+    assert final.result is None and final.artifact is None
+
+
+async def test_exit_75_retried_with_backoff_exit_1_failed_at_once(bench):
+    w = bench.start_worker()
+    counter = bench.tmp / "counter"
+    flaky = await bench.enqueue({"counter": str(counter), "fail_times": 1, "echo": "ok"},
+                                max_attempts=3)
+    always = await bench.enqueue({"exit": 75, "stderr": "try later"}, max_attempts=2)
+    broken = await bench.enqueue({"exit": 1, "stderr": "boom: bad weights\n"})
+
+    v = await bench.status_is(flaky, "succeeded", "failed")
+    assert v.status == "succeeded" and v.attempts == 2 and v.result["echo"] == "ok", w.log()
+    retry = [e for e in v.events if e.from_status == "running" and e.to_status == "waiting"]
+    assert len(retry) == 1 and "retryable: exit 75" in retry[0].reason
+    backoff_until = float(retry[0].reason.rsplit("backoff until ", 1)[1])
+    assert backoff_until > retry[0].at
+    rerun = [e for e in v.events if e.to_status == "running"][1]
+    assert rerun.at >= backoff_until
+
+    v = await bench.status_is(always, "failed")
+    assert v.attempts == 2 and "attempts exhausted" in v.last_error and "try later" in v.last_error
+
+    v = await bench.status_is(broken, "failed")
+    assert v.attempts == 1
+    assert v.last_error.startswith("permanent: exit 1") and "boom: bad weights" in v.last_error
+
+
+async def test_b17_timeout_kills_sigterm_trapping_model(bench):
+    w = bench.start_worker(kind={"timeout_s": 1}, grace_s=0.5)
+    job = await bench.enqueue({"sleep": 60, "trap_term": True, "child": True}, max_attempts=1)
+    pids = await bench.model_pids(job, "w1")
+    t0 = time.monotonic()
+    final = await bench.status_is(job, "failed", "waiting", timeout=10)
+    assert time.monotonic() - t0 < 1 + 0.5 + 3
+    assert "timeout after 1s" in final.last_error, w.log()
+    assert alive(pids) == []
+
+
+async def test_b19_sigterm_supervisor_hands_job_back(bench):
+    w = bench.start_worker(lease_s=30, grace_s=0.5)
+    job = await bench.enqueue({"sleep": 60, "child": True})
+    pids = await bench.model_pids(job, "w1")
+    t0 = time.monotonic()
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(10) == 0
+    assert time.monotonic() - t0 < 5  # stop_timeout_s
+    view = await bench.client.get_job(job)  # at once, not after the 30 s lease
+    assert view.status == "waiting" and view.lease is None, w.log()
+    assert view.last_error == "worker_shutdown"
+    assert alive(pids) == []
+
+
+async def test_b07_frozen_supervisor_loses_lease_and_kills_model(bench):
+    # A's model would run for a minute; B's finishes quickly
+    a = bench.start_worker("A")
+    job = await bench.enqueue({"sleep": {"A": 60, "B": 0.5}, "child": True}, max_attempts=3)
+    pids = await bench.model_pids(job, "A")
+    a.proc.send_signal(signal.SIGSTOP)  # the model keeps running
+    try:
+        await bench.status_is(job, "waiting", timeout=10)  # lease (2 s) expired and reaped
+        assert alive(pids) == pids
+        b = bench.start_worker("B")
+        await bench.model_pids(job, "B")
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    t0 = time.monotonic()
+
+    async def a_tree_gone() -> bool:
+        return not alive(pids)
+    await bench.until(a_tree_gone, timeout=10, what="A's model tree gone")
+    assert time.monotonic() - t0 < 5
+    final = await bench.status_is(job, "succeeded", "failed")
+    assert final.status == "succeeded" and final.result["worker"] == "B", (a.log(), b.log())
+    assert final.attempts == 2
+    done = [e for e in final.events if e.to_status == "succeeded"]
+    assert len(done) == 1 and done[0].worker_id == "B"
+    await asyncio.sleep(0.5)
+    assert "lease lost" in a.log() and f"job {job}: succeeded" not in a.log()
+    assert a.proc.poll() is None  # A lives on and keeps serving
+
+
+async def test_gate_refusal_end_to_end(bench):
+    hot = bench.tmp / "hot.json"
+    hot.write_text(json.dumps({**COOL, "memory_used_pct": 90.0}))
+    job = await bench.enqueue({"echo": 1}, priority=0)
+    w = bench.start_worker(readings=hot)
+
+    async def refused() -> Any:
+        workers = (await bench.client.workers()).workers
+        return workers[0] if workers else None
+    seen = await bench.until(refused, what="worker heartbeat")
+    assert seen.worker_id == "w1" and "memory_high" in seen.verdicts["p0"]
+    assert seen.readings["memory_used_pct"] == 90.0
+    await asyncio.sleep(1.0)  # several claim rounds
+    assert (await bench.client.get_job(job)).status == "waiting"
+    assert "claimed" not in w.log()
+    hot.write_text(json.dumps(COOL))  # re-read on every heartbeat
+    assert (await bench.status_is(job, "succeeded")).result["worker"] == "w1"

@@ -1,0 +1,100 @@
+"""The worker's TOML config: defaults, rejected keys and values, argv placeholders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from worker.config import (
+    PLACEHOLDERS, WorkerConfig, WorkerConfigError, expand_argv, job_env, load, parse,
+)
+
+
+def test_defaults_without_a_file():
+    cfg = load(None)
+    assert (cfg.lease_s, cfg.heartbeat_interval_s, cfg.grace_s, cfg.stop_timeout_s) == (30, 5, 10, 30)
+    assert cfg.claim_interval_s == 1 and cfg.inline_result_bytes == 65536
+    assert cfg.work_dir == os.path.expanduser("~/.local/state/coordd/work")
+    assert set(cfg.kinds) == {"train", "embed"}
+    train = cfg.kinds["train"]
+    assert train.argv[:3] == [sys.executable, "-m", "worker.models.train"]
+    assert "{resume_from}" in train.argv and "{checkpoint_dir}" in train.argv
+    assert (train.timeout_s, train.slots, train.max_result_bytes, train.result_json, train.env) == \
+        (3600, 1, 1048576, True, {})
+    assert cfg.kinds["embed"].argv[3:] == ["--payload", "{payload}", "--result", "{result}"]
+    assert cfg.total_slots == 2
+
+
+def test_file_values_and_kind_defaults(tmp_path):
+    path = tmp_path / "w.toml"
+    path.write_text(
+        'lease_s = 12\nwork_dir = "~/jobs"\ngrace_s = 1.5\n'
+        '[kinds.echo]\nargv = ["echo", "{payload}"]\nslots = 3\nenv = {A = "1"}\n'
+    )
+    cfg = load(path)
+    assert cfg.lease_s == 12 and cfg.grace_s == 1.5 and cfg.heartbeat_interval_s == 5
+    assert cfg.work_dir == os.path.expanduser("~/jobs")
+    assert list(cfg.kinds) == ["echo"]
+    echo = cfg.kinds["echo"]
+    assert echo.slots == 3 and echo.env == {"A": "1"} and echo.timeout_s == 3600
+    assert cfg.total_slots == 3
+
+
+def test_file_without_kinds_gets_builtin_kinds():
+    assert set(parse("lease_s = 10").kinds) == {"train", "embed"}
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("leese_s = 3", "leese_s"),
+    ('[kinds.x]\nargv = ["a"]\nslot = 2', "slot"),
+    ('lease_s = "long"', "lease_s"),
+    ("lease_s = 0", "lease_s must be > 0"),
+    ("grace_s = 40", "stop_timeout_s must be greater than grace_s"),
+    ('[kinds.x]\nargv = []', "argv"),
+    ('[kinds.x]\nargv = ["a"]\nslots = 0', "slots"),
+    ('[kinds.x]\nargv = ["a"]\ntimeout_s = -1', "timeout_s"),
+    ('[kinds.x]\nargv = ["a"]\nenv = {A = 1}', "env"),
+    ("[kinds.x]", "argv"),
+    ("lease_s = ", "not valid TOML"),
+])
+def test_bad_config_is_a_clear_error(text, fragment):
+    with pytest.raises(WorkerConfigError) as info:
+        parse(text, "w.toml")
+    assert fragment in str(info.value) and "w.toml" in str(info.value)
+
+
+def test_missing_file_is_an_error(tmp_path):
+    with pytest.raises(WorkerConfigError, match="cannot read config"):
+        load(tmp_path / "absent.toml")
+
+
+def test_argv_placeholders_expand_once_and_leave_other_braces():
+    values = {"job_id": "j1", "payload": "/w/j1/payload.json", "result": "/w/j1/{result}",
+              "checkpoint_dir": "/w/j1/checkpoints", "resume_from": ""}
+    argv = ["python", "-c", "print({'a': 1})", "--in={payload}", "{result}", "{checkpoint_dir}",
+            "{resume_from}", "{job_id}-{job_id}", "{unknown}"]
+    assert expand_argv(argv, values) == [
+        "python", "-c", "print({'a': 1})", "--in=/w/j1/payload.json", "/w/j1/{result}",
+        "/w/j1/checkpoints", "", "j1-j1", "{unknown}"]
+    env = job_env(values)
+    assert env == {"COORD_JOB_ID": "j1", "COORD_PAYLOAD": "/w/j1/payload.json",
+                   "COORD_RESULT": "/w/j1/{result}", "COORD_CHECKPOINT_DIR": "/w/j1/checkpoints",
+                   "COORD_RESUME_FROM": ""}
+    assert len(PLACEHOLDERS) == 5
+
+
+def test_struct_validates_directly():
+    with pytest.raises(ValueError):
+        WorkerConfig(claim_interval_s=0)
+
+
+def test_coord_worker_bad_config_exits_2(tmp_path):
+    path = tmp_path / "w.toml"
+    path.write_text("bogus = 1\n")
+    done = subprocess.run([sys.executable, "-m", "worker", "--worker-id", "w", "--roles", "cpu",
+                           "--config", str(path)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert "bogus" in done.stderr and len(done.stderr.strip().splitlines()) == 1
