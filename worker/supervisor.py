@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
@@ -232,7 +230,7 @@ class Supervisor:
                 await self._clock.wait(self._wake, interval)
                 continue
             run = JobRun(job=got[0], token=got[1], deadline=got[2],
-                         dir=os.path.join(self.config.work_dir, _safe_name(got[0].job_id)),
+                         dir=os.path.join(self.config.work_dir, artifacts.safe_name(got[0].job_id)),
                          kind=self.config.kinds.get(got[0].kind))
             self._start_job(run)
 
@@ -305,7 +303,7 @@ class Supervisor:
             await self._report_fail(run, f"kind {job.kind} not configured on worker {self.worker_id}",
                                     False)
             return
-        values = await asyncio.to_thread(_prepare_dir, run.dir, job.job_id, job.payload,
+        values = await asyncio.to_thread(artifacts.prepare_job_dir, run.dir, job.job_id, job.payload,
                                          job.checkpoint)
         if not await self._acquire_slot(run, job.kind, kind):
             await self._after_abort(run, kind)
@@ -394,8 +392,10 @@ class Supervisor:
             await self._report_fail(run, f"{what}: {tail}" if tail else what, verdict == "retryable")
             return
         try:
-            outcome = await asyncio.to_thread(_read_result, values["result"], kind,
-                                              self.config.inline_result_bytes, self.artifact_dir)
+            outcome = await asyncio.to_thread(
+                artifacts.read_result, values["result"], self.artifact_dir,
+                max_bytes=kind.max_result_bytes, as_json=kind.result_json,
+                inline_bytes=self.config.inline_result_bytes)
         except OSError as exc:
             await self._report_fail(run, f"cannot store result: {exc}", True)
             return
@@ -456,7 +456,7 @@ class Supervisor:
     async def _checkpoint_once(self, run: JobRun, ckpt_dir: str) -> None:
         """Store the newest new checkpoint file, then record it in coordd."""
         async with run.checkpoint_lock:
-            name = await asyncio.to_thread(_newest_new_file, ckpt_dir, run.seen_checkpoints)
+            name = await asyncio.to_thread(artifacts.newest_new_file, ckpt_dir, run.seen_checkpoints)
             if name is None or not run.holds_lease(self._clock.mono()):
                 return
             try:
@@ -554,101 +554,8 @@ async def _wait_any(*events: asyncio.Event, future: asyncio.Future[Any] | None =
             w.cancel()
 
 
-def _safe_name(job_id: str) -> str:
-    name = job_id.replace(os.sep, "_")
-    return name if name not in ("", ".", "..") else f"job-{name}"
-
-
 def _signame(num: int) -> str:
     try:
         return signal.Signals(num).name
     except ValueError:
         return f"signal {num}"
-
-
-def _prepare_dir(job_dir: str, job_id: str, payload: Any, checkpoint: Any) -> dict[str, str]:
-    """Make a fresh job folder with payload.json (fsynced); return the placeholder values."""
-    if os.path.exists(job_dir):
-        shutil.rmtree(job_dir)  # a previous attempt's leftovers must not look like new checkpoints
-    ckpt_dir = os.path.join(job_dir, "checkpoints")
-    os.makedirs(ckpt_dir)
-    payload_path = os.path.join(job_dir, "payload.json")
-    with open(payload_path, "wb") as fh:
-        fh.write(msgspec.json.encode(payload))
-        fh.flush()
-        os.fsync(fh.fileno())
-    artifacts.fsync_dir(job_dir)
-    return {"job_id": job_id, "payload": payload_path,
-            "result": os.path.join(job_dir, "result.json"), "checkpoint_dir": ckpt_dir,
-            "resume_from": _resume_copy(job_dir, checkpoint)}
-
-
-def _resume_copy(job_dir: str, checkpoint: Any) -> str:
-    """Copy the recorded checkpoint into the job folder; "" if there is none or it is unusable."""
-    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("path"), str):
-        return ""
-    src = checkpoint["path"]
-    name = os.path.basename(str(checkpoint.get("name") or src)) or "checkpoint"
-    dest = os.path.join(job_dir, "resume", name)
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    try:
-        artifacts.copy_out(src, dest)
-        sha, _size = artifacts.sha256_file(dest)
-    except OSError as exc:
-        logger.warning("checkpoint %s unreadable, starting fresh: %s", src, exc,
-                       extra={"action": "resume_missing"})
-        return ""
-    if checkpoint.get("sha256") not in (None, sha):
-        logger.warning("checkpoint %s has the wrong sha256, starting fresh", src,
-                       extra={"action": "resume_corrupt"})
-        return ""
-    return dest
-
-
-def _newest_new_file(directory: str, seen: set[str]) -> str | None:
-    """Return the newest complete file in `directory` not in `seen` (older new ones join `seen`).
-
-    Temp names (a leading dot, `.tmp`/`.partial`) are skipped: models rename into place.
-    """
-    found: list[tuple[int, str]] = []
-    try:
-        with os.scandir(directory) as it:
-            for entry in it:
-                name = entry.name
-                if name in seen or name.startswith(".") or name.endswith((".tmp", ".partial")):
-                    continue
-                try:
-                    if entry.is_file(follow_symlinks=False):
-                        found.append((entry.stat().st_mtime_ns, name))
-                except FileNotFoundError:
-                    continue
-    except FileNotFoundError:
-        return None
-    if not found:
-        return None
-    found.sort()
-    seen.update(name for _, name in found[:-1])
-    return found[-1][1]
-
-
-def _read_result(path: str, kind: KindConfig, inline_bytes: int, store: str
-                 ) -> str | tuple[Any, dict[str, Any] | None]:
-    """Validate the result file: (result, artifact) for complete, or the reason it is invalid."""
-    try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
-        return "exit 0 but no result file was written"
-    if size > kind.max_result_bytes:
-        return f"result is {size} bytes, over max_result_bytes {kind.max_result_bytes}"
-    if kind.result_json:
-        with open(path, "rb") as fh:
-            data = fh.read()
-        try:
-            value = msgspec.json.decode(data)
-        except msgspec.DecodeError as exc:
-            return f"result is not valid JSON: {exc}"
-        if len(data) <= inline_bytes:
-            return value, None
-    stored = artifacts.store_file(store, path)
-    return ({"artifact": stored.sha256, "bytes": stored.size},
-            {"sha256": stored.sha256, "size": stored.size, "path": stored.path})

@@ -23,6 +23,8 @@ import psutil
 import pytest
 
 from coordd.client import Client
+from worker.config import from_dict
+from worker.supervisor import Supervisor
 
 COOL = {"memory_used_pct": 30.0, "temperature_c": 40.0, "on_battery": False,
         "user_idle_s": 10_000.0}
@@ -287,6 +289,23 @@ async def test_b25_cancel_kills_tree_within_grace(bench):
     # renew every lease/3 (0.67 s) or a heartbeat (0.5 s) tells the worker; then 1 s of grace
     assert gone_after < 0.7 + 1.0 + 2.0
     assert final.result is None and final.artifact is None
+
+
+async def test_b25_cancelling_supervisor_task_kills_tree(bench):
+    cfg = from_dict({"lease_s": 2, "heartbeat_interval_s": 0.5, "grace_s": 0.5, "stop_timeout_s": 5,
+                     "claim_interval_s": 0.1, "work_dir": str(bench.tmp / "work-inproc"),
+                     "kinds": {"m": {"argv": [sys.executable, str(bench.tmp / "model.py")],
+                                     "env": {"PIDDIR": str(bench.piddir)}}}})
+    sup = Supervisor(lambda: Client(bench.daemon.socket, timeout=5), "inproc", ["cpu"], cfg,
+                     override_path=str(bench.tmp / "readings.json"))
+    task = asyncio.create_task(sup.run())
+    job = await bench.enqueue({"sleep": 60, "child": True})
+    pids = await bench.model_pids(job, "inproc")
+    assert sup.running_jobs == [job]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert alive(pids) == []
 
 
 async def test_exit_75_retried_with_backoff_exit_1_failed_at_once(bench):

@@ -98,3 +98,9 @@ def test_coord_worker_bad_config_exits_2(tmp_path):
                            "--config", str(path)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert "bogus" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_example_config_loads():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cfg = load(os.path.join(root, "examples", "worker.toml"))
+    assert set(cfg.kinds) == {"train", "embed"} and cfg.kinds["embed"].env == {"OMP_NUM_THREADS": "2"}
