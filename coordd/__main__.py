@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = msgspec.structs.replace(cfg, db=db, socket=sock)
     try:
         uvloop.run(Daemon(cfg).run())
-    except StartupError as exc:
-        logger.error("%s", exc, extra={"action": "startup_failed"})
+    except StartupError as exc:  # one line on stderr (the journal under systemd), no log twin
         print(f"coordd: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -6,6 +6,14 @@ body (the daemon never buffers an oversize frame). A body that is not a request 
 (`{id, method, params}`) gets one `bad_request` reply and the connection is closed, since
 the peer is not speaking our protocol. Inside a valid envelope, bad params or an unknown
 method get an error reply and the connection stays open.
+
+Replies are capped like requests: a reply over the cap becomes a `payload_too_large`
+error for that id, so a client never has to drop a frame it cannot take. Each reply is
+written with back-pressure (`drain`): a peer that does not read stalls only its own
+connection, and at most INFLIGHT_PER_CONNECTION requests per connection are held.
+A connection that reaches EOF gets the replies to its requests in flight before it is
+closed. At shutdown, `stop_intake()` answers new requests `overloaded` ("shutting down"),
+`drain()` lets the ones in flight finish, and `close_connections()` closes every peer.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">I")
 INFLIGHT_PER_CONNECTION = 64
+FLUSH_TIMEOUT_S = 5.0
 
 _decode_request = msgspec.msgpack.Decoder(Request).decode
 _encoder = msgspec.msgpack.Encoder()
@@ -93,24 +102,28 @@ class Dispatcher:
         self._max_frame = max_frame
         self._is_admin = is_admin
         self._tasks: set[asyncio.Task[None]] = set()
+        self._conns: dict[asyncio.StreamWriter, asyncio.Task[Any] | None] = {}
+        self._closing = False
         self.connections = 0
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Handle one connection until EOF, a protocol error, or cancellation."""
         peer = PeerCred.of(writer.get_extra_info("socket"))
         inflight = asyncio.Semaphore(INFLIGHT_PER_CONNECTION)
+        mine: set[asyncio.Task[None]] = set()
         self.connections += 1
+        self._conns[writer] = asyncio.current_task()
         try:
             while True:
                 try:
                     body = await read_frame(reader, self._max_frame)
                 except FrameTooLarge as exc:
-                    logger.warning("refused frame from uid %s: %s", peer.uid, exc,
+                    logger.warning("refused frame from uid %s: %s; closing", peer.uid, exc,
                                    extra={"action": "frame_too_large", "uid": peer.uid})
                     self._send(writer, None, exc)
                     break
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    logger.info("peer uid %s went away mid-frame", peer.uid,
+                except (asyncio.IncompleteReadError, OSError) as exc:
+                    logger.info("peer uid %s went away mid-frame: %s", peer.uid, exc,
                                 extra={"action": "truncated_frame", "uid": peer.uid})
                     break
                 if body is None:
@@ -118,21 +131,31 @@ class Dispatcher:
                 try:
                     req = _decode_request(body)
                 except msgspec.DecodeError as exc:
-                    logger.warning("refused frame from uid %s: not a request envelope: %s",
-                                   peer.uid, exc, extra={"action": "bad_frame", "uid": peer.uid})
+                    logger.warning("refused frame from uid %s: not a request envelope: %s; "
+                                   "closing", peer.uid, exc,
+                                   extra={"action": "bad_frame", "uid": peer.uid})
                     self._send(writer, None, errors.BadRequest(
                         f"not a request envelope {{id, method, params}}: {exc}"))
                     break
-                await inflight.acquire()
+                if not self._closing:
+                    await inflight.acquire()
+                if self._closing:  # checked again: acquire may have waited
+                    self._send(writer, req.id, errors.Overloaded("coordd is shutting down"))
+                    continue
                 task = asyncio.create_task(self._one(req, peer, writer))
                 self._tasks.add(task)
-                task.add_done_callback(lambda t: (self._tasks.discard(t), inflight.release()))
+                mine.add(task)
+                task.add_done_callback(
+                    lambda t: (self._tasks.discard(t), mine.discard(t), inflight.release()))
+            if mine:  # answer what this peer already asked before closing on it
+                await asyncio.wait(set(mine))
             if not writer.is_closing():
-                await writer.drain()
-        except ConnectionError:
+                await asyncio.wait_for(writer.drain(), FLUSH_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError):
             pass
         finally:
             self.connections -= 1
+            self._conns.pop(writer, None)
             writer.close()
 
     async def _one(self, req: Request, peer: PeerCred, writer: asyncio.StreamWriter) -> None:
@@ -154,26 +177,62 @@ class Dispatcher:
                 logger.info("refused %s from uid %s: %s: %s", req.method, peer.uid, exc.code,
                             exc.message, extra={"action": "refused", "code": exc.code})
             self._send(writer, req.id, exc)
-            return
         except Exception as exc:
             logger.exception("internal error in %s", req.method, extra={"action": "internal"})
             self._send(writer, req.id, errors.CoordError(f"internal error: {type(exc).__name__}"))
-            return
-        self._send(writer, req.id, None, result)
+        else:
+            self._send(writer, req.id, None, result, method=req.method)
+        try:  # back-pressure: a peer that does not read stalls its own requests only
+            await writer.drain()
+        except OSError:
+            pass
 
     def _send(self, writer: asyncio.StreamWriter, req_id: int | None,
-              error: errors.CoordError | None, result: Any = None) -> None:
+              error: errors.CoordError | None, result: Any = None, method: str = "") -> None:
         if writer.is_closing():
             return
         if error is not None:
             reply = Reply(id=req_id or 0, error=ErrorBody(code=error.code, message=error.message))
-        else:
-            reply = Reply(id=req_id or 0, result=result if result is not None else {})
-        writer.write(encode_frame(reply))
+            writer.write(encode_frame(reply))
+            return
+        try:
+            frame = encode_frame(Reply(id=req_id or 0, result=result if result is not None else {}))
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            logger.exception("cannot encode the reply to %s", method,
+                             extra={"action": "internal"})
+            frame = encode_frame(Reply(id=req_id or 0, error=ErrorBody(
+                code="internal", message=f"internal error: reply not encodable: {exc}")))
+        if len(frame) - HEADER.size > self._max_frame:
+            logger.warning("reply to %s is %d bytes, over the %d-byte frame cap", method,
+                           len(frame) - HEADER.size, self._max_frame,
+                           extra={"action": "reply_too_large"})
+            frame = encode_frame(Reply(id=req_id or 0, error=ErrorBody(
+                code=errors.PayloadTooLarge.code,
+                message=f"reply of {len(frame) - HEADER.size} bytes is over the "
+                        f"{self._max_frame}-byte frame cap; ask for less (e.g. a smaller limit)")))
+        writer.write(frame)
+
+    def stop_intake(self) -> None:
+        """Answer every request read from now on with `overloaded` (shutting down)."""
+        self._closing = True
 
     async def drain(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for in-flight requests to finish, then cancel the rest."""
         if self._tasks:
-            done, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            for t in pending:
+                t.cancel()
+            if pending:
+                logger.warning("cancelled %d request(s) still running after %.1fs",
+                               len(pending), timeout, extra={"action": "drain_timeout"})
+                await asyncio.wait(pending)
+
+    async def close_connections(self, timeout: float) -> None:
+        """Close every peer connection and wait (up to `timeout`) for their handlers to end."""
+        tasks = [t for t in self._conns.values() if t is not None]
+        for writer in list(self._conns):
+            writer.close()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
             for t in pending:
                 t.cancel()

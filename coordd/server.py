@@ -4,8 +4,14 @@ Start-up: take `<socket>.lock` (flock) so two starters cannot race; a socket fil
 answers means another coordd is live (refuse); one that refuses connections is stale
 (unlink it); a non-socket file at the path is never deleted (refuse). Socket activation
 through LISTEN_FDS is accepted, and such a socket is never unlinked.
-Shutdown on SIGTERM/SIGINT: stop accepting, let in-flight requests finish (bounded),
-drain the writer, commit, close every connection, remove the socket file, exit 0.
+Shutdown on SIGTERM/SIGINT: tell systemd STOPPING=1, stop accepting, answer new requests
+`overloaded`, let in-flight requests finish (bounded), drain the writer and commit, close
+the database connections and every peer, remove the socket file (not an activated one),
+exit 0.
+
+Admin methods (protocol.ADMIN_METHODS): when both `admin_uids` and `admin_gids` are
+empty (the default), root and coordd's own uid are admins; once either list is set,
+exactly the listed uids/gids are, and nobody else (not even root or coordd's own uid).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o660
 DRAIN_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S = 2.0
 SD_LISTEN_FDS_START = 3
 
 
@@ -65,7 +72,15 @@ def activated_socket() -> socket.socket | None:
         os.environ.pop(var, None)
     if n < 1:
         return None
-    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    try:
+        sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    except OSError as exc:
+        raise StartupError(f"LISTEN_FDS={n} but fd {SD_LISTEN_FDS_START} is not a socket: "
+                           f"{exc.strerror or exc}") from exc
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        sock.detach()
+        raise StartupError(f"the activated socket (fd {SD_LISTEN_FDS_START}) is not a Unix "
+                           "stream socket")
     sock.set_inheritable(False)
     return sock
 
@@ -82,7 +97,11 @@ def bind_socket(path: Path) -> tuple[socket.socket, int]:
         raise StartupError(f"socket path too long for a Unix socket (max 107 bytes): {path}")
     if not path.parent.is_dir():
         raise StartupError(f"socket folder {path.parent} does not exist")
-    lock_fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        lock_fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StartupError(f"cannot create the lock file {path}.lock: "
+                           f"{exc.strerror or exc}") from exc
     try:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -113,6 +132,9 @@ def bind_socket(path: Path) -> tuple[socket.socket, int]:
         os.chmod(path, SOCKET_MODE)
         sock.listen(512)
         return sock, lock_fd
+    except OSError as exc:
+        os.close(lock_fd)
+        raise StartupError(f"cannot listen on {path}: {exc.strerror or exc}") from exc
     except BaseException:
         os.close(lock_fd)
         raise
@@ -131,8 +153,10 @@ class Daemon:
         self.clock = clock or SystemClock()
         self.coord = Coordinator(config.db, config, self.clock)
         self.stop_event = asyncio.Event()
-        self._admin_uids = {0, os.getuid(), *config.admin_uids}
-        self._admin_gids = set(config.admin_gids)
+        if config.admin_uids or config.admin_gids:
+            self._admin_uids, self._admin_gids = set(config.admin_uids), set(config.admin_gids)
+        else:
+            self._admin_uids, self._admin_gids = {0, os.getuid()}, set()
         self.dispatcher = Dispatcher(self._handle, config.max_frame_bytes, self._is_admin)
 
     def _is_admin(self, peer: PeerCred) -> bool:
@@ -158,26 +182,21 @@ class Daemon:
         else:
             sock, lock_fd = bind_socket(sock_path)
         try:
-            try:
-                await self.coord.start()
-            except errors.StoreError as exc:
-                raise StartupError(str(exc)) from exc
+            await self._open_db()
             server = await asyncio.start_unix_server(self.dispatcher.serve, sock=sock)
             reaper = Reaper(self.coord, self.clock, self.config.reaper_interval_s)
             logger.info("coordd serving on %s (db %s)", sock_path, self.config.db,
                         extra={"action": "ready"})
             sd_notify("READY=1\nSTATUS=serving")
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(reaper.run(self.stop_event))
-                tg.create_task(self._watchdog())
-                await self.stop_event.wait()
-            sd_notify("STOPPING=1")
-            logger.info("coordd stopping", extra={"action": "stopping"})
-            server.close()
-            await self.dispatcher.drain(DRAIN_TIMEOUT_S)
-            await self.coord.close()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(server.wait_closed(), 2.0)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(reaper.run(self.stop_event))
+                    tg.create_task(self._watchdog())
+                    await self.stop_event.wait()
+            finally:
+                sd_notify("STOPPING=1")
+                logger.info("coordd stopping", extra={"action": "stopping"})
+                await self._shutdown(server)
         finally:
             await self.coord.close()
             if lock_fd is not None:
@@ -188,6 +207,27 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
         logger.info("coordd stopped", extra={"action": "stopped"})
+
+    async def _open_db(self) -> None:
+        db = Path(self.config.db)
+        if not db.parent.is_dir():
+            raise StartupError(f"database folder {db.parent} does not exist")
+        if db.exists() and not db.is_file():
+            raise StartupError(f"database {db} is not a regular file")
+        try:
+            await self.coord.start()
+        except errors.StoreError as exc:
+            raise StartupError(f"cannot open the database: {exc.message}") from exc
+
+    async def _shutdown(self, server: asyncio.AbstractServer) -> None:
+        """Stop intake, finish what is in flight, commit, close the DB, then every peer."""
+        server.close()
+        self.dispatcher.stop_intake()
+        await self.dispatcher.drain(DRAIN_TIMEOUT_S)
+        await self.coord.close()
+        await self.dispatcher.close_connections(CLOSE_TIMEOUT_S)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(server.wait_closed(), CLOSE_TIMEOUT_S)
 
     async def _watchdog(self) -> None:
         usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)

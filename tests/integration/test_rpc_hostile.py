@@ -1,0 +1,406 @@
+"""Hostile and malformed input against a real coordd process (B38, B40).
+
+After every case a normal client is still served and the database passes quick_check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
+import pytest
+
+from coordd import errors
+from coordd.client import Client
+
+COOL = {"memory_used_pct": 30.0, "temperature_c": 40.0, "on_battery": False,
+        "user_idle_s": 10_000.0}
+REPLY_TIMEOUT_S = 10.0
+MiB = 1 << 20
+
+
+def frame(obj: Any) -> bytes:
+    """A request frame: 4-byte big-endian length, then msgpack."""
+    body = msgspec.msgpack.encode(obj)
+    return struct.pack(">I", len(body)) + body
+
+
+def raw_frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+async def read_reply(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """Read one reply frame; None when the daemon closed the connection."""
+    try:
+        head = await asyncio.wait_for(reader.readexactly(4), REPLY_TIMEOUT_S)
+    except asyncio.IncompleteReadError as exc:
+        assert exc.partial == b"", f"daemon sent a partial header {exc.partial!r}"
+        return None
+    (n,) = struct.unpack(">I", head)
+    return msgspec.msgpack.decode(await asyncio.wait_for(reader.readexactly(n), REPLY_TIMEOUT_S))
+
+
+async def assert_closed(reader: asyncio.StreamReader) -> None:
+    """The daemon closes the connection and sends nothing more."""
+    rest = await asyncio.wait_for(reader.read(), REPLY_TIMEOUT_S)
+    assert rest == b"", f"expected close, got {len(rest)} more bytes"
+
+
+async def assert_healthy(socket_path: str) -> None:
+    """A fresh, well-behaved client is served and the live database is sound."""
+    async with Client(socket_path, timeout=REPLY_TIMEOUT_S) as c:
+        st = await c.status()
+        assert set(st.jobs) >= {"waiting", "running", "succeeded", "failed", "cancelled"}
+        check = await c.check()
+        assert check["quick_check"] == "ok" and check["foreign_key_violations"] == 0
+
+
+async def wait_for_log(daemon, needle: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while needle not in Path(daemon.log_path).read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"{needle!r} not logged: {daemon.log()}"
+        await asyncio.sleep(0.02)
+
+
+async def open_raw(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_unix_connection(path)
+
+
+# ------------------------------------------------------------------ B40 framing
+
+
+async def test_b40_http_text_gets_one_error_then_close(daemon):
+    r, w = await open_raw(daemon.socket)
+    w.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await w.drain()
+    reply = await read_reply(r)
+    assert reply is not None and reply["id"] == 0
+    # "GET " as a big-endian length is ~1.2 GB: over the cap, refused before any body read
+    assert reply["error"]["code"] in ("payload_too_large", "bad_request")
+    await assert_closed(r)
+    w.close()
+    await wait_for_log(daemon, "refused frame")
+    await assert_healthy(daemon.socket)
+
+
+async def test_b40_ssh_banner_with_small_length_gets_one_bad_request(daemon):
+    """Bytes below 0x80 are valid msgpack ints: a body of them is still not an envelope."""
+    r, w = await open_raw(daemon.socket)
+    banner = b"SSH-2.0-OpenSSH_9.6\r\n"
+    w.write(raw_frame(banner) + banner * 4)
+    await w.drain()
+    reply = await read_reply(r)
+    assert reply == {"id": 0, "error": {"code": "bad_request", "message": reply["error"]["message"]}}
+    await assert_closed(r)
+    w.close()
+    await assert_healthy(daemon.socket)
+
+
+async def test_b40_split_one_byte_writes(daemon):
+    data = frame({"id": 7, "method": "enqueue", "params": {
+        "kind": "k", "required_role": "cpu", "priority": 1, "payload": {"split": True}}})
+    r, w = await open_raw(daemon.socket)
+    for i in range(len(data)):
+        w.write(data[i:i + 1])
+        await w.drain()
+        await asyncio.sleep(0.005)
+    reply = await read_reply(r)
+    assert reply is not None and reply["id"] == 7 and "error" not in reply
+    job_id = reply["result"]["job_id"]
+    w.write(frame({"id": 8, "method": "get_job", "params": {"job_id": job_id}}))
+    reply = await read_reply(r)
+    assert reply["id"] == 8 and reply["result"]["payload"] == {"split": True}
+    w.close()
+    async with Client(daemon.socket) as c:
+        assert (await c.status()).jobs["waiting"] == 1  # processed exactly once
+    await assert_healthy(daemon.socket)
+
+
+async def test_b40_two_requests_one_write(daemon):
+    r, w = await open_raw(daemon.socket)
+    w.write(frame({"id": 11, "method": "enqueue", "params": {
+        "kind": "k", "required_role": "cpu", "priority": 0, "payload": 1}})
+        + frame({"id": 12, "method": "status", "params": {}}))
+    await w.drain()
+    replies = {}
+    for _ in range(2):
+        reply = await read_reply(r)
+        assert reply is not None and "error" not in reply, reply
+        replies[reply["id"]] = reply["result"]
+    assert set(replies) == {11, 12}
+    assert len(replies[11]["job_id"]) > 0 and replies[11]["created"] is True
+    assert "jobs" in replies[12]
+    w.close()
+    await assert_healthy(daemon.socket)
+
+
+@pytest.mark.parametrize("obj", [
+    [1, "status", {}],                        # a list, not a map
+    {"id": 1, "params": {}},                  # no method
+    {"method": "status", "params": {}},       # no id
+    {"id": "1", "method": "status"},          # id of the wrong type
+    5,                                        # a bare msgpack int
+], ids=["list", "no_method", "no_id", "str_id", "int"])
+async def test_b40_wrong_envelope_gets_bad_request_then_close(daemon, obj):
+    r, w = await open_raw(daemon.socket)
+    w.write(frame(obj))
+    await w.drain()
+    reply = await read_reply(r)
+    assert reply is not None and reply["error"]["code"] == "bad_request"
+    await assert_closed(r)
+    w.close()
+    await assert_healthy(daemon.socket)
+
+
+async def test_b40_trailing_garbage_in_body_gets_bad_request_then_close(daemon):
+    r, w = await open_raw(daemon.socket)
+    body = msgspec.msgpack.encode({"id": 1, "method": "status", "params": {}}) + b"\x01\x02"
+    w.write(raw_frame(body))
+    reply = await read_reply(r)
+    assert reply["error"]["code"] == "bad_request"
+    await assert_closed(r)
+    w.close()
+    await assert_healthy(daemon.socket)
+
+
+async def test_wrong_param_types_bad_request_connection_stays_usable(daemon):
+    r, w = await open_raw(daemon.socket)
+    bad = [
+        {"kind": "k", "required_role": "cpu", "priority": "high"},
+        {"kind": 3, "required_role": "cpu", "priority": 1},
+        {"required_role": "cpu", "priority": 1},
+    ]
+    for i, params in enumerate(bad, start=1):
+        w.write(frame({"id": i, "method": "enqueue", "params": params}))
+    w.write(frame({"id": 20, "method": "claim", "params": [1, 2]}))       # params not a map
+    w.write(frame({"id": 21, "method": "get_job", "params": {"job_id": None}}))
+    w.write(frame({"id": 22, "method": "status", "params": {}}))
+    await w.drain()
+    got = {}
+    for _ in range(6):
+        reply = await read_reply(r)
+        assert reply is not None
+        got[reply["id"]] = reply
+    for i in (1, 2, 3, 20, 21):
+        assert got[i]["error"]["code"] == "bad_request", got[i]
+    assert "jobs" in got[22]["result"]
+    w.close()
+    await assert_healthy(daemon.socket)
+
+
+async def test_unknown_method_connection_stays_usable(daemon):
+    r, w = await open_raw(daemon.socket)
+    w.write(frame({"id": 1, "method": "drop_tables", "params": {}}))
+    reply = await read_reply(r)
+    assert reply["id"] == 1 and reply["error"]["code"] == "unknown_method"
+    w.write(frame({"id": 2, "method": "status", "params": {}}))
+    reply = await read_reply(r)
+    assert reply["id"] == 2 and "jobs" in reply["result"]
+    w.close()
+    async with Client(daemon.socket) as c:
+        with pytest.raises(errors.UnknownMethod):
+            await c.call("no_such_method", {})
+        assert (await c.status()).workers == 0  # same client connection still served
+    await assert_healthy(daemon.socket)
+
+
+async def test_truncated_frame_then_disconnect_logged_daemon_keeps_serving(daemon):
+    async with Client(daemon.socket) as bystander:
+        r, w = await open_raw(daemon.socket)
+        body = msgspec.msgpack.encode({"id": 1, "method": "enqueue", "params": {
+            "kind": "k", "required_role": "cpu", "priority": 1}})
+        w.write(struct.pack(">I", len(body)) + body[: len(body) // 2])
+        await w.drain()
+        w.close()
+        await wait_for_log(daemon, "went away mid-frame")
+        r2, w2 = await open_raw(daemon.socket)
+        w2.write(b"\x00\x00")  # half a header, then gone
+        await w2.drain()
+        w2.close()
+        await bystander.status()
+    async with Client(daemon.socket) as c:
+        assert (await c.status()).jobs["waiting"] == 0  # the half-sent enqueue never ran
+    await assert_healthy(daemon.socket)
+
+
+async def test_peer_that_never_reads_replies_does_not_stall_others(daemon):
+    """Replies are written with back-pressure: a peer that pipelines requests and does not
+    read stalls only itself, the daemon's memory stays bounded, and once the peer reads
+    it gets every reply."""
+    async with Client(daemon.socket) as c:
+        job = await c.enqueue(kind="k", required_role="cpu", priority=1,
+                              payload={"x": "y" * 500_000})
+    proc = psutil.Process(daemon.proc.pid)
+    rss0 = proc.memory_info().rss
+    n = 400  # ~200 MiB of replies if the daemon buffered them all
+    r, w = await open_raw(daemon.socket)
+    w.write(b"".join(frame({"id": i, "method": "get_job", "params": {"job_id": job.job_id}})
+                     for i in range(1, n + 1)))
+    await w.drain()
+    grew = 0
+    async with Client(daemon.socket, timeout=REPLY_TIMEOUT_S) as other:
+        deadline = time.monotonic() + 1.5  # others are served while the peer sits on replies
+        while time.monotonic() < deadline:
+            await other.status()
+            grew = max(grew, proc.memory_info().rss - rss0)
+            if grew > 100 * MiB:
+                break
+    assert grew < 100 * MiB, f"daemon buffered {grew / MiB:.0f} MiB of unread replies"
+    seen = set()
+    for _ in range(n):
+        reply = await read_reply(r)
+        assert reply is not None and len(reply["result"]["payload"]["x"]) == 500_000
+        seen.add(reply["id"])
+    assert seen == set(range(1, n + 1))
+    w.close()
+    await assert_healthy(daemon.socket)
+
+
+# ------------------------------------------------------------------ B38 size caps
+
+
+BIG_CONFIG = f"max_result_bytes = {16 * MiB}\n"
+
+
+def push_oversize_frame(path: str, length: int) -> tuple[int, dict[str, Any] | None]:
+    """Announce `length` bytes and keep sending the body until the daemon hangs up.
+
+    Returns how many body bytes went out and the daemon's reply (a blocking socket:
+    data the daemon sent before closing stays readable after our EPIPE).
+    """
+    import socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(REPLY_TIMEOUT_S)
+        s.connect(path)
+        s.sendall(struct.pack(">I", length))
+        chunk = bytes(MiB)
+        sent = 0
+        try:
+            while sent < length:
+                s.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        buf = b""
+        try:
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    break
+                buf += data
+        except ConnectionResetError:
+            pass
+    if len(buf) < 4:
+        return sent, None
+    (n,) = struct.unpack(">I", buf[:4])
+    assert len(buf) == 4 + n, "more than one reply, or a torn one"
+    return sent, msgspec.msgpack.decode(buf[4:])
+
+
+async def test_b38_big_frame_rejected_other_clients_unaffected(daemon_factory):
+    d = daemon_factory(config_text=BIG_CONFIG)
+    d.start()
+    proc = psutil.Process(d.proc.pid)
+    stop = asyncio.Event()
+    answered = 0
+    worst = 0.0
+
+    async def poll_status() -> None:
+        nonlocal answered, worst
+        async with Client(d.socket, timeout=REPLY_TIMEOUT_S) as c:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                await c.status()
+                worst = max(worst, time.monotonic() - t0)
+                answered += 1
+                await asyncio.sleep(0.01)
+
+    poller = asyncio.create_task(poll_status())
+    async with Client(d.socket, timeout=30) as c:
+        job = await c.enqueue(kind="k", required_role="cpu", priority=1, payload=None)
+        await c.heartbeat("w1", ["cpu"], COOL)
+        got = await c.claim("w1", lease_s=60)
+        big = "r" * (5 * MiB)
+        await c.complete(job.job_id, "w1", got.lease.token, {"text": big})
+        view = await c.get_job(job.job_id)
+        assert view.status == "succeeded" and len(view.result["text"]) == 5 * MiB
+        del big, view
+
+    # a frame announcing 200 MiB: an explicit error and a close, body not read
+    rss_before = proc.memory_info().rss
+    before = answered
+    sent, reply = await asyncio.to_thread(push_oversize_frame, d.socket, 200 * MiB)
+    assert sent < 32 * MiB, "the daemon read far into an oversize body"
+    assert reply is not None and reply["id"] == 0
+    assert reply["error"]["code"] == "payload_too_large"
+    assert "cap" in reply["error"]["message"]
+    await wait_for_log(d, "refused frame")
+    assert proc.memory_info().rss < 150 * MiB
+    assert proc.memory_info().rss - rss_before < 40 * MiB
+
+    deadline = time.monotonic() + REPLY_TIMEOUT_S
+    while answered < before + 5:  # the poller went on being answered throughout
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    stop.set()
+    await poller
+    assert worst < 5.0
+    await assert_healthy(d.socket)
+
+
+async def test_b38_client_refuses_to_send_over_its_cap(daemon):
+    async with Client(daemon.socket, max_frame=64 * 1024) as c:
+        job = await c.enqueue(kind="k", required_role="cpu", priority=1, payload=None)
+        await c.heartbeat("w1", ["cpu"], COOL)
+        got = await c.claim("w1", lease_s=60)
+        with pytest.raises(errors.PayloadTooLarge):
+            await c.complete(job.job_id, "w1", got.lease.token, "z" * 100_000)
+        view = await c.get_job(job.job_id)  # same connection still works; nothing was sent
+        assert view.status == "running" and view.result is None
+    await assert_healthy(daemon.socket)
+
+
+async def test_b38_reply_over_cap_becomes_error_for_that_request(daemon_factory):
+    d = daemon_factory(config_text=f"max_frame_bytes = {MiB}\nmax_result_bytes = {MiB}\n")
+    d.start()
+    async with Client(d.socket, max_frame=MiB, timeout=REPLY_TIMEOUT_S) as c:
+        await c.heartbeat("w1", ["cpu"], COOL)
+        for _ in range(2):
+            job = await c.enqueue(kind="k", required_role="cpu", priority=1, payload=None)
+            got = await c.claim("w1", lease_s=60)
+            await c.complete(job.job_id, "w1", got.lease.token, "q" * 600_000)
+        with pytest.raises(errors.PayloadTooLarge, match="reply"):
+            await c.list_jobs()  # two 600 kB results do not fit a 1 MiB reply
+        assert len((await c.list_jobs(limit=1)).jobs) == 1  # same connection, still served
+    await assert_healthy(d.socket)
+
+
+# ------------------------------------------------------------------ permissions
+
+
+async def test_admin_uids_exclude_caller_enqueue_denied_status_served(daemon_factory):
+    other = os.getuid() + 12345
+    d = daemon_factory(config_text=f"admin_uids = [{other}]\n")
+    d.start()
+    async with Client(d.socket) as c:
+        with pytest.raises(errors.PermissionDenied):
+            await c.enqueue(kind="k", required_role="cpu", priority=1, payload=None)
+        with pytest.raises(errors.PermissionDenied):
+            await c.backup(str(Path(d.db).with_name("copy.db")))
+        st = await c.status()
+        assert st.jobs["waiting"] == 0
+        await c.heartbeat("w1", ["cpu"], COOL)  # worker methods are not admin methods
+    assert not Path(d.db).with_name("copy.db").exists()
+    await assert_healthy(d.socket)
+
+
+async def test_default_admin_set_is_root_and_own_uid(daemon):
+    async with Client(daemon.socket) as c:
+        job = await c.enqueue(kind="k", required_role="cpu", priority=1, payload=None)
+        assert job.created
