@@ -35,6 +35,8 @@ WRITER_QUEUE_MAX = 20_000
 WRITER_BATCH_MAX = 1024
 CLOCK_JUMP_S = 60.0
 BUSY_TIMEOUT_MS = 10_000
+RETENTION_S = 7 * 86400.0
+PRUNE_INTERVAL_S = 3600.0
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -57,9 +59,12 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         writer_queue_max / writer_batch_max: writer back-pressure and group-commit bound.
         clock_jump_s: a wall-clock jump this much larger than the monotonic advance (a
             suspend/resume) extends every live lease by the jump instead of expiring it.
-        admin_uids / admin_gids: who may call admin methods, besides root and coordd's uid.
+        admin_uids / admin_gids: who may call admin methods. Both empty (the default):
+            root and coordd's own uid. Either set: exactly the listed uids/gids.
         log_json: log lines as JSON objects.
         gates: per-priority gate overrides, keys "p0".."p3".
+        retention_s: terminal jobs finished longer ago are pruned (with their events).
+        prune_interval_s: how often the reaper prunes (and returns free pages to the disk).
     """
 
     db: str = ""
@@ -87,6 +92,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     admin_gids: list[int] = []
     log_json: bool = False
     gates: dict[str, dict[str, Any]] = {}
+    retention_s: float = RETENTION_S
+    prune_interval_s: float = PRUNE_INTERVAL_S
 
     def __post_init__(self) -> None:
         if not 0 < self.lease_min_s <= self.lease_default_s <= self.lease_max_s:
@@ -103,6 +110,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("writer_batch_max and writer_queue_max must be >= 1")
         if self.max_frame_bytes < 1024:
             raise ValueError("max_frame_bytes must be >= 1024")
+        if self.retention_s < 0 or self.prune_interval_s <= 0:
+            raise ValueError("need retention_s >= 0 and prune_interval_s > 0")
         bad = set(self.gates) - {"p0", "p1", "p2", "p3"}
         if bad:
             raise ValueError(f"gates: unknown priority table(s) {sorted(bad)}; use p0..p3")
