@@ -20,6 +20,8 @@ USER_ACTIVE = "user_active"
 HEARTBEAT_STALE = "heartbeat_stale"
 NO_MATCHING_ROLE = "no_matching_role"
 PAYLOAD_DECODE_ERROR = "payload_decode_error"
+CHECKPOINT_DECODE_ERROR = "checkpoint_decode_error"
+GATES_DECODE_ERROR = "gates_decode_error"
 
 
 class GatePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

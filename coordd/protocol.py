@@ -309,6 +309,7 @@ class JobView(msgspec.Struct, kw_only=True):
     lease: LeaseView | None = None
     events: list[EventView] = []
     waiting_reason: str | None = None
+    gates: dict[str, Any] | None = None  # the job's own gate overrides
 
 
 class JobList(msgspec.Struct, kw_only=True):
@@ -351,6 +352,16 @@ class StatusReply(msgspec.Struct, kw_only=True):
     oldest_waiting_age_s: float | None = None
     warnings: list[str] = []
     now: float = 0.0
+    prunable: int = 0  # terminal jobs past `retention_s`, deleted by the next `prune`
+
+
+class PruneResult(msgspec.Struct, kw_only=True):
+    """`prune` result: terminal jobs (and artifact rows) deleted, and the file's size after."""
+
+    pruned: int
+    artifacts: int = 0
+    free_pages: int = 0
+    db_bytes: int = 0
 
 
 class BackupResult(msgspec.Struct, kw_only=True):
@@ -380,8 +391,10 @@ PARAMS: dict[str, type[msgspec.Struct]] = {
     "workers": Empty,
     "backup": Backup,
     "check": Empty,
+    "prune": Empty,
 }
 """Every RPC method and its params Struct."""
 
-ADMIN_METHODS = frozenset({"enqueue", "enqueue_batch", "cancel", "retry", "reap", "backup"})
+ADMIN_METHODS = frozenset({"enqueue", "enqueue_batch", "cancel", "retry", "reap", "backup",
+                           "prune"})
 """Methods limited to the configured admin uids/gids."""

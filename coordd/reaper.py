@@ -1,4 +1,5 @@
-"""The reaper: return jobs whose lease expired to waiting (or the dead letter state)."""
+"""The reaper: return jobs whose lease expired to waiting (or the dead letter state), and
+prune terminal jobs past retention now and then."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 
 from coordd import errors
 from coordd.clock import Clock
-from coordd.protocol import ReapResult
+from coordd.protocol import PruneResult, ReapResult
 from coordd.service import Coordinator
 
 logger = logging.getLogger(__name__)
@@ -16,29 +17,48 @@ REAPER_INTERVAL_DEFAULT = 5.0
 
 
 class Reaper:
-    """Run `Coordinator.reap` every `interval` seconds until stopped.
+    """Run `Coordinator.reap` every `interval` seconds, and `Coordinator.prune` every
+    `prune_interval` seconds (default: the config's `prune_interval_s`), until stopped.
 
     Expiry is judged by coordd's clock inside the writer's transaction, never by the
-    caller's; a wall-clock jump (suspend) is handled by the writer before any reap.
+    caller's; a wall-clock jump (suspend) is handled by the writer before any reap. The
+    waits run on the clock's monotonic time, so a wall-clock jump neither wakes the loop
+    early nor makes it spin.
     """
 
     def __init__(self, coord: Coordinator, clock: Clock,
-                 interval: float = REAPER_INTERVAL_DEFAULT) -> None:
+                 interval: float = REAPER_INTERVAL_DEFAULT,
+                 prune_interval: float | None = None) -> None:
         if interval <= 0:
             raise ValueError("reaper interval must be > 0")
+        prune_interval = coord.config.prune_interval_s if prune_interval is None \
+            else prune_interval
+        if prune_interval <= 0:
+            raise ValueError("prune interval must be > 0")
         self._coord = coord
         self._clock = clock
         self._interval = interval
+        self._prune_interval = prune_interval
+        self._next_prune = clock.mono()  # the first round prunes (after a long downtime)
 
     async def run_once(self) -> ReapResult:
         """Reap once; return how many leases were reaped."""
         return await self._coord.reap()
+
+    async def prune_if_due(self) -> PruneResult | None:
+        """Prune when `prune_interval` has passed (monotonic) since the last prune."""
+        now = self._clock.mono()
+        if now < self._next_prune:
+            return None
+        self._next_prune = now + self._prune_interval
+        return await self._coord.prune()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Loop until `stop` is set; a failed round is logged and retried next interval."""
         while not await self._clock.wait(stop, self._interval):
             try:
                 await self.run_once()
+                await self.prune_if_due()
             except errors.Overloaded:
                 logger.warning("reaper skipped a round: writer overloaded")
             except errors.CoordError as exc:

@@ -21,14 +21,14 @@ from typing import Any
 import aiosqlite
 import msgspec
 
-from coordd import errors, gates, store
+from coordd import errors, gates, leases, store, views
 from coordd.clock import Clock
 from coordd.config import Config
 from coordd.protocol import (
     PRIORITIES, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
     CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
-    Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, ReapResult, Renew,
-    RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
+    Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, PruneResult, ReapResult,
+    Renew, RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
 )
 from coordd.writer import Writer
 
@@ -66,7 +66,7 @@ class Coordinator:
                              clock_jump_s=config.clock_jump_s)
         self._reader: aiosqlite.Connection | None = None
         self._policies = config.policies()
-        self._claim_policy = store.ClaimPolicy(
+        self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s)
 
@@ -127,7 +127,7 @@ class Coordinator:
         return HeartbeatResult(now=cancel[1], cancel=cancel[0], artifact_dir=self.artifact_dir)
 
     async def claim(self, p: Claim) -> ClaimResult:
-        """Claim the best job for `p.worker_id` (see coordd.store.claim).
+        """Claim the best job for `p.worker_id` (see coordd.leases.claim).
 
         `lease_s` is clamped to the configured [lease_min_s, lease_max_s]; it never
         depends on a job's max runtime. Raises: errors.BadRequest.
@@ -142,13 +142,13 @@ class Coordinator:
         """Extend a lease. Raises: LeaseLost, LeaseExpired, AlreadyCompleted, NotFound."""
         lease_s = self._lease_s(p.lease_s)
         return await self.writer.run(
-            lambda conn, now: store.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s))
+            lambda conn, now: leases.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s))
 
     async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
         """Record a job's latest checkpoint. Raises: PayloadTooLarge and the lease errors."""
         text = _encode("checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
         await self.writer.run(
-            lambda conn, now: store.checkpoint(conn, now, p.job_id, p.worker_id, p.token, text))
+            lambda conn, now: leases.checkpoint(conn, now, p.job_id, p.worker_id, p.token, text))
         return {}
 
     async def complete(self, p: Complete) -> CompleteResult:
@@ -156,8 +156,8 @@ class Coordinator:
         success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound."""
         text = _encode("result", p.result, self.config.max_result_bytes)
         return await self.writer.run(
-            lambda conn, now: store.complete(conn, now, p.job_id, p.worker_id, p.token, text,
-                                             p.artifact))
+            lambda conn, now: leases.complete(conn, now, p.job_id, p.worker_id, p.token, text,
+                                              p.artifact))
 
     async def fail(self, p: Fail) -> StatusResult:
         """Record a failure; the error text is truncated to `max_error_chars`.
@@ -166,11 +166,11 @@ class Coordinator:
         otherwise `failed` (dead letter). Raises: the lease errors.
         """
         error = _truncate(p.error, self.config.max_error_chars)
-        backoff = partial(store.backoff_delay, base_s=self.config.backoff_base_s,
+        backoff = partial(leases.backoff_delay, base_s=self.config.backoff_base_s,
                           cap_s=self.config.backoff_cap_s, jitter=self.config.backoff_jitter,
                           u=self._rng.random())
         return await self.writer.run(
-            lambda conn, now: store.fail(conn, now, p.job_id, p.worker_id, p.token, error,
+            lambda conn, now: leases.fail(conn, now, p.job_id, p.worker_id, p.token, error,
                                          p.retryable, backoff))
 
     # ------------------------------------------------------------ producers and admin
@@ -233,6 +233,34 @@ class Coordinator:
             logger.info("reaped %d expired lease(s)", n, extra={"action": "reap", "n": n})
         return ReapResult(reaped=n)
 
+    async def prune(self, p: Empty | None = None, now: float | None = None) -> PruneResult:
+        """Delete terminal jobs finished more than `retention_s` before `now` (default:
+        coordd's clock at each batch) with their events and unreferenced artifact rows,
+        in batches of `store.PRUNE_BATCH` (one transaction each), then hand the free
+        pages back to the file system (`incremental_vacuum`, bounded per transaction)
+        and checkpoint the WAL so the file shrinks.
+        """
+        retention = self.config.retention_s
+        pruned = artifacts = 0
+        while True:
+            n, a = await self.writer.run(lambda conn, wall: store.prune_batch(
+                conn, (wall if now is None else now) - retention, store.PRUNE_BATCH))
+            pruned, artifacts = pruned + n, artifacts + a
+            if n < store.PRUNE_BATCH:
+                break
+        free = await self.writer.run(lambda conn, _now: store.vacuum_step(conn))
+        while free:
+            left = await self.writer.run(lambda conn, _now: store.vacuum_step(conn))
+            if left >= free:
+                break  # nothing more comes free
+            free = left
+        if pruned:
+            await self.writer.checkpoint()
+            logger.info("pruned %d terminal job(s) past retention", pruned,
+                        extra={"action": "prune", "n": pruned})
+        return PruneResult(pruned=pruned, artifacts=artifacts, free_pages=free,
+                           db_bytes=_file_size(self.db_path))
+
     # ------------------------------------------------------------ reads
 
     async def status(self, p: Empty | None = None) -> StatusReply:
@@ -240,15 +268,16 @@ class Coordinator:
         now = self.clock.wall()
         workers, live, leases, jobs, waiting, oldest = await self._read(
             store.status_counts, now, self.config.heartbeat_stale_s)
+        prunable = await self._read(views.prunable, now - self.config.retention_s)
         db_bytes, wal_bytes = _file_size(self.db_path), _file_size(self.db_path + "-wal")
         return StatusReply(workers=workers, workers_live=live, active_leases=leases, jobs=jobs,
                            waiting_by_priority=waiting, db_bytes=db_bytes, wal_bytes=wal_bytes,
-                           oldest_waiting_age_s=oldest, now=now)
+                           oldest_waiting_age_s=oldest, now=now, prunable=prunable)
 
     async def get_job(self, p: JobId) -> JobView:
         """One job with lease, events and, if waiting, why it is not running. Raises: NotFound."""
         now = self.clock.wall()
-        job = await self._read(store.get_job, now, p.job_id, self.config.aging_interval_s)
+        job = await self._read(views.get_job, now, p.job_id, self.config.aging_interval_s)
         if job.status == "waiting":
             job.waiting_reason = await self._explain(job, now)
         return job
@@ -260,11 +289,11 @@ class Coordinator:
         limit = max(1, min(p.limit, LIST_LIMIT_MAX))
         now = self.clock.wall()
         jobs = await self._read(partial(
-            store.list_jobs, now=now, status=p.status, kind=p.kind, role=p.role,
+            views.list_jobs, now=now, status=p.status, kind=p.kind, role=p.role,
             priority=p.priority, limit=limit, after=p.after,
             aging_s=self.config.aging_interval_s))
         if any(j.status == "waiting" for j in jobs):
-            workers = await self._read(store.list_workers)
+            workers = await self._read(views.list_workers)
             for j in jobs:
                 if j.status == "waiting":
                     j.waiting_reason = self._explain_with(j, now, workers)
@@ -274,7 +303,7 @@ class Coordinator:
         """Every known worker with its readings, heartbeat age and per-priority gate verdicts."""
         now = self.clock.wall()
         out = []
-        for worker_id, roles, readings, hb_at, n in await self._read(store.list_workers):
+        for worker_id, roles, readings, hb_at, n in await self._read(views.list_workers):
             age = now - hb_at
             live = age <= self.config.heartbeat_stale_s
             verdicts = {}
@@ -316,12 +345,11 @@ class Coordinator:
         return min(self.config.lease_max_s, max(self.config.lease_min_s, float(asked)))
 
     async def _explain(self, job: JobView, now: float) -> str:
-        return self._explain_with(job, now, await self._read(store.list_workers),
-                                  await self._read(store.job_gates, job.job_id))
+        return self._explain_with(job, now, await self._read(views.list_workers))
 
-    def _explain_with(self, job: JobView, now: float, workers: list[Any],
-                      overrides: dict[str, Any] | None = None) -> str:
-        """Say why a waiting job is not running: backoff, no live worker, or which gate."""
+    def _explain_with(self, job: JobView, now: float, workers: list[Any]) -> str:
+        """Say why a waiting job is not running: backoff, no live worker, or which gate
+        (with the job's own gate overrides) refuses on which worker, with the reading."""
         if job.run_at > now:
             what = "backoff" if job.attempts else "scheduled"
             return f"{what} until {fmt_time(job.run_at)}"
@@ -330,7 +358,7 @@ class Coordinator:
         if not live:
             return f"no live worker with role {job.required_role}"
         try:
-            policy = gates.merge(self._policies[job.priority], overrides)
+            policy = gates.merge(self._policies[job.priority], job.gates)
         except msgspec.ValidationError:
             policy = self._policies[job.priority]
         refused = []
@@ -354,8 +382,8 @@ class _ReadingsCheck(msgspec.Struct):
 
 
 def _claim_op(conn: sqlite3.Connection, now: float, *, worker_id: str, lease_s: float,
-              claim_id: str | None, policy: store.ClaimPolicy) -> ClaimResult:
-    return store.claim(conn, now, worker_id, lease_s, claim_id, policy)
+              claim_id: str | None, policy: leases.ClaimPolicy) -> ClaimResult:
+    return leases.claim(conn, now, worker_id, lease_s, claim_id, policy)
 
 
 def _reading_notes(readings: dict[str, Any]) -> list[str]:
@@ -385,9 +413,11 @@ def _encode(what: str, value: Any, cap: int) -> str:
 
 
 def _truncate(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"... [truncated {len(text) - limit} chars]"
+    """Cut `text` to `limit` characters and make it storable: what UTF-8 cannot encode
+    (lone surrogates) is escaped, so recording a failure cannot itself fail."""
+    if len(text) > limit:
+        text = text[:limit] + f"... [truncated {len(text) - limit} chars]"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _file_size(path: str) -> int:
@@ -430,7 +460,7 @@ def _backup_file(db_path: str, dest: str) -> BackupResult:
     check = sqlite3.connect(f"file:{dest}?mode=ro", uri=True)
     try:
         qc = "; ".join(r[0] for r in check.execute("PRAGMA quick_check"))
-        jobs = check.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        jobs = views.count_jobs(check)
     finally:
         check.close()
     if qc != "ok":

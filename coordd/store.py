@@ -1,29 +1,32 @@
-"""The schema and every SQL statement coordd runs, with row -> Struct conversion.
+"""The schema and every SQL statement coordd runs, with the job transitions around them.
 
 Functions here are synchronous and take an open `sqlite3.Connection` plus `now` (Unix
 seconds from coordd's clock: no SQL reads the time itself). Write functions are only
 called by `coordd.writer.Writer`, inside its `BEGIN IMMEDIATE` transaction and a
 SAVEPOINT per request; raising a `CoordError` rolls back that request alone.
+
+Every SQL string lives here. Claims and the fenced lease-holder calls are in
+`coordd.leases`, row -> view conversion for reads in `coordd.views`; both run the
+statements named here (and stay importable from here: `store.claim`, `store.get_job`).
 """
 
 from __future__ import annotations
 
-import math
+import importlib
 import sqlite3
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
+from coordd.protocol import JOB_STATUSES, EnqueueResult, StatusResult
 from coordd import errors
-from coordd.protocol import (
-    JOB_STATUSES, ArtifactRef, ClaimedJob, ClaimResult, CompleteResult, EnqueueResult,
-    EventView, JobView, LeaseGrant, LeaseView, RenewResult, StatusResult,
-)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
+PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
+VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
 
+PRAGMA_AUTO_VACUUM = "PRAGMA auto_vacuum = INCREMENTAL"
 PRAGMAS_WRITER = (
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",
@@ -98,18 +101,48 @@ MIGRATIONS: tuple[str, ...] = (
         created_at REAL NOT NULL
     );
     """,
+    # v2: the claim index covers every column candidate selection reads, so a claim never
+    # touches a job row (nor walks the overflow pages of a large payload) until it takes
+    # the job; terminal jobs are found for pruning by their finish time; artifact rows by
+    # the jobs that reference them (the foreign key check on delete needs that index too).
+    """
+    DROP INDEX jobs_claim;
+    CREATE INDEX jobs_claim ON jobs (priority, queued_at, run_at, required_role, status,
+        job_id, gates_json) WHERE status = 'waiting';
+    CREATE INDEX jobs_finished ON jobs (finished_at, status, job_id)
+        WHERE finished_at IS NOT NULL;
+    CREATE INDEX jobs_artifact ON jobs (artifact_sha256) WHERE artifact_sha256 IS NOT NULL;
+    """,
 )
 
-_json_encode = msgspec.json.encode
-_json_decode = msgspec.json.decode
+json_encode = msgspec.json.encode
+json_decode = msgspec.json.decode
+
+_MOVED = {
+    **dict.fromkeys(("ClaimPolicy", "effective_priority", "claim", "renew", "checkpoint",
+                     "complete", "fail", "backoff_delay"), "coordd.leases"),
+    **dict.fromkeys(("get_job", "list_jobs", "list_workers", "count_jobs", "prunable"),
+                    "coordd.views"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve the claim, lease and read functions that live in their own modules."""
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def dumps(value: Any) -> str:
     """Encode a JSON-compatible value as compact JSON text."""
-    return _json_encode(value).decode()
+    return json_encode(value).decode()
 
 
 # ---------------------------------------------------------------- schema
+
+
+SQL_COUNT_TABLES = "SELECT count(*) FROM sqlite_master WHERE type='table'"
 
 
 def migrate(conn: sqlite3.Connection) -> int:
@@ -123,8 +156,7 @@ def migrate(conn: sqlite3.Connection) -> int:
         raise errors.StoreError(
             f"database schema v{version} is newer than this coordd (v{SCHEMA_VERSION})")
     if version == 0:
-        tables = conn.execute(
-            "SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
+        tables = conn.execute(SQL_COUNT_TABLES).fetchone()[0]
         if tables:
             raise errors.StoreError("database has tables but no coordd schema version")
     for v in range(version, SCHEMA_VERSION):
@@ -140,6 +172,19 @@ def migrate(conn: sqlite3.Connection) -> int:
     return SCHEMA_VERSION
 
 
+def prepare_new_file(conn: sqlite3.Connection) -> bool:
+    """Give a file without tables incremental auto-vacuum; return True if it was new.
+
+    Must run before `PRAGMA journal_mode=WAL` and before the first table: SQLite fixes
+    the auto-vacuum mode then. An older file keeps its mode (`vacuum_step` frees nothing
+    there; a one-off `VACUUM` converts it).
+    """
+    if conn.execute(SQL_COUNT_TABLES).fetchone()[0]:
+        return False
+    conn.execute(PRAGMA_AUTO_VACUUM)
+    return True
+
+
 def _split(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
@@ -153,7 +198,7 @@ SQL_EVENT = (
 )
 
 
-def _event(conn: sqlite3.Connection, job_id: str, now: float, worker_id: str | None,
+def event(conn: sqlite3.Connection, job_id: str, now: float, worker_id: str | None,
            from_status: str | None, to_status: str, reason: str | None) -> None:
     conn.execute(SQL_EVENT, (job_id, now, worker_id, from_status, to_status, reason))
 
@@ -217,7 +262,7 @@ def enqueue(conn: sqlite3.Connection, now: float, job: NewJob) -> EnqueueResult:
     if row is None:
         existing = conn.execute(SQL_JOB_BY_KEY, (job.idempotency_key,)).fetchone()
         return EnqueueResult(job_id=existing[0], created=False)
-    _event(conn, job.job_id, now, None, None, "waiting", "enqueued")
+    event(conn, job.job_id, now, None, None, "waiting", "enqueued")
     return EnqueueResult(job_id=job.job_id, created=True)
 
 
@@ -229,13 +274,17 @@ SQL_LEASE_BY_CLAIM_ID = (
     "SELECT job_id, token, expires_at, lease_s FROM leases "
     "WHERE worker_id = ? AND claim_id = ? AND expires_at > ?"
 )
+# Served by the covering index jobs_claim alone: no job row (and no payload) is read.
+# `queued_at <= ?` bounds the seek when aging is on (see `_claim_once`).
 SQL_CANDIDATES = (
     "SELECT job_id, queued_at, gates_json FROM jobs INDEXED BY jobs_claim "
-    "WHERE status = 'waiting' AND priority = ? AND run_at <= ? "
+    "WHERE status = 'waiting' AND priority = ? AND queued_at <= ? AND run_at <= ? "
     "AND required_role IN (SELECT value FROM json_each(?)) "
     "ORDER BY queued_at, rowid LIMIT ?"
 )
-SQL_ANY_RUNNABLE = "SELECT 1 FROM jobs WHERE status = 'waiting' AND run_at <= ? LIMIT 1"
+SQL_ANY_RUNNABLE = (
+    "SELECT 1 FROM jobs INDEXED BY jobs_claim WHERE status = 'waiting' AND run_at <= ? LIMIT 1"
+)
 SQL_TAKE = (
     "UPDATE jobs SET status = 'running', attempts = attempts + 1, "
     "last_token = last_token + 1, updated_at = ? WHERE job_id = ? AND status = 'waiting' "
@@ -250,129 +299,28 @@ SQL_CLAIMED_JOB = (
     "SELECT kind, required_role, priority, payload_json, attempts, checkpoint_json, "
     "max_runtime_s FROM jobs WHERE job_id = ?"
 )
-SQL_DEAD_LETTER_DECODE = (
-    "UPDATE jobs SET status = 'failed', updated_at = ?, finished_at = ?, last_error = ? "
-    "WHERE job_id = ?"
+SQL_DEAD_LETTER = (
+    "UPDATE jobs SET status = 'failed', attempts = attempts + ?, updated_at = ?, "
+    "finished_at = ?, last_error = ? WHERE job_id = ?"
 )
+UNDECODABLE_SHOWN_CHARS = 200
 
 
-class ClaimPolicy(msgspec.Struct, kw_only=True):
-    """What claim needs from the config: gate policies per priority and timing knobs."""
-
-    policies: dict[int, Any]  # priority -> coordd.gates.GatePolicy
-    heartbeat_stale_s: float
-    aging_interval_s: float
+def maybe_json(text: str | None) -> Any:
+    return None if text is None else json_decode(text)
 
 
-def effective_priority(priority: int, queued_at: float, now: float, aging_s: float) -> int:
-    """Priority after aging: one step better per `aging_s` seconds waited, never above P0."""
-    if aging_s <= 0:
-        return priority
-    return max(0, priority - int(max(0.0, now - queued_at) // aging_s))
-
-
-def claim(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: float,
-          claim_id: str | None, policy: ClaimPolicy) -> ClaimResult:
-    """Hand the best runnable job to `worker_id` under a new lease (see `_claim_once`).
-
-    Jobs whose stored payload does not decode are dead-lettered on the way and skipped.
-    """
-    while True:
-        result = _claim_once(conn, now, worker_id, lease_s, claim_id, policy)
-        if result is not None:
-            return result
-
-
-def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: float,
-                claim_id: str | None, policy: ClaimPolicy) -> ClaimResult | None:
-    """Try once to hand out a job; None when the pick was dead-lettered (undecodable payload).
-
-    Order: lowest effective priority first, then longest queued. A job is a candidate
-    when it is waiting, its `run_at` has come, the worker holds its role, and the gates of
-    the job's own priority (merged with the job's overrides) pass on the worker's last
-    readings. A payload that does not decode sends its job to the dead letter state
-    (`payload_decode_error`) and the search goes on.
-
-    Returns a ClaimResult; with no job, `reasons` holds refusal codes (`heartbeat_stale`,
-    `no_matching_role`, gate codes), empty when nothing is runnable at all.
-    """
-    from coordd import gates  # local: gates imports nothing of ours, keeps the cycle out
-
-    if claim_id is not None:
-        row = conn.execute(SQL_LEASE_BY_CLAIM_ID, (worker_id, claim_id, now)).fetchone()
-        if row is not None:
-            return _claimed(conn, row[0], LeaseGrant(token=row[1], expires_at=row[2],
-                                                     lease_s=row[3]))
-    worker = conn.execute(SQL_WORKER, (worker_id,)).fetchone()
-    if worker is None:
-        return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
-                           detail=f"worker {worker_id} never sent a heartbeat")
-    age = now - worker[2]
-    if age > policy.heartbeat_stale_s:
-        return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
-                           detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
-    roles_json, readings = worker[0], _json_decode(worker[1])
-    reasons: dict[str, str] = {}
-    best: tuple[int, float, str] | None = None
-    for prio in (0, 1, 2, 3):
-        if best is not None and best[0] <= prio:
-            break  # nothing at this level or later can beat the best found (aging only improves)
-        base = policy.policies[prio]
-        base_refusals = gates.evaluate(base, readings)
-        for job_id, queued_at, gates_json in conn.execute(
-                SQL_CANDIDATES, (prio, now, roles_json, CLAIM_SCAN)):
-            refusals = base_refusals
-            if gates_json is not None:
-                try:
-                    refusals = gates.evaluate(gates.merge(base, _json_decode(gates_json)),
-                                              readings)
-                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                    refusals = [("bad_gates", f"job {job_id}: stored gates invalid: {exc}")]
-            if refusals:
-                for code, detail in refusals:
-                    reasons.setdefault(code, detail)
-                continue
-            eff = effective_priority(prio, queued_at, now, policy.aging_interval_s)
-            if best is None or (eff, queued_at) < (best[0], best[1]):
-                best = (eff, queued_at, job_id)
-            break
-    if best is None:
-        if not reasons and conn.execute(SQL_ANY_RUNNABLE, (now,)).fetchone() is not None:
-            reasons[gates.NO_MATCHING_ROLE] = "no runnable job needs one of this worker's roles"
-        return ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
-    job_id = best[2]
-    row = conn.execute(SQL_TAKE, (now, job_id)).fetchone()
-    kind, role, prio, payload_json, attempts, checkpoint_json, max_runtime_s, token = row
+def lenient_json(text: str | None, default: Any = None) -> Any:
+    """Decode stored JSON for display; what does not decode is shown, never raised."""
+    if text is None:
+        return default
     try:
-        payload = _json_decode(payload_json)
-    except msgspec.DecodeError as exc:
-        error = f"{gates.PAYLOAD_DECODE_ERROR}: {exc}"
-        conn.execute(SQL_DEAD_LETTER_DECODE, (now, now, error, job_id))
-        _event(conn, job_id, now, worker_id, "waiting", "failed", gates.PAYLOAD_DECODE_ERROR)
-        return None  # the claim goes on to the next candidate
-    conn.execute(SQL_INSERT_LEASE, (job_id, worker_id, token, claim_id, now, now + lease_s,
-                                    lease_s))
-    _event(conn, job_id, now, worker_id, "waiting", "running", f"claimed (token {token})")
-    return ClaimResult(
-        job=ClaimedJob(job_id=job_id, kind=kind, required_role=role, priority=prio,
-                       payload=payload, attempts=attempts,
-                       checkpoint=_maybe_json(checkpoint_json), max_runtime_s=max_runtime_s),
-        lease=LeaseGrant(token=token, expires_at=now + lease_s, lease_s=lease_s),
-    )
-
-
-def _claimed(conn: sqlite3.Connection, job_id: str, lease: LeaseGrant) -> ClaimResult:
-    row = conn.execute(SQL_CLAIMED_JOB, (job_id,)).fetchone()
-    return ClaimResult(
-        job=ClaimedJob(job_id=job_id, kind=row[0], required_role=row[1], priority=row[2],
-                       payload=_json_decode(row[3]), attempts=row[4],
-                       checkpoint=_maybe_json(row[5]), max_runtime_s=row[6]),
-        lease=lease,
-    )
-
-
-def _maybe_json(text: str | None) -> Any:
-    return None if text is None else _json_decode(text)
+        return json_decode(text)
+    except msgspec.DecodeError:
+        if default is not None:
+            return default
+        shown = text[:UNDECODABLE_SHOWN_CHARS] if isinstance(text, str) else repr(text)[:200]
+        return {"undecodable": shown}
 
 
 # ---------------------------------------------------------------- lease holder calls
@@ -380,7 +328,7 @@ def _maybe_json(text: str | None) -> Any:
 
 SQL_JOB_FOR_LEASE = (
     "SELECT j.status, j.cancel_requested, j.max_runtime_s, j.attempts, j.max_attempts, "
-    "l.worker_id, l.token, l.granted_at, l.expires_at FROM jobs j "
+    "j.last_token, l.worker_id, l.token, l.granted_at, l.expires_at FROM jobs j "
     "LEFT JOIN leases l ON l.job_id = j.job_id WHERE j.job_id = ?"
 )
 SQL_RENEW = "UPDATE leases SET expires_at = ?, lease_s = ? WHERE job_id = ?"
@@ -402,104 +350,6 @@ SQL_TO_WAITING = (
     "UPDATE jobs SET status = 'waiting', last_error = ?, run_at = ?, queued_at = ?, "
     "updated_at = ? WHERE job_id = ?"
 )
-
-
-class _Held(msgspec.Struct):
-    status: str
-    cancel_requested: bool
-    max_runtime_s: float | None
-    attempts: int
-    max_attempts: int
-    granted_at: float
-
-
-def _check_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
-                 token: int) -> _Held:
-    """Fence a lease-holder call: the lease must be the job's current one and unexpired.
-
-    Raises:
-        errors.NotFound: no such job.
-        errors.AlreadyCompleted: the job already succeeded (the first result stands).
-        errors.LeaseLost: the presented lease is not the job's current lease.
-        errors.LeaseExpired: it is, but `now >= expires_at` (whether or not reaped yet).
-    """
-    row = conn.execute(SQL_JOB_FOR_LEASE, (job_id,)).fetchone()
-    if row is None:
-        raise errors.NotFound(f"job {job_id} not found")
-    status, cancel, max_runtime_s, attempts, max_attempts, l_worker, l_token, granted, expires = row
-    if l_worker != worker_id or l_token != token:
-        if status == "succeeded":
-            raise errors.AlreadyCompleted(f"job {job_id} already succeeded")
-        raise errors.LeaseLost(f"job {job_id}: lease token {token} of {worker_id} is not current "
-                               f"(job is {status})")
-    if now >= expires:
-        raise errors.LeaseExpired(f"job {job_id}: lease expired at {expires:.3f} (now {now:.3f})")
-    return _Held(status, bool(cancel), max_runtime_s, attempts, max_attempts, granted)
-
-
-def renew(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
-          lease_s: float) -> RenewResult:
-    """Extend the caller's lease to `now + lease_s`.
-
-    Raises:
-        errors.LeaseLost: as `_check_lease`, or the job ran past its `max_runtime_s`.
-        errors.LeaseExpired, errors.NotFound, errors.AlreadyCompleted: as `_check_lease`.
-    """
-    held = _check_lease(conn, now, job_id, worker_id, token)
-    if held.max_runtime_s is not None and now > held.granted_at + held.max_runtime_s:
-        raise errors.LeaseLost(f"job {job_id}: max runtime {held.max_runtime_s:g}s exceeded")
-    conn.execute(SQL_RENEW, (now + lease_s, lease_s, job_id))
-    return RenewResult(expires_at=now + lease_s, lease_s=lease_s,
-                       cancel_requested=held.cancel_requested)
-
-
-def checkpoint(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
-               checkpoint_json: str) -> None:
-    """Store the job's latest checkpoint (fenced like `renew`)."""
-    _check_lease(conn, now, job_id, worker_id, token)
-    conn.execute(SQL_CHECKPOINT, (checkpoint_json, now, job_id))
-
-
-def complete(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
-             result_json: str | None, artifact: ArtifactRef | None) -> CompleteResult:
-    """Store the result and end the job `succeeded`; a job whose cancel was requested ends
-    `cancelled` instead and the result is dropped. Fenced like `renew`."""
-    held = _check_lease(conn, now, job_id, worker_id, token)
-    conn.execute(SQL_DELETE_LEASE, (job_id,))
-    if held.cancel_requested:
-        conn.execute(SQL_TO_TERMINAL, ("cancelled", "cancelled before completion", now, now,
-                                       job_id))
-        _event(conn, job_id, now, worker_id, "running", "cancelled", "cancel requested; result dropped")
-        return CompleteResult(status="cancelled")
-    if artifact is not None:
-        conn.execute(SQL_INSERT_ARTIFACT, (artifact.sha256, artifact.path, artifact.size, now))
-    conn.execute(SQL_SUCCEED, (result_json, artifact.sha256 if artifact else None, now, now,
-                               job_id))
-    _event(conn, job_id, now, worker_id, "running", "succeeded", None)
-    return CompleteResult(status="succeeded")
-
-
-def fail(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
-         error: str, retryable: bool, backoff: Callable[[int], float]) -> StatusResult:
-    """Record a failure: back to waiting after `backoff(attempts)` seconds if retryable and
-    attempts remain, else `failed` (dead letter); `cancelled` if a cancel was requested."""
-    held = _check_lease(conn, now, job_id, worker_id, token)
-    conn.execute(SQL_DELETE_LEASE, (job_id,))
-    if held.cancel_requested:
-        conn.execute(SQL_TO_TERMINAL, ("cancelled", error, now, now, job_id))
-        _event(conn, job_id, now, worker_id, "running", "cancelled", error)
-        return StatusResult(status="cancelled")
-    if not retryable or held.attempts >= held.max_attempts:
-        why = (f"permanent: {error}" if not retryable
-               else f"attempts exhausted (last: {error})")
-        conn.execute(SQL_TO_TERMINAL, ("failed", why, now, now, job_id))
-        _event(conn, job_id, now, worker_id, "running", "failed", why)
-        return StatusResult(status="failed")
-    run_at = now + backoff(held.attempts)
-    conn.execute(SQL_TO_WAITING, (error, run_at, now, now, job_id))
-    _event(conn, job_id, now, worker_id, "running", "waiting",
-           f"retryable: {error}; backoff until {run_at:.3f}")
-    return StatusResult(status="waiting", run_at=run_at)
 
 
 # ---------------------------------------------------------------- admin transitions
@@ -531,11 +381,11 @@ def cancel(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
     status = _status(conn, job_id)
     if status == "waiting":
         conn.execute(SQL_TO_TERMINAL, ("cancelled", None, now, now, job_id))
-        _event(conn, job_id, now, None, "waiting", "cancelled", "cancelled by admin")
+        event(conn, job_id, now, None, "waiting", "cancelled", "cancelled by admin")
         return StatusResult(status="cancelled")
     if status == "running":
         conn.execute(SQL_REQUEST_CANCEL, (now, job_id))
-        _event(conn, job_id, now, None, "running", "running", "cancel requested")
+        event(conn, job_id, now, None, "running", "running", "cancel requested")
         return StatusResult(status="running")
     if status == "cancelled":
         return StatusResult(status="cancelled")
@@ -553,7 +403,7 @@ def retry(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
     if status not in ("failed", "cancelled"):
         raise errors.InvalidState(f"job {job_id} is {status}; only failed or cancelled jobs retry")
     conn.execute(SQL_RETRY, (now, now, now, job_id))
-    _event(conn, job_id, now, None, status, "waiting", "retried by admin")
+    event(conn, job_id, now, None, status, "waiting", "retried by admin")
     return StatusResult(status="waiting", run_at=now)
 
 
@@ -565,7 +415,10 @@ SQL_EXPIRED = (
     "FROM leases l JOIN jobs j ON j.job_id = l.job_id WHERE l.expires_at <= ? "
     "ORDER BY l.expires_at LIMIT ?"
 )
-SQL_EXTEND_LEASES = "UPDATE leases SET expires_at = expires_at + ?, granted_at = granted_at + ?"
+SQL_EXTEND_LEASES = (
+    "UPDATE leases SET expires_at = max(expires_at + ?1, ?2 + lease_s), "
+    "granted_at = granted_at + ?1 WHERE expires_at > ?3"
+)
 
 
 def reap_expired(conn: sqlite3.Connection, now: float, limit: int = 1000) -> int:
@@ -579,25 +432,93 @@ def reap_expired(conn: sqlite3.Connection, now: float, limit: int = 1000) -> int
         if cancel_requested:
             conn.execute(SQL_TO_TERMINAL, ("cancelled", "lease_expired after cancel", now, now,
                                            job_id))
-            _event(conn, job_id, now, worker_id, "running", "cancelled", "lease_expired")
+            event(conn, job_id, now, worker_id, "running", "cancelled", "lease_expired")
         elif attempts >= max_attempts:
             why = "attempts exhausted (last: lease_expired)"
             conn.execute(SQL_TO_TERMINAL, ("failed", why, now, now, job_id))
-            _event(conn, job_id, now, worker_id, "running", "failed", why)
+            event(conn, job_id, now, worker_id, "running", "failed", why)
         else:
             why = f"lease_expired (worker {worker_id} lost)"
             conn.execute(SQL_TO_WAITING, (why, now, now, now, job_id))
-            _event(conn, job_id, now, worker_id, "running", "waiting", "lease_expired")
+            event(conn, job_id, now, worker_id, "running", "waiting", "lease_expired")
     return len(rows)
 
 
-def extend_leases(conn: sqlite3.Connection, seconds: float) -> int:
-    """Shift every live lease (expiry and grant time) later by `seconds`; return how many.
+def extend_leases(conn: sqlite3.Connection, now: float, jump: float, seen_at: float) -> int:
+    """Give leases back the time a wall-clock jump of `jump` seconds took; return how many.
 
     Used when coordd sees its wall clock jump far past its monotonic clock (a suspend and
-    resume): the holders were frozen too, so the time they lost is given back.
+    resume, or an NTP step): the holders were frozen too. Each lease that was live when
+    coordd last looked at its clocks (`seen_at`, before the jump) is shifted by the jump
+    and runs, at least, a whole `lease_s` from `now`: a grace of one lease, so the
+    holder's first renewal after the resume keeps it. Leases already expired by then
+    stay expired.
     """
-    return conn.execute(SQL_EXTEND_LEASES, (seconds, seconds)).rowcount
+    return conn.execute(SQL_EXTEND_LEASES, (jump, now, seen_at)).rowcount
+
+
+# ---------------------------------------------------------------- retention
+
+
+SQL_PRUNE_PICK = (
+    "SELECT job_id FROM jobs INDEXED BY jobs_finished WHERE finished_at IS NOT NULL "
+    "AND finished_at < ? AND status IN ('succeeded', 'failed', 'cancelled') "
+    "ORDER BY finished_at LIMIT ?"
+)
+SQL_PRUNABLE = (
+    "SELECT count(*) FROM jobs INDEXED BY jobs_finished WHERE finished_at IS NOT NULL "
+    "AND finished_at < ? AND status IN ('succeeded', 'failed', 'cancelled')"
+)
+SQL_PRUNE_EVENTS = "DELETE FROM job_events WHERE job_id = ?"
+SQL_PRUNE_JOB = "DELETE FROM jobs WHERE job_id = ? RETURNING artifact_sha256"
+SQL_PRUNE_ARTIFACT = (
+    "DELETE FROM artifacts WHERE sha256 = ?1 "
+    "AND NOT EXISTS (SELECT 1 FROM jobs WHERE artifact_sha256 = ?1)"
+)
+SQL_FREELIST_COUNT = "PRAGMA freelist_count"
+SQL_AUTO_VACUUM_MODE = "PRAGMA auto_vacuum"
+AUTO_VACUUM_INCREMENTAL = 2
+SQL_INCREMENTAL_VACUUM = "PRAGMA incremental_vacuum"
+SQL_WAL_CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
+
+
+def prune_batch(conn: sqlite3.Connection, cutoff: float, limit: int = PRUNE_BATCH
+                ) -> tuple[int, int]:
+    """Delete up to `limit` terminal jobs finished before `cutoff`, with their events and
+    the artifact rows no remaining job references; return (jobs, artifact rows) deleted.
+
+    The artifact files stay: another job may reference the same content-addressed file
+    again before a file could be removed, so file clean-up is a separate, offline step.
+    """
+    ids = [r[0] for r in conn.execute(SQL_PRUNE_PICK, (cutoff, limit)).fetchall()]
+    shas: set[str] = set()
+    for job_id in ids:
+        conn.execute(SQL_PRUNE_EVENTS, (job_id,))
+        sha = conn.execute(SQL_PRUNE_JOB, (job_id,)).fetchone()[0]
+        if sha is not None:
+            shas.add(sha)
+    artifacts = sum(conn.execute(SQL_PRUNE_ARTIFACT, (sha,)).rowcount for sha in shas)
+    return len(ids), artifacts
+
+
+def vacuum_step(conn: sqlite3.Connection, max_pages: int = VACUUM_PAGES) -> int:
+    """Return up to `max_pages` free pages to the file system; return how many stay free.
+
+    Python's sqlite3 steps a PRAGMA once, and each step of `incremental_vacuum` frees one
+    page, hence the loop. A file without incremental auto-vacuum frees nothing (returns 0).
+    """
+    if conn.execute(SQL_AUTO_VACUUM_MODE).fetchone()[0] != AUTO_VACUUM_INCREMENTAL:
+        return 0
+    free = conn.execute(SQL_FREELIST_COUNT).fetchone()[0]
+    for _ in range(min(free, max_pages)):
+        conn.execute(SQL_INCREMENTAL_VACUUM)
+    return conn.execute(SQL_FREELIST_COUNT).fetchone()[0]
+
+
+def wal_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
+    """Copy the WAL into the file and truncate it (outside any transaction); SQLite's
+    (busy, log frames, checkpointed frames)."""
+    return tuple(conn.execute(SQL_WAL_CHECKPOINT).fetchone())
 
 
 # ---------------------------------------------------------------- reads
@@ -605,8 +526,8 @@ def extend_leases(conn: sqlite3.Connection, seconds: float) -> int:
 
 SQL_COUNT_BY_STATUS = "SELECT status, count(*) FROM jobs GROUP BY status"
 SQL_WAITING_BY_PRIORITY = (
-    "SELECT priority, count(*), min(queued_at) FROM jobs WHERE status = 'waiting' "
-    "GROUP BY priority"
+    "SELECT priority, count(*), min(queued_at) FROM jobs INDEXED BY jobs_claim "
+    "WHERE status = 'waiting' GROUP BY priority"
 )
 SQL_COUNT_WORKERS = "SELECT count(*), coalesce(sum(heartbeat_at >= ?), 0) FROM workers"
 SQL_COUNT_LEASES = "SELECT count(*) FROM leases"
@@ -654,77 +575,6 @@ def status_counts(conn: sqlite3.Connection, now: float, stale_s: float
     return workers, live, leases, jobs, waiting, (None if oldest is None else now - oldest)
 
 
-def _job_view(row: sqlite3.Row | tuple, now: float, aging_s: float,
-              events: list[EventView] | None = None) -> JobView:
-    (job_id, kind, role, prio, status, attempts, max_attempts, run_at, queued_at, created_at,
-     updated_at, finished_at, payload_json, result_json, last_error, checkpoint_json, cancel,
-     key, max_runtime_s, _gates, a_sha, a_size, a_path, l_worker, l_token, l_granted,
-     l_expires, l_lease_s) = row
-    try:
-        payload = _json_decode(payload_json)
-    except msgspec.DecodeError:
-        payload = {"undecodable_payload": payload_json[:200]}
-    return JobView(
-        job_id=job_id, kind=kind, required_role=role, priority=prio,
-        effective_priority=(effective_priority(prio, queued_at, now, aging_s)
-                            if status == "waiting" else prio),
-        status=status, attempts=attempts, max_attempts=max_attempts, run_at=run_at,
-        created_at=created_at, updated_at=updated_at, age_s=max(0.0, now - created_at),
-        payload=payload, result=_maybe_json(result_json),
-        artifact=ArtifactRef(sha256=a_sha, size=a_size, path=a_path) if a_sha else None,
-        last_error=last_error, checkpoint=_maybe_json(checkpoint_json),
-        cancel_requested=bool(cancel), idempotency_key=key, max_runtime_s=max_runtime_s,
-        finished_at=finished_at,
-        lease=(LeaseView(worker_id=l_worker, token=l_token, granted_at=l_granted,
-                         expires_at=l_expires, lease_s=l_lease_s) if l_worker else None),
-        events=events or [],
-    )
+SQL_COUNT_JOBS = "SELECT count(*) FROM jobs"
 
 
-def get_job(conn: sqlite3.Connection, now: float, job_id: str, aging_s: float) -> JobView:
-    """Return one job with its lease and event log.
-
-    Raises:
-        errors.NotFound: no such job.
-    """
-    row = conn.execute(SQL_GET_JOB, (job_id,)).fetchone()
-    if row is None:
-        raise errors.NotFound(f"job {job_id} not found")
-    events = [EventView(at=r[0], from_status=r[1], to_status=r[2], worker_id=r[3], reason=r[4])
-              for r in conn.execute(SQL_EVENTS, (job_id,))]
-    return _job_view(row, now, aging_s, events)
-
-
-def job_gates(conn: sqlite3.Connection, job_id: str) -> dict[str, Any] | None:
-    """Return a job's own gate overrides, or None."""
-    row = conn.execute("SELECT gates_json FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-    return _maybe_json(row[0]) if row else None
-
-
-def list_jobs(conn: sqlite3.Connection, now: float, *, status: str | None, kind: str | None,
-              role: str | None, priority: int | None, limit: int, after: str | None,
-              aging_s: float) -> list[JobView]:
-    """Return up to `limit` jobs matching every given filter, in enqueue order after `after`."""
-    rows = conn.execute(SQL_LIST_JOBS, (status, kind, role, priority, after, limit)).fetchall()
-    return [_job_view(r, now, aging_s) for r in rows]
-
-
-def list_workers(conn: sqlite3.Connection) -> list[tuple[str, list[str], dict[str, Any], float, int]]:
-    """Return (worker_id, roles, readings, heartbeat_at, active_leases) for every worker."""
-    out = []
-    for worker_id, roles_json, hb_json, hb_at, n in conn.execute(SQL_WORKERS):
-        try:
-            readings = _json_decode(hb_json)
-        except msgspec.DecodeError:
-            readings = {}
-        out.append((worker_id, _json_decode(roles_json), readings, hb_at, n))
-    return out
-
-
-def backoff_delay(attempts: int, base_s: float, cap_s: float, jitter: float, u: float) -> float:
-    """Retry delay in seconds: min(cap, base * 2**(attempts-1)) * (1 + u * jitter), u in [0, 1).
-
-    The jitter only adds, so a retry never comes sooner than the un-jittered delay.
-    """
-    exp = min(cap_s, base_s * math.pow(2.0, max(0, attempts - 1)))
-    return exp * (1.0 + u * jitter)

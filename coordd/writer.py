@@ -102,6 +102,7 @@ class Writer:
     def _setup(self, conn: sqlite3.Connection) -> None:
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            store.prepare_new_file(conn)  # before WAL and the first table, or it is ignored
             mode = conn.execute(store.PRAGMAS_WRITER[0]).fetchone()[0]
             if mode.lower() != "wal":
                 raise errors.StoreError(f"{self._path}: could not enable WAL (mode {mode})")
@@ -129,6 +130,15 @@ class Writer:
     async def run(self, op: WriteOp) -> Any:
         """Submit `op` and await its result (its CoordError is raised here)."""
         return await self.submit(op)
+
+    async def checkpoint(self) -> tuple[int, int, int]:
+        """Copy the WAL into the database file and truncate the WAL (after a prune, so the
+        file shrinks). Runs between two batches on the writer's own connection, never
+        inside a transaction; SQLite's (busy, log frames, checkpointed frames).
+        """
+        if self._db is None:
+            raise errors.Overloaded("writer is not running")
+        return await self._db._execute(store.wal_checkpoint, self._db._conn)
 
     async def stop(self) -> None:
         """Stop intake, commit everything already accepted, close the connection. Idempotent."""
@@ -159,7 +169,7 @@ class Writer:
             except Exception as exc:  # the whole transaction failed: nothing of it is stored
                 logger.error("group commit failed: %s", exc,
                              extra={"action": "commit_failed", "n": len(batch)})
-                err = errors.CoordError(f"commit failed, nothing stored: {exc}")
+                err = _batch_error(exc)
                 outcomes = [(False, err)] * len(batch)
             self.last_commit_mono = self._clock.mono()
             for (_, fut), (ok, value) in zip(batch, outcomes):
@@ -196,6 +206,7 @@ class Writer:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self._last_times = (now, t0)  # a jump seen in a rolled-back batch is seen again
         dt = self._clock.mono() - t0
         st = self.stats
         st.batches += 1
@@ -208,12 +219,25 @@ class Writer:
         return outcomes
 
     def _check_clock_jump(self, conn: sqlite3.Connection, wall: float, mono: float) -> None:
-        last, self._last_times = self._last_times, (wall, mono)
+        last = self._last_times  # of the last committed batch (set after COMMIT)
         if last is None or self._clock_jump_s <= 0:
             return
         jump = (wall - last[0]) - (mono - last[1])
         if jump > self._clock_jump_s:
-            n = store.extend_leases(conn, jump)
+            n = store.extend_leases(conn, wall, jump, last[0])
             logger.warning("wall clock jumped %.1fs past the monotonic clock (suspend?); "
                            "extended %d live lease(s) by it", jump, n,
                            extra={"action": "clock_jump", "jump_s": jump, "n": n})
+
+
+def _batch_error(exc: Exception) -> errors.CoordError:
+    """The error every request of a failed batch gets: nothing of the batch is stored.
+
+    A busy or locked file (an outside process held the write lock past the busy
+    timeout) is `overloaded`, which callers retry; no reply says "database is locked".
+    """
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+        return errors.Overloaded("the database file is busy (held by another process past "
+                                 "the busy timeout); nothing was stored, retry")
+    return errors.CoordError(f"commit failed, nothing stored: {exc}")

@@ -1,0 +1,275 @@
+"""Claims and the fenced calls of a lease holder: claim, renew, checkpoint, complete, fail.
+
+Like everything in coordd.store, these run inside the writer's transaction and take
+`now` from coordd's clock. Each lease carries a token that only grows for its job;
+`renew`, `checkpoint`, `complete` and `fail` are refused unless the presented lease is
+the job's current one and `now < expires_at` (DESIGN.md, "Leases and fencing").
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from coordd import errors, gates
+from coordd.protocol import (
+    ArtifactRef, ClaimedJob, ClaimResult, CompleteResult, LeaseGrant, RenewResult, StatusResult,
+)
+from coordd.store import (
+    CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CANDIDATES, SQL_CHECKPOINT, SQL_CLAIMED_JOB,
+    SQL_DEAD_LETTER, SQL_DELETE_LEASE, SQL_INSERT_ARTIFACT, SQL_INSERT_LEASE,
+    SQL_JOB_FOR_LEASE, SQL_LEASE_BY_CLAIM_ID, SQL_RENEW, SQL_SUCCEED, SQL_TAKE,
+    SQL_TO_TERMINAL, SQL_TO_WAITING, SQL_WORKER, event, json_decode, lenient_json,
+    maybe_json,
+)
+
+
+class ClaimPolicy(msgspec.Struct, kw_only=True):
+    """What claim needs from the config: gate policies per priority and timing knobs."""
+
+    policies: dict[int, Any]  # priority -> coordd.gates.GatePolicy
+    heartbeat_stale_s: float
+    aging_interval_s: float
+
+
+def effective_priority(priority: int, queued_at: float, now: float, aging_s: float) -> int:
+    """Priority after aging: one step better per `aging_s` seconds waited, never above P0."""
+    if aging_s <= 0:
+        return priority
+    return max(0, priority - int(max(0.0, now - queued_at) // aging_s))
+
+
+def claim(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: float,
+          claim_id: str | None, policy: ClaimPolicy) -> ClaimResult:
+    """Hand the best runnable job to `worker_id` under a new lease (see `_claim_once`).
+
+    Jobs whose stored data does not decode are dead-lettered on the way and skipped; each
+    round dead-letters one, so the loop ends.
+    """
+    while True:
+        result = _claim_once(conn, now, worker_id, lease_s, claim_id, policy)
+        if result is not None:
+            return result
+
+
+def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: float,
+                claim_id: str | None, policy: ClaimPolicy) -> ClaimResult | None:
+    """Try once to hand out a job; None when the pick was dead-lettered (undecodable data).
+
+    Order: lowest effective priority first, then longest queued (FIFO among equals). A
+    job is a candidate when it is waiting, its `run_at` has come, the worker holds its
+    role, and the gates of the job's own priority (merged with the job's overrides) pass
+    on the worker's last readings. One index seek per priority level; with aging on, a
+    lower level is only searched for jobs old enough to reach the best effective priority
+    found so far. Stored data that does not decode (payload, checkpoint, gate overrides)
+    sends its job to the dead letter state (`payload_decode_error`, ...) with the attempt
+    counted, and the search goes on: such a job is never handed out nor retried.
+
+    Returns a ClaimResult; with no job, `reasons` holds refusal codes (`heartbeat_stale`,
+    `no_matching_role`, gate codes), empty when nothing is runnable at all.
+    """
+    if claim_id is not None:
+        row = conn.execute(SQL_LEASE_BY_CLAIM_ID, (worker_id, claim_id, now)).fetchone()
+        if row is not None:
+            return _claimed(conn, row[0], LeaseGrant(token=row[1], expires_at=row[2],
+                                                     lease_s=row[3]))
+    worker = conn.execute(SQL_WORKER, (worker_id,)).fetchone()
+    if worker is None:
+        return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
+                           detail=f"worker {worker_id} never sent a heartbeat")
+    age = now - worker[2]
+    if age > policy.heartbeat_stale_s:
+        return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
+                           detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
+    roles_json, readings = worker[0], lenient_json(worker[1], {})
+    aging_s = policy.aging_interval_s
+    reasons: dict[str, str] = {}
+    best: tuple[int, float, str] | None = None
+    for prio in (0, 1, 2, 3):
+        oldest = math.inf
+        if best is not None:
+            if aging_s <= 0 and best[0] <= prio:
+                break  # strict priority: nothing at this level or later can beat the best
+            # a job here reaches effective priority best[0] only after (prio - best) steps
+            oldest = now - (prio - best[0]) * aging_s + 1e-6  # the slack: float rounding
+        base = policy.policies[prio]
+        base_refusals = gates.evaluate(base, readings)
+        for job_id, queued_at, gates_json in conn.execute(
+                SQL_CANDIDATES, (prio, oldest, now, roles_json, CLAIM_SCAN)).fetchall():
+            refusals = base_refusals
+            if gates_json is not None:
+                try:
+                    refusals = gates.evaluate(gates.merge(base, json_decode(gates_json)),
+                                              readings)
+                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                    _dead_letter(conn, now, job_id, worker_id, "waiting", 1,
+                                 gates.GATES_DECODE_ERROR, str(exc))
+                    continue
+            if refusals:
+                for code, detail in refusals:
+                    reasons.setdefault(code, detail)
+                continue
+            eff = effective_priority(prio, queued_at, now, aging_s)
+            if best is None or (eff, queued_at) < (best[0], best[1]):
+                best = (eff, queued_at, job_id)
+            break
+    if best is None:
+        if not reasons and conn.execute(SQL_ANY_RUNNABLE, (now,)).fetchone() is not None:
+            reasons[gates.NO_MATCHING_ROLE] = "no runnable job needs one of this worker's roles"
+        return ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
+    job_id = best[2]
+    row = conn.execute(SQL_TAKE, (now, job_id)).fetchone()
+    kind, role, prio, payload_json, attempts, checkpoint_json, max_runtime_s, token = row
+    try:
+        payload = json_decode(payload_json)
+    except msgspec.DecodeError as exc:
+        _dead_letter(conn, now, job_id, worker_id, "running", 0, gates.PAYLOAD_DECODE_ERROR,
+                     str(exc))
+        return None  # the claim goes on to the next candidate
+    try:
+        checkpoint_value = maybe_json(checkpoint_json)
+    except msgspec.DecodeError as exc:
+        _dead_letter(conn, now, job_id, worker_id, "running", 0,
+                     gates.CHECKPOINT_DECODE_ERROR, str(exc))
+        return None
+    conn.execute(SQL_INSERT_LEASE, (job_id, worker_id, token, claim_id, now, now + lease_s,
+                                    lease_s))
+    event(conn, job_id, now, worker_id, "waiting", "running", f"claimed (token {token})")
+    return ClaimResult(
+        job=ClaimedJob(job_id=job_id, kind=kind, required_role=role, priority=prio,
+                       payload=payload, attempts=attempts, checkpoint=checkpoint_value,
+                       max_runtime_s=max_runtime_s),
+        lease=LeaseGrant(token=token, expires_at=now + lease_s, lease_s=lease_s),
+    )
+
+
+def _dead_letter(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
+                 from_status: str, count_attempt: int, code: str, detail: str) -> None:
+    """End a job `failed` because its stored data does not decode (terminal: no retry)."""
+    conn.execute(SQL_DEAD_LETTER, (count_attempt, now, now, f"{code}: {detail}", job_id))
+    event(conn, job_id, now, worker_id, from_status, "failed", code)
+
+
+def _claimed(conn: sqlite3.Connection, job_id: str, lease: LeaseGrant) -> ClaimResult:
+    row = conn.execute(SQL_CLAIMED_JOB, (job_id,)).fetchone()
+    return ClaimResult(
+        job=ClaimedJob(job_id=job_id, kind=row[0], required_role=row[1], priority=row[2],
+                       payload=json_decode(row[3]), attempts=row[4],
+                       checkpoint=maybe_json(row[5]), max_runtime_s=row[6]),
+        lease=lease,
+    )
+
+
+class _Held(msgspec.Struct):
+    status: str
+    cancel_requested: bool
+    max_runtime_s: float | None
+    attempts: int
+    max_attempts: int
+    granted_at: float
+
+
+def _check_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
+                 token: int) -> _Held:
+    """Fence a lease-holder call: the lease must be the job's current one and unexpired.
+
+    Raises:
+        errors.NotFound: no such job.
+        errors.AlreadyCompleted: the job succeeded under this very lease (a resend after a
+            lost reply: the stored result stands; treat as success).
+        errors.LeaseLost: the presented lease is not the job's current lease (including a
+            superseded lease of a job that later succeeded under another one).
+        errors.LeaseExpired: it is, but `now >= expires_at` (whether or not reaped yet).
+    """
+    row = conn.execute(SQL_JOB_FOR_LEASE, (job_id,)).fetchone()
+    if row is None:
+        raise errors.NotFound(f"job {job_id} not found")
+    (status, cancel, max_runtime_s, attempts, max_attempts, last_token, l_worker, l_token,
+     granted, expires) = row
+    if l_worker != worker_id or l_token != token:
+        if status == "succeeded" and token == last_token:
+            raise errors.AlreadyCompleted(f"job {job_id} already succeeded")
+        raise errors.LeaseLost(f"job {job_id}: lease token {token} of {worker_id} is not current "
+                               f"(job is {status})")
+    if now >= expires:
+        raise errors.LeaseExpired(f"job {job_id}: lease expired at {expires:.3f} (now {now:.3f})")
+    return _Held(status, bool(cancel), max_runtime_s, attempts, max_attempts, granted)
+
+
+def renew(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
+          lease_s: float) -> RenewResult:
+    """Extend the caller's lease to `now + lease_s`.
+
+    Raises:
+        errors.LeaseLost: as `_check_lease`, or the job ran past its `max_runtime_s`.
+        errors.LeaseExpired, errors.NotFound, errors.AlreadyCompleted: as `_check_lease`.
+    """
+    held = _check_lease(conn, now, job_id, worker_id, token)
+    if held.max_runtime_s is not None and now > held.granted_at + held.max_runtime_s:
+        raise errors.LeaseLost(f"job {job_id}: max runtime {held.max_runtime_s:g}s exceeded")
+    conn.execute(SQL_RENEW, (now + lease_s, lease_s, job_id))
+    return RenewResult(expires_at=now + lease_s, lease_s=lease_s,
+                       cancel_requested=held.cancel_requested)
+
+
+def checkpoint(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
+               checkpoint_json: str) -> None:
+    """Store the job's latest checkpoint (fenced like `renew`)."""
+    _check_lease(conn, now, job_id, worker_id, token)
+    conn.execute(SQL_CHECKPOINT, (checkpoint_json, now, job_id))
+
+
+def complete(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
+             result_json: str | None, artifact: ArtifactRef | None) -> CompleteResult:
+    """Store the result and end the job `succeeded`; a job whose cancel was requested ends
+    `cancelled` instead and the result is dropped. Fenced like `renew`."""
+    held = _check_lease(conn, now, job_id, worker_id, token)
+    conn.execute(SQL_DELETE_LEASE, (job_id,))
+    if held.cancel_requested:
+        conn.execute(SQL_TO_TERMINAL, ("cancelled", "cancelled before completion", now, now,
+                                       job_id))
+        event(conn, job_id, now, worker_id, "running", "cancelled", "cancel requested; result dropped")
+        return CompleteResult(status="cancelled")
+    if artifact is not None:
+        conn.execute(SQL_INSERT_ARTIFACT, (artifact.sha256, artifact.path, artifact.size, now))
+    conn.execute(SQL_SUCCEED, (result_json, artifact.sha256 if artifact else None, now, now,
+                               job_id))
+    event(conn, job_id, now, worker_id, "running", "succeeded", None)
+    return CompleteResult(status="succeeded")
+
+
+def fail(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
+         error: str, retryable: bool, backoff: Callable[[int], float]) -> StatusResult:
+    """Record a failure: back to waiting after `backoff(attempts)` seconds if retryable and
+    attempts remain, else `failed` (dead letter); `cancelled` if a cancel was requested."""
+    held = _check_lease(conn, now, job_id, worker_id, token)
+    conn.execute(SQL_DELETE_LEASE, (job_id,))
+    if held.cancel_requested:
+        conn.execute(SQL_TO_TERMINAL, ("cancelled", error, now, now, job_id))
+        event(conn, job_id, now, worker_id, "running", "cancelled", error)
+        return StatusResult(status="cancelled")
+    if not retryable or held.attempts >= held.max_attempts:
+        why = (f"permanent: {error}" if not retryable
+               else f"attempts exhausted (last: {error})")
+        conn.execute(SQL_TO_TERMINAL, ("failed", why, now, now, job_id))
+        event(conn, job_id, now, worker_id, "running", "failed", why)
+        return StatusResult(status="failed")
+    run_at = now + backoff(held.attempts)
+    conn.execute(SQL_TO_WAITING, (error, run_at, now, now, job_id))
+    event(conn, job_id, now, worker_id, "running", "waiting",
+           f"retryable: {error}; backoff until {run_at:.3f}")
+    return StatusResult(status="waiting", run_at=run_at)
+
+
+def backoff_delay(attempts: int, base_s: float, cap_s: float, jitter: float, u: float) -> float:
+    """Retry delay in seconds: min(cap, base * 2**(attempts-1)) * (1 + u * jitter), u in [0, 1).
+
+    The jitter only adds, so a retry never comes sooner than the un-jittered delay.
+    """
+    exp = min(cap_s, base_s * math.pow(2.0, min(max(0, attempts - 1), 62)))  # no overflow
+    return exp * (1.0 + u * jitter)
+

@@ -1,0 +1,85 @@
+"""The read side: stored rows -> the view Structs of `get_job`, `list_jobs`, `workers`.
+
+Runs on the read-only connection. Stored JSON that does not decode is shown as
+`{"undecodable": ...}` (or an empty default), never raised: a damaged row must not
+hide the others.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from coordd import errors
+from coordd.leases import effective_priority
+from coordd.protocol import ArtifactRef, EventView, JobView, LeaseView
+from coordd.store import (
+    SQL_COUNT_JOBS, SQL_EVENTS, SQL_GET_JOB, SQL_LIST_JOBS, SQL_PRUNABLE, SQL_WORKERS,
+    lenient_json,
+)
+
+
+def _job_view(row: sqlite3.Row | tuple, now: float, aging_s: float,
+              events: list[EventView] | None = None) -> JobView:
+    (job_id, kind, role, prio, status, attempts, max_attempts, run_at, queued_at, created_at,
+     updated_at, finished_at, payload_json, result_json, last_error, checkpoint_json, cancel,
+     key, max_runtime_s, gates_json, a_sha, a_size, a_path, l_worker, l_token, l_granted,
+     l_expires, l_lease_s) = row
+    return JobView(
+        job_id=job_id, kind=kind, required_role=role, priority=prio,
+        effective_priority=(effective_priority(prio, queued_at, now, aging_s)
+                            if status == "waiting" else prio),
+        status=status, attempts=attempts, max_attempts=max_attempts, run_at=run_at,
+        created_at=created_at, updated_at=updated_at, age_s=max(0.0, now - created_at),
+        payload=lenient_json(payload_json), result=lenient_json(result_json),
+        artifact=ArtifactRef(sha256=a_sha, size=a_size, path=a_path) if a_sha else None,
+        last_error=last_error, checkpoint=lenient_json(checkpoint_json),
+        cancel_requested=bool(cancel), idempotency_key=key, max_runtime_s=max_runtime_s,
+        finished_at=finished_at,
+        lease=(LeaseView(worker_id=l_worker, token=l_token, granted_at=l_granted,
+                         expires_at=l_expires, lease_s=l_lease_s) if l_worker else None),
+        events=events or [],
+        gates=lenient_json(gates_json),
+    )
+
+
+def get_job(conn: sqlite3.Connection, now: float, job_id: str, aging_s: float) -> JobView:
+    """Return one job with its lease and event log.
+
+    Raises:
+        errors.NotFound: no such job.
+    """
+    row = conn.execute(SQL_GET_JOB, (job_id,)).fetchone()
+    if row is None:
+        raise errors.NotFound(f"job {job_id} not found")
+    events = [EventView(at=r[0], from_status=r[1], to_status=r[2], worker_id=r[3], reason=r[4])
+              for r in conn.execute(SQL_EVENTS, (job_id,))]
+    return _job_view(row, now, aging_s, events)
+
+
+def list_jobs(conn: sqlite3.Connection, now: float, *, status: str | None, kind: str | None,
+              role: str | None, priority: int | None, limit: int, after: str | None,
+              aging_s: float) -> list[JobView]:
+    """Return up to `limit` jobs matching every given filter, in enqueue order after `after`."""
+    rows = conn.execute(SQL_LIST_JOBS, (status, kind, role, priority, after, limit)).fetchall()
+    return [_job_view(r, now, aging_s) for r in rows]
+
+
+def list_workers(conn: sqlite3.Connection) -> list[tuple[str, list[str], dict[str, Any], float, int]]:
+    """Return (worker_id, roles, readings, heartbeat_at, active_leases) for every worker."""
+    out = []
+    for worker_id, roles_json, hb_json, hb_at, n in conn.execute(SQL_WORKERS):
+        out.append((worker_id, lenient_json(roles_json, []), lenient_json(hb_json, {}),
+                    hb_at, n))
+    return out
+
+
+def count_jobs(conn: sqlite3.Connection) -> int:
+    """Count every job (a backup copy's check)."""
+    return conn.execute(SQL_COUNT_JOBS).fetchone()[0]
+
+
+def prunable(conn: sqlite3.Connection, cutoff: float) -> int:
+    """Count terminal jobs finished before `cutoff` (what `prune` would delete)."""
+    return conn.execute(SQL_PRUNABLE, (cutoff,)).fetchone()[0]
+

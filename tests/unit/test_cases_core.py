@@ -1,0 +1,698 @@
+"""The failure cases of shared/cases/CASES.md that coordd's core must hold, one test per
+case id, on a pinned clock (FakeClock; no sleeps make time pass)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+
+import msgspec
+import pytest
+
+from coordd import errors, leases, store
+from coordd.protocol import (
+    ADMIN_METHODS, PARAMS, Complete, Empty, Enqueue, Fail, JobId, ListJobs, Renew,
+)
+from coordd.reaper import Reaper
+from coordd.service import fmt_time
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+async def _complete(b, job_id: str, worker: str, token: int, result):
+    return await b.coord.complete(Complete(job_id=job_id, worker_id=worker, token=token,
+                                           result=result))
+
+
+async def _renew(b, job_id: str, worker: str, token: int, lease_s: float = 30.0):
+    return await b.coord.renew(Renew(job_id=job_id, worker_id=worker, token=token,
+                                     lease_s=lease_s))
+
+
+async def _fail(b, job_id: str, worker: str, token: int, error: str, **kw):
+    return await b.coord.fail(Fail(job_id=job_id, worker_id=worker, token=token, error=error,
+                                   **kw))
+
+
+async def _job(b, job_id: str):
+    return await b.coord.get_job(JobId(job_id=job_id))
+
+
+def _db(b) -> sqlite3.Connection:
+    return sqlite3.connect(b.db_path)
+
+
+# ---------------------------------------------------------------- B01
+
+
+async def test_b01_claim_runs_inside_one_begin_immediate(bundle):
+    """The candidate SELECT, the status UPDATE and the lease INSERT run inside one BEGIN
+    IMMEDIATE on a connection in autocommit mode (isolation_level=None), so Python's
+    sqlite3 never opens or commits an implicit transaction in between."""
+    db = bundle.coord.writer._db
+    assert db.isolation_level is None and db._conn.isolation_level is None
+    await bundle.worker("w1")
+    job = await bundle.enqueue()
+    stmts: list[str] = []
+    await db._execute(db._conn.set_trace_callback, stmts.append)
+    try:
+        got = await bundle.claim("w1")
+    finally:
+        await db._execute(db._conn.set_trace_callback, None)
+    assert got.job.job_id == job
+    heads = [" ".join(s.split()[:2]).upper() for s in stmts]
+    assert heads.count("BEGIN IMMEDIATE") == 1 and heads.count("COMMIT") == 1
+    begin, commit = heads.index("BEGIN IMMEDIATE"), heads.index("COMMIT")
+    inside = stmts[begin + 1:commit]
+    assert any("INDEXED BY jobs_claim" in s for s in inside)
+    assert any(s.startswith("UPDATE jobs SET status = 'running'") for s in inside)
+    assert any(s.startswith("INSERT INTO leases") for s in inside)
+    assert not any(h.startswith(("BEGIN", "COMMIT", "END", "ROLLBACK"))
+                   for h in heads[:begin] + heads[begin + 1:commit])
+
+
+# ---------------------------------------------------------------- B04
+
+
+async def test_b04_late_complete_rejected(bundle):
+    await bundle.worker("w1")
+    job = await bundle.enqueue(priority=3)
+    c1 = await bundle.claim("w1", lease_s=30)                      # t=0
+    bundle.clock.advance(31)                                        # W1 frozen
+    assert (await bundle.coord.reap()).reaped == 1
+    bundle.clock.advance(1)                                         # t=32
+    await bundle.worker("w2")
+    c2 = await bundle.claim("w2", lease_s=30)
+    assert c2.job.job_id == job and c2.lease.token > c1.lease.token
+    bundle.clock.advance(3)                                         # t=35: W1 resumes
+    with pytest.raises(errors.LeaseLost):
+        await _renew(bundle, job, "w1", c1.lease.token)
+    with pytest.raises((errors.LeaseLost, errors.LeaseExpired)):
+        await _complete(bundle, job, "w1", c1.lease.token, {"r": "r1"})
+    bundle.clock.advance(5)                                         # t=40
+    await _complete(bundle, job, "w2", c2.lease.token, {"r": "r2"})
+    view = await _job(bundle, job)
+    assert view.status == "succeeded" and view.result == {"r": "r2"} and view.attempts == 2
+    with pytest.raises(errors.LeaseLost):  # a superseded lease never hears "already_completed"
+        await _complete(bundle, job, "w1", c1.lease.token, {"r": "r1"})
+    with _db(bundle) as conn:
+        hits = conn.execute("SELECT (SELECT count(*) FROM jobs WHERE result_json LIKE '%r1%') "
+                            "+ (SELECT count(*) FROM job_events WHERE reason LIKE '%r1%')")
+        assert hits.fetchone()[0] == 0
+
+
+# ---------------------------------------------------------------- B05
+
+
+async def _b05(bundle, *, renew_fault_at: float | None = None,
+               stop_at: float | None = None) -> tuple[str, float | None]:
+    """A 100 s job on a 30 s lease renewed every 10 s, reaper every 5 s. Returns the job
+    and the time it was reaped (None if never)."""
+    await bundle.worker("w1")
+    job = await bundle.enqueue()
+    t0 = bundle.clock.wall()
+    c = await bundle.claim("w1", lease_s=30)
+    token, reaped_at = c.lease.token, None
+    for step in range(1, 21):  # t = 5 .. 100
+        bundle.clock.advance(5)
+        t = step * 5
+        stopped = stop_at is not None and t > stop_at
+        if not stopped and t % 10 == 0 and t < 100:
+            if t == renew_fault_at:
+                with pytest.raises(errors.Overloaded):
+                    await _renew(bundle, job, "w1", token)
+                bundle.clock.advance(2)           # the supervisor retries before expiry
+                await _renew(bundle, job, "w1", token)
+            else:
+                await _renew(bundle, job, "w1", token)
+        if (await bundle.coord.reap()).reaped:
+            reaped_at = bundle.clock.wall() - t0
+            break
+        if t == 100 and not stopped:
+            await _complete(bundle, job, "w1", token, {"done": True})
+    return job, reaped_at
+
+
+async def test_b05_renewed_long_job_never_reaped(bundle):
+    job, reaped_at = await _b05(bundle)
+    view = await _job(bundle, job)
+    assert reaped_at is None
+    assert view.status == "succeeded" and view.attempts == 1
+
+
+async def test_b05_transient_renew_failure_retried_keeps_lease(bundle, monkeypatch):
+    real, faults = leases.renew, []
+    t_fault = bundle.clock.wall() + 20
+
+    def flaky(conn, now, *args):
+        if now == t_fault and not faults:
+            faults.append(now)
+            raise errors.Overloaded("injected transient error")
+        return real(conn, now, *args)
+    monkeypatch.setattr(leases, "renew", flaky)
+    job, reaped_at = await _b05(bundle, renew_fault_at=20)
+    assert len(faults) == 1
+    view = await _job(bundle, job)
+    assert reaped_at is None
+    assert view.status == "succeeded" and view.attempts == 1
+    assert [e.to_status for e in view.events] == ["waiting", "running", "succeeded"]
+
+
+async def test_b05_stopped_holder_requeued_only_after_last_renewal_expired(bundle):
+    job, reaped_at = await _b05(bundle, stop_at=40)  # last renewal at t=40
+    assert reaped_at == 70  # 40 + 30: not a moment earlier, and at the first reap after
+    view = await _job(bundle, job)
+    assert view.status == "waiting" and view.attempts == 1
+
+
+# ---------------------------------------------------------------- B08
+
+
+async def test_b08_lost_complete_reply_resend_gets_already_completed(bundle):
+    await bundle.worker("w1")
+    job = await bundle.enqueue()
+    c = await bundle.claim("w1", lease_s=30)
+    bundle.clock.advance(10)
+    lost = asyncio.create_task(_complete(bundle, job, "w1", c.lease.token, {"r": "r1"}))
+    await asyncio.sleep(0)  # the request is queued to the writer ...
+    lost.cancel()           # ... and the caller goes away before the reply
+    bundle.clock.advance(1)                                           # t=11: resend
+    with pytest.raises(errors.AlreadyCompleted):
+        await _complete(bundle, job, "w1", c.lease.token, {"r": "r1"})
+    bundle.clock.advance(1)                                           # t=12
+    with pytest.raises(errors.AlreadyCompleted):
+        await _complete(bundle, job, "w1", c.lease.token, {"r": "r2"})
+    await bundle.worker("w2")
+    with pytest.raises(errors.LeaseLost):
+        await _complete(bundle, job, "w2", c.lease.token + 1, {"r": "r2"})
+    bundle.clock.advance(1)                                           # t=13
+    with pytest.raises(errors.AlreadyCompleted):
+        await _fail(bundle, job, "w1", c.lease.token, "transient", retryable=True)
+    view = await _job(bundle, job)
+    assert view.status == "succeeded" and view.result == {"r": "r1"} and view.attempts == 1
+    assert errors.AlreadyCompleted.code not in (errors.LeaseExpired.code, errors.LeaseLost.code)
+
+
+# ---------------------------------------------------------------- B11
+
+
+async def test_b11_lease_expiries_count_against_max_attempts(bundle):
+    job = await bundle.enqueue(max_attempts=3)
+    for attempt in (1, 2, 3):
+        await bundle.worker("w1")
+        c = await bundle.claim("w1", lease_s=30)
+        assert c.job.job_id == job and c.job.attempts == attempt  # counted at claim
+        bundle.clock.advance(2)           # the supervisor is killed -9 (OOM)
+        bundle.clock.advance(29)          # the lease runs out; the reaper runs
+        assert (await bundle.coord.reap()).reaped == 1
+    view = await _job(bundle, job)
+    assert view.status == "failed" and view.attempts == 3
+    assert view.last_error == "attempts exhausted (last: lease_expired)"
+    for _ in range(3):
+        bundle.clock.advance(3600)
+        await bundle.worker("w1")
+        assert (await bundle.claim("w1")).job is None
+    assert sum(e.to_status == "running" for e in view.events) == 3
+
+
+# ---------------------------------------------------------------- B13
+
+
+async def test_b13_permanent_fails_at_once_transient_backs_off_and_is_bounded(make_bundle):
+    b = await make_bundle(backoff_jitter=0.0)
+    base = b.coord.config.backoff_base_s
+    await b.worker("w1")
+    a = await b.enqueue(max_attempts=5)
+    c = await b.claim("w1")
+    res = await _fail(b, a, "w1", c.lease.token, "404 Not Found (signed URL expired)",
+                      retryable=False)
+    view = await _job(b, a)
+    assert res.status == "failed" and res.run_at is None
+    assert view.attempts == 1 and view.last_error.startswith("permanent: 404")
+
+    job_b = await b.enqueue(max_attempts=5)
+    for attempt in range(1, 6):
+        await b.worker("w1")
+        c = await b.claim("w1")
+        assert c.job.job_id == job_b and c.job.attempts == attempt
+        now = b.clock.wall()
+        res = await _fail(b, job_b, "w1", c.lease.token, "503 upstream", retryable=True)
+        if attempt < 5:
+            assert res.status == "waiting"
+            assert res.run_at >= now + base * 2 ** (attempt - 1)
+            assert (await b.claim("w1")).job is None  # not before its backoff
+            b.clock.set(res.run_at)
+    assert res.status == "failed"
+    assert (await _job(b, job_b)).last_error == "attempts exhausted (last: 503 upstream)"
+
+    job_c = await b.enqueue()  # the default budget (max_attempts_default)
+    statuses = []
+    for _ in range(10):
+        await b.worker("w1")
+        c = await b.claim("w1")
+        if c.job is None:
+            break
+        res = await b.coord.fail(Fail(job_id=job_c, worker_id="w1", token=c.lease.token,
+                                      error="something odd"))  # unclassified: retryable
+        statuses.append(res.status)
+        if res.run_at:
+            b.clock.set(res.run_at)
+    assert statuses == ["waiting"] * (b.coord.config.max_attempts_default - 1) + ["failed"]
+
+
+# ---------------------------------------------------------------- B14
+
+
+async def test_b14_huge_error_truncated_transition_atomic(bundle):
+    await bundle.worker("w1")
+    job = await bundle.enqueue(max_attempts=3)
+    huge = "E" * (50 * MiB)
+    claims, t_end = 0, bundle.clock.wall() + 300
+    while bundle.clock.wall() < t_end:
+        await bundle.worker("w1")
+        c = await bundle.claim("w1")
+        if c.job is not None:
+            claims += 1
+            res = await _fail(bundle, job, "w1", c.lease.token, huge, retryable=True)
+            view = await _job(bundle, job)
+            assert view.attempts == claims and view.lease is None
+            assert len(view.last_error) < bundle.coord.config.max_error_chars + 100
+            if res.status == "waiting":
+                bundle.clock.set(res.run_at - 0.5)
+                await bundle.worker("w1")
+                assert (await bundle.claim("w1")).job is None  # not before its backoff
+        bundle.clock.advance(1)
+    assert claims == 3
+    assert (await _job(bundle, job)).status == "failed"
+
+
+async def test_b14_unstorable_error_text_is_sanitized(bundle):
+    await bundle.worker("w1")
+    job = await bundle.enqueue(max_attempts=3)
+    c = await bundle.claim("w1")
+    res = await _fail(bundle, job, "w1", c.lease.token, "bad \ud800 bytes \x00 here")
+    assert res.status == "waiting"
+    view = await _job(bundle, job)
+    assert "\\ud800" in view.last_error and view.attempts == 1
+
+
+async def test_b14_failure_path_error_leaves_lease_and_job_follows_expiry(bundle, monkeypatch):
+    await bundle.worker("w1")
+    job = await bundle.enqueue(max_attempts=3)
+    c = await bundle.claim("w1", lease_s=30)
+
+    def broken(*a, **kw):
+        raise RuntimeError("the failure path itself breaks")
+    monkeypatch.setattr(leases, "backoff_delay", broken)
+    with pytest.raises(errors.CoordError) as exc:
+        await _fail(bundle, job, "w1", c.lease.token, "transient")
+    assert exc.value.code == "internal"
+    view = await _job(bundle, job)  # all or nothing: the lease is as it was
+    assert view.status == "running" and view.lease.token == c.lease.token
+    assert view.attempts == 1 and view.last_error is None
+    bundle.clock.advance(30)
+    assert (await bundle.coord.reap()).reaped == 1
+    assert (await _job(bundle, job)).attempts == 1
+    monkeypatch.undo()
+    assert leases.backoff_delay(5000, 5.0, 600.0, 0.25, 0.5) == 600.0 * 1.125  # no overflow
+
+
+# ---------------------------------------------------------------- B31
+
+
+async def _starve(b, limit_s: float) -> float | None:
+    """One worker; L (P3) at t=0; a producer adds a P0 job of 5 s every 4 s. Return when
+    L was claimed (seconds after t=0), or None within `limit_s`."""
+    t0 = b.clock.wall()
+    await b.worker("w1")
+    low = await b.enqueue(priority=3, kind="idle_learning")
+    next_job, busy_until, held = 0.0, 0.0, None
+    while b.clock.wall() - t0 < limit_s:
+        t = b.clock.wall() - t0
+        if t >= next_job:
+            await b.enqueue(priority=0, kind="user_request")
+            next_job += 4
+        if held is not None and t >= busy_until:
+            await _complete(b, held[0], "w1", held[1], {"ok": 1})
+            held = None
+        if held is None:
+            await b.worker("w1")
+            c = await b.claim("w1", lease_s=60)
+            if c.job is not None:
+                if c.job.job_id == low:
+                    return t
+                held, busy_until = (c.job.job_id, c.lease.token), t + 5
+        b.clock.advance(1)
+    return None
+
+
+async def test_b31_aging_bounds_the_wait_of_low_priority_work(make_bundle):
+    aged = await make_bundle(aging_interval_s=60)
+    waited = await _starve(aged, 1800)
+    assert waited is not None and waited <= 600
+    strict = await make_bundle()  # aging is off by default: strict priority
+    assert strict.coord.config.aging_interval_s == 0
+    assert await _starve(strict, 600) is None
+
+
+async def test_b31_equal_effective_priorities_go_fifo_and_list_shows_them(make_bundle):
+    b = await make_bundle(aging_interval_s=60)
+    await b.worker("w1")
+    old_p1 = await b.enqueue(priority=1)
+    b.clock.advance(60)
+    new_p0 = await b.enqueue(priority=0)
+    b.clock.advance(10)  # old_p1 aged one step: effective P0, and older than new_p0
+    listed = {j.job_id: j for j in (await b.coord.list_jobs(ListJobs())).jobs}
+    assert listed[old_p1].effective_priority == 0 and listed[old_p1].age_s == 70
+    assert listed[new_p0].effective_priority == 0 and listed[new_p0].age_s == 10
+    await b.worker("w1")
+    assert (await b.claim("w1")).job.job_id == old_p1
+    assert (await b.claim("w1")).job.job_id == new_p0
+
+
+# ---------------------------------------------------------------- B32
+
+
+async def test_b32_reaped_job_goes_to_the_back_of_its_priority(bundle):
+    p = await bundle.enqueue(priority=1, max_attempts=3)
+    bundle.clock.advance(1)
+    ns = [await bundle.enqueue(priority=1) for _ in range(5)]
+    order, expiries = [], []
+    while True:
+        await bundle.worker("w1")
+        c = await bundle.claim("w1", lease_s=30)
+        if c.job is None:
+            break
+        order.append(c.job.job_id)
+        if c.job.job_id == p:  # P hangs until its lease expires
+            bundle.clock.advance(30)
+            expiries.append(bundle.clock.wall())
+            assert (await bundle.coord.reap()).reaped == 1
+        else:
+            bundle.clock.advance(5)
+            await _complete(bundle, c.job.job_id, "w1", c.lease.token, {"ok": 1})
+    assert order == [p, *ns, p, p]
+    view = await _job(bundle, p)
+    assert view.status == "failed" and view.attempts == 3
+    finished = [(await _job(bundle, n)).finished_at for n in ns]
+    assert max(finished) < expiries[-1]
+
+
+# ---------------------------------------------------------------- B34
+
+
+async def test_b34_expiry_decided_by_coordds_clock_only(bundle, monkeypatch):
+    await bundle.worker("w1")
+    job = await bundle.enqueue()
+    c = await bundle.claim("w1", lease_s=30)                       # t=0 (daemon clock)
+    bundle.clock.advance(5)
+    fast = bundle.clock.wall() + 600                               # a CLI 10 min fast
+    reap_params = msgspec.msgpack.decode(msgspec.msgpack.encode({"now": fast}),
+                                         type=PARAMS["reap"])
+    assert reap_params == Empty()  # no time travels with `reap`: coordd's clock decides
+    assert (await bundle.coord.reap(reap_params)).reaped == 0
+    bundle.clock.advance(1)                                        # t=6: W2, 10 min fast
+    await bundle.worker("w2", now=fast, sent_at=fast)
+    claim_params = msgspec.msgpack.decode(
+        msgspec.msgpack.encode({"worker_id": "w2", "lease_s": 30, "now": fast}),
+        type=PARAMS["claim"])
+    assert (await bundle.coord.claim(claim_params)).job is None
+    view = await _job(bundle, job)
+    assert view.status == "running" and view.lease.worker_id == "w1"
+    with _db(bundle) as conn:
+        kind, expires = conn.execute("SELECT typeof(expires_at), expires_at FROM leases "
+                                     "WHERE job_id = ?", (job,)).fetchone()
+    assert kind == "real" and expires == c.lease.expires_at == bundle.clock.wall() - 6 + 30
+    for tz in ("America/New_York", "Australia/Lord_Howe", "UTC"):  # other zones, DST rules
+        monkeypatch.setenv("TZ", tz)
+        time.tzset()
+        assert (await bundle.coord.reap()).reaped == 0
+        assert fmt_time(expires).endswith("Z")
+    monkeypatch.undo()
+    time.tzset()
+    bundle.clock.advance(24)                                       # t=30: now it expires
+    assert (await bundle.coord.reap()).reaped == 1
+
+
+# ---------------------------------------------------------------- B35
+
+
+async def test_b35_suspend_resume_jump_keeps_live_lease_and_no_busy_loop(bundle):
+    await bundle.worker("w1")
+    job = await bundle.enqueue()
+    c = await bundle.claim("w1", lease_s=30)                       # t=0
+    reaps: list[int] = []
+    reaped = asyncio.Event()
+    real_reap = bundle.coord.reap
+
+    async def counting_reap(p=None):
+        res = await real_reap(p)
+        reaps.append(res.reaped)
+        reaped.set()
+        return res
+
+    async def rounds(n: int) -> None:
+        while len(reaps) < n:
+            reaped.clear()
+            await asyncio.wait_for(reaped.wait(), 10)
+
+    bundle.coord.reap = counting_reap
+    reaper = Reaper(bundle.coord, bundle.clock, interval=5, prune_interval=3600)
+    await reaper.prune_if_due()  # the first prune now, so the loop's rounds only reap
+    stop = asyncio.Event()
+    task = asyncio.create_task(reaper.run(stop))
+    try:
+        await asyncio.sleep(0)                                     # the loop waits
+        bundle.clock.advance(5)                                    # t=5: a first round
+        await rounds(1)
+        bundle.clock.jump_wall(7200)      # suspended 2 h: wall jumps, monotonic frozen
+        for _ in range(200):
+            await asyncio.sleep(0)
+        assert len(reaps) == 1            # the wall jump did not wake the loop: no spin
+        bundle.clock.advance(5)           # resumed; the next round comes due
+        await rounds(2)
+        assert reaps == [0, 0]            # the jump was seen first: A is not reaped
+        bundle.clock.advance(3)           # W1's first renewal after resume (within 10 s)
+        r = await _renew(bundle, job, "w1", c.lease.token)
+        assert r.expires_at == bundle.clock.wall() + 30
+        bundle.clock.advance(2)
+        await rounds(3)
+    finally:
+        stop.set()
+        await task
+    await _complete(bundle, job, "w1", c.lease.token, {"ran": "once"})
+    view = await _job(bundle, job)
+    assert view.status == "succeeded" and view.attempts == 1 and sum(reaps) == 0
+
+
+async def test_b35_jump_grants_a_whole_lease_but_not_to_expired_leases(bundle):
+    await bundle.worker("w1")
+    dead = await bundle.enqueue()
+    late = await bundle.enqueue()
+    assert (await bundle.claim("w1", lease_s=10)).job.job_id == dead
+    c_late = await bundle.claim("w1", lease_s=30)
+    bundle.clock.advance(29)          # `late` has 1 s left; `dead` expired 19 s ago
+    await bundle.worker("w1")         # coordd's last look at its clocks before suspend
+    bundle.clock.jump_wall(7200)
+    bundle.clock.advance(9)           # the holder's first renewal, 9 s after resume
+    r = await _renew(bundle, late, "w1", c_late.lease.token)
+    assert r.expires_at == bundle.clock.wall() + 30
+    assert (await bundle.coord.reap()).reaped == 1
+    assert (await _job(bundle, dead)).status == "waiting"
+    assert (await _job(bundle, late)).status == "running"
+
+
+# ---------------------------------------------------------------- B37
+
+
+async def test_b37_payload_cap_and_prune_shrink_the_file(make_bundle):
+    b = await make_bundle(retention_s=3600.0)
+    with pytest.raises(errors.PayloadTooLarge):
+        await b.enqueue(payload={"blob": "x" * (2 * MiB)})
+    st = await b.coord.status()
+    assert sum(st.jobs.values()) == 0
+    with _db(b) as conn:
+        assert conn.execute("SELECT (SELECT count(*) FROM jobs) + "
+                            "(SELECT count(*) FROM job_events)").fetchone()[0] == 0
+        assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
+    await b.coord.writer.checkpoint()
+    baseline = os.stat(b.db_path).st_size
+    n = 60
+    await b.worker("w1")
+    ids = []
+    for i in range(n):
+        ids.append(await b.enqueue(payload={"i": i, "blob": "p" * (100 * KiB)}))
+    for _ in range(n):
+        c = await b.claim("w1")
+        await _complete(b, c.job.job_id, "w1", c.lease.token, {"blob": "r" * (100 * KiB)})
+    await b.coord.writer.checkpoint()
+    assert os.stat(b.db_path).st_size > 10 * baseline
+    assert (await b.coord.status()).prunable == 0
+    b.clock.advance(3601)
+    keep = await b.enqueue()  # not terminal: never pruned
+    st = await b.coord.status()
+    assert st.prunable == n and st.db_bytes > 10 * baseline
+    res = await b.coord.prune(now=b.clock.wall())
+    assert res.pruned == n
+    assert os.stat(b.db_path).st_size < 2 * baseline
+    st = await b.coord.status()
+    assert st.prunable == 0 and st.jobs["succeeded"] == 0 and st.jobs["waiting"] == 1
+    with _db(b) as conn:
+        left = conn.execute("SELECT count(*) FROM job_events WHERE job_id != ?",
+                            (keep,)).fetchone()[0]
+    assert left == 0
+
+
+async def test_b37_candidate_selection_never_reads_the_payload(bundle):
+    with _db(bundle) as conn:
+        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + store.SQL_CANDIDATES,
+                                           (2, 1e18, 1e18, '["cpu"]', 16))]
+    assert any("USING COVERING INDEX jobs_claim" in p for p in plan), plan
+    assert "payload" not in store.SQL_CANDIDATES
+
+
+async def test_b37_prune_keeps_shared_artifacts_and_runs_from_the_reaper(make_bundle):
+    from coordd.protocol import ArtifactRef
+    b = await make_bundle(retention_s=100.0, prune_interval_s=50.0)
+    await b.worker("w1")
+    art = ArtifactRef(sha256="ab" * 32, size=3, path="ab/abab")
+    first = await b.enqueue()
+    c = await b.claim("w1")
+    await b.coord.complete(Complete(job_id=first, worker_id="w1", token=c.lease.token,
+                                    artifact=art))
+    b.clock.advance(90)
+    second = await b.enqueue()
+    await b.worker("w1")
+    c = await b.claim("w1")
+    await b.coord.complete(Complete(job_id=second, worker_id="w1", token=c.lease.token,
+                                    artifact=art))
+    b.clock.advance(20)  # first is past retention, second not
+    reaper = Reaper(b.coord, b.clock, interval=5)
+    assert (await reaper.prune_if_due()).pruned == 1
+    assert await reaper.prune_if_due() is None     # not due again yet
+    assert (await _job(b, second)).artifact == art  # still referenced: row kept
+    b.clock.advance(100)
+    res = await reaper.prune_if_due()
+    assert res.pruned == 1 and res.artifacts == 1
+    assert "prune" in PARAMS and "prune" in ADMIN_METHODS
+
+
+# ---------------------------------------------------------------- B41
+
+
+def _insert_raw_job(b, job_id: str, payload_json: str, **cols) -> None:
+    fields = {"job_id": job_id, "kind": "k", "required_role": "cpu", "priority": 2,
+              "payload_json": payload_json, "status": "waiting", "max_attempts": 3,
+              "run_at": 0.0, "queued_at": 0.0, "created_at": 0.0, "updated_at": 0.0, **cols}
+    with _db(b) as conn:
+        conn.execute(f"INSERT INTO jobs ({', '.join(fields)}) "
+                     f"VALUES ({', '.join('?' * len(fields))})", tuple(fields.values()))
+
+
+async def test_b41_undecodable_payload_dead_lettered_once(bundle):
+    _insert_raw_job(bundle, "bad", '{"texts": ["an older version trunc')
+    good = [await bundle.enqueue(payload={"i": i}) for i in range(3)]
+    await bundle.worker("w1")
+    got = []
+    for _ in range(4):
+        c = await bundle.claim("w1")
+        if c.job is not None:
+            got.append(c.job.job_id)
+            await _complete(bundle, c.job.job_id, "w1", c.lease.token, {"ok": True})
+    assert got == good
+    for _ in range(3):  # never re-queued in a loop, never handed out
+        bundle.clock.advance(3600)
+        await bundle.coord.reap()
+        await bundle.worker("w1")
+        assert (await bundle.claim("w1")).job is None
+    view = await _job(bundle, "bad")
+    assert view.status == "failed" and view.attempts == 1
+    assert view.last_error.startswith("payload_decode_error")
+    assert [e.reason for e in view.events] == ["payload_decode_error"]
+    assert "undecodable" in view.payload
+    st = await bundle.coord.status()
+    assert st.jobs["failed"] == 1 and st.jobs["succeeded"] == 3
+    failed = (await bundle.coord.list_jobs(ListJobs(status="failed"))).jobs
+    assert [j.job_id for j in failed] == ["bad"]
+
+
+async def test_b41_other_undecodable_columns_dead_lettered_too(bundle):
+    _insert_raw_job(bundle, "bad_ckpt", "{}", checkpoint_json="{not json")
+    _insert_raw_job(bundle, "bad_gates", "{}", gates_json="[1,")
+    ok = await bundle.enqueue()
+    await bundle.worker("w1")
+    assert (await bundle.claim("w1")).job.job_id == ok
+    assert (await bundle.claim("w1")).job is None
+    for job_id, code in (("bad_ckpt", "checkpoint_decode_error"),
+                         ("bad_gates", "gates_decode_error")):
+        view = await _job(bundle, job_id)
+        assert view.status == "failed" and view.last_error.startswith(code)
+        assert view.attempts == 1
+
+
+# ---------------------------------------------------------------- B43
+
+
+async def test_b43_idempotent_enqueue_survives_lost_reply(bundle):
+    assert "RETURNING job_id" in store.SQL_ENQUEUE  # insert and id in one statement
+    req = Enqueue(kind="k", required_role="cpu", priority=1, payload={"a": 1},
+                  idempotency_key="K")
+    lost = asyncio.create_task(bundle.coord.enqueue(req))
+    await asyncio.sleep(0)  # queued to the writer, then the reply is dropped
+    lost.cancel()
+    retries = [await bundle.coord.enqueue(req) for _ in range(3)]
+    assert {r.job_id for r in retries} == {retries[0].job_id}
+    assert [r.created for r in retries] == [False, False, False]
+    with _db(bundle) as conn:
+        assert conn.execute("SELECT count(*) FROM jobs WHERE idempotency_key = 'K'"
+                            ).fetchone()[0] == 1
+
+
+async def test_b43_busy_file_reports_nothing_stored_and_retry_is_exact(make_bundle):
+    b = await make_bundle(busy_timeout_ms=100)
+    req = Enqueue(kind="k", required_role="cpu", priority=1, idempotency_key="K2")
+    outside = sqlite3.connect(b.db_path, isolation_level=None)
+    try:
+        outside.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        with pytest.raises(errors.Overloaded) as exc:
+            await b.coord.enqueue(req)
+        assert "database is locked" not in exc.value.message
+        outside.execute("ROLLBACK")
+    finally:
+        outside.close()
+    first = await b.coord.enqueue(req)
+    again = [await b.coord.enqueue(req) for _ in range(3)]
+    assert first.created and not any(r.created for r in again)
+    assert {r.job_id for r in again} == {first.job_id}
+    assert (await b.coord.status()).jobs["waiting"] == 1
+
+
+# ---------------------------------------------------------------- B44
+
+
+async def test_b44_waiting_jobs_say_why(make_bundle):
+    b = await make_bundle(backoff_base_s=300.0, backoff_jitter=0.0)
+    await b.worker("w1", roles=["cpu"], temperature_c=82.0)
+    a = await b.enqueue(role="gpu")
+    job_b = await b.enqueue(gates={"max_temperature_c": 70})
+    job_c = await b.enqueue()
+    c = await b.claim("w1")
+    assert c.job.job_id == job_c
+    res = await _fail(b, job_c, "w1", c.lease.token, "503", retryable=True)
+    assert res.run_at == b.clock.wall() + 300
+    checked = fmt_time(b.clock.wall())
+    b.clock.advance(7)
+    want = {
+        a: "no live worker with role gpu",
+        job_b: f"gate temperature 82 > 70 on w1 (checked {checked})",
+        job_c: f"backoff until {fmt_time(res.run_at)}",
+    }
+    for job_id, reason in want.items():
+        assert (await _job(b, job_id)).waiting_reason == reason
+    listed = (await b.coord.list_jobs(ListJobs(status="waiting"))).jobs
+    assert {j.job_id: j.waiting_reason for j in listed} == want
+    (w,) = (await b.coord.workers()).workers
+    assert w.worker_id == "w1" and w.heartbeat_age_s == 7 and w.live
