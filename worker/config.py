@@ -116,6 +116,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if not self.work_dir:
             raise ValueError("work_dir must not be empty")
         self.work_dir = os.path.abspath(os.path.expanduser(self.work_dir))
+        if not self.kinds:
+            raise ValueError("kinds must name at least one kind (or be left out for the built-ins)")
         for name in self.kinds:
             if not name or name != name.strip():
                 raise ValueError(f"bad kind name {name!r}")

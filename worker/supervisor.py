@@ -220,8 +220,8 @@ class Supervisor:
             if not self._can_claim():
                 await self._clock.wait(self._wake, interval)
                 continue
-            stale = (self._last_heartbeat is None
-                     or self._clock.mono() - self._last_heartbeat >= self.config.heartbeat_interval_s)
+            stale = (self._last_heartbeat is None  # the heartbeat loop keeps it fresh after
+                     or self._clock.mono() - self._last_heartbeat >= 2 * self.config.heartbeat_interval_s)
             if stale and not await self.heartbeat_once():
                 await self._clock.wait(self._wake, interval)
                 continue
@@ -411,6 +411,7 @@ class Supervisor:
     async def _renew_loop(self, run: JobRun) -> None:
         interval = self.config.lease_s / 3
         while not await self._clock.wait(run.finished, interval):
+            failures = 0
             while True:
                 now = self._clock.mono()
                 if now >= run.deadline:
@@ -424,8 +425,10 @@ class Supervisor:
                     self._lose_lease(run, f"{exc.code}: {exc}")
                     return
                 except (errors.CoordError, TimeoutError) as exc:
-                    logger.warning("job %s: renew failed, retrying: %s", run.job_id, exc,
-                                   extra={"action": "renew_retry", "job_id": run.job_id})
+                    failures += 1
+                    logger.log(logging.WARNING if failures == 1 else logging.DEBUG,
+                               "job %s: renew failed, retrying until the lease ends: %s",
+                               run.job_id, exc, extra={"action": "renew_retry", "job_id": run.job_id})
                     if await self._clock.wait(run.finished, RETRY_S):
                         return
                     continue

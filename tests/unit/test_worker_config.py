@@ -59,6 +59,7 @@ def test_file_without_kinds_gets_builtin_kinds():
     ('[kinds.x]\nargv = ["a"]\nenv = {A = 1}', "env"),
     ("[kinds.x]", "argv"),
     ("lease_s = ", "not valid TOML"),
+    ("kinds = {}", "at least one kind"),
 ])
 def test_bad_config_is_a_clear_error(text, fragment):
     with pytest.raises(WorkerConfigError) as info:
