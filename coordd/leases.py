@@ -232,7 +232,8 @@ def complete(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, 
     if held.cancel_requested:
         conn.execute(SQL_TO_TERMINAL, ("cancelled", "cancelled before completion", now, now,
                                        job_id))
-        event(conn, job_id, now, worker_id, "running", "cancelled", "cancel requested; result dropped")
+        event(conn, job_id, now, worker_id, "running", "cancelled",
+              "cancel requested; result dropped")
         return CompleteResult(status="cancelled")
     if artifact is not None:
         conn.execute(SQL_INSERT_ARTIFACT, (artifact.sha256, artifact.path, artifact.size, now))
@@ -261,7 +262,7 @@ def fail(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, toke
     run_at = now + backoff(held.attempts)
     conn.execute(SQL_TO_WAITING, (error, run_at, now, now, job_id))
     event(conn, job_id, now, worker_id, "running", "waiting",
-           f"retryable: {error}; backoff until {run_at:.3f}")
+          f"retryable: {error}; backoff until {run_at:.3f}")
     return StatusResult(status="waiting", run_at=run_at)
 
 

@@ -27,10 +27,12 @@ PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
 VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
 
 PRAGMA_AUTO_VACUUM = "PRAGMA auto_vacuum = INCREMENTAL"
+WAL_SIZE_LIMIT = 64 << 20
 PRAGMAS_WRITER = (
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",
     "PRAGMA foreign_keys=ON",
+    f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}",  # a WAL grown by a burst shrinks back
 )
 PRAGMAS_READER = ("PRAGMA foreign_keys=ON",)
 
@@ -220,7 +222,8 @@ SQL_CANCEL_REQUESTED_FOR_WORKER = (
 
 def heartbeat(conn: sqlite3.Connection, now: float, worker_id: str, roles: list[str],
               readings_json: str) -> list[str]:
-    """Record a heartbeat (coordd's clock); return job ids this worker holds whose cancel was requested."""
+    """Record a heartbeat (coordd's clock); return the ids of jobs this worker holds whose
+    cancel was requested."""
     conn.execute(SQL_HEARTBEAT, (worker_id, dumps(sorted(set(roles))), readings_json, now, now))
     return [r[0] for r in conn.execute(SQL_CANCEL_REQUESTED_FOR_WORKER, (worker_id,))]
 
@@ -479,7 +482,7 @@ SQL_FREELIST_COUNT = "PRAGMA freelist_count"
 SQL_AUTO_VACUUM_MODE = "PRAGMA auto_vacuum"
 AUTO_VACUUM_INCREMENTAL = 2
 SQL_INCREMENTAL_VACUUM = "PRAGMA incremental_vacuum"
-SQL_WAL_CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
+SQL_WAL_CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
 
 
 def prune_batch(conn: sqlite3.Connection, cutoff: float, limit: int = PRUNE_BATCH
@@ -516,8 +519,9 @@ def vacuum_step(conn: sqlite3.Connection, max_pages: int = VACUUM_PAGES) -> int:
 
 
 def wal_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
-    """Copy the WAL into the file and truncate it (outside any transaction); SQLite's
-    (busy, log frames, checkpointed frames)."""
+    """Copy the WAL into the file (outside any transaction); SQLite's (busy, log frames,
+    checkpointed frames). PASSIVE never waits for readers (the writer must not stall);
+    when it copies every frame SQLite also cuts the file to the pages in use."""
     return tuple(conn.execute(SQL_WAL_CHECKPOINT).fetchone())
 
 

@@ -65,7 +65,8 @@ def list_jobs(conn: sqlite3.Connection, now: float, *, status: str | None, kind:
     return [_job_view(r, now, aging_s) for r in rows]
 
 
-def list_workers(conn: sqlite3.Connection) -> list[tuple[str, list[str], dict[str, Any], float, int]]:
+def list_workers(conn: sqlite3.Connection
+                 ) -> list[tuple[str, list[str], dict[str, Any], float, int]]:
     """Return (worker_id, roles, readings, heartbeat_at, active_leases) for every worker."""
     out = []
     for worker_id, roles_json, hb_json, hb_at, n in conn.execute(SQL_WORKERS):

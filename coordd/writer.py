@@ -132,9 +132,10 @@ class Writer:
         return await self.submit(op)
 
     async def checkpoint(self) -> tuple[int, int, int]:
-        """Copy the WAL into the database file and truncate the WAL (after a prune, so the
-        file shrinks). Runs between two batches on the writer's own connection, never
-        inside a transaction; SQLite's (busy, log frames, checkpointed frames).
+        """Copy the WAL into the database file without waiting for readers (after a
+        prune, so the file shrinks). Runs between two batches on the writer's own
+        connection, never inside a transaction; SQLite's (busy, log frames, checkpointed
+        frames).
         """
         if self._db is None:
             raise errors.Overloaded("writer is not running")
