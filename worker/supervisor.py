@@ -468,6 +468,10 @@ class Supervisor:
             except FileNotFoundError:
                 run.seen_checkpoints.add(name)  # pruned by the model before we got to it
                 return
+            except OSError as exc:  # store unwritable or full: the job runs on, retried next poll
+                logger.warning("job %s: cannot store checkpoint %s: %s", run.job_id, name, exc,
+                               extra={"action": "checkpoint_store_error", "job_id": run.job_id})
+                return
             ref = {"path": stored.path, "sha256": stored.sha256, "size": stored.size, "name": name}
             try:
                 await asyncio.wait_for(self._client.checkpoint(
