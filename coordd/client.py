@@ -201,10 +201,10 @@ class Client:
         return await self.call("enqueue_batch", {"jobs": jobs}, EnqueueBatchResult)
 
     async def claim(self, worker_id: str, lease_s: float | None = None,
-                    claim_id: str | None = None) -> ClaimResult:
-        """Claim a job (see protocol.Claim)."""
+                    claim_id: str | None = None, kinds: list[str] | None = None) -> ClaimResult:
+        """Claim a job (see protocol.Claim); `kinds` limits it to kinds this worker runs."""
         return await self.call("claim", {"worker_id": worker_id, "lease_s": lease_s,
-                                         "claim_id": claim_id}, ClaimResult)
+                                         "claim_id": claim_id, "kinds": kinds}, ClaimResult)
 
     async def renew(self, job_id: str, worker_id: str, token: int,
                     lease_s: float | None = None) -> RenewResult:

@@ -44,20 +44,23 @@ def effective_priority(priority: int, queued_at: float, now: float, aging_s: flo
 
 
 def claim(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: float,
-          claim_id: str | None, policy: ClaimPolicy) -> ClaimResult:
+          claim_id: str | None, policy: ClaimPolicy,
+          kinds_json: str | None = None) -> ClaimResult:
     """Hand the best runnable job to `worker_id` under a new lease (see `_claim_once`).
 
     Jobs whose stored data does not decode are dead-lettered on the way and skipped; each
-    round dead-letters one, so the loop ends.
+    round dead-letters one, so the loop ends. `kinds_json` (a JSON list, or None for any)
+    limits candidates to the kinds the worker can run.
     """
     while True:
-        result = _claim_once(conn, now, worker_id, lease_s, claim_id, policy)
+        result = _claim_once(conn, now, worker_id, lease_s, claim_id, policy, kinds_json)
         if result is not None:
             return result
 
 
 def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: float,
-                claim_id: str | None, policy: ClaimPolicy) -> ClaimResult | None:
+                claim_id: str | None, policy: ClaimPolicy,
+                kinds_json: str | None) -> ClaimResult | None:
     """Try once to hand out a job; None when the pick was dead-lettered (undecodable data).
 
     Order: lowest effective priority first, then longest queued (FIFO among equals). A
@@ -99,7 +102,7 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
         base = policy.policies[prio]
         base_refusals = gates.evaluate(base, readings)
         for job_id, queued_at, gates_json in conn.execute(
-                SQL_CANDIDATES, (prio, oldest, now, roles_json, CLAIM_SCAN)).fetchall():
+                SQL_CANDIDATES, (prio, oldest, now, roles_json, CLAIM_SCAN, kinds_json)).fetchall():
             refusals = base_refusals
             if gates_json is not None:
                 try:
@@ -119,7 +122,8 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
             break
     if best is None:
         if not reasons and conn.execute(SQL_ANY_RUNNABLE, (now,)).fetchone() is not None:
-            reasons[gates.NO_MATCHING_ROLE] = "no runnable job needs one of this worker's roles"
+            reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's roles"
+                                               + (" and kinds" if kinds_json else ""))
         return ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
     job_id = best[2]
     row = conn.execute(SQL_TAKE, (now, job_id)).fetchone()

@@ -109,11 +109,13 @@ class EnqueueBatch(msgspec.Struct, kw_only=True):
 
 
 class Claim(msgspec.Struct, kw_only=True):
-    """`claim`: `claim_id` makes a repeated claim return the lease it already granted."""
+    """`claim`: `claim_id` makes a repeated claim return the lease it already granted;
+    `kinds` limits the claim to the job kinds the worker can run."""
 
     worker_id: str
     lease_s: float | None = None
     claim_id: str | None = None
+    kinds: list[str] | None = None  # only jobs of these kinds (None = any kind)
 
 
 class LeaseRef(msgspec.Struct, kw_only=True):

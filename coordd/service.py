@@ -92,13 +92,14 @@ class Coordinator:
             raise
 
     async def close(self) -> None:
-        """Drain and close the writer, close the reader. Idempotent."""
+        """Close the reader, then drain and close the writer (whose close folds the WAL
+        back into the main file, so the .db alone is complete after a clean stop). Idempotent."""
         try:
-            await self.writer.stop()
-        finally:
             if self._reader is not None:
                 reader, self._reader = self._reader, None
                 await reader.close()
+        finally:
+            await self.writer.stop()
 
     async def _read(self, fn: Any, *args: Any) -> Any:
         if self._reader is None:
@@ -136,7 +137,8 @@ class Coordinator:
         lease_s = self._lease_s(p.lease_s)
         return await self.writer.run(
             partial(_claim_op, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,
-                    policy=self._claim_policy))
+                    policy=self._claim_policy,
+                    kinds_json=None if p.kinds is None else store.dumps(p.kinds)))
 
     async def renew(self, p: Renew) -> RenewResult:
         """Extend a lease. Raises: LeaseLost, LeaseExpired, AlreadyCompleted, NotFound."""
@@ -382,8 +384,9 @@ class _ReadingsCheck(msgspec.Struct):
 
 
 def _claim_op(conn: sqlite3.Connection, now: float, *, worker_id: str, lease_s: float,
-              claim_id: str | None, policy: leases.ClaimPolicy) -> ClaimResult:
-    return leases.claim(conn, now, worker_id, lease_s, claim_id, policy)
+              claim_id: str | None, policy: leases.ClaimPolicy,
+              kinds_json: str | None) -> ClaimResult:
+    return leases.claim(conn, now, worker_id, lease_s, claim_id, policy, kinds_json)
 
 
 def _reading_notes(readings: dict[str, Any]) -> list[str]:

@@ -34,6 +34,7 @@ PRAGMAS_WRITER = (
     "PRAGMA foreign_keys=ON",
     f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}",  # a WAL grown by a burst shrinks back
 )
+PRAGMA_CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
 PRAGMAS_READER = ("PRAGMA foreign_keys=ON",)
 
 MIGRATIONS: tuple[str, ...] = (
@@ -109,8 +110,8 @@ MIGRATIONS: tuple[str, ...] = (
     # the jobs that reference them (the foreign key check on delete needs that index too).
     """
     DROP INDEX jobs_claim;
-    CREATE INDEX jobs_claim ON jobs (priority, queued_at, run_at, required_role, status,
-        job_id, gates_json) WHERE status = 'waiting';
+    CREATE INDEX jobs_claim ON jobs (priority, queued_at, run_at, required_role, kind,
+        status, job_id, gates_json) WHERE status = 'waiting';
     CREATE INDEX jobs_finished ON jobs (finished_at, status, job_id)
         WHERE finished_at IS NOT NULL;
     CREATE INDEX jobs_artifact ON jobs (artifact_sha256) WHERE artifact_sha256 IS NOT NULL;
@@ -281,9 +282,10 @@ SQL_LEASE_BY_CLAIM_ID = (
 # `queued_at <= ?` bounds the seek when aging is on (see `_claim_once`).
 SQL_CANDIDATES = (
     "SELECT job_id, queued_at, gates_json FROM jobs INDEXED BY jobs_claim "
-    "WHERE status = 'waiting' AND priority = ? AND queued_at <= ? AND run_at <= ? "
-    "AND required_role IN (SELECT value FROM json_each(?)) "
-    "ORDER BY queued_at, rowid LIMIT ?"
+    "WHERE status = 'waiting' AND priority = ?1 AND queued_at <= ?2 AND run_at <= ?3 "
+    "AND required_role IN (SELECT value FROM json_each(?4)) "
+    "AND (?6 IS NULL OR kind IN (SELECT value FROM json_each(?6))) "
+    "ORDER BY queued_at, rowid LIMIT ?5"
 )
 SQL_ANY_RUNNABLE = (
     "SELECT 1 FROM jobs INDEXED BY jobs_claim WHERE status = 'waiting' AND run_at <= ? LIMIT 1"
@@ -339,7 +341,7 @@ SQL_CHECKPOINT = "UPDATE jobs SET checkpoint_json = ?, updated_at = ? WHERE job_
 SQL_DELETE_LEASE = "DELETE FROM leases WHERE job_id = ?"
 SQL_SUCCEED = (
     "UPDATE jobs SET status = 'succeeded', result_json = ?, artifact_sha256 = ?, "
-    "updated_at = ?, finished_at = ? WHERE job_id = ?"
+    "updated_at = ?, finished_at = ?, last_error = NULL WHERE job_id = ?"
 )
 SQL_INSERT_ARTIFACT = (
     "INSERT INTO artifacts (sha256, path, size, created_at) VALUES (?, ?, ?, ?) "

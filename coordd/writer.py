@@ -152,7 +152,12 @@ class Writer:
                 self._task = None
         if self._db is not None:
             db, self._db = self._db, None
-            await db.close()
+            try:
+                await db.execute(store.PRAGMA_CHECKPOINT_TRUNCATE)
+            except sqlite3.Error as exc:  # readers still open: the WAL is folded next time
+                logger.warning("WAL checkpoint at close failed: %s", exc)
+            finally:
+                await db.close()
 
     async def _run(self) -> None:
         assert self._db is not None

@@ -28,7 +28,7 @@ MAX_RESULT_BYTES_DEFAULT = 1 << 20
 
 PLACEHOLDERS = ("job_id", "payload", "result", "checkpoint_dir", "resume_from")
 """The argv tokens replaced per job; each is also in the environment as COORD_<NAME>."""
-_PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+_PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r"|python)\}")
 
 
 class WorkerConfigError(Exception):
@@ -168,10 +168,13 @@ def load(path: str | os.PathLike[str] | None) -> WorkerConfig:
 def expand_argv(argv: list[str], values: dict[str, str]) -> list[str]:
     """Replace the placeholder tokens in each argument (one pass; unknown braces stay).
 
+    `{python}` is the worker's own interpreter, so model modules run in its environment.
+
     Args:
         argv: the kind's argv template.
         values: a value for every name in PLACEHOLDERS.
     """
+    values = {"python": sys.executable, **values}
     return [_PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], arg) for arg in argv]
 
 

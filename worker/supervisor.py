@@ -244,7 +244,8 @@ class Supervisor:
         sent = self._clock.mono()
         for attempt in (1, 2):
             try:
-                res = await self._client.claim(self.worker_id, self.config.lease_s, claim_id)
+                res = await self._client.claim(self.worker_id, self.config.lease_s, claim_id,
+                                               kinds=sorted(self.config.kinds))
                 break
             except (Disconnected, CallTimeout) as exc:
                 if attempt == 2:

@@ -61,3 +61,20 @@ async def test_20_connections_claim_concurrently_no_double_handout(daemon):
         for c in clients:
             await c.close()
     assert len(got) == 300 and len(set(got)) == 300
+
+
+async def test_clean_stop_folds_the_wal_into_the_db_file(daemon, tmp_path):
+    """After SIGTERM the .db alone is complete: a copy of it without -wal holds every job."""
+    import shutil
+    import sqlite3
+    async with Client(daemon.socket, timeout=10) as c:
+        ids = [(await c.enqueue(kind="k", required_role="cpu", priority=1)).job_id
+               for _ in range(20)]
+    assert daemon.stop() == 0
+    copy = tmp_path / "alone.db"
+    shutil.copy(daemon.db, copy)
+    conn = sqlite3.connect(copy)
+    try:
+        assert {r[0] for r in conn.execute("SELECT job_id FROM jobs")} == set(ids)
+    finally:
+        conn.close()

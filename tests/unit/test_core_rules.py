@@ -228,3 +228,17 @@ async def test_enqueue_validation(bundle):
         await bundle.coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=1,
                                            gates={"max_temp": 3}))
     assert (await bundle.coord.status()).jobs["waiting"] == 0
+
+
+async def test_claim_with_kinds_only_takes_kinds_the_worker_runs(bundle):
+    """A worker never receives (and so never dead-letters) a kind it cannot run."""
+    await bundle.worker("w1")
+    train = await bundle.enqueue(priority=0, kind="train")
+    kw = await bundle.enqueue(priority=2, kind="keywords")
+    from coordd.protocol import Claim
+    res = await bundle.coord.claim(Claim(worker_id="w1", kinds=["keywords"]))
+    assert res.job.job_id == kw
+    none = await bundle.coord.claim(Claim(worker_id="w1", kinds=["keywords"]))
+    assert none.job is None and none.reasons == ["no_matching_role"]
+    res2 = await bundle.coord.claim(Claim(worker_id="w1"))
+    assert res2.job.job_id == train

@@ -104,4 +104,13 @@ def test_coord_worker_bad_config_exits_2(tmp_path):
 def test_example_config_loads():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cfg = load(os.path.join(root, "examples", "worker.toml"))
-    assert set(cfg.kinds) == {"train", "embed"} and cfg.kinds["embed"].env == {"OMP_NUM_THREADS": "2"}
+    assert set(cfg.kinds) == {"keywords", "train", "embed"}
+    assert cfg.kinds["embed"].env == {"OMP_NUM_THREADS": "2"}
+    assert cfg.kinds["keywords"].argv[0] == "{python}"  # the README's example job runs
+
+
+def test_python_placeholder_is_the_workers_interpreter():
+    assert expand_argv(["{python}", "-m", "x", "{payload}"],
+                       {n: f"<{n}>" for n in PLACEHOLDERS}) == [sys.executable, "-m", "x",
+                                                                "<payload>"]
+
