@@ -25,6 +25,8 @@ import tempfile
 import threading
 from typing import Any
 
+from worker.artifacts import fsync_dir
+
 logger = logging.getLogger(__name__)
 
 EXIT_OK = 0
@@ -193,14 +195,6 @@ def chunk_schedule(train_text: str, steps: int, seed: int) -> list[int]:
     return order[:steps]
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so a reader sees the old file or the whole new one."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -215,7 +209,7 @@ def write_atomic(path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def save_checkpoint(directory: str, step: int, cfg: Config, corpus_sha: str, model: Model) -> str:
