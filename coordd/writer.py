@@ -90,6 +90,10 @@ class Writer:
         """
         if self._task is not None:
             return
+        # Open once with plain sqlite3 first: a file that cannot be opened then fails here,
+        # and aiosqlite's worker thread is never started for it (a failed aiosqlite.connect
+        # can leave that thread to report into a closed loop at exit).
+        await asyncio.to_thread(_probe_open, self._path)
         db = await aiosqlite.connect(self._path, isolation_level=None)
         try:
             await db._execute(self._setup, db._conn)
@@ -247,3 +251,19 @@ def _batch_error(exc: Exception) -> errors.CoordError:
         return errors.Overloaded("the database file is busy (held by another process past "
                                  "the busy timeout); nothing was stored, retry")
     return errors.CoordError(f"commit failed, nothing stored: {exc}")
+
+
+def _probe_open(path: str) -> None:
+    """Open `path` and read its schema version; raise StoreError if SQLite cannot.
+
+    Raises:
+        errors.StoreError: the file cannot be opened or is not a database.
+    """
+    try:
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute("PRAGMA schema_version").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise errors.StoreError(f"{path}: {exc}") from exc

@@ -117,10 +117,6 @@ def test_db_in_readonly_folder_refused(tmpfs, tmp_path):
     assert not (tmp_path / "c.sock").exists(), "the socket is removed after a refusal"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "BUG: writer.Writer.start: when aiosqlite.connect fails, its worker thread can still post "
-    "to the closed uvloop: ~1 start in 10 prints 'RuntimeError: Event loop is closed' "
-    "tracebacks after the one-line refusal"))
 def test_db_open_failure_prints_only_one_line(tmpfs, tmp_path):
     ro = tmpfs("ro_empty2", "ro")
     for i in range(20):
@@ -147,7 +143,7 @@ def test_readonly_db_file_on_readonly_mount(tmpfs, daemon_factory, tmp_path):
     if res.returncode == 0:
         pytest.fail(f"coordd exited 0 on a read-only database: {res.stderr}")
     assert res.returncode == 1, f"exit {res.returncode}: {res.stderr}"
-    # one "coordd: ..." line (a stray aiosqlite traceback is the xfail bug above)
+    # one "coordd: ..." line
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("coordd: ")]
     assert len(lines) == 1 and db in lines[0], res.stderr
     assert "read" in lines[0].lower() or "unable to open" in lines[0], lines[0]
