@@ -174,6 +174,7 @@ class Client:
         except asyncio.TimeoutError:
             raise CallTimeout(f"{method}: no reply within {self.timeout:g}s") from None
         except (ConnectionError, OSError) as exc:
+            self._pending.pop(req_id, None)  # ours is answered by this raise, not by close()
             await self.close()
             raise Disconnected(f"{method}: connection to coordd lost: {exc}") from exc
         finally:
