@@ -42,6 +42,23 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a reader sees the old file or the whole new one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
 def sha256_file(path: str) -> tuple[str, int]:
     """Return (hex sha256, size) of the file at `path`."""
     h = hashlib.sha256()
@@ -111,11 +128,7 @@ def prepare_job_dir(job_dir: str, job_id: str, payload: Any, checkpoint: Any) ->
     ckpt_dir = os.path.join(job_dir, "checkpoints")
     os.makedirs(ckpt_dir)
     payload_path = os.path.join(job_dir, "payload.json")
-    with open(payload_path, "wb") as fh:
-        fh.write(msgspec.json.encode(payload))
-        fh.flush()
-        os.fsync(fh.fileno())
-    fsync_dir(job_dir)
+    write_atomic(payload_path, msgspec.json.encode(payload))
     return {"job_id": job_id, "payload": payload_path,
             "result": os.path.join(job_dir, "result.json"), "checkpoint_dir": ckpt_dir,
             "resume_from": resume_copy(job_dir, checkpoint)}

@@ -17,6 +17,8 @@ import os
 import sys
 from typing import Any
 
+from worker.artifacts import write_atomic
+
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "all-MiniLM-L6-v2"
@@ -82,13 +84,8 @@ def embed(model: Any, texts: list[str]) -> list[list[float]]:
 
 
 def write_result(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` via a temporary file and rename."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, separators=(",", ":"))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write ``data`` as JSON to ``path`` atomically (see worker.artifacts.write_atomic)."""
+    write_atomic(path, json.dumps(data, separators=(",", ":")).encode())
 
 
 def main(argv: list[str] | None = None) -> int:

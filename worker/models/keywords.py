@@ -20,6 +20,7 @@ import re
 import sys
 from typing import Any
 
+from worker.artifacts import write_atomic
 from worker.models.train import MODULES_DEFAULT, build_corpus
 
 EXIT_BAD_PAYLOAD = 2
@@ -79,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"keywords: bad payload: {exc}", file=sys.stderr)
         return EXIT_BAD_PAYLOAD
-    with open(args.result, "w") as f:
-        json.dump(result, f)
+    write_atomic(args.result, json.dumps(result).encode())
     return 0
 
 

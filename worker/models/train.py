@@ -21,11 +21,10 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import threading
 from typing import Any
 
-from worker.artifacts import fsync_dir
+from worker.artifacts import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -193,23 +192,6 @@ def chunk_schedule(train_text: str, steps: int, seed: int) -> list[int]:
         order.extend(perm)
         epoch += 1
     return order[:steps]
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a reader sees the old file or the whole new one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(directory)
 
 
 def save_checkpoint(directory: str, step: int, cfg: Config, corpus_sha: str, model: Model) -> str:
