@@ -7,12 +7,11 @@ SAVEPOINT per request; raising a `CoordError` rolls back that request alone.
 
 Every SQL string lives here. Claims and the fenced lease-holder calls are in
 `coordd.leases`, row -> view conversion for reads in `coordd.views`; both run the
-statements named here (and stay importable from here: `store.claim`, `store.get_job`).
+statements named here.
 """
 
 from __future__ import annotations
 
-import importlib
 import sqlite3
 from typing import Any
 
@@ -120,22 +119,6 @@ MIGRATIONS: tuple[str, ...] = (
 
 json_encode = msgspec.json.encode
 json_decode = msgspec.json.decode
-
-_MOVED = {
-    **dict.fromkeys(("ClaimPolicy", "effective_priority", "claim", "renew", "checkpoint",
-                     "complete", "fail", "backoff_delay"), "coordd.leases"),
-    **dict.fromkeys(("get_job", "list_jobs", "list_workers", "count_jobs", "prunable"),
-                    "coordd.views"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    """Resolve the claim, lease and read functions that live in their own modules."""
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
 
 def dumps(value: Any) -> str:
     """Encode a JSON-compatible value as compact JSON text."""

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from coordd import errors, gates, store
+from coordd import errors, gates, leases, store
 
 WORKERS = ("w1", "w2", "w3")
-POLICY = store.ClaimPolicy(policies=gates.default_policies(), heartbeat_stale_s=30.0,
+POLICY = leases.ClaimPolicy(policies=gates.default_policies(), heartbeat_stale_s=30.0,
                            aging_interval_s=0.0)
 COOL = '{"memory_used_pct": 40, "temperature_c": 40, "on_battery": false, "user_idle_s": 9999}'
 HOT = '{"memory_used_pct": 95, "temperature_c": 40, "on_battery": false, "user_idle_s": 9999}'
@@ -94,7 +94,7 @@ class CoordMachine(RuleBasedStateMachine):
     def claim(self, worker: str, lease_s: float, fresh: bool) -> None:
         if fresh:
             self.heartbeat(worker, hot=False)
-        res = self.run(lambda c, now: store.claim(c, now, worker, lease_s, None, POLICY))
+        res = self.run(lambda c, now: leases.claim(c, now, worker, lease_s, None, POLICY))
         if res.job is not None:
             job_id, token = res.job.job_id, res.lease.token
             assert token > self.max_token.get(job_id, 0), "lease token did not grow"
@@ -107,7 +107,7 @@ class CoordMachine(RuleBasedStateMachine):
         if self.grants:
             job_id, worker, token = data.draw(st.sampled_from(self.grants))
             before = self.lease_row(job_id)
-            res = self.run(lambda c, now: store.renew(c, now, job_id, worker, token, 30.0))
+            res = self.run(lambda c, now: leases.renew(c, now, job_id, worker, token, 30.0))
             if not isinstance(res, errors.CoordError):
                 assert before is not None and before[:2] == (worker, token)
                 assert self.now < before[2]
@@ -117,7 +117,7 @@ class CoordMachine(RuleBasedStateMachine):
     def checkpoint(self, data) -> None:
         if self.grants:
             job_id, worker, token = data.draw(st.sampled_from(self.grants))
-            self.run(lambda c, now: store.checkpoint(c, now, job_id, worker, token, '{"s": 1}'))
+            self.run(lambda c, now: leases.checkpoint(c, now, job_id, worker, token, '{"s": 1}'))
 
     @precondition(lambda self: bool(self.grants))
     @rule(data=st.data(), value=st.integers(0, 9))
@@ -126,7 +126,7 @@ class CoordMachine(RuleBasedStateMachine):
             return
         job_id, worker, token = data.draw(st.sampled_from(self.grants))
         before = self.lease_row(job_id)
-        res = self.run(lambda c, now: store.complete(c, now, job_id, worker, token,
+        res = self.run(lambda c, now: leases.complete(c, now, job_id, worker, token,
                                                       f'{{"v": {value}}}', None))
         if not isinstance(res, errors.CoordError):
             assert before is not None and before[:2] == (worker, token), \
@@ -142,7 +142,7 @@ class CoordMachine(RuleBasedStateMachine):
     def fail(self, data, retryable: bool) -> None:
         if self.grants:
             job_id, worker, token = data.draw(st.sampled_from(self.grants))
-            self.run(lambda c, now: store.fail(c, now, job_id, worker, token, "boom",
+            self.run(lambda c, now: leases.fail(c, now, job_id, worker, token, "boom",
                                                retryable, no_backoff))
 
     @precondition(lambda self: bool(self.jobs))
