@@ -161,10 +161,8 @@ class Client:
         assert self._writer is not None
         req_id = next(self._ids)
         frame = encode_frame({"id": req_id, "method": method,
-                              "params": params if params is not None else {}})
-        if len(frame) - 4 > self.max_frame:
-            raise errors.PayloadTooLarge(
-                f"request of {len(frame) - 4} bytes is over the {self.max_frame}-byte frame cap")
+                              "params": params if params is not None else {}},
+                             self.max_frame, "request")
         fut: asyncio.Future[ReplyHeader] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = fut
         try:

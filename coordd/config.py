@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from coordd.errors import ConfigError
-from coordd.gates import GatePolicy, default_policies
+from coordd.gates import GatePolicy, default_policies, merge
 from coordd.protocol import MAX_FRAME_DEFAULT
 
 LEASE_DEFAULT_S = 30.0
@@ -122,9 +122,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         out = default_policies()
         for key, overrides in self.gates.items():
             prio = int(key[1])
-            fields = msgspec.structs.asdict(out[prio])
-            fields.update(overrides)
-            out[prio] = msgspec.convert(fields, GatePolicy)
+            out[prio] = merge(out[prio], overrides)
         return out
 
 

@@ -169,7 +169,6 @@ def _claimed(conn: sqlite3.Connection, job_id: str, lease: LeaseGrant) -> ClaimR
 
 
 class _Held(msgspec.Struct):
-    status: str
     cancel_requested: bool
     max_runtime_s: float | None
     attempts: int
@@ -201,7 +200,7 @@ def _check_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: s
                                f"(job is {status})")
     if now >= expires:
         raise errors.LeaseExpired(f"job {job_id}: lease expired at {expires:.3f} (now {now:.3f})")
-    return _Held(status, bool(cancel), max_runtime_s, attempts, max_attempts, granted)
+    return _Held(bool(cancel), max_runtime_s, attempts, max_attempts, granted)
 
 
 def renew(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,

@@ -15,7 +15,6 @@ from typing import Any
 
 import msgspec
 
-FRAME_HEADER_BYTES = 4
 MAX_FRAME_DEFAULT = 16 << 20  # 16 MiB; client and server both enforce an explicit cap
 PRIORITIES = (0, 1, 2, 3)
 JOB_STATUSES = ("waiting", "running", "succeeded", "failed", "cancelled")
@@ -63,7 +62,9 @@ class Empty(msgspec.Struct):
 class Readings(msgspec.Struct, kw_only=True):
     """The resource readings a heartbeat carries (null = the machine can't tell).
 
-    Free-form extra keys are kept in the stored heartbeat; these are the ones gates read.
+    These are the keys gates read, type-checked on every heartbeat. Free-form extra keys
+    are kept in the stored heartbeat as sent; the probes add `temperature_reason`,
+    `power_reason` and `user_idle_reason` there, which `workers` shows for null readings.
     """
 
     memory_used_pct: float | None = None
@@ -71,9 +72,6 @@ class Readings(msgspec.Struct, kw_only=True):
     on_battery: bool | None = None
     user_idle_s: float | None = None
     battery_pct: float | None = None
-    temperature_reason: str | None = None
-    power_reason: str | None = None
-    user_idle_reason: str | None = None
 
 
 class Heartbeat(msgspec.Struct, kw_only=True):

@@ -13,12 +13,11 @@ from coordd.service import Coordinator
 
 logger = logging.getLogger(__name__)
 
-REAPER_INTERVAL_DEFAULT = 5.0
-
 
 class Reaper:
     """Run `Coordinator.reap` every `interval` seconds, and `Coordinator.prune` every
-    `prune_interval` seconds (default: the config's `prune_interval_s`), until stopped.
+    `prune_interval` seconds (defaults: the config's `reaper_interval_s` and
+    `prune_interval_s`), until stopped.
 
     Expiry is judged by coordd's clock inside the writer's transaction, never by the
     caller's; a wall-clock jump (suspend) is handled by the writer before any reap. The
@@ -27,8 +26,9 @@ class Reaper:
     """
 
     def __init__(self, coord: Coordinator, clock: Clock,
-                 interval: float = REAPER_INTERVAL_DEFAULT,
+                 interval: float | None = None,
                  prune_interval: float | None = None) -> None:
+        interval = coord.config.reaper_interval_s if interval is None else interval
         if interval <= 0:
             raise ValueError("reaper interval must be > 0")
         prune_interval = coord.config.prune_interval_s if prune_interval is None \

@@ -47,9 +47,15 @@ class FrameTooLarge(errors.PayloadTooLarge):
     """A frame's length prefix is over the cap."""
 
 
-def encode_frame(obj: Any) -> bytes:
-    """Encode `obj` as msgpack with its 4-byte big-endian length prefix."""
+def encode_frame(obj: Any, max_frame: int | None = None, what: str = "frame") -> bytes:
+    """Encode `obj` as msgpack with its 4-byte big-endian length prefix.
+
+    Raises:
+        FrameTooLarge: `max_frame` is given and the body is over it.
+    """
     body = _encoder.encode(obj)
+    if max_frame is not None and len(body) > max_frame:
+        raise FrameTooLarge(f"{what} of {len(body)} bytes is over the {max_frame}-byte frame cap")
     return HEADER.pack(len(body)) + body
 
 
@@ -104,14 +110,12 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._conns: dict[asyncio.StreamWriter, asyncio.Task[Any] | None] = {}
         self._closing = False
-        self.connections = 0
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Handle one connection until EOF, a protocol error, or cancellation."""
         peer = PeerCred.of(writer.get_extra_info("socket"))
         inflight = asyncio.Semaphore(INFLIGHT_PER_CONNECTION)
         mine: set[asyncio.Task[None]] = set()
-        self.connections += 1
         self._conns[writer] = asyncio.current_task()
         try:
             while True:
@@ -154,7 +158,6 @@ class Dispatcher:
         except (OSError, asyncio.TimeoutError):
             pass
         finally:
-            self.connections -= 1
             self._conns.pop(writer, None)
             writer.close()
 
@@ -196,20 +199,17 @@ class Dispatcher:
             writer.write(encode_frame(reply))
             return
         try:
-            frame = encode_frame(Reply(id=req_id or 0, result=result if result is not None else {}))
+            frame = encode_frame(Reply(id=req_id or 0, result=result if result is not None else {}),
+                                 self._max_frame, "reply")
+        except FrameTooLarge as exc:
+            logger.warning("reply to %s: %s", method, exc, extra={"action": "reply_too_large"})
+            frame = encode_frame(Reply(id=req_id or 0, error=ErrorBody(
+                code=exc.code, message=f"{exc.message}; ask for less (e.g. a smaller limit)")))
         except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
             logger.exception("cannot encode the reply to %s", method,
                              extra={"action": "internal"})
             frame = encode_frame(Reply(id=req_id or 0, error=ErrorBody(
                 code="internal", message=f"internal error: reply not encodable: {exc}")))
-        if len(frame) - HEADER.size > self._max_frame:
-            logger.warning("reply to %s is %d bytes, over the %d-byte frame cap", method,
-                           len(frame) - HEADER.size, self._max_frame,
-                           extra={"action": "reply_too_large"})
-            frame = encode_frame(Reply(id=req_id or 0, error=ErrorBody(
-                code=errors.PayloadTooLarge.code,
-                message=f"reply of {len(frame) - HEADER.size} bytes is over the "
-                        f"{self._max_frame}-byte frame cap; ask for less (e.g. a smaller limit)")))
         writer.write(frame)
 
     def stop_intake(self) -> None:

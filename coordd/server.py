@@ -183,7 +183,7 @@ class Daemon:
         try:
             await self._open_db()
             server = await asyncio.start_unix_server(self.dispatcher.serve, sock=sock)
-            reaper = Reaper(self.coord, self.clock, self.config.reaper_interval_s)
+            reaper = Reaper(self.coord, self.clock)
             logger.info("coordd serving on %s (db %s)", sock_path, self.config.db,
                         extra={"action": "ready"})
             sd_notify("READY=1\nSTATUS=serving")

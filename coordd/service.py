@@ -27,7 +27,8 @@ from coordd.config import Config
 from coordd.protocol import (
     PRIORITIES, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
     CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
-    Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, PruneResult, ReapResult,
+    Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, PruneResult, Readings,
+    ReapResult,
     Renew, RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
 )
 from coordd.writer import Writer
@@ -118,12 +119,13 @@ class Coordinator:
         for role in p.roles:
             _check_name("role", role)
         try:
-            msgspec.convert(p.readings, _ReadingsCheck)
+            msgspec.convert(p.readings, Readings)
         except msgspec.ValidationError as exc:
             raise errors.BadRequest(f"readings: {exc}") from exc
+        roles_json = store.dumps(sorted(set(p.roles)))
         readings_json = store.dumps(p.readings)
         cancel = await self.writer.run(
-            lambda conn, now: (store.heartbeat(conn, now, p.worker_id, p.roles, readings_json),
+            lambda conn, now: (store.heartbeat(conn, now, p.worker_id, roles_json, readings_json),
                                now))
         return HeartbeatResult(now=cancel[1], cancel=cancel[0], artifact_dir=self.artifact_dir)
 
@@ -136,7 +138,7 @@ class Coordinator:
         _check_name("worker_id", p.worker_id)
         lease_s = self._lease_s(p.lease_s)
         return await self.writer.run(
-            partial(_claim_op, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,
+            partial(leases.claim, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,
                     policy=self._claim_policy,
                     kinds_json=None if p.kinds is None else store.dumps(p.kinds)))
 
@@ -371,22 +373,6 @@ class Coordinator:
             detail = "; ".join(d for _, d in refusals)
             refused.append(f"gate {detail} on {worker_id} (checked {fmt_time(hb_at)})")
         return "; ".join(refused)
-
-
-class _ReadingsCheck(msgspec.Struct):
-    """Types of the readings gates use (extra keys are free-form)."""
-
-    memory_used_pct: float | None = None
-    temperature_c: float | None = None
-    on_battery: bool | None = None
-    user_idle_s: float | None = None
-    battery_pct: float | None = None
-
-
-def _claim_op(conn: sqlite3.Connection, now: float, *, worker_id: str, lease_s: float,
-              claim_id: str | None, policy: leases.ClaimPolicy,
-              kinds_json: str | None) -> ClaimResult:
-    return leases.claim(conn, now, worker_id, lease_s, claim_id, policy, kinds_json)
 
 
 def _reading_notes(readings: dict[str, Any]) -> list[str]:

@@ -34,7 +34,6 @@ PRAGMAS_WRITER = (
     f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}",  # a WAL grown by a burst shrinks back
 )
 PRAGMA_CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
-PRAGMAS_READER = ("PRAGMA foreign_keys=ON",)
 
 MIGRATIONS: tuple[str, ...] = (
     # v1
@@ -204,11 +203,11 @@ SQL_CANCEL_REQUESTED_FOR_WORKER = (
 )
 
 
-def heartbeat(conn: sqlite3.Connection, now: float, worker_id: str, roles: list[str],
+def heartbeat(conn: sqlite3.Connection, now: float, worker_id: str, roles_json: str,
               readings_json: str) -> list[str]:
     """Record a heartbeat (coordd's clock); return the ids of jobs this worker holds whose
-    cancel was requested."""
-    conn.execute(SQL_HEARTBEAT, (worker_id, dumps(sorted(set(roles))), readings_json, now, now))
+    cancel was requested. `roles_json` and `readings_json` are encoded by the caller."""
+    conn.execute(SQL_HEARTBEAT, (worker_id, roles_json, readings_json, now, now))
     return [r[0] for r in conn.execute(SQL_CANCEL_REQUESTED_FOR_WORKER, (worker_id,))]
 
 

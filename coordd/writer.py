@@ -39,10 +39,8 @@ class WriterStats:
         self.batches = 0
         self.requests = 0
         self.commit_s_total = 0.0
-        self.last_batch = 0
         self.max_batch = 0
         self.commit_times: collections.deque[float] = collections.deque(maxlen=4096)
-        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
 
 
 class Writer:
@@ -74,12 +72,6 @@ class Writer:
         self._closing = False
         self._last_times: tuple[float, float] | None = None
         self.stats = WriterStats()
-        self.last_commit_mono = 0.0
-
-    @property
-    def queue_depth(self) -> int:
-        """Requests accepted and not yet committed."""
-        return len(self._queue)
 
     async def start(self) -> None:
         """Open the connection (WAL, synchronous=NORMAL, foreign keys, busy timeout),
@@ -181,7 +173,6 @@ class Writer:
                              extra={"action": "commit_failed", "n": len(batch)})
                 err = _batch_error(exc)
                 outcomes = [(False, err)] * len(batch)
-            self.last_commit_mono = self._clock.mono()
             for (_, fut), (ok, value) in zip(batch, outcomes):
                 if fut.done():
                     continue  # the caller went away; the op is committed all the same
@@ -222,10 +213,8 @@ class Writer:
         st.batches += 1
         st.requests += len(batch)
         st.commit_s_total += dt
-        st.last_batch = len(batch)
         st.max_batch = max(st.max_batch, len(batch))
         st.commit_times.append(dt)
-        st.batch_sizes.append(len(batch))
         return outcomes
 
     def _check_clock_jump(self, conn: sqlite3.Connection, wall: float, mono: float) -> None:

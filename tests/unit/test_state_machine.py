@@ -87,7 +87,7 @@ class CoordMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS), hot=st.booleans())
     def heartbeat(self, worker: str, hot: bool) -> None:
-        self.run(lambda c, now: store.heartbeat(c, now, worker, ["cpu"], HOT if hot else COOL))
+        self.run(lambda c, now: store.heartbeat(c, now, worker, '["cpu"]', HOT if hot else COOL))
 
     @rule(worker=st.sampled_from(WORKERS), lease_s=st.sampled_from([5.0, 30.0]),
           fresh=st.booleans())
