@@ -30,7 +30,6 @@ from typing import Any
 from coordd import errors
 from coordd.clock import Clock, SystemClock
 from coordd.config import Config
-from coordd.protocol import Empty
 from coordd.reaper import Reaper
 from coordd.rpc import Dispatcher, PeerCred
 from coordd.service import Coordinator
@@ -234,8 +233,8 @@ class Daemon:
             return
         interval = usec / 2e6
         while not await self.clock.wait(self.stop_event, interval):
-            try:  # ping only when the writer answers: a wedged writer gets restarted
-                await asyncio.wait_for(self.coord.status(Empty()), interval)
+            try:  # ping only when the writer commits: a wedged writer gets restarted
+                await asyncio.wait_for(self.coord.ping(), interval)
             except (asyncio.TimeoutError, errors.CoordError):
                 continue
             sd_notify("WATCHDOG=1")

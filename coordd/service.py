@@ -230,6 +230,14 @@ class Coordinator:
         """Put a failed or cancelled job back to waiting. Raises: NotFound, InvalidState."""
         return await self.writer.run(lambda conn, now: store.retry(conn, now, p.job_id))
 
+    async def ping(self) -> None:
+        """Run an empty request through the writer (BEGIN IMMEDIATE ... COMMIT).
+
+        Returns once the writer has committed it: the watchdog's proof of a live writer.
+        Raises: errors.Overloaded (queue full or shutting down), errors.CoordError.
+        """
+        await self.writer.run(lambda conn, now: None)
+
     async def reap(self, p: Empty | None = None) -> ReapResult:
         """Reap expired leases now (coordd's clock decides). Returns how many."""
         n = await self.writer.run(lambda conn, now: store.reap_expired(conn, now))

@@ -5,6 +5,7 @@ socket activation and sd_notify (B20, B22, B23).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -489,6 +490,45 @@ async def test_sd_notify_ready_after_serving_and_stopping(daemon_factory, tmp_pa
         d.proc.send_signal(signal.SIGTERM)
         msg = (await asyncio.to_thread(n.recv, 4096)).decode()
         assert "STOPPING=1" in msg.split("\n")
+        assert await asyncio.to_thread(wait_exit, d) == 0
+    finally:
+        n.close()
+
+
+async def test_watchdog_pings_while_the_writer_commits(daemon_factory, tmp_path):
+    """With WatchdogSec set, WATCHDOG=1 comes every half period, each after a writer commit."""
+    notify_path = tmp_path / "notify-wd"
+    n = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    n.bind(str(notify_path))
+    n.settimeout(15)
+    try:
+        d = daemon_factory(name="wd")
+        d.env.update(NOTIFY_SOCKET=str(notify_path), WATCHDOG_USEC="200000")
+        d.start(wait=False)
+        seen: list[str] = []
+        while seen.count("WATCHDOG=1") < 3:
+            seen += (await asyncio.to_thread(n.recv, 4096)).decode().split("\n")
+        assert "READY=1" in seen
+        # another process takes the write lock: the writer is wedged, reads still work
+        blocker = sqlite3.connect(d.db, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            n.settimeout(0.3)  # let a ping already past its commit arrive (bounded)
+            drain_until = time.monotonic() + 0.6
+            with contextlib.suppress(TimeoutError):
+                while time.monotonic() < drain_until:
+                    await asyncio.to_thread(n.recv, 4096)
+            n.settimeout(1.0)
+            with pytest.raises(TimeoutError):  # five periods without a ping
+                await asyncio.to_thread(n.recv, 4096)
+            async with Client(d.socket, timeout=5) as c:
+                assert (await c.status()).workers == 0
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        n.settimeout(15)
+        assert "WATCHDOG=1" in (await asyncio.to_thread(n.recv, 4096)).decode().split("\n")
+        d.proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(wait_exit, d) == 0
     finally:
         n.close()
