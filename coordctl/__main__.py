@@ -129,13 +129,6 @@ def build_parser() -> Parser:
     return p
 
 
-def _socket_path(args: argparse.Namespace) -> str:
-    if args.socket:
-        return args.socket
-    from coordd.config import default_socket_path
-    return str(default_socket_path())  # reads $COORDD_SOCKET first
-
-
 def _print(outcome: Outcome, as_json: bool) -> None:
     if as_json:
         doc = msgspec.json.format(msgspec.json.encode(outcome.data), indent=2)
@@ -154,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
     from coordd.client import SyncClient
     from coordd.errors import CoordError
 
-    path = _socket_path(args)
-    client = SyncClient(path, timeout=args.timeout)
+    client = SyncClient(args.socket, timeout=args.timeout)  # None: $COORDD_SOCKET or default
+    path = client.path
     try:
         outcome = COMMANDS[args.command](client, args)
     except UsageError as exc:

@@ -17,9 +17,7 @@ import uvloop
 
 from coordd.__main__ import setup_logging
 from coordd.client import Client
-from coordd.config import default_socket_path
 from worker import config as config_mod
-from worker.probes import Probes
 from worker.supervisor import CALL_TIMEOUT_S, Supervisor
 
 logger = logging.getLogger("worker")
@@ -61,14 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coord-worker: {exc}", file=sys.stderr)
         return 2
     setup_logging(args.log_json)
-    sock = args.socket or os.environ.get("COORDD_SOCKET") or str(default_socket_path())
     try:
         os.makedirs(cfg.work_dir, mode=0o700, exist_ok=True)
     except OSError as exc:
         print(f"coord-worker: cannot create work_dir {cfg.work_dir}: {exc.strerror}", file=sys.stderr)
         return 2
-    sup = Supervisor(lambda: Client(sock, timeout=CALL_TIMEOUT_S), args.worker_id, roles, cfg,
-                     probes=Probes(), override_path=args.readings_override)
+    sup = Supervisor(lambda: Client(args.socket, timeout=CALL_TIMEOUT_S), args.worker_id, roles, cfg,
+                     override_path=args.readings_override)
     try:
         uvloop.run(_run(sup))
     except KeyboardInterrupt:

@@ -11,11 +11,12 @@ import logging
 import math
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import psutil
+
+from coordd.clock import SystemClock
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ READING_KEYS = (
 )
 
 Clock = Callable[[], float]
+_SYSTEM_CLOCK = SystemClock()
 
 HOST_SENSORS_TEMPERATURES: Callable[[], dict[str, Any]] | None = getattr(psutil, "sensors_temperatures", None)
 """psutil's provider, or None where the platform lacks it (only Linux and FreeBSD have it)."""
@@ -57,7 +59,7 @@ IdleSource = Callable[[], float]
 class ReasonLog:
     """Log a warning at most once per distinct reason per interval."""
 
-    def __init__(self, mono: Clock = time.monotonic, interval_s: float = LOG_INTERVAL_S_DEFAULT) -> None:
+    def __init__(self, mono: Clock = _SYSTEM_CLOCK.mono, interval_s: float = LOG_INTERVAL_S_DEFAULT) -> None:
         """Create the limiter.
 
         Args:
@@ -90,7 +92,7 @@ def _describe(call: str, exc: BaseException) -> str:
 
 
 def logind_idle_source(
-    wall: Clock = time.time,
+    wall: Clock = _SYSTEM_CLOCK.wall,
     timeout_s: float = SUBPROCESS_TIMEOUT_S_DEFAULT,
     run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
 ) -> IdleSource:
@@ -169,7 +171,7 @@ def _tty_paths(dev: str) -> Iterable[str]:
             yield os.path.join(pts, name)
 
 
-def tty_idle_source(wall: Clock = time.time, dev: str = "/dev") -> IdleSource:
+def tty_idle_source(wall: Clock = _SYSTEM_CLOCK.wall, dev: str = "/dev") -> IdleSource:
     """Build a source from the newest atime of ``/dev/tty*``, ``/dev/pty*`` and ``/dev/pts/*``.
 
     The kernel updates a tty's atime only every 8 s (OPS-FACTS 1.4), so this is coarse.
@@ -208,8 +210,8 @@ class Probes:
         sensors_battery: Callable[[], Any] | None = HOST_SENSORS_BATTERY,
         idle_sources: Sequence[tuple[str, IdleSource]] | None = None,
         override_path: str | None = None,
-        mono: Clock = time.monotonic,
-        wall: Clock = time.time,
+        mono: Clock = _SYSTEM_CLOCK.mono,
+        wall: Clock = _SYSTEM_CLOCK.wall,
         log_interval_s: float = LOG_INTERVAL_S_DEFAULT,
     ) -> None:
         """Create the probes; defaults read the host through psutil, loginctl and /dev.

@@ -25,7 +25,7 @@ from coordd.clock import Clock, SystemClock
 from coordd.protocol import ClaimedJob
 from worker import artifacts
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
-from worker.probes import Probes, apply_override
+from worker.probes import Probes
 from worker.process import ModelProcess, classify_exit
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,12 @@ class JobRun:
             self.abort_reason = reason
         self.aborted.set()
 
+    def request_cancel(self) -> None:
+        """coordd says a cancel was requested (from a renew or a heartbeat): end the job once."""
+        if not self.aborted.is_set():
+            logger.info("cancel requested", extra={"action": "cancel", "job_id": self.job_id})
+            self.abort(CANCELLED)
+
     def holds_lease(self, mono: float) -> bool:
         """True while we may still speak for this job."""
         return not self.lease_gone and mono < self.deadline
@@ -90,7 +96,8 @@ class Supervisor:
         config: the worker config.
         probes: host readings (default: the real `Probes`).
         clock: time source (default: SystemClock).
-        override_path: `--readings-override` JSON file, re-read every heartbeat.
+        override_path: `--readings-override` JSON file, re-read every heartbeat (given to
+            the default Probes; an injected `probes` brings its own).
     """
 
     def __init__(self, client_factory: Callable[[], Client], worker_id: str, roles: list[str],
@@ -102,9 +109,9 @@ class Supervisor:
         self.roles = list(roles)
         self.config = config
         self._client = client_factory()
-        self._probes = probes or Probes()
         self._clock = clock or SystemClock()
-        self._override_path = override_path
+        self._probes = probes or Probes(override_path=override_path, mono=self._clock.mono,
+                                        wall=self._clock.wall)
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a slot freed, or stop
         self._never = asyncio.Event()
@@ -162,9 +169,6 @@ class Supervisor:
 
     # ------------------------------------------------------------ heartbeat
 
-    def _read_probes(self) -> dict[str, Any]:
-        return apply_override(self._probes.read(), self._override_path)
-
     async def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
             await self.heartbeat_once()
@@ -173,7 +177,7 @@ class Supervisor:
 
     async def heartbeat_once(self) -> bool:
         """Send one heartbeat; act on its cancel list. Returns False if coordd did not answer."""
-        readings = await asyncio.to_thread(self._read_probes)
+        readings = await asyncio.to_thread(self._probes.read)
         sent = self._clock.mono()
         try:
             reply = await self._client.heartbeat(self.worker_id, self.roles, readings)
@@ -187,8 +191,7 @@ class Supervisor:
         for job_id in reply.cancel:
             run = self._runs.get(job_id)
             if run is not None:
-                logger.info("cancel requested", extra={"action": "cancel", "job_id": job_id})
-                run.abort(CANCELLED)
+                run.request_cancel()
         return True
 
     def _note_down(self, exc: Exception) -> None:
@@ -211,7 +214,7 @@ class Supervisor:
     def _can_claim(self) -> bool:
         if any(r.waiting_for_slot for r in self._runs.values()):
             return False  # a job already waits for a slot of its kind: take no more
-        return len(self._runs) < max(1, self.config.total_slots)
+        return len(self._runs) < self.config.total_slots
 
     async def _claim_loop(self) -> None:
         interval = self.config.claim_interval_s
@@ -306,8 +309,8 @@ class Supervisor:
             return
         values = await asyncio.to_thread(artifacts.prepare_job_dir, run.dir, job.job_id, job.payload,
                                          job.checkpoint)
-        if not await self._acquire_slot(run, job.kind, kind):
-            await self._after_abort(run, kind)
+        if not await self._acquire_slot(run, kind):
+            await self._after_abort(run)
             return
         try:
             await self._execute(run, kind, values)
@@ -316,7 +319,8 @@ class Supervisor:
             self._slot_freed.set()
             self._slot_freed = asyncio.Event()
 
-    async def _acquire_slot(self, run: JobRun, name: str, kind: KindConfig) -> bool:
+    async def _acquire_slot(self, run: JobRun, kind: KindConfig) -> bool:
+        name = run.job.kind
         run.waiting_for_slot = True
         try:
             while self._busy[name] >= kind.slots:
@@ -359,11 +363,11 @@ class Supervisor:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
         if run.proc.killed_by_us:
-            await self._after_abort(run, kind, values, timeout_s)
+            await self._after_abort(run, values, timeout_s)
         else:
             await self._after_exit(run, kind, values)
 
-    async def _after_abort(self, run: JobRun, kind: KindConfig, values: dict[str, str] | None = None,
+    async def _after_abort(self, run: JobRun, values: dict[str, str] | None = None,
                            timeout_s: float = 0.0) -> None:
         reason = run.abort_reason
         if not run.holds_lease(self._clock.mono()):
@@ -434,9 +438,8 @@ class Supervisor:
                         return
                     continue
                 run.deadline = now + r.lease_s
-                if r.cancel_requested and not run.aborted.is_set():
-                    logger.info("cancel requested", extra={"action": "cancel", "job_id": run.job_id})
-                    run.abort(CANCELLED)
+                if r.cancel_requested:
+                    run.request_cancel()
                 break
 
     def _lose_lease(self, run: JobRun, why: str) -> None:
