@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from coordd import views
 from coordd.protocol import Enqueue, JobList, JobView, StatusReply
 
 STATUS_WAITING_SHOWN = 10
@@ -283,14 +284,13 @@ def check_file(path: str) -> dict[str, Any]:
         raise FileNotFoundError(f"{p}: no such file")
     conn = sqlite3.connect(p.as_uri() + "?mode=ro", uri=True)
     try:
-        qc = "; ".join(str(r[0]) for r in conn.execute("PRAGMA quick_check"))
-        fk = [list(r) for r in conn.execute("PRAGMA foreign_key_check")]
+        qc, fk = views.integrity(conn)
         res: dict[str, Any] = {"path": str(p), "quick_check": qc,
                                "foreign_key_violations": len(fk), "violations": fk[:100]}
         res["schema_version"] = conn.execute("PRAGMA user_version").fetchone()[0]
         if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='jobs'"
                         ).fetchone():
-            res["jobs"] = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+            res["jobs"] = views.count_jobs(conn)
         return res
     finally:
         conn.close()

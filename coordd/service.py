@@ -330,11 +330,8 @@ class Coordinator:
 
     async def check(self, p: Empty | None = None) -> dict[str, Any]:
         """Run `PRAGMA quick_check` and `foreign_key_check` on the live database."""
-        def run(conn: sqlite3.Connection) -> dict[str, Any]:
-            qc = [r[0] for r in conn.execute("PRAGMA quick_check")]
-            fk = [list(r) for r in conn.execute("PRAGMA foreign_key_check")]
-            return {"quick_check": "; ".join(qc), "foreign_key_violations": len(fk)}
-        return await self._read(run)
+        qc, fk = await self._read(views.integrity)
+        return {"quick_check": qc, "foreign_key_violations": len(fk)}
 
     async def backup(self, p: Backup) -> BackupResult:
         """Copy the DB with SQLite's backup API (a consistent snapshot while writes go on)
@@ -456,7 +453,7 @@ def _backup_file(db_path: str, dest: str) -> BackupResult:
         raise errors.CoordError(f"backup failed: {exc}") from exc
     check = sqlite3.connect(f"file:{dest}?mode=ro", uri=True)
     try:
-        qc = "; ".join(r[0] for r in check.execute("PRAGMA quick_check"))
+        qc = views.integrity(check)[0]
         jobs = views.count_jobs(check)
     finally:
         check.close()

@@ -34,6 +34,8 @@ PRAGMAS_WRITER = (
     f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}",  # a WAL grown by a burst shrinks back
 )
 PRAGMA_CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
+PRAGMA_QUICK_CHECK = "PRAGMA quick_check"
+PRAGMA_FOREIGN_KEY_CHECK = "PRAGMA foreign_key_check"
 
 MIGRATIONS: tuple[str, ...] = (
     # v1

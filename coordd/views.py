@@ -14,6 +14,7 @@ from coordd import errors
 from coordd.leases import effective_priority
 from coordd.protocol import ArtifactRef, EventView, JobView, LeaseView
 from coordd.store import (
+    PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK,
     SQL_COUNT_JOBS, SQL_EVENTS, SQL_GET_JOB, SQL_LIST_JOBS, SQL_PRUNABLE, SQL_WORKERS,
     lenient_json,
 )
@@ -73,6 +74,13 @@ def list_workers(conn: sqlite3.Connection
         out.append((worker_id, lenient_json(roles_json, []), lenient_json(hb_json, {}),
                     hb_at, n))
     return out
+
+
+def integrity(conn: sqlite3.Connection) -> tuple[str, list[list[Any]]]:
+    """Run `PRAGMA quick_check` and `foreign_key_check`: ("ok" or the problems joined by
+    "; ", the foreign-key violation rows). Used on the live DB, backups and copies."""
+    qc = "; ".join(str(r[0]) for r in conn.execute(PRAGMA_QUICK_CHECK))
+    return qc, [list(r) for r in conn.execute(PRAGMA_FOREIGN_KEY_CHECK)]
 
 
 def count_jobs(conn: sqlite3.Connection) -> int:
