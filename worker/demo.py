@@ -29,6 +29,7 @@ from rich.table import Table
 
 from coordd.client import Client
 from coordd.clock import SystemClock
+from coordd.protocol import TERMINAL_STATUSES
 
 DENY = frozenset({
     "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "pydoc_data",
@@ -54,12 +55,12 @@ claim_interval_s = 0.2
 work_dir = "{work}"
 
 [kinds.keywords]
-argv = ["{py}", "-m", "worker.models.keywords", "--payload", "{{payload}}", "--result", "{{result}}"]
+argv = ["{{python}}", "-m", "worker.models.keywords", "--payload", "{{payload}}", "--result", "{{result}}"]
 timeout_s = 120
 slots = 2
 
 [kinds.train]
-argv = ["{py}", "-m", "worker.models.train", "--payload", "{{payload}}", "--result", "{{result}}",
+argv = ["{{python}}", "-m", "worker.models.train", "--payload", "{{payload}}", "--result", "{{result}}",
         "--checkpoint-dir", "{{checkpoint_dir}}", "--resume-from", "{{resume_from}}"]
 timeout_s = 900
 slots = 1
@@ -118,13 +119,17 @@ class Fleet:
                 pass
         return left
 
+    def check_alive(self) -> None:
+        """Raise RuntimeError if any process the demo started has exited."""
+        for name, p in self.procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited {p.returncode}; see {self.run}/{name}.log")
+
 
 async def wait_socket(path: str, fleet: Fleet) -> None:
     deadline = CLOCK.mono() + START_TIMEOUT_S
     while CLOCK.mono() < deadline:
-        for name, p in fleet.procs:
-            if p.poll() is not None:
-                raise RuntimeError(f"{name} exited {p.returncode}; see {fleet.run}/{name}.log")
+        fleet.check_alive()
         try:
             async with Client(path, timeout=2) as c:
                 await c.status()
@@ -138,7 +143,7 @@ async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Cons
     sock = str(run / "coordd.sock")
     py = sys.executable
     (run / "coordd.toml").write_text(COORDD_CONFIG)
-    (run / "worker.toml").write_text(WORKER_CONFIG.format(work=run / "work", py=py))
+    (run / "worker.toml").write_text(WORKER_CONFIG.format(work=run / "work"))
     fleet.spawn("coordd", [py, "-m", "coordd", "--db", str(run / "coordd.db"), "--socket", sock,
                            "--config", str(run / "coordd.toml")])
     await wait_socket(sock, fleet)
@@ -155,7 +160,7 @@ async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Cons
             task = bar.add_task("jobs", total=len(ids))
             while True:
                 st = await c.status()
-                done = st.jobs["succeeded"] + st.jobs["failed"] + st.jobs["cancelled"]
+                done = sum(st.jobs[s] for s in TERMINAL_STATUSES)
                 bar.update(task, completed=done, description=(
                     f"running {st.jobs['running']}, waiting {st.jobs['waiting']}"))
                 if done >= len(ids):
@@ -163,12 +168,10 @@ async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Cons
                 if CLOCK.mono() - t0 > args.timeout:
                     console.print(f"[red]timed out after {args.timeout}s")
                     break
-                for name, p in fleet.procs:
-                    if p.poll() is not None:
-                        raise RuntimeError(f"{name} exited {p.returncode}; see {run}/{name}.log")
+                fleet.check_alive()
                 await asyncio.sleep(0.5)
         elapsed = CLOCK.mono() - t0
-        views = [await c.get_job(i) for i in ids]
+        views = await asyncio.gather(*(c.get_job(i) for i in ids))
     return report(views, kind_of, elapsed, run, sock, console)
 
 
