@@ -23,7 +23,7 @@ from coordd.store import (
     CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CANDIDATES, SQL_CHECKPOINT, SQL_CLAIMED_JOB,
     SQL_DEAD_LETTER, SQL_DELETE_LEASE, SQL_INSERT_ARTIFACT, SQL_INSERT_LEASE,
     SQL_JOB_FOR_LEASE, SQL_LEASE_BY_CLAIM_ID, SQL_RENEW, SQL_SUCCEED, SQL_TAKE,
-    SQL_TO_TERMINAL, SQL_TO_WAITING, SQL_WORKER, event, json_decode, lenient_json,
+    SQL_WORKER, end_job, event, json_decode, lenient_json, requeue,
     maybe_json,
 )
 
@@ -233,10 +233,8 @@ def complete(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, 
     held = _check_lease(conn, now, job_id, worker_id, token)
     conn.execute(SQL_DELETE_LEASE, (job_id,))
     if held.cancel_requested:
-        conn.execute(SQL_TO_TERMINAL, ("cancelled", "cancelled before completion", now, now,
-                                       job_id))
-        event(conn, job_id, now, worker_id, "running", "cancelled",
-              "cancel requested; result dropped")
+        end_job(conn, now, job_id, worker_id, "running", "cancelled",
+                "cancelled before completion", "cancel requested; result dropped")
         return CompleteResult(status="cancelled")
     if artifact is not None:
         conn.execute(SQL_INSERT_ARTIFACT, (artifact.sha256, artifact.path, artifact.size, now))
@@ -253,19 +251,16 @@ def fail(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, toke
     held = _check_lease(conn, now, job_id, worker_id, token)
     conn.execute(SQL_DELETE_LEASE, (job_id,))
     if held.cancel_requested:
-        conn.execute(SQL_TO_TERMINAL, ("cancelled", error, now, now, job_id))
-        event(conn, job_id, now, worker_id, "running", "cancelled", error)
+        end_job(conn, now, job_id, worker_id, "running", "cancelled", error, error)
         return StatusResult(status="cancelled")
     if not retryable or held.attempts >= held.max_attempts:
         why = (f"permanent: {error}" if not retryable
                else f"attempts exhausted (last: {error})")
-        conn.execute(SQL_TO_TERMINAL, ("failed", why, now, now, job_id))
-        event(conn, job_id, now, worker_id, "running", "failed", why)
+        end_job(conn, now, job_id, worker_id, "running", "failed", why, why)
         return StatusResult(status="failed")
     run_at = now + backoff(held.attempts)
-    conn.execute(SQL_TO_WAITING, (error, run_at, now, now, job_id))
-    event(conn, job_id, now, worker_id, "running", "waiting",
-          f"retryable: {error}; backoff until {run_at:.3f}")
+    requeue(conn, now, job_id, worker_id, error, run_at,
+            f"retryable: {error}; backoff until {run_at:.3f}")
     return StatusResult(status="waiting", run_at=run_at)
 
 

@@ -190,6 +190,20 @@ def event(conn: sqlite3.Connection, job_id: str, now: float, worker_id: str | No
     conn.execute(SQL_EVENT, (job_id, now, worker_id, from_status, to_status, reason))
 
 
+def end_job(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str | None,
+            from_status: str, status: str, last_error: str | None, reason: str | None) -> None:
+    """Move a job to a terminal `status` (cancel request cleared) and log the transition."""
+    conn.execute(SQL_TO_TERMINAL, (status, last_error, now, now, job_id))
+    event(conn, job_id, now, worker_id, from_status, status, reason)
+
+
+def requeue(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str | None,
+            last_error: str, run_at: float, reason: str) -> None:
+    """Put a running job back to waiting, at the back of its priority, runnable at `run_at`."""
+    conn.execute(SQL_TO_WAITING, (last_error, run_at, now, now, job_id))
+    event(conn, job_id, now, worker_id, "running", "waiting", reason)
+
+
 # ---------------------------------------------------------------- heartbeat
 
 
@@ -369,8 +383,7 @@ def cancel(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
     """
     status = _status(conn, job_id)
     if status == "waiting":
-        conn.execute(SQL_TO_TERMINAL, ("cancelled", None, now, now, job_id))
-        event(conn, job_id, now, None, "waiting", "cancelled", "cancelled by admin")
+        end_job(conn, now, job_id, None, "waiting", "cancelled", None, "cancelled by admin")
         return StatusResult(status="cancelled")
     if status == "running":
         conn.execute(SQL_REQUEST_CANCEL, (now, job_id))
@@ -419,17 +432,14 @@ def reap_expired(conn: sqlite3.Connection, now: float, limit: int = 1000) -> int
     for job_id, worker_id, attempts, max_attempts, cancel_requested in rows:
         conn.execute(SQL_DELETE_LEASE, (job_id,))
         if cancel_requested:
-            conn.execute(SQL_TO_TERMINAL, ("cancelled", "lease_expired after cancel", now, now,
-                                           job_id))
-            event(conn, job_id, now, worker_id, "running", "cancelled", "lease_expired")
+            end_job(conn, now, job_id, worker_id, "running", "cancelled",
+                    "lease_expired after cancel", "lease_expired")
         elif attempts >= max_attempts:
             why = "attempts exhausted (last: lease_expired)"
-            conn.execute(SQL_TO_TERMINAL, ("failed", why, now, now, job_id))
-            event(conn, job_id, now, worker_id, "running", "failed", why)
+            end_job(conn, now, job_id, worker_id, "running", "failed", why, why)
         else:
             why = f"lease_expired (worker {worker_id} lost)"
-            conn.execute(SQL_TO_WAITING, (why, now, now, now, job_id))
-            event(conn, job_id, now, worker_id, "running", "waiting", "lease_expired")
+            requeue(conn, now, job_id, worker_id, why, now, "lease_expired")
     return len(rows)
 
 
