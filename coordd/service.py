@@ -398,7 +398,7 @@ def _check_name(what: str, value: str) -> None:
 
 def _encode(what: str, value: Any, cap: int) -> str:
     try:
-        raw = msgspec.json.encode(value)
+        raw = store.json_encode(value)
     except (TypeError, msgspec.EncodeError, OverflowError) as exc:
         raise errors.BadRequest(f"{what} is not JSON-compatible: {exc}") from exc
     if len(raw) > cap:

@@ -322,7 +322,7 @@ def lenient_json(text: str | None, default: Any = None) -> Any:
     except msgspec.DecodeError:
         if default is not None:
             return default
-        shown = text[:UNDECODABLE_SHOWN_CHARS] if isinstance(text, str) else repr(text)[:200]
+        shown = text[:UNDECODABLE_SHOWN_CHARS] if isinstance(text, str) else repr(text)[:UNDECODABLE_SHOWN_CHARS]
         return {"undecodable": shown}
 
 
