@@ -41,3 +41,18 @@ def test_modules_stay_small():
     big = [f"{p.relative_to(ROOT)}: {n}" for p in _sources("coordd", "worker", "coordctl")
            if (n := len(p.read_text().splitlines())) > 600]
     assert big == []
+
+
+CASES = ROOT.parent / "shared" / "cases" / "CASES.md"
+
+
+def test_every_failure_case_has_a_test_named_after_its_id():
+    """Each case in shared/cases/CASES.md ends with a test named test_bNN_... (issue 7)."""
+    if not CASES.exists():
+        import pytest
+        pytest.skip(f"{CASES} is not beside this checkout")
+    ids = sorted(set(re.findall(r"^### (B\d+)", CASES.read_text(), re.M)))
+    prefixes = re.findall(r"def test_((?:b\d+_)+)", "\n".join(
+        p.read_text() for p in sorted((ROOT / "tests").rglob("test_*.py"))))
+    covered = {c.upper() for prefix in prefixes for c in prefix.split("_") if c}
+    assert ids and [c for c in ids if c not in covered] == []

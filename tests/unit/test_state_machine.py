@@ -17,9 +17,12 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test,
+)
 
 from coordd import errors, gates, leases, store
 
@@ -210,7 +213,18 @@ class CoordMachine(RuleBasedStateMachine):
         assert leases == jobs["running"]
 
 
+DEFAULT_EXAMPLES, SLOW_EXAMPLES, STEPS = 80, 1000, 50
 CoordMachine.TestCase.settings = settings(
-    max_examples=80, stateful_step_count=50, deadline=None,
+    max_examples=DEFAULT_EXAMPLES, stateful_step_count=STEPS, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_store_state_machine = CoordMachine.TestCase
+
+
+@pytest.mark.slow
+def test_store_state_machine_long():
+    """The same machine, SLOW_EXAMPLES sequences of up to STEPS steps (`pytest -m slow`)."""
+    run_state_machine_as_test(CoordMachine, settings=settings(
+        max_examples=SLOW_EXAMPLES, stateful_step_count=STEPS, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow]))
+    print(f"\nstate machine: {SLOW_EXAMPLES} examples x up to {STEPS} steps, "
+          f"invariants checked after every step")
