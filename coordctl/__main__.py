@@ -121,6 +121,7 @@ def build_parser() -> Parser:
         cmd(name, help_).add_argument("job_id", metavar="ID")
     cmd("reap", "return jobs with expired leases to waiting now")
     cmd("workers", "workers, their readings and gate verdicts per priority")
+    cmd("metrics", "every metric series in Prometheus text format")
     b = cmd("backup", "a consistent, verified copy of the database, written by coordd")
     b.add_argument("dest", metavar="DEST", help="a new file path on coordd's host")
     c = cmd("check", "integrity check of the live database, or of a copy at PATH")

@@ -244,6 +244,12 @@ def workers(client: Any, args: argparse.Namespace) -> Outcome:
     return Outcome(res, lambda con: render.workers(con, res))
 
 
+def metrics(client: Any, args: argparse.Namespace) -> Outcome:
+    """`metrics`: the Prometheus text exposition (with --json: {"text": ...})."""
+    res = client.metrics()
+    return Outcome(res, res.text.rstrip("\n"))
+
+
 def backup(client: Any, args: argparse.Namespace) -> Outcome:
     """`backup DEST`: coordd writes a verified copy at DEST (made absolute here)."""
     dest = os.path.abspath(os.path.expanduser(args.dest))
@@ -317,6 +323,6 @@ def check(client: Any, args: argparse.Namespace) -> Outcome:
 COMMANDS: dict[str, Callable[[Any, argparse.Namespace], Outcome]] = {
     "status": status, "enqueue": enqueue, "list": list_jobs, "show": show,
     "cancel": cancel, "retry": retry, "reap": reap, "workers": workers,
-    "backup": backup, "check": check,
+    "backup": backup, "check": check, "metrics": metrics,
 }
 """Subcommand name -> implementation."""

@@ -27,8 +27,8 @@ import msgspec
 from coordd import errors
 from coordd.protocol import (
     MAX_FRAME_DEFAULT, TERMINAL_STATUSES, BackupResult, ClaimResult, CompleteResult, Enqueue,
-    EnqueueBatchResult, EnqueueResult, HeartbeatResult, JobList, JobView, ReapResult,
-    RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
+    EnqueueBatchResult, EnqueueResult, HeartbeatResult, JobList, JobView, MetricsResult,
+    ReapResult, RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
 )
 from coordd.rpc import encode_frame, read_frame
 
@@ -265,6 +265,10 @@ class Client:
     async def check(self) -> dict[str, Any]:
         """quick_check and foreign_key_check of the live database."""
         return await self.call("check", {})
+
+    async def metrics(self) -> MetricsResult:
+        """Every metric series, as Prometheus text."""
+        return await self.call("metrics", {}, MetricsResult)
 
     async def wait_for(self, job_id: str, timeout: float, poll_s: float = 0.2) -> JobView:
         """Poll until the job is terminal; return it.

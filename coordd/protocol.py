@@ -364,6 +364,12 @@ class PruneResult(msgspec.Struct, kw_only=True):
     db_bytes: int = 0
 
 
+class MetricsResult(msgspec.Struct, kw_only=True):
+    """`metrics` result: every series in Prometheus text exposition format."""
+
+    text: str
+
+
 class BackupResult(msgspec.Struct, kw_only=True):
     """`backup` result: the copy's path, size in bytes, and its `PRAGMA quick_check` answer."""
 
@@ -391,6 +397,7 @@ PARAMS: dict[str, type[msgspec.Struct]] = {
     "workers": Empty,
     "backup": Backup,
     "check": Empty,
+    "metrics": Empty,
     "prune": Empty,
 }
 """Every RPC method and its params Struct."""

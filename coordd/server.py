@@ -27,6 +27,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import start_http_server
+
 from coordd import errors
 from coordd.clock import Clock, SystemClock
 from coordd.config import Config
@@ -190,6 +192,7 @@ class Daemon:
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(reaper.run(self.stop_event))
                     tg.create_task(self._watchdog())
+                    tg.create_task(self._metrics_http())
                     await self.stop_event.wait()
             finally:
                 sd_notify("STOPPING=1")
@@ -226,6 +229,33 @@ class Daemon:
         await self.dispatcher.close_connections(CLOSE_TIMEOUT_S)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(server.wait_closed(), CLOSE_TIMEOUT_S)
+
+    async def _metrics_http(self) -> None:
+        """Serve Prometheus metrics on 127.0.0.1:`metrics_port` (if set) until stop,
+        refreshing the gauges every reaper interval. A port in use is logged, not fatal."""
+        port = self.config.metrics_port
+        if not port:
+            return
+        try:
+            httpd, thread = start_http_server(port, addr="127.0.0.1",
+                                              registry=self.coord.meters.registry)
+        except OSError as exc:
+            logger.error("metrics over HTTP are off: 127.0.0.1:%d: %s", port, exc,
+                         extra={"action": "metrics_http_failed"})
+            return
+        logger.info("metrics on http://127.0.0.1:%d/metrics", port, extra={"action": "metrics"})
+        try:
+            while True:
+                try:
+                    await self.coord.metrics()  # refreshes the gauges
+                except errors.CoordError as exc:
+                    logger.warning("metrics refresh failed: %s", exc)
+                if await self.clock.wait(self.stop_event, self.config.reaper_interval_s):
+                    return
+        finally:
+            await asyncio.to_thread(httpd.shutdown)
+            httpd.server_close()
+            await asyncio.to_thread(thread.join, 5.0)
 
     async def _watchdog(self) -> None:
         usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)

@@ -27,10 +27,11 @@ from coordd.config import Config
 from coordd.protocol import (
     PRIORITIES, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
     CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
-    Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, PruneResult, Readings,
-    ReapResult,
+    Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, MetricsResult, PruneResult,
+    Readings, ReapResult,
     Renew, RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
 )
+from coordd.metrics import Metrics, tree_bytes
 from coordd.writer import Writer
 
 logger = logging.getLogger(__name__)
@@ -61,10 +62,11 @@ class Coordinator:
         self.config = config
         self.clock = clock
         self._rng = rng or random.Random()
+        self.meters = Metrics()
         self.writer = Writer(db_path, clock, queue_max=config.writer_queue_max,
                              batch_max=config.writer_batch_max,
                              busy_timeout_ms=config.busy_timeout_ms,
-                             clock_jump_s=config.clock_jump_s)
+                             clock_jump_s=config.clock_jump_s, metrics=self.meters)
         self._reader: aiosqlite.Connection | None = None
         self._policies = config.policies()
         self._claim_policy = leases.ClaimPolicy(
@@ -137,10 +139,15 @@ class Coordinator:
         """
         _check_name("worker_id", p.worker_id)
         lease_s = self._lease_s(p.lease_s)
-        return await self.writer.run(
+        result = await self.writer.run(
             partial(leases.claim, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,
                     policy=self._claim_policy,
                     kinds_json=None if p.kinds is None else store.dumps(p.kinds)))
+        if result.job is not None:
+            self.meters.claims.inc()
+        for reason in result.reasons:
+            self.meters.refusals.labels(reason).inc()
+        return result
 
     async def renew(self, p: Renew) -> RenewResult:
         """Extend a lease. Raises: LeaseLost, LeaseExpired, AlreadyCompleted, NotFound."""
@@ -242,8 +249,17 @@ class Coordinator:
         """Reap expired leases now (coordd's clock decides). Returns how many."""
         n = await self.writer.run(lambda conn, now: store.reap_expired(conn, now))
         if n:
+            self.meters.lease_expiries.inc(n)
             logger.info("reaped %d expired lease(s)", n, extra={"action": "reap", "n": n})
         return ReapResult(reaped=n)
+
+    async def metrics(self, p: Empty | None = None) -> MetricsResult:
+        """Refresh the gauges (a `status` read, the writer's queue, the artifact store's
+        size) and return every series in Prometheus text format."""
+        st = await self.status()
+        artifact_bytes = await asyncio.to_thread(tree_bytes, self.artifact_dir)
+        self.meters.set_status(st, self.writer.queue_depth, artifact_bytes)
+        return MetricsResult(text=self.meters.render())
 
     async def prune(self, p: Empty | None = None, now: float | None = None) -> PruneResult:
         """Delete terminal jobs finished more than `retention_s` before `now` (default:

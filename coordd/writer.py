@@ -26,6 +26,7 @@ import aiosqlite
 
 from coordd import errors, store
 from coordd.clock import Clock
+from coordd.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -54,24 +55,33 @@ class Writer:
         batch_max: requests per transaction at most.
         busy_timeout_ms: SQLite busy timeout, for outside processes holding the file.
         clock_jump_s: a wall-vs-monotonic jump above this extends live leases (0 = off).
+        metrics: where batch sizes, commit times and queue waits are recorded.
     """
 
     def __init__(self, path: str, clock: Clock, *, queue_max: int = 20_000,
                  batch_max: int = 1024, busy_timeout_ms: int = 10_000,
-                 clock_jump_s: float = 60.0) -> None:
+                 clock_jump_s: float = 60.0, metrics: Metrics | None = None) -> None:
         self._path = path
         self._clock = clock
         self._queue_max = queue_max
         self._batch_max = batch_max
         self._busy_timeout_ms = busy_timeout_ms
         self._clock_jump_s = clock_jump_s
-        self._queue: collections.deque[tuple[WriteOp, asyncio.Future[Any]]] = collections.deque()
+        self._metrics = metrics
+        # (op, its future, when it was submitted: monotonic seconds)
+        self._queue: collections.deque[tuple[WriteOp, asyncio.Future[Any], float]] = \
+            collections.deque()
         self._wakeup = asyncio.Event()
         self._db: aiosqlite.Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._last_times: tuple[float, float] | None = None
         self.stats = WriterStats()
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests accepted and not yet committed."""
+        return len(self._queue)
 
     async def start(self) -> None:
         """Open the connection (WAL, synchronous=NORMAL, foreign keys, busy timeout),
@@ -119,7 +129,7 @@ class Writer:
         if len(self._queue) >= self._queue_max:
             raise errors.Overloaded(f"writer queue full ({self._queue_max} requests)")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((op, fut))
+        self._queue.append((op, fut, self._clock.mono()))
         self._wakeup.set()
         return fut
 
@@ -166,14 +176,18 @@ class Writer:
                 continue
             batch = [self._queue.popleft()
                      for _ in range(min(self._batch_max, len(self._queue)))]
+            started = self._clock.mono()
             try:
                 outcomes = await self._db._execute(self._apply, self._db._conn, batch)
+                if self._metrics is not None:
+                    self._metrics.observe_batch(len(batch), self.stats.commit_times[-1],
+                                                [started - t for _, _, t in batch])
             except Exception as exc:  # the whole transaction failed: nothing of it is stored
                 logger.error("group commit failed: %s", exc,
                              extra={"action": "commit_failed", "n": len(batch)})
                 err = _batch_error(exc)
                 outcomes = [(False, err)] * len(batch)
-            for (_, fut), (ok, value) in zip(batch, outcomes):
+            for (_, fut, _t), (ok, value) in zip(batch, outcomes):
                 if fut.done():
                     continue  # the caller went away; the op is committed all the same
                 if ok:
@@ -182,7 +196,7 @@ class Writer:
                     fut.set_exception(value)
 
     def _apply(self, conn: sqlite3.Connection,
-               batch: list[tuple[WriteOp, asyncio.Future[Any]]]) -> list[tuple[bool, Any]]:
+               batch: list[tuple[WriteOp, asyncio.Future[Any], float]]) -> list[tuple[bool, Any]]:
         """Run one batch in the database thread: BEGIN IMMEDIATE, SAVEPOINT per op, COMMIT."""
         t0 = self._clock.mono()
         now = self._clock.wall()
@@ -190,7 +204,7 @@ class Writer:
         conn.execute("BEGIN IMMEDIATE")
         try:
             self._check_clock_jump(conn, now, t0)
-            for op, _ in batch:
+            for op, _, _ in batch:
                 conn.execute("SAVEPOINT op")
                 try:
                     outcomes.append((True, op(conn, now)))

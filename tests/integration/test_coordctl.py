@@ -291,3 +291,33 @@ def test_usage_errors_exit_2(tmp_path):
     refused(ctl(str(tmp_path / "s"), "--timeout", "-1", "status"), 2, "usage")
     helped = ctl("", "--help")
     assert helped.returncode == 0 and "backup" in helped.stdout and "enqueue" in helped.stdout
+
+
+def test_metrics_parse_with_prometheus_parser_and_hold_the_series(daemon):
+    """`coordctl metrics` parses with prometheus-client's own parser and has every series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with SyncClient(daemon.socket, timeout=10) as c:
+        c.heartbeat("w1", ["cpu"], {"memory_used_pct": 95.0})  # over the gate: a refusal
+        job = c.enqueue(kind="k", required_role="cpu", priority=1)
+        assert c.claim("w1").reasons == ["memory_high"]
+        c.heartbeat("w1", ["cpu"], {"memory_used_pct": 10.0})
+        assert c.claim("w1").job.job_id == job.job_id
+    out = subprocess.run([sys.executable, "-m", "coordctl", "--socket", daemon.socket, "metrics"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(out.stdout) for s in fam.samples}
+    assert samples[("coordd_claims_total", ())] == 1
+    assert samples[("coordd_claim_refusals_total", (("reason", "memory_high"),))] == 1
+    assert samples[("coordd_jobs", (("status", "running"),))] == 1
+    assert samples[("coordd_waiting_jobs", (("priority", "1"),))] == 0
+    assert samples[("coordd_active_leases", ())] == 1
+    assert samples[("coordd_workers", (("state", "live"),))] == 1
+    assert samples[("coordd_writer_batch_size_count", ())] >= 5
+    assert ("coordd_writer_commit_seconds_bucket", (("le", "0.001"),)) in samples
+    assert samples[("coordd_writer_queue_wait_seconds_count", ())] >= 5
+    assert ("coordd_writer_queue_depth", ()) in samples
+    assert ("coordd_lease_expiries_total", ()) in samples
+    assert samples[("coordd_storage_bytes", (("file", "db"),))] > 0
+    assert ("coordd_storage_bytes", (("file", "artifacts"),)) in samples

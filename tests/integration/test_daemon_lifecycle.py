@@ -532,3 +532,30 @@ async def test_watchdog_pings_while_the_writer_commits(daemon_factory, tmp_path)
         assert await asyncio.to_thread(wait_exit, d) == 0
     finally:
         n.close()
+
+
+async def test_metrics_over_http_on_loopback(daemon_factory):
+    """With metrics_port set, /metrics on 127.0.0.1 serves the series; stop still exits 0."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    with socket.socket() as s:  # a free port on loopback
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = daemon_factory(f"metrics_port = {port}\nreaper_interval_s = 0.2\n", name="m")
+    d.start()
+    async with Client(d.socket, timeout=5) as c:
+        await c.enqueue(kind="k", required_role="cpu", priority=2)
+
+    def scrape() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return {(x.name, tuple(x.labels.items())): x.value
+                    for f in text_string_to_metric_families(r.read().decode())
+                    for x in f.samples}
+
+    deadline = time.monotonic() + 10
+    while scrape().get(("coordd_jobs", (("status", "waiting"),))) != 1:  # gauges refresh
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    assert d.stop() == 0
+    assert "Traceback" not in d.log()

@@ -1,0 +1,91 @@
+"""coordd's metrics, in Prometheus text format (prometheus-client), on a private registry.
+
+Series:
+- `coordd_jobs{status}`, `coordd_waiting_jobs{priority}`: queue depth (set at each scrape);
+- `coordd_workers{state="known"|"live"}`, `coordd_active_leases`;
+- `coordd_claims_total`, `coordd_claim_refusals_total{reason}`, `coordd_lease_expiries_total`;
+- `coordd_writer_batch_size`, `coordd_writer_commit_seconds`,
+  `coordd_writer_queue_wait_seconds` (histograms: p50/p99 with histogram_quantile),
+  `coordd_writer_queue_depth`;
+- `coordd_storage_bytes{file="db"|"wal"|"artifacts"}`.
+Served by the `metrics` RPC (`coordctl metrics`) and, when `metrics_port` is set, over HTTP
+on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from coordd.protocol import StatusReply
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+SECONDS_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+
+class Metrics:
+    """Every series coordd exports; one instance per Coordinator (its own registry)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.claims = Counter("coordd_claims", "Jobs handed out by claim", registry=r)
+        self.refusals = Counter("coordd_claim_refusals", "Claims that got no job, by reason",
+                                ["reason"], registry=r)
+        self.lease_expiries = Counter("coordd_lease_expiries",
+                                      "Expired leases reaped (job requeued, failed or cancelled)",
+                                      registry=r)
+        self.batch_size = Histogram("coordd_writer_batch_size", "Requests per group commit",
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.commit_seconds = Histogram("coordd_writer_commit_seconds",
+                                        "Seconds per group commit (BEGIN to COMMIT)",
+                                        buckets=SECONDS_BUCKETS, registry=r)
+        self.queue_wait = Histogram("coordd_writer_queue_wait_seconds",
+                                    "Seconds a request waits for the writer",
+                                    buckets=SECONDS_BUCKETS, registry=r)
+        self.queue_depth = Gauge("coordd_writer_queue_depth",
+                                 "Requests accepted and not yet committed", registry=r)
+        self.jobs = Gauge("coordd_jobs", "Jobs by status", ["status"], registry=r)
+        self.waiting = Gauge("coordd_waiting_jobs", "Waiting jobs by priority", ["priority"],
+                             registry=r)
+        self.workers = Gauge("coordd_workers", "Workers known, and live (fresh heartbeat)",
+                             ["state"], registry=r)
+        self.active_leases = Gauge("coordd_active_leases", "Live leases", registry=r)
+        self.storage = Gauge("coordd_storage_bytes", "Bytes on disk", ["file"], registry=r)
+
+    def observe_batch(self, size: int, commit_s: float, waits_s: list[float]) -> None:
+        """Record one group commit: its size, its duration and each request's wait (seconds)."""
+        self.batch_size.observe(size)
+        self.commit_seconds.observe(commit_s)
+        for w in waits_s:
+            self.queue_wait.observe(w)
+
+    def set_status(self, st: StatusReply, queue_depth: int, artifact_bytes: int) -> None:
+        """Set the gauges from a `status` reply and the writer's queue depth."""
+        for status, n in st.jobs.items():
+            self.jobs.labels(status).set(n)
+        for prio, n in st.waiting_by_priority.items():
+            self.waiting.labels(prio.removeprefix("p")).set(n)
+        self.workers.labels("known").set(st.workers)
+        self.workers.labels("live").set(st.workers_live)
+        self.active_leases.set(st.active_leases)
+        self.queue_depth.set(queue_depth)
+        self.storage.labels("db").set(st.db_bytes)
+        self.storage.labels("wal").set(st.wal_bytes)
+        self.storage.labels("artifacts").set(artifact_bytes)
+
+    def render(self) -> str:
+        """The Prometheus text exposition of every series."""
+        return generate_latest(self.registry).decode()
+
+
+def tree_bytes(root: str) -> int:
+    """Total size in bytes of the regular files under `root` (0 if it does not exist)."""
+    total = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return total
