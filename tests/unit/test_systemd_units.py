@@ -41,3 +41,17 @@ def test_service_contract():
     assert "SocketMode=0660" in sock
     worker = (UNITS / "coord-worker@.service").read_text()
     assert "--worker-id %i" in worker and "KillMode=mixed" in worker
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_coordd_service_exposure_at_most_2(tmp_path):
+    """`systemd-analyze security --offline=yes` rates coordd.service 2.0 or better (issue 5)."""
+    import re
+    unit = tmp_path / "coordd.service"
+    unit.write_text((UNITS / "coordd.service").read_text())
+    out = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)],
+                         capture_output=True, text=True, timeout=60)
+    m = re.search(r"Overall exposure level for coordd\.service: ([0-9.]+)", out.stdout)
+    if m is None:
+        pytest.skip(f"this systemd-analyze cannot rate units offline: {out.stderr[-200:]}")
+    assert float(m.group(1)) <= 2.0, out.stdout[-2000:]
