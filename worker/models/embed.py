@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from worker.artifacts import write_atomic
+from coordd.cas import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def embed(model: Any, texts: list[str]) -> list[list[float]]:
 
 
 def write_result(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (see worker.artifacts.write_atomic)."""
+    """Write ``data`` as JSON to ``path`` atomically (see coordd.cas.write_atomic)."""
     write_atomic(path, json.dumps(data, separators=(",", ":")).encode())
 
 

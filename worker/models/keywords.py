@@ -20,7 +20,7 @@ import re
 import sys
 from typing import Any
 
-from worker.artifacts import write_atomic
+from coordd.cas import write_atomic
 from worker.models.train import MODULES_DEFAULT, build_corpus
 
 EXIT_BAD_PAYLOAD = 2

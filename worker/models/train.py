@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any
 
-from worker.artifacts import write_atomic
+from coordd.cas import write_atomic
 
 logger = logging.getLogger(__name__)
 
