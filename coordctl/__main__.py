@@ -124,6 +124,10 @@ def build_parser() -> Parser:
     cmd("metrics", "every metric series in Prometheus text format")
     b = cmd("backup", "a consistent, verified copy of the database, written by coordd")
     b.add_argument("dest", metavar="DEST", help="a new file path on coordd's host")
+    r = cmd("restore", "verify a backup and install it as the database (coordd stopped)")
+    r.add_argument("src", metavar="SRC", help="a backup written by `coordctl backup`")
+    r.add_argument("--db", metavar="PATH",
+                   help="the database to replace (default: $COORDD_DB or the per-user path)")
     c = cmd("check", "integrity check of the live database, or of a copy at PATH")
     c.add_argument("path", metavar="PATH", nargs="?",
                    help="check this SQLite file read-only here instead of asking coordd")

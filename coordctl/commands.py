@@ -256,10 +256,28 @@ def backup(client: Any, args: argparse.Namespace) -> Outcome:
     res = client.backup(dest)
     line = (f"backup written to {res.path} ({res.bytes} bytes, {res.jobs} jobs); "
             f"quick_check: {res.quick_check}")
+    if res.artifacts or res.missing_artifacts:
+        line += (f"\nartifacts: {res.artifacts} copied to {res.path}.artifacts, "
+                 f"{len(res.missing_artifacts)} missing; manifest: {res.manifest}")
     failure = None
     if res.quick_check != "ok":
         failure = ("check_failed", f"backup copy {res.path} failed quick_check: {res.quick_check}")
+    elif res.missing_artifacts:
+        failure = ("artifacts_missing", f"{len(res.missing_artifacts)} referenced artifact "
+                   f"file(s) were absent or damaged: {', '.join(res.missing_artifacts[:3])}")
     return Outcome(res, line, failure)
+
+
+def restore(client: Any, args: argparse.Namespace) -> Outcome:
+    """`restore SRC [--db PATH]`: verify a backup (quick_check, every sha256) and install it
+    as the database, with its artifacts beside it. coordd must be stopped; needs no socket."""
+    from coordd import backup as backup_mod
+    from coordd.config import artifact_dir_for, default_db_path
+    db = os.path.abspath(os.path.expanduser(args.db or str(default_db_path())))
+    res = backup_mod.restore(os.path.expanduser(args.src), db, artifact_dir_for(db))
+    line = (f"restored {res['db']} ({res['jobs']} jobs, {res['artifacts']} artifacts) "
+            f"from {os.path.abspath(args.src)}; quick_check and every sha256 verified")
+    return Outcome(res, line)
 
 
 def _check_line(res: dict[str, Any]) -> str:
@@ -323,6 +341,6 @@ def check(client: Any, args: argparse.Namespace) -> Outcome:
 COMMANDS: dict[str, Callable[[Any, argparse.Namespace], Outcome]] = {
     "status": status, "enqueue": enqueue, "list": list_jobs, "show": show,
     "cancel": cancel, "retry": retry, "reap": reap, "workers": workers,
-    "backup": backup, "check": check, "metrics": metrics,
+    "backup": backup, "check": check, "metrics": metrics, "restore": restore,
 }
 """Subcommand name -> implementation."""

@@ -170,6 +170,11 @@ def default_socket_path() -> Path:
     return default_state_dir() / "coordd.sock"
 
 
+def artifact_dir_for(db_path: str | os.PathLike[str]) -> str:
+    """The content-addressed artifact store beside a database: `<db folder>/artifacts`."""
+    return os.path.join(os.path.dirname(os.path.abspath(db_path)), "artifacts")
+
+
 def default_db_path() -> Path:
     """Return `$COORDD_DB`, else `<state dir>/coordd.db`."""
     env = os.environ.get("COORDD_DB")

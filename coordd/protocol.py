@@ -377,6 +377,9 @@ class BackupResult(msgspec.Struct, kw_only=True):
     bytes: int
     quick_check: str
     jobs: int
+    artifacts: int = 0  # artifact files copied beside the copy (`<path>.artifacts/`)
+    missing_artifacts: list[str] = []  # referenced, but absent or damaged at backup time
+    manifest: str = ""  # `<path>.manifest.json`: sha256 of the copy and of every artifact
 
 
 PARAMS: dict[str, type[msgspec.Struct]] = {

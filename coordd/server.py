@@ -29,7 +29,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from coordd import errors
+from coordd import backup, errors
 from coordd.clock import Clock, SystemClock
 from coordd.config import Config
 from coordd.reaper import Reaper
@@ -157,6 +157,7 @@ class Daemon:
             self._admin_uids, self._admin_gids = set(config.admin_uids), set(config.admin_gids)
         else:
             self._admin_uids, self._admin_gids = {0, os.getuid()}, set()
+        self._db_lock = contextlib.ExitStack()
         self.dispatcher = Dispatcher(self._handle, config.max_frame_bytes, self._is_admin)
 
     def _is_admin(self, peer: PeerCred) -> bool:
@@ -200,6 +201,7 @@ class Daemon:
                 await self._shutdown(server)
         finally:
             await self.coord.close()
+            self._db_lock.close()
             if lock_fd is not None:
                 with contextlib.suppress(FileNotFoundError):
                     if stat.S_ISSOCK(os.lstat(sock_path).st_mode):
@@ -215,6 +217,13 @@ class Daemon:
             raise StartupError(f"database folder {db.parent} does not exist")
         if db.exists() and not db.is_file():
             raise StartupError(f"database {db} is not a regular file")
+        try:  # held while coordd runs, so a restore cannot swap the file under it
+            self._db_lock.enter_context(backup.db_lock(str(db)))
+        except errors.InvalidState as exc:
+            raise StartupError(exc.message) from exc
+        except OSError as exc:
+            raise StartupError(f"cannot open the database {db}: cannot create its lock file "
+                               f"({(exc.strerror or str(exc)).lower()})") from exc
         try:
             await self.coord.start()
         except errors.StoreError as exc:

@@ -21,9 +21,9 @@ from typing import Any
 import aiosqlite
 import msgspec
 
-from coordd import errors, gates, leases, store, views
+from coordd import backup, errors, gates, leases, store, views
 from coordd.clock import Clock
-from coordd.config import Config
+from coordd.config import Config, artifact_dir_for
 from coordd.protocol import (
     PRIORITIES, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
     CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
@@ -58,7 +58,7 @@ class Coordinator:
     def __init__(self, db_path: str, config: Config, clock: Clock,
                  rng: random.Random | None = None) -> None:
         self.db_path = db_path
-        self.artifact_dir = os.path.join(os.path.dirname(os.path.abspath(db_path)), "artifacts")
+        self.artifact_dir = artifact_dir_for(db_path)
         self.config = config
         self.clock = clock
         self._rng = rng or random.Random()
@@ -350,15 +350,14 @@ class Coordinator:
         return {"quick_check": qc, "foreign_key_violations": len(fk)}
 
     async def backup(self, p: Backup) -> BackupResult:
-        """Copy the DB with SQLite's backup API (a consistent snapshot while writes go on)
-        to a temporary name, fsync, rename to `p.dest`, then open the copy on its own
-        connection and run `PRAGMA quick_check`.
+        """Write a verified backup at `p.dest`: the database copied with SQLite's backup API
+        while writes go on, the artifact files it refers to, and a manifest of their
+        sha256 (coordd.backup). Runs in a thread, beside the writer.
 
         Raises: BadRequest (dest exists or its folder is missing), CoordError (the copy
         failed its check: it is removed).
         """
-        return await asyncio.get_running_loop().run_in_executor(
-            None, _backup_file, self.db_path, p.dest)
+        return await asyncio.to_thread(backup.backup, self.db_path, self.artifact_dir, p.dest)
 
     # ------------------------------------------------------------ helpers
 
@@ -435,46 +434,3 @@ def _file_size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
-
-
-def _backup_file(db_path: str, dest: str) -> BackupResult:
-    dest_dir = os.path.dirname(os.path.abspath(dest))
-    if not os.path.isdir(dest_dir):
-        raise errors.BadRequest(f"backup: folder {dest_dir} does not exist")
-    if os.path.exists(dest):
-        raise errors.BadRequest(f"backup: {dest} exists; choose a new path")
-    tmp = f"{dest}.tmp-{secrets.token_hex(4)}"
-    try:
-        src = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-        try:
-            dst = sqlite3.connect(tmp)
-            try:
-                src.backup(dst)  # pages=-1: one step, one consistent snapshot
-                dst.execute("PRAGMA journal_mode=DELETE")
-            finally:
-                dst.close()
-        finally:
-            src.close()
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.rename(tmp, dest)
-        dir_fd = os.open(dest_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except (OSError, sqlite3.Error) as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise errors.CoordError(f"backup failed: {exc}") from exc
-    check = sqlite3.connect(f"file:{dest}?mode=ro", uri=True)
-    try:
-        qc = views.integrity(check)[0]
-        jobs = views.count_jobs(check)
-    finally:
-        check.close()
-    if qc != "ok":
-        os.unlink(dest)
-        raise errors.CoordError(f"backup copy failed quick_check ({qc}); removed")
-    return BackupResult(path=os.path.abspath(dest), bytes=os.stat(dest).st_size,
-                        quick_check=qc, jobs=jobs)

@@ -577,4 +577,16 @@ def status_counts(conn: sqlite3.Connection, now: float, stale_s: float
 
 SQL_COUNT_JOBS = "SELECT count(*) FROM jobs"
 
+# backup and restore: every artifact file the database refers to, and where
+SQL_ARTIFACT_REFS = "SELECT sha256, path FROM artifacts"
+SQL_CHECKPOINT_REFS = (
+    "SELECT job_id, json_extract(checkpoint_json, '$.sha256'), "
+    "json_extract(checkpoint_json, '$.path') FROM jobs "
+    "WHERE json_valid(checkpoint_json) AND json_type(checkpoint_json, '$.sha256') = 'text'"
+)
+SQL_SET_ARTIFACT_PATH = "UPDATE artifacts SET path = ? WHERE sha256 = ?"
+SQL_SET_CHECKPOINT_PATH = (
+    "UPDATE jobs SET checkpoint_json = json_set(checkpoint_json, '$.path', ?) WHERE job_id = ?"
+)
+
 

@@ -389,7 +389,7 @@ async def test_startup_db_not_sqlite_left_unchanged(tmp_path):
     res = await run_coordd("--db", str(db), "--socket", str(tmp_path / "c.sock"))
     _assert_one_line_refusal(res, "not a database", str(db))
     assert db.read_bytes() == content
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.sock.lock", "notes.db"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.sock.lock", "notes.db", "notes.db.lock"]
 
 
 async def test_startup_db_truncated(daemon_factory, tmp_path):

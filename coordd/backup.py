@@ -1,0 +1,228 @@
+"""Backups that restore: a consistent copy of the database, the artifact files it refers to,
+and a manifest of their sha256; and the offline restore that verifies all of it first.
+
+Layout of a backup at DEST: `DEST` (the SQLite copy, one self-contained file),
+`DEST.artifacts/<sha[:2]>/<sha256>` (every artifact and checkpoint file the copy refers to)
+and `DEST.manifest.json` (`{"db": {"sha256", "bytes"}, "artifacts": [{"sha256", "bytes"}],
+"missing": [sha256...]}`), written last: a backup without its manifest is incomplete.
+
+`restore` runs with coordd stopped (it takes the `<db>.lock` coordd holds while it runs),
+checks `quick_check` and every hash, installs the artifact files first and the database
+second, and points the copy's artifact and checkpoint paths at the artifact store beside
+the restored database. Anything that does not verify refuses the whole restore.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from typing import Any
+
+from coordd import cas, errors, store, views
+from coordd.protocol import BackupResult
+
+MANIFEST_SUFFIX = ".manifest.json"
+ARTIFACTS_SUFFIX = ".artifacts"
+LOCK_SUFFIX = ".lock"
+
+
+class RestoreRefused(errors.CoordError):
+    """The backup did not verify, or coordd is running on the target; nothing was changed."""
+
+    code = "restore_refused"
+
+
+@contextlib.contextmanager
+def db_lock(db_path: str) -> Iterator[None]:
+    """Hold `<db>.lock` (flock) for the block: coordd holds it while it runs, restore too.
+
+    Raises:
+        errors.InvalidState: another process (a coordd, a restore) holds it.
+    """
+    fd = os.open(db_path + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise errors.InvalidState(
+                f"{db_path} is in use by another process (a running coordd or a restore)"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _refs(conn: sqlite3.Connection) -> dict[str, str]:
+    """sha256 -> path of every artifact and checkpoint file the database refers to."""
+    refs = {sha: path for sha, path in conn.execute(store.SQL_ARTIFACT_REFS)}
+    for _job, sha, path in conn.execute(store.SQL_CHECKPOINT_REFS):
+        if isinstance(path, str):
+            refs.setdefault(sha, path)
+    return refs
+
+
+def _copy_verified(src: str, root: str, sha: str) -> bool:
+    """Copy `src` into the store at `root`; True only if its bytes hash to `sha`."""
+    try:
+        stored = cas.store_file(root, src)
+    except OSError:
+        return False
+    if stored.sha256 != sha:
+        os.unlink(stored.path)
+        return False
+    return True
+
+
+def backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
+    """Write a verified backup at `dest` while coordd keeps serving (see the module doc).
+
+    The database is copied with SQLite's backup API in one step (one consistent snapshot),
+    fsynced and renamed into place, then opened on its own connection for `quick_check`.
+
+    Raises:
+        errors.BadRequest: `dest` exists or its folder does not.
+        errors.CoordError: the copy failed or did not pass `quick_check` (it is removed).
+    """
+    dest = os.path.abspath(dest)
+    dest_dir = os.path.dirname(dest)
+    if not os.path.isdir(dest_dir):
+        raise errors.BadRequest(f"backup: folder {dest_dir} does not exist")
+    if any(os.path.exists(dest + s) for s in ("", MANIFEST_SUFFIX, ARTIFACTS_SUFFIX)):
+        raise errors.BadRequest(f"backup: {dest} (or its manifest) exists; choose a new path")
+    tmp = f"{dest}.tmp-{secrets.token_hex(4)}"
+    try:
+        src = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+        try:
+            dst = sqlite3.connect(tmp)
+            try:
+                src.backup(dst)  # pages=-1: one step, one consistent snapshot
+                dst.execute("PRAGMA journal_mode=DELETE")
+            finally:
+                dst.close()
+        finally:
+            src.close()
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.rename(tmp, dest)
+        cas.fsync_dir(dest_dir)
+    except (OSError, sqlite3.Error) as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise errors.CoordError(f"backup failed: {exc}") from exc
+    check = sqlite3.connect(f"file:{dest}?mode=ro", uri=True)
+    try:
+        qc = views.integrity(check)[0]
+        jobs = views.count_jobs(check)
+        refs = _refs(check)
+    finally:
+        check.close()
+    if qc != "ok":
+        os.unlink(dest)
+        raise errors.CoordError(f"backup copy failed quick_check ({qc}); removed")
+    copied, missing = [], []
+    for sha, path in sorted(refs.items()):
+        (copied if _copy_verified(path, dest + ARTIFACTS_SUFFIX, sha) else missing).append(sha)
+    db_sha, db_bytes = cas.sha256_file(dest)
+    arts = dest + ARTIFACTS_SUFFIX
+    manifest = {"db": {"sha256": db_sha, "bytes": db_bytes},
+                "artifacts": [{"sha256": s, "bytes": os.stat(_in_store(arts, s)).st_size}
+                              for s in copied],
+                "missing": missing}
+    cas.write_atomic(dest + MANIFEST_SUFFIX, json.dumps(manifest, indent=1).encode())
+    return BackupResult(path=dest, bytes=db_bytes, quick_check=qc, jobs=jobs,
+                        artifacts=len(copied), missing_artifacts=missing,
+                        manifest=dest + MANIFEST_SUFFIX)
+
+
+def _in_store(root: str, sha: str) -> str:
+    return os.path.join(root, sha[:2], sha)
+
+
+def verify(src: str) -> dict[str, Any]:
+    """Check a backup: manifest present, database hash and `quick_check`, every artifact's
+    hash. Returns the manifest.
+
+    Raises:
+        RestoreRefused: anything is missing or does not match.
+    """
+    src = os.path.abspath(src)
+    try:
+        with open(src + MANIFEST_SUFFIX) as f:
+            manifest = json.load(f)
+        db_sha, _ = cas.sha256_file(src)
+    except (OSError, ValueError) as exc:
+        raise RestoreRefused(f"{src}: no readable backup with a manifest: {exc}") from exc
+    if db_sha != manifest["db"]["sha256"]:
+        raise RestoreRefused(f"{src}: database does not match its manifest's sha256")
+    try:
+        conn = sqlite3.connect(f"file:{src}?mode=ro", uri=True)
+        try:
+            qc, fk = views.integrity(conn)
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise RestoreRefused(f"{src}: not a readable SQLite database: {exc}") from exc
+    if qc != "ok" or fk:
+        raise RestoreRefused(f"{src}: quick_check {qc!r}, {len(fk)} foreign-key violation(s)")
+    for art in manifest["artifacts"]:
+        path = _in_store(src + ARTIFACTS_SUFFIX, art["sha256"])
+        try:
+            sha, size = cas.sha256_file(path)
+        except OSError as exc:
+            raise RestoreRefused(f"artifact {art['sha256']}: {exc.strerror or exc}") from exc
+        if sha != art["sha256"] or size != art["bytes"]:
+            raise RestoreRefused(f"artifact {art['sha256']}: content does not match its hash")
+    return manifest
+
+
+def restore(src: str, db_path: str, artifact_dir: str) -> dict[str, Any]:
+    """Verify the backup at `src`, then install it as `db_path` (coordd must be stopped).
+
+    Returns `{"db", "jobs", "artifacts", "missing"}`.
+    Raises:
+        RestoreRefused: the backup does not verify (nothing was changed).
+        errors.InvalidState: coordd (or another restore) holds the database's lock.
+    """
+    src, db_path = os.path.abspath(src), os.path.abspath(db_path)
+    with db_lock(db_path):
+        manifest = verify(src)
+        for art in manifest["artifacts"]:  # files first, then the records that name them
+            sha = art["sha256"]
+            if not _copy_verified(_in_store(src + ARTIFACTS_SUFFIX, sha), artifact_dir, sha):
+                raise RestoreRefused(f"artifact {sha}: could not be installed in {artifact_dir}")
+        tmp = f"{db_path}.restore-{secrets.token_hex(4)}"
+        try:
+            shutil.copyfile(src, tmp)
+            conn = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for art in manifest["artifacts"]:
+                    path = _in_store(artifact_dir, art["sha256"])
+                    conn.execute(store.SQL_SET_ARTIFACT_PATH, (path, art["sha256"]))
+                for job_id, sha, _old in conn.execute(store.SQL_CHECKPOINT_REFS).fetchall():
+                    conn.execute(store.SQL_SET_CHECKPOINT_PATH,
+                                 (_in_store(artifact_dir, sha), job_id))
+                conn.execute("COMMIT")
+                jobs = views.count_jobs(conn)
+            finally:
+                conn.close()
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            for stale in (db_path + "-wal", db_path + "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(stale)
+            os.rename(tmp, db_path)
+            cas.fsync_dir(os.path.dirname(db_path))
+        except (OSError, sqlite3.Error) as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise errors.CoordError(f"restore failed before the rename, "
+                                    f"{db_path} is unchanged: {exc}") from exc
+    return {"db": db_path, "jobs": jobs, "artifacts": len(manifest["artifacts"]),
+            "missing": manifest["missing"]}

@@ -1,0 +1,135 @@
+"""Restore drill (issue 5): a backup taken while 4 clients keep writing restores, with every
+job and artifact readable and matching its hash; a damaged backup or a running coordd on the
+target refuses the restore and changes nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from coordd import cas
+from coordd.client import SyncClient
+from coordd.config import artifact_dir_for
+from tests.integration.conftest import DaemonProc
+
+COOL = {"memory_used_pct": 10.0}
+
+
+def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "coordctl", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def _with_artifacts(sock: str, db: str, tmp: Path) -> tuple[dict[str, str], str]:
+    """Complete 5 jobs whose results are artifact files, and checkpoint one running job on
+    an artifact file. Returns (job_id -> artifact sha256, the checkpointed job's id)."""
+    store = artifact_dir_for(db)
+    results = {}
+    with SyncClient(sock, timeout=10) as c:
+        c.heartbeat("wa", ["art"], COOL)
+        for i in range(5):
+            job = c.enqueue(kind="k", required_role="art", priority=0).job_id
+            got = c.claim("wa")
+            src = tmp / f"result{i}.bin"
+            src.write_bytes(os.urandom(2048) + bytes([i]))
+            stored = cas.store_file(store, str(src))
+            c.complete(job, "wa", got.lease.token, {"artifact": stored.sha256},
+                       artifact={"sha256": stored.sha256, "size": stored.size,
+                                 "path": stored.path})
+            results[job] = stored.sha256
+        job = c.enqueue(kind="k", required_role="art", priority=0).job_id
+        got = c.claim("wa", lease_s=600)
+        ck = tmp / "ckpt.json"
+        ck.write_text('{"step": 40}')
+        stored = cas.store_file(store, str(ck))
+        c.checkpoint(job, "wa", got.lease.token, {"path": stored.path, "sha256": stored.sha256,
+                                                  "size": stored.size, "name": "ckpt.json"})
+    return results, job
+
+
+def test_backup_under_load_restores_with_every_job_and_artifact(daemon_factory, tmp_path):
+    d = daemon_factory()
+    d.start()
+    results, ck_job = _with_artifacts(d.socket, d.db, tmp_path)
+    acked: list[str] = []
+    stop = threading.Event()
+
+    def writer(n: int) -> None:
+        with SyncClient(d.socket, timeout=10) as c:
+            c.heartbeat(f"w{n}", ["cpu"], COOL)
+            while not stop.is_set():
+                job = c.enqueue(kind="k", required_role="cpu", priority=2).job_id
+                acked.append(job)
+                got = c.claim(f"w{n}")
+                if got.job is not None:
+                    c.complete(got.job.job_id, f"w{n}", got.lease.token, {"by": n})
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        while len(acked) < 100:
+            threading.Event().wait(0.02)
+        before = list(acked)
+        dest = tmp_path / "bk" / "coordd-backup.db"
+        dest.parent.mkdir()
+        out = ctl("--socket", d.socket, "backup", str(dest))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert out.returncode == 0, out.stderr
+    assert "artifacts: 6 copied" in out.stdout and "0 missing" in out.stdout
+    assert d.stop() == 0
+
+    target = tmp_path / "restored" / "coordd.db"
+    target.parent.mkdir()
+    res = ctl("restore", str(dest), "--db", str(target))
+    assert res.returncode == 0, res.stderr
+    assert "every sha256 verified" in res.stdout
+
+    r = DaemonProc(db=str(target), socket=str(tmp_path / "r.sock"), config=None,
+                   log_path=str(tmp_path / "r.log"))
+    r.start()
+    try:
+        new_store = artifact_dir_for(str(target))
+        with SyncClient(r.socket, timeout=10) as c:
+            for job in before:
+                assert c.get_job(job).job_id == job
+            for job, sha in results.items():
+                view = c.get_job(job)
+                assert view.status == "succeeded" and view.artifact.sha256 == sha
+                assert view.artifact.path.startswith(new_store)
+                assert cas.sha256_file(view.artifact.path)[0] == sha
+            ck = c.get_job(ck_job).checkpoint
+            assert ck["path"].startswith(new_store)
+            assert cas.sha256_file(ck["path"])[0] == ck["sha256"]
+            assert c.check()["quick_check"] == "ok"
+    finally:
+        assert r.stop() == 0
+
+
+def test_damaged_backup_or_running_coordd_refuses_restore(daemon_factory, tmp_path):
+    d = daemon_factory()
+    d.start()
+    _with_artifacts(d.socket, d.db, tmp_path)
+    dest = tmp_path / "bk.db"
+    assert ctl("--socket", d.socket, "backup", str(dest)).returncode == 0
+
+    live = ctl("restore", str(dest), "--db", d.db)  # coordd holds the database's lock
+    assert live.returncode == 1 and "invalid_state" in live.stderr, live.stderr
+    with SyncClient(d.socket, timeout=10) as c:
+        assert c.status().jobs["succeeded"] == 5
+
+    art = next(p for p in Path(str(dest) + ".artifacts").rglob("*") if p.is_file())
+    art.write_bytes(art.read_bytes()[:-1] + b"\x00")  # one byte changed
+    target = tmp_path / "t" / "coordd.db"
+    target.parent.mkdir()
+    bad = ctl("restore", str(dest), "--db", str(target))
+    assert bad.returncode == 1 and "restore_refused" in bad.stderr, bad.stderr
+    assert "does not match" in bad.stderr
+    assert not target.exists() and not Path(artifact_dir_for(str(target))).exists()
+    assert len(bad.stderr.strip().splitlines()) == 1
