@@ -165,6 +165,7 @@ class ListJobs(msgspec.Struct, kw_only=True):
     priority: int | None = None
     limit: int = 100
     after: str | None = None
+    newest_first: bool = False  # newest first; `after` then pages towards older jobs
 
 
 class Backup(msgspec.Struct, kw_only=True):

@@ -319,7 +319,7 @@ class Coordinator:
         jobs = await self._read(partial(
             views.list_jobs, now=now, status=p.status, kind=p.kind, role=p.role,
             priority=p.priority, limit=limit, after=p.after,
-            aging_s=self.config.aging_interval_s))
+            aging_s=self.config.aging_interval_s, newest_first=p.newest_first))
         if any(j.status == "waiting" for j in jobs):
             workers = await self._read(views.list_workers)
             for j in jobs:

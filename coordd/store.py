@@ -542,12 +542,21 @@ SQL_JOB_ROW = (
     "LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 "
 )
 SQL_GET_JOB = SQL_JOB_ROW + "WHERE j.job_id = ?"
-SQL_LIST_JOBS = (
-    SQL_JOB_ROW + "WHERE (?1 IS NULL OR j.status = ?1) AND (?2 IS NULL OR j.kind = ?2) "
+_LIST_FILTERS = (
+    "WHERE (?1 IS NULL OR j.status = ?1) AND (?2 IS NULL OR j.kind = ?2) "
     "AND (?3 IS NULL OR j.required_role = ?3) AND (?4 IS NULL OR j.priority = ?4) "
-    "AND j.rowid > coalesce((SELECT rowid FROM jobs WHERE job_id = ?5), 0) "
+)
+SQL_LIST_JOBS = (  # oldest first, after the job ?5 (None: from the start)
+    SQL_JOB_ROW + _LIST_FILTERS
+    + "AND (?5 IS NULL OR j.rowid > (SELECT rowid FROM jobs WHERE job_id = ?5)) "
     "ORDER BY j.rowid LIMIT ?6"
 )
+SQL_LIST_JOBS_NEWEST = (  # newest first, before the job ?5 (None: from the newest)
+    SQL_JOB_ROW + _LIST_FILTERS
+    + "AND (?5 IS NULL OR j.rowid < (SELECT rowid FROM jobs WHERE job_id = ?5)) "
+    "ORDER BY j.rowid DESC LIMIT ?6"
+)
+SQL_JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = ?"
 SQL_EVENTS = (
     "SELECT at, from_status, to_status, worker_id, reason FROM job_events "
     "WHERE job_id = ? ORDER BY event_id"

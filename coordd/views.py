@@ -14,9 +14,8 @@ from coordd import errors
 from coordd.leases import effective_priority
 from coordd.protocol import ArtifactRef, EventView, JobView, LeaseView
 from coordd.store import (
-    PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK,
-    SQL_COUNT_JOBS, SQL_EVENTS, SQL_GET_JOB, SQL_LIST_JOBS, SQL_PRUNABLE, SQL_WORKERS,
-    lenient_json,
+    PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, SQL_COUNT_JOBS, SQL_EVENTS, SQL_GET_JOB,
+    SQL_JOB_EXISTS, SQL_LIST_JOBS, SQL_LIST_JOBS_NEWEST, SQL_PRUNABLE, SQL_WORKERS, lenient_json,
 )
 
 
@@ -60,9 +59,17 @@ def get_job(conn: sqlite3.Connection, now: float, job_id: str, aging_s: float) -
 
 def list_jobs(conn: sqlite3.Connection, now: float, *, status: str | None, kind: str | None,
               role: str | None, priority: int | None, limit: int, after: str | None,
-              aging_s: float) -> list[JobView]:
-    """Return up to `limit` jobs matching every given filter, in enqueue order after `after`."""
-    rows = conn.execute(SQL_LIST_JOBS, (status, kind, role, priority, after, limit)).fetchall()
+              aging_s: float, newest_first: bool = False) -> list[JobView]:
+    """Return up to `limit` jobs matching every given filter, in enqueue order after the
+    job `after` (newest first, and before it, with `newest_first`).
+
+    Raises:
+        errors.NotFound: `after` names no job (a page cannot be continued from it).
+    """
+    if after is not None and conn.execute(SQL_JOB_EXISTS, (after,)).fetchone() is None:
+        raise errors.NotFound(f"job {after} not found (the page's `after`)")
+    sql = SQL_LIST_JOBS_NEWEST if newest_first else SQL_LIST_JOBS
+    rows = conn.execute(sql, (status, kind, role, priority, after, limit)).fetchall()
     return [_job_view(r, now, aging_s) for r in rows]
 
 

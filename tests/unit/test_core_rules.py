@@ -242,3 +242,14 @@ async def test_claim_with_kinds_only_takes_kinds_the_worker_runs(bundle):
     assert none.job is None and none.reasons == ["no_matching_role"]
     res2 = await bundle.coord.claim(Claim(worker_id="w1"))
     assert res2.job.job_id == train
+
+
+async def test_list_jobs_newest_first_and_unknown_after(bundle):
+    ids = [await bundle.enqueue() for _ in range(5)]
+    page = await bundle.coord.list_jobs(ListJobs(limit=3, newest_first=True))
+    assert [j.job_id for j in page.jobs] == ids[::-1][:3]
+    rest = await bundle.coord.list_jobs(ListJobs(limit=3, newest_first=True,
+                                                 after=page.next_after))
+    assert [j.job_id for j in rest.jobs] == ids[1::-1]
+    with pytest.raises(errors.NotFound):  # an unknown `after` never restarts from the top
+        await bundle.coord.list_jobs(ListJobs(after="nosuchjob"))
