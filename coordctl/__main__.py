@@ -122,6 +122,10 @@ def build_parser() -> Parser:
     cmd("reap", "return jobs with expired leases to waiting now")
     cmd("workers", "workers, their readings and gate verdicts per priority")
     cmd("metrics", "every metric series in Prometheus text format")
+    tp = cmd("top", "live view: queues, workers and gates, running jobs, recent failures")
+    tp.add_argument("--interval", type=_positive(float), default=1.0, metavar="S",
+                    help="seconds between refreshes (default 1)")
+    tp.add_argument("--once", action="store_true", help="print one frame and exit")
     b = cmd("backup", "a consistent, verified copy of the database, written by coordd")
     b.add_argument("dest", metavar="DEST", help="a new file path on coordd's host")
     r = cmd("restore", "verify a backup and install it as the database (coordd stopped)")

@@ -268,6 +268,16 @@ def backup(client: Any, args: argparse.Namespace) -> Outcome:
     return Outcome(res, line, failure)
 
 
+def top(client: Any, args: argparse.Namespace) -> Outcome:
+    """`top [--interval S] [--once]`: the live view (see coordctl.top)."""
+    from coordctl import render
+    from coordctl import top as top_mod
+    if args.json:  # one frame, as data
+        return Outcome(top_mod.frame(client, args.interval)[1], "")
+    data = top_mod.run(client, render.make_console(), args.interval, args.once)
+    return Outcome(data, "")
+
+
 def restore(client: Any, args: argparse.Namespace) -> Outcome:
     """`restore SRC [--db PATH]`: verify a backup (quick_check, every sha256) and install it
     as the database, with its artifacts beside it. coordd must be stopped; needs no socket."""
@@ -342,5 +352,6 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], Outcome]] = {
     "status": status, "enqueue": enqueue, "list": list_jobs, "show": show,
     "cancel": cancel, "retry": retry, "reap": reap, "workers": workers,
     "backup": backup, "check": check, "metrics": metrics, "restore": restore,
+    "top": top,
 }
 """Subcommand name -> implementation."""

@@ -94,17 +94,7 @@ def job_note(job: JobView) -> str:
 def status(console: Console, st: StatusReply, waiting: list[JobView],
            warnings: list[str]) -> None:
     """Print the status summary and the oldest waiting jobs with their reasons."""
-    t = _kv_table("coordd status")
-    t.add_row("workers", f"{st.workers} ({st.workers_live} live)")
-    t.add_row("active leases", str(st.active_leases))
-    t.add_row("jobs", "  ".join(f"{s} {st.jobs.get(s, 0)}" for s in JOB_STATUSES))
-    by_prio = st.waiting_by_priority or {}
-    t.add_row("waiting by priority",
-              "  ".join(f"{p.upper()} {by_prio.get(p, 0)}" for p in PRIORITIES_SHOWN))
-    t.add_row("oldest waiting", fmt_age(st.oldest_waiting_age_s))
-    t.add_row("database", f"{fmt_bytes(st.db_bytes)} (WAL {fmt_bytes(st.wal_bytes)})")
-    t.add_row("warnings", "; ".join(warnings) if warnings else "none")
-    console.print(t)
+    console.print(status_table(st, warnings))
     if waiting:
         w = Table(title=f"oldest waiting jobs ({len(waiting)})", box=box.SIMPLE_HEAD, show_edge=False,
                   title_justify="left")
@@ -115,6 +105,21 @@ def status(console: Console, st: StatusReply, waiting: list[JobView],
             w.add_row(j.job_id, j.kind, j.required_role, f"P{j.priority}", fmt_age(j.age_s),
                       j.waiting_reason or "")
         console.print(w)
+
+
+def status_table(st: StatusReply, warnings: list[str]) -> Table:
+    """The status summary as a two-column table."""
+    t = _kv_table("coordd status")
+    t.add_row("workers", f"{st.workers} ({st.workers_live} live)")
+    t.add_row("active leases", str(st.active_leases))
+    t.add_row("jobs", "  ".join(f"{s} {st.jobs.get(s, 0)}" for s in JOB_STATUSES))
+    by_prio = st.waiting_by_priority or {}
+    t.add_row("waiting by priority",
+              "  ".join(f"{p.upper()} {by_prio.get(p, 0)}" for p in PRIORITIES_SHOWN))
+    t.add_row("oldest waiting", fmt_age(st.oldest_waiting_age_s))
+    t.add_row("database", f"{fmt_bytes(st.db_bytes)} (WAL {fmt_bytes(st.wal_bytes)})")
+    t.add_row("warnings", "; ".join(warnings) if warnings else "none")
+    return t
 
 
 # ---------------------------------------------------------------- jobs
@@ -207,9 +212,11 @@ def _power(readings: dict[str, Any]) -> str:
 
 def workers(console: Console, res: WorkersResult) -> None:
     """Print each worker's liveness, readings, leases and per-priority gate verdicts."""
-    if not res.workers:
-        console.print("no workers have sent a heartbeat")
-        return
+    console.print(workers_table(res) if res.workers else "no workers have sent a heartbeat")
+
+
+def workers_table(res: WorkersResult) -> Table:
+    """One row per worker: liveness, readings, leases and per-priority gate verdicts."""
     t = Table(box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("worker", "roles", "heartbeat", "live", "mem %", "temp", "power",
                 "user idle", "leases", *PRIORITIES_SHOWN):
@@ -227,4 +234,4 @@ def workers(console: Console, res: WorkersResult) -> None:
             _reading(r, w.notes, "on_battery", "power", lambda _v: _power(r)),
             _reading(r, w.notes, "user_idle_s", "user idle", fmt_age),
             str(w.active_leases), *verdicts)
-    console.print(t)
+    return t

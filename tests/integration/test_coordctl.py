@@ -321,3 +321,36 @@ def test_metrics_parse_with_prometheus_parser_and_hold_the_series(daemon):
     assert ("coordd_lease_expiries_total", ()) in samples
     assert samples[("coordd_storage_bytes", (("file", "db"),))] > 0
     assert ("coordd_storage_bytes", (("file", "artifacts"),)) in samples
+
+
+def test_top_once_and_q_quits_the_live_view(daemon):
+    """`top --once` prints one frame; on a terminal, `q` ends the live view with exit 0."""
+    import pty
+    import select
+    with SyncClient(daemon.socket, timeout=10) as c:
+        c.heartbeat("w1", ["cpu"], {"memory_used_pct": 90.0})
+        c.enqueue(kind="k", required_role="cpu", priority=1)
+    out = ok(ctl(daemon.socket, "top", "--once"))
+    assert "coordd status" in out and "memory_high" in out and "recent failures" in out
+    doc = ok_json(ctl(daemon.socket, "top", "--json"))
+    assert doc["status"]["jobs"]["waiting"] == 1 and doc["workers"][0]["worker_id"] == "w1"
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "coordctl", "--socket", daemon.socket, "top",
+                             "--interval", "0.2"], stdin=slave, stdout=slave, stderr=slave,
+                            close_fds=True)
+    os.close(slave)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 15
+        while b"coordd status" not in seen and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                seen += os.read(master, 65536)
+        assert b"coordd status" in seen
+        os.write(master, b"q")
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
