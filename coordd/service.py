@@ -295,7 +295,7 @@ class Coordinator:
         """Counts of workers, live leases and jobs by status (every status, zero where none)."""
         now = self.clock.wall()
         workers, live, leases, jobs, waiting, oldest = await self._read(
-            store.status_counts, now, self.config.heartbeat_stale_s)
+            views.status_counts, now, self.config.heartbeat_stale_s)
         prunable = await self._read(views.prunable, now - self.config.retention_s)
         db_bytes, wal_bytes = _file_size(self.db_path), _file_size(self.db_path + "-wal")
         return StatusReply(workers=workers, workers_live=live, active_leases=leases, jobs=jobs,

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from coordd.protocol import JOB_STATUSES, EnqueueResult, StatusResult
+from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
 
 SCHEMA_VERSION = 2
@@ -566,22 +566,6 @@ SQL_WORKERS = (
     "(SELECT count(*) FROM leases l WHERE l.worker_id = w.worker_id) "
     "FROM workers w ORDER BY w.worker_id"
 )
-
-
-def status_counts(conn: sqlite3.Connection, now: float, stale_s: float
-                  ) -> tuple[int, int, int, dict[str, int], dict[str, int], float | None]:
-    """Return (workers, workers_live, active_leases, jobs by status (every status present),
-    waiting by priority "p0".."p3", age in seconds of the longest-waiting job or None)."""
-    jobs = dict.fromkeys(JOB_STATUSES, 0)
-    jobs.update({s: n for s, n in conn.execute(SQL_COUNT_BY_STATUS)})
-    waiting = {f"p{p}": 0 for p in range(4)}
-    oldest: float | None = None
-    for prio, n, min_queued in conn.execute(SQL_WAITING_BY_PRIORITY):
-        waiting[f"p{prio}"] = n
-        oldest = min_queued if oldest is None else min(oldest, min_queued)
-    workers, live = conn.execute(SQL_COUNT_WORKERS, (now - stale_s,)).fetchone()
-    leases = conn.execute(SQL_COUNT_LEASES).fetchone()[0]
-    return workers, live, leases, jobs, waiting, (None if oldest is None else now - oldest)
 
 
 SQL_COUNT_JOBS = "SELECT count(*) FROM jobs"

@@ -12,9 +12,10 @@ from typing import Any
 
 from coordd import errors
 from coordd.leases import effective_priority
-from coordd.protocol import ArtifactRef, EventView, JobView, LeaseView
+from coordd.protocol import JOB_STATUSES, ArtifactRef, EventView, JobView, LeaseView
 from coordd.store import (
-    PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, SQL_COUNT_JOBS, SQL_EVENTS, SQL_GET_JOB,
+    PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, SQL_COUNT_BY_STATUS, SQL_COUNT_JOBS,
+    SQL_COUNT_LEASES, SQL_COUNT_WORKERS, SQL_EVENTS, SQL_GET_JOB, SQL_WAITING_BY_PRIORITY,
     SQL_JOB_EXISTS, SQL_LIST_JOBS, SQL_LIST_JOBS_NEWEST, SQL_PRUNABLE, SQL_WORKERS, lenient_json,
 )
 
@@ -99,3 +100,18 @@ def prunable(conn: sqlite3.Connection, cutoff: float) -> int:
     """Count terminal jobs finished before `cutoff` (what `prune` would delete)."""
     return conn.execute(SQL_PRUNABLE, (cutoff,)).fetchone()[0]
 
+
+def status_counts(conn: sqlite3.Connection, now: float, stale_s: float
+                  ) -> tuple[int, int, int, dict[str, int], dict[str, int], float | None]:
+    """Return (workers, workers_live, active_leases, jobs by status (every status present),
+    waiting by priority "p0".."p3", age in seconds of the longest-waiting job or None)."""
+    jobs = dict.fromkeys(JOB_STATUSES, 0)
+    jobs.update({s: n for s, n in conn.execute(SQL_COUNT_BY_STATUS)})
+    waiting = {f"p{p}": 0 for p in range(4)}
+    oldest: float | None = None
+    for prio, n, min_queued in conn.execute(SQL_WAITING_BY_PRIORITY):
+        waiting[f"p{prio}"] = n
+        oldest = min_queued if oldest is None else min(oldest, min_queued)
+    workers, live = conn.execute(SQL_COUNT_WORKERS, (now - stale_s,)).fetchone()
+    leases = conn.execute(SQL_COUNT_LEASES).fetchone()[0]
+    return workers, live, leases, jobs, waiting, (None if oldest is None else now - oldest)

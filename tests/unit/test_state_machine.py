@@ -24,7 +24,7 @@ from hypothesis.stateful import (
     RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test,
 )
 
-from coordd import errors, gates, leases, store
+from coordd import errors, gates, leases, store, views
 
 WORKERS = ("w1", "w2", "w3")
 POLICY = leases.ClaimPolicy(policies=gates.default_policies(), heartbeat_stale_s=30.0,
@@ -205,7 +205,7 @@ class CoordMachine(RuleBasedStateMachine):
     def status_counts_equal_table(self) -> None:
         if not hasattr(self, "conn"):
             return
-        _, _, leases, jobs, _, _ = store.status_counts(self.conn, self.now, 30.0)
+        _, _, leases, jobs, _, _ = views.status_counts(self.conn, self.now, 30.0)
         assert sum(jobs.values()) == len(self.jobs)
         for status, n in jobs.items():
             assert n == self.conn.execute("SELECT count(*) FROM jobs WHERE status=?",
