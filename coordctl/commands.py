@@ -24,7 +24,6 @@ from coordd.protocol import Enqueue, JobList, JobView, StatusReply
 
 STATUS_WAITING_SHOWN = 10
 LIST_ALL_PAGE_DEFAULT = 500
-WAL_WARN_BYTES = 256 << 20
 
 
 class UsageError(Exception):
@@ -163,8 +162,6 @@ def status(client: Any, args: argparse.Namespace) -> Outcome:
     warnings = list(st.warnings)
     if st.jobs.get("waiting", 0) and st.workers_live == 0:
         warnings.append(f"{st.jobs['waiting']} job(s) waiting and no live worker")
-    if st.wal_bytes > WAL_WARN_BYTES:
-        warnings.append(f"WAL is {render.fmt_bytes(st.wal_bytes)}: is a reader pinning it?")
     data = msgspec.structs.asdict(st)
     data["warnings"] = warnings
     data["oldest_waiting"] = [

@@ -66,7 +66,8 @@ class Coordinator:
         self.writer = Writer(db_path, clock, queue_max=config.writer_queue_max,
                              batch_max=config.writer_batch_max,
                              busy_timeout_ms=config.busy_timeout_ms,
-                             clock_jump_s=config.clock_jump_s, metrics=self.meters)
+                             clock_jump_s=config.clock_jump_s, metrics=self.meters,
+                             wal_size_limit=config.wal_size_limit_bytes)
         self._reader: aiosqlite.Connection | None = None
         self._policies = config.policies()
         self._claim_policy = leases.ClaimPolicy(
@@ -298,9 +299,17 @@ class Coordinator:
             views.status_counts, now, self.config.heartbeat_stale_s)
         prunable = await self._read(views.prunable, now - self.config.retention_s)
         db_bytes, wal_bytes = _file_size(self.db_path), _file_size(self.db_path + "-wal")
+        warnings = []
+        if db_bytes > self.config.warn_db_bytes:
+            warnings.append(f"database is {db_bytes} bytes (> warn_db_bytes "
+                            f"{self.config.warn_db_bytes}); {prunable} job(s) can be pruned")
+        if wal_bytes > self.config.warn_wal_bytes:
+            warnings.append(f"WAL is {wal_bytes} bytes (> warn_wal_bytes "
+                            f"{self.config.warn_wal_bytes}): is a long read pinning it?")
         return StatusReply(workers=workers, workers_live=live, active_leases=leases, jobs=jobs,
                            waiting_by_priority=waiting, db_bytes=db_bytes, wal_bytes=wal_bytes,
-                           oldest_waiting_age_s=oldest, now=now, prunable=prunable)
+                           oldest_waiting_age_s=oldest, now=now, prunable=prunable,
+                           warnings=warnings)
 
     async def get_job(self, p: JobId) -> JobView:
         """One job with lease, events and, if waiting, why it is not running. Raises: NotFound."""

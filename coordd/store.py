@@ -26,14 +26,13 @@ PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
 VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
 
 PRAGMA_AUTO_VACUUM = "PRAGMA auto_vacuum = INCREMENTAL"
-WAL_SIZE_LIMIT = 64 << 20
 PRAGMAS_WRITER = (
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",
     "PRAGMA foreign_keys=ON",
-    f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}",  # a WAL grown by a burst shrinks back
 )
 PRAGMA_CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
+PRAGMA_JOURNAL_SIZE_LIMIT = "PRAGMA journal_size_limit = {:d}"  # a burst's WAL shrinks back
 PRAGMA_QUICK_CHECK = "PRAGMA quick_check"
 PRAGMA_FOREIGN_KEY_CHECK = "PRAGMA foreign_key_check"
 

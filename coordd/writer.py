@@ -56,11 +56,14 @@ class Writer:
         busy_timeout_ms: SQLite busy timeout, for outside processes holding the file.
         clock_jump_s: a wall-vs-monotonic jump above this extends live leases (0 = off).
         metrics: where batch sizes, commit times and queue waits are recorded.
+        wal_size_limit: bytes the WAL file is cut back to once a checkpoint lets it
+            restart (SQLite's journal_size_limit): a WAL a reader let grow shrinks again.
     """
 
     def __init__(self, path: str, clock: Clock, *, queue_max: int = 20_000,
                  batch_max: int = 1024, busy_timeout_ms: int = 10_000,
-                 clock_jump_s: float = 60.0, metrics: Metrics | None = None) -> None:
+                 clock_jump_s: float = 60.0, metrics: Metrics | None = None,
+                 wal_size_limit: int = 64 << 20) -> None:
         self._path = path
         self._clock = clock
         self._queue_max = queue_max
@@ -68,6 +71,7 @@ class Writer:
         self._busy_timeout_ms = busy_timeout_ms
         self._clock_jump_s = clock_jump_s
         self._metrics = metrics
+        self._wal_size_limit = wal_size_limit
         # (op, its future, when it was submitted: monotonic seconds)
         self._queue: collections.deque[tuple[WriteOp, asyncio.Future[Any], float]] = \
             collections.deque()
@@ -114,6 +118,7 @@ class Writer:
                 raise errors.StoreError(f"{self._path}: could not enable WAL (mode {mode})")
             for pragma in store.PRAGMAS_WRITER[1:]:
                 conn.execute(pragma)
+            conn.execute(store.PRAGMA_JOURNAL_SIZE_LIMIT.format(self._wal_size_limit))
             store.migrate(conn)
         except sqlite3.DatabaseError as exc:
             raise errors.StoreError(f"{self._path}: {exc}") from exc

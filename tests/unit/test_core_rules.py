@@ -253,3 +253,26 @@ async def test_list_jobs_newest_first_and_unknown_after(bundle):
     assert [j.job_id for j in rest.jobs] == ids[1::-1]
     with pytest.raises(errors.NotFound):  # an unknown `after` never restarts from the top
         await bundle.coord.list_jobs(ListJobs(after="nosuchjob"))
+
+
+async def test_wal_grown_behind_a_reader_is_cut_back_and_status_warns(make_bundle):
+    """A reader pinning old pages lets the WAL grow past its limit; `status` warns. Once the
+    reader is gone, the next checkpoint lets the WAL restart and it is cut back down."""
+    import os
+    import sqlite3
+    b = await make_bundle(wal_size_limit_bytes=128 << 10, warn_wal_bytes=8 << 20)
+    await b.enqueue()
+    pin = sqlite3.connect(b.db_path, isolation_level=None)
+    pin.execute("BEGIN")
+    pin.execute("SELECT count(*) FROM jobs").fetchone()  # a read transaction holds its snapshot
+    for i in range(400):
+        await b.enqueue(payload={"pad": "x" * 3000, "i": i})
+    grown = os.stat(b.db_path + "-wal").st_size
+    st = await b.coord.status()
+    assert grown > 8 << 20 and any("WAL is" in w for w in st.warnings), (grown, st.warnings)
+    pin.execute("COMMIT")
+    pin.close()
+    for i in range(400):  # commits go on; SQLite checkpoints every ~1,000 pages
+        await b.enqueue(payload={"pad": "y" * 3000, "i": i})
+    assert os.stat(b.db_path + "-wal").st_size < 8 << 20 < grown  # cut back, not reused at size
+    assert (await b.coord.status()).warnings == []
