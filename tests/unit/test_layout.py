@@ -56,3 +56,15 @@ def test_every_failure_case_has_a_test_named_after_its_id():
         p.read_text() for p in sorted((ROOT / "tests").rglob("test_*.py"))))
     covered = {c.upper() for prefix in prefixes for c in prefix.split("_") if c}
     assert ids and [c for c in ids if c not in covered] == []
+
+
+def test_readme_config_example_is_accepted(tmp_path):
+    """Every key of README's coordd TOML example is a real, valid setting (docs match code)."""
+    from coordd import config
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"### coordd configuration.*?```toml\n(.*?)```", text, re.S)
+    assert block is not None
+    path = tmp_path / "readme.toml"
+    path.write_text(block.group(1))
+    cfg = config.load(path)
+    assert cfg.policies()[3].require_mains is True
