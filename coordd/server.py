@@ -39,6 +39,7 @@ from coordd.service import Coordinator
 logger = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o660
+ARTIFACT_DIR_MODE = 0o2770
 DRAIN_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 2.0
 SD_LISTEN_FDS_START = 3
@@ -228,6 +229,11 @@ class Daemon:
             await self.coord.start()
         except errors.StoreError as exc:
             raise StartupError(f"cannot open the database: {exc.message}") from exc
+        art = Path(self.coord.artifact_dir)
+        if not art.exists():  # workers (group coordd) write checkpoints and results here
+            with contextlib.suppress(OSError):
+                art.mkdir(mode=ARTIFACT_DIR_MODE)
+                os.chmod(art, ARTIFACT_DIR_MODE)  # past the umask: setgid, group-writable
 
     async def _shutdown(self, server: asyncio.AbstractServer) -> None:
         """Stop intake, finish what is in flight, commit, close the DB, then every peer."""
