@@ -58,15 +58,6 @@ def db_lock(db_path: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _refs(conn: sqlite3.Connection) -> dict[str, str]:
-    """sha256 -> path of every artifact and checkpoint file the database refers to."""
-    refs = {sha: path for sha, path in conn.execute(store.SQL_ARTIFACT_REFS)}
-    for _job, sha, path in conn.execute(store.SQL_CHECKPOINT_REFS):
-        if isinstance(path, str):
-            refs.setdefault(sha, path)
-    return refs
-
-
 def _copy_verified(src: str, root: str, sha: str) -> bool:
     """Copy `src` into the store at `root`; True only if its bytes hash to `sha`."""
     try:
@@ -119,7 +110,7 @@ def backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
     try:
         qc = views.integrity(check)[0]
         jobs = views.count_jobs(check)
-        refs = _refs(check)
+        refs = views.artifact_refs(check)
     finally:
         check.close()
     if qc != "ok":

@@ -66,7 +66,8 @@ def store_file(root: str, src: str) -> StoredFile:
     """Copy `src` into the store under `root` and return where it lives.
 
     The copy is hashed while it is written, so a file changing under us is stored under the
-    hash of the bytes actually copied. An existing file of the same hash is kept.
+    hash of the bytes actually copied. A file of the same hash is replaced by the new copy
+    (same bytes, fresh mtime: `sweep` relies on that).
 
     Raises:
         OSError: `src` vanished or the store is not writable.
@@ -97,3 +98,38 @@ def store_file(root: str, src: str) -> StoredFile:
         raise
     fsync_dir(folder)
     return StoredFile(path=dest, sha256=sha, size=size)
+
+
+def sweep(root: str, referenced: set[str], before: float) -> int:
+    """Delete the store's files that no record refers to and that were last written before
+    `before` (Unix seconds); return how many.
+
+    Safe beside writers: a candidate is first renamed aside; if what was renamed turns out
+    to be fresh (a writer stored the same content meanwhile, which `store_file` does with a
+    fresh file), it is put back (the bytes are the same, content-addressed) and kept.
+    """
+    if not os.path.isdir(root):
+        return 0
+    aside_dir = os.path.join(root, ".sweep")
+    os.makedirs(aside_dir, exist_ok=True)
+    removed = 0
+    for sub in sorted(os.listdir(root)):
+        folder = os.path.join(root, sub)
+        if len(sub) != 2 or not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            if name in referenced or name.startswith("."):
+                continue
+            path, aside = os.path.join(folder, name), os.path.join(aside_dir, name)
+            try:
+                if os.stat(path).st_mtime >= before:
+                    continue
+                os.rename(path, aside)
+                if os.stat(aside).st_mtime >= before:
+                    os.rename(aside, path)
+                    continue
+                os.unlink(aside)
+                removed += 1
+            except FileNotFoundError:
+                continue
+    return removed

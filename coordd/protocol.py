@@ -363,6 +363,7 @@ class PruneResult(msgspec.Struct, kw_only=True):
     artifacts: int = 0
     free_pages: int = 0
     db_bytes: int = 0
+    artifact_files: int = 0  # files deleted from the artifact store (unreferenced, old)
 
 
 class MetricsResult(msgspec.Struct, kw_only=True):

@@ -21,7 +21,7 @@ from typing import Any
 import aiosqlite
 import msgspec
 
-from coordd import backup, errors, gates, leases, store, views
+from coordd import backup, cas, errors, gates, leases, store, views
 from coordd.clock import Clock
 from coordd.config import Config, artifact_dir_for
 from coordd.protocol import (
@@ -37,6 +37,7 @@ from coordd.writer import Writer
 logger = logging.getLogger(__name__)
 
 LIST_LIMIT_MAX = 1000
+ARTIFACT_GRACE_S = 3600.0  # an unreferenced artifact file younger than this is kept
 NAME_MAX_CHARS = 200
 
 
@@ -267,7 +268,9 @@ class Coordinator:
         coordd's clock at each batch) with their events and unreferenced artifact rows,
         in batches of `store.PRUNE_BATCH` (one transaction each), then hand the free
         pages back to the file system (`incremental_vacuum`, bounded per transaction)
-        and checkpoint the WAL so the file shrinks.
+        and checkpoint the WAL so the file shrinks. Then delete the artifact files nothing
+        refers to any more and that are older than ARTIFACT_GRACE_S (coordd.cas.sweep):
+        a file a worker has stored but not yet recorded is fresh, and kept.
         """
         retention = self.config.retention_s
         pruned = artifacts = 0
@@ -287,8 +290,11 @@ class Coordinator:
             await self.writer.checkpoint()
             logger.info("pruned %d terminal job(s) past retention", pruned,
                         extra={"action": "prune", "n": pruned})
+        refs = await self._read(views.artifact_refs)
+        before = (self.clock.wall() if now is None else now) - ARTIFACT_GRACE_S
+        files = await asyncio.to_thread(cas.sweep, self.artifact_dir, set(refs), before)
         return PruneResult(pruned=pruned, artifacts=artifacts, free_pages=free,
-                           db_bytes=_file_size(self.db_path))
+                           db_bytes=_file_size(self.db_path), artifact_files=files)
 
     # ------------------------------------------------------------ reads
 

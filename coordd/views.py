@@ -14,7 +14,8 @@ from coordd import errors
 from coordd.leases import effective_priority
 from coordd.protocol import JOB_STATUSES, ArtifactRef, EventView, JobView, LeaseView
 from coordd.store import (
-    PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, SQL_COUNT_BY_STATUS, SQL_COUNT_JOBS,
+    PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, SQL_ARTIFACT_REFS, SQL_CHECKPOINT_REFS,
+    SQL_COUNT_BY_STATUS, SQL_COUNT_JOBS,
     SQL_COUNT_LEASES, SQL_COUNT_WORKERS, SQL_EVENTS, SQL_GET_JOB, SQL_WAITING_BY_PRIORITY,
     SQL_JOB_EXISTS, SQL_LIST_JOBS, SQL_LIST_JOBS_NEWEST, SQL_PRUNABLE, SQL_WORKERS, lenient_json,
 )
@@ -89,6 +90,15 @@ def integrity(conn: sqlite3.Connection) -> tuple[str, list[list[Any]]]:
     "; ", the foreign-key violation rows). Used on the live DB, backups and copies."""
     qc = "; ".join(str(r[0]) for r in conn.execute(PRAGMA_QUICK_CHECK))
     return qc, [list(r) for r in conn.execute(PRAGMA_FOREIGN_KEY_CHECK)]
+
+
+def artifact_refs(conn: sqlite3.Connection) -> dict[str, str]:
+    """sha256 -> path of every artifact and checkpoint file the database refers to."""
+    refs = {sha: path for sha, path in conn.execute(SQL_ARTIFACT_REFS)}
+    for _job, sha, path in conn.execute(SQL_CHECKPOINT_REFS):
+        if isinstance(path, str):
+            refs.setdefault(sha, path)
+    return refs
 
 
 def count_jobs(conn: sqlite3.Connection) -> int:

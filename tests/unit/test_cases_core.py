@@ -696,3 +696,45 @@ async def test_b44_waiting_jobs_say_why(make_bundle):
     assert {j.job_id: j.waiting_reason for j in listed} == want
     (w,) = (await b.coord.workers()).workers
     assert w.worker_id == "w1" and w.heartbeat_age_s == 7 and w.live
+
+
+async def test_b37_retention_removes_old_artifact_files_and_nothing_else(make_bundle, tmp_path):
+    """Prune deletes the artifact file of a pruned job; a file a kept job refers to, a
+    checkpoint file, and a fresh unrecorded file (a worker mid-store) all stay."""
+    from coordd import cas
+    from coordd.protocol import ArtifactRef, Checkpoint, Complete
+    b = await make_bundle(retention_s=100.0)
+    store_dir = b.coord.artifact_dir
+
+    def put(name: bytes) -> cas.StoredFile:
+        src = tmp_path / "src.bin"
+        src.write_bytes(name * 100)
+        return cas.store_file(store_dir, str(src))
+
+    async def run_with_artifact(name: bytes) -> cas.StoredFile:
+        await b.worker("w1")
+        job = await b.enqueue()
+        c = await b.claim("w1")
+        f = put(name)
+        await b.coord.complete(Complete(job_id=job, worker_id="w1", token=c.lease.token,
+                                        result={"a": f.sha256},
+                                        artifact=ArtifactRef(sha256=f.sha256, size=f.size,
+                                                             path=f.path)))
+        return f
+
+    old = await run_with_artifact(b"old")
+    b.clock.advance(150)  # old's job is now past retention; the next one is not
+    kept = await run_with_artifact(b"kept")
+    running = await b.enqueue()
+    c = await b.claim("w1")
+    ck = put(b"ckpt")
+    await b.coord.checkpoint(Checkpoint(job_id=running, worker_id="w1", token=c.lease.token,
+                                        checkpoint={"path": ck.path, "sha256": ck.sha256}))
+    fresh = put(b"fresh")  # stored by a worker, not recorded yet: mtime is the real now
+    for f in (old, kept, ck):  # written long ago on coordd's (pinned) clock
+        os.utime(f.path, (b.clock.wall() - 10_000, b.clock.wall() - 10_000))
+    res = await b.coord.prune()
+    assert res.pruned == 1 and res.artifact_files == 1
+    assert not os.path.exists(old.path)
+    for f in (kept, ck, fresh):
+        assert os.path.exists(f.path), f
