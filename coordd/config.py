@@ -67,7 +67,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         prune_interval_s: how often the reaper prunes (and returns free pages to the disk).
         wal_size_limit_bytes: the WAL file is cut back to this size each time it restarts
             after a checkpoint (SQLite checkpoints it every ~1,000 pages of commits).
-        warn_db_bytes / warn_wal_bytes: `status` warns when the files pass these sizes.
+        wal_autocheckpoint_pages: the WAL is checkpointed once it holds this many pages.
+        warn_db_bytes / warn_wal_bytes / warn_artifact_bytes: `status` warns past these
+            sizes (the artifact store's size as measured by the last prune or metrics scrape).
         metrics_port: serve Prometheus metrics over HTTP on 127.0.0.1:PORT (0 = off; the
             `metrics` RPC and `coordctl metrics` always work). Gauges refresh every reaper
             round.
@@ -102,8 +104,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prune_interval_s: float = PRUNE_INTERVAL_S
     metrics_port: int = 0
     wal_size_limit_bytes: int = 64 << 20
+    wal_autocheckpoint_pages: int = 1000
     warn_db_bytes: int = 8 << 30
     warn_wal_bytes: int = 256 << 20
+    warn_artifact_bytes: int = 64 << 30
 
     def __post_init__(self) -> None:
         if not 0 < self.lease_min_s <= self.lease_default_s <= self.lease_max_s:
@@ -120,8 +124,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("writer_batch_max and writer_queue_max must be >= 1")
         if self.max_frame_bytes < 1024:
             raise ValueError("max_frame_bytes must be >= 1024")
-        if self.wal_size_limit_bytes < 0 or self.warn_db_bytes < 0 or self.warn_wal_bytes < 0:
-            raise ValueError("wal_size_limit_bytes, warn_db_bytes and warn_wal_bytes must be >= 0")
+        if min(self.wal_size_limit_bytes, self.warn_db_bytes, self.warn_wal_bytes,
+               self.warn_artifact_bytes) < 0 or self.wal_autocheckpoint_pages < 1:
+            raise ValueError("sizes must be >= 0 and wal_autocheckpoint_pages >= 1")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError("metrics_port must be 0..65535")
         if self.retention_s < 0 or self.prune_interval_s <= 0:

@@ -60,6 +60,7 @@ class Coordinator:
                  rng: random.Random | None = None) -> None:
         self.db_path = db_path
         self.artifact_dir = artifact_dir_for(db_path)
+        self.artifact_bytes = 0  # the artifact store's size at the last prune or scrape
         self.config = config
         self.clock = clock
         self._rng = rng or random.Random()
@@ -68,7 +69,8 @@ class Coordinator:
                              batch_max=config.writer_batch_max,
                              busy_timeout_ms=config.busy_timeout_ms,
                              clock_jump_s=config.clock_jump_s, metrics=self.meters,
-                             wal_size_limit=config.wal_size_limit_bytes)
+                             wal_size_limit=config.wal_size_limit_bytes,
+                             wal_autocheckpoint_pages=config.wal_autocheckpoint_pages)
         self._reader: aiosqlite.Connection | None = None
         self._policies = config.policies()
         self._claim_policy = leases.ClaimPolicy(
@@ -259,8 +261,8 @@ class Coordinator:
         """Refresh the gauges (a `status` read, the writer's queue, the artifact store's
         size) and return every series in Prometheus text format."""
         st = await self.status()
-        artifact_bytes = await asyncio.to_thread(tree_bytes, self.artifact_dir)
-        self.meters.set_status(st, self.writer.queue_depth, artifact_bytes)
+        self.artifact_bytes = await asyncio.to_thread(tree_bytes, self.artifact_dir)
+        self.meters.set_status(st, self.writer.queue_depth, self.artifact_bytes)
         return MetricsResult(text=self.meters.render())
 
     async def prune(self, p: Empty | None = None, now: float | None = None) -> PruneResult:
@@ -290,9 +292,11 @@ class Coordinator:
             await self.writer.checkpoint()
             logger.info("pruned %d terminal job(s) past retention", pruned,
                         extra={"action": "prune", "n": pruned})
+        await self.writer.run(lambda conn, _now: store.optimize(conn))
         refs = await self._read(views.artifact_refs)
         before = (self.clock.wall() if now is None else now) - ARTIFACT_GRACE_S
         files = await asyncio.to_thread(cas.sweep, self.artifact_dir, set(refs), before)
+        self.artifact_bytes = await asyncio.to_thread(tree_bytes, self.artifact_dir)
         return PruneResult(pruned=pruned, artifacts=artifacts, free_pages=free,
                            db_bytes=_file_size(self.db_path), artifact_files=files)
 
@@ -309,6 +313,9 @@ class Coordinator:
         if db_bytes > self.config.warn_db_bytes:
             warnings.append(f"database is {db_bytes} bytes (> warn_db_bytes "
                             f"{self.config.warn_db_bytes}); {prunable} job(s) can be pruned")
+        if self.artifact_bytes > self.config.warn_artifact_bytes:
+            warnings.append(f"artifact store is {self.artifact_bytes} bytes (> "
+                            f"warn_artifact_bytes {self.config.warn_artifact_bytes})")
         if wal_bytes > self.config.warn_wal_bytes:
             warnings.append(f"WAL is {wal_bytes} bytes (> warn_wal_bytes "
                             f"{self.config.warn_wal_bytes}): is a long read pinning it?")

@@ -33,6 +33,7 @@ PRAGMAS_WRITER = (
 )
 PRAGMA_CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
 PRAGMA_JOURNAL_SIZE_LIMIT = "PRAGMA journal_size_limit = {:d}"  # a burst's WAL shrinks back
+PRAGMA_WAL_AUTOCHECKPOINT = "PRAGMA wal_autocheckpoint = {:d}"  # pages of WAL per checkpoint
 PRAGMA_QUICK_CHECK = "PRAGMA quick_check"
 PRAGMA_FOREIGN_KEY_CHECK = "PRAGMA foreign_key_check"
 
@@ -478,6 +479,7 @@ SQL_AUTO_VACUUM_MODE = "PRAGMA auto_vacuum"
 AUTO_VACUUM_INCREMENTAL = 2
 SQL_INCREMENTAL_VACUUM = "PRAGMA incremental_vacuum"
 SQL_WAL_CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
+SQL_OPTIMIZE = "PRAGMA optimize"  # refreshes the planner's statistics where they went stale
 
 
 def prune_batch(conn: sqlite3.Connection, cutoff: float, limit: int = PRUNE_BATCH
@@ -511,6 +513,11 @@ def vacuum_step(conn: sqlite3.Connection, max_pages: int = VACUUM_PAGES) -> int:
     for _ in range(min(free, max_pages)):
         conn.execute(SQL_INCREMENTAL_VACUUM)
     return conn.execute(SQL_FREELIST_COUNT).fetchone()[0]
+
+
+def optimize(conn: sqlite3.Connection) -> None:
+    """Run `PRAGMA optimize` (statistics for the planner, only where they went stale)."""
+    conn.execute(SQL_OPTIMIZE).fetchall()
 
 
 def wal_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:

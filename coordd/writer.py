@@ -58,12 +58,13 @@ class Writer:
         metrics: where batch sizes, commit times and queue waits are recorded.
         wal_size_limit: bytes the WAL file is cut back to once a checkpoint lets it
             restart (SQLite's journal_size_limit): a WAL a reader let grow shrinks again.
+        wal_autocheckpoint_pages: SQLite checkpoints the WAL once it holds this many pages.
     """
 
     def __init__(self, path: str, clock: Clock, *, queue_max: int = 20_000,
                  batch_max: int = 1024, busy_timeout_ms: int = 10_000,
                  clock_jump_s: float = 60.0, metrics: Metrics | None = None,
-                 wal_size_limit: int = 64 << 20) -> None:
+                 wal_size_limit: int = 64 << 20, wal_autocheckpoint_pages: int = 1000) -> None:
         self._path = path
         self._clock = clock
         self._queue_max = queue_max
@@ -72,6 +73,7 @@ class Writer:
         self._clock_jump_s = clock_jump_s
         self._metrics = metrics
         self._wal_size_limit = wal_size_limit
+        self._wal_autocheckpoint_pages = wal_autocheckpoint_pages
         # (op, its future, when it was submitted: monotonic seconds)
         self._queue: collections.deque[tuple[WriteOp, asyncio.Future[Any], float]] = \
             collections.deque()
@@ -119,6 +121,7 @@ class Writer:
             for pragma in store.PRAGMAS_WRITER[1:]:
                 conn.execute(pragma)
             conn.execute(store.PRAGMA_JOURNAL_SIZE_LIMIT.format(self._wal_size_limit))
+            conn.execute(store.PRAGMA_WAL_AUTOCHECKPOINT.format(self._wal_autocheckpoint_pages))
             store.migrate(conn)
         except sqlite3.DatabaseError as exc:
             raise errors.StoreError(f"{self._path}: {exc}") from exc

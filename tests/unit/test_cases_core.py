@@ -703,7 +703,7 @@ async def test_b37_retention_removes_old_artifact_files_and_nothing_else(make_bu
     checkpoint file, and a fresh unrecorded file (a worker mid-store) all stay."""
     from coordd import cas
     from coordd.protocol import ArtifactRef, Checkpoint, Complete
-    b = await make_bundle(retention_s=100.0)
+    b = await make_bundle(retention_s=100.0, warn_artifact_bytes=250)
     store_dir = b.coord.artifact_dir
 
     def put(name: bytes) -> cas.StoredFile:
@@ -738,3 +738,5 @@ async def test_b37_retention_removes_old_artifact_files_and_nothing_else(make_bu
     assert not os.path.exists(old.path)
     for f in (kept, ck, fresh):
         assert os.path.exists(f.path), f
+    warnings = (await b.coord.status()).warnings  # 3 files of 400-500 bytes stay
+    assert any(w.startswith("artifact store is") for w in warnings), warnings
