@@ -26,10 +26,11 @@ def test_only_clock_reads_time():
 
 
 def test_sql_lives_in_store():
-    """Every SQL statement of the daemon is in coordd/store.py."""
+    """Every SQL statement of the daemon is in the coordd/store package (one module per
+    area: jobs and leases in __init__, the others beside it)."""
     offenders = [
         f"{p.relative_to(ROOT)}:{n}" for p in _sources("coordd")
-        if p.name != "store.py"
+        if "store" not in p.relative_to(ROOT / "coordd").parts[:-1]
         for n, line in enumerate(p.read_text().splitlines(), 1)
         if SQL_WORD.search(line) and not line.lstrip().startswith("#")
     ]
