@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import random
-import secrets
 import sqlite3
 from datetime import datetime, timezone
 from functools import partial
@@ -22,6 +21,7 @@ import aiosqlite
 import msgspec
 
 from coordd import backup, cas, errors, gates, leases, store, views
+from coordd.ids import JobIds
 from coordd.clock import Clock
 from coordd.config import Config, artifact_dir_for
 from coordd.protocol import (
@@ -64,13 +64,15 @@ class Coordinator:
         self.config = config
         self.clock = clock
         self._rng = rng or random.Random()
+        self._ids = JobIds()
         self.meters = Metrics()
         self.writer = Writer(db_path, clock, queue_max=config.writer_queue_max,
                              batch_max=config.writer_batch_max,
                              busy_timeout_ms=config.busy_timeout_ms,
                              clock_jump_s=config.clock_jump_s, metrics=self.meters,
                              wal_size_limit=config.wal_size_limit_bytes,
-                             wal_autocheckpoint_pages=config.wal_autocheckpoint_pages)
+                             wal_autocheckpoint_pages=config.wal_autocheckpoint_pages,
+                             checkpoint_interval_s=config.wal_checkpoint_interval_s)
         self._reader: aiosqlite.Connection | None = None
         self._policies = config.policies()
         self._claim_policy = leases.ClaimPolicy(
@@ -211,7 +213,7 @@ class Coordinator:
                 raise errors.BadRequest(f"gates: {exc}") from exc
             gates_json = store.dumps(p.gates)
         return store.NewJob(
-            job_id=secrets.token_hex(8), kind=p.kind, required_role=p.required_role,
+            job_id=self._ids.new(self.clock.wall()), kind=p.kind, required_role=p.required_role,
             priority=p.priority,
             payload_json=_encode("payload", p.payload, self.config.max_payload_bytes),
             run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
