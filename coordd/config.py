@@ -67,7 +67,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         prune_interval_s: how often the reaper prunes (and returns free pages to the disk).
         wal_size_limit_bytes: the WAL file is cut back to this size each time it restarts
             after a checkpoint (SQLite checkpoints it every ~1,000 pages of commits).
-        wal_autocheckpoint_pages: the WAL is checkpointed once it holds this many pages.
+        wal_autocheckpoint_pages: past this many WAL pages the writer checkpoints inside
+            its own commit (the safety net that lets the WAL restart).
+        wal_checkpoint_interval_s: seconds between background checkpoints while writes
+            happen (a thread, off the writer's path; 0 = only the in-commit ones).
         warn_db_bytes / warn_wal_bytes / warn_artifact_bytes: `status` warns past these
             sizes (the artifact store's size as measured by the last prune or metrics scrape).
         metrics_port: serve Prometheus metrics over HTTP on 127.0.0.1:PORT (0 = off; the
@@ -104,7 +107,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prune_interval_s: float = PRUNE_INTERVAL_S
     metrics_port: int = 0
     wal_size_limit_bytes: int = 64 << 20
-    wal_autocheckpoint_pages: int = 1000
+    wal_autocheckpoint_pages: int = 10_000
+    wal_checkpoint_interval_s: float = 0.1
     warn_db_bytes: int = 8 << 30
     warn_wal_bytes: int = 256 << 20
     warn_artifact_bytes: int = 64 << 30
@@ -127,6 +131,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if min(self.wal_size_limit_bytes, self.warn_db_bytes, self.warn_wal_bytes,
                self.warn_artifact_bytes) < 0 or self.wal_autocheckpoint_pages < 1:
             raise ValueError("sizes must be >= 0 and wal_autocheckpoint_pages >= 1")
+        if self.wal_checkpoint_interval_s < 0:
+            raise ValueError("wal_checkpoint_interval_s must be >= 0")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError("metrics_port must be 0..65535")
         if self.retention_s < 0 or self.prune_interval_s <= 0:
