@@ -19,8 +19,9 @@ import msgspec
 
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
+from coordd.store import messages as _messages
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
 VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
@@ -116,6 +117,8 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE finished_at IS NOT NULL;
     CREATE INDEX jobs_artifact ON jobs (artifact_sha256) WHERE artifact_sha256 IS NOT NULL;
     """,
+    # v3: the agent message hub (messages, per-reader delivery state, agent status)
+    _messages.MIGRATION,
 )
 
 json_encode = msgspec.json.encode
