@@ -86,7 +86,7 @@ class Hub:
             raise errors.BadRequest(f"ttl_s must be > 0 and <= {TTL_MAX_S:g}, got {p.ttl_s}")
         if p.message_id is not None:
             _check_name("message_id", p.message_id)
-        cap = self._config.message_max_bytes
+        cap = self._cap()
         content = _encode("content", p.content, cap)
         metadata = None if p.metadata is None else _encode("metadata", p.metadata, cap)
         ttl = p.ttl_s
@@ -100,6 +100,11 @@ class Hub:
             mid, created = msg_store.send(conn, now, new)
             return SendResult(message_id=mid, created=created, expires_at=expires_at)
         return await self._writer.run(op)
+
+    def _cap(self) -> int:
+        """Bytes of content (and of metadata) a message may have: `message_max_bytes`, and
+        at most a quarter of the frame cap, so one message always fits a read's reply."""
+        return min(self._config.message_max_bytes, self._config.max_frame_bytes // 4)
 
     async def read_messages(self, p: ReadMessages) -> ReadResult:
         """Ack `p.ack`, then deliver up to `p.limit` of the reader's messages (see the
@@ -135,8 +140,7 @@ class Hub:
         PayloadTooLarge."""
         _check_name("name", p.name)
         _check_name("status", p.status, STATUS_MAX_CHARS)
-        metadata = None if p.metadata is None else _encode(
-            "metadata", p.metadata, self._config.message_max_bytes)
+        metadata = None if p.metadata is None else _encode("metadata", p.metadata, self._cap())
         await self._writer.run(
             lambda conn, now: msg_store.update_agent(conn, now, p.name, p.status, metadata))
         return (await self.get_agent_status(AgentQuery(name=p.name))).agents[0]

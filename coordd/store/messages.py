@@ -139,9 +139,6 @@ SQL_AGENTS = (
     "  AND (m.expires_at IS NULL OR m.expires_at > ?1) AND r.processed_at IS NULL) "
     "FROM agents a WHERE (?2 IS NULL OR a.name = ?2) ORDER BY a.name"
 )
-SQL_COUNT_MESSAGES = (
-    "SELECT count(*), coalesce(sum(expires_at IS NOT NULL AND expires_at <= ?), 0) FROM messages"
-)
 
 
 def send(conn: sqlite3.Connection, now: float, msg: NewMessage) -> tuple[str, bool]:
@@ -224,7 +221,3 @@ def agents(conn: sqlite3.Connection, now: float, name: str | None) -> list[tuple
     """(name, status, metadata JSON, heartbeat_at, first_seen_at, unread) per agent (or one)."""
     return conn.execute(SQL_AGENTS, (now, name)).fetchall()
 
-
-def counts(conn: sqlite3.Connection, now: float) -> tuple[int, int]:
-    """(messages stored, of which expired and waiting for the purge)."""
-    return tuple(conn.execute(SQL_COUNT_MESSAGES, (now,)).fetchone())

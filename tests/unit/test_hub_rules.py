@@ -195,3 +195,26 @@ async def test_agent_status_heartbeat_liveness_and_unread(bundle):
     assert kept.metadata == {"task": "issue 9"} and kept.live and kept.first_seen_at == view.first_seen_at
     with pytest.raises(errors.BadRequest):
         await bundle.coord.update_agent_status(AgentStatusUpdate(name="coder", status=""))
+
+
+async def test_a_read_reply_stays_within_its_byte_budget(make_bundle):
+    """Large messages are handed out a few per read so the reply always fits a frame; the
+    rest wait, undelivered, for the next read."""
+    b = await make_bundle(max_frame_bytes=1 << 20)  # budget: a quarter of the frame cap
+    big = "x" * (200 << 10)
+    ids = [(await send(b, content=big + str(i))).message_id for i in range(3)]
+    first = await read(b, limit=10)
+    assert [m.message_id for m in first.messages] == ids[:1]
+    second = await read(b, limit=10, ack=ids[:1])
+    assert [m.message_id for m in second.messages] == ids[1:2]
+    assert second.messages[0].deliveries == 1
+
+
+async def test_ack_only_counts_the_readers_own_deliveries(bundle):
+    sent = await send(bundle)
+    await read(bundle)
+    other = await bundle.coord.ack_messages(AckMessages(reader="c", message_ids=[sent.message_id]))
+    unknown = await bundle.coord.ack_messages(AckMessages(reader="b", message_ids=["nope"]))
+    assert (other.acked, unknown.acked) == (0, 0)
+    assert (await bundle.coord.ack_messages(
+        AckMessages(reader="b", message_ids=[sent.message_id, sent.message_id]))).acked == 1
