@@ -15,7 +15,7 @@ reaper_interval_s = 0.2
 prune_interval_s = 0.5
 """
 N_EACH = 30
-VISIBILITY_S = 6.0  # a delivery whose reply was lost in a crash comes back after this
+VISIBILITY_S = 10.0  # a delivery whose reply a crash ate comes back after this (rare)
 RETRYABLE = (Disconnected, CallTimeout, errors.Overloaded)
 
 

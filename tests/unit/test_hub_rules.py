@@ -218,3 +218,18 @@ async def test_ack_only_counts_the_readers_own_deliveries(bundle):
     assert (other.acked, unknown.acked) == (0, 0)
     assert (await bundle.coord.ack_messages(
         AckMessages(reader="b", message_ids=[sent.message_id, sent.message_id]))).acked == 1
+
+
+def test_a_v2_database_gains_the_hub_tables_on_upgrade(tmp_path):
+    from coordd import store
+    conn = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
+    try:
+        for script in store.MIGRATIONS[:2]:  # a database written by the previous coordd
+            for stmt in store._split(script):
+                conn.execute(stmt)
+        conn.execute("PRAGMA user_version = 2")
+        assert store.migrate(conn) == store.SCHEMA_VERSION
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"jobs", "messages", "message_reads", "agents"} <= tables
+    finally:
+        conn.close()
