@@ -202,3 +202,14 @@ async def test_tool_error_when_coordd_is_not_running(tmp_path):
     async with mcp_session(str(tmp_path / "absent.sock")) as s:
         text = await tool_error(s, "coordinator_status")
         assert text.startswith("disconnected: coordd is not running at "), text
+
+
+async def test_the_server_reconnects_after_coordd_restarts(daemon):
+    async with mcp_session(daemon.socket) as s:
+        await ok(s, "send_message", recipient="tester", content="before", message_id="m-1")
+        daemon.kill()
+        text = await tool_error(s, "coordinator_status")
+        assert text.startswith("disconnected:"), text
+        daemon.start()
+        got = await ok(s, "read_messages", ack_on_read=True)
+        assert [m["content"] for m in got["messages"]] == ["before"]
