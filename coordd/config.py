@@ -37,6 +37,9 @@ CLOCK_JUMP_S = 60.0
 BUSY_TIMEOUT_MS = 10_000
 RETENTION_S = 7 * 86400.0
 PRUNE_INTERVAL_S = 3600.0
+MESSAGE_MAX_BYTES = 256 << 10
+MESSAGE_VISIBILITY_S = 60.0
+AGENT_STALE_S = 300.0
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -76,6 +79,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         metrics_port: serve Prometheus metrics over HTTP on 127.0.0.1:PORT (0 = off; the
             `metrics` RPC and `coordctl metrics` always work). Gauges refresh every reaper
             round.
+        message_max_bytes: cap on a message's content JSON (and, separately, its metadata).
+        message_visibility_s: a read message not acked within this comes back (at least once).
+        message_retention_s: processed messages and broadcasts older than this are purged
+            by the prune round (expired messages are purged by every prune round).
+        agent_stale_s: an agent whose last status update is older is shown as not live.
     """
 
     db: str = ""
@@ -112,6 +120,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     warn_db_bytes: int = 8 << 30
     warn_wal_bytes: int = 256 << 20
     warn_artifact_bytes: int = 64 << 30
+    message_max_bytes: int = MESSAGE_MAX_BYTES
+    message_visibility_s: float = MESSAGE_VISIBILITY_S
+    message_retention_s: float = RETENTION_S
+    agent_stale_s: float = AGENT_STALE_S
 
     def __post_init__(self) -> None:
         if not 0 < self.lease_min_s <= self.lease_default_s <= self.lease_max_s:
@@ -137,6 +149,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("metrics_port must be 0..65535")
         if self.retention_s < 0 or self.prune_interval_s <= 0:
             raise ValueError("need retention_s >= 0 and prune_interval_s > 0")
+        if self.message_max_bytes < 1 or self.message_visibility_s <= 0 \
+                or self.message_retention_s < 0 or self.agent_stale_s <= 0:
+            raise ValueError("need message_max_bytes >= 1, message_visibility_s > 0, "
+                             "message_retention_s >= 0, agent_stale_s > 0")
         bad = set(self.gates) - {"p0", "p1", "p2", "p3"}
         if bad:
             raise ValueError(f"gates: unknown priority table(s) {sorted(bad)}; use p0..p3")

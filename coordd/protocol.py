@@ -364,6 +364,7 @@ class PruneResult(msgspec.Struct, kw_only=True):
     free_pages: int = 0
     db_bytes: int = 0
     artifact_files: int = 0  # files deleted from the artifact store (unreferenced, old)
+    messages: int = 0  # hub messages purged (expired, or processed / broadcast past retention)
 
 
 class MetricsResult(msgspec.Struct, kw_only=True):
@@ -410,3 +411,140 @@ PARAMS: dict[str, type[msgspec.Struct]] = {
 ADMIN_METHODS = frozenset({"enqueue", "enqueue_batch", "cancel", "retry", "reap", "backup",
                            "prune"})
 """Methods limited to the configured admin uids/gids."""
+
+
+# ---------------------------------------------------------------- agent message hub (issue 9)
+# Params and results of the hub's methods (coordd.hub), kept together so the section
+# merges as one block.
+
+
+class SendMessage(msgspec.Struct, kw_only=True):
+    """`send_message`: one message to `recipient`. `content` and `metadata` are JSON.
+
+    `message_id` (optional, chosen by the sender) makes a resend after a lost reply
+    return the stored message instead of a second one. `ttl_s`: never delivered after.
+    """
+
+    sender: str
+    recipient: str
+    content: Any = None
+    message_type: str = "text"
+    priority: int = 2
+    metadata: dict[str, Any] | None = None
+    ttl_s: float | None = None
+    message_id: str | None = None
+
+
+class BroadcastMessage(msgspec.Struct, kw_only=True):
+    """`broadcast`: one message every reader but the sender gets once."""
+
+    sender: str
+    content: Any = None
+    message_type: str = "text"
+    priority: int = 2
+    metadata: dict[str, Any] | None = None
+    ttl_s: float | None = None
+    message_id: str | None = None
+
+
+class ReadMessages(msgspec.Struct, kw_only=True):
+    """`read_messages`: `reader`'s inbox, P0 first then oldest first.
+
+    `ack` (ids of messages handled since the last read) is applied first, in the same
+    transaction. Unacked messages come back after `visibility_s`; `ack_on_read` marks
+    them processed at once instead (at most once).
+    """
+
+    reader: str
+    limit: int = 10
+    visibility_s: float | None = None
+    ack: list[str] = []
+    ack_on_read: bool = False
+
+
+class AckMessages(msgspec.Struct, kw_only=True):
+    """`ack_messages`: `reader` has handled these messages; they are not delivered again."""
+
+    reader: str
+    message_ids: list[str]
+
+
+class AgentStatusUpdate(msgspec.Struct, kw_only=True):
+    """`update_agent_status`: an agent's status and heartbeat (metadata None = keep)."""
+
+    name: str
+    status: str
+    metadata: dict[str, Any] | None = None
+
+
+class AgentQuery(msgspec.Struct, kw_only=True):
+    """`get_agent_status`: one agent by name, or every agent (name None)."""
+
+    name: str | None = None
+
+
+class SendResult(msgspec.Struct, kw_only=True):
+    """`send_message` / `broadcast` result: `created` False = the id was already stored."""
+
+    message_id: str
+    created: bool
+    expires_at: float | None = None
+
+
+class MessageView(msgspec.Struct, kw_only=True):
+    """A delivered message; `deliveries` > 1 means it was handed out before and not acked."""
+
+    message_id: str
+    sender: str
+    recipient: str | None  # None: a broadcast
+    message_type: str
+    content: Any
+    priority: int
+    metadata: dict[str, Any] | None
+    created_at: float
+    expires_at: float | None
+    deliveries: int
+
+
+class ReadResult(msgspec.Struct, kw_only=True):
+    """`read_messages` result; unacked messages are hidden until `visible_until`."""
+
+    messages: list[MessageView]
+    acked: int = 0
+    visible_until: float | None = None
+
+
+class AckResult(msgspec.Struct, kw_only=True):
+    """`ack_messages` result: deliveries newly marked processed."""
+
+    acked: int
+
+
+class AgentView(msgspec.Struct, kw_only=True):
+    """An agent's last status; `live` = heartbeat within `agent_stale_s`."""
+
+    name: str
+    status: str
+    metadata: dict[str, Any] | None
+    heartbeat_at: float
+    heartbeat_age_s: float
+    live: bool
+    first_seen_at: float
+    unread: int
+
+
+class AgentsResult(msgspec.Struct, kw_only=True):
+    """`get_agent_status` result."""
+
+    agents: list[AgentView]
+
+
+HUB_PARAMS: dict[str, type[msgspec.Struct]] = {
+    "send_message": SendMessage,
+    "broadcast": BroadcastMessage,
+    "read_messages": ReadMessages,
+    "ack_messages": AckMessages,
+    "update_agent_status": AgentStatusUpdate,
+    "get_agent_status": AgentQuery,
+}
+PARAMS.update(HUB_PARAMS)

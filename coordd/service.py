@@ -21,6 +21,7 @@ import aiosqlite
 import msgspec
 
 from coordd import backup, cas, errors, gates, leases, store, views
+from coordd.hub import Hub
 from coordd.ids import JobIds
 from coordd.clock import Clock
 from coordd.config import Config, artifact_dir_for
@@ -30,6 +31,7 @@ from coordd.protocol import (
     Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, MetricsResult, PruneResult,
     Readings, ReapResult,
     Renew, RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
+    HUB_PARAMS,
 )
 from coordd.metrics import Metrics, tree_bytes
 from coordd.writer import Writer
@@ -78,6 +80,9 @@ class Coordinator:
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s)
+        self.hub = Hub(self.writer, self._read, config, clock)
+        for method in HUB_PARAMS:  # the hub's RPC methods are served by coordd.hub
+            setattr(self, method, getattr(self.hub, method))
 
     async def start(self) -> None:
         """Open the writer (creating and migrating the DB) and the read-only connection.
@@ -272,9 +277,11 @@ class Coordinator:
         coordd's clock at each batch) with their events and unreferenced artifact rows,
         in batches of `store.PRUNE_BATCH` (one transaction each), then hand the free
         pages back to the file system (`incremental_vacuum`, bounded per transaction)
-        and checkpoint the WAL so the file shrinks. Then delete the artifact files nothing
-        refers to any more and that are older than ARTIFACT_GRACE_S (coordd.cas.sweep):
-        a file a worker has stored but not yet recorded is fresh, and kept.
+        and checkpoint the WAL so the file shrinks. Expired hub messages, and processed
+        ones and broadcasts past `message_retention_s`, go first too (Hub.purge). Then
+        delete the artifact files nothing refers to any more and that are older than
+        ARTIFACT_GRACE_S (coordd.cas.sweep): a file a worker has stored but not yet
+        recorded is fresh, and kept.
         """
         retention = self.config.retention_s
         pruned = artifacts = 0
@@ -284,23 +291,25 @@ class Coordinator:
             pruned, artifacts = pruned + n, artifacts + a
             if n < store.PRUNE_BATCH:
                 break
+        messages = await self.hub.purge(now)
         free = await self.writer.run(lambda conn, _now: store.vacuum_step(conn))
         while free:
             left = await self.writer.run(lambda conn, _now: store.vacuum_step(conn))
             if left >= free:
                 break  # nothing more comes free
             free = left
-        if pruned:
+        if pruned or messages:
             await self.writer.checkpoint()
-            logger.info("pruned %d terminal job(s) past retention", pruned,
-                        extra={"action": "prune", "n": pruned})
+            logger.info("pruned %d terminal job(s) past retention and %d message(s)", pruned,
+                        messages, extra={"action": "prune", "n": pruned, "messages": messages})
         await self.writer.run(lambda conn, _now: store.optimize(conn))
         refs = await self._read(views.artifact_refs)
         before = (self.clock.wall() if now is None else now) - ARTIFACT_GRACE_S
         files = await asyncio.to_thread(cas.sweep, self.artifact_dir, set(refs), before)
         self.artifact_bytes = await asyncio.to_thread(tree_bytes, self.artifact_dir)
         return PruneResult(pruned=pruned, artifacts=artifacts, free_pages=free,
-                           db_bytes=_file_size(self.db_path), artifact_files=files)
+                           db_bytes=_file_size(self.db_path), artifact_files=files,
+                           messages=messages)
 
     # ------------------------------------------------------------ reads
 

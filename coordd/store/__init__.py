@@ -19,8 +19,9 @@ import msgspec
 
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
+from coordd.store import messages as _messages
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
 VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
@@ -117,7 +118,7 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX jobs_artifact ON jobs (artifact_sha256) WHERE artifact_sha256 IS NOT NULL;
     """,
     # v3: FIFO among jobs queued at the same instant (one enqueue_batch, one fake-clock
-    # second) is by job id, which is time-ordered (see `coordd.service.JobIds`); with the
+    # second) is by job id, which is time-ordered (see `coordd.ids.JobIds`); with the
     # id right after queued_at the claim walk is the index order and never sorts ties
     # (v2 ordered ties by rowid: a temp B-tree over every tie, 500 rows per claim after
     # a 500-job batch).
@@ -126,6 +127,8 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX jobs_claim ON jobs (priority, queued_at, job_id, run_at, required_role,
         kind, status, gates_json) WHERE status = 'waiting';
     """,
+    # v4: the agent message hub (messages, per-reader delivery state, agent status)
+    _messages.MIGRATION,
 )
 
 json_encode = msgspec.json.encode
