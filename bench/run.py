@@ -229,7 +229,7 @@ def reexec_on_rev(rev: str, argv: list[str]) -> None:
     root = Path(__file__).resolve().parent.parent
     snap = Path(tempfile.mkdtemp(prefix="coordd-bench-src-"))
     trees = ["coordd"]
-    if subprocess.run(["git", "cat-file", "-e", f"{rev}:worker"], cwd=root,
+    if subprocess.run(["git", "cat-file", "-e", f"{rev}:worker"], cwd=root, check=False,
                       capture_output=True).returncode == 0:
         trees.append("worker")  # coord-worker at the same revision (--supervisor)
     archive = subprocess.run(["git", "archive", rev, *trees], cwd=root, check=True,
