@@ -27,9 +27,8 @@ import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
 
-from coordd import errors, store
+from coordd import errors, store, values
 from coordd.config import Config
 from coordd.clock import Clock
 from coordd.protocol import (
@@ -87,8 +86,8 @@ class Hub:
         if p.message_id is not None:
             _check_name("message_id", p.message_id)
         cap = self._cap()
-        content = _encode("content", p.content, cap)
-        metadata = None if p.metadata is None else _encode("metadata", p.metadata, cap)
+        content = values.encode("content", p.content, cap)
+        metadata = None if p.metadata is None else values.encode("metadata", p.metadata, cap)
         ttl = p.ttl_s
 
         def op(conn: sqlite3.Connection, now: float) -> SendResult:
@@ -140,7 +139,7 @@ class Hub:
         PayloadTooLarge."""
         _check_name("name", p.name)
         _check_name("status", p.status, STATUS_MAX_CHARS)
-        metadata = None if p.metadata is None else _encode("metadata", p.metadata, self._cap())
+        metadata = None if p.metadata is None else values.encode("metadata", p.metadata, self._cap())
         await self._writer.run(
             lambda conn, now: msg_store.update_agent(conn, now, p.name, p.status, metadata))
         return (await self.get_agent_status(AgentQuery(name=p.name))).agents[0]
@@ -196,14 +195,3 @@ def _check_ids(ids: list[str]) -> None:
         raise errors.BadRequest(f"at most {ACK_IDS_MAX} message ids per ack, got {len(ids)}")
     for mid in ids:
         _check_name("message id", mid)
-
-
-def _encode(what: str, value: Any, cap: int) -> str:
-    try:
-        raw = store.json_encode(value)
-    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-        raise errors.BadRequest(f"{what} is not JSON-compatible: {exc}") from exc
-    if len(raw) > cap:
-        raise errors.PayloadTooLarge(f"{what} is {len(raw)} bytes; the cap is {cap}")
-    return raw.decode()
-

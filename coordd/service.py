@@ -20,7 +20,7 @@ from typing import Any
 import aiosqlite
 import msgspec
 
-from coordd import backup, cas, errors, gates, leases, store, views
+from coordd import backup, cas, errors, gates, leases, store, values, views
 from coordd.hub import Hub
 from coordd.ids import JobIds
 from coordd.clock import Clock
@@ -136,7 +136,7 @@ class Coordinator:
         except msgspec.ValidationError as exc:
             raise errors.BadRequest(f"readings: {exc}") from exc
         roles_json = store.dumps(sorted(set(p.roles)))
-        readings_json = store.dumps(p.readings)
+        readings_json = values.encode("readings", p.readings, self.config.max_payload_bytes)
         cancel = await self.writer.run(
             lambda conn, now: (store.heartbeat(conn, now, p.worker_id, roles_json, readings_json),
                                now))
@@ -168,7 +168,7 @@ class Coordinator:
 
     async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
         """Record a job's latest checkpoint. Raises: PayloadTooLarge and the lease errors."""
-        text = _encode("checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
+        text = values.encode("checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
         await self.writer.run(
             lambda conn, now: leases.checkpoint(conn, now, p.job_id, p.worker_id, p.token, text))
         return {}
@@ -176,7 +176,7 @@ class Coordinator:
     async def complete(self, p: Complete) -> CompleteResult:
         """Store a job's result, once. Raises: AlreadyCompleted (a result is stored: treat as
         success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound."""
-        text = _encode("result", p.result, self.config.max_result_bytes)
+        text = values.encode("result", p.result, self.config.max_result_bytes)
         return await self.writer.run(
             lambda conn, now: leases.complete(conn, now, p.job_id, p.worker_id, p.token, text,
                                               p.artifact))
@@ -216,11 +216,11 @@ class Coordinator:
                 gates.merge(self._policies[p.priority], p.gates)
             except msgspec.ValidationError as exc:
                 raise errors.BadRequest(f"gates: {exc}") from exc
-            gates_json = store.dumps(p.gates)
+            gates_json = values.encode("gates", p.gates, self.config.max_payload_bytes)
         return store.NewJob(
             job_id=self._ids.new(self.clock.wall()), kind=p.kind, required_role=p.required_role,
             priority=p.priority,
-            payload_json=_encode("payload", p.payload, self.config.max_payload_bytes),
+            payload_json=values.encode("payload", p.payload, self.config.max_payload_bytes),
             run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
             max_runtime_s=p.max_runtime_s, gates_json=gates_json)
 
@@ -442,16 +442,6 @@ def _reading_notes(readings: dict[str, Any]) -> list[str]:
 def _check_name(what: str, value: str) -> None:
     if not value or len(value) > NAME_MAX_CHARS:
         raise errors.BadRequest(f"{what} must be 1..{NAME_MAX_CHARS} characters")
-
-
-def _encode(what: str, value: Any, cap: int) -> str:
-    try:
-        raw = store.json_encode(value)
-    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
-        raise errors.BadRequest(f"{what} is not JSON-compatible: {exc}") from exc
-    if len(raw) > cap:
-        raise errors.PayloadTooLarge(f"{what} is {len(raw)} bytes; the cap is {cap}")
-    return raw.decode()
 
 
 def _truncate(text: str, limit: int) -> str:

@@ -63,14 +63,39 @@ def build_server(client: Client, agent: str) -> Server[Any, Any]:
             result = await call(client, agent, name, arguments)
         except ToolFailure as exc:
             logger.info("tool %s failed: %s", name, exc.text)
-            return types.CallToolResult(
-                content=[types.TextContent(type="text", text=exc.text)], isError=True)
-        text = json.dumps(result, indent=2, ensure_ascii=False)
-        return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
-                                    structuredContent=result if isinstance(result, dict)
-                                    else {"result": result}, isError=False)
+            return tool_error(exc.text)
+        try:
+            text = json.dumps(result, indent=2, ensure_ascii=False)
+            reply = types.CallToolResult(content=[types.TextContent(type="text", text=text)],
+                                         structuredContent=result if isinstance(result, dict)
+                                         else {"result": result}, isError=False)
+            check_serializable(reply)
+        except Exception as exc:  # the SDK would fail after we return, and stop serving
+            logger.warning("tool %s: result cannot be sent over MCP: %s", name, exc)
+            return tool_error(f"internal: {name}: the result cannot be sent over MCP "
+                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})")
+        return reply
 
     return server
+
+
+def tool_error(text: str) -> types.CallToolResult:
+    """An MCP tool error (`isError`) whose text is `text`."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
+                                isError=True)
+
+
+def check_serializable(result: types.CallToolResult) -> None:
+    """Serialize `result` as the SDK will once the handler returns (the JSON-RPC response
+    on stdout), so what it cannot serialize (e.g. a value nested past pydantic's depth
+    limit) fails here, as one tool error, instead of inside the SDK, which ends the server.
+
+    Raises:
+        Exception: whatever pydantic raises (PydanticSerializationError, ValueError, ...).
+    """
+    body = types.ServerResult(result).model_dump(by_alias=True, mode="json", exclude_none=True)
+    types.JSONRPCMessage(types.JSONRPCResponse(jsonrpc="2.0", id=0, result=body)
+                         ).model_dump_json(by_alias=True, exclude_none=True)
 
 
 async def serve(socket_path: str | None, agent: str, timeout: float) -> None:
