@@ -3,8 +3,8 @@
 Frame: 4-byte big-endian length, then that many bytes of msgpack. A length over the cap
 is answered with `payload_too_large` and the connection is closed without reading the
 body (the daemon never buffers an oversize frame). A body that is not a request envelope
-(`{id, method, params}`) gets one `bad_request` reply and the connection is closed, since
-the peer is not speaking our protocol. Inside a valid envelope, bad params or an unknown
+(`{id, method, params}`), or one nested too deep to decode, gets one `bad_request` reply
+and the connection is closed, since the peer is not speaking our protocol. Inside a valid envelope, bad params or an unknown
 method get an error reply and the connection stays open.
 
 Replies are capped like requests: a reply over the cap becomes a `payload_too_large`
@@ -134,12 +134,13 @@ class Dispatcher:
                     break
                 try:
                     req = _decode_request(body)
-                except msgspec.DecodeError as exc:
+                except (msgspec.DecodeError, RecursionError) as exc:
+                    why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
                     logger.warning("refused frame from uid %s: not a request envelope: %s; "
-                                   "closing", peer.uid, exc,
+                                   "closing", peer.uid, why,
                                    extra={"action": "bad_frame", "uid": peer.uid})
                     self._send(writer, None, errors.BadRequest(
-                        f"not a request envelope {{id, method, params}}: {exc}"))
+                        f"not a request envelope {{id, method, params}}: {why}"))
                     break
                 if not self._closing:
                     await inflight.acquire()
@@ -173,6 +174,8 @@ class Dispatcher:
                 params = decoder.decode(req.params)
             except msgspec.DecodeError as exc:
                 raise errors.BadRequest(f"{req.method}: {exc}") from exc
+            except RecursionError as exc:
+                raise errors.BadRequest(f"{req.method}: params nested too deep") from exc
             result = await self._handler(req.method, params)
         except errors.CoordError as exc:
             if exc.code in ("bad_request", "unknown_method", "permission_denied",

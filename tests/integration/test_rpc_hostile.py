@@ -404,3 +404,56 @@ async def test_default_admin_set_is_root_and_own_uid(daemon):
     async with Client(daemon.socket) as c:
         job = await c.enqueue(kind="k", required_role="cpu", priority=1, payload=None)
         assert job.created
+
+
+def _deep_request(method: str, depth: int, req_id: int = 5) -> bytes:
+    """A request frame whose params carry a list nested `depth` levels (raw msgpack: the
+    client library would refuse to build it)."""
+    deep = b"\x91" * depth + b"\x90"
+    params = (b"\x83" + msgspec.msgpack.encode("sender") + msgspec.msgpack.encode("a")
+              + msgspec.msgpack.encode("recipient") + msgspec.msgpack.encode("b")
+              + msgspec.msgpack.encode("content") + deep)
+    head = (b"\x83" + msgspec.msgpack.encode("id") + msgspec.msgpack.encode(req_id)
+            + msgspec.msgpack.encode("method") + msgspec.msgpack.encode(method)
+            + msgspec.msgpack.encode("params"))
+    return raw_frame(head + params)
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+async def test_params_nested_past_the_decoder_get_bad_request_not_a_traceback(daemon, depth):
+    """msgspec raises RecursionError (not DecodeError) on very deep msgpack: that is a
+    refusal like any malformed frame, answered and logged, never an unhandled traceback."""
+    r, w = await open_raw(daemon.socket)
+    try:
+        w.write(_deep_request("send_message", depth))
+        await w.drain()
+        reply = await read_reply(r)
+        assert reply is not None, "connection dropped without a reply"
+        assert reply["error"]["code"] == "bad_request"
+        assert "nested too deep" in reply["error"]["message"]
+        await assert_closed(r)
+    finally:
+        w.close()
+    await wait_for_log(daemon, "refused frame")
+    log = daemon.log()
+    assert "Traceback" not in log and "client_connected_cb" not in log, log
+    await assert_healthy(daemon.socket)
+    async with Client(daemon.socket) as c:
+        assert (await c.read_messages("b")).messages == []
+
+
+async def test_message_nested_past_the_depth_cap_refused_over_the_socket(daemon):
+    """Deep but decodable (300 levels): refused by the depth cap with the field named."""
+    r, w = await open_raw(daemon.socket)
+    try:
+        w.write(_deep_request("send_message", 300))
+        await w.drain()
+        reply = await read_reply(r)
+        assert reply["id"] == 5 and reply["error"]["code"] == "bad_request"
+        assert "content nests deeper than 64 levels" in reply["error"]["message"]
+        w.write(frame({"id": 6, "method": "status", "params": {}}))  # still usable
+        assert (await read_reply(r))["id"] == 6
+    finally:
+        w.close()
+    async with Client(daemon.socket) as c:
+        assert (await c.read_messages("b")).messages == []
