@@ -51,6 +51,19 @@ def fail(code: str, message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
     raise SystemExit(exit_code)
 
 
+def bad_input(exc: Exception) -> str:
+    """Say what is wrong with input that could not be read or sent (no traceback)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"input is not valid UTF-8 (byte {exc.object[exc.start:exc.start + 1]!r})"
+    if isinstance(exc, UnicodeEncodeError):
+        return f"an argument or input is not valid UTF-8 ({exc.object[exc.start:exc.end]!a})"
+    if isinstance(exc, OverflowError):
+        return "an integer is out of range (coordd takes -2**63 .. 2**64-1)"
+    if isinstance(exc, RecursionError):
+        return "input is nested too deep"
+    return " ".join(str(exc).split())
+
+
 def _positive(kind: type) -> Any:
     def conv(text: str) -> Any:
         try:
@@ -142,40 +155,76 @@ def build_parser() -> Parser:
     return p
 
 
+class OutputFailed(Exception):
+    """Writing the command's output to stdout failed (disk full, closed pipe...)."""
+
+
 def _print(outcome: Outcome, as_json: bool) -> None:
-    if as_json:
-        doc = msgspec.json.format(msgspec.json.encode(outcome.data), indent=2)
-        sys.stdout.buffer.write(doc + b"\n")
+    """Write the outcome to stdout and flush it.
+
+    Raises:
+        BrokenPipeError: the reader went away (e.g. `| head`): quiet, exit 1.
+        OutputFailed: any other write error.
+    """
+    try:
+        if as_json:
+            doc = msgspec.json.format(msgspec.json.encode(outcome.data), indent=2)
+            sys.stdout.buffer.write(doc + b"\n")
+        elif isinstance(outcome.human, str):
+            if outcome.human:
+                print(outcome.human)
+        else:
+            from coordctl.render import make_console
+            outcome.human(make_console())
         sys.stdout.flush()
-    elif isinstance(outcome.human, str):
-        if outcome.human:
-            print(outcome.human)
-    else:
-        from coordctl.render import make_console
-        outcome.human(make_console())
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputFailed(f"cannot write the output: {exc.strerror or exc}") from exc
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so Python's flush at exit does not fail a second time."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one parsed command; return the exit code (errors become one stderr line)."""
-    from coordd.client import SyncClient
+    """Run one parsed command; return the exit code (errors become one stderr line).
+
+    The output is written and flushed before the command's `after` step (`msg read`'s
+    ack): output that could not be written leaves the messages unacked.
+    """
+    from coordd.client import SyncClient, Unencodable
     from coordd.errors import CoordError
 
     client = SyncClient(args.socket, timeout=args.timeout)  # None: $COORDD_SOCKET or default
     path = client.path
     try:
         outcome = {**COMMANDS, **MSG_COMMANDS}[args.command](client, args)
+        _print(outcome, args.json)
+        if outcome.after is not None:
+            outcome.after()
     except UsageError as exc:
         fail("usage", str(exc), EXIT_USAGE)
+    except Unencodable as exc:  # e.g. a non-UTF-8 argument: refused before it is sent
+        fail("usage", exc.message, EXIT_USAGE)
+    except (UnicodeError, OverflowError, RecursionError) as exc:
+        fail("usage", bad_input(exc), EXIT_USAGE)
+    except OutputFailed as exc:
+        _drop_stdout()
+        fail("output", str(exc))
     except CoordError as exc:
         message = exc.message
         if exc.code == "disconnected" and path not in message:
             message = f"coordd is not running at {path}? {message}"
         fail(exc.code, message)
+    except BrokenPipeError:
+        raise
     except OSError as exc:  # e.g. permission denied on the socket, path too long
         fail("disconnected", f"cannot connect to coordd at {path}: {exc.strerror or exc}")
     finally:
         client.close()
-    _print(outcome, args.json)
     if outcome.failure is not None:
         fail(*outcome.failure)
     return EXIT_OK
@@ -190,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         print("coordctl: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
+        _drop_stdout()
         return EXIT_FAILED
 
 

@@ -37,11 +37,14 @@ class Outcome(NamedTuple):
         data: what `--json` prints (a Struct, dict or list).
         human: prints the human form to a rich Console, or a plain string to print.
         failure: `(code, message)` when the operation failed after all (exit 1).
+        after: runs once the output is written and flushed (`msg read` acks there), and
+            not at all if writing it failed.
     """
 
     data: Any
     human: Callable[[Any], None] | str
     failure: tuple[str, str] | None = None
+    after: Callable[[], None] | None = None
 
 
 # ---------------------------------------------------------------- input parsing

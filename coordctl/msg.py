@@ -108,12 +108,13 @@ def _read(client: Any, args: argparse.Namespace) -> Outcome:
     if args.visibility_s is not None:
         fields["visibility_s"] = args.visibility_s
     res: ReadResult = client.read_messages(reader, **fields)
-    acked = 0
-    if res.messages and not args.keep:
-        acked = client.ack_messages(reader, [m.message_id for m in res.messages]).acked
-    data = {"reader": reader, "messages": res.messages, "acked": acked,
-            "visible_until": None if acked else res.visible_until}
-    return Outcome(data, lambda con: _messages(con, reader, res, acked))
+    ids = [] if args.keep else [m.message_id for m in res.messages]
+    # printed first, acked after: output that cannot be written leaves them unacked, and
+    # they come back after the visibility timeout (at least once, as for any reader)
+    data = {"reader": reader, "messages": res.messages, "acked": len(ids),
+            "visible_until": None if ids else res.visible_until}
+    return Outcome(data, lambda con: _messages(con, reader, res, len(ids)),
+                   after=(lambda: client.ack_messages(reader, ids)) if ids else None)
 
 
 def agents(client: Any, args: argparse.Namespace) -> Outcome:

@@ -51,6 +51,32 @@ class CallTimeout(errors.CoordError):
     code = "timeout"
 
 
+class Unencodable(errors.BadRequest):
+    """The request cannot be encoded, so it is not sent: text that is not valid UTF-8 (a
+    lone surrogate, e.g. from a non-UTF-8 command-line argument), an integer outside
+    -2**63 .. 2**64-1, a value nested too deep, or a type msgpack does not carry."""
+
+
+def _unencodable(method: str, exc: Exception) -> Unencodable:
+    if isinstance(exc, UnicodeEncodeError):
+        why = f"text is not valid UTF-8 ({_shown(exc.object[exc.start:exc.end])})"
+    elif isinstance(exc, OverflowError):
+        why = "an integer is outside -2**63 .. 2**64-1"
+    elif isinstance(exc, RecursionError):
+        why = "a value is nested too deep"
+    else:
+        why = " ".join(str(exc).split())
+    return Unencodable(f"{method}: the request cannot be sent: {why}")
+
+
+def _shown(bad: str) -> str:
+    """The bytes a lone surrogate stood for (a non-UTF-8 argument), else the characters."""
+    try:
+        return f"bytes {bad.encode('utf-8', 'surrogateescape')!r}"
+    except UnicodeEncodeError:
+        return f"characters {bad!r}"
+
+
 class Client:
     """An asyncio connection to coordd; many calls may be in flight at once.
 
@@ -154,16 +180,21 @@ class Client:
             result_type: decode the result into this type (None = plain msgpack objects).
         Raises:
             errors.CoordError subclass with the server's code; Disconnected; CallTimeout;
-            errors.PayloadTooLarge if the request frame is over the cap (nothing is sent).
+            errors.PayloadTooLarge if the request frame is over the cap, Unencodable
+            (bad_request) if msgpack cannot carry it (nothing is sent in either case).
         """
+        req_id = next(self._ids)
+        try:
+            frame = encode_frame({"id": req_id, "method": method,
+                                  "params": params if params is not None else {}},
+                                 self.max_frame, "request")
+        except (UnicodeEncodeError, OverflowError, RecursionError, TypeError,
+                msgspec.EncodeError) as exc:
+            raise _unencodable(method, exc) from exc
         if self._writer is None or self._writer.is_closing() or self._read_task is None \
                 or self._read_task.done():
             await self.connect()
         assert self._writer is not None
-        req_id = next(self._ids)
-        frame = encode_frame({"id": req_id, "method": method,
-                              "params": params if params is not None else {}},
-                             self.max_frame, "request")
         fut: asyncio.Future[ReplyHeader] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = fut
         try:
