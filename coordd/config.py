@@ -39,6 +39,7 @@ RETENTION_S = 7 * 86400.0
 PRUNE_INTERVAL_S = 3600.0
 MESSAGE_MAX_BYTES = 256 << 10
 MESSAGE_VISIBILITY_S = 60.0
+MESSAGE_VISIBILITY_MAX_S = 12 * 3600.0  # the longest a read may hide a message (config or read)
 AGENT_STALE_S = 300.0
 
 
@@ -80,7 +81,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             `metrics` RPC and `coordctl metrics` always work). Gauges refresh every reaper
             round.
         message_max_bytes: cap on a message's content JSON (and, separately, its metadata).
-        message_visibility_s: a read message not acked within this comes back (at least once).
+        message_visibility_s: a read message not acked within this comes back (at least once);
+            at most MESSAGE_VISIBILITY_MAX_S, the bound a read's own visibility_s has too.
         message_retention_s: processed messages and broadcasts older than this are purged
             by the prune round (expired messages are purged by every prune round).
         agent_stale_s: an agent whose last status update is older is shown as not live.
@@ -149,10 +151,13 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("metrics_port must be 0..65535")
         if self.retention_s < 0 or self.prune_interval_s <= 0:
             raise ValueError("need retention_s >= 0 and prune_interval_s > 0")
-        if self.message_max_bytes < 1 or self.message_visibility_s <= 0 \
-                or self.message_retention_s < 0 or self.agent_stale_s <= 0:
-            raise ValueError("need message_max_bytes >= 1, message_visibility_s > 0, "
-                             "message_retention_s >= 0, agent_stale_s > 0")
+        if self.message_max_bytes < 1 or self.message_retention_s < 0 \
+                or self.agent_stale_s <= 0:
+            raise ValueError("need message_max_bytes >= 1, message_retention_s >= 0, "
+                             "agent_stale_s > 0")
+        if not 0 < self.message_visibility_s <= MESSAGE_VISIBILITY_MAX_S:  # refuses NaN too
+            raise ValueError(f"message_visibility_s must be > 0 and <= "
+                             f"{MESSAGE_VISIBILITY_MAX_S:g}, got {self.message_visibility_s}")
         bad = set(self.gates) - {"p0", "p1", "p2", "p3"}
         if bad:
             raise ValueError(f"gates: unknown priority table(s) {sorted(bad)}; use p0..p3")

@@ -29,7 +29,7 @@ from typing import Any
 
 
 from coordd import errors, store, values
-from coordd.config import Config
+from coordd.config import MESSAGE_VISIBILITY_MAX_S, Config
 from coordd.clock import Clock
 from coordd.protocol import (
     PRIORITIES, AckMessages, AckResult, AgentQuery, AgentsResult, AgentStatusUpdate,
@@ -43,7 +43,7 @@ TYPE_MAX_CHARS = 64
 STATUS_MAX_CHARS = 64
 READ_LIMIT_MAX = 100
 ACK_IDS_MAX = 1000
-VISIBILITY_MAX_S = 12 * 3600.0
+VISIBILITY_MAX_S = MESSAGE_VISIBILITY_MAX_S
 TTL_MAX_S = 10 * 365 * 86400.0
 READ_REPLY_BYTES_MAX = 4 << 20  # content per read reply (well under the frame cap)
 
@@ -96,8 +96,8 @@ class Hub:
                 message_id=p.message_id or secrets.token_hex(8), sender=p.sender,
                 recipient=recipient, message_type=p.message_type, content_json=content,
                 priority=p.priority, metadata_json=metadata, expires_at=expires_at)
-            mid, created = msg_store.send(conn, now, new)
-            return SendResult(message_id=mid, created=created, expires_at=expires_at)
+            mid, created, stored_expiry = msg_store.send(conn, now, new)
+            return SendResult(message_id=mid, created=created, expires_at=stored_expiry)
         return await self._writer.run(op)
 
     def _cap(self) -> int:

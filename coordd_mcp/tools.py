@@ -19,6 +19,7 @@ import msgspec
 
 from coordd import errors
 from coordd.client import Client
+from coordd.config import MESSAGE_VISIBILITY_MAX_S
 from coordd.protocol import JOB_STATUSES, TERMINAL_STATUSES
 
 WAIT_MAX_S = 300.0  # wait_for_job never holds a call longer (MCP clients time out calls)
@@ -162,7 +163,8 @@ TOOLS: tuple[Tool, ...] = (
                        "description": "ids of messages handled since the last read"},
                "ack_on_read": {"type": "boolean", "default": False,
                                "description": "mark these processed now (at most once)"},
-               "visibility_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 43200,
+               "visibility_s": {"type": "number", "exclusiveMinimum": 0,
+                                "maximum": MESSAGE_VISIBILITY_MAX_S,
                                 "description": "unacked messages come back after this"}}),
          read_messages),
     Tool("ack_messages", "Mark messages handled so they are never delivered to this agent again.",

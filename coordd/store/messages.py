@@ -81,7 +81,7 @@ SQL_SEND = (
     "metadata, status, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?) "
     "ON CONFLICT (message_id) DO NOTHING"
 )
-SQL_MESSAGE_OWNER = "SELECT sender, recipient FROM messages WHERE message_id = ?"
+SQL_MESSAGE_OWNER = "SELECT sender, recipient, expires_at FROM messages WHERE message_id = ?"
 
 # A reader's inbox: its direct messages not yet processed plus broadcasts by others, not
 # expired, not processed by it, and not held by a delivery still inside its visibility
@@ -141,9 +141,11 @@ SQL_AGENTS = (
 )
 
 
-def send(conn: sqlite3.Connection, now: float, msg: NewMessage) -> tuple[str, bool]:
-    """Store a message; return (message_id, created). A repeated `message_id` from the same
-    sender to the same recipient returns created=False (a resend after a lost reply).
+def send(conn: sqlite3.Connection, now: float, msg: NewMessage
+         ) -> tuple[str, bool, float | None]:
+    """Store a message; return (message_id, created, expires_at). A repeated `message_id`
+    from the same sender to the same recipient returns created=False and the stored
+    message's expires_at (a resend after a lost reply changes nothing).
 
     Raises:
         errors.BadRequest: the id is already taken by another sender or recipient.
@@ -152,11 +154,12 @@ def send(conn: sqlite3.Connection, now: float, msg: NewMessage) -> tuple[str, bo
                                   msg.content_json, msg.priority, msg.metadata_json, now,
                                   msg.expires_at))
     if cur.rowcount:
-        return msg.message_id, True
-    sender, recipient = conn.execute(SQL_MESSAGE_OWNER, (msg.message_id,)).fetchone()
+        return msg.message_id, True, msg.expires_at
+    sender, recipient, expires_at = conn.execute(SQL_MESSAGE_OWNER,
+                                                 (msg.message_id,)).fetchone()
     if (sender, recipient) != (msg.sender, msg.recipient):
         raise errors.BadRequest(f"message_id {msg.message_id} is already used by another message")
-    return msg.message_id, False
+    return msg.message_id, False, expires_at
 
 
 def ack(conn: sqlite3.Connection, now: float, reader: str, message_ids: list[str]) -> int:
