@@ -330,9 +330,9 @@ class Client:
         return await self.call("update_agent_status", {"name": name, "status": status,
                                                        "metadata": metadata}, AgentView)
 
-    async def get_agent_status(self, name: str | None = None) -> AgentsResult:
-        """One agent's status, or every agent's."""
-        return await self.call("get_agent_status", {"name": name}, AgentsResult)
+    async def get_agent_status(self, name: str | None = None, **page: Any) -> AgentsResult:
+        """One agent's status, or a page of agents (`limit`, `after`: see AgentQuery)."""
+        return await self.call("get_agent_status", {"name": name, **page}, AgentsResult)
 
     async def wait_for(self, job_id: str, timeout: float, poll_s: float = 0.2) -> JobView:
         """Poll until the job is terminal; return it.

@@ -27,6 +27,8 @@ import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 
 from coordd import errors, store, values
 from coordd.config import MESSAGE_VISIBILITY_MAX_S, Config
@@ -46,6 +48,8 @@ ACK_IDS_MAX = 1000
 VISIBILITY_MAX_S = MESSAGE_VISIBILITY_MAX_S
 TTL_MAX_S = 10 * 365 * 86400.0
 READ_REPLY_BYTES_MAX = 4 << 20  # content per read reply (well under the frame cap)
+AGENTS_LIMIT_MAX = 1000  # agents per get_agent_status page (AgentQuery.limit's default: 100)
+AGENT_METADATA_MAX_BYTES = 16 << 10  # so a page of agents fits well within a frame
 
 Reader = Callable[..., Awaitable[Any]]
 
@@ -139,28 +143,55 @@ class Hub:
         PayloadTooLarge."""
         _check_name("name", p.name)
         _check_name("status", p.status, STATUS_MAX_CHARS)
-        metadata = None if p.metadata is None else values.encode("metadata", p.metadata, self._cap())
+        cap = min(AGENT_METADATA_MAX_BYTES, self._cap())
+        metadata = None if p.metadata is None else values.encode("metadata", p.metadata, cap)
         await self._writer.run(
             lambda conn, now: msg_store.update_agent(conn, now, p.name, p.status, metadata))
         return (await self.get_agent_status(AgentQuery(name=p.name))).agents[0]
 
     async def get_agent_status(self, p: AgentQuery) -> AgentsResult:
-        """Every agent (or the one named) with heartbeat age, liveness and unread count.
+        """The agent named, or a page of agents by name (`limit`, `after`), with heartbeat
+        age, liveness and unread count. A page also stops before its reply would pass
+        half the frame cap; `next_after` is then set.
 
-        Raises: NotFound (a name was given and no such agent reported).
+        Raises: NotFound (a name was given and no such agent reported), BadRequest.
         """
         if p.name is not None:
             _check_name("name", p.name)
+        if p.after is not None:
+            _check_name("after", p.after)
+        if not 1 <= p.limit <= AGENTS_LIMIT_MAX:
+            raise errors.BadRequest(f"limit must be 1..{AGENTS_LIMIT_MAX}, got {p.limit}")
         now = self._clock.wall()
-        rows = await self._read(msg_store.agents, now, p.name)
+        rows = await self._read(msg_store.agents, now, p.name, p.after, p.limit)
         if p.name is not None and not rows:
             raise errors.NotFound(f"agent {p.name} has never reported a status")
         stale = self._config.agent_stale_s
-        return AgentsResult(agents=[
-            AgentView(name=name, status=status, metadata=store.lenient_json(meta),
-                      heartbeat_at=hb, heartbeat_age_s=max(0.0, now - hb),
-                      live=now - hb <= stale, first_seen_at=first, unread=unread)
-            for name, status, meta, hb, first, unread in rows])
+        budget, size = self._config.max_frame_bytes // 2, 0
+        agents: list[AgentView] = []
+        for name, status, meta, hb, first, unread in rows:
+            view = AgentView(name=name, status=status, metadata=store.lenient_json(meta),
+                             heartbeat_at=hb, heartbeat_age_s=max(0.0, now - hb),
+                             live=now - hb <= stale, first_seen_at=first, unread=unread)
+            size += len(_msgpack(view))
+            if agents and size > budget:
+                break
+            agents.append(view)
+        more = len(agents) < len(rows) or len(rows) == p.limit
+        return AgentsResult(agents=agents,
+                            next_after=agents[-1].name if more and p.name is None else None)
+
+    async def purge_agents(self, now: float | None = None) -> int:
+        """Forget agents whose last status is older than `message_retention_s` (coordd's
+        clock unless `now` is given); return how many."""
+        retention = self._config.message_retention_s
+        total = 0
+        while True:
+            n = await self._writer.run(lambda conn, wall: msg_store.purge_agents(
+                conn, (wall if now is None else now) - retention))
+            total += n
+            if n < msg_store.PURGE_BATCH:
+                return total
 
     async def purge(self, now: float | None = None) -> int:
         """Delete expired messages, and processed messages and broadcasts past
@@ -173,6 +204,9 @@ class Hub:
             total += n
             if n == 0:
                 return total
+
+
+_msgpack = msgspec.msgpack.Encoder().encode
 
 
 def _message_view(row: tuple[Any, ...]) -> MessageView:

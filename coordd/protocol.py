@@ -365,6 +365,7 @@ class PruneResult(msgspec.Struct, kw_only=True):
     db_bytes: int = 0
     artifact_files: int = 0  # files deleted from the artifact store (unreferenced, old)
     messages: int = 0  # hub messages purged (expired, or processed / broadcast past retention)
+    agents: int = 0  # agents not heard from for message_retention_s, forgotten
 
 
 class MetricsResult(msgspec.Struct, kw_only=True):
@@ -478,9 +479,12 @@ class AgentStatusUpdate(msgspec.Struct, kw_only=True):
 
 
 class AgentQuery(msgspec.Struct, kw_only=True):
-    """`get_agent_status`: one agent by name, or every agent (name None)."""
+    """`get_agent_status`: one agent by name, or a page of agents by name (name None):
+    up to `limit` (1..1000, default 100) after the name `after`."""
 
     name: str | None = None
+    limit: int = 100
+    after: str | None = None
 
 
 class SendResult(msgspec.Struct, kw_only=True):
@@ -534,9 +538,10 @@ class AgentView(msgspec.Struct, kw_only=True):
 
 
 class AgentsResult(msgspec.Struct, kw_only=True):
-    """`get_agent_status` result."""
+    """`get_agent_status` result; `next_after` set: there may be more, ask with after=it."""
 
     agents: list[AgentView]
+    next_after: str | None = None
 
 
 HUB_PARAMS: dict[str, type[msgspec.Struct]] = {

@@ -278,7 +278,8 @@ class Coordinator:
         in batches of `store.PRUNE_BATCH` (one transaction each), then hand the free
         pages back to the file system (`incremental_vacuum`, bounded per transaction)
         and checkpoint the WAL so the file shrinks. Expired hub messages, and processed
-        ones and broadcasts past `message_retention_s`, go first too (Hub.purge). Then
+        ones and broadcasts past `message_retention_s`, go first too (Hub.purge), and agents
+        not heard from for `message_retention_s` are forgotten (Hub.purge_agents). Then
         delete the artifact files nothing refers to any more and that are older than
         ARTIFACT_GRACE_S (coordd.cas.sweep): a file a worker has stored but not yet
         recorded is fresh, and kept.
@@ -292,16 +293,19 @@ class Coordinator:
             if n < store.PRUNE_BATCH:
                 break
         messages = await self.hub.purge(now)
+        agents = await self.hub.purge_agents(now)
         free = await self.writer.run(lambda conn, _now: store.vacuum_step(conn))
         while free:
             left = await self.writer.run(lambda conn, _now: store.vacuum_step(conn))
             if left >= free:
                 break  # nothing more comes free
             free = left
-        if pruned or messages:
+        if pruned or messages or agents:
             await self.writer.checkpoint()
-            logger.info("pruned %d terminal job(s) past retention and %d message(s)", pruned,
-                        messages, extra={"action": "prune", "n": pruned, "messages": messages})
+            logger.info("pruned %d terminal job(s) past retention, %d message(s) and %d "
+                        "agent(s)", pruned, messages, agents, extra={
+                            "action": "prune", "n": pruned, "messages": messages,
+                            "agents": agents})
         await self.writer.run(lambda conn, _now: store.optimize(conn))
         refs = await self._read(views.artifact_refs)
         before = (self.clock.wall() if now is None else now) - ARTIFACT_GRACE_S
@@ -309,7 +313,7 @@ class Coordinator:
         self.artifact_bytes = await asyncio.to_thread(tree_bytes, self.artifact_dir)
         return PruneResult(pruned=pruned, artifacts=artifacts, free_pages=free,
                            db_bytes=_file_size(self.db_path), artifact_files=files,
-                           messages=messages)
+                           messages=messages, agents=agents)
 
     # ------------------------------------------------------------ reads
 

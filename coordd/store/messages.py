@@ -124,20 +124,36 @@ SQL_PURGE_OLD_BROADCASTS = (
     "INDEXED BY messages_created WHERE created_at < ? AND recipient IS NULL LIMIT ?)"
 )
 
+SQL_AGENTS_PURGE = (
+    "DELETE FROM agents WHERE name IN (SELECT name FROM agents WHERE heartbeat_at < ? LIMIT ?)"
+)
 SQL_AGENT_UPSERT = (
     "INSERT INTO agents (name, status, metadata, heartbeat_at, first_seen_at) "
     "VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT (name) DO UPDATE SET status = excluded.status, "
     "metadata = coalesce(excluded.metadata, agents.metadata), heartbeat_at = excluded.heartbeat_at"
 )
-# Unread = what `read` would hand this agent now (ignoring the batch limit).
+# A page of agents, by name (the primary key's order).
 SQL_AGENTS = (
-    "SELECT a.name, a.status, a.metadata, a.heartbeat_at, a.first_seen_at, "
-    "(SELECT count(*) FROM messages m LEFT JOIN message_reads r "
-    "  ON r.message_id = m.message_id AND r.reader = a.name "
-    "  WHERE m.status != 'processed' AND (m.recipient = a.name OR "
-    "  (m.recipient IS NULL AND m.sender != a.name)) "
-    "  AND (m.expires_at IS NULL OR m.expires_at > ?1) AND r.processed_at IS NULL) "
-    "FROM agents a WHERE (?2 IS NULL OR a.name = ?2) ORDER BY a.name"
+    "SELECT name, status, metadata, heartbeat_at, first_seen_at FROM agents "
+    "WHERE (?1 IS NULL OR name = ?1) AND (?2 IS NULL OR name > ?2) ORDER BY name LIMIT ?3"
+)
+# Unread (not yet acked, whether never delivered or delivered and held) is counted from
+# three index walks instead of one scan of every live broadcast per agent:
+#   direct messages to the agent not processed, plus
+#   live broadcasts - those the agent sent - those the agent has acked.
+SQL_UNREAD_DIRECT = (
+    "SELECT count(*) FROM messages INDEXED BY messages_inbox WHERE recipient = ?1 "
+    "AND status != 'processed' AND (expires_at IS NULL OR expires_at > ?2)"
+)
+SQL_LIVE_BROADCASTS_BY_SENDER = (
+    "SELECT sender, count(*) FROM messages INDEXED BY messages_inbox WHERE recipient IS NULL "
+    "AND status != 'processed' AND (expires_at IS NULL OR expires_at > ?1) GROUP BY sender"
+)
+SQL_BROADCASTS_ACKED = (
+    "SELECT count(*) FROM message_reads r INDEXED BY message_reads_reader "
+    "JOIN messages m ON m.message_id = r.message_id WHERE r.reader = ?1 "
+    "AND r.processed_at IS NOT NULL AND m.recipient IS NULL AND m.status != 'processed' "
+    "AND (m.expires_at IS NULL OR m.expires_at > ?2)"
 )
 
 
@@ -220,7 +236,32 @@ def update_agent(conn: sqlite3.Connection, now: float, name: str, status: str,
     conn.execute(SQL_AGENT_UPSERT, (name, status, metadata_json, now))
 
 
-def agents(conn: sqlite3.Connection, now: float, name: str | None) -> list[tuple[Any, ...]]:
-    """(name, status, metadata JSON, heartbeat_at, first_seen_at, unread) per agent (or one)."""
-    return conn.execute(SQL_AGENTS, (now, name)).fetchall()
+def agents(conn: sqlite3.Connection, now: float, name: str | None, after: str | None,
+           limit: int) -> list[tuple[Any, ...]]:
+    """(name, status, metadata JSON, heartbeat_at, first_seen_at, unread) for the agent
+    `name`, or for up to `limit` agents named after `after`, by name.
+
+    `unread` counts the messages `read` would still hand the agent, not yet acked: never
+    delivered, or delivered and held within their visibility timeout. The work is one walk
+    of the live broadcasts per call plus two index walks per agent (its direct messages,
+    its acked broadcasts), not a scan of every broadcast per agent.
+    """
+    rows = conn.execute(SQL_AGENTS, (name, after, limit)).fetchall()
+    if not rows:
+        return []
+    by_sender = dict(conn.execute(SQL_LIVE_BROADCASTS_BY_SENDER, (now,)).fetchall())
+    live = sum(by_sender.values())
+    out = []
+    for row in rows:
+        agent = row[0]
+        direct = conn.execute(SQL_UNREAD_DIRECT, (agent, now)).fetchone()[0]
+        acked = conn.execute(SQL_BROADCASTS_ACKED, (agent, now)).fetchone()[0]
+        out.append((*row, direct + live - by_sender.get(agent, 0) - acked))
+    return out
+
+
+def purge_agents(conn: sqlite3.Connection, cutoff: float, limit: int = PURGE_BATCH) -> int:
+    """Forget up to `limit` agents whose last status is older than `cutoff`; return how many
+    (their messages stay: an agent that reports again finds its inbox)."""
+    return conn.execute(SQL_AGENTS_PURGE, (cutoff, limit)).rowcount
 
