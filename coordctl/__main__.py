@@ -172,7 +172,8 @@ def _print(outcome: Outcome, as_json: bool) -> None:
             sys.stdout.buffer.write(doc + b"\n")
         elif isinstance(outcome.human, str):
             if outcome.human:
-                print(outcome.human)
+                from coordctl.render import safe
+                print(safe(outcome.human))
         else:
             from coordctl.render import make_console
             outcome.human(make_console())

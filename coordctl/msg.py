@@ -17,9 +17,9 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from coordctl.commands import Outcome, parse_json_arg, read_text_arg
+from coordctl.render import SafeTable
 from coordd.protocol import AgentsResult, ReadResult
 
 AddCommand = Callable[[str, str], argparse.ArgumentParser]
@@ -128,7 +128,7 @@ def _messages(con: Console, reader: str, res: ReadResult, acked: int) -> None:
     if not res.messages:
         con.print(f"no messages for {reader}")
         return
-    t = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    t = SafeTable(box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("id", "from", "to", "type", "prio", "sent", "n", "content"):
         t.add_column(col, no_wrap=col != "content", overflow="fold")
     for m in res.messages:
@@ -142,7 +142,7 @@ def _messages(con: Console, reader: str, res: ReadResult, acked: int) -> None:
 
 def _agents(con: Console, res: AgentsResult) -> None:
     from coordctl.render import fmt_age
-    t = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    t = SafeTable(box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("agent", "status", "live", "heartbeat", "unread", "metadata"):
         t.add_column(col, no_wrap=col != "metadata", overflow="fold")
     for a in res.agents:

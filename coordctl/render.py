@@ -1,7 +1,9 @@
 """Human output for coordctl: rich tables over the wire Structs. No I/O besides printing.
 
 Every user-supplied string (kinds, errors, payloads) is printed with markup, emoji and
-highlighting off, so brackets or colons in them come out as typed. When stdout is not a
+highlighting off, so brackets or colons in them come out as typed, and with control
+characters escaped visibly (`safe`): a message or payload cannot move the cursor, clear
+the screen, retitle the terminal or reverse the text around it. When stdout is not a
 terminal the console is made wide, so tables stay one row per line for grep and less.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from datetime import datetime, timezone
 from typing import Any
@@ -20,6 +23,34 @@ from rich.table import Table
 from coordd.protocol import JOB_STATUSES, JobList, JobView, StatusReply, WorkersResult
 
 PIPE_WIDTH_DEFAULT = 200
+# C0 but tab and newline, DEL, C1, and the bidirectional overrides/isolates/marks
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f"
+                      "\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def safe(value: Any) -> str:
+    """`value` as text with every control character shown as an escape (ESC as `\\x1b`,
+    U+202E as `\\u202e`); tab and newline stay. Use it on every string from the database."""
+    return _CONTROL.sub(_escape, value if isinstance(value, str) else str(value))
+
+
+class SafeConsole(Console):
+    """A Console whose plain-string arguments go through `safe`."""
+
+    def print(self, *objects: Any, **kw: Any) -> None:  # noqa: D102
+        super().print(*(safe(o) if isinstance(o, str) else o for o in objects), **kw)
+
+
+class SafeTable(Table):
+    """A Table whose string cells go through `safe`."""
+
+    def add_row(self, *cells: Any, **kw: Any) -> None:  # noqa: D102
+        super().add_row(*(safe(c) if isinstance(c, str) else c for c in cells), **kw)
 BLOB_CHARS_MAX = 4000
 PRIORITIES_SHOWN = ("p0", "p1", "p2", "p3")
 
@@ -29,7 +60,8 @@ def make_console() -> Console:
     width = None
     if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
         width = PIPE_WIDTH_DEFAULT
-    return Console(width=width, markup=False, emoji=False, highlight=False, soft_wrap=False)
+    return SafeConsole(width=width, markup=False, emoji=False, highlight=False,
+                       soft_wrap=False)
 
 
 def fmt_time(ts: float | None) -> str:
@@ -74,7 +106,7 @@ def fmt_blob(value: Any) -> str:
 
 
 def _kv_table(title: str | None = None) -> Table:
-    t = Table(title=title, show_header=False, box=box.SIMPLE, title_justify="left",
+    t = SafeTable(title=title, show_header=False, box=box.SIMPLE, title_justify="left",
               show_edge=False)
     t.add_column("field", style="bold", no_wrap=True)
     t.add_column("value", overflow="fold")
@@ -96,7 +128,7 @@ def status(console: Console, st: StatusReply, waiting: list[JobView],
     """Print the status summary and the oldest waiting jobs with their reasons."""
     console.print(status_table(st, warnings))
     if waiting:
-        w = Table(title=f"oldest waiting jobs ({len(waiting)})", box=box.SIMPLE_HEAD, show_edge=False,
+        w = SafeTable(title=f"oldest waiting jobs ({len(waiting)})", box=box.SIMPLE_HEAD, show_edge=False,
                   title_justify="left")
         for col in ("id", "kind", "role", "prio", "age", "waiting reason"):
             w.add_column(col, no_wrap=col != "waiting reason",
@@ -127,7 +159,7 @@ def status_table(st: StatusReply, warnings: list[str]) -> Table:
 
 def job_list(console: Console, page: JobList, paged_all: bool) -> None:
     """Print a table of jobs; hint at the next page when there is one."""
-    t = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    t = SafeTable(box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("id", "kind", "role", "prio", "eff", "status", "attempts", "age",
                 "waiting reason / last error"):
         t.add_column(col, no_wrap=not col.startswith("waiting"), overflow="fold")
@@ -181,7 +213,7 @@ def job(console: Console, j: JobView) -> None:
     if j.checkpoint is not None:
         t.add_row("checkpoint", fmt_blob(j.checkpoint))
     console.print(t)
-    ev = Table(title="events", box=box.SIMPLE_HEAD, show_edge=False, title_justify="left")
+    ev = SafeTable(title="events", box=box.SIMPLE_HEAD, show_edge=False, title_justify="left")
     for col in ("at", "transition", "worker", "reason"):
         ev.add_column(col, no_wrap=col != "reason", overflow="fold")
     for e in j.events:
@@ -217,7 +249,7 @@ def workers(console: Console, res: WorkersResult) -> None:
 
 def workers_table(res: WorkersResult) -> Table:
     """One row per worker: liveness, readings, leases and per-priority gate verdicts."""
-    t = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    t = SafeTable(box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("worker", "roles", "heartbeat", "live", "mem %", "temp", "power",
                 "user idle", "leases", *PRIORITIES_SHOWN):
         t.add_column(col, overflow="fold")

@@ -17,7 +17,6 @@ from typing import Any
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from coordctl import render
@@ -32,7 +31,7 @@ def frame(client: Any, interval: float) -> tuple[Group, dict[str, Any]]:
     ws = client.workers()
     running = client.list_jobs(status="running", limit=RUNNING_SHOWN).jobs
     failed = client.list_jobs(status="failed", limit=FAILED_SHOWN, newest_first=True).jobs
-    run_t = Table(title=f"running ({st.jobs.get('running', 0)})", title_justify="left",
+    run_t = render.SafeTable(title=f"running ({st.jobs.get('running', 0)})", title_justify="left",
                   box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("id", "kind", "prio", "worker", "attempt", "lease left", "cancel"):
         run_t.add_column(col)
@@ -42,7 +41,7 @@ def frame(client: Any, interval: float) -> tuple[Group, dict[str, Any]]:
                       f"{j.attempts}/{j.max_attempts}",
                       "-" if left is None else render.fmt_age(max(0.0, left)),
                       "requested" if j.cancel_requested else "")
-    fail_t = Table(title="recent failures", title_justify="left", box=box.SIMPLE_HEAD,
+    fail_t = render.SafeTable(title="recent failures", title_justify="left", box=box.SIMPLE_HEAD,
                    show_edge=False)
     for col in ("id", "kind", "finished", "last error"):
         fail_t.add_column(col, overflow="fold")

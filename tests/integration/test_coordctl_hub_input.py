@@ -79,3 +79,34 @@ def test_input_msgpack_cannot_carry_is_a_one_line_usage_error(daemon, args, stdi
     assert "Traceback" not in err
     with SyncClient(daemon.socket) as c:
         assert c.read_messages("h").messages == [] and c.status().jobs["waiting"] == 0
+
+
+HOSTILE = "hi \x1b[2J\x1b]0;pwned\x07 \u202eevil\x9b31m\x7f"
+CONTROL = ("\x1b", "\x07", "\u202e", "\x9b", "\x7f")
+
+
+def test_control_characters_from_the_database_are_escaped_in_human_output(daemon, tmp_path):
+    """Messages, names, metadata, payloads, results and errors reach the operator's terminal
+    with control characters shown as escapes; --json stays exact."""
+    sock = daemon.socket
+    ok(ctl(sock, "msg", "send", "--from", "lead", "--to", "esc", HOSTILE,
+           "--type", "t\u202e", "--metadata", json.dumps({"k": HOSTILE})))
+    with SyncClient(sock) as c:
+        c.update_agent_status("esc", "busy\u202e", {"note": HOSTILE})
+        job = c.enqueue(kind="k", required_role="cpu", priority=1,
+                        payload={"p": HOSTILE}, idempotency_key="key\u202e").job_id
+    raw = ok_json(ctl(sock, "--json", "msg", "read", "--as", "esc", "--keep",
+                      "--visibility", "0.1"))
+    assert raw["messages"][0]["content"] == HOSTILE
+    assert raw["messages"][0]["metadata"] == {"k": HOSTILE}
+    time.sleep(0.2)
+    shown = {
+        "msg read": ok(ctl(sock, "msg", "read", "--as", "esc", "--keep")),
+        "agents": ok(ctl(sock, "agents")),
+        "show": ok(ctl(sock, "show", job)),
+        "list": ok(ctl(sock, "list")),
+    }
+    for what, out in shown.items():
+        assert not any(c in out for c in CONTROL), (what, out)
+    assert "\\x1b[2J" in shown["msg read"] and "\\u202e" in shown["agents"]
+    assert "\\u001b" in shown["show"] and "key\\u202e" in shown["show"]
