@@ -47,7 +47,7 @@ READ_LIMIT_MAX = 100
 ACK_IDS_MAX = 1000
 VISIBILITY_MAX_S = MESSAGE_VISIBILITY_MAX_S
 TTL_MAX_S = 10 * 365 * 86400.0
-READ_REPLY_BYTES_MAX = 4 << 20  # content per read reply (well under the frame cap)
+READ_REPLY_BYTES_MAX = 4 << 20  # encoded messages per read reply (and <= half the frame cap)
 AGENTS_LIMIT_MAX = 1000  # agents per get_agent_status page (AgentQuery.limit's default: 100)
 AGENT_METADATA_MAX_BYTES = 16 << 10  # so a page of agents fits well within a frame
 
@@ -92,6 +92,13 @@ class Hub:
         cap = self._cap()
         content = values.encode("content", p.content, cap)
         metadata = None if p.metadata is None else values.encode("metadata", p.metadata, cap)
+        names = (p.sender, recipient or "", p.message_type, p.message_id or "")
+        encoded = (len(_msgpack(p.content)) + len(_msgpack(p.metadata))
+                   + sum(len(n.encode()) for n in names) + 256)  # + ids, times, keys
+        if encoded > self._config.max_frame_bytes // 2:  # so any one message fits a read
+            raise errors.PayloadTooLarge(
+                f"content and metadata are {encoded} bytes encoded; the cap is half the "
+                f"{self._config.max_frame_bytes}-byte frame cap")
         ttl = p.ttl_s
 
         def op(conn: sqlite3.Connection, now: float) -> SendResult:
@@ -120,16 +127,33 @@ class Hub:
         if not (0 < visibility <= VISIBILITY_MAX_S):  # also refuses NaN
             raise errors.BadRequest(f"visibility_s must be > 0 and <= {VISIBILITY_MAX_S:g}")
         _check_ids(p.ack)
-        budget = min(READ_REPLY_BYTES_MAX, self._config.max_frame_bytes // 4)
+        frame = self._config.max_frame_bytes
+        budget = min(READ_REPLY_BYTES_MAX, frame // 2)
 
-        def op(conn: sqlite3.Connection, now: float) -> tuple[int, list[Any], float]:
+        def op(conn: sqlite3.Connection, now: float) -> tuple[int, list[MessageView], float]:
+            views: list[MessageView] = []  # built here: the op may run again after a retry
+            size = 0
+
+            def take(row: tuple[Any, ...]) -> bool:
+                """Count the message's encoded bytes (the whole view) against the budget."""
+                nonlocal size
+                view = _message_view(row)
+                n = len(_msgpack(view))
+                if views and size + n > budget:
+                    return False
+                if n > frame // 2:  # only a message stored before the send-side cap
+                    raise errors.PayloadTooLarge(
+                        f"message {view.message_id} is {n} bytes encoded, over half the "
+                        f"{frame}-byte frame cap; nothing was delivered")
+                size += n
+                views.append(view)
+                return True
             acked = msg_store.ack(conn, now, p.reader, p.ack)
-            rows = msg_store.read(conn, now, p.reader, p.limit, visibility, p.ack_on_read,
-                                  budget)
-            return acked, rows, now
-        acked, rows, now = await self._writer.run(op)
-        return ReadResult(messages=[_message_view(r) for r in rows], acked=acked,
-                          visible_until=None if p.ack_on_read or not rows else now + visibility)
+            msg_store.read(conn, now, p.reader, p.limit, visibility, p.ack_on_read, take)
+            return acked, views, now
+        acked, views, now = await self._writer.run(op)
+        return ReadResult(messages=views, acked=acked,
+                          visible_until=None if p.ack_on_read or not views else now + visibility)
 
     async def ack_messages(self, p: AckMessages) -> AckResult:
         """Mark the reader's deliveries processed (idempotent). Raises: BadRequest."""

@@ -14,6 +14,7 @@ broadcast's row stays `pending` (a reader arriving later still gets it until it 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -193,29 +194,29 @@ def ack(conn: sqlite3.Connection, now: float, reader: str, message_ids: list[str
 
 
 def read(conn: sqlite3.Connection, now: float, reader: str, limit: int, visibility_s: float,
-         ack_on_read: bool, max_bytes: int) -> list[tuple[Any, ...]]:
+         ack_on_read: bool, take: Callable[[tuple[Any, ...]], bool]
+         ) -> list[tuple[Any, ...]]:
     """Hand `reader` up to `limit` messages of its inbox and record the delivery.
 
-    Each row returned is (message_id, sender, recipient, message_type, content JSON,
-    priority, metadata JSON, created_at, expires_at, deliveries), `deliveries` counting
-    this one. With `ack_on_read` the messages are processed at once (at most once);
-    otherwise they are hidden from this reader for `visibility_s` and come back after it
-    unless acked (at least once). Rows stop once their content passes `max_bytes` (at
-    least one row), so a reply always fits a frame.
+    Each row is (message_id, sender, recipient, message_type, content JSON, priority,
+    metadata JSON, created_at, expires_at, deliveries), `deliveries` counting this one.
+    `take(row)` is asked in inbox order before each delivery; the first False ends the
+    read (the caller's byte budget: what is not taken is not delivered). With
+    `ack_on_read` the messages are processed at once (at most once); otherwise they are
+    hidden from this reader for `visibility_s` and come back after it unless acked.
     """
     rows = conn.execute(SQL_INBOX, (reader, now, limit)).fetchall()
     out: list[tuple[Any, ...]] = []
-    size = 0
-    for row in rows:
-        size += len(row[4]) + len(row[6] or "")
-        if out and size > max_bytes:
+    for found in rows:
+        row = (*found[:9], found[9] + 1)
+        if not take(row):
             break
         mid = row[0]
         done = now if ack_on_read else None
         conn.execute(SQL_DELIVER, (mid, reader, now, None if ack_on_read else now + visibility_s,
                                    done))
         conn.execute(SQL_MARK_DIRECT, ("processed" if ack_on_read else "delivered", done, mid))
-        out.append((*row[:9], row[9] + 1))
+        out.append(row)
     return out
 
 

@@ -148,3 +148,30 @@ async def test_listing_agents_does_not_scan_every_broadcast_per_agent(bundle):
     few, many = steps(100), steps(400)
     conn.close()
     assert many < 2 * few, (few, many)  # 4x the agents: far less than 4x the work
+
+
+async def test_the_read_budget_counts_encoded_bytes_not_characters(bundle):
+    """64 messages of 65,534 emoji are 256 KiB of characters but 16 MiB of UTF-8: a read
+    of 100 hands out what fits 4 MiB, and the reply always fits the frame (it was built
+    and committed, then refused as payload_too_large, again on every retry)."""
+    emoji = "😀" * 65_534
+    ids = [(await bundle.coord.send_message(SendMessage(sender="a", recipient="b",
+                                                        content=emoji))).message_id
+           for _ in range(64)]
+    got, seen = [], []
+    while len(seen) < 64:
+        res = await bundle.coord.read_messages(ReadMessages(reader="b", limit=100, ack=got))
+        reply = _pack({"id": 1, "result": res})
+        assert len(reply) <= min(4 << 20, bundle.coord.config.max_frame_bytes // 2) + 1024
+        assert res.messages and all(m.deliveries == 1 for m in res.messages)
+        got = [m.message_id for m in res.messages]
+        seen += got
+    assert seen == ids
+
+
+async def test_a_message_whose_encoding_would_not_fit_a_read_is_refused(make_bundle):
+    b = await make_bundle(max_frame_bytes=64 << 10, message_max_bytes=64 << 10)
+    floats = [0.0] * 4000  # 16 KB of JSON, 36 KB of msgpack
+    with pytest.raises(errors.PayloadTooLarge, match="encoded"):
+        await b.coord.send_message(SendMessage(sender="a", recipient="b", content=floats))
+    assert _count(b.db_path, "messages") == 0

@@ -200,13 +200,13 @@ async def test_agent_status_heartbeat_liveness_and_unread(bundle):
 async def test_a_read_reply_stays_within_its_byte_budget(make_bundle):
     """Large messages are handed out a few per read so the reply always fits a frame; the
     rest wait, undelivered, for the next read."""
-    b = await make_bundle(max_frame_bytes=1 << 20)  # budget: a quarter of the frame cap
+    b = await make_bundle(max_frame_bytes=1 << 20)  # budget: half the frame cap, encoded
     big = "x" * (200 << 10)
     ids = [(await send(b, content=big + str(i))).message_id for i in range(3)]
     first = await read(b, limit=10)
-    assert [m.message_id for m in first.messages] == ids[:1]
-    second = await read(b, limit=10, ack=ids[:1])
-    assert [m.message_id for m in second.messages] == ids[1:2]
+    assert [m.message_id for m in first.messages] == ids[:2]
+    second = await read(b, limit=10, ack=ids[:2])
+    assert [m.message_id for m in second.messages] == ids[2:]
     assert second.messages[0].deliveries == 1
 
 
