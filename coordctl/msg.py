@@ -1,4 +1,4 @@
-"""`coordctl msg send|read|broadcast` and `coordctl agents`: the agent message hub.
+"""`coordctl msg send|read|broadcast|ack` and `coordctl agents`: the agent message hub.
 
 Names default to `$COORD_AGENT`, else `coordctl:<login>`. Content is sent as a text string
 unless `--content-json` says to parse it as JSON (`@FILE` reads it from a file, `@-` from
@@ -18,7 +18,7 @@ from typing import Any
 from rich import box
 from rich.console import Console
 
-from coordctl.commands import Outcome, parse_json_arg, read_text_arg
+from coordctl.commands import Outcome, UsageError, parse_json_arg, read_text_arg
 from coordctl.render import SafeTable
 from coordd.protocol import AgentsResult, ReadResult
 
@@ -53,11 +53,13 @@ def add_parsers(cmd: AddCommand, common: Callable[[argparse.ArgumentParser, bool
         sp.add_argument("--from", dest="sender", metavar="NAME",
                         help="sender name (default: $COORD_AGENT or coordctl:<login>)")
         if name == "send":
-            sp.add_argument("--to", dest="recipient", metavar="NAME", required=True)
+            sp.add_argument("--to", dest="recipient", metavar="NAME", required=True,
+                            help="the recipient agent's name")
         sp.add_argument("content", metavar="CONTENT", help="text, or @FILE / @- for stdin")
         sp.add_argument("--content-json", action="store_true",
                         help="parse CONTENT as JSON instead of sending it as text")
-        sp.add_argument("--type", dest="message_type", default="text", metavar="TYPE")
+        sp.add_argument("--type", dest="message_type", default="text", metavar="TYPE",
+                        help="a label the reader can branch on (default: text)")
         sp.add_argument("--priority", type=int, default=2, metavar="P", help="0 (urgent) .. 3")
         sp.add_argument("--ttl", type=float, metavar="S", help="never delivered after S seconds")
         sp.add_argument("--metadata", metavar="JSON|@FILE", help="a JSON object")
@@ -71,8 +73,16 @@ def add_parsers(cmd: AddCommand, common: Callable[[argparse.ArgumentParser, bool
                    help="do not ack: the messages come back after the visibility timeout")
     r.add_argument("--visibility", type=float, metavar="S", dest="visibility_s",
                    help="seconds they stay hidden with --keep (default: coordd's)")
-    a = cmd("agents", "agents with their status, heartbeat age and unread messages")
+    k = action("ack", "ack messages read with --keep: they are not delivered again")
+    k.add_argument("message_ids", metavar="ID", nargs="+", help="message ids to ack")
+    k.add_argument("--as", dest="reader", metavar="NAME",
+                   help="whose deliveries (default: $COORD_AGENT or coordctl:<login>)")
+    a = cmd("agents", "agents that reported a status (update_agent_status), with heartbeat "
+                      "age and unread messages")
     a.add_argument("name", metavar="NAME", nargs="?", help="only this agent")
+    a.add_argument("--limit", type=int, default=100, metavar="N",
+                   help="agents per page, 1..1000 (default 100)")
+    a.add_argument("--after", metavar="NAME", help="the page after this agent name")
 
 
 def _send_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,11 +100,23 @@ def _send_fields(args: argparse.Namespace) -> dict[str, Any]:
     return fields
 
 
+def _name(given: str | None, what: str) -> str:
+    """An explicit name, else the default one; an explicitly empty name is refused."""
+    if given is None:
+        return default_name()
+    if not given:
+        raise UsageError(f"{what} must not be empty")
+    return given
+
+
 def msg(client: Any, args: argparse.Namespace) -> Outcome:
-    """`msg send|broadcast|read`."""
+    """`msg send|broadcast|read|ack`."""
     if args.msg_command == "read":
         return _read(client, args)
-    sender = args.sender or default_name()
+    if args.msg_command == "ack":
+        res = client.ack_messages(_name(args.reader, "--as"), args.message_ids)
+        return Outcome(res, f"acked {res.acked} message(s)")
+    sender = _name(args.sender, "--from")
     if args.msg_command == "send":
         res = client.send_message(sender, args.recipient, **_send_fields(args))
     else:
@@ -103,7 +125,7 @@ def msg(client: Any, args: argparse.Namespace) -> Outcome:
 
 
 def _read(client: Any, args: argparse.Namespace) -> Outcome:
-    reader = args.reader or default_name()
+    reader = _name(args.reader, "--as")
     fields: dict[str, Any] = {"limit": args.limit}
     if args.visibility_s is not None:
         fields["visibility_s"] = args.visibility_s
@@ -119,7 +141,8 @@ def _read(client: Any, args: argparse.Namespace) -> Outcome:
 
 def agents(client: Any, args: argparse.Namespace) -> Outcome:
     """`agents [NAME]`: every agent (or one) with status, heartbeat age and unread count."""
-    res: AgentsResult = client.get_agent_status(args.name)
+    page = {} if args.name else {"limit": args.limit, "after": args.after}
+    res: AgentsResult = client.get_agent_status(args.name, **page)
     return Outcome(res, lambda con: _agents(con, res))
 
 
@@ -149,7 +172,9 @@ def _agents(con: Console, res: AgentsResult) -> None:
         t.add_row(a.name, a.status, "yes" if a.live else "no", fmt_age(a.heartbeat_age_s) + " ago",
                   str(a.unread), json.dumps(a.metadata) if a.metadata else "")
     con.print(t)
-    con.print(f"{len(res.agents)} agent(s)")
+    more = f"; more after --after {res.next_after}" if res.next_after else ""
+    con.print(f"{len(res.agents)} agent(s){more}" if res.agents else
+              "no agents: an agent is listed once it reports a status (update_agent_status)")
 
 
 MSG_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], Outcome]] = {

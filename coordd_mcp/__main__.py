@@ -109,14 +109,28 @@ async def serve(socket_path: str | None, agent: str, timeout: float) -> None:
         await client.close()
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `coordd-mcp` console script."""
-    p = argparse.ArgumentParser(prog="coordd-mcp", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="coordd-mcp",
+        description="coordd's MCP server. An MCP client (a coding agent) launches it and "
+                    "speaks MCP over its stdin/stdout; it is not run by hand. It talks to "
+                    "coordd over coordd's socket and logs to stderr.")
     p.add_argument("--socket", metavar="PATH",
                    help="coordd socket (default: $COORDD_SOCKET, else the per-user path)")
     p.add_argument("--agent", metavar="NAME", default=None,
                    help="this agent's name (default: $COORD_AGENT, else mcp:<login>)")
-    p.add_argument("--timeout", metavar="S", type=float, default=CALL_TIMEOUT_DEFAULT,
+    p.add_argument("--timeout", metavar="S", type=_positive, default=CALL_TIMEOUT_DEFAULT,
                    help=f"seconds to wait for each coordd reply (default {CALL_TIMEOUT_DEFAULT:g})")
     args = p.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING,

@@ -115,7 +115,8 @@ async def ack_messages(c: Client, agent: str, a: dict[str, Any]) -> Any:
 
 
 async def get_agent_status(c: Client, agent: str, a: dict[str, Any]) -> Any:
-    return _plain(await c.get_agent_status(a.get("name")))
+    page = {k: a[k] for k in ("limit", "after") if k in a}
+    return _plain(await c.get_agent_status(a.get("name"), **page))
 
 
 async def update_agent_status(c: Client, agent: str, a: dict[str, Any]) -> Any:
@@ -129,27 +130,34 @@ TOOLS: tuple[Tool, ...] = (
                "priority": {**_PRIORITY, "description": "0 = a user waits .. 3 = idle work"},
                "payload": {"description": "the job's input, any JSON value"},
                "run_at": {"type": "number", "description": "not before (Unix seconds)"},
-               "max_attempts": {"type": "integer", "minimum": 1},
+               "max_attempts": {"type": "integer", "minimum": 1,
+                                "description": "attempts before the job fails for good"},
                "idempotency_key": {**_NAME, "description": "a repeat returns the same job"},
-               "max_runtime_s": {"type": "number", "exclusiveMinimum": 0}},
+               "max_runtime_s": {"type": "number", "exclusiveMinimum": 0,
+                                 "description": "coordd refuses renewals past this"}},
               ("kind", "required_role", "priority")), enqueue_job),
     Tool("get_job", "Show one job: status, attempts, lease, result, error and event log.",
          _JOB_ID, get_job, read_only=True),
     Tool("list_jobs", "List jobs, oldest first, filtered by status, kind, role or priority.",
-         _obj({"status": {"enum": list(JOB_STATUSES)}, "kind": _NAME, "role": _NAME,
-               "priority": _PRIORITY,
+         _obj({"status": {"enum": list(JOB_STATUSES), "description": "only jobs in it"},
+               "kind": {**_NAME, "description": "only jobs of this kind"},
+               "role": {**_NAME, "description": "only jobs needing this worker role"},
+               "priority": {**_PRIORITY, "description": "only jobs of this priority"},
                "limit": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX,
-                         "default": 20},
+                         "default": 20, "description": "jobs per page"},
                "after": {**_NAME, "description": "the next_after of the previous page"},
-               "newest_first": {"type": "boolean", "default": False}}), list_jobs,
+               "newest_first": {"type": "boolean", "default": False,
+                                "description": "newest first instead of oldest"}}), list_jobs,
          read_only=True),
     Tool("cancel_job", "Cancel a job (a running one stops at its next lease renewal).",
          _JOB_ID, cancel_job),
     Tool("wait_for_job", f"Wait up to timeout_s (max {WAIT_MAX_S:g}) for a job to finish; "
          "returns it and whether it is terminal.",
-         _obj({"job_id": _NAME,
+         _obj({"job_id": {**_NAME, "description": "the job's id"},
                "timeout_s": {"type": "number", "minimum": 0, "maximum": WAIT_MAX_S,
-                             "default": WAIT_DEFAULT_S}}, ("job_id",)), wait_for_job,
+                             "default": WAIT_DEFAULT_S,
+                             "description": "seconds to wait at most (0: look once)"}},
+              ("job_id",)), wait_for_job,
          read_only=True),
     Tool("coordinator_status", "Counts of workers, leases and jobs by status, with warnings.",
          _obj({}), coordinator_status, read_only=True),
@@ -158,7 +166,8 @@ TOOLS: tuple[Tool, ...] = (
                **_MESSAGE_FIELDS}, ("recipient", "content")), send_message),
     Tool("read_messages", "Read this agent's messages (P0 first, then oldest); ack handled "
          "ids via `ack` or they come back after the visibility timeout.",
-         _obj({"limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+         _obj({"limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
+                         "description": "messages at most (a reply also stops at 4 MiB)"},
                "ack": {"type": "array", "items": _NAME, "maxItems": 1000,
                        "description": "ids of messages handled since the last read"},
                "ack_on_read": {"type": "boolean", "default": False,
@@ -169,17 +178,33 @@ TOOLS: tuple[Tool, ...] = (
          read_messages),
     Tool("ack_messages", "Mark messages handled so they are never delivered to this agent again.",
          _obj({"message_ids": {"type": "array", "items": _NAME, "minItems": 1,
-                               "maxItems": 1000}}, ("message_ids",)), ack_messages),
+                               "maxItems": 1000,
+                               "description": "ids of the messages this agent handled"}},
+              ("message_ids",)), ack_messages),
     Tool("broadcast", "Send a message every other agent reads once.",
          _obj(dict(_MESSAGE_FIELDS), ("content",)), broadcast),
     Tool("get_agent_status", "Show agents' status, heartbeat age, liveness and unread count "
-         "(one by name, or all).", _obj({"name": _NAME}), get_agent_status, read_only=True),
+         "(one by name, or a page of all).",
+         _obj({"name": {**_NAME, "description": "one agent; omit for a page of all agents"},
+               "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100,
+                         "description": "agents per page"},
+               "after": {**_NAME, "description": "the next_after of the previous page"}}),
+         get_agent_status, read_only=True),
     Tool("update_agent_status", "Set this agent's status (and metadata); also its heartbeat.",
          _obj({"status": {"type": "string", "minLength": 1, "maxLength": 64,
                           "description": "e.g. idle, busy, blocked"},
-               "metadata": {"type": "object"}}, ("status",)), update_agent_status),
+               "metadata": {"type": "object", "description": "free-form JSON object, at most "
+                            "16 KiB (omit to keep the stored one)"}},
+              ("status",)), update_agent_status),
 )
 BY_NAME = {t.name: t for t in TOOLS}
+
+# JSON Schema counts 1.0 as an integer; coordd's wire types do not, so the schema says
+# integer and means it (1.0 is refused here with the field named, as coordd would).
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)))
 
 
 class ToolFailure(Exception):
@@ -197,7 +222,7 @@ def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
     Raises:
         ToolFailure: `bad_request` naming the field and what is wrong with it.
     """
-    validator = jsonschema.Draft202012Validator(tool.schema)
+    validator = _Validator(tool.schema)
     errs = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
     if errs:
         parts = []

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from coordd.client import SyncClient
-from tests.integration.test_coordctl import ctl, ok, ok_json
+from tests.integration.test_coordctl import ctl, ok, ok_json, refused
 
 
 def ctl_to(path: str, sock: str, *args: str) -> subprocess.CompletedProcess[bytes]:
@@ -110,3 +110,26 @@ def test_control_characters_from_the_database_are_escaped_in_human_output(daemon
         assert not any(c in out for c in CONTROL), (what, out)
     assert "\\x1b[2J" in shown["msg read"] and "\\u202e" in shown["agents"]
     assert "\\u001b" in shown["show"] and "key\\u202e" in shown["show"]
+
+
+def test_msg_ack_after_read_keep_empty_names_and_agent_pages(daemon):
+    sock = daemon.socket
+    mid = ok(ctl(sock, "msg", "send", "--from", "lead", "--to", "k", "hi")).strip()
+    kept = ok_json(ctl(sock, "--json", "msg", "read", "--as", "k", "--keep",
+                       "--visibility", "0.2"))
+    assert [m["message_id"] for m in kept["messages"]] == [mid] and kept["acked"] == 0
+    assert ok(ctl(sock, "msg", "ack", "--as", "k", mid)) == "acked 1 message(s)\n"
+    time.sleep(0.3)
+    assert "no messages for k" in ok(ctl(sock, "msg", "read", "--as", "k"))
+    for args in (("msg", "read", "--as", ""), ("msg", "send", "--from", "", "--to", "k", "x"),
+                 ("msg", "ack", "--as", "", "x")):
+        refused(ctl(sock, *args), 2, "usage")
+    assert "reports a status" in ok(ctl(sock, "agents"))
+    with SyncClient(sock) as c:
+        for name in ("a1", "a2", "a3"):
+            c.update_agent_status(name, "idle")
+    page = ok_json(ctl(sock, "--json", "agents", "--limit", "2"))
+    assert [a["name"] for a in page["agents"]] == ["a1", "a2"] and page["next_after"] == "a2"
+    assert "more after --after a2" in ok(ctl(sock, "agents", "--limit", "2"))
+    rest = ok_json(ctl(sock, "--json", "agents", "--after", "a2"))
+    assert [a["name"] for a in rest["agents"]] == ["a3"] and rest["next_after"] is None

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 import time
 from datetime import timedelta
 from typing import Any
 
 from coordd.client import Client
-from tests.integration.test_mcp import mcp_session
+from tests.integration.test_mcp import _coordd_mcp, mcp_session
 
 CALL_TIMEOUT = timedelta(seconds=20)  # a server that died never answers: fail, not hang
 
@@ -85,3 +86,24 @@ async def test_values_too_deep_are_tool_errors_and_the_server_keeps_serving(daem
     async with Client(daemon.socket) as c:
         assert (await c.status()).jobs["waiting"] == 1
         assert (await c.read_messages("b")).messages == []
+
+
+async def test_integer_fields_refuse_floats_in_the_schema_and_pages_of_agents(daemon):
+    async with mcp_session(daemon.socket) as s:
+        for tool, args, field in (
+                ("send_message", {"recipient": "b", "content": "x", "priority": 1.0}, "priority"),
+                ("read_messages", {"limit": 1.0}, "limit"),
+                ("enqueue_job", {"kind": "k", "required_role": "cpu", "priority": 1,
+                                 "max_attempts": 2.0}, "max_attempts")):
+            text = await tool_error(s, tool, **args)
+            assert text.startswith(f"bad_request: {tool}: {field}: ") and \
+                "is not of type 'integer'" in text, text
+        await ok(s, "update_agent_status", status="idle")
+        page = await ok(s, "get_agent_status", limit=1)
+        assert [a["name"] for a in page["agents"]] == ["tester"]
+        tools = {t.name: t.inputSchema for t in (await s.list_tools()).tools}
+        for name, schema in tools.items():
+            for prop, spec in schema["properties"].items():
+                assert spec.get("description"), (name, prop)
+    assert subprocess.run([_coordd_mcp(), "--timeout", "0"], capture_output=True,
+                          timeout=30).returncode == 2
