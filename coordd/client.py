@@ -29,6 +29,7 @@ from coordd.protocol import (
     MAX_FRAME_DEFAULT, TERMINAL_STATUSES, BackupResult, ClaimResult, CompleteResult, Enqueue,
     EnqueueBatchResult, EnqueueResult, HeartbeatResult, JobList, JobView, MetricsResult,
     ReapResult, RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
+    ScheduleList, ScheduleView, WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.rpc import encode_frame, read_frame
 
@@ -269,6 +270,33 @@ class Client:
     async def metrics(self) -> MetricsResult:
         """Every metric series, as Prometheus text."""
         return await self.call("metrics", {}, MetricsResult)
+
+    async def workflow_submit(self, spec: WorkflowSubmit | dict[str, Any]) -> WorkflowSubmitResult:
+        """Submit a whole graph (protocol.WorkflowSubmit) in one transaction."""
+        return await self.call("workflow_submit", spec, WorkflowSubmitResult)
+
+    async def workflow_get(self, workflow_id: str) -> WorkflowView:
+        """One workflow with every node's state."""
+        return await self.call("workflow_get", {"workflow_id": workflow_id}, WorkflowView)
+
+    async def workflow_list(self, status: str | None = None, limit: int = 100) -> WorkflowList:
+        """Workflows, newest first."""
+        return await self.call("workflow_list", {"status": status, "limit": limit},
+                               WorkflowList)
+
+    async def schedule_add(self, name: str, cron: str,
+                           workflow: WorkflowSubmit | dict[str, Any]) -> ScheduleView:
+        """Add a recurring schedule that starts `workflow` at each cron slot (UTC)."""
+        return await self.call("schedule_add", {"name": name, "cron": cron,
+                                                "workflow": workflow}, ScheduleView)
+
+    async def schedule_list(self) -> ScheduleList:
+        """Every schedule."""
+        return await self.call("schedule_list", {}, ScheduleList)
+
+    async def schedule_remove(self, name: str) -> None:
+        """Delete a schedule by name or id."""
+        await self.call("schedule_remove", {"name": name})
 
     async def wait_for(self, job_id: str, timeout: float, poll_s: float = 0.2) -> JobView:
         """Poll until the job is terminal; return it.

@@ -17,6 +17,7 @@ import msgspec
 from coordd.errors import ConfigError
 from coordd.gates import GatePolicy, default_policies, merge
 from coordd.protocol import MAX_FRAME_DEFAULT
+from coordd.results import SCHEMAS
 
 LEASE_DEFAULT_S = 30.0
 LEASE_MIN_S = 1.0
@@ -37,6 +38,7 @@ CLOCK_JUMP_S = 60.0
 BUSY_TIMEOUT_MS = 10_000
 RETENTION_S = 7 * 86400.0
 PRUNE_INTERVAL_S = 3600.0
+WORKFLOW_ABSENT_WAIT_S = 300.0
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -73,6 +75,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         metrics_port: serve Prometheus metrics over HTTP on 127.0.0.1:PORT (0 = off; the
             `metrics` RPC and `coordctl metrics` always work). Gauges refresh every reaper
             round.
+        workflow_absent_wait_s: a waiting workflow node whose capability (required_role)
+            no live worker advertised for this long is skipped (reason `worker_absent`).
+        result_schemas: job kind -> result schema name (coordd.results.SCHEMAS) for jobs
+            and nodes that do not name one.
     """
 
     db: str = ""
@@ -108,6 +114,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     warn_db_bytes: int = 8 << 30
     warn_wal_bytes: int = 256 << 20
     warn_artifact_bytes: int = 64 << 30
+    workflow_absent_wait_s: float = WORKFLOW_ABSENT_WAIT_S
+    result_schemas: dict[str, str] = {}
 
     def __post_init__(self) -> None:
         if not 0 < self.lease_min_s <= self.lease_default_s <= self.lease_max_s:
@@ -131,6 +139,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("metrics_port must be 0..65535")
         if self.retention_s < 0 or self.prune_interval_s <= 0:
             raise ValueError("need retention_s >= 0 and prune_interval_s > 0")
+        if self.workflow_absent_wait_s <= 0:
+            raise ValueError("workflow_absent_wait_s must be > 0")
+        unknown = sorted(set(self.result_schemas.values()) - set(SCHEMAS))
+        if unknown:
+            raise ValueError(f"result_schemas: unknown schema(s) {unknown}; known: {sorted(SCHEMAS)}")
         bad = set(self.gates) - {"p0", "p1", "p2", "p3"}
         if bad:
             raise ValueError(f"gates: unknown priority table(s) {sorted(bad)}; use p0..p3")

@@ -21,7 +21,7 @@ from typing import Any
 import aiosqlite
 import msgspec
 
-from coordd import backup, cas, errors, gates, leases, store, views
+from coordd import backup, cas, errors, gates, leases, results, store, views
 from coordd.clock import Clock
 from coordd.config import Config, artifact_dir_for
 from coordd.protocol import (
@@ -30,8 +30,11 @@ from coordd.protocol import (
     Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, MetricsResult, PruneResult,
     Readings, ReapResult,
     Renew, RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
+    ListWorkflows, ScheduleAdd, ScheduleList, ScheduleName, ScheduleView, WorkflowId,
+    WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.metrics import Metrics, tree_bytes
+from coordd.workflows import Workflows
 from coordd.writer import Writer
 
 logger = logging.getLogger(__name__)
@@ -76,6 +79,7 @@ class Coordinator:
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s)
+        self.flows = Workflows(self)
 
     async def start(self) -> None:
         """Open the writer (creating and migrating the DB) and the read-only connection.
@@ -107,6 +111,10 @@ class Coordinator:
                 await reader.close()
         finally:
             await self.writer.stop()
+
+    async def read(self, fn: Any, *args: Any) -> Any:
+        """Run `fn(conn, *args)` on the read-only connection."""
+        return await self._read(fn, *args)
 
     async def _read(self, fn: Any, *args: Any) -> Any:
         if self._reader is None:
@@ -170,9 +178,10 @@ class Coordinator:
         """Store a job's result, once. Raises: AlreadyCompleted (a result is stored: treat as
         success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound."""
         text = _encode("result", p.result, self.config.max_result_bytes)
+        backoff = self._backoff()
         return await self.writer.run(
             lambda conn, now: leases.complete(conn, now, p.job_id, p.worker_id, p.token, text,
-                                              p.artifact))
+                                              p.artifact, backoff))
 
     async def fail(self, p: Fail) -> StatusResult:
         """Record a failure; the error text is truncated to `max_error_chars`.
@@ -181,14 +190,24 @@ class Coordinator:
         otherwise `failed` (dead letter). Raises: the lease errors.
         """
         error = _truncate(p.error, self.config.max_error_chars)
-        backoff = partial(leases.backoff_delay, base_s=self.config.backoff_base_s,
-                          cap_s=self.config.backoff_cap_s, jitter=self.config.backoff_jitter,
-                          u=self._rng.random())
+        backoff = self._backoff()
         return await self.writer.run(
             lambda conn, now: leases.fail(conn, now, p.job_id, p.worker_id, p.token, error,
                                          p.retryable, backoff))
 
+    def _backoff(self) -> Any:
+        return partial(leases.backoff_delay, base_s=self.config.backoff_base_s,
+                       cap_s=self.config.backoff_cap_s, jitter=self.config.backoff_jitter,
+                       u=self._rng.random())
+
     # ------------------------------------------------------------ producers and admin
+
+    def check_gates(self, priority: int, overrides: dict[str, Any]) -> None:
+        """Raise BadRequest unless `overrides` are valid gate keys for `priority`."""
+        try:
+            gates.merge(self._policies[priority], overrides)
+        except msgspec.ValidationError as exc:
+            raise errors.BadRequest(f"gates: {exc}") from exc
 
     def _new_job(self, p: Enqueue) -> store.NewJob:
         _check_name("kind", p.kind)
@@ -205,17 +224,17 @@ class Coordinator:
             _check_name("idempotency_key", p.idempotency_key)
         gates_json = None
         if p.gates:
-            try:
-                gates.merge(self._policies[p.priority], p.gates)
-            except msgspec.ValidationError as exc:
-                raise errors.BadRequest(f"gates: {exc}") from exc
+            self.check_gates(p.priority, p.gates)
             gates_json = store.dumps(p.gates)
+        schema = p.result_schema or self.config.result_schemas.get(p.kind)
+        if schema is not None and schema not in results.SCHEMAS:
+            raise errors.BadRequest(f"unknown result_schema {schema!r}")
         return store.NewJob(
             job_id=secrets.token_hex(8), kind=p.kind, required_role=p.required_role,
             priority=p.priority,
             payload_json=_encode("payload", p.payload, self.config.max_payload_bytes),
             run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
-            max_runtime_s=p.max_runtime_s, gates_json=gates_json)
+            max_runtime_s=p.max_runtime_s, gates_json=gates_json, result_schema=schema)
 
     async def enqueue(self, p: Enqueue) -> EnqueueResult:
         """Add a waiting job; a repeated idempotency key returns the existing job id with
@@ -380,6 +399,26 @@ class Coordinator:
         failed its check: it is removed).
         """
         return await asyncio.to_thread(backup.backup, self.db_path, self.artifact_dir, p.dest)
+
+    # ------------------------------------------------------------ workflows (coordd.workflows)
+
+    async def workflow_submit(self, p: WorkflowSubmit) -> WorkflowSubmitResult:
+        return await self.flows.submit(p)
+
+    async def workflow_get(self, p: WorkflowId) -> WorkflowView:
+        return await self.flows.get(p)
+
+    async def workflow_list(self, p: ListWorkflows) -> WorkflowList:
+        return await self.flows.list(p)
+
+    async def schedule_add(self, p: ScheduleAdd) -> ScheduleView:
+        return await self.flows.schedule_add(p)
+
+    async def schedule_list(self, p: Empty | None = None) -> ScheduleList:
+        return await self.flows.schedule_list(p)
+
+    async def schedule_remove(self, p: ScheduleName) -> dict[str, Any]:
+        return await self.flows.schedule_remove(p)
 
     # ------------------------------------------------------------ helpers
 

@@ -1,0 +1,361 @@
+"""Workflows and schedules in the store: the v3 schema, their SQL, and their transitions.
+
+A workflow is a row in `workflows` plus jobs (its nodes) that carry its `workflow_id` and
+their node `name`, and `workflow_edges` (dependent -> dependency, with a policy). A node
+with unmet dependencies is stored `blocked`, which no claim looks at: the claim path and
+its partial index (`WHERE status = 'waiting'`) are untouched. `settle` promotes a blocked
+node to `waiting` when every dependency has ended, in the same writer transaction as the
+change that ended the last one, so no crash can leave a ready node stranded; a sweep in
+the maintenance loop settles every running workflow again as a backstop (cancel, reap and
+dead letters end jobs outside the complete/fail hooks).
+
+Like everything in coordd.store, these functions run inside the writer's transaction and
+take `now` from coordd's clock.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from coordd.store import dumps, event, lenient_json
+
+# Statuses a node can end in; a workflow is over when every node is in one of them.
+NODE_TERMINAL = ("succeeded", "failed", "cancelled", "skipped")
+WORKER_ABSENT = "worker_absent"
+SETTLE_SWEEP_LIMIT = 500  # running workflows settled per maintenance round
+
+
+class NewNode(msgspec.Struct, kw_only=True):
+    """A validated node ready to insert (payload already a dict, JSON encoded later)."""
+
+    job_id: str
+    name: str
+    kind: str
+    required_role: str
+    priority: int
+    payload: dict[str, Any]
+    max_attempts: int
+    max_runtime_s: float | None = None
+    gates_json: str | None = None
+    result_schema: str | None = None
+    needs: list[tuple[str, str]] = []  # (dependency node name, policy)
+
+
+class NewWorkflow(msgspec.Struct, kw_only=True):
+    """A validated graph: nodes in topological order, ids chosen."""
+
+    workflow_id: str
+    name: str
+    nodes: list[NewNode]
+    idempotency_key: str | None = None
+    schedule_id: str | None = None
+
+
+SQL_INSERT_WORKFLOW = (
+    "INSERT INTO workflows (workflow_id, name, status, idempotency_key, schedule_id, "
+    "created_at, updated_at) VALUES (?, ?, 'running', ?, ?, ?, ?) "
+    "ON CONFLICT (idempotency_key) DO NOTHING RETURNING workflow_id"
+)
+SQL_WORKFLOW_BY_KEY = "SELECT workflow_id FROM workflows WHERE idempotency_key = ?"
+SQL_INSERT_NODE = (
+    "INSERT INTO jobs (job_id, kind, required_role, priority, payload_json, status, "
+    "max_attempts, run_at, queued_at, created_at, updated_at, max_runtime_s, gates_json, "
+    "workflow_id, node, result_schema) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_INSERT_EDGE = "INSERT INTO workflow_edges (job_id, dep_job_id, policy) VALUES (?, ?, ?)"
+SQL_NODE_IDS = "SELECT node, job_id FROM jobs WHERE workflow_id = ?"
+SQL_NODES = (
+    "SELECT j.job_id, j.node, j.status, j.kind, j.required_role, j.attempts, j.max_attempts, "
+    "j.payload_json, j.result_json, j.last_error, a.sha256, a.size, a.path, j.run_at "
+    "FROM jobs j LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 "
+    "WHERE j.workflow_id = ? ORDER BY j.rowid"
+)
+SQL_EDGES = (
+    "SELECT e.job_id, e.dep_job_id, e.policy FROM workflow_edges e "
+    "JOIN jobs j ON j.job_id = e.job_id WHERE j.workflow_id = ?"
+)
+SQL_PROMOTE = (
+    "UPDATE jobs SET status = 'waiting', payload_json = ?, queued_at = ?, updated_at = ? "
+    "WHERE job_id = ? AND status = 'blocked'"
+)
+SQL_SKIP = (
+    "UPDATE jobs SET status = 'skipped', last_error = ?, updated_at = ?, finished_at = ?, "
+    "cancel_requested = 0 WHERE job_id = ? AND status IN ('blocked', 'waiting')"
+)
+SQL_FINISH_WORKFLOW = (
+    "UPDATE workflows SET status = ?, summary_json = ?, updated_at = ?, finished_at = ? "
+    "WHERE workflow_id = ? AND status = 'running'"
+)
+SQL_TOUCH_WORKFLOW = "UPDATE workflows SET updated_at = ? WHERE workflow_id = ?"
+SQL_RUNNING_WORKFLOWS = (
+    "SELECT workflow_id FROM workflows WHERE status = 'running' ORDER BY created_at LIMIT ?"
+)
+# Waiting workflow nodes whose wait started before ?1 and whose role no worker with a fresh
+# heartbeat (at or after ?2) advertises.
+SQL_ABSENT = (
+    "SELECT j.job_id, j.workflow_id, j.required_role, max(j.queued_at, j.run_at) "
+    "FROM jobs j INDEXED BY jobs_status WHERE j.status = 'waiting' "
+    "AND j.workflow_id IS NOT NULL AND max(j.queued_at, j.run_at) <= ?1 "
+    "AND NOT EXISTS (SELECT 1 FROM workers w, json_each(w.roles_json) r "
+    "WHERE w.heartbeat_at >= ?2 AND r.value = j.required_role) LIMIT ?3"
+)
+
+
+def insert_workflow(conn: sqlite3.Connection, now: float, wf: NewWorkflow
+                    ) -> tuple[str, bool, dict[str, str]]:
+    """Insert a whole graph: the workflow row, every node (blocked when it has
+    dependencies, else waiting) and every edge. Returns (workflow_id, created, node ->
+    job_id); a repeated idempotency key returns the existing workflow (created False)."""
+    row = conn.execute(SQL_INSERT_WORKFLOW, (wf.workflow_id, wf.name, wf.idempotency_key,
+                                             wf.schedule_id, now, now)).fetchone()
+    if row is None:
+        wid = conn.execute(SQL_WORKFLOW_BY_KEY, (wf.idempotency_key,)).fetchone()[0]
+        return wid, False, dict(conn.execute(SQL_NODE_IDS, (wid,)).fetchall())
+    ids = {n.name: n.job_id for n in wf.nodes}
+    for n in wf.nodes:
+        status = "blocked" if n.needs else "waiting"
+        conn.execute(SQL_INSERT_NODE, (
+            n.job_id, n.kind, n.required_role, n.priority, dumps(n.payload), status,
+            n.max_attempts, now, now, now, now,
+            n.max_runtime_s, n.gates_json, wf.workflow_id, n.name, n.result_schema))
+        event(conn, n.job_id, now, None, None, status,
+              f"workflow {wf.workflow_id} node {n.name}"
+              + (f" (needs {', '.join(d for d, _ in n.needs)})" if n.needs else ""))
+        for dep, policy in n.needs:
+            conn.execute(SQL_INSERT_EDGE, (n.job_id, ids[dep], policy))
+    return wf.workflow_id, True, ids
+
+
+class _Node(msgspec.Struct):
+    job_id: str
+    name: str
+    status: str
+    role: str
+    payload_json: str
+    result_json: str | None
+    last_error: str | None
+    artifact: dict[str, Any] | None
+
+
+def settle(conn: sqlite3.Connection, now: float, workflow_id: str) -> str | None:
+    """Move a workflow forward as far as its nodes' states allow; return its status if it
+    ended now (else None).
+
+    Each blocked node whose dependencies have all ended is either skipped (a dependency
+    did not succeed and its edge's policy is `skip`; reason `dependency_<status>: <node>`)
+    or promoted to waiting, with the dependencies' results stored in its payload under
+    `inputs` (node name -> result), artifacts under `input_artifacts` (by reference:
+    sha256, size, path) and the names of failed `run`-policy dependencies under
+    `missing_inputs`. Skips cascade in the same call. When every node has ended the
+    workflow gets its status (`succeeded`: all nodes; `failed`: none; else `partial`)
+    and summary.
+    """
+    nodes: dict[str, _Node] = {}
+    for (job_id, name, status, _kind, role, _att, _max, payload_json, result_json,
+         last_error, a_sha, a_size, a_path, _run_at) in conn.execute(SQL_NODES, (workflow_id,)):
+        art = {"sha256": a_sha, "size": a_size, "path": a_path} if a_sha else None
+        nodes[job_id] = _Node(job_id, name, status, role, payload_json, result_json,
+                              last_error, art)
+    deps: dict[str, list[tuple[str, str]]] = {}
+    for job_id, dep_id, policy in conn.execute(SQL_EDGES, (workflow_id,)):
+        deps.setdefault(job_id, []).append((dep_id, policy))
+    changed = True
+    while changed:
+        changed = False
+        for n in nodes.values():
+            if n.status != "blocked":
+                continue
+            mine = deps.get(n.job_id, [])
+            if any(nodes[d].status not in NODE_TERMINAL for d, _ in mine):
+                continue
+            unmet = [(nodes[d], p) for d, p in mine if nodes[d].status != "succeeded"]
+            fatal = next((d for d, p in unmet if p == "skip"), None)
+            if fatal is not None:
+                reason = f"dependency_{fatal.status}: {fatal.name}"
+                skip(conn, now, n.job_id, "blocked", reason)
+                n.status, n.last_error = "skipped", reason
+            else:
+                _promote(conn, now, n, [nodes[d] for d, _ in mine], [d for d, _ in unmet])
+                n.status = "waiting"
+            changed = True
+    if any(n.status not in NODE_TERMINAL for n in nodes.values()):
+        conn.execute(SQL_TOUCH_WORKFLOW, (now, workflow_id))
+        return None
+    summary = summarize(list(nodes.values()))
+    ok = len(summary["succeeded"])
+    status = "succeeded" if ok == len(nodes) else ("failed" if ok == 0 else "partial")
+    n_done = conn.execute(SQL_FINISH_WORKFLOW, (status, dumps(summary), now, now,
+                                                workflow_id)).rowcount
+    return status if n_done else None
+
+
+def _promote(conn: sqlite3.Connection, now: float, n: _Node, deps: list[_Node],
+             missing: list[_Node]) -> None:
+    payload = lenient_json(n.payload_json, {})
+    if not isinstance(payload, dict):
+        payload = {"payload": payload}
+    payload["inputs"] = {d.name: lenient_json(d.result_json) for d in deps
+                         if d.status == "succeeded"}
+    arts = {d.name: d.artifact for d in deps if d.status == "succeeded" and d.artifact}
+    if arts:
+        payload["input_artifacts"] = arts
+    if missing:
+        payload["missing_inputs"] = [d.name for d in missing]
+    conn.execute(SQL_PROMOTE, (dumps(payload), now, now, n.job_id))
+    why = "dependencies met" + (f"; running without {', '.join(d.name for d in missing)}"
+                                if missing else "")
+    event(conn, n.job_id, now, None, "blocked", "waiting", why)
+
+
+def skip(conn: sqlite3.Connection, now: float, job_id: str, from_status: str,
+         reason: str) -> bool:
+    """End a blocked or waiting node `skipped` with `reason`; False if it had moved on."""
+    if conn.execute(SQL_SKIP, (reason, now, now, job_id)).rowcount == 0:
+        return False
+    event(conn, job_id, now, None, from_status, "skipped", reason)
+    return True
+
+
+def summarize(nodes: list[Any]) -> dict[str, Any]:
+    """The operator's to-do list: what succeeded, failed (with errors), was skipped (with
+    reasons) or cancelled, and the roles no worker offered (`missing_roles`)."""
+    out: dict[str, Any] = {"succeeded": [], "failed": [], "skipped": [], "cancelled": [],
+                           "missing_roles": []}
+    for n in nodes:
+        if n.status == "succeeded":
+            out["succeeded"].append(n.name)
+        elif n.status in ("failed", "skipped", "cancelled"):
+            out[n.status].append({"node": n.name, "reason": n.last_error})
+            if n.status == "skipped" and (n.last_error or "").startswith(WORKER_ABSENT) \
+                    and n.role not in out["missing_roles"]:
+                out["missing_roles"].append(n.role)
+    return out
+
+
+def settle_running(conn: sqlite3.Connection, now: float) -> int:
+    """Settle every running workflow (the backstop sweep); return how many ended."""
+    ids = [r[0] for r in conn.execute(SQL_RUNNING_WORKFLOWS, (SETTLE_SWEEP_LIMIT,))]
+    return sum(settle(conn, now, wid) is not None for wid in ids)
+
+
+def skip_absent(conn: sqlite3.Connection, now: float, wait_s: float, stale_s: float,
+                limit: int = 1000) -> list[str]:
+    """Skip waiting workflow nodes that waited over `wait_s` while no worker with a fresh
+    heartbeat (within `stale_s`) advertised their role; settle their workflows. Returns
+    the skipped job ids."""
+    rows = conn.execute(SQL_ABSENT, (now - wait_s, now - stale_s, limit)).fetchall()
+    skipped, touched = [], set()
+    for job_id, workflow_id, role, since in rows:
+        reason = (f"{WORKER_ABSENT}: no live worker with role {role} for "
+                  f"{now - since:.0f}s (wait {wait_s:g}s)")
+        if skip(conn, now, job_id, "waiting", reason):
+            skipped.append(job_id)
+            touched.add(workflow_id)
+    for wid in touched:
+        settle(conn, now, wid)
+    return skipped
+
+
+# ---------------------------------------------------------------- schedules
+
+
+SQL_INSERT_SCHEDULE = (
+    "INSERT INTO schedules (schedule_id, name, cron, spec_json, next_at, created_at, "
+    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING "
+    "RETURNING schedule_id"
+)
+SQL_DUE_SCHEDULES = (
+    "SELECT schedule_id, name, cron, spec_json, next_at FROM schedules INDEXED BY schedules_due "
+    "WHERE next_at <= ? ORDER BY next_at LIMIT ?"
+)
+SQL_ADVANCE_SCHEDULE = (
+    "UPDATE schedules SET next_at = ?, last_slot = ?, fired = fired + 1, updated_at = ? "
+    "WHERE schedule_id = ? AND next_at = ?"
+)
+SQL_LIST_SCHEDULES = (
+    "SELECT schedule_id, name, cron, spec_json, next_at, last_slot, fired, created_at "
+    "FROM schedules ORDER BY name"
+)
+SQL_DELETE_SCHEDULE = "DELETE FROM schedules WHERE name = ? OR schedule_id = ?"
+
+
+def add_schedule(conn: sqlite3.Connection, now: float, schedule_id: str, name: str,
+                 cron: str, spec_json: str, next_at: float) -> bool:
+    """Insert a schedule; False if one with this name exists (it is left unchanged)."""
+    return conn.execute(SQL_INSERT_SCHEDULE, (schedule_id, name, cron, spec_json, next_at,
+                                              now, now)).fetchone() is not None
+
+
+def remove_schedule(conn: sqlite3.Connection, name: str) -> bool:
+    """Delete a schedule by name or id; False if there was none."""
+    return conn.execute(SQL_DELETE_SCHEDULE, (name, name)).rowcount > 0
+
+
+def fire_due(conn: sqlite3.Connection, now: float,
+             slots: Callable[[str, float, float], tuple[float, float, int]],
+             plan: Callable[[str, str, float], NewWorkflow], limit: int = 100
+             ) -> list[tuple[str, float, str, bool, int]]:
+    """Start one workflow for each schedule whose next slot has come, and advance it.
+
+    `slots(cron, next_at, now)` gives (the slot to run, the next slot after now, how many
+    older slots it passes over); `plan(spec_json, schedule_id, slot)` builds the workflow,
+    whose idempotency key `schedule:<id>:<slot>` makes a second start of one slot
+    impossible even if the advance were lost. Insert and advance share the transaction.
+    Returns (schedule name, slot, workflow_id, created, slots passed over) per start.
+    """
+    out = []
+    for schedule_id, name, cron, spec_json, next_at in conn.execute(
+            SQL_DUE_SCHEDULES, (now, limit)).fetchall():
+        slot, following, passed = slots(cron, next_at, now)
+        wf = plan(spec_json, schedule_id, slot)
+        wid, created, _ = insert_workflow(conn, now, wf)
+        conn.execute(SQL_ADVANCE_SCHEDULE, (following, slot, now, schedule_id, next_at))
+        out.append((name, slot, wid, created, passed))
+    return out
+
+
+# ---------------------------------------------------------------- reads
+
+
+SQL_GET_WORKFLOW = (
+    "SELECT workflow_id, name, status, idempotency_key, schedule_id, created_at, updated_at, "
+    "finished_at, summary_json FROM workflows WHERE workflow_id = ?"
+)
+SQL_LIST_WORKFLOWS = (
+    "SELECT workflow_id, name, status, idempotency_key, schedule_id, created_at, updated_at, "
+    "finished_at, summary_json FROM workflows WHERE (?1 IS NULL OR status = ?1) "
+    "ORDER BY created_at DESC, rowid DESC LIMIT ?2"
+)
+SQL_WORKFLOW_COUNTS = (
+    "SELECT workflow_id, status, count(*) FROM jobs WHERE workflow_id IN "
+    "(SELECT value FROM json_each(?)) GROUP BY workflow_id, status"
+)
+
+
+def workflow_row(conn: sqlite3.Connection, workflow_id: str) -> tuple | None:
+    return conn.execute(SQL_GET_WORKFLOW, (workflow_id,)).fetchone()
+
+
+def workflow_rows(conn: sqlite3.Connection, status: str | None, limit: int) -> list[tuple]:
+    return conn.execute(SQL_LIST_WORKFLOWS, (status, limit)).fetchall()
+
+
+def workflow_counts(conn: sqlite3.Connection, ids: list[str]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for wid, status, n in conn.execute(SQL_WORKFLOW_COUNTS, (dumps(ids),)):
+        out.setdefault(wid, {})[status] = n
+    return out
+
+
+def node_rows(conn: sqlite3.Connection, workflow_id: str) -> tuple[list[tuple], list[tuple]]:
+    """(nodes, edges) of a workflow as stored."""
+    return (conn.execute(SQL_NODES, (workflow_id,)).fetchall(),
+            conn.execute(SQL_EDGES, (workflow_id,)).fetchall())
+
+
+def schedule_rows(conn: sqlite3.Connection) -> list[tuple]:
+    return conn.execute(SQL_LIST_SCHEDULES).fetchall()
