@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
+from coordctl import workflow
 from coordctl.commands import COMMANDS, Outcome, UsageError
 from coordd.client import CALL_TIMEOUT_DEFAULT
 from coordd.protocol import JOB_STATUSES
@@ -30,6 +31,7 @@ EPILOG = """examples:
   coordctl show 3f9a0c1d2e4b5a69
   coordctl --json workers
   coordctl backup /var/backups/coordd-$(date +%F).db && coordctl check /var/backups/coordd-*.db
+  coordctl workflow submit examples/workflow.toml && coordctl workflow show WORKFLOW_ID
 """
 
 
@@ -135,6 +137,7 @@ def build_parser() -> Parser:
     c = cmd("check", "integrity check of the live database, or of a copy at PATH")
     c.add_argument("path", metavar="PATH", nargs="?",
                    help="check this SQLite file read-only here instead of asking coordd")
+    workflow.add_parsers(cmd, lambda sp: _common(sp, suppress=True))
     return p
 
 
@@ -159,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     client = SyncClient(args.socket, timeout=args.timeout)  # None: $COORDD_SOCKET or default
     path = client.path
     try:
-        outcome = COMMANDS[args.command](client, args)
+        outcome = {**COMMANDS, **workflow.COMMANDS}[args.command](client, args)
     except UsageError as exc:
         fail("usage", str(exc), EXIT_USAGE)
     except CoordError as exc:
