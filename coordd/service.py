@@ -34,6 +34,7 @@ from coordd.protocol import (
     WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.metrics import Metrics, tree_bytes
+from coordd.store import workflows as wstore
 from coordd.workflows import Workflows
 from coordd.writer import Writer
 
@@ -257,8 +258,13 @@ class Coordinator:
         return await self.writer.run(lambda conn, now: store.cancel(conn, now, p.job_id))
 
     async def retry(self, p: JobId) -> StatusResult:
-        """Put a failed or cancelled job back to waiting. Raises: NotFound, InvalidState."""
-        return await self.writer.run(lambda conn, now: store.retry(conn, now, p.job_id))
+        """Put a failed, cancelled or skipped job back to waiting (a workflow node reopens
+        its workflow). Raises: NotFound, InvalidState."""
+        def op(conn: sqlite3.Connection, now: float) -> StatusResult:
+            res = store.retry(conn, now, p.job_id)
+            node = wstore.reopen(conn, now, p.job_id)  # a workflow node reopens its graph
+            return res if node is None or node == res.status else StatusResult(status=node)
+        return await self.writer.run(op)
 
     async def ping(self) -> None:
         """Run an empty request through the writer (BEGIN IMMEDIATE ... COMMIT).

@@ -238,28 +238,29 @@ class Workflows:
     # ------------------------------------------------------------ maintenance
 
     async def tick(self) -> tuple[int, int, int]:
-        """One maintenance round, one transaction: skip nodes whose capability is absent,
-        settle running workflows, start due schedule slots. Returns (skipped, ended,
-        started)."""
+        """One maintenance round: skip nodes whose capability is absent, settle running
+        workflows, start due schedule slots. Three writer requests, so that one failing
+        does not hold the others back. Returns (skipped, ended, started)."""
         cfg = self._coord.config
         wait_s, stale_s = cfg.workflow_absent_wait_s, cfg.heartbeat_stale_s
-
-        def op(conn: Any, now: float) -> tuple[list[str], int, list[Any]]:
-            skipped = wstore.skip_absent(conn, now, wait_s, stale_s)
-            ended = wstore.settle_running(conn, now)
-            fired = wstore.fire_due(conn, now, due_slots, self._plan_slot)
-            return skipped, ended, fired
-
-        skipped, ended, fired = await self._coord.writer.run(op)
+        run = self._coord.writer.run
+        skipped = await run(lambda conn, now: wstore.skip_absent(conn, now, wait_s, stale_s))
         if skipped:
             logger.warning("skipped %d workflow node(s): no worker offers their capability",
                            len(skipped), extra={"action": "worker_absent", "n": len(skipped)})
-        for name, slot, wid, created, passed in fired:
-            logger.info("schedule %s: slot %.0f -> workflow %s%s%s", name, slot, wid,
-                        "" if created else " (already started)",
-                        f"; {passed} missed slot(s) before it not run" if passed else "",
-                        extra={"action": "schedule_fire", "workflow_id": wid})
-        return len(skipped), ended, sum(1 for f in fired if f[3])
+        ended = await run(wstore.settle_running)
+        fired = await run(lambda conn, now: wstore.fire_due(conn, now, due_slots,
+                                                            self._plan_slot))
+        for name, slot, wid, passed, error in fired:
+            missed = f"; {passed} missed slot(s) before it not run" if passed else ""
+            if error is not None:
+                logger.error("schedule %s: slot %.0f not started: %s%s", name, slot, error,
+                             missed, extra={"action": "schedule_failed"})
+            else:
+                logger.info("schedule %s: slot %.0f -> workflow %s%s", name, slot,
+                            wid or "(already started)", missed,
+                            extra={"action": "schedule_fire", "workflow_id": wid})
+        return len(skipped), ended, sum(1 for f in fired if f[2] is not None)
 
 
 # ---------------------------------------------------------------- reads (reader connection)

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from coordd import errors
 from coordd.store import dumps, event, lenient_json
 
 # Statuses a node can end in; a workflow is over when every node is in one of them.
@@ -141,9 +142,11 @@ class _Node(msgspec.Struct):
     artifact: dict[str, Any] | None
 
 
-def settle(conn: sqlite3.Connection, now: float, workflow_id: str) -> str | None:
+def settle(conn: sqlite3.Connection, now: float, workflow_id: str,
+           touch: bool = True) -> str | None:
     """Move a workflow forward as far as its nodes' states allow; return its status if it
-    ended now (else None).
+    ended now (else None). `touch` False (the backstop sweep): `updated_at` only moves
+    if something did.
 
     Each blocked node whose dependencies have all ended is either skipped (a dependency
     did not succeed and its edge's policy is `skip`; reason `dependency_<status>: <node>`)
@@ -163,7 +166,7 @@ def settle(conn: sqlite3.Connection, now: float, workflow_id: str) -> str | None
     deps: dict[str, list[tuple[str, str]]] = {}
     for job_id, dep_id, policy in conn.execute(SQL_EDGES, (workflow_id,)):
         deps.setdefault(job_id, []).append((dep_id, policy))
-    changed = True
+    changed, moved = True, False
     while changed:
         changed = False
         for n in nodes.values():
@@ -181,9 +184,10 @@ def settle(conn: sqlite3.Connection, now: float, workflow_id: str) -> str | None
             else:
                 _promote(conn, now, n, [nodes[d] for d, _ in mine], [d for d, _ in unmet])
                 n.status = "waiting"
-            changed = True
+            changed = moved = True
     if any(n.status not in NODE_TERMINAL for n in nodes.values()):
-        conn.execute(SQL_TOUCH_WORKFLOW, (now, workflow_id))
+        if touch or moved:
+            conn.execute(SQL_TOUCH_WORKFLOW, (now, workflow_id))
         return None
     summary = summarize(list(nodes.values()))
     ok = len(summary["succeeded"])
@@ -239,7 +243,7 @@ def summarize(nodes: list[Any]) -> dict[str, Any]:
 def settle_running(conn: sqlite3.Connection, now: float) -> int:
     """Settle every running workflow (the backstop sweep); return how many ended."""
     ids = [r[0] for r in conn.execute(SQL_RUNNING_WORKFLOWS, (SETTLE_SWEEP_LIMIT,))]
-    return sum(settle(conn, now, wid) is not None for wid in ids)
+    return sum(settle(conn, now, wid, touch=False) is not None for wid in ids)
 
 
 def skip_absent(conn: sqlite3.Connection, now: float, wait_s: float, stale_s: float,
@@ -258,6 +262,48 @@ def skip_absent(conn: sqlite3.Connection, now: float, wait_s: float, stale_s: fl
     for wid in touched:
         settle(conn, now, wid)
     return skipped
+
+
+SQL_JOB_WORKFLOW = "SELECT workflow_id FROM jobs WHERE job_id = ?"
+SQL_SKIPPED_DEPENDENTS = (
+    "SELECT e.job_id FROM workflow_edges e JOIN jobs j ON j.job_id = e.job_id "
+    "WHERE e.dep_job_id = ? AND j.status = 'skipped' AND j.last_error LIKE 'dependency_%'"
+)
+SQL_UNSKIP = (
+    "UPDATE jobs SET status = 'blocked', last_error = NULL, finished_at = NULL, "
+    "updated_at = ? WHERE job_id = ? AND status = 'skipped'"
+)
+SQL_HAS_DEPS = "SELECT 1 FROM workflow_edges WHERE job_id = ? LIMIT 1"
+SQL_REBLOCK = "UPDATE jobs SET status = 'blocked' WHERE job_id = ? AND status = 'waiting'"
+SQL_STATUS = "SELECT status FROM jobs WHERE job_id = ?"
+SQL_REOPEN_WORKFLOW = (
+    "UPDATE workflows SET status = 'running', summary_json = NULL, finished_at = NULL, "
+    "updated_at = ? WHERE workflow_id = ?"
+)
+
+
+def reopen(conn: sqlite3.Connection, now: float, job_id: str) -> str | None:
+    """After `retry` of a workflow node: the workflow runs again, and nodes skipped only
+    because of this one (and so on down the graph) are blocked again. The retried node
+    itself waits for its dependencies again (and gets their results afresh) if it has
+    any. The operator's way back from `worker_absent`: add a worker with the capability,
+    then retry the skipped node. Returns the node's status afterwards (None: no workflow).
+    """
+    row = conn.execute(SQL_JOB_WORKFLOW, (job_id,)).fetchone()
+    if row is None or row[0] is None:
+        return None
+    if conn.execute(SQL_HAS_DEPS, (job_id,)).fetchone() is not None \
+            and conn.execute(SQL_REBLOCK, (job_id,)).rowcount:
+        event(conn, job_id, now, None, "waiting", "blocked", "retried: waits for its dependencies")
+    todo = [job_id]
+    while todo:
+        for (dep,) in conn.execute(SQL_SKIPPED_DEPENDENTS, (todo.pop(),)).fetchall():
+            if conn.execute(SQL_UNSKIP, (now, dep)).rowcount:
+                event(conn, dep, now, None, "skipped", "blocked", f"dependency {job_id} retried")
+                todo.append(dep)
+    conn.execute(SQL_REOPEN_WORKFLOW, (now, row[0]))
+    settle(conn, now, row[0])
+    return conn.execute(SQL_STATUS, (job_id,)).fetchone()[0]
 
 
 # ---------------------------------------------------------------- schedules
@@ -298,23 +344,31 @@ def remove_schedule(conn: sqlite3.Connection, name: str) -> bool:
 def fire_due(conn: sqlite3.Connection, now: float,
              slots: Callable[[str, float, float], tuple[float, float, int]],
              plan: Callable[[str, str, float], NewWorkflow], limit: int = 100
-             ) -> list[tuple[str, float, str, bool, int]]:
+             ) -> list[tuple[str, float, str | None, int, str | None]]:
     """Start one workflow for each schedule whose next slot has come, and advance it.
 
     `slots(cron, next_at, now)` gives (the slot to run, the next slot after now, how many
     older slots it passes over); `plan(spec_json, schedule_id, slot)` builds the workflow,
     whose idempotency key `schedule:<id>:<slot>` makes a second start of one slot
     impossible even if the advance were lost. Insert and advance share the transaction.
-    Returns (schedule name, slot, workflow_id, created, slots passed over) per start.
+    A template that no longer validates (raises CoordError) does not start and does not
+    hold the others up: its slot passes, with the error in the return value.
+    Returns (schedule name, slot, workflow_id if newly started, slots passed over,
+    error) per due schedule.
     """
-    out = []
+    out: list[tuple[str, float, str | None, int, str | None]] = []
     for schedule_id, name, cron, spec_json, next_at in conn.execute(
             SQL_DUE_SCHEDULES, (now, limit)).fetchall():
         slot, following, passed = slots(cron, next_at, now)
-        wf = plan(spec_json, schedule_id, slot)
-        wid, created, _ = insert_workflow(conn, now, wf)
+        wid: str | None = None
+        error = None
+        try:
+            wid, created, _ = insert_workflow(conn, now, plan(spec_json, schedule_id, slot))
+            wid = wid if created else None
+        except errors.CoordError as exc:
+            error = str(exc)
         conn.execute(SQL_ADVANCE_SCHEDULE, (following, slot, now, schedule_id, next_at))
-        out.append((name, slot, wid, created, passed))
+        out.append((name, slot, wid, passed, error))
     return out
 
 

@@ -337,3 +337,93 @@ async def test_migration_from_v2_keeps_jobs_leases_and_claim_index(tmp_path):
         "SELECT sql FROM sqlite_master WHERE name = 'jobs_claim'").fetchone()[0]
     assert "WHERE status = 'waiting'" in claim_sql
     conn.close()
+
+
+async def test_schedule_slot_key_holds_even_if_the_advance_were_lost(tmp_path):
+    """The idempotency key `schedule:<id>:<slot>` is the second guard: put next_at back
+    by hand (as if the advance had been lost) and the slot still starts only once."""
+    path = str(tmp_path / "s.db")
+    clock = FakeClock(590.0)
+    coord = await open_coord(path, clock)
+    one = {"name": "w", "nodes": [{"name": "n", "kind": "k", "required_role": "cpu"}]}
+    await coord.schedule_add(ScheduleAdd(name="m", cron="* * * * *", workflow=_convert(one)))
+    clock.set(600.0)
+    assert (await coord.flows.tick())[2] == 1
+    await coord.writer.run(lambda conn, now: conn.execute(
+        "UPDATE schedules SET next_at = 600.0"))
+    assert (await coord.flows.tick())[2] == 0
+    assert len((await coord.workflow_list(ListWorkflows())).workflows) == 1
+    assert (await coord.status()).jobs["waiting"] == 1
+    await coord.close()
+
+
+async def test_schedule_whose_template_broke_does_not_block_the_round(tmp_path):
+    path = str(tmp_path / "b.db")
+    clock = FakeClock(590.0)
+    coord = await open_coord(path, clock)
+    one = {"name": "w", "nodes": [{"name": "n", "kind": "k", "required_role": "cpu"}]}
+    await coord.schedule_add(ScheduleAdd(name="m", cron="* * * * *", workflow=_convert(one)))
+    await coord.writer.run(lambda conn, now: conn.execute(  # e.g. a schema since removed
+        "UPDATE schedules SET spec_json = json_set(spec_json, '$.nodes[0].result_schema', "
+        "'gone')"))
+    clock.set(600.0)
+    assert (await coord.flows.tick())[2] == 0
+    sched = (await coord.schedule_list(Empty())).schedules[0]
+    assert sched.next_at == 660.0  # the slot passed; the next one is due as usual
+    await coord.close()
+
+
+async def test_retry_of_skipped_node_reopens_the_workflow(make_bundle):
+    """The way back from worker_absent: add a worker with the capability, retry."""
+    bundle = await make_bundle(workflow_absent_wait_s=60)
+    await bundle.worker("g", roles=["gather"])
+    sub = await bundle.coord.workflow_submit(story())
+    await run_node(bundle, "g", {"evidence": EVIDENCE})
+    bundle.clock.advance(61)
+    assert (await bundle.coord.flows.tick())[0] == 1  # narrate: no narrate worker
+    wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
+    assert wf.status == "partial" and [n.status for n in wf.nodes] == [
+        "succeeded", "skipped", "skipped"]
+    for role in ROLES:
+        await bundle.worker(role, roles=[role])
+    assert (await bundle.coord.retry(JobId(job_id=sub.jobs["narrate"]))).status == "waiting"
+    wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
+    assert wf.status == "running" and wf.summary is None
+    assert [n.status for n in wf.nodes] == ["succeeded", "waiting", "blocked"]
+    await run_node(bundle, "narrate", GOOD_CLAIMS)
+    job, _ = await run_node(bundle, "build", {"markdown": "late"})
+    assert job.payload["inputs"]["narrate"]["claims"]
+    wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
+    assert wf.status == "succeeded"
+
+
+async def test_retry_of_dependency_skipped_node_waits_for_its_dependencies(bundle):
+    await bundle.worker("g", roles=["gather"])
+    sub = await bundle.coord.workflow_submit(story())
+    got = await bundle.claim("g")
+    await bundle.coord.fail(Fail(job_id=got.job.job_id, worker_id="g", token=got.lease.token,
+                                 error="boom", retryable=False))
+    # narrate was skipped because gather failed: retrying narrate alone skips it again
+    assert (await bundle.coord.retry(JobId(job_id=sub.jobs["narrate"]))).status == "skipped"
+    # retrying gather reopens the graph: narrate and build wait for it
+    assert (await bundle.coord.retry(JobId(job_id=sub.jobs["gather"]))).status == "waiting"
+    wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
+    assert wf.status == "running"
+    assert [n.status for n in wf.nodes] == ["waiting", "blocked", "blocked"]
+    await run_node(bundle, "g", {"evidence": EVIDENCE})
+    narrate = await bundle.coord.get_job(JobId(job_id=sub.jobs["narrate"]))
+    assert narrate.status == "waiting" and narrate.payload["inputs"]["gather"]
+
+
+async def test_prune_removes_finished_nodes_with_their_edges(make_bundle):
+    bundle = await make_bundle(retention_s=3600.0, workflow_absent_wait_s=10)
+    sub = await bundle.coord.workflow_submit(story())
+    bundle.clock.advance(11)
+    await bundle.coord.flows.tick()  # no workers at all: gather skipped, the rest follow
+    wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
+    assert wf.status == "failed" and wf.summary["missing_roles"] == ["gather"]
+    bundle.clock.advance(3601)
+    assert (await bundle.coord.prune()).pruned == 3
+    assert (await bundle.coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0}
+    with sqlite3.connect(bundle.db_path) as conn:
+        assert conn.execute("SELECT count(*) FROM workflow_edges").fetchone()[0] == 0
