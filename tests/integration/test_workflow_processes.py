@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -270,3 +271,44 @@ def test_coordctl_schedule_add_list_rm(daemon):
     assert "bad_request: dependency cycle: a -> b -> a" in refused.stderr
     assert coordctl(daemon.socket, "schedule", "rm", "five").returncode == 0
     assert coordctl(daemon.socket, "schedule", "rm", "five").returncode == 1
+
+
+async def test_schedule_slots_start_once_across_sigkill(daemon_factory):
+    """Must show 5, with a real coordd: a due slot starts one workflow; coordd SIGKILLed
+    right after and restarted does not start it again; the next slot starts once more.
+    Slots are made due by moving the schedule's next_at from outside (a yearly cron keeps
+    the real next slot far away), so the test does not wait for a minute boundary."""
+    d = daemon_factory(DAEMON_FAST)
+    d.start()
+    added = coordctl(d.socket, "--json", "schedule", "add", str(EXAMPLE), "--cron", "0 0 1 1 *",
+                     "--name", "yearly")
+    assert added.returncode == 0, added.stderr
+    sid = json.loads(added.stdout)["schedule_id"]
+
+    def make_due(slot: float) -> None:
+        with sqlite3.connect(d.db, timeout=10) as conn:
+            conn.execute("UPDATE schedules SET next_at = ? WHERE schedule_id = ?", (slot, sid))
+
+    async def started(n: int) -> list[Any]:
+        async with Client(d.socket, timeout=10) as c:
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                wfs = (await c.workflow_list()).workflows
+                if len(wfs) >= n:
+                    return wfs
+                assert time.monotonic() < deadline, d.log()
+                await asyncio.sleep(0.05)
+
+    slots = [float(int(time.time()) - 30), float(int(time.time()) - 10)]
+    for i, slot in enumerate(slots, 1):
+        make_due(slot)
+        await started(i)
+        d.kill()  # at once after the start: no clean shutdown
+        d.start()
+        await asyncio.sleep(1.0)  # several maintenance rounds of the restarted coordd
+        wfs = await started(i)
+        assert len(wfs) == i, [w.idempotency_key for w in wfs]
+    assert sorted(w.idempotency_key for w in wfs) == [f"schedule:{sid}:{s:.0f}" for s in slots]
+    listed = json.loads(coordctl(d.socket, "--json", "schedule", "list").stdout)["schedules"][0]
+    assert listed["fired"] == 2 and listed["last_slot"] == slots[1]
+    assert listed["next_at"] > time.time() + 86400  # back to the yearly slot
