@@ -314,6 +314,9 @@ class JobView(msgspec.Struct, kw_only=True):
     events: list[EventView] = []
     waiting_reason: str | None = None
     gates: dict[str, Any] | None = None  # the job's own gate overrides
+    workflow_id: str | None = None  # `get_job` only: the workflow this job is a node of
+    node: str | None = None
+    result_schema: str | None = None
 
 
 class JobList(msgspec.Struct, kw_only=True):

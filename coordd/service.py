@@ -353,8 +353,14 @@ class Coordinator:
         """One job with lease, events and, if waiting, why it is not running. Raises: NotFound."""
         now = self.clock.wall()
         job = await self._read(views.get_job, now, p.job_id, self.config.aging_interval_s)
+        job.workflow_id, job.node, job.result_schema, deps = await self._read(
+            wstore.node_info, p.job_id)
         if job.status == "waiting":
             job.waiting_reason = await self._explain(job, now)
+        elif job.status == "blocked":
+            job.waiting_reason = "blocked: waits for " + ", ".join(
+                f"{name} ({status})" for name, status, _ in deps if status in
+                ("blocked", "waiting", "running"))
         return job
 
     async def list_jobs(self, p: ListJobs) -> JobList:

@@ -413,3 +413,18 @@ def node_rows(conn: sqlite3.Connection, workflow_id: str) -> tuple[list[tuple], 
 
 def schedule_rows(conn: sqlite3.Connection) -> list[tuple]:
     return conn.execute(SQL_LIST_SCHEDULES).fetchall()
+
+
+SQL_JOB_NODE = "SELECT workflow_id, node, result_schema FROM jobs WHERE job_id = ?"
+SQL_JOB_DEPS = (
+    "SELECT d.node, d.status, e.policy FROM workflow_edges e "
+    "JOIN jobs d ON d.job_id = e.dep_job_id WHERE e.job_id = ? ORDER BY d.rowid"
+)
+
+
+def node_info(conn: sqlite3.Connection, job_id: str
+              ) -> tuple[str | None, str | None, str | None, list[tuple[str, str, str]]]:
+    """(workflow_id, node name, result schema, [(dependency, its status, policy)]) of a job."""
+    row = conn.execute(SQL_JOB_NODE, (job_id,)).fetchone() or (None, None, None)
+    deps = conn.execute(SQL_JOB_DEPS, (job_id,)).fetchall() if row[0] else []
+    return row[0], row[1], row[2], deps

@@ -60,6 +60,9 @@ async def test_story_runs_in_order_and_passes_results(bundle):
         await bundle.worker(role, roles=[role])
     sub = await bundle.coord.workflow_submit(story())
     assert sub.created and set(sub.jobs) == {"gather", "narrate", "build"}
+    build = await bundle.coord.get_job(JobId(job_id=sub.jobs["build"]))
+    assert (build.status, build.workflow_id, build.node) == ("blocked", sub.workflow_id, "build")
+    assert build.waiting_reason == "blocked: waits for gather (waiting), narrate (blocked)"
     # only gather is claimable: narrate and build are blocked, whoever asks
     assert (await bundle.claim("narrate")).job is None
     assert (await bundle.claim("build")).job is None
