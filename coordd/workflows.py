@@ -284,8 +284,8 @@ def _get(conn: Any, workflow_id: str) -> WorkflowView:
     for job_id, dep_id, policy in edge_rows:
         needs.setdefault(job_id, []).append(Need(node=names[dep_id], policy=policy))
     nodes, counts = [], {}
-    for (job_id, node, status, kind, role, attempts, max_attempts, _payload, result_json,
-         last_error, a_sha, a_size, a_path, _run_at) in node_rows:
+    for (job_id, node, status, kind, role, attempts, max_attempts, result_json, last_error,
+         a_sha, a_size, a_path) in node_rows:
         counts[status] = counts.get(status, 0) + 1
         nodes.append(NodeView(
             name=node, job_id=job_id, kind=kind, required_role=role, status=status,

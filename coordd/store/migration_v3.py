@@ -71,6 +71,8 @@ MIGRATION_V3 = """
         WHERE finished_at IS NOT NULL;
     CREATE INDEX jobs_artifact ON jobs (artifact_sha256) WHERE artifact_sha256 IS NOT NULL;
     CREATE UNIQUE INDEX jobs_workflow ON jobs (workflow_id, node) WHERE workflow_id IS NOT NULL;
+    CREATE INDEX jobs_workflow_waiting ON jobs (queued_at, run_at, required_role)
+        WHERE status = 'waiting' AND workflow_id IS NOT NULL;
     CREATE TABLE workflow_edges (
         job_id     TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
         dep_job_id TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,

@@ -71,9 +71,18 @@ SQL_INSERT_EDGE = "INSERT INTO workflow_edges (job_id, dep_job_id, policy) VALUE
 SQL_NODE_IDS = "SELECT node, job_id FROM jobs WHERE workflow_id = ?"
 SQL_NODES = (
     "SELECT j.job_id, j.node, j.status, j.kind, j.required_role, j.attempts, j.max_attempts, "
-    "j.payload_json, j.result_json, j.last_error, a.sha256, a.size, a.path, j.run_at "
+    "j.result_json, j.last_error, a.sha256, a.size, a.path "
     "FROM jobs j LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 "
     "WHERE j.workflow_id = ? ORDER BY j.rowid"
+)
+SQL_SETTLE_NODES = (
+    "SELECT job_id, node, status, required_role, last_error FROM jobs "
+    "WHERE workflow_id = ? ORDER BY rowid"
+)
+SQL_NODE_PAYLOAD = "SELECT payload_json FROM jobs WHERE job_id = ?"
+SQL_DEP_RESULT = (
+    "SELECT j.result_json, a.sha256, a.size, a.path FROM jobs j "
+    "LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 WHERE j.job_id = ?"
 )
 SQL_EDGES = (
     "SELECT e.job_id, e.dep_job_id, e.policy FROM workflow_edges e "
@@ -96,11 +105,12 @@ SQL_RUNNING_WORKFLOWS = (
     "SELECT workflow_id FROM workflows WHERE status = 'running' ORDER BY created_at LIMIT ?"
 )
 # Waiting workflow nodes whose wait started before ?1 and whose role no worker with a fresh
-# heartbeat (at or after ?2) advertises.
+# heartbeat (at or after ?2) advertises. Its partial index holds waiting workflow nodes
+# only, so plain jobs (however many wait) cost this nothing.
 SQL_ABSENT = (
     "SELECT j.job_id, j.workflow_id, j.required_role, max(j.queued_at, j.run_at) "
-    "FROM jobs j INDEXED BY jobs_status WHERE j.status = 'waiting' "
-    "AND j.workflow_id IS NOT NULL AND max(j.queued_at, j.run_at) <= ?1 "
+    "FROM jobs j INDEXED BY jobs_workflow_waiting WHERE j.status = 'waiting' "
+    "AND j.workflow_id IS NOT NULL AND j.queued_at <= ?1 AND j.run_at <= ?1 "
     "AND NOT EXISTS (SELECT 1 FROM workers w, json_each(w.roles_json) r "
     "WHERE w.heartbeat_at >= ?2 AND r.value = j.required_role) LIMIT ?3"
 )
@@ -136,10 +146,7 @@ class _Node(msgspec.Struct):
     name: str
     status: str
     role: str
-    payload_json: str
-    result_json: str | None
     last_error: str | None
-    artifact: dict[str, Any] | None
 
 
 def settle(conn: sqlite3.Connection, now: float, workflow_id: str,
@@ -157,12 +164,8 @@ def settle(conn: sqlite3.Connection, now: float, workflow_id: str,
     workflow gets its status (`succeeded`: all nodes; `failed`: none; else `partial`)
     and summary.
     """
-    nodes: dict[str, _Node] = {}
-    for (job_id, name, status, _kind, role, _att, _max, payload_json, result_json,
-         last_error, a_sha, a_size, a_path, _run_at) in conn.execute(SQL_NODES, (workflow_id,)):
-        art = {"sha256": a_sha, "size": a_size, "path": a_path} if a_sha else None
-        nodes[job_id] = _Node(job_id, name, status, role, payload_json, result_json,
-                              last_error, art)
+    # states only: payloads and results are read for the nodes promoted now, not for all
+    nodes = {r[0]: _Node(*r) for r in conn.execute(SQL_SETTLE_NODES, (workflow_id,))}
     deps: dict[str, list[tuple[str, str]]] = {}
     for job_id, dep_id, policy in conn.execute(SQL_EDGES, (workflow_id,)):
         deps.setdefault(job_id, []).append((dep_id, policy))
@@ -199,12 +202,19 @@ def settle(conn: sqlite3.Connection, now: float, workflow_id: str,
 
 def _promote(conn: sqlite3.Connection, now: float, n: _Node, deps: list[_Node],
              missing: list[_Node]) -> None:
-    payload = lenient_json(n.payload_json, {})
+    payload = lenient_json(conn.execute(SQL_NODE_PAYLOAD, (n.job_id,)).fetchone()[0], {})
     if not isinstance(payload, dict):
         payload = {"payload": payload}
-    payload["inputs"] = {d.name: lenient_json(d.result_json) for d in deps
-                         if d.status == "succeeded"}
-    arts = {d.name: d.artifact for d in deps if d.status == "succeeded" and d.artifact}
+    inputs, arts = {}, {}
+    for d in deps:
+        if d.status != "succeeded":
+            continue
+        result_json, a_sha, a_size, a_path = conn.execute(SQL_DEP_RESULT,
+                                                          (d.job_id,)).fetchone()
+        inputs[d.name] = lenient_json(result_json)
+        if a_sha:
+            arts[d.name] = {"sha256": a_sha, "size": a_size, "path": a_path}
+    payload["inputs"] = inputs
     if arts:
         payload["input_artifacts"] = arts
     if missing:
