@@ -118,30 +118,32 @@ def _utc(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _label(text: str, status: str) -> str:
-    return f"[{STATUS_STYLE.get(status, 'white')}]{text}[/]"
+def _styled(status: str) -> tuple[str, str]:
+    return status, STATUS_STYLE.get(status, "white")
 
 
 def tree(wf: WorkflowView) -> Any:
-    """The graph as a rich Tree: each node under its first dependency, with its state."""
-    from rich.markup import escape
+    """The graph as a rich Tree: each node under its first dependency, with its state.
+    Text objects, not markup: names and reasons are user data (the console has markup off)."""
+    from rich.text import Text
     from rich.tree import Tree
-    root = Tree(f"workflow {wf.workflow_id} [bold]{escape(wf.name)}[/] "
-                + _label(wf.status, wf.status))
+    root = Tree(Text.assemble(f"workflow {wf.workflow_id} ", (wf.name, "bold"), " ",
+                              _styled(wf.status)))
     branches: dict[str, Any] = {}
     for n in wf.nodes:  # stored in topological order (dependencies first)
         parent = branches.get(n.needs[0].node, root) if n.needs else root
-        others = [f"{d.node}" + ("" if d.policy == "skip" else f" ({d.policy})")
-                  for d in n.needs[1:]]
-        line = (f"{_label(escape(n.name), n.status)} {_label(n.status, n.status)}  "
-                f"{escape(n.kind)} on role {escape(n.required_role)}  "
-                f"attempts {n.attempts}/{n.max_attempts}  [dim]{n.job_id}[/]")
+        line = Text.assemble((n.name, STATUS_STYLE.get(n.status, "white")), " ",
+                             _styled(n.status),
+                             f"  {n.kind} on role {n.required_role}  "
+                             f"attempts {n.attempts}/{n.max_attempts}  ", (n.job_id, "dim"))
         if n.needs and n.needs[0].policy != "skip":
-            line += f"  [dim](runs without {escape(n.needs[0].node)} if it fails)[/]"
+            line.append(f"  (runs without {n.needs[0].node} if it fails)", "dim")
+        others = [d.node + ("" if d.policy == "skip" else f" ({d.policy})")
+                  for d in n.needs[1:]]
         if others:
-            line += f"  also needs {escape(', '.join(others))}"
+            line.append(f"  also needs {', '.join(others)}")
         if n.reason and n.status != "succeeded":
-            line += f"\n[dim]{escape(n.reason[:300])}[/]"
+            line.append("\n" + n.reason[:300], "dim")
         branches[n.name] = parent.add(line)
     return root
 
@@ -163,12 +165,13 @@ def summary_text(wf: WorkflowView) -> str:
 
 def list_table(wfs: list[WorkflowView]) -> Any:
     from rich.table import Table
+    from rich.text import Text
     t = Table(box=None)
     for col in ("workflow", "name", "status", "nodes", "created", "finished"):
         t.add_column(col)
     for w in wfs:
         nodes = " ".join(f"{k} {v}" for k, v in sorted(w.counts.items()))
-        t.add_row(w.workflow_id, w.name, _label(w.status, w.status), nodes,
+        t.add_row(w.workflow_id, w.name, Text(*_styled(w.status)), nodes,
                   _utc(w.created_at), _utc(w.finished_at))
     return t
 
