@@ -1,7 +1,7 @@
 """coordctl workflow and schedule commands (issue 8).
 
 `workflow submit FILE` (a TOML or JSON graph), `workflow show ID` (a tree with each
-node's state), `workflow list`; `schedule add FILE [--cron EXPR] [--name N]`,
+node's state), `workflow list`, `workflow cancel ID`; `schedule add FILE [--cron EXPR] [--name N]`,
 `schedule list`, `schedule rm NAME`. A graph file is a `coordd.protocol.WorkflowSubmit`:
 
     name = "story"
@@ -70,7 +70,7 @@ def read_graph(path: str) -> tuple[WorkflowSubmit, str | None]:
 
 
 def workflow(client: Any, args: argparse.Namespace) -> Outcome:
-    """`workflow submit|show|list`."""
+    """`workflow submit|show|list|cancel`."""
     if args.wf_command == "submit":
         spec, cron = read_graph(args.file)
         if cron is not None:
@@ -82,6 +82,9 @@ def workflow(client: Any, args: argparse.Namespace) -> Outcome:
         lines = [res.workflow_id + ("" if res.created else " (already submitted)")]
         lines += [f"  {name}: {job_id}" for name, job_id in res.jobs.items()]
         return Outcome(res, "\n".join(lines))
+    if args.wf_command == "cancel":
+        wf = client.workflow_cancel(args.workflow_id)
+        return Outcome(wf, lambda con: con.print(tree(wf), summary_text(wf)))
     if args.wf_command == "show":
         wf: WorkflowView = client.workflow_get(args.workflow_id)
         return Outcome(wf, lambda con: con.print(tree(wf), summary_text(wf)))
@@ -185,13 +188,15 @@ def add_parsers(cmd: Callable[[str, str], argparse.ArgumentParser],
         common(sp)
         return sp
 
-    ws = cmd("workflow", "graphs of jobs: submit FILE, show ID, list").add_subparsers(
+    ws = cmd("workflow", "graphs of jobs: submit FILE, show ID, list, cancel ID").add_subparsers(
         dest="wf_command", required=True, metavar="SUBCOMMAND")
     submit = sub(ws, "submit", "submit a graph from a TOML or JSON file")
     submit.add_argument("file", metavar="FILE")
     submit.add_argument("--key", metavar="IDEMPOTENCY_KEY",
                         help="a repeated key returns the existing workflow")
     sub(ws, "show", "a tree of the nodes and their states").add_argument(
+        "workflow_id", metavar="ID")
+    sub(ws, "cancel", "cancel every node that has not ended").add_argument(
         "workflow_id", metavar="ID")
     ls = sub(ws, "list", "workflows, newest first")
     ls.add_argument("--status", choices=WORKFLOW_STATUSES)

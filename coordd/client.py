@@ -284,6 +284,10 @@ class Client:
         return await self.call("workflow_list", {"status": status, "limit": limit},
                                WorkflowList)
 
+    async def workflow_cancel(self, workflow_id: str) -> WorkflowView:
+        """Cancel every node of a workflow that has not ended."""
+        return await self.call("workflow_cancel", {"workflow_id": workflow_id}, WorkflowView)
+
     async def schedule_add(self, name: str, cron: str,
                            workflow: WorkflowSubmit | dict[str, Any]) -> ScheduleView:
         """Add a recurring schedule that starts `workflow` at each cron slot (UTC)."""

@@ -420,7 +420,7 @@ ADMIN_METHODS = frozenset({"enqueue", "enqueue_batch", "cancel", "retry", "reap"
 
 # ---------------------------------------------------------------- workflows (issue 8)
 
-WORKFLOW_STATUSES = ("running", "succeeded", "partial", "failed")
+WORKFLOW_STATUSES = ("running", "succeeded", "partial", "failed", "cancelled")
 EDGE_POLICIES = ("skip", "run")  # a dependency that did not succeed: skip the node, or run it
 
 
@@ -467,7 +467,7 @@ class WorkflowSubmitResult(msgspec.Struct, kw_only=True):
 
 
 class WorkflowId(msgspec.Struct, kw_only=True):
-    """`workflow_get`: one workflow id."""
+    """`workflow_get`, `workflow_cancel`: one workflow id."""
 
     workflow_id: str
 
@@ -554,8 +554,10 @@ PARAMS.update({
     "workflow_submit": WorkflowSubmit,
     "workflow_get": WorkflowId,
     "workflow_list": ListWorkflows,
+    "workflow_cancel": WorkflowId,
     "schedule_add": ScheduleAdd,
     "schedule_list": Empty,
     "schedule_remove": ScheduleName,
 })
-ADMIN_METHODS = ADMIN_METHODS | {"workflow_submit", "schedule_add", "schedule_remove"}
+ADMIN_METHODS = ADMIN_METHODS | {"workflow_submit", "workflow_cancel", "schedule_add",
+                                 "schedule_remove"}

@@ -423,6 +423,9 @@ class Coordinator:
     async def workflow_list(self, p: ListWorkflows) -> WorkflowList:
         return await self.flows.list(p)
 
+    async def workflow_cancel(self, p: WorkflowId) -> WorkflowView:
+        return await self.flows.cancel(p)
+
     async def schedule_add(self, p: ScheduleAdd) -> ScheduleView:
         return await self.flows.schedule_add(p)
 

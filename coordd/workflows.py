@@ -209,6 +209,13 @@ class Workflows:
         limit = max(1, min(p.limit, 1000))
         return WorkflowList(workflows=await self._coord.read(_list, p.status, limit))
 
+    async def cancel(self, p: WorkflowId) -> WorkflowView:
+        """Cancel every node that has not ended (running ones stop at their holder's next
+        renew or heartbeat); return the workflow. Raises: NotFound."""
+        await self._coord.writer.run(
+            lambda conn, now: wstore.cancel_workflow(conn, now, p.workflow_id))
+        return await self.get(p)
+
     async def schedule_add(self, p: ScheduleAdd) -> ScheduleView:
         """Add a recurring schedule; its first slot is the first after now (UTC). A name
         already in use leaves that schedule as it is (`created` False)."""
@@ -239,8 +246,9 @@ class Workflows:
 
     async def tick(self) -> tuple[int, int, int]:
         """One maintenance round: skip nodes whose capability is absent, settle running
-        workflows, start due schedule slots. Three writer requests, so that one failing
-        does not hold the others back. Returns (skipped, ended, started)."""
+        workflows, start due schedule slots, delete ended workflows whose jobs were pruned.
+        Separate writer requests, so that one failing does not hold the others back.
+        Returns (skipped, ended, started)."""
         cfg = self._coord.config
         wait_s, stale_s = cfg.workflow_absent_wait_s, cfg.heartbeat_stale_s
         run = self._coord.writer.run
@@ -251,6 +259,7 @@ class Workflows:
         ended = await run(wstore.settle_running)
         fired = await run(lambda conn, now: wstore.fire_due(conn, now, due_slots,
                                                             self._plan_slot))
+        await run(lambda conn, now: wstore.prune_workflows(conn, now - cfg.retention_s))
         for name, slot, wid, passed, error in fired:
             missed = f"; {passed} missed slot(s) before it not run" if passed else ""
             if error is not None:

@@ -16,7 +16,7 @@ MIGRATION_V3 = """
         workflow_id     TEXT PRIMARY KEY,
         name            TEXT NOT NULL,
         status          TEXT NOT NULL CHECK (status IN
-                          ('running','succeeded','partial','failed')),
+                          ('running','succeeded','partial','failed','cancelled')),
         idempotency_key TEXT UNIQUE,
         schedule_id     TEXT,
         created_at      REAL NOT NULL,

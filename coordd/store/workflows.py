@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from coordd import errors
-from coordd.store import dumps, event, lenient_json
+from coordd.store import cancel, dumps, event, lenient_json
 
 # Statuses a node can end in; a workflow is over when every node is in one of them.
 NODE_TERMINAL = ("succeeded", "failed", "cancelled", "skipped")
@@ -161,8 +161,8 @@ def settle(conn: sqlite3.Connection, now: float, workflow_id: str,
     `inputs` (node name -> result), artifacts under `input_artifacts` (by reference:
     sha256, size, path) and the names of failed `run`-policy dependencies under
     `missing_inputs`. Skips cascade in the same call. When every node has ended the
-    workflow gets its status (`succeeded`: all nodes; `failed`: none; else `partial`)
-    and summary.
+    workflow gets its status (`succeeded`: all nodes; `partial`: some; `cancelled`: every
+    node was cancelled; else `failed`) and summary.
     """
     # states only: payloads and results are read for the nodes promoted now, not for all
     nodes = {r[0]: _Node(*r) for r in conn.execute(SQL_SETTLE_NODES, (workflow_id,))}
@@ -194,7 +194,12 @@ def settle(conn: sqlite3.Connection, now: float, workflow_id: str,
         return None
     summary = summarize(list(nodes.values()))
     ok = len(summary["succeeded"])
-    status = "succeeded" if ok == len(nodes) else ("failed" if ok == 0 else "partial")
+    if ok == len(nodes):
+        status = "succeeded"
+    elif ok:
+        status = "partial"
+    else:  # nothing succeeded: cancelled if that is all that happened, else failed
+        status = "cancelled" if len(summary["cancelled"]) == len(nodes) else "failed"
     n_done = conn.execute(SQL_FINISH_WORKFLOW, (status, dumps(summary), now, now,
                                                 workflow_id)).rowcount
     return status if n_done else None
@@ -314,6 +319,38 @@ def reopen(conn: sqlite3.Connection, now: float, job_id: str) -> str | None:
     conn.execute(SQL_REOPEN_WORKFLOW, (now, row[0]))
     settle(conn, now, row[0])
     return conn.execute(SQL_STATUS, (job_id,)).fetchone()[0]
+
+
+SQL_OPEN_NODES = (
+    "SELECT job_id FROM jobs WHERE workflow_id = ? "
+    "AND status IN ('blocked', 'waiting', 'running') ORDER BY rowid"
+)
+SQL_PRUNE_WORKFLOWS = (
+    "DELETE FROM workflows WHERE workflow_id IN (SELECT w.workflow_id FROM workflows w "
+    "WHERE w.status <> 'running' AND w.finished_at < ? AND NOT EXISTS "
+    "(SELECT 1 FROM jobs j WHERE j.workflow_id = w.workflow_id) LIMIT ?)"
+)
+
+
+def cancel_workflow(conn: sqlite3.Connection, now: float, workflow_id: str) -> int:
+    """Cancel every node not yet ended (coordd.store.cancel: blocked and waiting ones at
+    once, running ones by request, ended by their holder); return how many.
+
+    Raises:
+        errors.NotFound: no such workflow.
+    """
+    if workflow_row(conn, workflow_id) is None:
+        raise errors.NotFound(f"workflow {workflow_id} not found")
+    ids = [r[0] for r in conn.execute(SQL_OPEN_NODES, (workflow_id,)).fetchall()]
+    for job_id in ids:
+        cancel(conn, now, job_id)
+    settle(conn, now, workflow_id)
+    return len(ids)
+
+
+def prune_workflows(conn: sqlite3.Connection, cutoff: float, limit: int = 100) -> int:
+    """Delete ended workflows finished before `cutoff` whose jobs `prune` has removed."""
+    return conn.execute(SQL_PRUNE_WORKFLOWS, (cutoff, limit)).rowcount
 
 
 # ---------------------------------------------------------------- schedules

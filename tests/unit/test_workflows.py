@@ -430,3 +430,23 @@ async def test_prune_removes_finished_nodes_with_their_edges(make_bundle):
     assert (await bundle.coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0}
     with sqlite3.connect(bundle.db_path) as conn:
         assert conn.execute("SELECT count(*) FROM workflow_edges").fetchone()[0] == 0
+    await bundle.coord.flows.tick()  # the workflow row goes once its jobs are gone
+    assert (await bundle.coord.workflow_list(ListWorkflows())).workflows == []
+    assert (await bundle.coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0}
+
+
+async def test_workflow_cancel_ends_every_open_node(bundle):
+    await bundle.worker("g", roles=["gather"])
+    sub = await bundle.coord.workflow_submit(story())
+    got = await bundle.claim("g")  # gather running
+    wf = await bundle.coord.workflow_cancel(WorkflowId(workflow_id=sub.workflow_id))
+    assert [n.status for n in wf.nodes] == ["running", "cancelled", "cancelled"]
+    gather = await bundle.coord.get_job(JobId(job_id=sub.jobs["gather"]))
+    assert gather.cancel_requested
+    reply = await bundle.coord.complete(Complete(job_id=got.job.job_id, worker_id="g",
+                                                 token=got.lease.token, result={}))
+    assert reply.status == "cancelled"
+    wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
+    assert wf.status == "cancelled" and len(wf.summary["cancelled"]) == 3
+    with pytest.raises(errors.NotFound):
+        await bundle.coord.workflow_cancel(WorkflowId(workflow_id="nope"))
