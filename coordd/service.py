@@ -254,8 +254,13 @@ class Coordinator:
             lambda conn, now: [store.enqueue(conn, now, j) for j in jobs]))
 
     async def cancel(self, p: JobId) -> StatusResult:
-        """Cancel a job (see coordd.store.cancel). Raises: NotFound, InvalidState."""
-        return await self.writer.run(lambda conn, now: store.cancel(conn, now, p.job_id))
+        """Cancel a job (see coordd.store.cancel); a workflow node's dependents follow their
+        policies in the same transaction. Raises: NotFound, InvalidState."""
+        def op(conn: sqlite3.Connection, now: float) -> StatusResult:
+            res = store.cancel(conn, now, p.job_id)
+            wstore.settle_job(conn, now, p.job_id)
+            return res
+        return await self.writer.run(op)
 
     async def retry(self, p: JobId) -> StatusResult:
         """Put a failed, cancelled or skipped job back to waiting (a workflow node reopens

@@ -297,6 +297,13 @@ SQL_REOPEN_WORKFLOW = (
 )
 
 
+def settle_job(conn: sqlite3.Connection, now: float, job_id: str) -> None:
+    """Settle the workflow of `job_id`, if it is a node of one."""
+    row = conn.execute(SQL_JOB_WORKFLOW, (job_id,)).fetchone()
+    if row is not None and row[0] is not None:
+        settle(conn, now, row[0])
+
+
 def reopen(conn: sqlite3.Connection, now: float, job_id: str) -> str | None:
     """After `retry` of a workflow node: the workflow runs again, and nodes skipped only
     because of this one (and so on down the graph) are blocked again. The retried node

@@ -218,11 +218,23 @@ async def test_submit_is_idempotent_by_key(bundle):
     assert (a.workflow_id, a.jobs) == (b.workflow_id, b.jobs)
 
 
-async def test_cancel_blocked_node_settles_on_tick(bundle):
+async def test_cancel_blocked_node_settles_its_dependents(bundle):
+    one = _convert({"name": "pair", "nodes": [
+        {"name": "a", "kind": "k", "required_role": "cpu"},
+        {"name": "b", "kind": "k", "required_role": "cpu", "needs": ["a"]}]})
+    pair = await bundle.coord.workflow_submit(one)
+    assert (await bundle.coord.cancel(JobId(job_id=pair.jobs["a"]))).status == "cancelled"
+    b = await bundle.coord.get_job(JobId(job_id=pair.jobs["b"]))  # in the same transaction
+    assert b.status == "skipped" and b.last_error == "dependency_cancelled: a"
     sub = await bundle.coord.workflow_submit(story())
     assert (await bundle.coord.cancel(JobId(job_id=sub.jobs["narrate"]))).status == "cancelled"
+    build = await bundle.coord.get_job(JobId(job_id=sub.jobs["build"]))
+    assert build.status == "blocked"  # gather (its `run` input) has not ended yet
     await bundle.worker("g", roles=["gather"])
-    await run_node(bundle, "g", {"evidence": EVIDENCE})
+    got = await bundle.claim("g")
+    assert got.job.job_id == sub.jobs["gather"]
+    await bundle.coord.complete(Complete(job_id=got.job.job_id, worker_id="g",
+                                         token=got.lease.token, result={"evidence": []}))
     wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
     assert [n.status for n in wf.nodes] == ["succeeded", "cancelled", "skipped"]
     assert wf.status == "partial"
