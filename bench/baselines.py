@@ -37,7 +37,7 @@ SQL_EVENT = (
 SQL_CANDIDATE = (
     "SELECT job_id FROM jobs INDEXED BY jobs_claim "
     "WHERE status = 'waiting' AND priority = ? AND run_at <= ? "
-    "AND required_role IN (SELECT value FROM json_each(?)) ORDER BY queued_at, rowid LIMIT 1"
+    "AND required_role IN (SELECT value FROM json_each(?)) ORDER BY queued_at, job_id LIMIT 1"
 )
 SQL_TAKE = (
     "UPDATE jobs SET status = 'running', attempts = attempts + 1, "

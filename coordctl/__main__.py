@@ -16,6 +16,7 @@ import msgspec
 
 from coordctl import workflow
 from coordctl.commands import COMMANDS, Outcome, UsageError
+from coordctl.msg import MSG_COMMANDS, add_parsers as add_msg_parsers
 from coordd.client import CALL_TIMEOUT_DEFAULT
 from coordd.protocol import JOB_STATUSES
 
@@ -32,6 +33,8 @@ EPILOG = """examples:
   coordctl --json workers
   coordctl backup /var/backups/coordd-$(date +%F).db && coordctl check /var/backups/coordd-*.db
   coordctl workflow submit examples/workflow.toml && coordctl workflow show WORKFLOW_ID
+  coordctl msg send --from lead --to coder 'review PR 7' && coordctl msg read --as coder
+  coordctl agents
 """
 
 
@@ -138,6 +141,7 @@ def build_parser() -> Parser:
     c.add_argument("path", metavar="PATH", nargs="?",
                    help="check this SQLite file read-only here instead of asking coordd")
     workflow.add_parsers(cmd, lambda sp: _common(sp, suppress=True))
+    add_msg_parsers(cmd, _common)
     return p
 
 
@@ -162,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     client = SyncClient(args.socket, timeout=args.timeout)  # None: $COORDD_SOCKET or default
     path = client.path
     try:
-        outcome = {**COMMANDS, **workflow.COMMANDS}[args.command](client, args)
+        outcome = {**COMMANDS, **MSG_COMMANDS, **workflow.COMMANDS}[args.command](client, args)
     except UsageError as exc:
         fail("usage", str(exc), EXIT_USAGE)
     except CoordError as exc:

@@ -36,7 +36,9 @@ from typing import Any
 import msgspec
 
 from coordctl.commands import Outcome, UsageError, read_text_arg
-from coordd.protocol import WORKFLOW_STATUSES, ScheduleList, WorkflowSubmit, WorkflowView
+from coordd.protocol_workflows import (
+    WORKFLOW_STATUSES, ScheduleList, WorkflowSubmit, WorkflowView,
+)
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "skipped": "yellow",
                 "cancelled": "magenta", "running": "cyan", "waiting": "white",

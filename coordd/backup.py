@@ -24,7 +24,8 @@ import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
-from coordd import cas, errors, store, views
+from coordd import cas, errors, views
+from coordd.store import reads
 from coordd.protocol import BackupResult
 
 MANIFEST_SUFFIX = ".manifest.json"
@@ -195,9 +196,9 @@ def restore(src: str, db_path: str, artifact_dir: str) -> dict[str, Any]:
                 conn.execute("BEGIN IMMEDIATE")
                 for art in manifest["artifacts"]:
                     path = _in_store(artifact_dir, art["sha256"])
-                    conn.execute(store.SQL_SET_ARTIFACT_PATH, (path, art["sha256"]))
-                for job_id, sha, _old in conn.execute(store.SQL_CHECKPOINT_REFS).fetchall():
-                    conn.execute(store.SQL_SET_CHECKPOINT_PATH,
+                    conn.execute(reads.SQL_SET_ARTIFACT_PATH, (path, art["sha256"]))
+                for job_id, sha, _old in conn.execute(reads.SQL_CHECKPOINT_REFS).fetchall():
+                    conn.execute(reads.SQL_SET_CHECKPOINT_PATH,
                                  (_in_store(artifact_dir, sha), job_id))
                 conn.execute("COMMIT")
                 jobs = views.count_jobs(conn)

@@ -26,9 +26,12 @@ import msgspec
 
 from coordd import errors
 from coordd.protocol import (
-    MAX_FRAME_DEFAULT, TERMINAL_STATUSES, BackupResult, ClaimResult, CompleteResult, Enqueue,
+    MAX_FRAME_DEFAULT, TERMINAL_STATUSES, AckResult, AgentsResult, AgentView, ReadResult,
+    SendResult, BackupResult, ClaimResult, CompleteResult, Enqueue,
     EnqueueBatchResult, EnqueueResult, HeartbeatResult, JobList, JobView, MetricsResult,
     ReapResult, RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
+)
+from coordd.protocol_workflows import (
     ScheduleList, ScheduleView, WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.rpc import encode_frame, read_frame
@@ -301,6 +304,37 @@ class Client:
     async def schedule_remove(self, name: str) -> None:
         """Delete a schedule by name or id."""
         await self.call("schedule_remove", {"name": name})
+    # ------------------------------------------------------------ agent message hub
+
+    async def send_message(self, sender: str, recipient: str, content: Any,
+                           **fields: Any) -> SendResult:
+        """Send a message (fields: message_type, priority, metadata, ttl_s, message_id)."""
+        return await self.call("send_message", {"sender": sender, "recipient": recipient,
+                                                "content": content, **fields}, SendResult)
+
+    async def broadcast(self, sender: str, content: Any, **fields: Any) -> SendResult:
+        """Send a message every reader but `sender` gets once."""
+        return await self.call("broadcast", {"sender": sender, "content": content, **fields},
+                               SendResult)
+
+    async def read_messages(self, reader: str, **fields: Any) -> ReadResult:
+        """Read `reader`'s messages (fields: limit, visibility_s, ack, ack_on_read)."""
+        return await self.call("read_messages", {"reader": reader, **fields}, ReadResult)
+
+    async def ack_messages(self, reader: str, message_ids: list[str]) -> AckResult:
+        """Mark messages handled: they are not delivered to `reader` again."""
+        return await self.call("ack_messages", {"reader": reader, "message_ids": message_ids},
+                               AckResult)
+
+    async def update_agent_status(self, name: str, status: str,
+                                  metadata: dict[str, Any] | None = None) -> AgentView:
+        """Record an agent's status (its heartbeat)."""
+        return await self.call("update_agent_status", {"name": name, "status": status,
+                                                       "metadata": metadata}, AgentView)
+
+    async def get_agent_status(self, name: str | None = None) -> AgentsResult:
+        """One agent's status, or every agent's."""
+        return await self.call("get_agent_status", {"name": name}, AgentsResult)
 
     async def wait_for(self, job_id: str, timeout: float, poll_s: float = 0.2) -> JobView:
         """Poll until the job is terminal; return it.

@@ -39,6 +39,9 @@ BUSY_TIMEOUT_MS = 10_000
 RETENTION_S = 7 * 86400.0
 PRUNE_INTERVAL_S = 3600.0
 WORKFLOW_ABSENT_WAIT_S = 300.0
+MESSAGE_MAX_BYTES = 256 << 10
+MESSAGE_VISIBILITY_S = 60.0
+AGENT_STALE_S = 300.0
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -69,7 +72,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         prune_interval_s: how often the reaper prunes (and returns free pages to the disk).
         wal_size_limit_bytes: the WAL file is cut back to this size each time it restarts
             after a checkpoint (SQLite checkpoints it every ~1,000 pages of commits).
-        wal_autocheckpoint_pages: the WAL is checkpointed once it holds this many pages.
+        wal_autocheckpoint_pages: past this many WAL pages the writer checkpoints inside
+            its own commit (the safety net that lets the WAL restart).
+        wal_checkpoint_interval_s: seconds between background checkpoints while writes
+            happen (a thread, off the writer's path; 0 = only the in-commit ones).
         warn_db_bytes / warn_wal_bytes / warn_artifact_bytes: `status` warns past these
             sizes (the artifact store's size as measured by the last prune or metrics scrape).
         metrics_port: serve Prometheus metrics over HTTP on 127.0.0.1:PORT (0 = off; the
@@ -79,6 +85,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             no live worker advertised for this long is skipped (reason `worker_absent`).
         result_schemas: job kind -> result schema name (coordd.results.SCHEMAS) for jobs
             and nodes that do not name one.
+        message_max_bytes: cap on a message's content JSON (and, separately, its metadata).
+        message_visibility_s: a read message not acked within this comes back (at least once).
+        message_retention_s: processed messages and broadcasts older than this are purged
+            by the prune round (expired messages are purged by every prune round).
+        agent_stale_s: an agent whose last status update is older is shown as not live.
     """
 
     db: str = ""
@@ -110,12 +121,17 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prune_interval_s: float = PRUNE_INTERVAL_S
     metrics_port: int = 0
     wal_size_limit_bytes: int = 64 << 20
-    wal_autocheckpoint_pages: int = 1000
+    wal_autocheckpoint_pages: int = 10_000
+    wal_checkpoint_interval_s: float = 0.1
     warn_db_bytes: int = 8 << 30
     warn_wal_bytes: int = 256 << 20
     warn_artifact_bytes: int = 64 << 30
     workflow_absent_wait_s: float = WORKFLOW_ABSENT_WAIT_S
     result_schemas: dict[str, str] = {}
+    message_max_bytes: int = MESSAGE_MAX_BYTES
+    message_visibility_s: float = MESSAGE_VISIBILITY_S
+    message_retention_s: float = RETENTION_S
+    agent_stale_s: float = AGENT_STALE_S
 
     def __post_init__(self) -> None:
         if not 0 < self.lease_min_s <= self.lease_default_s <= self.lease_max_s:
@@ -135,6 +151,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if min(self.wal_size_limit_bytes, self.warn_db_bytes, self.warn_wal_bytes,
                self.warn_artifact_bytes) < 0 or self.wal_autocheckpoint_pages < 1:
             raise ValueError("sizes must be >= 0 and wal_autocheckpoint_pages >= 1")
+        if self.wal_checkpoint_interval_s < 0:
+            raise ValueError("wal_checkpoint_interval_s must be >= 0")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError("metrics_port must be 0..65535")
         if self.retention_s < 0 or self.prune_interval_s <= 0:
@@ -144,6 +162,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         unknown = sorted(set(self.result_schemas.values()) - set(SCHEMAS))
         if unknown:
             raise ValueError(f"result_schemas: unknown schema(s) {unknown}; known: {sorted(SCHEMAS)}")
+        if self.message_max_bytes < 1 or self.message_visibility_s <= 0 \
+                or self.message_retention_s < 0 or self.agent_stale_s <= 0:
+            raise ValueError("need message_max_bytes >= 1, message_visibility_s > 0, "
+                             "message_retention_s >= 0, agent_stale_s > 0")
         bad = set(self.gates) - {"p0", "p1", "p2", "p3"}
         if bad:
             raise ValueError(f"gates: unknown priority table(s) {sorted(bad)}; use p0..p3")

@@ -370,6 +370,7 @@ class PruneResult(msgspec.Struct, kw_only=True):
     free_pages: int = 0
     db_bytes: int = 0
     artifact_files: int = 0  # files deleted from the artifact store (unreferenced, old)
+    messages: int = 0  # hub messages purged (expired, or processed / broadcast past retention)
 
 
 class MetricsResult(msgspec.Struct, kw_only=True):
@@ -418,146 +419,146 @@ ADMIN_METHODS = frozenset({"enqueue", "enqueue_batch", "cancel", "retry", "reap"
 """Methods limited to the configured admin uids/gids."""
 
 
-# ---------------------------------------------------------------- workflows (issue 8)
-
-WORKFLOW_STATUSES = ("running", "succeeded", "partial", "failed", "cancelled")
-EDGE_POLICIES = ("skip", "run")  # a dependency that did not succeed: skip the node, or run it
-
-
-class Need(msgspec.Struct, kw_only=True):
-    """A dependency edge: `node` must end first; if it does not succeed, `policy` decides."""
-
-    node: str
-    policy: str = "skip"
+# ---------------------------------------------------------------- agent message hub (issue 9)
+# Params and results of the hub's methods (coordd.hub), kept together so the section
+# merges as one block.
 
 
-class WorkflowNode(msgspec.Struct, kw_only=True):
-    """One node of a graph: a job routed by `required_role` (the capability it needs).
+class SendMessage(msgspec.Struct, kw_only=True):
+    """`send_message`: one message to `recipient`. `content` and `metadata` are JSON.
 
-    `needs` lists dependency names (policy `skip`) or `{node, policy}` tables. The payload
-    must be a table; the dependencies' results are added under `inputs` when it is queued.
+    `message_id` (optional, chosen by the sender) makes a resend after a lost reply
+    return the stored message instead of a second one. `ttl_s`: never delivered after.
     """
 
-    name: str
-    kind: str
-    required_role: str
+    sender: str
+    recipient: str
+    content: Any = None
+    message_type: str = "text"
     priority: int = 2
-    payload: dict[str, Any] = {}
-    needs: list[str | Need] = []
-    max_attempts: int | None = None
-    max_runtime_s: float | None = None
-    result_schema: str | None = None
-    gates: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    ttl_s: float | None = None
+    message_id: str | None = None
 
 
-class WorkflowSubmit(msgspec.Struct, kw_only=True):
-    """`workflow_submit`: a whole graph, queued in one transaction (or refused whole)."""
+class BroadcastMessage(msgspec.Struct, kw_only=True):
+    """`broadcast`: one message every reader but the sender gets once."""
+
+    sender: str
+    content: Any = None
+    message_type: str = "text"
+    priority: int = 2
+    metadata: dict[str, Any] | None = None
+    ttl_s: float | None = None
+    message_id: str | None = None
+
+
+class ReadMessages(msgspec.Struct, kw_only=True):
+    """`read_messages`: `reader`'s inbox, P0 first then oldest first.
+
+    `ack` (ids of messages handled since the last read) is applied first, in the same
+    transaction. Unacked messages come back after `visibility_s`; `ack_on_read` marks
+    them processed at once instead (at most once).
+    """
+
+    reader: str
+    limit: int = 10
+    visibility_s: float | None = None
+    ack: list[str] = []
+    ack_on_read: bool = False
+
+
+class AckMessages(msgspec.Struct, kw_only=True):
+    """`ack_messages`: `reader` has handled these messages; they are not delivered again."""
+
+    reader: str
+    message_ids: list[str]
+
+
+class AgentStatusUpdate(msgspec.Struct, kw_only=True):
+    """`update_agent_status`: an agent's status and heartbeat (metadata None = keep)."""
 
     name: str
-    nodes: list[WorkflowNode]
-    idempotency_key: str | None = None
+    status: str
+    metadata: dict[str, Any] | None = None
 
 
-class WorkflowSubmitResult(msgspec.Struct, kw_only=True):
-    """`workflow_submit` result: node name -> job id; `created` False for a repeated key."""
+class AgentQuery(msgspec.Struct, kw_only=True):
+    """`get_agent_status`: one agent by name, or every agent (name None)."""
 
-    workflow_id: str
+    name: str | None = None
+
+
+class SendResult(msgspec.Struct, kw_only=True):
+    """`send_message` / `broadcast` result: `created` False = the id was already stored."""
+
+    message_id: str
     created: bool
-    jobs: dict[str, str]
+    expires_at: float | None = None
 
 
-class WorkflowId(msgspec.Struct, kw_only=True):
-    """`workflow_get`, `workflow_cancel`: one workflow id."""
+class MessageView(msgspec.Struct, kw_only=True):
+    """A delivered message; `deliveries` > 1 means it was handed out before and not acked."""
 
-    workflow_id: str
-
-
-class ListWorkflows(msgspec.Struct, kw_only=True):
-    """`workflow_list`: newest first, optionally one status."""
-
-    status: str | None = None
-    limit: int = 100
-
-
-class NodeView(msgspec.Struct, kw_only=True):
-    """A workflow node: its job's state, its edges, and why it ended where it did."""
-
-    name: str
-    job_id: str
-    kind: str
-    required_role: str
-    status: str
-    attempts: int
-    max_attempts: int
-    needs: list[Need] = []
-    reason: str | None = None  # last error, skip reason
-    result: Any = None
-    artifact: ArtifactRef | None = None
-
-
-class WorkflowView(msgspec.Struct, kw_only=True):
-    """A workflow; `nodes` only from `workflow_get`, `counts` (nodes by status) from both."""
-
-    workflow_id: str
-    name: str
-    status: str
+    message_id: str
+    sender: str
+    recipient: str | None  # None: a broadcast
+    message_type: str
+    content: Any
+    priority: int
+    metadata: dict[str, Any] | None
     created_at: float
-    updated_at: float
-    finished_at: float | None = None
-    summary: dict[str, Any] | None = None
-    idempotency_key: str | None = None
-    schedule_id: str | None = None
-    counts: dict[str, int] = {}
-    nodes: list[NodeView] = []
+    expires_at: float | None
+    deliveries: int
 
 
-class WorkflowList(msgspec.Struct, kw_only=True):
-    """`workflow_list` result."""
+class ReadResult(msgspec.Struct, kw_only=True):
+    """`read_messages` result; unacked messages are hidden until `visible_until`."""
 
-    workflows: list[WorkflowView]
-
-
-class ScheduleAdd(msgspec.Struct, kw_only=True):
-    """`schedule_add`: start `workflow` at every slot of the cron expression (UTC)."""
-
-    name: str
-    cron: str
-    workflow: WorkflowSubmit
+    messages: list[MessageView]
+    acked: int = 0
+    visible_until: float | None = None
 
 
-class ScheduleName(msgspec.Struct, kw_only=True):
-    """`schedule_remove`: a schedule's name (or id)."""
+class AckResult(msgspec.Struct, kw_only=True):
+    """`ack_messages` result: deliveries newly marked processed."""
+
+    acked: int
+
+
+class AgentView(msgspec.Struct, kw_only=True):
+    """An agent's last status; `live` = heartbeat within `agent_stale_s`."""
 
     name: str
+    status: str
+    metadata: dict[str, Any] | None
+    heartbeat_at: float
+    heartbeat_age_s: float
+    live: bool
+    first_seen_at: float
+    unread: int
 
 
-class ScheduleView(msgspec.Struct, kw_only=True):
-    """A recurring schedule: its next slot, the last slot started and how many were."""
+class AgentsResult(msgspec.Struct, kw_only=True):
+    """`get_agent_status` result."""
 
-    schedule_id: str
-    name: str
-    cron: str
-    workflow: str
-    next_at: float
-    last_slot: float | None = None
-    fired: int = 0
-    created: bool = True  # `schedule_add`: False when the name existed (left unchanged)
+    agents: list[AgentView]
 
 
-class ScheduleList(msgspec.Struct, kw_only=True):
-    """`schedule_list` result."""
+HUB_PARAMS: dict[str, type[msgspec.Struct]] = {
+    "send_message": SendMessage,
+    "broadcast": BroadcastMessage,
+    "read_messages": ReadMessages,
+    "ack_messages": AckMessages,
+    "update_agent_status": AgentStatusUpdate,
+    "get_agent_status": AgentQuery,
+}
+PARAMS.update(HUB_PARAMS)
 
-    schedules: list[ScheduleView]
 
+# ---------------------------------------------------------------- workflows (issue 8)
+# Their Structs live in coordd.protocol_workflows (this module's size); registered here.
+from coordd.protocol_workflows import WORKFLOW_ADMIN_METHODS, WORKFLOW_PARAMS  # noqa: E402
 
-PARAMS.update({
-    "workflow_submit": WorkflowSubmit,
-    "workflow_get": WorkflowId,
-    "workflow_list": ListWorkflows,
-    "workflow_cancel": WorkflowId,
-    "schedule_add": ScheduleAdd,
-    "schedule_list": Empty,
-    "schedule_remove": ScheduleName,
-})
-ADMIN_METHODS = ADMIN_METHODS | {"workflow_submit", "workflow_cancel", "schedule_add",
-                                 "schedule_remove"}
+PARAMS.update(WORKFLOW_PARAMS)
+ADMIN_METHODS = ADMIN_METHODS | WORKFLOW_ADMIN_METHODS

@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import random
-import secrets
 import sqlite3
 from datetime import datetime, timezone
 from functools import partial
@@ -22,6 +21,8 @@ import aiosqlite
 import msgspec
 
 from coordd import backup, cas, errors, gates, leases, results, store, views
+from coordd.hub import Hub
+from coordd.ids import JobIds
 from coordd.clock import Clock
 from coordd.config import Config, artifact_dir_for
 from coordd.protocol import (
@@ -30,6 +31,9 @@ from coordd.protocol import (
     Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, MetricsResult, PruneResult,
     Readings, ReapResult,
     Renew, RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
+    HUB_PARAMS,
+)
+from coordd.protocol_workflows import (
     ListWorkflows, ScheduleAdd, ScheduleList, ScheduleName, ScheduleView, WorkflowId,
     WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
@@ -68,19 +72,24 @@ class Coordinator:
         self.config = config
         self.clock = clock
         self._rng = rng or random.Random()
+        self._ids = JobIds()
         self.meters = Metrics()
         self.writer = Writer(db_path, clock, queue_max=config.writer_queue_max,
                              batch_max=config.writer_batch_max,
                              busy_timeout_ms=config.busy_timeout_ms,
                              clock_jump_s=config.clock_jump_s, metrics=self.meters,
                              wal_size_limit=config.wal_size_limit_bytes,
-                             wal_autocheckpoint_pages=config.wal_autocheckpoint_pages)
+                             wal_autocheckpoint_pages=config.wal_autocheckpoint_pages,
+                             checkpoint_interval_s=config.wal_checkpoint_interval_s)
         self._reader: aiosqlite.Connection | None = None
         self._policies = config.policies()
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s)
         self.flows = Workflows(self)
+        self.hub = Hub(self.writer, self._read, config, clock)
+        for method in HUB_PARAMS:  # the hub's RPC methods are served by coordd.hub
+            setattr(self, method, getattr(self.hub, method))
 
     async def start(self) -> None:
         """Open the writer (creating and migrating the DB) and the read-only connection.
@@ -196,6 +205,10 @@ class Coordinator:
             lambda conn, now: leases.fail(conn, now, p.job_id, p.worker_id, p.token, error,
                                          p.retryable, backoff))
 
+    def new_job_id(self) -> str:
+        """A fresh, time-ordered job id (coordd.ids): FIFO among jobs queued together."""
+        return self._ids.new(self.clock.wall())
+
     def _backoff(self) -> Any:
         return partial(leases.backoff_delay, base_s=self.config.backoff_base_s,
                        cap_s=self.config.backoff_cap_s, jitter=self.config.backoff_jitter,
@@ -231,7 +244,7 @@ class Coordinator:
         if schema is not None and schema not in results.SCHEMAS:
             raise errors.BadRequest(f"unknown result_schema {schema!r}")
         return store.NewJob(
-            job_id=secrets.token_hex(8), kind=p.kind, required_role=p.required_role,
+            job_id=self._ids.new(self.clock.wall()), kind=p.kind, required_role=p.required_role,
             priority=p.priority,
             payload_json=_encode("payload", p.payload, self.config.max_payload_bytes),
             run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
@@ -300,9 +313,11 @@ class Coordinator:
         coordd's clock at each batch) with their events and unreferenced artifact rows,
         in batches of `store.PRUNE_BATCH` (one transaction each), then hand the free
         pages back to the file system (`incremental_vacuum`, bounded per transaction)
-        and checkpoint the WAL so the file shrinks. Then delete the artifact files nothing
-        refers to any more and that are older than ARTIFACT_GRACE_S (coordd.cas.sweep):
-        a file a worker has stored but not yet recorded is fresh, and kept.
+        and checkpoint the WAL so the file shrinks. Expired hub messages, and processed
+        ones and broadcasts past `message_retention_s`, go first too (Hub.purge). Then
+        delete the artifact files nothing refers to any more and that are older than
+        ARTIFACT_GRACE_S (coordd.cas.sweep): a file a worker has stored but not yet
+        recorded is fresh, and kept.
         """
         retention = self.config.retention_s
         pruned = artifacts = 0
@@ -312,23 +327,25 @@ class Coordinator:
             pruned, artifacts = pruned + n, artifacts + a
             if n < store.PRUNE_BATCH:
                 break
+        messages = await self.hub.purge(now)
         free = await self.writer.run(lambda conn, _now: store.vacuum_step(conn))
         while free:
             left = await self.writer.run(lambda conn, _now: store.vacuum_step(conn))
             if left >= free:
                 break  # nothing more comes free
             free = left
-        if pruned:
+        if pruned or messages:
             await self.writer.checkpoint()
-            logger.info("pruned %d terminal job(s) past retention", pruned,
-                        extra={"action": "prune", "n": pruned})
+            logger.info("pruned %d terminal job(s) past retention and %d message(s)", pruned,
+                        messages, extra={"action": "prune", "n": pruned, "messages": messages})
         await self.writer.run(lambda conn, _now: store.optimize(conn))
         refs = await self._read(views.artifact_refs)
         before = (self.clock.wall() if now is None else now) - ARTIFACT_GRACE_S
         files = await asyncio.to_thread(cas.sweep, self.artifact_dir, set(refs), before)
         self.artifact_bytes = await asyncio.to_thread(tree_bytes, self.artifact_dir)
         return PruneResult(pruned=pruned, artifacts=artifacts, free_pages=free,
-                           db_bytes=_file_size(self.db_path), artifact_files=files)
+                           db_bytes=_file_size(self.db_path), artifact_files=files,
+                           messages=messages)
 
     # ------------------------------------------------------------ reads
 
@@ -434,7 +451,7 @@ class Coordinator:
     async def schedule_add(self, p: ScheduleAdd) -> ScheduleView:
         return await self.flows.schedule_add(p)
 
-    async def schedule_list(self, p: Empty | None = None) -> ScheduleList:
+    async def schedule_list(self, p: Any = None) -> ScheduleList:
         return await self.flows.schedule_list(p)
 
     async def schedule_remove(self, p: ScheduleName) -> dict[str, Any]:

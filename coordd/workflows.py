@@ -33,10 +33,11 @@ import msgspec
 from cronsim import CronSim, CronSimError
 
 from coordd import errors, results
-from coordd.protocol import (
-    EDGE_POLICIES, PRIORITIES, WORKFLOW_STATUSES, ArtifactRef, Empty, ListWorkflows, Need,
-    NodeView, ScheduleAdd, ScheduleList, ScheduleName, ScheduleView, WorkflowId,
-    WorkflowList, WorkflowNode, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
+from coordd.protocol import PRIORITIES
+from coordd.protocol_workflows import (
+    EDGE_POLICIES, WORKFLOW_STATUSES, ListWorkflows, Need, NodeArtifact, NodeView, NoParams,
+    ScheduleAdd, ScheduleList, ScheduleName, ScheduleView, WorkflowId, WorkflowList,
+    WorkflowNode, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.store import dumps, lenient_json
 from coordd.store import workflows as wstore
@@ -174,13 +175,13 @@ class Workflows:
                 raise errors.PayloadTooLarge(f"node {n.name!r}: payload is {size} bytes; the "
                                              f"cap is {cfg.max_payload_bytes}")
             nodes.append(wstore.NewNode(
-                job_id=secrets.token_hex(8), name=n.name, kind=n.kind,
+                job_id=self._coord.new_job_id(), name=n.name, kind=n.kind,
                 required_role=n.required_role, priority=n.priority, payload=n.payload,
                 max_attempts=attempts, max_runtime_s=n.max_runtime_s, gates_json=gates_json,
                 result_schema=schema,
                 needs=[(d.node, d.policy) for d in needs_of(n)]))
-        return wstore.NewWorkflow(workflow_id=secrets.token_hex(8), name=p.name, nodes=nodes,
-                                  idempotency_key=key, schedule_id=schedule_id)
+        return wstore.NewWorkflow(workflow_id=self._coord.new_job_id(), name=p.name,
+                                  nodes=nodes, idempotency_key=key, schedule_id=schedule_id)
 
     def _plan_slot(self, spec_json: str, schedule_id: str, slot: float) -> wstore.NewWorkflow:
         spec = msgspec.json.decode(spec_json, type=WorkflowSubmit)
@@ -226,12 +227,12 @@ class Workflows:
         sid, spec = secrets.token_hex(8), dumps(p.workflow)
         created = await self._coord.writer.run(lambda conn, _now: wstore.add_schedule(
             conn, _now, sid, p.name, p.cron, spec, first))
-        views = (await self.schedule_list(Empty())).schedules
+        views = (await self.schedule_list(NoParams())).schedules
         view = next(v for v in views if v.name == p.name)
         view.created = created
         return view
 
-    async def schedule_list(self, p: Empty | None = None) -> ScheduleList:
+    async def schedule_list(self, p: NoParams | None = None) -> ScheduleList:
         """Every schedule with its next slot."""
         return ScheduleList(schedules=await self._coord.read(_schedules))
 
@@ -300,7 +301,7 @@ def _get(conn: Any, workflow_id: str) -> WorkflowView:
             name=node, job_id=job_id, kind=kind, required_role=role, status=status,
             attempts=attempts, max_attempts=max_attempts, needs=needs.get(job_id, []),
             reason=last_error, result=lenient_json(result_json),
-            artifact=ArtifactRef(sha256=a_sha, size=a_size, path=a_path) if a_sha else None))
+            artifact=NodeArtifact(sha256=a_sha, size=a_size, path=a_path) if a_sha else None))
     view = _view(row, counts)
     view.nodes = nodes
     return view

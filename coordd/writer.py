@@ -1,12 +1,23 @@
 """The single writer: one task owns the write connection and group-commits requests.
 
 Callers `submit(op)` an operation `op(conn, now) -> result` and await its future. The
-writer drains what is queued (up to `batch_max`), and in ONE hand-off to aiosqlite's
-database thread opens `BEGIN IMMEDIATE`, runs each op inside its own SAVEPOINT (an op
-that raises rolls back alone and fails only its own future), `COMMIT`s once, and only
-then resolves the futures: no reply reports a state that is not yet durable
-(DESIGN.md, "The single writer"). One hand-off per batch matters: one await per
-statement through aiosqlite costs a thread round trip each.
+writer drains what is queued (up to `batch_max`), opens `BEGIN IMMEDIATE`, runs each op
+inside its own SAVEPOINT (an op that raises rolls back alone and fails only its own
+future), `COMMIT`s once, and only then resolves the futures: no reply reports a state
+that is not yet durable (DESIGN.md, "The single writer").
+
+Where the batch runs (issue 6, decided by measurement): on the event loop's own thread,
+with a plain `sqlite3` connection. A batch is a few hundred microseconds of SQLite work
+(claims, completes: index seeks and row updates; no fsync at COMMIT in WAL mode with
+synchronous=NORMAL), which is less than what handing it to another thread costs on a
+2-core machine: with aiosqlite's thread (one `_execute` hand-off per batch) the 16-client
+drain ran ~10-15% slower and each request waited ~1.3 ms (p50) for the database thread
+against ~0.2 ms here (`python -m bench.run --jobs 4000 --rounds 3 --clients 16`). The two
+things that could stall the loop are kept off it: a write lock held by another process
+(BEGIN IMMEDIATE is tried without SQLite's busy handler and retried with asyncio sleeps
+until `busy_timeout_ms`, so the loop keeps serving), and WAL checkpoints (the fsyncs),
+which `coordd.checkpointer.WalCheckpointer` runs on its own thread and connection. The
+writer's own auto-checkpoint is only the safety net that lets the WAL restart.
 
 `now` for every op in a batch is read once, here, from the injected clock. Here too the
 writer watches for a wall-clock jump far beyond the monotonic clock (a suspend/resume)
@@ -22,9 +33,8 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-import aiosqlite
-
 from coordd import errors, store
+from coordd.checkpointer import WalCheckpointer
 from coordd.clock import Clock
 from coordd.metrics import Metrics
 
@@ -58,13 +68,18 @@ class Writer:
         metrics: where batch sizes, commit times and queue waits are recorded.
         wal_size_limit: bytes the WAL file is cut back to once a checkpoint lets it
             restart (SQLite's journal_size_limit): a WAL a reader let grow shrinks again.
-        wal_autocheckpoint_pages: SQLite checkpoints the WAL once it holds this many pages.
+        wal_autocheckpoint_pages: past this many WAL pages the writer checkpoints inside
+            its own commit (SQLite's auto-checkpoint): the safety net that lets the WAL
+            restart; the background checkpointer keeps it from doing much.
+        checkpoint_interval_s: seconds between background PASSIVE checkpoints while
+            commits happen (0 = none: every checkpoint runs inside a commit).
     """
 
     def __init__(self, path: str, clock: Clock, *, queue_max: int = 20_000,
                  batch_max: int = 1024, busy_timeout_ms: int = 10_000,
                  clock_jump_s: float = 60.0, metrics: Metrics | None = None,
-                 wal_size_limit: int = 64 << 20, wal_autocheckpoint_pages: int = 1000) -> None:
+                 wal_size_limit: int = 64 << 20, wal_autocheckpoint_pages: int = 10_000,
+                 checkpoint_interval_s: float = 0.1) -> None:
         self._path = path
         self._clock = clock
         self._queue_max = queue_max
@@ -78,7 +93,8 @@ class Writer:
         self._queue: collections.deque[tuple[WriteOp, asyncio.Future[Any], float]] = \
             collections.deque()
         self._wakeup = asyncio.Event()
-        self._db: aiosqlite.Connection | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._checkpointer = WalCheckpointer(path, checkpoint_interval_s)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._last_times: tuple[float, float] | None = None
@@ -98,17 +114,19 @@ class Writer:
         """
         if self._task is not None:
             return
-        # Open once with plain sqlite3 first: a file that cannot be opened then fails here,
-        # and aiosqlite's worker thread is never started for it (a failed aiosqlite.connect
-        # can leave that thread to report into a closed loop at exit).
+        # Open once first: a file that cannot be opened fails here, before any connection
+        # or thread of ours exists for it.
         await asyncio.to_thread(_probe_open, self._path)
-        db = await aiosqlite.connect(self._path, isolation_level=None)
+        # check_same_thread=False: opened and migrated in a worker thread (a migration
+        # can take a while), used only by the loop's thread afterwards.
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
         try:
-            await db._execute(self._setup, db._conn)
+            await asyncio.to_thread(self._setup, conn)
         except BaseException:
-            await db.close()
+            conn.close()
             raise
-        self._db = db
+        self._conn = conn
+        self._checkpointer.start()
         self._task = asyncio.create_task(self._run(), name="coordd-writer")
 
     def _setup(self, conn: sqlite3.Connection) -> None:
@@ -123,6 +141,7 @@ class Writer:
             conn.execute(store.PRAGMA_JOURNAL_SIZE_LIMIT.format(self._wal_size_limit))
             conn.execute(store.PRAGMA_WAL_AUTOCHECKPOINT.format(self._wal_autocheckpoint_pages))
             store.migrate(conn)
+            conn.execute("PRAGMA busy_timeout = 0")  # from now on `_begin` waits, not SQLite
         except sqlite3.DatabaseError as exc:
             raise errors.StoreError(f"{self._path}: {exc}") from exc
 
@@ -146,14 +165,16 @@ class Writer:
         return await self.submit(op)
 
     async def checkpoint(self) -> tuple[int, int, int]:
-        """Copy the WAL into the database file without waiting for readers (after a
-        prune, so the file shrinks). Runs between two batches on the writer's own
-        connection, never inside a transaction; SQLite's (busy, log frames, checkpointed
-        frames).
+        """Copy the WAL into the database file now, without waiting for readers (after a
+        prune, so the file shrinks); on the checkpointer's thread and connection. SQLite's
+        (busy, log frames, checkpointed frames).
+
+        Raises:
+            errors.Overloaded: the writer is not running.
         """
-        if self._db is None:
+        if self._conn is None:
             raise errors.Overloaded("writer is not running")
-        return await self._db._execute(store.wal_checkpoint, self._db._conn)
+        return await asyncio.to_thread(self._checkpointer.run_now)
 
     async def stop(self) -> None:
         """Stop intake, commit everything already accepted, close the connection. Idempotent."""
@@ -164,17 +185,19 @@ class Writer:
                 await self._task
             finally:
                 self._task = None
-        if self._db is not None:
-            db, self._db = self._db, None
+        await asyncio.to_thread(self._checkpointer.stop)
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
             try:
-                await db.execute(store.PRAGMA_CHECKPOINT_TRUNCATE)
+                conn.execute(store.PRAGMA_CHECKPOINT_TRUNCATE)
             except sqlite3.Error as exc:  # readers still open: the WAL is folded next time
                 logger.warning("WAL checkpoint at close failed: %s", exc)
             finally:
-                await db.close()
+                conn.close()
 
     async def _run(self) -> None:
-        assert self._db is not None
+        conn = self._conn
+        assert conn is not None
         while True:
             if not self._queue:
                 if self._closing:
@@ -186,7 +209,9 @@ class Writer:
                      for _ in range(min(self._batch_max, len(self._queue)))]
             started = self._clock.mono()
             try:
-                outcomes = await self._db._execute(self._apply, self._db._conn, batch)
+                await self._begin(conn)
+                outcomes = self._apply(conn, batch)
+                self._checkpointer.kick()
                 if self._metrics is not None:
                     self._metrics.observe_batch(len(batch), self.stats.commit_times[-1],
                                                 [started - t for _, _, t in batch])
@@ -202,14 +227,34 @@ class Writer:
                     fut.set_result(value)
                 else:
                     fut.set_exception(value)
+            await asyncio.sleep(0)  # let the loop read sockets: the next batch is what came
+
+    async def _begin(self, conn: sqlite3.Connection) -> None:
+        """BEGIN IMMEDIATE; while another process holds the write lock, retry after asyncio
+        sleeps (1 ms doubling to 50 ms) so the loop keeps serving reads and heartbeats,
+        until the sleeps add up to `busy_timeout_ms`; then the OperationalError propagates
+        (the batch gets `overloaded`, see `_batch_error`)."""
+        budget_s = self._busy_timeout_ms / 1000
+        delay = 0.001
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if budget_s <= 0:
+                    raise
+            await asyncio.sleep(min(delay, budget_s))
+            budget_s -= delay
+            delay = min(delay * 2, 0.05)
 
     def _apply(self, conn: sqlite3.Connection,
                batch: list[tuple[WriteOp, asyncio.Future[Any], float]]) -> list[tuple[bool, Any]]:
-        """Run one batch in the database thread: BEGIN IMMEDIATE, SAVEPOINT per op, COMMIT."""
+        """Run one batch inside the open BEGIN IMMEDIATE: SAVEPOINT per op, COMMIT."""
         t0 = self._clock.mono()
         now = self._clock.wall()
         outcomes: list[tuple[bool, Any]] = []
-        conn.execute("BEGIN IMMEDIATE")
         try:
             self._check_clock_jump(conn, now, t0)
             for op, _, _ in batch:

@@ -19,9 +19,11 @@ import msgspec
 
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
-from coordd.store.migration_v3 import FK_OFF_MARKER, MIGRATION_V3
+from coordd.store import messages as _messages
+from coordd.store import workflow_schema as _workflow_schema
+from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 5
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
 VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
@@ -117,7 +119,20 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE finished_at IS NOT NULL;
     CREATE INDEX jobs_artifact ON jobs (artifact_sha256) WHERE artifact_sha256 IS NOT NULL;
     """,
-    MIGRATION_V3,  # v3: workflows, edges, schedules; jobs gain `blocked`, `skipped`
+    # v3: FIFO among jobs queued at the same instant (one enqueue_batch, one fake-clock
+    # second) is by job id, which is time-ordered (see `coordd.ids.JobIds`); with the
+    # id right after queued_at the claim walk is the index order and never sorts ties
+    # (v2 ordered ties by rowid: a temp B-tree over every tie, 500 rows per claim after
+    # a 500-job batch).
+    """
+    DROP INDEX jobs_claim;
+    CREATE INDEX jobs_claim ON jobs (priority, queued_at, job_id, run_at, required_role,
+        kind, status, gates_json) WHERE status = 'waiting';
+    """,
+    # v4: the agent message hub (messages, per-reader delivery state, agent status)
+    _messages.MIGRATION,
+    # v5: workflows, edges, schedules; jobs gain `blocked` and `skipped` (a table rebuild)
+    _workflow_schema.MIGRATION,
 )
 
 json_encode = msgspec.json.encode
@@ -294,7 +309,7 @@ SQL_CANDIDATES = (
     "WHERE status = 'waiting' AND priority = ?1 AND queued_at <= ?2 AND run_at <= ?3 "
     "AND required_role IN (SELECT value FROM json_each(?4)) "
     "AND (?6 IS NULL OR kind IN (SELECT value FROM json_each(?6))) "
-    "ORDER BY queued_at, rowid LIMIT ?5"
+    "ORDER BY queued_at, job_id LIMIT ?5"
 )
 SQL_ANY_RUNNABLE = (
     "SELECT 1 FROM jobs INDEXED BY jobs_claim WHERE status = 'waiting' AND run_at <= ? LIMIT 1"
@@ -536,65 +551,3 @@ def wal_checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
     checkpointed frames). PASSIVE never waits for readers (the writer must not stall);
     when it copies every frame SQLite also cuts the file to the pages in use."""
     return tuple(conn.execute(SQL_WAL_CHECKPOINT).fetchone())
-
-
-# ---------------------------------------------------------------- reads
-
-
-SQL_COUNT_BY_STATUS = "SELECT status, count(*) FROM jobs GROUP BY status"
-SQL_WAITING_BY_PRIORITY = (
-    "SELECT priority, count(*), min(queued_at) FROM jobs INDEXED BY jobs_claim "
-    "WHERE status = 'waiting' GROUP BY priority"
-)
-SQL_COUNT_WORKERS = "SELECT count(*), coalesce(sum(heartbeat_at >= ?), 0) FROM workers"
-SQL_COUNT_LEASES = "SELECT count(*) FROM leases"
-SQL_JOB_ROW = (
-    "SELECT j.job_id, j.kind, j.required_role, j.priority, j.status, j.attempts, "
-    "j.max_attempts, j.run_at, j.queued_at, j.created_at, j.updated_at, j.finished_at, "
-    "j.payload_json, j.result_json, j.last_error, j.checkpoint_json, j.cancel_requested, "
-    "j.idempotency_key, j.max_runtime_s, j.gates_json, "
-    "a.sha256, a.size, a.path, "
-    "l.worker_id, l.token, l.granted_at, l.expires_at, l.lease_s "
-    "FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id "
-    "LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 "
-)
-SQL_GET_JOB = SQL_JOB_ROW + "WHERE j.job_id = ?"
-_LIST_FILTERS = (
-    "WHERE (?1 IS NULL OR j.status = ?1) AND (?2 IS NULL OR j.kind = ?2) "
-    "AND (?3 IS NULL OR j.required_role = ?3) AND (?4 IS NULL OR j.priority = ?4) "
-)
-SQL_LIST_JOBS = (  # oldest first, after the job ?5 (None: from the start)
-    SQL_JOB_ROW + _LIST_FILTERS
-    + "AND (?5 IS NULL OR j.rowid > (SELECT rowid FROM jobs WHERE job_id = ?5)) "
-    "ORDER BY j.rowid LIMIT ?6"
-)
-SQL_LIST_JOBS_NEWEST = (  # newest first, before the job ?5 (None: from the newest)
-    SQL_JOB_ROW + _LIST_FILTERS
-    + "AND (?5 IS NULL OR j.rowid < (SELECT rowid FROM jobs WHERE job_id = ?5)) "
-    "ORDER BY j.rowid DESC LIMIT ?6"
-)
-SQL_JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = ?"
-SQL_EVENTS = (
-    "SELECT at, from_status, to_status, worker_id, reason FROM job_events "
-    "WHERE job_id = ? ORDER BY event_id"
-)
-SQL_WORKERS = (
-    "SELECT w.worker_id, w.roles_json, w.heartbeat_json, w.heartbeat_at, "
-    "(SELECT count(*) FROM leases l WHERE l.worker_id = w.worker_id) "
-    "FROM workers w ORDER BY w.worker_id"
-)
-SQL_COUNT_JOBS = "SELECT count(*) FROM jobs"
-
-# backup and restore: every artifact file the database refers to, and where
-SQL_ARTIFACT_REFS = "SELECT sha256, path FROM artifacts"
-SQL_CHECKPOINT_REFS = (
-    "SELECT job_id, json_extract(checkpoint_json, '$.sha256'), "
-    "json_extract(checkpoint_json, '$.path') FROM jobs "
-    "WHERE json_valid(checkpoint_json) AND json_type(checkpoint_json, '$.sha256') = 'text'"
-)
-SQL_SET_ARTIFACT_PATH = "UPDATE artifacts SET path = ? WHERE sha256 = ?"
-SQL_SET_CHECKPOINT_PATH = (
-    "UPDATE jobs SET checkpoint_json = json_set(checkpoint_json, '$.path', ?) WHERE job_id = ?"
-)
-
-

@@ -1,4 +1,5 @@
-"""Workflows and schedules in the store: the v3 schema, their SQL, and their transitions.
+"""Workflows and schedules in the store: their SQL and transitions (schema v5 is in
+coordd.store.workflow_schema).
 
 A workflow is a row in `workflows` plus jobs (its nodes) that carry its `workflow_id` and
 their node `name`, and `workflow_edges` (dependent -> dependency, with a policy). A node

@@ -7,10 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from coordd import errors
 
 START_TIMEOUT_S = 15.0
 
@@ -39,16 +42,18 @@ class DaemonProc:
         return self.proc
 
     def wait_ready(self) -> None:
-        import socket as s
+        """Until coordd answers a request (the socket is bound, and so accepts, before the
+        database is open: requests wait in the backlog until then)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"coordd exited {self.proc.returncode}: {self.log()}")
-            try:
-                with s.socket(s.AF_UNIX, s.SOCK_STREAM) as c:
-                    c.connect(self.socket)
+            try:  # in a thread: callers may be inside a running event loop
+                with ThreadPoolExecutor(1) as pool:
+                    pool.submit(_status, self.socket, max(0.5, deadline - time.monotonic())
+                                ).result()
                 return
-            except OSError:
+            except (OSError, errors.CoordError):
                 time.sleep(0.02)
         raise RuntimeError(f"coordd did not come up: {self.log()}")
 
@@ -67,6 +72,12 @@ class DaemonProc:
 
     def log(self) -> str:
         return Path(self.log_path).read_text(errors="replace")[-4000:]
+
+
+def _status(sock: str, timeout: float) -> None:
+    from coordd.client import SyncClient
+    with SyncClient(sock, timeout=timeout) as c:
+        c.status()
 
 
 @pytest.fixture

@@ -125,7 +125,8 @@ def test_damaged_backup_or_running_coordd_refuses_restore(daemon_factory, tmp_pa
         assert c.status().jobs["succeeded"] == 5
 
     art = next(p for p in Path(str(dest) + ".artifacts").rglob("*") if p.is_file())
-    art.write_bytes(art.read_bytes()[:-1] + b"\x00")  # one byte changed
+    data = art.read_bytes()
+    art.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # one byte changed (always)
     target = tmp_path / "t" / "coordd.db"
     target.parent.mkdir()
     bad = ctl("restore", str(dest), "--db", str(target))

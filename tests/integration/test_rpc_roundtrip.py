@@ -18,9 +18,9 @@ COOL = {"memory_used_pct": 30.0, "temperature_c": 40.0, "on_battery": False,
 async def test_enqueue_claim_renew_complete_status(daemon):
     async with Client(daemon.socket, timeout=10) as c:
         assert stat.S_IMODE(os.stat(daemon.socket).st_mode) == 0o660
-        st = await c.status()  # answered once the DB is open: the socket listens before
         art = os.path.join(os.path.dirname(daemon.db), "artifacts")  # workers write here
         assert stat.S_IMODE(os.stat(art).st_mode) == 0o2770
+        st = await c.status()
         assert st.workers == 0 and st.active_leases == 0
         assert set(st.jobs.values()) == {0}
         job = await c.enqueue(kind="echo", required_role="cpu", priority=1,

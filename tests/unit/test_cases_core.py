@@ -52,16 +52,16 @@ async def test_b01_claim_runs_inside_one_begin_immediate(bundle):
     """The candidate SELECT, the status UPDATE and the lease INSERT run inside one BEGIN
     IMMEDIATE on a connection in autocommit mode (isolation_level=None), so Python's
     sqlite3 never opens or commits an implicit transaction in between."""
-    db = bundle.coord.writer._db
-    assert db.isolation_level is None and db._conn.isolation_level is None
+    db = bundle.coord.writer._conn
+    assert db.isolation_level is None
     await bundle.worker("w1")
     job = await bundle.enqueue()
     stmts: list[str] = []
-    await db._execute(db._conn.set_trace_callback, stmts.append)
+    db.set_trace_callback(stmts.append)
     try:
         got = await bundle.claim("w1")
     finally:
-        await db._execute(db._conn.set_trace_callback, None)
+        db.set_trace_callback(None)
     assert got.job.job_id == job
     heads = [" ".join(s.split()[:2]).upper() for s in stmts]
     assert heads.count("BEGIN IMMEDIATE") == 1 and heads.count("COMMIT") == 1

@@ -272,7 +272,9 @@ async def test_wal_grown_behind_a_reader_is_cut_back_and_status_warns(make_bundl
     assert grown > 8 << 20 and any("WAL is" in w for w in st.warnings), (grown, st.warnings)
     pin.execute("COMMIT")
     pin.close()
-    for i in range(400):  # commits go on; SQLite checkpoints every ~1,000 pages
+    for i in range(400):  # commits go on
         await b.enqueue(payload={"pad": "y" * 3000, "i": i})
+    await b.coord.writer.checkpoint()  # what the background checkpointer runs every 0.1 s
+    await b.enqueue()  # the next write restarts the WAL and cuts it back
     assert os.stat(b.db_path + "-wal").st_size < 8 << 20 < grown  # cut back, not reused at size
     assert (await b.coord.status()).warnings == []

@@ -1,5 +1,5 @@
 """Workflows (issue 8) on a pinned clock: graphs, capability routing, degradation, result
-schemas, schedules, and the v2 -> v3 migration. No sleeps: time moves with FakeClock."""
+schemas, schedules, and the v2 -> v5 migration. No sleeps: time moves with FakeClock."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from coordd import config as config_mod
 from coordd import errors, store
 from coordd.clock import FakeClock
-from coordd.protocol import (
-    Claim, Complete, Empty, Enqueue, Fail, Heartbeat, JobId, ListWorkflows, ScheduleAdd, ScheduleName, WorkflowId,
-    WorkflowSubmit,
+from coordd.protocol import Claim, Complete, Empty, Enqueue, Fail, Heartbeat, JobId
+from coordd.protocol_workflows import (
+    ListWorkflows, ScheduleAdd, ScheduleName, WorkflowId, WorkflowSubmit,
 )
 from coordd.service import Coordinator
 from tests.conftest import T0
@@ -347,7 +347,7 @@ async def test_migration_from_v2_keeps_jobs_leases_and_claim_index(tmp_path):
     finally:
         await coord.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 5
     claim_sql = conn.execute(
         "SELECT sql FROM sqlite_master WHERE name = 'jobs_claim'").fetchone()[0]
     assert "WHERE status = 'waiting'" in claim_sql

@@ -1,16 +1,18 @@
-"""Schema v3: workflows, workflow edges, schedules; jobs gain `blocked` and `skipped`.
+"""Schema v5 (workflows, issue 8): workflows, workflow edges, schedules; jobs gain
+`blocked` and `skipped`.
 
 Kept apart from coordd.store.workflows so coordd.store can list it in MIGRATIONS without
 an import cycle. The jobs table is rebuilt (SQLite's 12-step procedure: new table, copy,
-drop, rename, indexes) because its status CHECK constraint changes; the claim index keeps
-its v2 definition and partial condition. It runs with foreign keys off so that dropping
+drop, rename, indexes) because its status CHECK constraint changes; every index of jobs
+is recreated exactly as v1..v3 left it (the claim index with its v3 columns and partial
+condition). It runs with foreign keys off so that dropping
 the old table does not cascade into leases: `migrate` sees the marker on the first line,
 and runs `foreign_key_check` before it commits.
 """
 
 FK_OFF_MARKER = "-- foreign_keys=off"  # first line of a migration that rebuilds a table
 
-MIGRATION_V3 = """
+MIGRATION = """
     -- foreign_keys=off
     CREATE TABLE workflows (
         workflow_id     TEXT PRIMARY KEY,
@@ -25,7 +27,7 @@ MIGRATION_V3 = """
         summary_json    TEXT
     );
     CREATE INDEX workflows_status ON workflows (status, created_at);
-    CREATE TABLE jobs_v3 (
+    CREATE TABLE jobs_v5 (
         job_id           TEXT PRIMARY KEY,
         kind             TEXT NOT NULL,
         required_role    TEXT NOT NULL,
@@ -54,7 +56,7 @@ MIGRATION_V3 = """
         node             TEXT,
         result_schema    TEXT
     );
-    INSERT INTO jobs_v3 (job_id, kind, required_role, priority, payload_json, status,
+    INSERT INTO jobs_v5 (job_id, kind, required_role, priority, payload_json, status,
         attempts, max_attempts, run_at, queued_at, created_at, updated_at, finished_at,
         result_json, artifact_sha256, last_error, checkpoint_json, cancel_requested,
         idempotency_key, max_runtime_s, gates_json, last_token)
@@ -63,9 +65,9 @@ MIGRATION_V3 = """
         result_json, artifact_sha256, last_error, checkpoint_json, cancel_requested,
         idempotency_key, max_runtime_s, gates_json, last_token FROM jobs;
     DROP TABLE jobs;
-    ALTER TABLE jobs_v3 RENAME TO jobs;
-    CREATE INDEX jobs_claim ON jobs (priority, queued_at, run_at, required_role, kind,
-        status, job_id, gates_json) WHERE status = 'waiting';
+    ALTER TABLE jobs_v5 RENAME TO jobs;
+    CREATE INDEX jobs_claim ON jobs (priority, queued_at, job_id, run_at, required_role,
+        kind, status, gates_json) WHERE status = 'waiting';
     CREATE INDEX jobs_status ON jobs (status, updated_at);
     CREATE INDEX jobs_finished ON jobs (finished_at, status, job_id)
         WHERE finished_at IS NOT NULL;

@@ -1,0 +1,64 @@
+"""The read side's SQL (status counts, job rows, listings, workers) and the statements
+backup/restore run on a copy of the database. Run by `coordd.views` on the read-only
+connection and by `coordd.backup`; nothing here writes the live database.
+"""
+
+from __future__ import annotations
+
+SQL_COUNT_BY_STATUS = "SELECT status, count(*) FROM jobs GROUP BY status"
+SQL_WAITING_BY_PRIORITY = (
+    "SELECT priority, count(*), min(queued_at) FROM jobs INDEXED BY jobs_claim "
+    "WHERE status = 'waiting' GROUP BY priority"
+)
+SQL_COUNT_WORKERS = "SELECT count(*), coalesce(sum(heartbeat_at >= ?), 0) FROM workers"
+SQL_COUNT_LEASES = "SELECT count(*) FROM leases"
+SQL_JOB_ROW = (
+    "SELECT j.job_id, j.kind, j.required_role, j.priority, j.status, j.attempts, "
+    "j.max_attempts, j.run_at, j.queued_at, j.created_at, j.updated_at, j.finished_at, "
+    "j.payload_json, j.result_json, j.last_error, j.checkpoint_json, j.cancel_requested, "
+    "j.idempotency_key, j.max_runtime_s, j.gates_json, "
+    "a.sha256, a.size, a.path, "
+    "l.worker_id, l.token, l.granted_at, l.expires_at, l.lease_s "
+    "FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id "
+    "LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 "
+)
+SQL_GET_JOB = SQL_JOB_ROW + "WHERE j.job_id = ?"
+_LIST_FILTERS = (
+    "WHERE (?1 IS NULL OR j.status = ?1) AND (?2 IS NULL OR j.kind = ?2) "
+    "AND (?3 IS NULL OR j.required_role = ?3) AND (?4 IS NULL OR j.priority = ?4) "
+)
+SQL_LIST_JOBS = (  # oldest first, after the job ?5 (None: from the start)
+    SQL_JOB_ROW + _LIST_FILTERS
+    + "AND (?5 IS NULL OR j.rowid > (SELECT rowid FROM jobs WHERE job_id = ?5)) "
+    "ORDER BY j.rowid LIMIT ?6"
+)
+SQL_LIST_JOBS_NEWEST = (  # newest first, before the job ?5 (None: from the newest)
+    SQL_JOB_ROW + _LIST_FILTERS
+    + "AND (?5 IS NULL OR j.rowid < (SELECT rowid FROM jobs WHERE job_id = ?5)) "
+    "ORDER BY j.rowid DESC LIMIT ?6"
+)
+SQL_JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = ?"
+SQL_EVENTS = (
+    "SELECT at, from_status, to_status, worker_id, reason FROM job_events "
+    "WHERE job_id = ? ORDER BY event_id"
+)
+SQL_WORKERS = (
+    "SELECT w.worker_id, w.roles_json, w.heartbeat_json, w.heartbeat_at, "
+    "(SELECT count(*) FROM leases l WHERE l.worker_id = w.worker_id) "
+    "FROM workers w ORDER BY w.worker_id"
+)
+
+
+SQL_COUNT_JOBS = "SELECT count(*) FROM jobs"
+
+# backup and restore: every artifact file the database refers to, and where
+SQL_ARTIFACT_REFS = "SELECT sha256, path FROM artifacts"
+SQL_CHECKPOINT_REFS = (
+    "SELECT job_id, json_extract(checkpoint_json, '$.sha256'), "
+    "json_extract(checkpoint_json, '$.path') FROM jobs "
+    "WHERE json_valid(checkpoint_json) AND json_type(checkpoint_json, '$.sha256') = 'text'"
+)
+SQL_SET_ARTIFACT_PATH = "UPDATE artifacts SET path = ? WHERE sha256 = ?"
+SQL_SET_CHECKPOINT_PATH = (
+    "UPDATE jobs SET checkpoint_json = json_set(checkpoint_json, '$.path', ?) WHERE job_id = ?"
+)

@@ -1,0 +1,122 @@
+"""The writer's hot path (issue 6): where batches run, what may stall the loop, the
+claim walk's order, and the library internals coordd relies on."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+
+import aiosqlite
+import pytest
+
+from coordd import errors, store
+from coordd.ids import JobIds
+from coordd.protocol import Enqueue, EnqueueBatch
+
+
+def test_job_ids_increase_even_when_the_clock_stands_still_or_steps_back():
+    ids = JobIds()
+    made = [ids.new(1_800_000_000.0) for _ in range(1000)]
+    made += [ids.new(1_700_000_000.0) for _ in range(10)]  # clock stepped back
+    made.append(ids.new(1_800_000_001.0))
+    assert made == sorted(made) and len(set(made)) == len(made)
+    assert all(len(i) == 16 and int(i, 16) >= 0 for i in made)
+    assert made[-1] > made[-2]
+
+
+async def test_a_batch_is_claimed_in_submission_order(bundle):
+    """One enqueue_batch shares one `now`: FIFO among them is the request order."""
+    await bundle.worker("w1")
+    jobs = [Enqueue(kind="k", required_role="cpu", priority=2, payload={"i": i})
+            for i in range(40)]
+    res = await bundle.coord.enqueue_batch(EnqueueBatch(jobs=jobs))
+    got = [(await bundle.claim("w1")).job.job_id for _ in range(40)]
+    assert got == [r.job_id for r in res.jobs]
+
+
+def test_claim_walk_is_the_index_order_no_sort():
+    """The candidate query is a covering-index seek whose order is the index's own: no
+    temp B-tree (v2 sorted every job tied on queued_at, 500 per claim after a batch)."""
+    conn = sqlite3.connect(":memory:")
+    store.migrate(conn)
+    plan = " | ".join(r[3] for r in conn.execute(
+        "EXPLAIN QUERY PLAN " + store.SQL_CANDIDATES, (0, 1e18, 1e18, '["cpu"]', 16, None)))
+    assert "COVERING INDEX jobs_claim" in plan and "TEMP B-TREE" not in plan, plan
+
+
+async def test_writer_runs_batches_on_the_loop_thread(bundle):
+    """Decided by measurement (writer.py docstring): no thread hand-off per batch."""
+    seen: list[str] = []
+
+    def op(conn: sqlite3.Connection, now: float) -> int:
+        seen.append(threading.current_thread().name)
+        return 1
+
+    assert await bundle.coord.writer.run(op) == 1
+    assert seen == [threading.current_thread().name]
+
+
+async def test_an_outside_write_lock_does_not_freeze_the_loop(make_bundle):
+    """While another process holds the write lock, the writer waits with asyncio sleeps:
+    reads and other coroutines go on, and the write ends `overloaded` after the budget."""
+    b = await make_bundle(busy_timeout_ms=600)
+    job = await b.enqueue()
+    outside = sqlite3.connect(b.db_path, isolation_level=None)
+    outside.execute("BEGIN IMMEDIATE")
+    try:
+        write = asyncio.create_task(b.enqueue())
+        ticks = 0
+        while not write.done():
+            await asyncio.sleep(0.01)
+            ticks += 1
+            if ticks == 5:  # a read answers meanwhile
+                assert (await b.coord.status()).jobs["waiting"] == 1
+        with pytest.raises(errors.Overloaded):
+            await write
+        assert ticks >= 20  # the loop kept running through ~0.6 s of waiting
+    finally:
+        outside.execute("ROLLBACK")
+        outside.close()
+    assert (await b.coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=1))).created
+    assert (await b.coord.status()).jobs["waiting"] == 2 and job
+
+
+async def test_background_checkpointer_runs_after_commits(make_bundle, monkeypatch):
+    """Commits kick the checkpointer thread, which checkpoints on its own thread."""
+    threads: list[str] = []
+    real = store.wal_checkpoint
+
+    def spy(conn: sqlite3.Connection) -> tuple[int, int, int]:
+        threads.append(threading.current_thread().name)
+        return real(conn)
+
+    monkeypatch.setattr(store, "wal_checkpoint", spy)
+    b = await make_bundle(wal_checkpoint_interval_s=0.01)
+    for _ in range(20):
+        await b.enqueue()
+    for _ in range(500):  # bounded wait for the thread (real time: it is a real thread)
+        if "coordd-checkpointer" in threads:
+            break
+        await asyncio.sleep(0.01)
+    assert "coordd-checkpointer" in threads
+
+
+async def test_aiosqlite_internals_the_reader_relies_on(tmp_path):
+    """The read side runs one function per read on aiosqlite's thread through the private
+    `Connection._execute(fn, *args)` with `Connection._conn` (one hand-off per read, not
+    one per statement). Pinned in pyproject (aiosqlite>=0.22,<0.23); this fails if a new
+    version changes either."""
+    db = await aiosqlite.connect(str(tmp_path / "x.db"))
+    try:
+        assert isinstance(db._conn, sqlite3.Connection)
+        where: list[str] = []
+
+        def fn(conn: sqlite3.Connection, x: int) -> int:
+            where.append(threading.current_thread().name)
+            return conn.execute("SELECT ?", (x,)).fetchone()[0]
+
+        assert await db._execute(fn, db._conn, 7) == 7
+        assert where and where[0] != threading.current_thread().name
+    finally:
+        await db.close()
