@@ -33,6 +33,9 @@ PRAGMAS_WRITER = (
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",
     "PRAGMA foreign_keys=ON",
+    # The writer's SAVEPOINT per request keeps a sub-journal of the pages each request
+    # changes; in memory, not in a temp file (enqueue_batch 37k -> 57k jobs/s, issue 6).
+    "PRAGMA temp_store=MEMORY",
 )
 PRAGMA_CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
 PRAGMA_JOURNAL_SIZE_LIMIT = "PRAGMA journal_size_limit = {:d}"  # a burst's WAL shrinks back
