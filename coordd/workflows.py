@@ -135,6 +135,10 @@ class Workflows:
 
     def __init__(self, coord: "Coordinator") -> None:
         self._coord = coord
+        # Absence is only judged on what this coordd saw: until it has run for the wait
+        # itself, a worker's heartbeat from before a restart (or a long downtime) is no
+        # evidence that the capability is gone, so nothing is skipped for worker_absent.
+        self._started_mono = coord.clock.mono()
 
     # ------------------------------------------------------------ planning
 
@@ -253,7 +257,10 @@ class Workflows:
         cfg = self._coord.config
         wait_s, stale_s = cfg.workflow_absent_wait_s, cfg.heartbeat_stale_s
         run = self._coord.writer.run
-        skipped = await run(lambda conn, now: wstore.skip_absent(conn, now, wait_s, stale_s))
+        skipped: list[str] = []
+        if self._coord.clock.mono() - self._started_mono >= wait_s:
+            skipped = await run(lambda conn, now: wstore.skip_absent(conn, now, wait_s,
+                                                                     stale_s))
         if skipped:
             logger.warning("skipped %d workflow node(s): no worker offers their capability",
                            len(skipped), extra={"action": "worker_absent", "n": len(skipped)})

@@ -462,3 +462,26 @@ async def test_workflow_cancel_ends_every_open_node(bundle):
     assert wf.status == "cancelled" and len(wf.summary["cancelled"]) == 3
     with pytest.raises(errors.NotFound):
         await bundle.coord.workflow_cancel(WorkflowId(workflow_id="nope"))
+
+
+async def test_no_worker_absent_skip_until_coordd_itself_has_waited(tmp_path):
+    """After a restart (or a long downtime) the workers' old heartbeats are stale: nothing
+    is skipped until this coordd has run for workflow_absent_wait_s itself."""
+    path = str(tmp_path / "r.db")
+    clock = FakeClock(T0)
+    coord = await open_coord(path, clock)
+    await coord.heartbeat(Heartbeat(worker_id="b", roles=["build"], readings={}))
+    sub = await coord.workflow_submit(_convert({"name": "one", "nodes": [
+        {"name": "n", "kind": "build", "required_role": "build"}]}))
+    await coord.close()
+    clock.advance(3600)  # coordd was down for an hour
+    coord = await open_coord(path, clock)
+    clock.advance(5)
+    assert (await coord.flows.tick())[0] == 0  # the node waited 3605 s, but not on our watch
+    clock.advance(290)  # 295 s up, b silent since before the restart: still not judged
+    assert (await coord.flows.tick())[0] == 0
+    clock.advance(10)  # 305 s up: b has not come back, the capability is gone
+    assert (await coord.flows.tick())[0] == 1
+    wf = await coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
+    assert wf.status == "failed" and wf.summary["missing_roles"] == ["build"]
+    await coord.close()
