@@ -6,9 +6,10 @@ their node `name`, and `workflow_edges` (dependent -> dependency, with a policy)
 with unmet dependencies is stored `blocked`, which no claim looks at: the claim path and
 its partial index (`WHERE status = 'waiting'`) are untouched. `settle` promotes a blocked
 node to `waiting` when every dependency has ended, in the same writer transaction as the
-change that ended the last one, so no crash can leave a ready node stranded; a sweep in
-the maintenance loop settles every running workflow again as a backstop (cancel, reap and
-dead letters end jobs outside the complete/fail hooks).
+change that ended the last one (complete, fail, cancel, retry), so no crash can leave a
+ready node stranded; a sweep in the maintenance loop settles every running workflow again
+as a backstop (an expired lease's last attempt, or a claim-time dead letter, ends a job
+outside those hooks: its workflow moves on within one maintenance round).
 
 Like everything in coordd.store, these functions run inside the writer's transaction and
 take `now` from coordd's clock.
