@@ -488,15 +488,18 @@ def extend_leases(conn: sqlite3.Connection, now: float, jump: float, seen_at: fl
 # ---------------------------------------------------------------- retention
 
 
-SQL_PRUNE_PICK = (
-    "SELECT job_id FROM jobs INDEXED BY jobs_finished WHERE finished_at IS NOT NULL "
-    "AND finished_at < ? AND status IN ('succeeded', 'failed', 'cancelled', 'skipped') "
-    "ORDER BY finished_at LIMIT ?"
+# A node of a workflow goes only with its whole graph: once the workflow has ended, and
+# ended before the cutoff too (so every node has), never while a dependent may still read
+# its result or artifact.
+SQL_PRUNE_WHERE = (
+    "FROM jobs INDEXED BY jobs_finished WHERE finished_at IS NOT NULL "
+    "AND finished_at < ?1 AND status IN ('succeeded', 'failed', 'cancelled', 'skipped') "
+    "AND (workflow_id IS NULL OR EXISTS (SELECT 1 FROM workflows w "
+    "WHERE w.workflow_id = jobs.workflow_id AND w.status <> 'running' "
+    "AND w.finished_at < ?1))"
 )
-SQL_PRUNABLE = (
-    "SELECT count(*) FROM jobs INDEXED BY jobs_finished WHERE finished_at IS NOT NULL "
-    "AND finished_at < ? AND status IN ('succeeded', 'failed', 'cancelled', 'skipped')"
-)
+SQL_PRUNE_PICK = "SELECT job_id " + SQL_PRUNE_WHERE + " ORDER BY finished_at LIMIT ?2"
+SQL_PRUNABLE = "SELECT count(*) " + SQL_PRUNE_WHERE
 SQL_PRUNE_EVENTS = "DELETE FROM job_events WHERE job_id = ?"
 SQL_PRUNE_JOB = "DELETE FROM jobs WHERE job_id = ? RETURNING artifact_sha256"
 SQL_PRUNE_ARTIFACT = (
