@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NODES_MAX = 1000
+# Dependencies (edges) per workflow, all nodes together. Each settle reads a workflow's
+# edges on coordd's single loop; 1000 nodes that each need every earlier one would be
+# 499,500 edges and seconds of stall per submit and per completion.
+EDGES_MAX = 10_000
 SLOT_SCAN_MAX = 10_000  # missed slots walked one by one before jumping to `now`
 
 
@@ -152,6 +156,10 @@ class Workflows:
         check_name("workflow name", p.name)
         if not p.nodes or len(p.nodes) > NODES_MAX:
             raise errors.BadRequest(f"a workflow has 1..{NODES_MAX} nodes")
+        edges = sum(len(n.needs) for n in p.nodes)
+        if edges > EDGES_MAX:
+            raise errors.BadRequest(f"a workflow has at most {EDGES_MAX} dependencies "
+                                    f"(needs entries, all nodes together); this one has {edges}")
         key = key if key is not None else p.idempotency_key
         if key is not None:
             check_name("idempotency_key", key)

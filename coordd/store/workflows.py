@@ -13,6 +13,12 @@ outside those hooks: its workflow moves on within one maintenance round).
 
 Like everything in coordd.store, these functions run inside the writer's transaction and
 take `now` from coordd's clock.
+
+Every statement's plan is pinned, not left to the planner's statistics (a stale
+sqlite_stat1 once made the edge read scan every edge of every workflow): `INDEXED BY` the
+index meant, `CROSS JOIN` for the join order, `NOT INDEXED` where only the primary key of
+a WITHOUT ROWID table will do, and a unary `+` on a term that must not pick an index.
+tests/unit/test_workflow_plans.py checks each plan with skewed statistics loaded.
 """
 
 from __future__ import annotations
@@ -70,15 +76,15 @@ SQL_INSERT_NODE = (
     "workflow_id, node, result_schema) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 SQL_INSERT_EDGE = "INSERT INTO workflow_edges (job_id, dep_job_id, policy) VALUES (?, ?, ?)"
-SQL_NODE_IDS = "SELECT node, job_id FROM jobs WHERE workflow_id = ?"
+SQL_NODE_IDS = "SELECT node, job_id FROM jobs INDEXED BY jobs_workflow WHERE workflow_id = ?"
 SQL_NODES = (
     "SELECT j.job_id, j.node, j.status, j.kind, j.required_role, j.attempts, j.max_attempts, "
     "j.result_json, j.last_error, a.sha256, a.size, a.path "
-    "FROM jobs j LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 "
+    "FROM jobs j INDEXED BY jobs_workflow LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 "
     "WHERE j.workflow_id = ? ORDER BY j.rowid"
 )
 SQL_SETTLE_NODES = (
-    "SELECT job_id, node, status, required_role, last_error FROM jobs "
+    "SELECT job_id, node, status, required_role, last_error FROM jobs INDEXED BY jobs_workflow "
     "WHERE workflow_id = ? ORDER BY rowid"
 )
 SQL_NODE_PAYLOAD = "SELECT payload_json FROM jobs WHERE job_id = ?"
@@ -87,8 +93,8 @@ SQL_DEP_RESULT = (
     "LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 WHERE j.job_id = ?"
 )
 SQL_EDGES = (
-    "SELECT e.job_id, e.dep_job_id, e.policy FROM workflow_edges e "
-    "JOIN jobs j ON j.job_id = e.job_id WHERE j.workflow_id = ?"
+    "SELECT e.job_id, e.dep_job_id, e.policy FROM jobs j INDEXED BY jobs_workflow "
+    "CROSS JOIN workflow_edges e NOT INDEXED ON e.job_id = j.job_id WHERE j.workflow_id = ?"
 )
 SQL_PROMOTE = (
     "UPDATE jobs SET status = 'waiting', payload_json = ?, queued_at = ?, updated_at = ? "
@@ -104,7 +110,8 @@ SQL_FINISH_WORKFLOW = (
 )
 SQL_TOUCH_WORKFLOW = "UPDATE workflows SET updated_at = ? WHERE workflow_id = ?"
 SQL_RUNNING_WORKFLOWS = (
-    "SELECT workflow_id FROM workflows WHERE status = 'running' ORDER BY created_at LIMIT ?"
+    "SELECT workflow_id FROM workflows INDEXED BY workflows_status WHERE status = 'running' "
+    "ORDER BY created_at LIMIT ?"
 )
 # Waiting workflow nodes whose wait started before ?1 and whose role no worker with a fresh
 # heartbeat (at or after ?2) advertises. Its partial index holds waiting workflow nodes
@@ -283,14 +290,15 @@ def skip_absent(conn: sqlite3.Connection, now: float, wait_s: float, stale_s: fl
 
 SQL_JOB_WORKFLOW = "SELECT workflow_id FROM jobs WHERE job_id = ?"
 SQL_SKIPPED_DEPENDENTS = (
-    "SELECT e.job_id FROM workflow_edges e JOIN jobs j ON j.job_id = e.job_id "
-    "WHERE e.dep_job_id = ? AND j.status = 'skipped' AND j.last_error LIKE 'dependency_%'"
+    "SELECT e.job_id FROM workflow_edges e INDEXED BY workflow_edges_dep "
+    "CROSS JOIN jobs j ON j.job_id = e.job_id WHERE e.dep_job_id = ? "
+    "AND +j.status = 'skipped' AND j.last_error LIKE 'dependency_%'"
 )
 SQL_UNSKIP = (
     "UPDATE jobs SET status = 'blocked', last_error = NULL, finished_at = NULL, "
     "updated_at = ? WHERE job_id = ? AND status = 'skipped'"
 )
-SQL_HAS_DEPS = "SELECT 1 FROM workflow_edges WHERE job_id = ? LIMIT 1"
+SQL_HAS_DEPS = "SELECT 1 FROM workflow_edges NOT INDEXED WHERE job_id = ? LIMIT 1"
 SQL_REBLOCK = "UPDATE jobs SET status = 'blocked' WHERE job_id = ? AND status = 'waiting'"
 SQL_STATUS = "SELECT status FROM jobs WHERE job_id = ?"
 SQL_REOPEN_WORKFLOW = (
@@ -331,13 +339,15 @@ def reopen(conn: sqlite3.Connection, now: float, job_id: str) -> str | None:
 
 
 SQL_OPEN_NODES = (
-    "SELECT job_id FROM jobs WHERE workflow_id = ? "
+    "SELECT job_id FROM jobs INDEXED BY jobs_workflow WHERE workflow_id = ? "
     "AND status IN ('blocked', 'waiting', 'running') ORDER BY rowid"
 )
 SQL_PRUNE_WORKFLOWS = (
     "DELETE FROM workflows WHERE workflow_id IN (SELECT w.workflow_id FROM workflows w "
-    "WHERE w.status <> 'running' AND w.finished_at < ? AND NOT EXISTS "
-    "(SELECT 1 FROM jobs j WHERE j.workflow_id = w.workflow_id) LIMIT ?)"
+    "INDEXED BY workflows_status WHERE w.status IN ('succeeded', 'partial', 'failed', "
+    "'cancelled') AND w.finished_at < ? AND NOT EXISTS "
+    "(SELECT 1 FROM jobs j INDEXED BY jobs_workflow WHERE j.workflow_id = w.workflow_id) "
+    "LIMIT ?)"
 )
 
 
@@ -441,7 +451,7 @@ SQL_LIST_WORKFLOWS = (
     "ORDER BY created_at DESC, rowid DESC LIMIT ?2"
 )
 SQL_WORKFLOW_COUNTS = (
-    "SELECT workflow_id, status, count(*) FROM jobs WHERE workflow_id IN "
+    "SELECT workflow_id, status, count(*) FROM jobs INDEXED BY jobs_workflow WHERE workflow_id IN "
     "(SELECT value FROM json_each(?)) GROUP BY workflow_id, status"
 )
 
@@ -473,8 +483,8 @@ def schedule_rows(conn: sqlite3.Connection) -> list[tuple]:
 
 SQL_JOB_NODE = "SELECT workflow_id, node, result_schema FROM jobs WHERE job_id = ?"
 SQL_JOB_DEPS = (
-    "SELECT d.node, d.status, e.policy FROM workflow_edges e "
-    "JOIN jobs d ON d.job_id = e.dep_job_id WHERE e.job_id = ? ORDER BY d.rowid"
+    "SELECT d.node, d.status, e.policy FROM workflow_edges e NOT INDEXED "
+    "CROSS JOIN jobs d ON d.job_id = e.dep_job_id WHERE e.job_id = ? ORDER BY d.rowid"
 )
 
 
