@@ -91,21 +91,25 @@ def topo_order(nodes: list[WorkflowNode]) -> list[WorkflowNode]:
             seen.add(need.node)
     order: list[WorkflowNode] = []
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-
-    def visit(name: str, path: list[str]) -> None:
-        if state.get(name) == 2:
-            return
-        if state.get(name) == 1:
-            cycle = path[path.index(name):] + [name]
-            raise errors.BadRequest(f"dependency cycle: {' -> '.join(cycle)}")
-        state[name] = 1
-        for need in needs_of(by_name[name]):
-            visit(need.node, path + [name])
-        state[name] = 2
-        order.append(by_name[name])
-
-    for n in nodes:
-        visit(n.name, [])
+    for root in nodes:  # depth-first, iterative: a 1000-node chain is no recursion limit
+        if state.get(root.name):
+            continue
+        path, todo = [root.name], [iter(needs_of(root))]
+        state[root.name] = 1
+        while todo:
+            need = next(todo[-1], None)
+            if need is None:
+                todo.pop()
+                done = path.pop()
+                state[done] = 2
+                order.append(by_name[done])
+            elif state.get(need.node) == 1:
+                cycle = path[path.index(need.node):] + [need.node]
+                raise errors.BadRequest(f"dependency cycle: {' -> '.join(cycle)}")
+            elif not state.get(need.node):
+                state[need.node] = 1
+                path.append(need.node)
+                todo.append(iter(needs_of(by_name[need.node])))
     return order
 
 

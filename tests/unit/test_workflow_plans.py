@@ -119,3 +119,18 @@ async def test_edge_cap_refuses_a_dense_graph_before_queuing(bundle):
     assert sum(len(n.needs) for n in full.nodes) == EDGES_MAX
     sub = await bundle.coord.workflow_submit(full)  # the largest graph allowed is accepted
     assert sub.created and len(sub.jobs) == NODES_MAX
+
+
+async def test_a_1000_node_chain_listed_backwards_is_accepted(bundle):
+    """Dependencies first or last in the file: no recursion limit in the ordering."""
+    spec = msgspec.convert({"name": "chain", "nodes": [
+        {"name": f"n{i}", "kind": "k", "required_role": "cpu",
+         "needs": [f"n{i - 1}"] if i else []} for i in range(NODES_MAX - 1, -1, -1)]},
+        WorkflowSubmit)
+    sub = await bundle.coord.workflow_submit(spec)
+    assert sub.created and len(sub.jobs) == NODES_MAX
+    cyc = msgspec.convert({"name": "ring", "nodes": [
+        {"name": f"n{i}", "kind": "k", "required_role": "cpu",
+         "needs": [f"n{(i + 1) % NODES_MAX}"]} for i in range(NODES_MAX)]}, WorkflowSubmit)
+    with pytest.raises(errors.BadRequest, match="dependency cycle: n0 -> n1 -> n2 -> "):
+        await bundle.coord.workflow_submit(cyc)
