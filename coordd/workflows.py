@@ -52,6 +52,7 @@ NODES_MAX = 1000
 # edges on coordd's single loop; 1000 nodes that each need every earlier one would be
 # 499,500 edges and seconds of stall per submit and per completion.
 EDGES_MAX = 10_000
+CRON_FIELDS = 5
 SLOT_SCAN_MAX = 10_000  # missed slots walked one by one before jumping to `now`
 
 
@@ -123,6 +124,24 @@ def cron_after(cron: str, t: float) -> float:
         return next(CronSim(cron, datetime.fromtimestamp(t, timezone.utc))).timestamp()
     except (CronSimError, StopIteration) as exc:
         raise errors.BadRequest(f"cron {cron!r}: {exc or 'no future slot'}") from exc
+
+
+def check_cron(cron: str) -> str:
+    """Return `cron` without surrounding space if it is a valid 5-field expression.
+
+    cronsim also reads a sixth field (seconds) and `@daily`-style aliases; coordd's slots
+    are minutes, so only the five fields minute hour day month weekday are accepted.
+
+    Raises:
+        errors.BadRequest: not exactly 5 fields, or a field cronsim refuses.
+    """
+    cron = cron.strip()
+    fields = cron.split()
+    if len(fields) != CRON_FIELDS:
+        raise errors.BadRequest(f"cron {cron!r}: {CRON_FIELDS} fields are needed (minute hour "
+                                f"day month weekday, UTC), got {len(fields)}")
+    cron_after(cron, 0.0)
+    return cron
 
 
 def due_slots(cron: str, next_at: float, now: float) -> tuple[float, float, int]:
@@ -238,11 +257,12 @@ class Workflows:
         already in use leaves that schedule as it is (`created` False)."""
         check_name("schedule name", p.name)
         self.plan(p.workflow)  # refuse a bad graph now, not at its first slot
+        cron = check_cron(p.cron)
         now = self._coord.clock.wall()
-        first = cron_after(p.cron, now)
+        first = cron_after(cron, now)
         sid, spec = secrets.token_hex(8), dumps(p.workflow)
         created = await self._coord.writer.run(lambda conn, _now: wstore.add_schedule(
-            conn, _now, sid, p.name, p.cron, spec, first))
+            conn, _now, sid, p.name, cron, spec, first))
         views = (await self.schedule_list(NoParams())).schedules
         view = next(v for v in views if v.name == p.name)
         view.created = created
