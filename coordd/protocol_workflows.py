@@ -4,6 +4,13 @@ Registered in coordd.protocol's PARAMS and ADMIN_METHODS (kept apart for that mo
 size). Self-contained (nothing imported from coordd.protocol), so either module may be
 imported first. Same evolution rules: new fields get defaults and go last; a field's type
 never changes.
+
+One exception to STYLE's "no forbid_unknown_fields on the wire": a graph (`WorkflowSubmit`,
+its `WorkflowNode`s and `Need`s, and `ScheduleAdd` around it) refuses keys it does not
+know, on both sides (coordctl reading the file, coordd decoding the request). A key
+ignored there changes what runs: a typo `need = ["a"]` would run the node with no
+dependency, `resultschema` would skip the check. The cost, an older coordd refusing a
+graph that uses a newer field, is the safe outcome for the same reason.
 """
 
 from __future__ import annotations
@@ -17,14 +24,14 @@ WORKFLOW_STATUSES = ("running", "succeeded", "partial", "failed", "cancelled")
 EDGE_POLICIES = ("skip", "run")  # a dependency that did not succeed: skip the node, or run it
 
 
-class Need(msgspec.Struct, kw_only=True):
+class Need(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A dependency edge: `node` must end first; if it does not succeed, `policy` decides."""
 
     node: str
     policy: str = "skip"
 
 
-class WorkflowNode(msgspec.Struct, kw_only=True):
+class WorkflowNode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One node of a graph: a job routed by `required_role` (the capability it needs).
 
     `needs` lists dependency names (policy `skip`) or `{node, policy}` tables. The payload
@@ -43,7 +50,7 @@ class WorkflowNode(msgspec.Struct, kw_only=True):
     gates: dict[str, Any] | None = None
 
 
-class WorkflowSubmit(msgspec.Struct, kw_only=True):
+class WorkflowSubmit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`workflow_submit`: a whole graph, queued in one transaction (or refused whole)."""
 
     name: str
@@ -72,6 +79,13 @@ class ListWorkflows(msgspec.Struct, kw_only=True):
     limit: int = 100
 
 
+class NeedView(msgspec.Struct, kw_only=True):
+    """An edge as `workflow_get` shows it (a reply: unknown fields are ignored)."""
+
+    node: str
+    policy: str = "skip"
+
+
 class NodeView(msgspec.Struct, kw_only=True):
     """A workflow node: its job's state, its edges, and why it ended where it did."""
 
@@ -82,7 +96,7 @@ class NodeView(msgspec.Struct, kw_only=True):
     status: str
     attempts: int
     max_attempts: int
-    needs: list[Need] = []
+    needs: "list[NeedView]" = []
     reason: str | None = None  # last error, skip reason
     result: Any = None
     artifact: "NodeArtifact | None" = None
@@ -110,7 +124,7 @@ class WorkflowList(msgspec.Struct, kw_only=True):
     workflows: list[WorkflowView]
 
 
-class ScheduleAdd(msgspec.Struct, kw_only=True):
+class ScheduleAdd(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`schedule_add`: start `workflow` at every slot of the cron expression (UTC)."""
 
     name: str

@@ -35,8 +35,8 @@ from cronsim import CronSim, CronSimError
 from coordd import errors, results
 from coordd.protocol import PRIORITIES
 from coordd.protocol_workflows import (
-    EDGE_POLICIES, WORKFLOW_STATUSES, ListWorkflows, Need, NodeArtifact, NodeView, NoParams,
-    ScheduleAdd, ScheduleList, ScheduleName, ScheduleView, WorkflowId, WorkflowList,
+    EDGE_POLICIES, WORKFLOW_STATUSES, ListWorkflows, Need, NeedView, NodeArtifact, NodeView,
+    NoParams, ScheduleAdd, ScheduleList, ScheduleName, ScheduleView, WorkflowId, WorkflowList,
     WorkflowNode, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.store import dumps, lenient_json
@@ -329,9 +329,9 @@ def _get(conn: Any, workflow_id: str) -> WorkflowView:
         raise errors.NotFound(f"workflow {workflow_id} not found")
     node_rows, edge_rows = wstore.node_rows(conn, workflow_id)
     names = {r[0]: r[1] for r in node_rows}
-    needs: dict[str, list[Need]] = {}
+    needs: dict[str, list[NeedView]] = {}
     for job_id, dep_id, policy in edge_rows:
-        needs.setdefault(job_id, []).append(Need(node=names[dep_id], policy=policy))
+        needs.setdefault(job_id, []).append(NeedView(node=names[dep_id], policy=policy))
     nodes, counts = [], {}
     for (job_id, node, status, kind, role, attempts, max_attempts, result_json, last_error,
          a_sha, a_size, a_path) in node_rows:

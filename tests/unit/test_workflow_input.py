@@ -34,3 +34,35 @@ async def test_cron_is_stored_without_surrounding_space(bundle):
     assert added.created and added.cron == "*/5 * * * *"
     listed = (await bundle.coord.schedule_list(Empty())).schedules
     assert [s.cron for s in listed] == ["*/5 * * * *"]
+
+
+@pytest.mark.parametrize("text,key", [
+    ('name = "w"\n[[nodes]]\nname = "a"\nkind = "k"\nrequired_role = "cpu"\n'
+     '[[nodes]]\nname = "b"\nkind = "k"\nrequired_role = "cpu"\nneed = ["a"]\n', "need"),
+    ('name = "w"\n[[nodes]]\nname = "a"\nkind = "k"\nrequired_role = "cpu"\n'
+     'resultschema = "claims"\n', "resultschema"),
+    ('name = "w"\nidempotency = "x"\n[[nodes]]\nname = "a"\nkind = "k"\n'
+     'required_role = "cpu"\n', "idempotency"),
+    ('name = "w"\n[[nodes]]\nname = "a"\nkind = "k"\nrequired_role = "cpu"\n'
+     '[[nodes]]\nname = "b"\nkind = "k"\nrequired_role = "cpu"\n'
+     'needs = [{ node = "a", polcy = "run" }]\n', "polcy"),
+])
+def test_unknown_graph_keys_refused_client_and_server_side(tmp_path, text, key):
+    import tomllib
+
+    import msgspec
+
+    from coordctl.commands import UsageError
+    from coordctl.workflow import read_graph
+    from coordd.rpc import _param_decoders
+    path = tmp_path / "g.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=f"unknown field `{key}`"):
+        read_graph(str(path))
+    body = msgspec.msgpack.encode(tomllib.loads(text))  # what an older client would send
+    with pytest.raises(msgspec.ValidationError, match=f"unknown field `{key}`"):
+        _param_decoders["workflow_submit"].decode(body)
+    sched = msgspec.msgpack.encode({"name": "s", "cron": "* * * * *",
+                                    "workflow": tomllib.loads(text)})
+    with pytest.raises(msgspec.ValidationError, match=f"unknown field `{key}`"):
+        _param_decoders["schedule_add"].decode(sched)
