@@ -101,8 +101,9 @@ def schedule(client: Any, args: argparse.Namespace) -> Outcome:
         cron = args.cron or cron
         if not cron:
             raise UsageError("schedule add needs --cron EXPR or `schedule` in the file")
-        res = client.schedule_add(args.name or spec.name, cron, spec)
-        note = "" if res.created else " (exists; unchanged)"
+        res = client.schedule_add(args.name or spec.name, cron, spec, replace=args.replace)
+        note = "" if res.created else " (replaced)" if res.replaced else \
+            " (exists, identical)"
         return Outcome(res, f"{res.name} ({res.schedule_id}){note}: {res.cron}, next "
                             f"{_utc(res.next_at)}")
     if args.sc_command == "rm":
@@ -209,6 +210,9 @@ def add_parsers(cmd: Callable[[str, str], argparse.ArgumentParser],
     add.add_argument("file", metavar="FILE")
     add.add_argument("--cron", metavar="EXPR", help="5-field cron (default: the file's)")
     add.add_argument("--name", help="schedule name (default: the workflow's name)")
+    add.add_argument("--replace", action="store_true",
+                     help="if the name exists with another cron or workflow, update it "
+                          "(without this, that is refused)")
     sub(ss, "list", "schedules and their next slot")
     sub(ss, "rm", "delete a schedule").add_argument("name", metavar="NAME")
 

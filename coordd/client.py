@@ -292,10 +292,14 @@ class Client:
         return await self.call("workflow_cancel", {"workflow_id": workflow_id}, WorkflowView)
 
     async def schedule_add(self, name: str, cron: str,
-                           workflow: WorkflowSubmit | dict[str, Any]) -> ScheduleView:
-        """Add a recurring schedule that starts `workflow` at each cron slot (UTC)."""
-        return await self.call("schedule_add", {"name": name, "cron": cron,
-                                                "workflow": workflow}, ScheduleView)
+                           workflow: WorkflowSubmit | dict[str, Any],
+                           replace: bool = False) -> ScheduleView:
+        """Add a recurring schedule that starts `workflow` at each cron slot (UTC);
+        `replace` updates one of this name that has another cron or workflow."""
+        params = {"name": name, "cron": cron, "workflow": workflow}
+        if replace:  # sent only when set: a plain add still works with an older coordd
+            params["replace"] = True
+        return await self.call("schedule_add", params, ScheduleView)
 
     async def schedule_list(self) -> ScheduleList:
         """Every schedule."""

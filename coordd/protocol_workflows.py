@@ -125,11 +125,14 @@ class WorkflowList(msgspec.Struct, kw_only=True):
 
 
 class ScheduleAdd(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """`schedule_add`: start `workflow` at every slot of the cron expression (UTC)."""
+    """`schedule_add`: start `workflow` at every slot of the cron expression (UTC). A name
+    in use with the same cron and workflow is a repeat (`created` False); with another,
+    refused (`invalid_state`) unless `replace`."""
 
     name: str
     cron: str
     workflow: WorkflowSubmit
+    replace: bool = False  # the name exists with another cron or workflow: take this one
 
 
 class ScheduleName(msgspec.Struct, kw_only=True):
@@ -148,7 +151,8 @@ class ScheduleView(msgspec.Struct, kw_only=True):
     next_at: float
     last_slot: float | None = None
     fired: int = 0
-    created: bool = True  # `schedule_add`: False when the name existed (left unchanged)
+    created: bool = True  # `schedule_add`: False when the name existed
+    replaced: bool = False  # `schedule_add` with `replace`: the existing one was updated
 
 
 class ScheduleList(msgspec.Struct, kw_only=True):

@@ -254,18 +254,24 @@ class Workflows:
 
     async def schedule_add(self, p: ScheduleAdd) -> ScheduleView:
         """Add a recurring schedule; its first slot is the first after now (UTC). A name
-        already in use leaves that schedule as it is (`created` False)."""
+        already in use: the same cron and workflow is a repeat (`created` False); another
+        is refused unless `replace` (coordd.store.workflows.add_schedule).
+
+        Raises: errors.BadRequest, errors.InvalidState."""
         check_name("schedule name", p.name)
         self.plan(p.workflow)  # refuse a bad graph now, not at its first slot
         cron = check_cron(p.cron)
         now = self._coord.clock.wall()
         first = cron_after(cron, now)
         sid, spec = secrets.token_hex(8), dumps(p.workflow)
-        created = await self._coord.writer.run(lambda conn, _now: wstore.add_schedule(
-            conn, _now, sid, p.name, cron, spec, first))
+        outcome = await self._coord.writer.run(lambda conn, _now: wstore.add_schedule(
+            conn, _now, sid, p.name, cron, spec, first, p.replace))
+        if outcome != "unchanged":
+            logger.info("schedule %s %s: %s", p.name, outcome, cron,
+                        extra={"action": "schedule_add"})
         views = (await self.schedule_list(NoParams())).schedules
         view = next(v for v in views if v.name == p.name)
-        view.created = created
+        view.created, view.replaced = outcome == "created", outcome == "replaced"
         return view
 
     async def schedule_list(self, p: NoParams | None = None) -> ScheduleList:

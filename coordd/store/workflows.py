@@ -395,11 +395,41 @@ SQL_LIST_SCHEDULES = (
 SQL_DELETE_SCHEDULE = "DELETE FROM schedules WHERE name = ? OR schedule_id = ?"
 
 
+SQL_SCHEDULE_BY_NAME = (
+    "SELECT schedule_id, cron, spec_json, next_at FROM schedules WHERE name = ?"
+)
+SQL_REPLACE_SCHEDULE = (
+    "UPDATE schedules SET cron = ?, spec_json = ?, next_at = ?, updated_at = ? "
+    "WHERE schedule_id = ?"
+)
+
+
 def add_schedule(conn: sqlite3.Connection, now: float, schedule_id: str, name: str,
-                 cron: str, spec_json: str, next_at: float) -> bool:
-    """Insert a schedule; False if one with this name exists (it is left unchanged)."""
-    return conn.execute(SQL_INSERT_SCHEDULE, (schedule_id, name, cron, spec_json, next_at,
-                                              now, now)).fetchone() is not None
+                 cron: str, spec_json: str, next_at: float, replace: bool = False) -> str:
+    """Insert a schedule; return `created`, `unchanged` (this name exists with this very
+    cron and workflow: a repeated add) or `replaced` (`replace`: the existing schedule
+    takes the new cron and workflow, and keeps its id, count and last slot; its next slot
+    stays unless the cron changed).
+
+    Raises:
+        errors.InvalidState: the name exists with another cron or workflow, no `replace`.
+    """
+    if conn.execute(SQL_INSERT_SCHEDULE, (schedule_id, name, cron, spec_json, next_at,
+                                          now, now)).fetchone() is not None:
+        return "created"
+    old_id, old_cron, old_spec, old_next = conn.execute(SQL_SCHEDULE_BY_NAME,
+                                                        (name,)).fetchone()
+    if (old_cron, old_spec) == (cron, spec_json):
+        return "unchanged"
+    if not replace:
+        what = "cron" if old_cron != cron else "workflow"
+        raise errors.InvalidState(
+            f"schedule {name} exists with a different {what} (cron {old_cron!r}); "
+            f"remove it first or add with replace (coordctl schedule add --replace)")
+    if old_cron == cron:
+        next_at = old_next
+    conn.execute(SQL_REPLACE_SCHEDULE, (cron, spec_json, next_at, now, old_id))
+    return "replaced"
 
 
 def remove_schedule(conn: sqlite3.Connection, name: str) -> bool:

@@ -260,6 +260,15 @@ def test_coordctl_schedule_add_list_rm(daemon):
     view = json.loads(added.stdout)
     assert view["cron"] == "*/5 * * * *" and view["next_at"] % 300 == 0
     assert "five" in coordctl(daemon.socket, "schedule", "list").stdout
+    again = coordctl(daemon.socket, "schedule", "add", str(path), "--name", "five")
+    assert again.returncode == 0 and "(exists, identical)" in again.stdout
+    other = coordctl(daemon.socket, "schedule", "add", str(path), "--name", "five",
+                     "--cron", "0 * * * *")
+    assert other.returncode == 1
+    assert "invalid_state: schedule five exists with a different cron" in other.stderr
+    replaced = coordctl(daemon.socket, "schedule", "add", str(path), "--name", "five",
+                        "--cron", "0 * * * *", "--replace")
+    assert replaced.returncode == 0 and "(replaced): 0 * * * *" in replaced.stdout
     bad = coordctl(daemon.socket, "schedule", "add", str(EXAMPLE), "--cron", "nope")
     assert bad.returncode == 1 and "bad_request" in bad.stderr
     cyc = Path(daemon.db).with_name("cycle.json")

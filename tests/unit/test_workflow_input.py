@@ -66,3 +66,32 @@ def test_unknown_graph_keys_refused_client_and_server_side(tmp_path, text, key):
                                     "workflow": tomllib.loads(text)})
     with pytest.raises(msgspec.ValidationError, match=f"unknown field `{key}`"):
         _param_decoders["schedule_add"].decode(sched)
+
+
+async def test_schedule_add_same_name_other_spec_refused_unless_replace(bundle):
+    import asyncio
+    add = bundle.coord.schedule_add
+    first = await add(ScheduleAdd(name="s", cron="*/5 * * * *", workflow=_convert(ONE)))
+    again = await add(ScheduleAdd(name="s", cron=" */5 * * * * ", workflow=_convert(ONE)))
+    assert first.created and not again.created and not again.replaced  # a repeat: fine
+    other = {**ONE, "nodes": [{**ONE["nodes"][0], "kind": "k2"}]}
+    for cron, wf, what in (("0 * * * *", ONE, "cron"), ("*/5 * * * *", other, "workflow")):
+        with pytest.raises(errors.InvalidState, match=f"schedule s exists with a different "
+                                                      f"{what}"):
+            await add(ScheduleAdd(name="s", cron=cron, workflow=_convert(wf)))
+    listed = (await bundle.coord.schedule_list(Empty())).schedules
+    assert [(s.cron, s.next_at) for s in listed] == [("*/5 * * * *", first.next_at)]
+    # concurrent adds of one name with different crons: one wins, the others are refused
+    outcomes = await asyncio.gather(*(
+        add(ScheduleAdd(name="c", cron=f"{m} * * * *", workflow=_convert(ONE)))
+        for m in range(5)), return_exceptions=True)
+    assert sum(not isinstance(o, Exception) and o.created for o in outcomes) == 1
+    assert sum(isinstance(o, errors.InvalidState) for o in outcomes) == 4
+    # --replace: the schedule keeps its id and takes the new cron and workflow
+    rep = await add(ScheduleAdd(name="s", cron="0 * * * *", workflow=_convert(other),
+                                replace=True))
+    assert (rep.created, rep.replaced, rep.schedule_id) == (False, True, first.schedule_id)
+    assert rep.cron == "0 * * * *" and rep.next_at == 3600.0
+    same = await add(ScheduleAdd(name="s", cron="0 * * * *", workflow=_convert(other),
+                                 replace=True))
+    assert not same.created and not same.replaced
