@@ -38,6 +38,7 @@ from coordd.protocol_workflows import (
     WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.metrics import Metrics, tree_bytes
+from coordd.names import check_name
 from coordd.store import workflows as wstore
 from coordd.workflows import Workflows
 from coordd.writer import Writer
@@ -46,7 +47,6 @@ logger = logging.getLogger(__name__)
 
 LIST_LIMIT_MAX = 1000
 ARTIFACT_GRACE_S = 3600.0  # an unreferenced artifact file younger than this is kept
-NAME_MAX_CHARS = 200
 
 
 def fmt_time(ts: float) -> str:
@@ -139,9 +139,9 @@ class Coordinator:
         Returns the ids of jobs this worker holds whose cancel was requested.
         Raises: errors.BadRequest (empty id, bad readings types).
         """
-        _check_name("worker_id", p.worker_id)
+        check_name("worker_id", p.worker_id)
         for role in p.roles:
-            _check_name("role", role)
+            check_name("role", role)
         try:
             msgspec.convert(p.readings, Readings)
         except msgspec.ValidationError as exc:
@@ -159,7 +159,7 @@ class Coordinator:
         `lease_s` is clamped to the configured [lease_min_s, lease_max_s]; it never
         depends on a job's max runtime. Raises: errors.BadRequest.
         """
-        _check_name("worker_id", p.worker_id)
+        check_name("worker_id", p.worker_id)
         lease_s = self._lease_s(p.lease_s)
         result = await self.writer.run(
             partial(leases.claim, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,
@@ -224,8 +224,8 @@ class Coordinator:
             raise errors.BadRequest(f"gates: {exc}") from exc
 
     def _new_job(self, p: Enqueue) -> store.NewJob:
-        _check_name("kind", p.kind)
-        _check_name("required_role", p.required_role)
+        check_name("kind", p.kind)
+        check_name("required_role", p.required_role)
         if p.priority not in PRIORITIES:
             raise errors.BadRequest(f"priority must be 0..3, got {p.priority}")
         max_attempts = p.max_attempts if p.max_attempts is not None \
@@ -235,7 +235,7 @@ class Coordinator:
         if p.max_runtime_s is not None and p.max_runtime_s <= 0:
             raise errors.BadRequest("max_runtime_s must be > 0")
         if p.idempotency_key is not None:
-            _check_name("idempotency_key", p.idempotency_key)
+            check_name("idempotency_key", p.idempotency_key)
         gates_json = None
         if p.gates:
             self.check_gates(p.priority, p.gates)
@@ -502,11 +502,6 @@ def _reading_notes(readings: dict[str, Any]) -> list[str]:
     if readings.get("user_idle_s") is None:
         notes.append(f"user idle: unknown ({readings.get('user_idle_reason') or 'no reading'})")
     return notes
-
-
-def _check_name(what: str, value: str) -> None:
-    if not value or len(value) > NAME_MAX_CHARS:
-        raise errors.BadRequest(f"{what} must be 1..{NAME_MAX_CHARS} characters")
 
 
 def _encode(what: str, value: Any, cap: int) -> str:

@@ -33,6 +33,7 @@ import msgspec
 from cronsim import CronSim, CronSimError
 
 from coordd import errors, results
+from coordd.names import check_name
 from coordd.protocol import PRIORITIES
 from coordd.protocol_workflows import (
     EDGE_POLICIES, WORKFLOW_STATUSES, ListWorkflows, Need, NeedView, NodeArtifact, NodeView,
@@ -54,11 +55,6 @@ NODES_MAX = 1000
 EDGES_MAX = 10_000
 CRON_FIELDS = 5
 SLOT_SCAN_MAX = 10_000  # missed slots walked one by one before jumping to `now`
-
-
-def check_name(what: str, value: str, limit: int = 200) -> None:
-    if not value or len(value) > limit:
-        raise errors.BadRequest(f"{what} must be 1..{limit} characters")
 
 
 def needs_of(node: WorkflowNode) -> list[Need]:
