@@ -38,7 +38,7 @@ from coordd.protocol_workflows import (
     WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.metrics import Metrics, tree_bytes
-from coordd.names import check_name
+from coordd.names import check_duration, check_name, check_time
 from coordd.store import workflows as wstore
 from coordd.workflows import Workflows
 from coordd.writer import Writer
@@ -232,8 +232,8 @@ class Coordinator:
             else self.config.max_attempts_default
         if max_attempts < 1:
             raise errors.BadRequest(f"max_attempts must be >= 1, got {max_attempts}")
-        if p.max_runtime_s is not None and p.max_runtime_s <= 0:
-            raise errors.BadRequest("max_runtime_s must be > 0")
+        check_duration("max_runtime_s", p.max_runtime_s)
+        check_time("run_at", p.run_at)
         if p.idempotency_key is not None:
             check_name("idempotency_key", p.idempotency_key)
         gates_json = None

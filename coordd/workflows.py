@@ -33,7 +33,7 @@ import msgspec
 from cronsim import CronSim, CronSimError
 
 from coordd import errors, results
-from coordd.names import check_name
+from coordd.names import check_duration, check_name
 from coordd.protocol import PRIORITIES
 from coordd.protocol_workflows import (
     EDGE_POLICIES, WORKFLOW_STATUSES, ListWorkflows, Need, NeedView, NodeArtifact, NodeView,
@@ -54,6 +54,8 @@ NODES_MAX = 1000
 # 499,500 edges and seconds of stall per submit and per completion.
 EDGES_MAX = 10_000
 CRON_FIELDS = 5
+# payload keys coordd writes when it queues a node (coordd.store.workflows.settle)
+RESERVED_PAYLOAD_KEYS = frozenset({"inputs", "input_artifacts", "missing_inputs"})
 SLOT_SCAN_MAX = 10_000  # missed slots walked one by one before jumping to `now`
 
 
@@ -191,8 +193,12 @@ class Workflows:
             attempts = n.max_attempts if n.max_attempts is not None else cfg.max_attempts_default
             if attempts < 1:
                 raise errors.BadRequest(f"node {n.name!r}: max_attempts must be >= 1")
-            if n.max_runtime_s is not None and n.max_runtime_s <= 0:
-                raise errors.BadRequest(f"node {n.name!r}: max_runtime_s must be > 0")
+            check_duration(f"node {n.name!r}: max_runtime_s", n.max_runtime_s)
+            reserved = sorted(RESERVED_PAYLOAD_KEYS & n.payload.keys())
+            if reserved:
+                raise errors.BadRequest(
+                    f"node {n.name!r}: payload keys {', '.join(reserved)} are reserved "
+                    f"(coordd puts the dependencies' results there)")
             schema = n.result_schema or cfg.result_schemas.get(n.kind)
             if schema is not None and schema not in results.SCHEMAS:
                 raise errors.BadRequest(f"node {n.name!r}: unknown result_schema {schema!r} "

@@ -95,3 +95,34 @@ async def test_schedule_add_same_name_other_spec_refused_unless_replace(bundle):
     same = await add(ScheduleAdd(name="s", cron="0 * * * *", workflow=_convert(other),
                                  replace=True))
     assert not same.created and not same.replaced
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 1e308, 0.0,
+                                   -1.0, 30 * 86400.0 + 1])
+async def test_max_runtime_must_be_finite_and_at_most_30_days(bundle, value):
+    from coordd.protocol import Enqueue
+    with pytest.raises(errors.BadRequest, match="max_runtime_s must be > 0 and at most"):
+        await bundle.coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=2,
+                                           max_runtime_s=value))
+    node = {**ONE["nodes"][0], "max_runtime_s": value}
+    with pytest.raises(errors.BadRequest, match="max_runtime_s must be > 0 and at most"):
+        await bundle.coord.workflow_submit(_convert({**ONE, "nodes": [node]}))
+    assert sum((await bundle.coord.status()).jobs.values()) == 0
+
+
+async def test_run_at_must_be_finite_and_30_days_runtime_is_fine(bundle):
+    from coordd.protocol import Enqueue
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(errors.BadRequest, match="run_at must be a finite Unix time"):
+            await bundle.coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=2,
+                                               run_at=value))
+    await bundle.coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=2,
+                                       max_runtime_s=30 * 86400.0))
+
+
+@pytest.mark.parametrize("key", ["inputs", "missing_inputs", "input_artifacts"])
+async def test_reserved_payload_keys_refused_at_submit(bundle, key):
+    node = {**ONE["nodes"][0], "payload": {key: ["forged"], "ok": 1}}
+    with pytest.raises(errors.BadRequest, match=f"payload keys {key} are reserved"):
+        await bundle.coord.workflow_submit(_convert({**ONE, "nodes": [node]}))
+    assert sum((await bundle.coord.status()).jobs.values()) == 0
