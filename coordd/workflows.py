@@ -24,6 +24,7 @@ healthchecks.io, maintained for that service's own use.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 from datetime import datetime, timezone
@@ -110,6 +111,16 @@ def topo_order(nodes: list[WorkflowNode]) -> list[WorkflowNode]:
                 path.append(need.node)
                 todo.append(iter(needs_of(by_name[need.node])))
     return order
+
+
+def spec_hash(p: WorkflowSubmit) -> str:
+    """sha256 of a graph as submitted, its key left out and each node's `needs` written
+    out in full (`"a"` is `{node = "a", policy = "skip"}`), nodes in name order: the same
+    graph hashes the same however its file lists it."""
+    nodes = sorted(
+        (msgspec.structs.replace(n, needs=sorted(needs_of(n), key=lambda d: d.node))
+         for n in p.nodes), key=lambda n: n.name)
+    return hashlib.sha256(msgspec.json.encode([p.name, nodes], order="sorted")).hexdigest()
 
 
 def cron_after(cron: str, t: float) -> float:
@@ -218,7 +229,8 @@ class Workflows:
                 result_schema=schema,
                 needs=[(d.node, d.policy) for d in needs_of(n)]))
         return wstore.NewWorkflow(workflow_id=self._coord.new_job_id(), name=p.name,
-                                  nodes=nodes, idempotency_key=key, schedule_id=schedule_id)
+                                  nodes=nodes, idempotency_key=key, schedule_id=schedule_id,
+                                  spec_sha256=spec_hash(p))
 
     def _plan_slot(self, spec_json: str, schedule_id: str, slot: float) -> wstore.NewWorkflow:
         spec = msgspec.json.decode(spec_json, type=WorkflowSubmit)

@@ -23,7 +23,7 @@ from coordd.store import messages as _messages
 from coordd.store import workflow_schema as _workflow_schema
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
 VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
@@ -136,6 +136,8 @@ MIGRATIONS: tuple[str, ...] = (
     _messages.MIGRATION,
     # v5: workflows, edges, schedules; jobs gain `blocked` and `skipped` (a table rebuild)
     _workflow_schema.MIGRATION,
+    # v6: workflows.spec_sha256 (a repeated idempotency key must bring the same graph)
+    _workflow_schema.MIGRATION_V6,
 )
 
 json_encode = msgspec.json.encode

@@ -95,3 +95,10 @@ MIGRATION = """
     );
     CREATE INDEX schedules_due ON schedules (next_at)
 """
+
+# v6: a workflow remembers a hash of the graph it was submitted with, so that a repeated
+# idempotency key with another graph is refused instead of answered with the first one
+# (rows from v5 have none, and are not checked).
+MIGRATION_V6 = """
+    ALTER TABLE workflows ADD COLUMN spec_sha256 TEXT
+"""

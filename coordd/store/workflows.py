@@ -62,14 +62,17 @@ class NewWorkflow(msgspec.Struct, kw_only=True):
     nodes: list[NewNode]
     idempotency_key: str | None = None
     schedule_id: str | None = None
+    spec_sha256: str | None = None  # of the graph as submitted (coordd.workflows.spec_hash)
 
 
 SQL_INSERT_WORKFLOW = (
     "INSERT INTO workflows (workflow_id, name, status, idempotency_key, schedule_id, "
-    "created_at, updated_at) VALUES (?, ?, 'running', ?, ?, ?, ?) "
+    "created_at, updated_at, spec_sha256) VALUES (?, ?, 'running', ?, ?, ?, ?, ?) "
     "ON CONFLICT (idempotency_key) DO NOTHING RETURNING workflow_id"
 )
-SQL_WORKFLOW_BY_KEY = "SELECT workflow_id FROM workflows WHERE idempotency_key = ?"
+SQL_WORKFLOW_BY_KEY = (
+    "SELECT workflow_id, spec_sha256 FROM workflows WHERE idempotency_key = ?"
+)
 SQL_INSERT_NODE = (
     "INSERT INTO jobs (job_id, kind, required_role, priority, payload_json, status, "
     "max_attempts, run_at, queued_at, created_at, updated_at, max_runtime_s, gates_json, "
@@ -129,11 +132,21 @@ def insert_workflow(conn: sqlite3.Connection, now: float, wf: NewWorkflow
                     ) -> tuple[str, bool, dict[str, str]]:
     """Insert a whole graph: the workflow row, every node (blocked when it has
     dependencies, else waiting) and every edge. Returns (workflow_id, created, node ->
-    job_id); a repeated idempotency key returns the existing workflow (created False)."""
+    job_id); a repeated idempotency key with the same graph returns the existing workflow
+    (created False).
+
+    Raises:
+        errors.InvalidState: the key was used for another graph.
+    """
     row = conn.execute(SQL_INSERT_WORKFLOW, (wf.workflow_id, wf.name, wf.idempotency_key,
-                                             wf.schedule_id, now, now)).fetchone()
+                                             wf.schedule_id, now, now,
+                                             wf.spec_sha256)).fetchone()
     if row is None:
-        wid = conn.execute(SQL_WORKFLOW_BY_KEY, (wf.idempotency_key,)).fetchone()[0]
+        wid, sha = conn.execute(SQL_WORKFLOW_BY_KEY, (wf.idempotency_key,)).fetchone()
+        if sha is not None and wf.spec_sha256 is not None and sha != wf.spec_sha256:
+            raise errors.InvalidState(
+                f"idempotency key {wf.idempotency_key!r} was used for another graph "
+                f"(workflow {wid}); use a new key for a new graph")
         return wid, False, dict(conn.execute(SQL_NODE_IDS, (wid,)).fetchall())
     ids = {n.name: n.job_id for n in wf.nodes}
     for n in wf.nodes:

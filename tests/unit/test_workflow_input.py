@@ -126,3 +126,26 @@ async def test_reserved_payload_keys_refused_at_submit(bundle, key):
     with pytest.raises(errors.BadRequest, match=f"payload keys {key} are reserved"):
         await bundle.coord.workflow_submit(_convert({**ONE, "nodes": [node]}))
     assert sum((await bundle.coord.status()).jobs.values()) == 0
+
+
+async def test_idempotency_key_with_another_graph_refused(bundle):
+    from coordd.protocol_workflows import ListWorkflows
+    two = {"name": "w", "idempotency_key": "k1", "nodes": [
+        {"name": "a", "kind": "k", "required_role": "cpu", "payload": {"x": 1, "y": 2}},
+        {"name": "b", "kind": "k", "required_role": "cpu", "needs": ["a"]}]}
+    first = await bundle.coord.workflow_submit(_convert(two))
+    # the same graph written another way: nodes reordered, long-form needs, keys reordered
+    same = {**two, "nodes": [
+        {"name": "b", "kind": "k", "required_role": "cpu",
+         "needs": [{"node": "a", "policy": "skip"}]},
+        {"name": "a", "kind": "k", "required_role": "cpu", "payload": {"y": 2, "x": 1}}]}
+    again = await bundle.coord.workflow_submit(_convert(same))
+    assert first.created and not again.created and again.workflow_id == first.workflow_id
+    for change in ({"name": "other"},
+                   {"nodes": [two["nodes"][0], {**two["nodes"][1], "needs": []}]},
+                   {"nodes": [{**two["nodes"][0], "payload": {"x": 2, "y": 2}},
+                              two["nodes"][1]]}):
+        with pytest.raises(errors.InvalidState, match="idempotency key 'k1' was used for "
+                                                      "another graph"):
+            await bundle.coord.workflow_submit(_convert({**two, **change}))
+    assert len((await bundle.coord.workflow_list(ListWorkflows())).workflows) == 1
