@@ -1,8 +1,9 @@
 """coordctl workflow and schedule commands (issue 8).
 
 `workflow submit FILE` (a TOML or JSON graph), `workflow show ID` (a tree with each
-node's state), `workflow list`, `workflow cancel ID`; `schedule add FILE [--cron EXPR] [--name N]`,
-`schedule list`, `schedule rm NAME`. A graph file is a `coordd.protocol.WorkflowSubmit`:
+node's state), `workflow list`, `workflow cancel ID`; `schedule add FILE [--cron EXPR]
+[--name N] [--replace]`, `schedule list`, `schedule rm NAME|ID`. A graph file is a
+`coordd.protocol_workflows.WorkflowSubmit` (unknown keys are refused):
 
     name = "story"
     [[nodes]]
@@ -37,7 +38,7 @@ import msgspec
 
 from coordctl.commands import Outcome, UsageError, read_text_arg
 from coordd.protocol_workflows import (
-    WORKFLOW_STATUSES, ScheduleList, WorkflowSubmit, WorkflowView,
+    LIST_LIMIT_MAX, WORKFLOW_STATUSES, ScheduleList, WorkflowSubmit, WorkflowView,
 )
 
 STATUS_STYLE = {"succeeded": "green", "failed": "red", "skipped": "yellow",
@@ -182,6 +183,17 @@ def list_table(wfs: list[WorkflowView]) -> Any:
     return t
 
 
+def _limit(text: str) -> int:
+    """argparse type: an int in 1..LIST_LIMIT_MAX."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= LIST_LIMIT_MAX:
+        raise argparse.ArgumentTypeError(f"must be 1..{LIST_LIMIT_MAX}, got {value}")
+    return value
+
+
 def add_parsers(cmd: Callable[[str, str], argparse.ArgumentParser],
                 common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add `workflow` and `schedule` with their subcommands (see the module docstring);
@@ -196,15 +208,18 @@ def add_parsers(cmd: Callable[[str, str], argparse.ArgumentParser],
     submit = sub(ws, "submit", "submit a graph from a TOML or JSON file")
     submit.add_argument("file", metavar="FILE")
     submit.add_argument("--key", metavar="IDEMPOTENCY_KEY",
-                        help="a repeated key returns the existing workflow")
+                        help="a repeated key with the same graph returns the existing "
+                             "workflow; with another graph it is refused")
     sub(ws, "show", "a tree of the nodes and their states").add_argument(
         "workflow_id", metavar="ID")
+    ls = sub(ws, "list", "workflows, newest first")
+    ls.add_argument("--status", choices=WORKFLOW_STATUSES,
+                    help="only workflows in this state")
+    ls.add_argument("--limit", type=_limit, default=50, metavar="N",
+                    help=f"at most N workflows, 1..{LIST_LIMIT_MAX} (default 50)")
     sub(ws, "cancel", "cancel every node that has not ended").add_argument(
         "workflow_id", metavar="ID")
-    ls = sub(ws, "list", "workflows, newest first")
-    ls.add_argument("--status", choices=WORKFLOW_STATUSES)
-    ls.add_argument("--limit", type=int, default=50, metavar="N")
-    ss = cmd("schedule", "recurring workflows: add FILE, list, rm NAME").add_subparsers(
+    ss = cmd("schedule", "recurring workflows: add FILE, list, rm NAME|ID").add_subparsers(
         dest="sc_command", required=True, metavar="SUBCOMMAND")
     add = sub(ss, "add", "start the file's workflow at every cron slot (UTC)")
     add.add_argument("file", metavar="FILE")
@@ -214,7 +229,8 @@ def add_parsers(cmd: Callable[[str, str], argparse.ArgumentParser],
                      help="if the name exists with another cron or workflow, update it "
                           "(without this, that is refused)")
     sub(ss, "list", "schedules and their next slot")
-    sub(ss, "rm", "delete a schedule").add_argument("name", metavar="NAME")
+    sub(ss, "rm", "delete a schedule (by name or id; the workflows it started stay)"
+        ).add_argument("name", metavar="NAME|ID", help="the schedule's name or id")
 
 
 COMMANDS = {"workflow": workflow, "schedule": schedule}

@@ -21,6 +21,7 @@ import msgspec
 
 
 WORKFLOW_STATUSES = ("running", "succeeded", "partial", "failed", "cancelled")
+LIST_LIMIT_MAX = 1000  # `workflow_list`: limit is 1..this
 EDGE_POLICIES = ("skip", "run")  # a dependency that did not succeed: skip the node, or run it
 
 

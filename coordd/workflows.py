@@ -37,9 +37,10 @@ from coordd import errors, results
 from coordd.names import check_duration, check_name
 from coordd.protocol import PRIORITIES
 from coordd.protocol_workflows import (
-    EDGE_POLICIES, WORKFLOW_STATUSES, ListWorkflows, Need, NeedView, NodeArtifact, NodeView,
-    NoParams, ScheduleAdd, ScheduleList, ScheduleName, ScheduleView, WorkflowId, WorkflowList,
-    WorkflowNode, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
+    EDGE_POLICIES, LIST_LIMIT_MAX, WORKFLOW_STATUSES, ListWorkflows, Need, NeedView,
+    NodeArtifact, NodeView, NoParams, ScheduleAdd, ScheduleList, ScheduleName, ScheduleView,
+    WorkflowId, WorkflowList, WorkflowNode, WorkflowSubmit, WorkflowSubmitResult,
+    WorkflowView,
 )
 from coordd.store import dumps, lenient_json
 from coordd.store import workflows as wstore
@@ -256,8 +257,9 @@ class Workflows:
         """Workflows, newest first, with node counts by status. Raises: BadRequest."""
         if p.status is not None and p.status not in WORKFLOW_STATUSES:
             raise errors.BadRequest(f"status must be one of {', '.join(WORKFLOW_STATUSES)}")
-        limit = max(1, min(p.limit, 1000))
-        return WorkflowList(workflows=await self._coord.read(_list, p.status, limit))
+        if not 1 <= p.limit <= LIST_LIMIT_MAX:
+            raise errors.BadRequest(f"limit must be 1..{LIST_LIMIT_MAX}, got {p.limit}")
+        return WorkflowList(workflows=await self._coord.read(_list, p.status, p.limit))
 
     async def cancel(self, p: WorkflowId) -> WorkflowView:
         """Cancel every node that has not ended (running ones stop at their holder's next

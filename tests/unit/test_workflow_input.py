@@ -149,3 +149,16 @@ async def test_idempotency_key_with_another_graph_refused(bundle):
                                                       "another graph"):
             await bundle.coord.workflow_submit(_convert({**two, **change}))
     assert len((await bundle.coord.workflow_list(ListWorkflows())).workflows) == 1
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "1001", "x"])
+async def test_workflow_list_limit_out_of_range_refused(bundle, limit, capsys):
+    from coordctl.__main__ import build_parser
+    from coordd.protocol_workflows import ListWorkflows
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["workflow", "list", "--limit", limit])
+    assert exc.value.code == 2 and "--limit" in capsys.readouterr().err
+    if limit != "x":
+        with pytest.raises(errors.BadRequest, match="limit must be 1..1000"):
+            await bundle.coord.workflow_list(ListWorkflows(limit=int(limit)))
+    assert build_parser().parse_args(["workflow", "list", "--limit", "1000"]).limit == 1000
