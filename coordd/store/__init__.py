@@ -393,8 +393,12 @@ SQL_JOB_STATUS = "SELECT status FROM jobs WHERE job_id = ?"
 SQL_REQUEST_CANCEL = "UPDATE jobs SET cancel_requested = 1, updated_at = ? WHERE job_id = ?"
 SQL_RETRY = (
     "UPDATE jobs SET status = 'waiting', attempts = 0, run_at = ?, queued_at = ?, "
-    "updated_at = ?, finished_at = NULL, cancel_requested = 0 WHERE job_id = ?"
+    "updated_at = ?, finished_at = NULL, cancel_requested = 0, last_error = NULL "
+    "WHERE job_id = ?"
 )
+
+
+CANCELLED_BY_ADMIN = "cancelled by admin"  # the reason of a job cancelled before it ran
 
 
 def _status(conn: sqlite3.Connection, job_id: str) -> str:
@@ -414,7 +418,8 @@ def cancel(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
     """
     status = _status(conn, job_id)
     if status in ("waiting", "blocked"):
-        end_job(conn, now, job_id, None, status, "cancelled", None, "cancelled by admin")
+        end_job(conn, now, job_id, None, status, "cancelled", CANCELLED_BY_ADMIN,
+                CANCELLED_BY_ADMIN)
         return StatusResult(status="cancelled")
     if status == "running":
         conn.execute(SQL_REQUEST_CANCEL, (now, job_id))

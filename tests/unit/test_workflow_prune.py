@@ -1,4 +1,5 @@
-"""Retention and workflows: a node goes only with its whole, ended graph (FakeClock)."""
+"""Workflow lifecycle on a FakeClock: retention keeps a graph whole until it has ended, and
+the summary gives every ended node its reason (and a retried one none)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,29 @@ async def test_prune_keeps_a_reopened_workflow_whole(make_bundle):
     assert (await bundle.coord.prune()).pruned == 0
     wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
     assert [n.status for n in wf.nodes] == ["succeeded", "waiting", "blocked"]
+
+
+async def test_summary_reasons_for_cancel_and_no_stale_reason_after_retry(bundle):
+    """Every cancelled node has a reason in the summary; a retried node shows none."""
+    from coordd.protocol import Fail
+    await bundle.worker("w", roles=["cpu"])
+    sub = await bundle.coord.workflow_submit(fan_in())  # a, c waiting; b blocked
+    got = await bundle.claim("w")  # a running
+    wf = await bundle.coord.workflow_cancel(WorkflowId(workflow_id=sub.workflow_id))
+    await bundle.coord.complete(Complete(job_id=got.job.job_id, worker_id="w",
+                                         token=got.lease.token, result={}))
+    wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
+    assert wf.status == "cancelled"
+    reasons = {c["node"]: c["reason"] for c in wf.summary["cancelled"]}
+    assert reasons == {"a": "cancelled before completion", "c": "cancelled by admin",
+                       "b": "cancelled by admin"}
+    assert (await bundle.coord.retry(JobId(job_id=sub.jobs["a"]))).status == "waiting"
+    a = await bundle.coord.get_job(JobId(job_id=sub.jobs["a"]))
+    assert a.status == "waiting" and a.last_error is None
+    await bundle.worker("w", roles=["cpu"])
+    got = await bundle.claim("w")
+    await bundle.coord.fail(Fail(job_id=got.job.job_id, worker_id="w", token=got.lease.token,
+                                 error="boom", retryable=False))
+    assert (await bundle.coord.retry(JobId(job_id=sub.jobs["a"]))).status == "waiting"
+    wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
+    assert [(n.name, n.status, n.reason) for n in wf.nodes][0] == ("a", "waiting", None)
