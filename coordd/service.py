@@ -160,6 +160,8 @@ class Coordinator:
         depends on a job's max runtime. Raises: errors.BadRequest.
         """
         check_name("worker_id", p.worker_id)
+        if p.claim_id is not None:
+            check_name("claim_id", p.claim_id)
         lease_s = self._lease_s(p.lease_s)
         result = await self.writer.run(
             partial(leases.claim, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,

@@ -32,6 +32,7 @@ CALLS = {
     "heartbeat role": lambda c, v: c.heartbeat(Heartbeat(worker_id="w", roles=[v],
                                                           readings={})),
     "claim worker_id": lambda c, v: c.claim(Claim(worker_id=v, lease_s=30)),
+    "claim claim_id": lambda c, v: c.claim(Claim(worker_id="w", lease_s=30, claim_id=v)),
     "enqueue kind": lambda c, v: c.enqueue(Enqueue(kind=v, required_role="cpu", priority=2)),
     "enqueue role": lambda c, v: c.enqueue(Enqueue(kind="k", required_role=v, priority=2)),
     "enqueue key": lambda c, v: c.enqueue(Enqueue(kind="k", required_role="cpu", priority=2,
