@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
+from coordctl import workflow
 from coordctl.commands import COMMANDS, Outcome, UsageError
 from coordctl.msg import MSG_COMMANDS, add_parsers as add_msg_parsers
 from coordd.client import CALL_TIMEOUT_DEFAULT
@@ -31,6 +32,7 @@ EPILOG = """examples:
   coordctl show 3f9a0c1d2e4b5a69
   coordctl --json workers
   coordctl backup /var/backups/coordd-$(date +%F).db && coordctl check /var/backups/coordd-*.db
+  coordctl workflow submit examples/workflow.toml && coordctl workflow show WORKFLOW_ID
   coordctl msg send --from lead --to coder 'review PR 7' && coordctl msg read --as coder
   coordctl agents
 """
@@ -151,6 +153,7 @@ def build_parser() -> Parser:
     c = cmd("check", "integrity check of the live database, or of a copy at PATH")
     c.add_argument("path", metavar="PATH", nargs="?",
                    help="check this SQLite file read-only here instead of asking coordd")
+    workflow.add_parsers(cmd, lambda sp: _common(sp, suppress=True))
     add_msg_parsers(cmd, _common)
     return p
 
@@ -202,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     client = SyncClient(args.socket, timeout=args.timeout)  # None: $COORDD_SOCKET or default
     path = client.path
     try:
-        outcome = {**COMMANDS, **MSG_COMMANDS}[args.command](client, args)
+        outcome = {**COMMANDS, **MSG_COMMANDS, **workflow.COMMANDS}[args.command](client, args)
         _print(outcome, args.json)
         if outcome.after is not None:
             outcome.after()

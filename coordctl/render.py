@@ -193,6 +193,10 @@ def job(console: Console, j: JobView) -> None:
         t.add_row("finished", fmt_time(j.finished_at))
     if j.idempotency_key:
         t.add_row("idempotency key", j.idempotency_key)
+    if j.workflow_id:
+        t.add_row("workflow", f"{j.workflow_id}, node {j.node}")
+    if j.result_schema:
+        t.add_row("result schema", j.result_schema)
     if j.max_runtime_s is not None:
         t.add_row("max runtime", fmt_age(j.max_runtime_s))
     if j.lease is not None:

@@ -12,6 +12,7 @@ import msgspec
 import uvloop
 
 from coordd import config as config_mod
+from coordd import names
 from coordd.errors import ConfigError
 from coordd.server import Daemon, StartupError
 
@@ -32,10 +33,19 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class LineFormatter(logging.Formatter):
+    """One line per event: control and bidi characters in the message (user data, such as
+    a refused name) are written as escapes, so no input can forge a log line."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = names.escape(record.message)
+        return super().formatMessage(record)
+
+
 def setup_logging(as_json: bool, level: int = logging.INFO) -> None:
     """Log to stderr, one line per event (JSON lines when `as_json`)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if as_json else logging.Formatter(
+    handler.setFormatter(JsonFormatter() if as_json else LineFormatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

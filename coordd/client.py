@@ -31,6 +31,9 @@ from coordd.protocol import (
     EnqueueBatchResult, EnqueueResult, HeartbeatResult, JobList, JobView, MetricsResult,
     ReapResult, RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
 )
+from coordd.protocol_workflows import (
+    ScheduleList, ScheduleView, WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
+)
 from coordd.rpc import encode_frame, read_frame
 
 T = TypeVar("T")
@@ -302,6 +305,40 @@ class Client:
         """Every metric series, as Prometheus text."""
         return await self.call("metrics", {}, MetricsResult)
 
+    async def workflow_submit(self, spec: WorkflowSubmit | dict[str, Any]) -> WorkflowSubmitResult:
+        """Submit a whole graph (protocol.WorkflowSubmit) in one transaction."""
+        return await self.call("workflow_submit", spec, WorkflowSubmitResult)
+
+    async def workflow_get(self, workflow_id: str) -> WorkflowView:
+        """One workflow with every node's state."""
+        return await self.call("workflow_get", {"workflow_id": workflow_id}, WorkflowView)
+
+    async def workflow_list(self, status: str | None = None, limit: int = 100) -> WorkflowList:
+        """Workflows, newest first."""
+        return await self.call("workflow_list", {"status": status, "limit": limit},
+                               WorkflowList)
+
+    async def workflow_cancel(self, workflow_id: str) -> WorkflowView:
+        """Cancel every node of a workflow that has not ended."""
+        return await self.call("workflow_cancel", {"workflow_id": workflow_id}, WorkflowView)
+
+    async def schedule_add(self, name: str, cron: str,
+                           workflow: WorkflowSubmit | dict[str, Any],
+                           replace: bool = False) -> ScheduleView:
+        """Add a recurring schedule that starts `workflow` at each cron slot (UTC);
+        `replace` updates one of this name that has another cron or workflow."""
+        params = {"name": name, "cron": cron, "workflow": workflow}
+        if replace:  # sent only when set: a plain add still works with an older coordd
+            params["replace"] = True
+        return await self.call("schedule_add", params, ScheduleView)
+
+    async def schedule_list(self) -> ScheduleList:
+        """Every schedule."""
+        return await self.call("schedule_list", {}, ScheduleList)
+
+    async def schedule_remove(self, name: str) -> None:
+        """Delete a schedule by name or id."""
+        await self.call("schedule_remove", {"name": name})
     # ------------------------------------------------------------ agent message hub
 
     async def send_message(self, sender: str, recipient: str, content: Any,

@@ -17,6 +17,7 @@ import msgspec
 from coordd.errors import ConfigError
 from coordd.gates import GatePolicy, default_policies, merge
 from coordd.protocol import MAX_FRAME_DEFAULT
+from coordd.results import SCHEMAS
 
 LEASE_DEFAULT_S = 30.0
 LEASE_MIN_S = 1.0
@@ -37,6 +38,7 @@ CLOCK_JUMP_S = 60.0
 BUSY_TIMEOUT_MS = 10_000
 RETENTION_S = 7 * 86400.0
 PRUNE_INTERVAL_S = 3600.0
+WORKFLOW_ABSENT_WAIT_S = 300.0
 MESSAGE_MAX_BYTES = 256 << 10
 MESSAGE_VISIBILITY_S = 60.0
 MESSAGE_VISIBILITY_MAX_S = 12 * 3600.0  # the longest a read may hide a message (config or read)
@@ -80,6 +82,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         metrics_port: serve Prometheus metrics over HTTP on 127.0.0.1:PORT (0 = off; the
             `metrics` RPC and `coordctl metrics` always work). Gauges refresh every reaper
             round.
+        workflow_absent_wait_s: a waiting workflow node whose capability (required_role)
+            no live worker advertised for this long is skipped (reason `worker_absent`).
+        result_schemas: job kind -> result schema name (coordd.results.SCHEMAS) for jobs
+            and nodes that do not name one.
         message_max_bytes: cap on a message's content JSON (and, separately, its metadata).
         message_visibility_s: a read message not acked within this comes back (at least once);
             at most MESSAGE_VISIBILITY_MAX_S, the bound a read's own visibility_s has too.
@@ -122,6 +128,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     warn_db_bytes: int = 8 << 30
     warn_wal_bytes: int = 256 << 20
     warn_artifact_bytes: int = 64 << 30
+    workflow_absent_wait_s: float = WORKFLOW_ABSENT_WAIT_S
+    result_schemas: dict[str, str] = {}
     message_max_bytes: int = MESSAGE_MAX_BYTES
     message_visibility_s: float = MESSAGE_VISIBILITY_S
     message_retention_s: float = RETENTION_S
@@ -151,6 +159,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("metrics_port must be 0..65535")
         if self.retention_s < 0 or self.prune_interval_s <= 0:
             raise ValueError("need retention_s >= 0 and prune_interval_s > 0")
+        if self.workflow_absent_wait_s <= 0:
+            raise ValueError("workflow_absent_wait_s must be > 0")
+        unknown = sorted(set(self.result_schemas.values()) - set(SCHEMAS))
+        if unknown:
+            raise ValueError(f"result_schemas: unknown schema(s) {unknown}; known: {sorted(SCHEMAS)}")
         if self.message_max_bytes < 1 or self.message_retention_s < 0 \
                 or self.agent_stale_s <= 0:
             raise ValueError("need message_max_bytes >= 1, message_retention_s >= 0, "

@@ -29,9 +29,9 @@ from typing import Any
 
 import msgspec
 
-
 from coordd import errors, store, values
 from coordd.config import MESSAGE_VISIBILITY_MAX_S, Config
+from coordd.names import check_name
 from coordd.clock import Clock
 from coordd.protocol import (
     PRIORITIES, AckMessages, AckResult, AgentQuery, AgentsResult, AgentStatusUpdate,
@@ -40,7 +40,6 @@ from coordd.protocol import (
 from coordd.store import messages as msg_store
 from coordd.writer import Writer
 
-NAME_MAX_CHARS = 200
 TYPE_MAX_CHARS = 64
 STATUS_MAX_CHARS = 64
 READ_LIMIT_MAX = 100
@@ -72,7 +71,7 @@ class Hub:
 
     async def send_message(self, p: SendMessage) -> SendResult:
         """Store a direct message. Raises: BadRequest, PayloadTooLarge."""
-        _check_name("recipient", p.recipient)
+        check_name("recipient", p.recipient)
         return await self._send(p, p.recipient)
 
     async def broadcast(self, p: BroadcastMessage) -> SendResult:
@@ -81,14 +80,14 @@ class Hub:
 
     async def _send(self, p: SendMessage | BroadcastMessage, recipient: str | None
                     ) -> SendResult:
-        _check_name("sender", p.sender)
-        _check_name("message_type", p.message_type, TYPE_MAX_CHARS)
+        check_name("sender", p.sender)
+        check_name("message_type", p.message_type, TYPE_MAX_CHARS)
         if p.priority not in PRIORITIES:
             raise errors.BadRequest(f"priority must be 0..3, got {p.priority}")
         if p.ttl_s is not None and not (0 < p.ttl_s <= TTL_MAX_S):
             raise errors.BadRequest(f"ttl_s must be > 0 and <= {TTL_MAX_S:g}, got {p.ttl_s}")
         if p.message_id is not None:
-            _check_name("message_id", p.message_id)
+            check_name("message_id", p.message_id)
         cap = self._cap()
         content = values.encode("content", p.content, cap)
         metadata = None if p.metadata is None else values.encode("metadata", p.metadata, cap)
@@ -119,7 +118,7 @@ class Hub:
     async def read_messages(self, p: ReadMessages) -> ReadResult:
         """Ack `p.ack`, then deliver up to `p.limit` of the reader's messages (see the
         module docstring for the delivery rule). Raises: BadRequest."""
-        _check_name("reader", p.reader)
+        check_name("reader", p.reader)
         if not 1 <= p.limit <= READ_LIMIT_MAX:
             raise errors.BadRequest(f"limit must be 1..{READ_LIMIT_MAX}, got {p.limit}")
         visibility = self._config.message_visibility_s if p.visibility_s is None \
@@ -157,7 +156,7 @@ class Hub:
 
     async def ack_messages(self, p: AckMessages) -> AckResult:
         """Mark the reader's deliveries processed (idempotent). Raises: BadRequest."""
-        _check_name("reader", p.reader)
+        check_name("reader", p.reader)
         _check_ids(p.message_ids)
         return AckResult(acked=await self._writer.run(
             lambda conn, now: msg_store.ack(conn, now, p.reader, p.message_ids)))
@@ -165,8 +164,8 @@ class Hub:
     async def update_agent_status(self, p: AgentStatusUpdate) -> AgentView:
         """Record an agent's status and heartbeat; return the stored view. Raises: BadRequest,
         PayloadTooLarge."""
-        _check_name("name", p.name)
-        _check_name("status", p.status, STATUS_MAX_CHARS)
+        check_name("name", p.name)
+        check_name("status", p.status, STATUS_MAX_CHARS)
         cap = min(AGENT_METADATA_MAX_BYTES, self._cap())
         metadata = None if p.metadata is None else values.encode("metadata", p.metadata, cap)
         await self._writer.run(
@@ -181,9 +180,9 @@ class Hub:
         Raises: NotFound (a name was given and no such agent reported), BadRequest.
         """
         if p.name is not None:
-            _check_name("name", p.name)
+            check_name("name", p.name)
         if p.after is not None:
-            _check_name("after", p.after)
+            check_name("after", p.after)
         if not 1 <= p.limit <= AGENTS_LIMIT_MAX:
             raise errors.BadRequest(f"limit must be 1..{AGENTS_LIMIT_MAX}, got {p.limit}")
         now = self._clock.wall()
@@ -241,15 +240,8 @@ def _message_view(row: tuple[Any, ...]) -> MessageView:
                        expires_at=expires, deliveries=deliveries)
 
 
-def _check_name(what: str, value: str, limit: int = NAME_MAX_CHARS) -> None:
-    if not value or len(value) > limit:
-        raise errors.BadRequest(f"{what} must be 1..{limit} characters")
-    if any(ord(c) < 32 or c == "\x7f" for c in value):
-        raise errors.BadRequest(f"{what} must not contain control characters")
-
-
 def _check_ids(ids: list[str]) -> None:
     if len(ids) > ACK_IDS_MAX:
         raise errors.BadRequest(f"at most {ACK_IDS_MAX} message ids per ack, got {len(ids)}")
     for mid in ids:
-        _check_name("message id", mid)
+        check_name("message id", mid)

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import errors, gates
+from coordd import errors, gates, results
 from coordd.protocol import (
     ArtifactRef, ClaimedJob, ClaimResult, CompleteResult, LeaseGrant, RenewResult, StatusResult,
 )
@@ -26,6 +26,7 @@ from coordd.store import (
     SQL_WORKER, end_job, event, json_decode, lenient_json, requeue,
     maybe_json,
 )
+from coordd.store import workflows
 
 
 class ClaimPolicy(msgspec.Struct, kw_only=True):
@@ -174,6 +175,8 @@ class _Held(msgspec.Struct):
     attempts: int
     max_attempts: int
     granted_at: float
+    result_schema: str | None = None
+    workflow_id: str | None = None
 
 
 def _check_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
@@ -192,7 +195,7 @@ def _check_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: s
     if row is None:
         raise errors.NotFound(f"job {job_id} not found")
     (status, cancel, max_runtime_s, attempts, max_attempts, last_token, l_worker, l_token,
-     granted, expires) = row
+     granted, expires, result_schema, workflow_id) = row
     if l_worker != worker_id or l_token != token:
         if status == "succeeded" and token == last_token:
             raise errors.AlreadyCompleted(f"job {job_id} already succeeded")
@@ -200,7 +203,8 @@ def _check_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: s
                                f"(job is {status})")
     if now >= expires:
         raise errors.LeaseExpired(f"job {job_id}: lease expired at {expires:.3f} (now {now:.3f})")
-    return _Held(bool(cancel), max_runtime_s, attempts, max_attempts, granted)
+    return _Held(bool(cancel), max_runtime_s, attempts, max_attempts, granted, result_schema,
+                 workflow_id)
 
 
 def renew(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
@@ -227,20 +231,42 @@ def checkpoint(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str
 
 
 def complete(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
-             result_json: str | None, artifact: ArtifactRef | None) -> CompleteResult:
+             result_json: str | None, artifact: ArtifactRef | None,
+             backoff: Callable[[int], float] | None = None) -> CompleteResult:
     """Store the result and end the job `succeeded`; a job whose cancel was requested ends
-    `cancelled` instead and the result is dropped. Fenced like `renew`."""
+    `cancelled` instead and the result is dropped. Fenced like `renew`.
+
+    A job with a `result_schema` has its result decoded strictly first (coordd.results):
+    a result that fails is not stored; the attempt is spent as a retryable failure with
+    the validation error (back to waiting after `backoff`, or `failed` once attempts are
+    exhausted) and the reply says so (`status`, `error`). Such jobs need an inline
+    result: an artifact cannot be checked inside the transaction, so it is refused too.
+    A workflow node's end moves its workflow on in the same transaction
+    (coordd.store.workflows.settle): dependents whose last dependency this was are queued.
+    """
     held = _check_lease(conn, now, job_id, worker_id, token)
     conn.execute(SQL_DELETE_LEASE, (job_id,))
     if held.cancel_requested:
         end_job(conn, now, job_id, worker_id, "running", "cancelled",
                 "cancelled before completion", "cancel requested; result dropped")
+        _settle(conn, now, held)
         return CompleteResult(status="cancelled")
+    if held.result_schema is not None:
+        try:
+            if artifact is not None:
+                raise results.ResultInvalid(f"result_invalid ({held.result_schema}): a checked "
+                                            "result must be inline, not an artifact")
+            result_json = results.check(held.result_schema, result_json or "null")
+        except results.ResultInvalid as exc:
+            status, _ = _spend_attempt(conn, now, job_id, worker_id, held, str(exc), True,
+                                       backoff or (lambda _n: 0.0))
+            return CompleteResult(status=status, error=str(exc))
     if artifact is not None:
         conn.execute(SQL_INSERT_ARTIFACT, (artifact.sha256, artifact.path, artifact.size, now))
     conn.execute(SQL_SUCCEED, (result_json, artifact.sha256 if artifact else None, now, now,
                                job_id))
     event(conn, job_id, now, worker_id, "running", "succeeded", None)
+    _settle(conn, now, held)
     return CompleteResult(status="succeeded")
 
 
@@ -252,16 +278,32 @@ def fail(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, toke
     conn.execute(SQL_DELETE_LEASE, (job_id,))
     if held.cancel_requested:
         end_job(conn, now, job_id, worker_id, "running", "cancelled", error, error)
+        _settle(conn, now, held)
         return StatusResult(status="cancelled")
+    status, run_at = _spend_attempt(conn, now, job_id, worker_id, held, error, retryable,
+                                    backoff)
+    return StatusResult(status=status, run_at=run_at)
+
+
+def _spend_attempt(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
+                   held: _Held, error: str, retryable: bool,
+                   backoff: Callable[[int], float]) -> tuple[str, float | None]:
+    """End a running attempt that failed: requeue it after backoff, or dead-letter it."""
     if not retryable or held.attempts >= held.max_attempts:
         why = (f"permanent: {error}" if not retryable
                else f"attempts exhausted (last: {error})")
         end_job(conn, now, job_id, worker_id, "running", "failed", why, why)
-        return StatusResult(status="failed")
+        _settle(conn, now, held)
+        return "failed", None
     run_at = now + backoff(held.attempts)
     requeue(conn, now, job_id, worker_id, error, run_at,
             f"retryable: {error}; backoff until {run_at:.3f}")
-    return StatusResult(status="waiting", run_at=run_at)
+    return "waiting", run_at
+
+
+def _settle(conn: sqlite3.Connection, now: float, held: _Held) -> None:
+    if held.workflow_id is not None:
+        workflows.settle(conn, now, held.workflow_id)
 
 
 def backoff_delay(attempts: int, base_s: float, cap_s: float, jitter: float, u: float) -> float:

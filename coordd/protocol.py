@@ -17,8 +17,8 @@ import msgspec
 
 MAX_FRAME_DEFAULT = 16 << 20  # 16 MiB; client and server both enforce an explicit cap
 PRIORITIES = (0, 1, 2, 3)
-JOB_STATUSES = ("waiting", "running", "succeeded", "failed", "cancelled")
-TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
+JOB_STATUSES = ("waiting", "running", "succeeded", "failed", "cancelled", "blocked", "skipped")
+TERMINAL_STATUSES = ("succeeded", "failed", "cancelled", "skipped")  # blocked: see workflows
 
 
 class Request(msgspec.Struct, kw_only=True):
@@ -98,6 +98,7 @@ class Enqueue(msgspec.Struct, kw_only=True):
     idempotency_key: str | None = None
     max_runtime_s: float | None = None
     gates: dict[str, Any] | None = None
+    result_schema: str | None = None  # a name in coordd.results.SCHEMAS (checked at complete)
 
 
 class EnqueueBatch(msgspec.Struct, kw_only=True):
@@ -245,9 +246,11 @@ class RenewResult(msgspec.Struct, kw_only=True):
 
 
 class CompleteResult(msgspec.Struct, kw_only=True):
-    """`complete` result: `cancelled` if a cancel was requested first (the result is dropped)."""
+    """`complete` result: `cancelled` if a cancel was requested first (the result is dropped);
+    `waiting` or `failed` if the result failed its schema (`error` says why; attempt spent)."""
 
     status: str = "succeeded"
+    error: str | None = None
 
 
 class StatusResult(msgspec.Struct, kw_only=True):
@@ -311,6 +314,9 @@ class JobView(msgspec.Struct, kw_only=True):
     events: list[EventView] = []
     waiting_reason: str | None = None
     gates: dict[str, Any] | None = None  # the job's own gate overrides
+    workflow_id: str | None = None  # `get_job` only: the workflow this job is a node of
+    node: str | None = None
+    result_schema: str | None = None
 
 
 class JobList(msgspec.Struct, kw_only=True):
@@ -553,3 +559,11 @@ HUB_PARAMS: dict[str, type[msgspec.Struct]] = {
     "get_agent_status": AgentQuery,
 }
 PARAMS.update(HUB_PARAMS)
+
+
+# ---------------------------------------------------------------- workflows (issue 8)
+# Their Structs live in coordd.protocol_workflows (this module's size); registered here.
+from coordd.protocol_workflows import WORKFLOW_ADMIN_METHODS, WORKFLOW_PARAMS  # noqa: E402
+
+PARAMS.update(WORKFLOW_PARAMS)
+ADMIN_METHODS = ADMIN_METHODS | WORKFLOW_ADMIN_METHODS

@@ -15,9 +15,9 @@ logger = logging.getLogger(__name__)
 
 
 class Reaper:
-    """Run `Coordinator.reap` every `interval` seconds, and `Coordinator.prune` every
-    `prune_interval` seconds (defaults: the config's `reaper_interval_s` and
-    `prune_interval_s`), until stopped.
+    """Run the workflow round (`Workflows.tick`) and `Coordinator.reap` every `interval`
+    seconds, and `Coordinator.prune` every `prune_interval` seconds (defaults: the
+    config's `reaper_interval_s` and `prune_interval_s`), until stopped.
 
     Expiry is judged by coordd's clock inside the writer's transaction, never by the
     caller's; a wall-clock jump (suspend) is handled by the writer before any reap. The
@@ -57,6 +57,7 @@ class Reaper:
         """Loop until `stop` is set; a failed round is logged and retried next interval."""
         while not await self._clock.wait(stop, self._interval):
             try:
+                await self._coord.flows.tick()  # workflows: worker_absent, settle, schedules
                 await self.run_once()
                 await self.prune_if_due()
             except errors.Overloaded:

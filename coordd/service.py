@@ -20,7 +20,7 @@ from typing import Any
 import aiosqlite
 import msgspec
 
-from coordd import backup, cas, errors, gates, leases, store, values, views
+from coordd import backup, cas, errors, gates, leases, results, store, values, views
 from coordd.hub import Hub
 from coordd.ids import JobIds
 from coordd.clock import Clock
@@ -33,14 +33,20 @@ from coordd.protocol import (
     Renew, RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
     HUB_PARAMS,
 )
+from coordd.protocol_workflows import (
+    ListWorkflows, ScheduleAdd, ScheduleList, ScheduleName, ScheduleView, WorkflowId,
+    WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
+)
 from coordd.metrics import Metrics, tree_bytes
+from coordd.names import check_duration, check_name, check_time
+from coordd.store import workflows as wstore
+from coordd.workflows import Workflows
 from coordd.writer import Writer
 
 logger = logging.getLogger(__name__)
 
 LIST_LIMIT_MAX = 1000
 ARTIFACT_GRACE_S = 3600.0  # an unreferenced artifact file younger than this is kept
-NAME_MAX_CHARS = 200
 
 
 def fmt_time(ts: float) -> str:
@@ -80,6 +86,7 @@ class Coordinator:
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s)
+        self.flows = Workflows(self)
         self.hub = Hub(self.writer, self._read, config, clock)
         for method in HUB_PARAMS:  # the hub's RPC methods are served by coordd.hub
             setattr(self, method, getattr(self.hub, method))
@@ -115,6 +122,10 @@ class Coordinator:
         finally:
             await self.writer.stop()
 
+    async def read(self, fn: Any, *args: Any) -> Any:
+        """Run `fn(conn, *args)` on the read-only connection."""
+        return await self._read(fn, *args)
+
     async def _read(self, fn: Any, *args: Any) -> Any:
         if self._reader is None:
             raise errors.CoordError("coordinator is not started")
@@ -128,9 +139,9 @@ class Coordinator:
         Returns the ids of jobs this worker holds whose cancel was requested.
         Raises: errors.BadRequest (empty id, bad readings types).
         """
-        _check_name("worker_id", p.worker_id)
+        check_name("worker_id", p.worker_id)
         for role in p.roles:
-            _check_name("role", role)
+            check_name("role", role)
         try:
             msgspec.convert(p.readings, Readings)
         except msgspec.ValidationError as exc:
@@ -148,7 +159,9 @@ class Coordinator:
         `lease_s` is clamped to the configured [lease_min_s, lease_max_s]; it never
         depends on a job's max runtime. Raises: errors.BadRequest.
         """
-        _check_name("worker_id", p.worker_id)
+        check_name("worker_id", p.worker_id)
+        if p.claim_id is not None:
+            check_name("claim_id", p.claim_id)
         lease_s = self._lease_s(p.lease_s)
         result = await self.writer.run(
             partial(leases.claim, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,
@@ -177,9 +190,10 @@ class Coordinator:
         """Store a job's result, once. Raises: AlreadyCompleted (a result is stored: treat as
         success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound."""
         text = values.encode("result", p.result, self.config.max_result_bytes)
+        backoff = self._backoff()
         return await self.writer.run(
             lambda conn, now: leases.complete(conn, now, p.job_id, p.worker_id, p.token, text,
-                                              p.artifact))
+                                              p.artifact, backoff))
 
     async def fail(self, p: Fail) -> StatusResult:
         """Record a failure; the error text is truncated to `max_error_chars`.
@@ -188,41 +202,55 @@ class Coordinator:
         otherwise `failed` (dead letter). Raises: the lease errors.
         """
         error = _truncate(p.error, self.config.max_error_chars)
-        backoff = partial(leases.backoff_delay, base_s=self.config.backoff_base_s,
-                          cap_s=self.config.backoff_cap_s, jitter=self.config.backoff_jitter,
-                          u=self._rng.random())
+        backoff = self._backoff()
         return await self.writer.run(
             lambda conn, now: leases.fail(conn, now, p.job_id, p.worker_id, p.token, error,
                                          p.retryable, backoff))
 
+    def new_job_id(self) -> str:
+        """A fresh, time-ordered job id (coordd.ids): FIFO among jobs queued together."""
+        return self._ids.new(self.clock.wall())
+
+    def _backoff(self) -> Any:
+        return partial(leases.backoff_delay, base_s=self.config.backoff_base_s,
+                       cap_s=self.config.backoff_cap_s, jitter=self.config.backoff_jitter,
+                       u=self._rng.random())
+
     # ------------------------------------------------------------ producers and admin
 
+    def check_gates(self, priority: int, overrides: dict[str, Any]) -> None:
+        """Raise BadRequest unless `overrides` are valid gate keys for `priority`."""
+        try:
+            gates.merge(self._policies[priority], overrides)
+        except msgspec.ValidationError as exc:
+            raise errors.BadRequest(f"gates: {exc}") from exc
+
     def _new_job(self, p: Enqueue) -> store.NewJob:
-        _check_name("kind", p.kind)
-        _check_name("required_role", p.required_role)
+        check_name("kind", p.kind)
+        check_name("required_role", p.required_role)
         if p.priority not in PRIORITIES:
             raise errors.BadRequest(f"priority must be 0..3, got {p.priority}")
         max_attempts = p.max_attempts if p.max_attempts is not None \
             else self.config.max_attempts_default
         if max_attempts < 1:
             raise errors.BadRequest(f"max_attempts must be >= 1, got {max_attempts}")
-        if p.max_runtime_s is not None and p.max_runtime_s <= 0:
-            raise errors.BadRequest("max_runtime_s must be > 0")
+        check_duration("max_runtime_s", p.max_runtime_s)
+        check_time("run_at", p.run_at)
         if p.idempotency_key is not None:
-            _check_name("idempotency_key", p.idempotency_key)
+            check_name("idempotency_key", p.idempotency_key)
         gates_json = None
         if p.gates:
-            try:
-                gates.merge(self._policies[p.priority], p.gates)
-            except msgspec.ValidationError as exc:
-                raise errors.BadRequest(f"gates: {exc}") from exc
+            self.check_gates(p.priority, p.gates)
             gates_json = values.encode("gates", p.gates, self.config.max_payload_bytes)
+        schema = p.result_schema or self.config.result_schemas.get(p.kind)
+        if schema is not None and schema not in results.SCHEMAS:
+            raise errors.BadRequest(f"unknown result_schema {schema!r}")
         return store.NewJob(
             job_id=self._ids.new(self.clock.wall()), kind=p.kind, required_role=p.required_role,
             priority=p.priority,
             payload_json=values.encode("payload", p.payload, self.config.max_payload_bytes),
             run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
-            max_runtime_s=p.max_runtime_s, gates_json=gates_json)
+            max_runtime_s=p.max_runtime_s, gates_json=gates_json, result_schema=schema)
 
     async def enqueue(self, p: Enqueue) -> EnqueueResult:
         """Add a waiting job; a repeated idempotency key returns the existing job id with
@@ -241,12 +269,22 @@ class Coordinator:
             lambda conn, now: [store.enqueue(conn, now, j) for j in jobs]))
 
     async def cancel(self, p: JobId) -> StatusResult:
-        """Cancel a job (see coordd.store.cancel). Raises: NotFound, InvalidState."""
-        return await self.writer.run(lambda conn, now: store.cancel(conn, now, p.job_id))
+        """Cancel a job (see coordd.store.cancel); a workflow node's dependents follow their
+        policies in the same transaction. Raises: NotFound, InvalidState."""
+        def op(conn: sqlite3.Connection, now: float) -> StatusResult:
+            res = store.cancel(conn, now, p.job_id)
+            wstore.settle_job(conn, now, p.job_id)
+            return res
+        return await self.writer.run(op)
 
     async def retry(self, p: JobId) -> StatusResult:
-        """Put a failed or cancelled job back to waiting. Raises: NotFound, InvalidState."""
-        return await self.writer.run(lambda conn, now: store.retry(conn, now, p.job_id))
+        """Put a failed, cancelled or skipped job back to waiting (a workflow node reopens
+        its workflow). Raises: NotFound, InvalidState."""
+        def op(conn: sqlite3.Connection, now: float) -> StatusResult:
+            res = store.retry(conn, now, p.job_id)
+            node = wstore.reopen(conn, now, p.job_id)  # a workflow node reopens its graph
+            return res if node is None or node == res.status else StatusResult(status=node)
+        return await self.writer.run(op)
 
     async def ping(self) -> None:
         """Run an empty request through the writer (BEGIN IMMEDIATE ... COMMIT).
@@ -343,8 +381,14 @@ class Coordinator:
         """One job with lease, events and, if waiting, why it is not running. Raises: NotFound."""
         now = self.clock.wall()
         job = await self._read(views.get_job, now, p.job_id, self.config.aging_interval_s)
+        job.workflow_id, job.node, job.result_schema, deps = await self._read(
+            wstore.node_info, p.job_id)
         if job.status == "waiting":
             job.waiting_reason = await self._explain(job, now)
+        elif job.status == "blocked":
+            job.waiting_reason = "blocked: waits for " + ", ".join(
+                f"{name} ({status})" for name, status, _ in deps if status in
+                ("blocked", "waiting", "running"))
         return job
 
     async def list_jobs(self, p: ListJobs) -> JobList:
@@ -396,6 +440,29 @@ class Coordinator:
         """
         return await asyncio.to_thread(backup.backup, self.db_path, self.artifact_dir, p.dest)
 
+    # ------------------------------------------------------------ workflows (coordd.workflows)
+
+    async def workflow_submit(self, p: WorkflowSubmit) -> WorkflowSubmitResult:
+        return await self.flows.submit(p)
+
+    async def workflow_get(self, p: WorkflowId) -> WorkflowView:
+        return await self.flows.get(p)
+
+    async def workflow_list(self, p: ListWorkflows) -> WorkflowList:
+        return await self.flows.list(p)
+
+    async def workflow_cancel(self, p: WorkflowId) -> WorkflowView:
+        return await self.flows.cancel(p)
+
+    async def schedule_add(self, p: ScheduleAdd) -> ScheduleView:
+        return await self.flows.schedule_add(p)
+
+    async def schedule_list(self, p: Any = None) -> ScheduleList:
+        return await self.flows.schedule_list(p)
+
+    async def schedule_remove(self, p: ScheduleName) -> dict[str, Any]:
+        return await self.flows.schedule_remove(p)
+
     # ------------------------------------------------------------ helpers
 
     def _lease_s(self, asked: float | None) -> float:
@@ -443,9 +510,6 @@ def _reading_notes(readings: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _check_name(what: str, value: str) -> None:
-    if not value or len(value) > NAME_MAX_CHARS:
-        raise errors.BadRequest(f"{what} must be 1..{NAME_MAX_CHARS} characters")
 
 
 def _truncate(text: str, limit: int) -> str:

@@ -547,8 +547,9 @@ class Supervisor:
         except errors.CoordError as exc:  # e.g. payload_too_large: the job cannot succeed as is
             await self._report_fail(run, f"result refused by coordd: {exc.code}: {exc}", False)
             return
-        if res is not None:
-            logger.info("job %s: %s", run.job_id, res.status,
+        if res is not None:  # `error`: coordd refused the result against the kind's schema
+            logger.info("job %s: %s%s", run.job_id, res.status,
+                        f" (result refused: {res.error})" if res.error else "",
                         extra={"action": "complete", "job_id": run.job_id, "status": res.status})
 
 

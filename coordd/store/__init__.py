@@ -20,8 +20,10 @@ import msgspec
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
 from coordd.store import messages as _messages
+from coordd.store import workflow_schema as _workflow_schema
+from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 6
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
 VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
@@ -132,6 +134,10 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # v4: the agent message hub (messages, per-reader delivery state, agent status)
     _messages.MIGRATION,
+    # v5: workflows, edges, schedules; jobs gain `blocked` and `skipped` (a table rebuild)
+    _workflow_schema.MIGRATION,
+    # v6: workflows.spec_sha256 (a repeated idempotency key must bring the same graph)
+    _workflow_schema.MIGRATION_V6,
 )
 
 json_encode = msgspec.json.encode
@@ -163,15 +169,22 @@ def migrate(conn: sqlite3.Connection) -> int:
         if tables:
             raise errors.StoreError("database has tables but no coordd schema version")
     for v in range(version, SCHEMA_VERSION):
+        rebuild = MIGRATIONS[v].lstrip().startswith(FK_OFF_MARKER)  # no cascade on DROP
+        fk_was = conn.execute("PRAGMA foreign_keys").fetchone()[0]
+        conn.execute(f"PRAGMA foreign_keys={0 if rebuild else fk_was}")  # outside the txn
         conn.execute("BEGIN IMMEDIATE")
         try:
             for stmt in _split(MIGRATIONS[v]):
                 conn.execute(stmt)
+            if rebuild and conn.execute(PRAGMA_FOREIGN_KEY_CHECK).fetchone() is not None:
+                raise errors.StoreError(f"migration to v{v + 1} broke a foreign key")
             conn.execute(f"PRAGMA user_version = {v + 1}")
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        finally:
+            conn.execute(f"PRAGMA foreign_keys={fk_was}")
     return SCHEMA_VERSION
 
 
@@ -259,12 +272,14 @@ class NewJob(msgspec.Struct, kw_only=True):
     idempotency_key: str | None
     max_runtime_s: float | None
     gates_json: str | None
+    result_schema: str | None = None
 
 
 SQL_ENQUEUE = (
     "INSERT INTO jobs (job_id, kind, required_role, priority, payload_json, status, "
     "max_attempts, run_at, queued_at, created_at, updated_at, idempotency_key, "
-    "max_runtime_s, gates_json) VALUES (?, ?, ?, ?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?) "
+    "max_runtime_s, gates_json, result_schema) "
+    "VALUES (?, ?, ?, ?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (idempotency_key) DO NOTHING RETURNING job_id"
 )
 SQL_JOB_BY_KEY = "SELECT job_id FROM jobs WHERE idempotency_key = ?"
@@ -275,7 +290,7 @@ def enqueue(conn: sqlite3.Connection, now: float, job: NewJob) -> EnqueueResult:
     row = conn.execute(SQL_ENQUEUE, (
         job.job_id, job.kind, job.required_role, job.priority, job.payload_json,
         job.max_attempts, job.run_at if job.run_at is not None else now, now, now, now,
-        job.idempotency_key, job.max_runtime_s, job.gates_json,
+        job.idempotency_key, job.max_runtime_s, job.gates_json, job.result_schema,
     )).fetchone()
     if row is None:
         existing = conn.execute(SQL_JOB_BY_KEY, (job.idempotency_key,)).fetchone()
@@ -347,8 +362,8 @@ def lenient_json(text: str | None, default: Any = None) -> Any:
 
 SQL_JOB_FOR_LEASE = (
     "SELECT j.status, j.cancel_requested, j.max_runtime_s, j.attempts, j.max_attempts, "
-    "j.last_token, l.worker_id, l.token, l.granted_at, l.expires_at FROM jobs j "
-    "LEFT JOIN leases l ON l.job_id = j.job_id WHERE j.job_id = ?"
+    "j.last_token, l.worker_id, l.token, l.granted_at, l.expires_at, j.result_schema, "
+    "j.workflow_id FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id WHERE j.job_id = ?"
 )
 SQL_RENEW = "UPDATE leases SET expires_at = ?, lease_s = ? WHERE job_id = ?"
 SQL_CHECKPOINT = "UPDATE jobs SET checkpoint_json = ?, updated_at = ? WHERE job_id = ?"
@@ -378,8 +393,12 @@ SQL_JOB_STATUS = "SELECT status FROM jobs WHERE job_id = ?"
 SQL_REQUEST_CANCEL = "UPDATE jobs SET cancel_requested = 1, updated_at = ? WHERE job_id = ?"
 SQL_RETRY = (
     "UPDATE jobs SET status = 'waiting', attempts = 0, run_at = ?, queued_at = ?, "
-    "updated_at = ?, finished_at = NULL, cancel_requested = 0 WHERE job_id = ?"
+    "updated_at = ?, finished_at = NULL, cancel_requested = 0, last_error = NULL "
+    "WHERE job_id = ?"
 )
+
+
+CANCELLED_BY_ADMIN = "cancelled by admin"  # the reason of a job cancelled before it ran
 
 
 def _status(conn: sqlite3.Connection, job_id: str) -> str:
@@ -390,16 +409,17 @@ def _status(conn: sqlite3.Connection, job_id: str) -> str:
 
 
 def cancel(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
-    """Cancel: waiting -> cancelled at once; running -> cancel requested (the holder learns it
-    from `renew`/`heartbeat` and ends it); cancelled stays cancelled.
+    """Cancel: waiting (or blocked) -> cancelled at once; running -> cancel requested (the
+    holder learns it from `renew`/`heartbeat` and ends it); cancelled stays cancelled.
 
     Raises:
         errors.NotFound: no such job.
         errors.InvalidState: the job already succeeded or failed.
     """
     status = _status(conn, job_id)
-    if status == "waiting":
-        end_job(conn, now, job_id, None, "waiting", "cancelled", None, "cancelled by admin")
+    if status in ("waiting", "blocked"):
+        end_job(conn, now, job_id, None, status, "cancelled", CANCELLED_BY_ADMIN,
+                CANCELLED_BY_ADMIN)
         return StatusResult(status="cancelled")
     if status == "running":
         conn.execute(SQL_REQUEST_CANCEL, (now, job_id))
@@ -407,19 +427,19 @@ def cancel(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
         return StatusResult(status="running")
     if status == "cancelled":
         return StatusResult(status="cancelled")
-    raise errors.InvalidState(f"job {job_id} is {status}; only waiting or running jobs cancel")
+    raise errors.InvalidState(f"job {job_id} is {status}; only waiting/blocked/running cancel")
 
 
 def retry(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
-    """Put a failed (dead-lettered) or cancelled job back to waiting with a fresh attempt budget.
+    """Put a failed (dead letter), cancelled or skipped job back to waiting, attempts reset.
 
     Raises:
         errors.NotFound: no such job.
         errors.InvalidState: the job is waiting, running or succeeded.
     """
     status = _status(conn, job_id)
-    if status not in ("failed", "cancelled"):
-        raise errors.InvalidState(f"job {job_id} is {status}; only failed or cancelled jobs retry")
+    if status not in ("failed", "cancelled", "skipped"):
+        raise errors.InvalidState(f"job {job_id} is {status}; only failed/cancelled/skipped retry")
     conn.execute(SQL_RETRY, (now, now, now, job_id))
     event(conn, job_id, now, None, status, "waiting", "retried by admin")
     return StatusResult(status="waiting", run_at=now)
@@ -475,15 +495,18 @@ def extend_leases(conn: sqlite3.Connection, now: float, jump: float, seen_at: fl
 # ---------------------------------------------------------------- retention
 
 
-SQL_PRUNE_PICK = (
-    "SELECT job_id FROM jobs INDEXED BY jobs_finished WHERE finished_at IS NOT NULL "
-    "AND finished_at < ? AND status IN ('succeeded', 'failed', 'cancelled') "
-    "ORDER BY finished_at LIMIT ?"
+# A node of a workflow goes only with its whole graph: once the workflow has ended, and
+# ended before the cutoff too (so every node has), never while a dependent may still read
+# its result or artifact.
+SQL_PRUNE_WHERE = (
+    "FROM jobs INDEXED BY jobs_finished WHERE finished_at IS NOT NULL "
+    "AND finished_at < ?1 AND status IN ('succeeded', 'failed', 'cancelled', 'skipped') "
+    "AND (workflow_id IS NULL OR EXISTS (SELECT 1 FROM workflows w "
+    "WHERE w.workflow_id = jobs.workflow_id AND w.status <> 'running' "
+    "AND w.finished_at < ?1))"
 )
-SQL_PRUNABLE = (
-    "SELECT count(*) FROM jobs INDEXED BY jobs_finished WHERE finished_at IS NOT NULL "
-    "AND finished_at < ? AND status IN ('succeeded', 'failed', 'cancelled')"
-)
+SQL_PRUNE_PICK = "SELECT job_id " + SQL_PRUNE_WHERE + " ORDER BY finished_at LIMIT ?2"
+SQL_PRUNABLE = "SELECT count(*) " + SQL_PRUNE_WHERE
 SQL_PRUNE_EVENTS = "DELETE FROM job_events WHERE job_id = ?"
 SQL_PRUNE_JOB = "DELETE FROM jobs WHERE job_id = ? RETURNING artifact_sha256"
 SQL_PRUNE_ARTIFACT = (

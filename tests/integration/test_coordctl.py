@@ -14,7 +14,7 @@ from contextlib import closing
 from coordd.client import SyncClient
 
 JOB_ID = re.compile(r"^[0-9a-f]{16}$")
-STATUSES = ("waiting", "running", "succeeded", "failed", "cancelled")
+STATUSES = ("waiting", "running", "succeeded", "failed", "cancelled", "blocked", "skipped")
 COOL = {"memory_used_pct": 30.0, "temperature_c": 40.0, "on_battery": False,
         "user_idle_s": 10_000.0}
 

@@ -186,7 +186,7 @@ async def test_status_on_new_database_is_all_zero(bundle):
     st = await bundle.coord.status()
     assert st.workers == 0 and st.active_leases == 0
     assert st.jobs == {"waiting": 0, "running": 0, "succeeded": 0, "failed": 0,
-                       "cancelled": 0}
+                       "cancelled": 0, "blocked": 0, "skipped": 0}
     assert (await bundle.coord.check())["quick_check"] == "ok"
 
 

@@ -113,3 +113,12 @@ async def test_every_stored_value_nested_too_deep_is_refused_and_nothing_changes
 async def test_a_value_at_the_depth_cap_is_stored(bundle, field):
     # the field's own wrapper (metadata {"m": ...}) adds a level
     await _store_each(bundle, field, nested(LIMIT - 1))
+
+
+async def test_a_workflow_node_payload_nested_too_deep_is_refused(bundle):
+    from tests.unit.test_workflow_input import ONE
+    from tests.unit.test_workflows import _convert
+    node = {**ONE["nodes"][0], "payload": {"d": nested(250)}}
+    with pytest.raises(errors.BadRequest, match="payload nests deeper than 64 levels"):
+        await bundle.coord.workflow_submit(_convert({**ONE, "nodes": [node]}))
+    assert sum((await bundle.coord.status()).jobs.values()) == 0

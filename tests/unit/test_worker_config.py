@@ -104,7 +104,7 @@ def test_coord_worker_bad_config_exits_2(tmp_path):
 def test_example_config_loads():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cfg = load(os.path.join(root, "examples", "worker.toml"))
-    assert set(cfg.kinds) == {"keywords", "train", "embed"}
+    assert set(cfg.kinds) == {"keywords", "train", "embed", "gather", "narrate", "build"}
     assert cfg.kinds["embed"].env == {"OMP_NUM_THREADS": "2"}
     assert cfg.kinds["keywords"].argv[0] == "{python}"  # the README's example job runs
 

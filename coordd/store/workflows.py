@@ -1,0 +1,539 @@
+"""Workflows and schedules in the store: their SQL and transitions (schema v5 is in
+coordd.store.workflow_schema).
+
+A workflow is a row in `workflows` plus jobs (its nodes) that carry its `workflow_id` and
+their node `name`, and `workflow_edges` (dependent -> dependency, with a policy). A node
+with unmet dependencies is stored `blocked`, which no claim looks at: the claim path and
+its partial index (`WHERE status = 'waiting'`) are untouched. `settle` promotes a blocked
+node to `waiting` when every dependency has ended, in the same writer transaction as the
+change that ended the last one (complete, fail, cancel, retry), so no crash can leave a
+ready node stranded; a sweep in the maintenance loop settles every running workflow again
+as a backstop (an expired lease's last attempt, or a claim-time dead letter, ends a job
+outside those hooks: its workflow moves on within one maintenance round).
+
+Like everything in coordd.store, these functions run inside the writer's transaction and
+take `now` from coordd's clock.
+
+Every statement's plan is pinned, not left to the planner's statistics (a stale
+sqlite_stat1 once made the edge read scan every edge of every workflow): `INDEXED BY` the
+index meant, `CROSS JOIN` for the join order, `NOT INDEXED` where only the primary key of
+a WITHOUT ROWID table will do, and a unary `+` on a term that must not pick an index.
+tests/unit/test_workflow_plans.py checks each plan with skewed statistics loaded.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from coordd import errors
+from coordd.store import cancel, dumps, event, lenient_json
+
+# Statuses a node can end in; a workflow is over when every node is in one of them.
+NODE_TERMINAL = ("succeeded", "failed", "cancelled", "skipped")
+WORKER_ABSENT = "worker_absent"
+SETTLE_SWEEP_LIMIT = 500  # running workflows settled per maintenance round
+
+
+class NewNode(msgspec.Struct, kw_only=True):
+    """A validated node ready to insert (payload already a dict, JSON encoded later)."""
+
+    job_id: str
+    name: str
+    kind: str
+    required_role: str
+    priority: int
+    payload: dict[str, Any]
+    max_attempts: int
+    max_runtime_s: float | None = None
+    gates_json: str | None = None
+    result_schema: str | None = None
+    needs: list[tuple[str, str]] = []  # (dependency node name, policy)
+
+
+class NewWorkflow(msgspec.Struct, kw_only=True):
+    """A validated graph: nodes in topological order, ids chosen."""
+
+    workflow_id: str
+    name: str
+    nodes: list[NewNode]
+    idempotency_key: str | None = None
+    schedule_id: str | None = None
+    spec_sha256: str | None = None  # of the graph as submitted (coordd.workflows.spec_hash)
+
+
+SQL_INSERT_WORKFLOW = (
+    "INSERT INTO workflows (workflow_id, name, status, idempotency_key, schedule_id, "
+    "created_at, updated_at, spec_sha256) VALUES (?, ?, 'running', ?, ?, ?, ?, ?) "
+    "ON CONFLICT (idempotency_key) DO NOTHING RETURNING workflow_id"
+)
+SQL_WORKFLOW_BY_KEY = (
+    "SELECT workflow_id, spec_sha256 FROM workflows WHERE idempotency_key = ?"
+)
+SQL_INSERT_NODE = (
+    "INSERT INTO jobs (job_id, kind, required_role, priority, payload_json, status, "
+    "max_attempts, run_at, queued_at, created_at, updated_at, max_runtime_s, gates_json, "
+    "workflow_id, node, result_schema) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_INSERT_EDGE = "INSERT INTO workflow_edges (job_id, dep_job_id, policy) VALUES (?, ?, ?)"
+SQL_NODE_IDS = "SELECT node, job_id FROM jobs INDEXED BY jobs_workflow WHERE workflow_id = ?"
+SQL_NODES = (
+    "SELECT j.job_id, j.node, j.status, j.kind, j.required_role, j.attempts, j.max_attempts, "
+    "j.result_json, j.last_error, a.sha256, a.size, a.path "
+    "FROM jobs j INDEXED BY jobs_workflow LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 "
+    "WHERE j.workflow_id = ? ORDER BY j.rowid"
+)
+SQL_SETTLE_NODES = (
+    "SELECT job_id, node, status, required_role, last_error FROM jobs INDEXED BY jobs_workflow "
+    "WHERE workflow_id = ? ORDER BY rowid"
+)
+SQL_NODE_PAYLOAD = "SELECT payload_json FROM jobs WHERE job_id = ?"
+SQL_DEP_RESULT = (
+    "SELECT j.result_json, a.sha256, a.size, a.path FROM jobs j "
+    "LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 WHERE j.job_id = ?"
+)
+SQL_EDGES = (
+    "SELECT e.job_id, e.dep_job_id, e.policy FROM jobs j INDEXED BY jobs_workflow "
+    "CROSS JOIN workflow_edges e NOT INDEXED ON e.job_id = j.job_id WHERE j.workflow_id = ?"
+)
+SQL_PROMOTE = (
+    "UPDATE jobs SET status = 'waiting', payload_json = ?, queued_at = ?, updated_at = ? "
+    "WHERE job_id = ? AND status = 'blocked'"
+)
+SQL_SKIP = (
+    "UPDATE jobs SET status = 'skipped', last_error = ?, updated_at = ?, finished_at = ?, "
+    "cancel_requested = 0 WHERE job_id = ? AND status IN ('blocked', 'waiting')"
+)
+SQL_FINISH_WORKFLOW = (
+    "UPDATE workflows SET status = ?, summary_json = ?, updated_at = ?, finished_at = ? "
+    "WHERE workflow_id = ? AND status = 'running'"
+)
+SQL_TOUCH_WORKFLOW = "UPDATE workflows SET updated_at = ? WHERE workflow_id = ?"
+SQL_RUNNING_WORKFLOWS = (
+    "SELECT workflow_id FROM workflows INDEXED BY workflows_status WHERE status = 'running' "
+    "ORDER BY created_at LIMIT ?"
+)
+# Waiting workflow nodes whose wait started before ?1 and whose role no worker with a fresh
+# heartbeat (at or after ?2) advertises. Its partial index holds waiting workflow nodes
+# only, so plain jobs (however many wait) cost this nothing.
+SQL_ABSENT = (
+    "SELECT j.job_id, j.workflow_id, j.required_role, max(j.queued_at, j.run_at) "
+    "FROM jobs j INDEXED BY jobs_workflow_waiting WHERE j.status = 'waiting' "
+    "AND j.workflow_id IS NOT NULL AND j.queued_at <= ?1 AND j.run_at <= ?1 "
+    "AND NOT EXISTS (SELECT 1 FROM workers w, json_each(w.roles_json) r "
+    "WHERE w.heartbeat_at >= ?2 AND r.value = j.required_role) LIMIT ?3"
+)
+
+
+def insert_workflow(conn: sqlite3.Connection, now: float, wf: NewWorkflow
+                    ) -> tuple[str, bool, dict[str, str]]:
+    """Insert a whole graph: the workflow row, every node (blocked when it has
+    dependencies, else waiting) and every edge. Returns (workflow_id, created, node ->
+    job_id); a repeated idempotency key with the same graph returns the existing workflow
+    (created False).
+
+    Raises:
+        errors.InvalidState: the key was used for another graph.
+    """
+    row = conn.execute(SQL_INSERT_WORKFLOW, (wf.workflow_id, wf.name, wf.idempotency_key,
+                                             wf.schedule_id, now, now,
+                                             wf.spec_sha256)).fetchone()
+    if row is None:
+        wid, sha = conn.execute(SQL_WORKFLOW_BY_KEY, (wf.idempotency_key,)).fetchone()
+        if sha is not None and wf.spec_sha256 is not None and sha != wf.spec_sha256:
+            raise errors.InvalidState(
+                f"idempotency key {wf.idempotency_key!r} was used for another graph "
+                f"(workflow {wid}); use a new key for a new graph")
+        return wid, False, dict(conn.execute(SQL_NODE_IDS, (wid,)).fetchall())
+    ids = {n.name: n.job_id for n in wf.nodes}
+    for n in wf.nodes:
+        status = "blocked" if n.needs else "waiting"
+        conn.execute(SQL_INSERT_NODE, (
+            n.job_id, n.kind, n.required_role, n.priority, dumps(n.payload), status,
+            n.max_attempts, now, now, now, now,
+            n.max_runtime_s, n.gates_json, wf.workflow_id, n.name, n.result_schema))
+        event(conn, n.job_id, now, None, None, status,
+              f"workflow {wf.workflow_id} node {n.name}"
+              + (f" (needs {', '.join(d for d, _ in n.needs)})" if n.needs else ""))
+        for dep, policy in n.needs:
+            conn.execute(SQL_INSERT_EDGE, (n.job_id, ids[dep], policy))
+    return wf.workflow_id, True, ids
+
+
+class _Node(msgspec.Struct):
+    job_id: str
+    name: str
+    status: str
+    role: str
+    last_error: str | None
+
+
+def settle(conn: sqlite3.Connection, now: float, workflow_id: str,
+           touch: bool = True) -> str | None:
+    """Move a workflow forward as far as its nodes' states allow; return its status if it
+    ended now (else None). `touch` False (the backstop sweep): `updated_at` only moves
+    if something did.
+
+    Each blocked node whose dependencies have all ended is either skipped (a dependency
+    did not succeed and its edge's policy is `skip`; reason `dependency_<status>: <node>`)
+    or promoted to waiting, with the dependencies' results stored in its payload under
+    `inputs` (node name -> result), artifacts under `input_artifacts` (by reference:
+    sha256, size, path) and the names of failed `run`-policy dependencies under
+    `missing_inputs`. Skips cascade in the same call. When every node has ended the
+    workflow gets its status (`succeeded`: all nodes; `partial`: some; `cancelled`: every
+    node was cancelled; else `failed`) and summary.
+    """
+    # states only: payloads and results are read for the nodes promoted now, not for all
+    nodes = {r[0]: _Node(*r) for r in conn.execute(SQL_SETTLE_NODES, (workflow_id,))}
+    deps: dict[str, list[tuple[str, str]]] = {}
+    for job_id, dep_id, policy in conn.execute(SQL_EDGES, (workflow_id,)):
+        deps.setdefault(job_id, []).append((dep_id, policy))
+    changed, moved = True, False
+    while changed:
+        changed = False
+        for n in nodes.values():
+            if n.status != "blocked":
+                continue
+            mine = deps.get(n.job_id, [])
+            if any(nodes[d].status not in NODE_TERMINAL for d, _ in mine):
+                continue
+            unmet = [(nodes[d], p) for d, p in mine if nodes[d].status != "succeeded"]
+            fatal = next((d for d, p in unmet if p == "skip"), None)
+            if fatal is not None:
+                reason = f"dependency_{fatal.status}: {fatal.name}"
+                skip(conn, now, n.job_id, "blocked", reason)
+                n.status, n.last_error = "skipped", reason
+            else:
+                _promote(conn, now, n, [nodes[d] for d, _ in mine], [d for d, _ in unmet])
+                n.status = "waiting"
+            changed = moved = True
+    if any(n.status not in NODE_TERMINAL for n in nodes.values()):
+        if touch or moved:
+            conn.execute(SQL_TOUCH_WORKFLOW, (now, workflow_id))
+        return None
+    summary = summarize(list(nodes.values()))
+    ok = len(summary["succeeded"])
+    if ok == len(nodes):
+        status = "succeeded"
+    elif ok:
+        status = "partial"
+    else:  # nothing succeeded: cancelled if that is all that happened, else failed
+        status = "cancelled" if len(summary["cancelled"]) == len(nodes) else "failed"
+    n_done = conn.execute(SQL_FINISH_WORKFLOW, (status, dumps(summary), now, now,
+                                                workflow_id)).rowcount
+    return status if n_done else None
+
+
+def _promote(conn: sqlite3.Connection, now: float, n: _Node, deps: list[_Node],
+             missing: list[_Node]) -> None:
+    payload = lenient_json(conn.execute(SQL_NODE_PAYLOAD, (n.job_id,)).fetchone()[0], {})
+    if not isinstance(payload, dict):
+        payload = {"payload": payload}
+    inputs, arts = {}, {}
+    for d in deps:
+        if d.status != "succeeded":
+            continue
+        result_json, a_sha, a_size, a_path = conn.execute(SQL_DEP_RESULT,
+                                                          (d.job_id,)).fetchone()
+        inputs[d.name] = lenient_json(result_json)
+        if a_sha:
+            arts[d.name] = {"sha256": a_sha, "size": a_size, "path": a_path}
+    payload["inputs"] = inputs
+    if arts:
+        payload["input_artifacts"] = arts
+    if missing:
+        payload["missing_inputs"] = [d.name for d in missing]
+    conn.execute(SQL_PROMOTE, (dumps(payload), now, now, n.job_id))
+    why = "dependencies met" + (f"; running without {', '.join(d.name for d in missing)}"
+                                if missing else "")
+    event(conn, n.job_id, now, None, "blocked", "waiting", why)
+
+
+def skip(conn: sqlite3.Connection, now: float, job_id: str, from_status: str,
+         reason: str) -> bool:
+    """End a blocked or waiting node `skipped` with `reason`; False if it had moved on."""
+    if conn.execute(SQL_SKIP, (reason, now, now, job_id)).rowcount == 0:
+        return False
+    event(conn, job_id, now, None, from_status, "skipped", reason)
+    return True
+
+
+def summarize(nodes: list[Any]) -> dict[str, Any]:
+    """The operator's to-do list: what succeeded, failed (with errors), was skipped (with
+    reasons) or cancelled, and the roles no worker offered (`missing_roles`)."""
+    out: dict[str, Any] = {"succeeded": [], "failed": [], "skipped": [], "cancelled": [],
+                           "missing_roles": []}
+    for n in nodes:
+        if n.status == "succeeded":
+            out["succeeded"].append(n.name)
+        elif n.status in ("failed", "skipped", "cancelled"):
+            out[n.status].append({"node": n.name, "reason": n.last_error})
+            if n.status == "skipped" and (n.last_error or "").startswith(WORKER_ABSENT) \
+                    and n.role not in out["missing_roles"]:
+                out["missing_roles"].append(n.role)
+    return out
+
+
+def settle_running(conn: sqlite3.Connection, now: float) -> int:
+    """Settle every running workflow (the backstop sweep); return how many ended."""
+    ids = [r[0] for r in conn.execute(SQL_RUNNING_WORKFLOWS, (SETTLE_SWEEP_LIMIT,))]
+    return sum(settle(conn, now, wid, touch=False) is not None for wid in ids)
+
+
+def skip_absent(conn: sqlite3.Connection, now: float, wait_s: float, stale_s: float,
+                limit: int = 1000) -> list[str]:
+    """Skip waiting workflow nodes that waited over `wait_s` while no worker with a fresh
+    heartbeat (within `stale_s`) advertised their role; settle their workflows. Returns
+    the skipped job ids."""
+    rows = conn.execute(SQL_ABSENT, (now - wait_s, now - stale_s, limit)).fetchall()
+    skipped, touched = [], set()
+    for job_id, workflow_id, role, since in rows:
+        reason = (f"{WORKER_ABSENT}: no live worker with role {role} for "
+                  f"{now - since:.0f}s (wait {wait_s:g}s)")
+        if skip(conn, now, job_id, "waiting", reason):
+            skipped.append(job_id)
+            touched.add(workflow_id)
+    for wid in touched:
+        settle(conn, now, wid)
+    return skipped
+
+
+SQL_JOB_WORKFLOW = "SELECT workflow_id FROM jobs WHERE job_id = ?"
+SQL_SKIPPED_DEPENDENTS = (
+    "SELECT e.job_id FROM workflow_edges e INDEXED BY workflow_edges_dep "
+    "CROSS JOIN jobs j ON j.job_id = e.job_id WHERE e.dep_job_id = ? "
+    "AND +j.status = 'skipped' AND j.last_error LIKE 'dependency_%'"
+)
+SQL_UNSKIP = (
+    "UPDATE jobs SET status = 'blocked', last_error = NULL, finished_at = NULL, "
+    "updated_at = ? WHERE job_id = ? AND status = 'skipped'"
+)
+SQL_HAS_DEPS = "SELECT 1 FROM workflow_edges NOT INDEXED WHERE job_id = ? LIMIT 1"
+SQL_REBLOCK = "UPDATE jobs SET status = 'blocked' WHERE job_id = ? AND status = 'waiting'"
+SQL_STATUS = "SELECT status FROM jobs WHERE job_id = ?"
+SQL_REOPEN_WORKFLOW = (
+    "UPDATE workflows SET status = 'running', summary_json = NULL, finished_at = NULL, "
+    "updated_at = ? WHERE workflow_id = ?"
+)
+
+
+def settle_job(conn: sqlite3.Connection, now: float, job_id: str) -> None:
+    """Settle the workflow of `job_id`, if it is a node of one."""
+    row = conn.execute(SQL_JOB_WORKFLOW, (job_id,)).fetchone()
+    if row is not None and row[0] is not None:
+        settle(conn, now, row[0])
+
+
+def reopen(conn: sqlite3.Connection, now: float, job_id: str) -> str | None:
+    """After `retry` of a workflow node: the workflow runs again, and nodes skipped only
+    because of this one (and so on down the graph) are blocked again. The retried node
+    itself waits for its dependencies again (and gets their results afresh) if it has
+    any. The operator's way back from `worker_absent`: add a worker with the capability,
+    then retry the skipped node. Returns the node's status afterwards (None: no workflow).
+    """
+    row = conn.execute(SQL_JOB_WORKFLOW, (job_id,)).fetchone()
+    if row is None or row[0] is None:
+        return None
+    if conn.execute(SQL_HAS_DEPS, (job_id,)).fetchone() is not None \
+            and conn.execute(SQL_REBLOCK, (job_id,)).rowcount:
+        event(conn, job_id, now, None, "waiting", "blocked", "retried: waits for its dependencies")
+    todo = [job_id]
+    while todo:
+        for (dep,) in conn.execute(SQL_SKIPPED_DEPENDENTS, (todo.pop(),)).fetchall():
+            if conn.execute(SQL_UNSKIP, (now, dep)).rowcount:
+                event(conn, dep, now, None, "skipped", "blocked", f"dependency {job_id} retried")
+                todo.append(dep)
+    conn.execute(SQL_REOPEN_WORKFLOW, (now, row[0]))
+    settle(conn, now, row[0])
+    return conn.execute(SQL_STATUS, (job_id,)).fetchone()[0]
+
+
+SQL_OPEN_NODES = (
+    "SELECT job_id FROM jobs INDEXED BY jobs_workflow WHERE workflow_id = ? "
+    "AND status IN ('blocked', 'waiting', 'running') ORDER BY rowid"
+)
+SQL_PRUNE_WORKFLOWS = (
+    "DELETE FROM workflows WHERE workflow_id IN (SELECT w.workflow_id FROM workflows w "
+    "INDEXED BY workflows_status WHERE w.status IN ('succeeded', 'partial', 'failed', "
+    "'cancelled') AND w.finished_at < ? AND NOT EXISTS "
+    "(SELECT 1 FROM jobs j INDEXED BY jobs_workflow WHERE j.workflow_id = w.workflow_id) "
+    "LIMIT ?)"
+)
+
+
+def cancel_workflow(conn: sqlite3.Connection, now: float, workflow_id: str) -> int:
+    """Cancel every node not yet ended (coordd.store.cancel: blocked and waiting ones at
+    once, running ones by request, ended by their holder); return how many.
+
+    Raises:
+        errors.NotFound: no such workflow.
+    """
+    if workflow_row(conn, workflow_id) is None:
+        raise errors.NotFound(f"workflow {workflow_id} not found")
+    ids = [r[0] for r in conn.execute(SQL_OPEN_NODES, (workflow_id,)).fetchall()]
+    for job_id in ids:
+        cancel(conn, now, job_id)
+    settle(conn, now, workflow_id)
+    return len(ids)
+
+
+def prune_workflows(conn: sqlite3.Connection, cutoff: float, limit: int = 100) -> int:
+    """Delete ended workflows finished before `cutoff` whose jobs `prune` has removed."""
+    return conn.execute(SQL_PRUNE_WORKFLOWS, (cutoff, limit)).rowcount
+
+
+# ---------------------------------------------------------------- schedules
+
+
+SQL_INSERT_SCHEDULE = (
+    "INSERT INTO schedules (schedule_id, name, cron, spec_json, next_at, created_at, "
+    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING "
+    "RETURNING schedule_id"
+)
+SQL_DUE_SCHEDULES = (
+    "SELECT schedule_id, name, cron, spec_json, next_at FROM schedules INDEXED BY schedules_due "
+    "WHERE next_at <= ? ORDER BY next_at LIMIT ?"
+)
+SQL_ADVANCE_SCHEDULE = (
+    "UPDATE schedules SET next_at = ?, last_slot = ?, fired = fired + 1, updated_at = ? "
+    "WHERE schedule_id = ? AND next_at = ?"
+)
+SQL_LIST_SCHEDULES = (
+    "SELECT schedule_id, name, cron, spec_json, next_at, last_slot, fired, created_at "
+    "FROM schedules ORDER BY name"
+)
+SQL_DELETE_SCHEDULE = "DELETE FROM schedules WHERE name = ? OR schedule_id = ?"
+
+
+SQL_SCHEDULE_BY_NAME = (
+    "SELECT schedule_id, cron, spec_json, next_at FROM schedules WHERE name = ?"
+)
+SQL_REPLACE_SCHEDULE = (
+    "UPDATE schedules SET cron = ?, spec_json = ?, next_at = ?, updated_at = ? "
+    "WHERE schedule_id = ?"
+)
+
+
+def add_schedule(conn: sqlite3.Connection, now: float, schedule_id: str, name: str,
+                 cron: str, spec_json: str, next_at: float, replace: bool = False) -> str:
+    """Insert a schedule; return `created`, `unchanged` (this name exists with this very
+    cron and workflow: a repeated add) or `replaced` (`replace`: the existing schedule
+    takes the new cron and workflow, and keeps its id, count and last slot; its next slot
+    stays unless the cron changed).
+
+    Raises:
+        errors.InvalidState: the name exists with another cron or workflow, no `replace`.
+    """
+    if conn.execute(SQL_INSERT_SCHEDULE, (schedule_id, name, cron, spec_json, next_at,
+                                          now, now)).fetchone() is not None:
+        return "created"
+    old_id, old_cron, old_spec, old_next = conn.execute(SQL_SCHEDULE_BY_NAME,
+                                                        (name,)).fetchone()
+    if (old_cron, old_spec) == (cron, spec_json):
+        return "unchanged"
+    if not replace:
+        what = "cron" if old_cron != cron else "workflow"
+        raise errors.InvalidState(
+            f"schedule {name} exists with a different {what} (cron {old_cron!r}); "
+            f"remove it first or add with replace (coordctl schedule add --replace)")
+    if old_cron == cron:
+        next_at = old_next
+    conn.execute(SQL_REPLACE_SCHEDULE, (cron, spec_json, next_at, now, old_id))
+    return "replaced"
+
+
+def remove_schedule(conn: sqlite3.Connection, name: str) -> bool:
+    """Delete a schedule by name or id; False if there was none."""
+    return conn.execute(SQL_DELETE_SCHEDULE, (name, name)).rowcount > 0
+
+
+def fire_due(conn: sqlite3.Connection, now: float,
+             slots: Callable[[str, float, float], tuple[float, float, int]],
+             plan: Callable[[str, str, float], NewWorkflow], limit: int = 100
+             ) -> list[tuple[str, float, str | None, int, str | None]]:
+    """Start one workflow for each schedule whose next slot has come, and advance it.
+
+    `slots(cron, next_at, now)` gives (the slot to run, the next slot after now, how many
+    older slots it passes over); `plan(spec_json, schedule_id, slot)` builds the workflow,
+    whose idempotency key `schedule:<id>:<slot>` makes a second start of one slot
+    impossible even if the advance were lost. Insert and advance share the transaction.
+    A template that no longer validates (raises CoordError) does not start and does not
+    hold the others up: its slot passes, with the error in the return value.
+    Returns (schedule name, slot, workflow_id if newly started, slots passed over,
+    error) per due schedule.
+    """
+    out: list[tuple[str, float, str | None, int, str | None]] = []
+    for schedule_id, name, cron, spec_json, next_at in conn.execute(
+            SQL_DUE_SCHEDULES, (now, limit)).fetchall():
+        slot, following, passed = slots(cron, next_at, now)
+        wid: str | None = None
+        error = None
+        try:
+            wid, created, _ = insert_workflow(conn, now, plan(spec_json, schedule_id, slot))
+            wid = wid if created else None
+        except errors.CoordError as exc:
+            error = str(exc)
+        conn.execute(SQL_ADVANCE_SCHEDULE, (following, slot, now, schedule_id, next_at))
+        out.append((name, slot, wid, passed, error))
+    return out
+
+
+# ---------------------------------------------------------------- reads
+
+
+SQL_GET_WORKFLOW = (
+    "SELECT workflow_id, name, status, idempotency_key, schedule_id, created_at, updated_at, "
+    "finished_at, summary_json FROM workflows WHERE workflow_id = ?"
+)
+SQL_LIST_WORKFLOWS = (
+    "SELECT workflow_id, name, status, idempotency_key, schedule_id, created_at, updated_at, "
+    "finished_at, summary_json FROM workflows WHERE (?1 IS NULL OR status = ?1) "
+    "ORDER BY created_at DESC, rowid DESC LIMIT ?2"
+)
+SQL_WORKFLOW_COUNTS = (
+    "SELECT workflow_id, status, count(*) FROM jobs INDEXED BY jobs_workflow WHERE workflow_id IN "
+    "(SELECT value FROM json_each(?)) GROUP BY workflow_id, status"
+)
+
+
+def workflow_row(conn: sqlite3.Connection, workflow_id: str) -> tuple | None:
+    return conn.execute(SQL_GET_WORKFLOW, (workflow_id,)).fetchone()
+
+
+def workflow_rows(conn: sqlite3.Connection, status: str | None, limit: int) -> list[tuple]:
+    return conn.execute(SQL_LIST_WORKFLOWS, (status, limit)).fetchall()
+
+
+def workflow_counts(conn: sqlite3.Connection, ids: list[str]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for wid, status, n in conn.execute(SQL_WORKFLOW_COUNTS, (dumps(ids),)):
+        out.setdefault(wid, {})[status] = n
+    return out
+
+
+def node_rows(conn: sqlite3.Connection, workflow_id: str) -> tuple[list[tuple], list[tuple]]:
+    """(nodes, edges) of a workflow as stored."""
+    return (conn.execute(SQL_NODES, (workflow_id,)).fetchall(),
+            conn.execute(SQL_EDGES, (workflow_id,)).fetchall())
+
+
+def schedule_rows(conn: sqlite3.Connection) -> list[tuple]:
+    return conn.execute(SQL_LIST_SCHEDULES).fetchall()
+
+
+SQL_JOB_NODE = "SELECT workflow_id, node, result_schema FROM jobs WHERE job_id = ?"
+SQL_JOB_DEPS = (
+    "SELECT d.node, d.status, e.policy FROM workflow_edges e NOT INDEXED "
+    "CROSS JOIN jobs d ON d.job_id = e.dep_job_id WHERE e.job_id = ? ORDER BY d.rowid"
+)
+
+
+def node_info(conn: sqlite3.Connection, job_id: str
+              ) -> tuple[str | None, str | None, str | None, list[tuple[str, str, str]]]:
+    """(workflow_id, node name, result schema, [(dependency, its status, policy)]) of a job."""
+    row = conn.execute(SQL_JOB_NODE, (job_id,)).fetchone() or (None, None, None)
+    deps = conn.execute(SQL_JOB_DEPS, (job_id,)).fetchall() if row[0] else []
+    return row[0], row[1], row[2], deps
