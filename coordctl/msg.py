@@ -9,9 +9,7 @@ name again); `--keep` leaves them unacked, so they come back after the visibilit
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,20 +18,10 @@ from rich.console import Console
 
 from coordctl.commands import Outcome, UsageError, parse_json_arg, read_text_arg
 from coordctl.render import SafeTable
+from coordd.config import default_agent_name
 from coordd.protocol import AgentsResult, ReadResult
 
 AddCommand = Callable[[str, str], argparse.ArgumentParser]
-
-
-def default_name() -> str:
-    """The agent name coordctl acts as: `$COORD_AGENT`, else `coordctl:<login>`."""
-    env = os.environ.get("COORD_AGENT")
-    if env:
-        return env
-    try:
-        return f"coordctl:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return f"coordctl:uid{os.getuid()}"
 
 
 def add_parsers(cmd: AddCommand, common: Callable[[argparse.ArgumentParser, bool], None]
@@ -103,7 +91,7 @@ def _send_fields(args: argparse.Namespace) -> dict[str, Any]:
 def _name(given: str | None, what: str) -> str:
     """An explicit name, else the default one; an explicitly empty name is refused."""
     if given is None:
-        return default_name()
+        return default_agent_name("coordctl")
     if not given:
         raise UsageError(f"{what} must not be empty")
     return given

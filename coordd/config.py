@@ -7,6 +7,7 @@ keys given there replace the built-in defaults of `coordd.gates.default_policies
 
 from __future__ import annotations
 
+import getpass
 import os
 import tomllib
 from pathlib import Path
@@ -221,6 +222,18 @@ def default_socket_path() -> Path:
     if runtime:
         return Path(runtime) / "coordd" / "coordd.sock"
     return default_state_dir() / "coordd.sock"
+
+
+def default_agent_name(tool: str) -> str:
+    """The agent name a client tool acts as in the message hub: `$COORD_AGENT`, else
+    `<tool>:<login>` (`<tool>:uid<N>` when the login cannot be looked up)."""
+    env = os.environ.get("COORD_AGENT")
+    if env:
+        return env
+    try:
+        return f"{tool}:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return f"{tool}:uid{os.getuid()}"
 
 
 def artifact_dir_for(db_path: str | os.PathLike[str]) -> str:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
 import logging
-import os
 import sys
 from typing import Any
 
@@ -22,6 +20,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from coordd.client import CALL_TIMEOUT_DEFAULT, Client
+from coordd.config import default_agent_name
 from coordd_mcp.tools import TOOLS, ToolFailure, call
 
 logger = logging.getLogger("coordd_mcp")
@@ -33,17 +32,6 @@ INSTRUCTIONS = (
     "read_messages (or call ack_messages), or they come back after the visibility timeout. "
     "Errors start with a stable code such as bad_request or permission_denied."
 )
-
-
-def default_agent() -> str:
-    """`$COORD_AGENT`, else `mcp:<login>`."""
-    env = os.environ.get("COORD_AGENT")
-    if env:
-        return env
-    try:
-        return f"mcp:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return f"mcp:uid{os.getuid()}"
 
 
 def build_server(client: Client, agent: str) -> Server[Any, Any]:
@@ -136,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING,
                         format="coordd-mcp: %(levelname)s %(message)s")
     try:
-        asyncio.run(serve(args.socket, args.agent or default_agent(), args.timeout))
+        asyncio.run(serve(args.socket, args.agent or default_agent_name("mcp"), args.timeout))
     except KeyboardInterrupt:
         return 130
     return 0
