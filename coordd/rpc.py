@@ -4,8 +4,8 @@ Frame: 4-byte big-endian length, then that many bytes of msgpack. A length over 
 is answered with `payload_too_large` and the connection is closed without reading the
 body (the daemon never buffers an oversize frame). A body that is not a request envelope
 (`{id, method, params}`), or one nested too deep to decode, gets one `bad_request` reply
-and the connection is closed, since the peer is not speaking our protocol. Inside a valid envelope, bad params or an unknown
-method get an error reply and the connection stays open.
+and the connection is closed, since the peer is not speaking our protocol. Inside a valid
+envelope, bad params or an unknown method get an error reply and the connection stays open.
 
 Replies are capped like requests: a reply over the cap becomes a `payload_too_large`
 error for that id, so a client never has to drop a frame it cannot take. Each reply is
