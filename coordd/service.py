@@ -246,7 +246,7 @@ class Coordinator:
         if schema is not None and schema not in results.SCHEMAS:
             raise errors.BadRequest(f"unknown result_schema {schema!r}")
         return store.NewJob(
-            job_id=self._ids.new(self.clock.wall()), kind=p.kind, required_role=p.required_role,
+            job_id=self.new_job_id(), kind=p.kind, required_role=p.required_role,
             priority=p.priority,
             payload_json=values.encode("payload", p.payload, self.config.max_payload_bytes),
             run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
