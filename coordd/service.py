@@ -320,7 +320,7 @@ class Coordinator:
         not heard from for `message_retention_s` are forgotten (Hub.purge_agents). Then
         delete the artifact files nothing refers to any more and that are older than
         ARTIFACT_GRACE_S (coordd.cas.sweep): a file a worker has stored but not yet
-        recorded is fresh, and kept.
+        recorded is fresh, and kept. An ended workflow's row goes once its last job has.
         """
         retention = self.config.retention_s
         pruned = artifacts = 0
@@ -330,6 +330,9 @@ class Coordinator:
             pruned, artifacts = pruned + n, artifacts + a
             if n < store.PRUNE_BATCH:
                 break
+        while await self.writer.run(lambda conn, wall: wstore.prune_workflows(
+                conn, (wall if now is None else now) - retention)) == wstore.PRUNE_BATCH:
+            pass  # ended workflows whose last job just went
         messages = await self.hub.purge(now)
         agents = await self.hub.purge_agents(now)
         free = await self.writer.run(lambda conn, _now: store.vacuum_step(conn))

@@ -304,7 +304,7 @@ class Workflows:
 
     async def tick(self) -> tuple[int, int, int]:
         """One maintenance round: skip nodes whose capability is absent, settle running
-        workflows, start due schedule slots, delete ended workflows whose jobs were pruned.
+        workflows, start due schedule slots (ended workflows go with `Coordinator.prune`).
         Separate writer requests, so that one failing does not hold the others back.
         Returns (skipped, ended, started)."""
         cfg = self._coord.config
@@ -320,7 +320,6 @@ class Workflows:
         ended = await run(wstore.settle_running)
         fired = await run(lambda conn, now: wstore.fire_due(conn, now, due_slots,
                                                             self._plan_slot))
-        await run(lambda conn, now: wstore.prune_workflows(conn, now - cfg.retention_s))
         for name, slot, wid, passed, error in fired:
             missed = f"; {passed} missed slot(s) before it not run" if passed else ""
             if error is not None:

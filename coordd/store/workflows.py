@@ -36,6 +36,7 @@ from coordd.store import cancel, dumps, event, lenient_json
 NODE_TERMINAL = ("succeeded", "failed", "cancelled", "skipped")
 WORKER_ABSENT = "worker_absent"
 SETTLE_SWEEP_LIMIT = 500  # running workflows settled per maintenance round
+PRUNE_BATCH = 100  # ended workflows deleted per transaction by `prune_workflows`
 
 
 class NewNode(msgspec.Struct, kw_only=True):
@@ -380,7 +381,7 @@ def cancel_workflow(conn: sqlite3.Connection, now: float, workflow_id: str) -> i
     return len(ids)
 
 
-def prune_workflows(conn: sqlite3.Connection, cutoff: float, limit: int = 100) -> int:
+def prune_workflows(conn: sqlite3.Connection, cutoff: float, limit: int = PRUNE_BATCH) -> int:
     """Delete ended workflows finished before `cutoff` whose jobs `prune` has removed."""
     return conn.execute(SQL_PRUNE_WORKFLOWS, (cutoff, limit)).rowcount
 
