@@ -305,7 +305,8 @@ class Workflows:
     async def tick(self) -> tuple[int, int, int]:
         """One maintenance round: skip nodes whose capability is absent, settle running
         workflows, start due schedule slots (ended workflows go with `Coordinator.prune`).
-        Separate writer requests, so that one failing does not hold the others back.
+        Separate writer requests, in that order: one that fails rolls back alone (what the
+        earlier ones stored stays) and ends the round; the reaper retries next interval.
         Returns (skipped, ended, started)."""
         cfg = self._coord.config
         wait_s, stale_s = cfg.workflow_absent_wait_s, cfg.heartbeat_stale_s
