@@ -120,3 +120,55 @@ async def test_aiosqlite_internals_the_reader_relies_on(tmp_path):
         assert where and where[0] != threading.current_thread().name
     finally:
         await db.close()
+
+
+async def test_a_batch_lingers_while_requests_keep_arriving(bundle):
+    """Group commit linger: requests submitted over the next loop iterations join the
+    batch of the first one (one COMMIT for all), as long as each iteration brings one."""
+    writer = bundle.coord.writer
+    loop = asyncio.get_running_loop()
+    futs: list[asyncio.Future] = []
+
+    def op(conn: sqlite3.Connection, now: float) -> int:
+        return len(futs)
+
+    def submit_then_again(left: int) -> None:  # one submit per loop iteration
+        futs.append(writer.submit(op))
+        if left > 1:
+            loop.call_soon(submit_then_again, left - 1)
+
+    await asyncio.sleep(0)
+    before = writer.stats.batches
+    submit_then_again(3)
+    await asyncio.gather(*futs)
+    assert len(futs) == 3
+    assert writer.stats.batches - before == 1  # all three in one transaction
+
+
+async def test_linger_is_bounded_and_a_lone_request_is_not_held(bundle):
+    """A producer that submits on every iteration cannot hold a batch open forever: it
+    closes after `linger_rounds` iterations; and a lone request commits by itself."""
+    writer = bundle.coord.writer
+    loop = asyncio.get_running_loop()
+    futs: list[asyncio.Future] = []
+    all_sent = loop.create_future()
+
+    def op(conn: sqlite3.Connection, now: float) -> None:
+        return None
+
+    def flood(left: int) -> None:
+        futs.append(writer.submit(op))
+        if left > 1:
+            loop.call_soon(flood, left - 1)
+        else:
+            all_sent.set_result(None)
+
+    before = writer.stats.batches
+    flood(40)
+    await all_sent
+    await asyncio.gather(*futs)
+    assert writer.stats.max_batch <= writer._linger_rounds + 2
+    assert writer.stats.batches - before >= 40 // (writer._linger_rounds + 2)
+    before = writer.stats.batches
+    assert await writer.run(op) is None  # alone: committed without anyone else arriving
+    assert writer.stats.batches == before + 1
