@@ -102,25 +102,33 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
             oldest = now - (prio - best[0]) * aging_s + 1e-6  # the slack: float rounding
         base = policy.policies[prio]
         base_refusals = gates.evaluate(base, readings)
-        for job_id, queued_at, gates_json in conn.execute(
-                SQL_CANDIDATES, (prio, oldest, now, roles_json, CLAIM_SCAN, kinds_json)).fetchall():
-            refusals = base_refusals
-            if gates_json is not None:
-                try:
-                    refusals = gates.evaluate(gates.merge(base, json_decode(gates_json)),
-                                              readings)
-                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                    _dead_letter(conn, now, job_id, worker_id, "waiting", 1,
-                                 gates.GATES_DECODE_ERROR, str(exc))
+        undecodable: list[tuple[str, str]] = []
+        # Rows are stepped one at a time (usually the first is taken: fetching all
+        # CLAIM_SCAN rows cost ~8 us a claim); writes wait until the cursor is closed.
+        cur = conn.execute(SQL_CANDIDATES,
+                           (prio, oldest, now, roles_json, CLAIM_SCAN, kinds_json))
+        try:
+            for job_id, queued_at, gates_json in cur:
+                refusals = base_refusals
+                if gates_json is not None:
+                    try:
+                        refusals = gates.evaluate(gates.merge(base, json_decode(gates_json)),
+                                                  readings)
+                    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                        undecodable.append((job_id, str(exc)))
+                        continue
+                if refusals:
+                    for code, detail in refusals:
+                        reasons.setdefault(code, detail)
                     continue
-            if refusals:
-                for code, detail in refusals:
-                    reasons.setdefault(code, detail)
-                continue
-            eff = effective_priority(prio, queued_at, now, aging_s)
-            if best is None or (eff, queued_at) < (best[0], best[1]):
-                best = (eff, queued_at, job_id)
-            break
+                eff = effective_priority(prio, queued_at, now, aging_s)
+                if best is None or (eff, queued_at) < (best[0], best[1]):
+                    best = (eff, queued_at, job_id)
+                break
+        finally:
+            cur.close()
+        for job_id, why in undecodable:
+            _dead_letter(conn, now, job_id, worker_id, "waiting", 1, gates.GATES_DECODE_ERROR, why)
     if best is None:
         if not reasons and conn.execute(SQL_ANY_RUNNABLE, (now,)).fetchone() is not None:
             reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's roles"
