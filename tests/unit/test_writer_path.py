@@ -12,7 +12,7 @@ import pytest
 
 from coordd import errors, store
 from coordd.ids import JobIds
-from coordd.protocol import Enqueue, EnqueueBatch
+from coordd.protocol import Enqueue, EnqueueBatch, JobId
 
 
 def test_job_ids_increase_even_when_the_clock_stands_still_or_steps_back():
@@ -172,3 +172,57 @@ async def test_linger_is_bounded_and_a_lone_request_is_not_held(bundle):
     before = writer.stats.batches
     assert await writer.run(op) is None  # alone: committed without anyone else arriving
     assert writer.stats.batches == before + 1
+
+
+async def test_an_op_failing_after_its_writes_rolls_back_alone(bundle):
+    """One savepoint per batch: an op that raises after changing rows sends the batch back
+    and it runs again with a savepoint per op; only that op's rows are gone."""
+    writer = bundle.coord.writer
+    writer_ran: list[str] = []
+
+    def put(name: str, fail: bool = False):
+        def op(conn: sqlite3.Connection, now: float) -> int:
+            writer_ran.append(name)
+            conn.execute("INSERT INTO artifacts (sha256, path, size, created_at) "
+                         "VALUES (?, 'p', 1, 0)", (name,))
+            if fail:
+                raise errors.InvalidState(f"{name} changed its mind")
+            return conn.execute("SELECT count(*) FROM artifacts").fetchone()[0]
+        return op
+
+    reruns = writer.stats.reruns
+    futs = [writer.submit(put("t-a")), writer.submit(put("t-b", fail=True)),
+            writer.submit(put("t-c"))]
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    assert results[0] == 1 and results[2] == 2  # as if t-b had never run
+    assert isinstance(results[1], errors.InvalidState)
+    assert writer.stats.reruns == reruns + 1
+    assert writer_ran == ["t-a", "t-b", "t-a", "t-b", "t-c"]
+    keys = await bundle.coord._read(
+        lambda conn: [r[0] for r in conn.execute("SELECT sha256 FROM artifacts ORDER BY 1")])
+    assert keys == ["t-a", "t-c"]
+
+
+async def test_an_op_refused_before_writing_needs_no_rerun(bundle):
+    """The usual failure (a fence check, a refused claim) changes no row: the batch goes on
+    under its one savepoint and every other op is kept."""
+    writer = bundle.coord.writer
+    job = await bundle.enqueue()
+    reruns = writer.stats.reruns
+
+    def refuse(conn: sqlite3.Connection, now: float) -> None:
+        conn.execute("SELECT 1").fetchone()
+        raise errors.LeaseLost("not yours")
+
+    def internal_bug(conn: sqlite3.Connection, now: float) -> None:
+        raise ZeroDivisionError("bug")
+
+    futs = [writer.submit(refuse), writer.submit(internal_bug),
+            writer.submit(lambda conn, now: conn.execute(
+                "UPDATE jobs SET priority = 0 WHERE job_id = ?", (job,)).rowcount)]
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    assert isinstance(results[0], errors.LeaseLost)
+    assert type(results[1]) is errors.CoordError and "ZeroDivisionError" in str(results[1])
+    assert results[2] == 1
+    assert writer.stats.reruns == reruns
+    assert (await bundle.coord.get_job(JobId(job_id=job))).priority == 0
