@@ -10,10 +10,11 @@ envelope, bad params or an unknown method get an error reply and the connection 
 Replies are capped like requests: a reply over the cap becomes a `payload_too_large`
 error for that id, so a client never has to drop a frame it cannot take. Each connection
 is an asyncio.Protocol (`Connection`) that cuts frames out of its own buffer, so a request
-costs one task and no stream machinery. Back-pressure: a connection stops reading while
-its transport's write buffer is over the high-water mark (`pause_writing`) or while it has
-INFLIGHT_PER_CONNECTION requests in flight, so a peer that does not read stalls only its
-own connection and coordd holds at most that many replies for it. A connection that
+costs one task and no stream machinery. Back-pressure: a connection starts no new
+request while its transport's write buffer is over the high-water mark (`pause_writing`)
+or while it has INFLIGHT_PER_CONNECTION requests in flight, and stops reading once
+READ_AHEAD_BYTES wait unparsed, so a peer that does not read stalls only its own
+connection and coordd holds at most that many replies and bytes for it. A connection that
 reaches EOF gets the replies to its requests in flight before it is closed (the flush is
 cut off after FLUSH_TIMEOUT_S). At shutdown, `stop_intake()` answers new requests
 `overloaded` ("shutting down"), `drain()` lets the ones in flight finish, and
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 HEADER = struct.Struct(">I")
 INFLIGHT_PER_CONNECTION = 64
 FLUSH_TIMEOUT_S = 5.0
+READ_AHEAD_BYTES = 64 * 1024  # unparsed bytes read on from a peer whose requests wait
 
 _decode_request = msgspec.msgpack.Decoder(Request).decode
 _encoder = msgspec.msgpack.Encoder()
@@ -184,15 +186,18 @@ class Dispatcher:
         except asyncio.TimeoutError:
             for conn in list(self._conns):
                 conn.abort()
+            await asyncio.wait([self._all_closed], timeout=timeout)  # next loop iteration
 
 
 class Connection(asyncio.Protocol):
     """One peer: cut frames out of the received bytes, run each request as a task, reply.
 
-    Reading pauses while the write buffer is over its high-water mark or
-    INFLIGHT_PER_CONNECTION requests are in flight, and resumes when both drop. After EOF,
-    a refused frame or `close()`, nothing more is read; the connection closes once its
-    requests in flight have replied and the replies are flushed (or FLUSH_TIMEOUT_S passed).
+    While the write buffer is over its high-water mark (`pause_writing`) or
+    INFLIGHT_PER_CONNECTION requests are in flight, no new request is started: what arrives
+    waits in the buffer, and reading pauses once READ_AHEAD_BYTES wait; both resume when
+    the block lifts. After EOF (and the whole frames before it), a refused frame or
+    `close()`, nothing more is read; the connection closes once its requests in flight
+    have replied and the replies are flushed, or FLUSH_TIMEOUT_S after that began.
     """
 
     peer: PeerCred
@@ -206,6 +211,7 @@ class Connection(asyncio.Protocol):
         self._inflight = 0
         self._write_paused = False
         self._reading = True
+        self._eof = False
         self._finishing = False  # no more requests: EOF, refused frame, close()
         self._abort_timer: asyncio.TimerHandle | None = None
 
@@ -222,7 +228,8 @@ class Connection(asyncio.Protocol):
         if self._buf or self._blocked():
             self._buf += data
             if self._blocked():
-                self._pause_reading()
+                if len(self._buf) >= READ_AHEAD_BYTES:
+                    self._pause_reading()
                 return
             if len(self._buf) < self._need:
                 return
@@ -231,16 +238,13 @@ class Connection(asyncio.Protocol):
         self._feed(data)
 
     def eof_received(self) -> bool:
-        if self._buf and not self._finishing:
-            logger.info("peer uid %s went away mid-frame: %d byte(s) of a frame unread",
-                        self.peer.uid, len(self._buf),
-                        extra={"action": "truncated_frame", "uid": self.peer.uid})
-        self._finish()
+        self._eof = True
+        if not self._finishing and not (self._blocked() and self._frame_waiting()):
+            self._end_of_input()
         return True  # keep the transport open to send the replies still owed
 
     def pause_writing(self) -> None:
         self._write_paused = True
-        self._pause_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
@@ -261,15 +265,23 @@ class Connection(asyncio.Protocol):
     def _blocked(self) -> bool:
         return self._write_paused or self._inflight >= INFLIGHT_PER_CONNECTION
 
+    def _frame_waiting(self) -> bool:
+        """A whole frame (or an over-cap header) waits in `_buf`."""
+        if len(self._buf) < HEADER.size:
+            return False
+        (length,) = HEADER.unpack_from(self._buf)
+        return length > self._d._max_frame or len(self._buf) >= HEADER.size + length
+
     def _feed(self, data: bytes) -> None:
         """Serve every whole frame in `data`; keep the rest in `_buf`."""
         end = len(data)
         pos = 0
         max_frame = self._d._max_frame
         while end - pos >= HEADER.size:
-            if self._blocked():
+            if self._blocked():  # the rest waits in _buf; read on only up to READ_AHEAD
                 self._need = 0
-                self._pause_reading()
+                if end - pos >= READ_AHEAD_BYTES:
+                    self._pause_reading()
                 break
             (length,) = HEADER.unpack_from(data, pos)
             if length > max_frame:
@@ -317,7 +329,7 @@ class Connection(asyncio.Protocol):
         if self._finishing:
             if not self._inflight:
                 self._close_transport()
-        elif not self._reading:
+        elif self._buf or self._eof or not self._reading:
             self._unblock()
 
     def _pause_reading(self) -> None:
@@ -326,16 +338,29 @@ class Connection(asyncio.Protocol):
             self._transport.pause_reading()
 
     def _unblock(self) -> None:
-        """Serve the frames held back while blocked; read again once nothing blocks."""
+        """Serve the frames held back while blocked; after EOF end the input, else read
+        again if reading was paused."""
         if self._finishing or self._blocked():
             return
         if self._buf and len(self._buf) >= self._need:
             data = bytes(self._buf)
             self._buf.clear()
             self._feed(data)
-        if not self._reading and not self._finishing and not self._blocked():
+            if self._finishing or self._blocked():
+                return
+        if self._eof:
+            self._end_of_input()
+        elif not self._reading:
             self._reading = True
             self._transport.resume_reading()
+
+    def _end_of_input(self) -> None:
+        """EOF and every whole frame served: what is left in `_buf` is a torn frame."""
+        if self._buf:
+            logger.info("peer uid %s went away mid-frame: %d byte(s) of a frame unread",
+                        self.peer.uid, len(self._buf),
+                        extra={"action": "truncated_frame", "uid": self.peer.uid})
+        self._finish()
 
     # -------------------------------------------------------------- replies out
 
