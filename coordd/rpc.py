@@ -8,12 +8,17 @@ and the connection is closed, since the peer is not speaking our protocol. Insid
 envelope, bad params or an unknown method get an error reply and the connection stays open.
 
 Replies are capped like requests: a reply over the cap becomes a `payload_too_large`
-error for that id, so a client never has to drop a frame it cannot take. Each reply is
-written with back-pressure (`drain`): a peer that does not read stalls only its own
-connection, and at most INFLIGHT_PER_CONNECTION requests per connection are held.
-A connection that reaches EOF gets the replies to its requests in flight before it is
-closed. At shutdown, `stop_intake()` answers new requests `overloaded` ("shutting down"),
-`drain()` lets the ones in flight finish, and `close_connections()` closes every peer.
+error for that id, so a client never has to drop a frame it cannot take. Each connection
+is an asyncio.Protocol (`Connection`) that cuts frames out of its own buffer, so a request
+costs one task and no stream machinery. Back-pressure: a connection starts no new
+request while its transport's write buffer is over the high-water mark (`pause_writing`)
+or while it has INFLIGHT_PER_CONNECTION requests in flight, and stops reading once
+READ_AHEAD_BYTES wait unparsed, so a peer that does not read stalls only its own
+connection and coordd holds at most that many replies and bytes for it. A connection that
+reaches EOF gets the replies to its requests in flight before it is closed (the flush is
+cut off after FLUSH_TIMEOUT_S). At shutdown, `stop_intake()` answers new requests
+`overloaded` ("shutting down"), `drain()` lets the ones in flight finish, and
+`close_connections()` closes every peer.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import logging
 import socket
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -35,6 +40,7 @@ logger = logging.getLogger(__name__)
 HEADER = struct.Struct(">I")
 INFLIGHT_PER_CONNECTION = 64
 FLUSH_TIMEOUT_S = 5.0
+READ_AHEAD_BYTES = 64 * 1024  # unparsed bytes read on from a peer whose requests wait
 
 _decode_request = msgspec.msgpack.Decoder(Request).decode
 _encoder = msgspec.msgpack.Encoder()
@@ -96,9 +102,11 @@ class PeerCred:
 class Dispatcher:
     """Serve connections: decode requests, check permissions, call the handler, reply.
 
+    Serve it with `loop.create_unix_server(dispatcher.accept, sock=sock)`.
+
     Args:
         handler: `await handler(method, params_struct)` -> a result (Struct, dict, ...).
-        max_frame: frame cap in bytes for requests.
+        max_frame: frame cap in bytes, for requests and replies.
         is_admin: `is_admin(peer)` for methods in protocol.ADMIN_METHODS.
     """
 
@@ -108,61 +116,17 @@ class Dispatcher:
         self._max_frame = max_frame
         self._is_admin = is_admin
         self._tasks: set[asyncio.Task[None]] = set()
-        self._conns: dict[asyncio.StreamWriter, asyncio.Task[Any] | None] = {}
+        self._conns: set[Connection] = set()
+        self._all_closed: asyncio.Future[None] | None = None
         self._closing = False
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Handle one connection until EOF, a protocol error, or cancellation."""
-        peer = PeerCred.of(writer.get_extra_info("socket"))
-        inflight = asyncio.Semaphore(INFLIGHT_PER_CONNECTION)
-        mine: set[asyncio.Task[None]] = set()
-        self._conns[writer] = asyncio.current_task()
-        try:
-            while True:
-                try:
-                    body = await read_frame(reader, self._max_frame)
-                except FrameTooLarge as exc:
-                    logger.warning("refused frame from uid %s: %s; closing", peer.uid, exc,
-                                   extra={"action": "frame_too_large", "uid": peer.uid})
-                    self._send(writer, None, exc)
-                    break
-                except (asyncio.IncompleteReadError, OSError) as exc:
-                    logger.info("peer uid %s went away mid-frame: %s", peer.uid, exc,
-                                extra={"action": "truncated_frame", "uid": peer.uid})
-                    break
-                if body is None:
-                    break
-                try:
-                    req = _decode_request(body)
-                except (msgspec.DecodeError, RecursionError) as exc:
-                    why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
-                    logger.warning("refused frame from uid %s: not a request envelope: %s; "
-                                   "closing", peer.uid, why,
-                                   extra={"action": "bad_frame", "uid": peer.uid})
-                    self._send(writer, None, errors.BadRequest(
-                        f"not a request envelope {{id, method, params}}: {why}"))
-                    break
-                if not self._closing:
-                    await inflight.acquire()
-                if self._closing:  # checked again: acquire may have waited
-                    self._send(writer, req.id, errors.Overloaded("coordd is shutting down"))
-                    continue
-                task = asyncio.create_task(self._one(req, peer, writer))
-                self._tasks.add(task)
-                mine.add(task)
-                task.add_done_callback(
-                    lambda t: (self._tasks.discard(t), mine.discard(t), inflight.release()))
-            if mine:  # answer what this peer already asked before closing on it
-                await asyncio.wait(set(mine))
-            if not writer.is_closing():
-                await asyncio.wait_for(writer.drain(), FLUSH_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError):
-            pass
-        finally:
-            self._conns.pop(writer, None)
-            writer.close()
+    def accept(self) -> Connection:
+        """Make the Protocol for one new connection (the server's protocol factory)."""
+        return Connection(self)
 
-    async def _one(self, req: Request, peer: PeerCred, writer: asyncio.StreamWriter) -> None:
+    async def _one(self, req: Request, conn: Connection) -> None:
+        """Answer one request on `conn` (a task of its own; replies go out in any order)."""
+        peer = conn.peer
         try:
             decoder = _param_decoders.get(req.method)
             if decoder is None:
@@ -182,38 +146,17 @@ class Dispatcher:
                             "payload_too_large"):
                 logger.info("refused %s from uid %s: %s: %s", req.method, peer.uid, exc.code,
                             exc.message, extra={"action": "refused", "code": exc.code})
-            self._send(writer, req.id, exc)
+            conn.send_error(req.id, exc)
         except Exception as exc:
             logger.exception("internal error in %s", req.method, extra={"action": "internal"})
-            self._send(writer, req.id, errors.CoordError(f"internal error: {type(exc).__name__}"))
+            conn.send_error(req.id, errors.CoordError(f"internal error: {type(exc).__name__}"))
         else:
-            self._send(writer, req.id, None, result, method=req.method)
-        try:  # back-pressure: a peer that does not read stalls its own requests only
-            await writer.drain()
-        except OSError:
-            pass
+            conn.send_result(req.id, result, req.method)
 
-    def _send(self, writer: asyncio.StreamWriter, req_id: int | None,
-              error: errors.CoordError | None, result: Any = None, method: str = "") -> None:
-        if writer.is_closing():
-            return
-        if error is not None:
-            reply = Reply(id=req_id or 0, error=ErrorBody(code=error.code, message=error.message))
-            writer.write(encode_frame(reply))
-            return
-        try:
-            frame = encode_frame(Reply(id=req_id or 0, result=result if result is not None else {}),
-                                 self._max_frame, "reply")
-        except FrameTooLarge as exc:
-            logger.warning("reply to %s: %s", method, exc, extra={"action": "reply_too_large"})
-            frame = encode_frame(Reply(id=req_id or 0, error=ErrorBody(
-                code=exc.code, message=f"{exc.message}; ask for less (e.g. a smaller limit)")))
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-            logger.exception("cannot encode the reply to %s", method,
-                             extra={"action": "internal"})
-            frame = encode_frame(Reply(id=req_id or 0, error=ErrorBody(
-                code="internal", message=f"internal error: reply not encodable: {exc}")))
-        writer.write(frame)
+    def _closed(self, conn: Connection) -> None:
+        self._conns.discard(conn)
+        if not self._conns and self._all_closed is not None and not self._all_closed.done():
+            self._all_closed.set_result(None)
 
     def stop_intake(self) -> None:
         """Answer every request read from now on with `overloaded` (shutting down)."""
@@ -231,11 +174,246 @@ class Dispatcher:
                 await asyncio.wait(pending)
 
     async def close_connections(self, timeout: float) -> None:
-        """Close every peer connection and wait (up to `timeout`) for their handlers to end."""
-        tasks = [t for t in self._conns.values() if t is not None]
-        for writer in list(self._conns):
-            writer.close()
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=timeout)
-            for t in pending:
-                t.cancel()
+        """Close every peer connection (replies already written are flushed) and wait up to
+        `timeout` seconds for them to close; abort the ones still open then."""
+        if not self._conns:
+            return
+        self._all_closed = asyncio.get_running_loop().create_future()
+        for conn in list(self._conns):
+            conn.close()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._all_closed), timeout)
+        except asyncio.TimeoutError:
+            for conn in list(self._conns):
+                conn.abort()
+            await asyncio.wait([self._all_closed], timeout=timeout)  # next loop iteration
+
+
+class Connection(asyncio.Protocol):
+    """One peer: cut frames out of the received bytes, run each request as a task, reply.
+
+    While the write buffer is over its high-water mark (`pause_writing`) or
+    INFLIGHT_PER_CONNECTION requests are in flight, no new request is started: what arrives
+    waits in the buffer, and reading pauses once READ_AHEAD_BYTES wait; both resume when
+    the block lifts. After EOF (and the whole frames before it), a refused frame or
+    `close()`, nothing more is read; the connection closes once its requests in flight
+    have replied and the replies are flushed, or FLUSH_TIMEOUT_S after that began.
+    """
+
+    peer: PeerCred
+    _transport: asyncio.Transport
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._d = dispatcher
+        self._loop = asyncio.get_running_loop()
+        self._buf = bytearray()  # bytes received that are not yet a whole frame (or wait)
+        self._need = 0           # len(_buf) that makes the next frame whole
+        self._inflight = 0
+        self._write_paused = False
+        self._reading = True
+        self._eof = False
+        self._finishing = False  # no more requests: EOF, refused frame, close()
+        self._abort_timer: asyncio.TimerHandle | None = None
+
+    # -------------------------------------------------------------- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self.peer = PeerCred.of(transport.get_extra_info("socket"))
+        self._d._conns.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._finishing:
+            return
+        if self._buf or self._blocked():
+            self._buf += data
+            if self._blocked():
+                if len(self._buf) >= READ_AHEAD_BYTES:
+                    self._pause_reading()
+                return
+            if len(self._buf) < self._need:
+                return
+            data = bytes(self._buf)
+            self._buf.clear()
+        self._feed(data)
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if not self._finishing and not (self._blocked() and self._frame_waiting()):
+            self._end_of_input()
+        return True  # keep the transport open to send the replies still owed
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._unblock()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and not self._finishing:
+            logger.info("peer uid %s went away mid-frame: %s", self.peer.uid, exc,
+                        extra={"action": "truncated_frame", "uid": self.peer.uid})
+        self._finishing = True
+        self._buf.clear()
+        if self._abort_timer is not None:
+            self._abort_timer.cancel()
+        self._d._closed(self)
+
+    # -------------------------------------------------------------- frames in
+
+    def _blocked(self) -> bool:
+        return self._write_paused or self._inflight >= INFLIGHT_PER_CONNECTION
+
+    def _frame_waiting(self) -> bool:
+        """A whole frame (or an over-cap header) waits in `_buf`."""
+        if len(self._buf) < HEADER.size:
+            return False
+        (length,) = HEADER.unpack_from(self._buf)
+        return length > self._d._max_frame or len(self._buf) >= HEADER.size + length
+
+    def _feed(self, data: bytes) -> None:
+        """Serve every whole frame in `data`; keep the rest in `_buf`."""
+        end = len(data)
+        pos = 0
+        max_frame = self._d._max_frame
+        while end - pos >= HEADER.size:
+            if self._blocked():  # the rest waits in _buf; read on only up to READ_AHEAD
+                self._need = 0
+                if end - pos >= READ_AHEAD_BYTES:
+                    self._pause_reading()
+                break
+            (length,) = HEADER.unpack_from(data, pos)
+            if length > max_frame:
+                exc = FrameTooLarge(f"frame of {length} bytes is over the {max_frame}-byte cap")
+                logger.warning("refused frame from uid %s: %s; closing", self.peer.uid, exc,
+                               extra={"action": "frame_too_large", "uid": self.peer.uid})
+                self.send_error(None, exc)
+                self._finish()
+                return
+            stop = pos + HEADER.size + length
+            if stop > end:
+                self._need = stop - pos
+                break
+            self._request(data[pos + HEADER.size:stop])
+            if self._finishing:
+                return
+            pos = stop
+        else:
+            self._need = HEADER.size
+        if pos < end:
+            self._buf += memoryview(data)[pos:]
+
+    def _request(self, body: bytes) -> None:
+        try:
+            req = _decode_request(body)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+            logger.warning("refused frame from uid %s: not a request envelope: %s; closing",
+                           self.peer.uid, why, extra={"action": "bad_frame", "uid": self.peer.uid})
+            self.send_error(None, errors.BadRequest(
+                f"not a request envelope {{id, method, params}}: {why}"))
+            self._finish()
+            return
+        if self._d._closing:
+            self.send_error(req.id, errors.Overloaded("coordd is shutting down"))
+            return
+        task = self._loop.create_task(self._d._one(req, self))
+        self._inflight += 1
+        self._d._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._d._tasks.discard(task)
+        self._inflight -= 1
+        if self._finishing:
+            if not self._inflight:
+                self._close_transport()
+        elif self._buf or self._eof or not self._reading:
+            self._unblock()
+
+    def _pause_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            self._transport.pause_reading()
+
+    def _unblock(self) -> None:
+        """Serve the frames held back while blocked; after EOF end the input, else read
+        again if reading was paused."""
+        if self._finishing or self._blocked():
+            return
+        if self._buf and len(self._buf) >= self._need:
+            data = bytes(self._buf)
+            self._buf.clear()
+            self._feed(data)
+            if self._finishing or self._blocked():
+                return
+        if self._eof:
+            self._end_of_input()
+        elif not self._reading:
+            self._reading = True
+            self._transport.resume_reading()
+
+    def _end_of_input(self) -> None:
+        """EOF and every whole frame served: what is left in `_buf` is a torn frame."""
+        if self._buf:
+            logger.info("peer uid %s went away mid-frame: %d byte(s) of a frame unread",
+                        self.peer.uid, len(self._buf),
+                        extra={"action": "truncated_frame", "uid": self.peer.uid})
+        self._finish()
+
+    # -------------------------------------------------------------- replies out
+
+    def send_result(self, req_id: int, result: Any, method: str) -> None:
+        """Write the reply `{id, result}`; over the frame cap or unencodable it becomes a
+        `payload_too_large` / `internal` error for that id."""
+        if self._transport.is_closing():
+            return
+        try:
+            frame = encode_frame(Reply(id=req_id, result=result if result is not None else {}),
+                                 self._d._max_frame, "reply")
+        except FrameTooLarge as exc:
+            logger.warning("reply to %s: %s", method, exc, extra={"action": "reply_too_large"})
+            frame = encode_frame(Reply(id=req_id, error=ErrorBody(
+                code=exc.code, message=f"{exc.message}; ask for less (e.g. a smaller limit)")))
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            logger.exception("cannot encode the reply to %s", method,
+                             extra={"action": "internal"})
+            frame = encode_frame(Reply(id=req_id, error=ErrorBody(
+                code="internal", message=f"internal error: reply not encodable: {exc}")))
+        self._transport.write(frame)
+
+    def send_error(self, req_id: int | None, error: errors.CoordError) -> None:
+        """Write the reply `{id, error: {code, message}}` (id 0 when the request had none)."""
+        if self._transport.is_closing():
+            return
+        self._transport.write(encode_frame(Reply(
+            id=req_id or 0, error=ErrorBody(code=error.code, message=error.message))))
+
+    # -------------------------------------------------------------- closing
+
+    def _finish(self) -> None:
+        """Take no more requests; close once the ones in flight have replied."""
+        self._finishing = True
+        self._buf.clear()
+        self._pause_reading()
+        if not self._inflight:
+            self._close_transport()
+
+    def _close_transport(self) -> None:
+        transport = self._transport
+        if transport.is_closing():
+            return
+        transport.close()  # flushes the write buffer first
+        if transport.get_write_buffer_size() and self._abort_timer is None:
+            self._abort_timer = self._loop.call_later(FLUSH_TIMEOUT_S, transport.abort)
+
+    def close(self) -> None:
+        """Stop reading and close: replies already written are flushed (FLUSH_TIMEOUT_S)."""
+        self._finishing = True
+        self._buf.clear()
+        self._close_transport()
+
+    def abort(self) -> None:
+        """Close at once, dropping unsent replies."""
+        self._transport.abort()

@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import stat
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -164,8 +165,8 @@ class Daemon:
     def _is_admin(self, peer: PeerCred) -> bool:
         return peer.uid in self._admin_uids or peer.gid in self._admin_gids
 
-    async def _handle(self, method: str, params: Any) -> Any:
-        return await getattr(self.coord, method)(params)
+    def _handle(self, method: str, params: Any) -> Awaitable[Any]:
+        return getattr(self.coord, method)(params)  # the coroutine itself: one frame less
 
     async def run(self) -> None:
         """Serve until `stop_event` is set (SIGTERM/SIGINT set it), then shut down in order.
@@ -185,7 +186,7 @@ class Daemon:
             sock, lock_fd = bind_socket(sock_path)
         try:
             await self._open_db()
-            server = await asyncio.start_unix_server(self.dispatcher.serve, sock=sock)
+            server = await loop.create_unix_server(self.dispatcher.accept, sock=sock)
             reaper = Reaper(self.coord, self.clock)
             logger.info("coordd serving on %s (db %s)", sock_path, self.config.db,
                         extra={"action": "ready"})
