@@ -20,7 +20,7 @@ from coordd.protocol import (
     ArtifactRef, ClaimedJob, ClaimResult, CompleteResult, LeaseGrant, RenewResult, StatusResult,
 )
 from coordd.store import (
-    CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CANDIDATES, SQL_CHECKPOINT, SQL_CLAIMED_JOB,
+    CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CANDIDATES, SQL_CANDIDATES_ONE_ROLE, SQL_CHECKPOINT, SQL_CLAIMED_JOB,
     SQL_DEAD_LETTER, SQL_DELETE_LEASE, SQL_INSERT_ARTIFACT, SQL_INSERT_LEASE,
     SQL_JOB_FOR_LEASE, SQL_LEASE_BY_CLAIM_ID, SQL_RENEW, SQL_SUCCEED, SQL_TAKE,
     SQL_WORKER, end_job, event, json_decode, lenient_json, requeue,
@@ -29,12 +29,30 @@ from coordd.store import (
 from coordd.store import workflows
 
 
+BASE_REFUSALS_CACHED = 4096  # (priority, heartbeat text) pairs kept before starting over
+
+
 class ClaimPolicy(msgspec.Struct, kw_only=True):
     """What claim needs from the config: gate policies per priority and timing knobs."""
 
     policies: dict[int, Any]  # priority -> coordd.gates.GatePolicy
     heartbeat_stale_s: float
     aging_interval_s: float
+    # (priority, the worker's stored heartbeat JSON) -> what that priority's own gates say
+    _base: dict[tuple[int, str], list[tuple[str, str]]] = msgspec.field(default_factory=dict)
+
+    def base_refusals(self, prio: int, heartbeat_json: str,
+                      readings: Callable[[], dict[str, Any]]) -> list[tuple[str, str]]:
+        """`gates.evaluate(policies[prio], readings())`, remembered per stored heartbeat
+        text: a worker claims many times between two heartbeats, and the policies are
+        fixed for coordd's life. Do not change the returned list."""
+        key = (prio, heartbeat_json)
+        got = self._base.get(key)
+        if got is None:
+            if len(self._base) >= BASE_REFUSALS_CACHED:
+                self._base.clear()
+            got = self._base[key] = gates.evaluate(self.policies[prio], readings())
+        return got
 
 
 def effective_priority(priority: int, queued_at: float, now: float, aging_s: float) -> int:
@@ -89,7 +107,19 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
     if age > policy.heartbeat_stale_s:
         return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
                            detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
-    roles_json, readings = worker[0], lenient_json(worker[1], {})
+    roles_json, heartbeat_json = worker[0], worker[1]
+    decoded: list[dict[str, Any]] = []
+
+    def readings() -> dict[str, Any]:
+        if not decoded:
+            decoded.append(lenient_json(heartbeat_json, {}))
+        return decoded[0]
+
+    roles = lenient_json(roles_json, [])
+    if len(roles) == 1:
+        candidates_sql, roles_arg = SQL_CANDIDATES_ONE_ROLE, roles[0]
+    else:
+        candidates_sql, roles_arg = SQL_CANDIDATES, roles_json
     aging_s = policy.aging_interval_s
     reasons: dict[str, str] = {}
     best: tuple[int, float, str] | None = None
@@ -101,19 +131,19 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
             # a job here reaches effective priority best[0] only after (prio - best) steps
             oldest = now - (prio - best[0]) * aging_s + 1e-6  # the slack: float rounding
         base = policy.policies[prio]
-        base_refusals = gates.evaluate(base, readings)
+        base_refusals = policy.base_refusals(prio, heartbeat_json, readings)
         undecodable: list[tuple[str, str]] = []
         # Rows are stepped one at a time (usually the first is taken: fetching all
         # CLAIM_SCAN rows cost ~8 us a claim); writes wait until the cursor is closed.
-        cur = conn.execute(SQL_CANDIDATES,
-                           (prio, oldest, now, roles_json, CLAIM_SCAN, kinds_json))
+        cur = conn.execute(candidates_sql,
+                           (prio, oldest, now, roles_arg, CLAIM_SCAN, kinds_json))
         try:
             for job_id, queued_at, gates_json in cur:
                 refusals = base_refusals
                 if gates_json is not None:
                     try:
                         refusals = gates.evaluate(gates.merge(base, json_decode(gates_json)),
-                                                  readings)
+                                                  readings())
                     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                         undecodable.append((job_id, str(exc)))
                         continue

@@ -316,6 +316,10 @@ SQL_CANDIDATES = (
     "AND (?6 IS NULL OR kind IN (SELECT value FROM json_each(?6))) "
     "ORDER BY queued_at, job_id LIMIT ?5"
 )
+# The same for a worker with one role (?4 is the role itself): json_each costs ~2 us a
+# claim, which one `=` does not.
+SQL_CANDIDATES_ONE_ROLE = SQL_CANDIDATES.replace(
+    "required_role IN (SELECT value FROM json_each(?4))", "required_role = ?4")
 SQL_ANY_RUNNABLE = (
     "SELECT 1 FROM jobs INDEXED BY jobs_claim WHERE status = 'waiting' AND run_at <= ? LIMIT 1"
 )

@@ -35,14 +35,45 @@ async def test_a_batch_is_claimed_in_submission_order(bundle):
     assert got == [r.job_id for r in res.jobs]
 
 
-def test_claim_walk_is_the_index_order_no_sort():
-    """The candidate query is a covering-index seek whose order is the index's own: no
-    temp B-tree (v2 sorted every job tied on queued_at, 500 per claim after a batch)."""
+@pytest.mark.parametrize("sql,roles", [(store.SQL_CANDIDATES, '["cpu", "gpu"]'),
+                                       (store.SQL_CANDIDATES_ONE_ROLE, "cpu")])
+def test_claim_walk_is_the_index_order_no_sort(sql, roles):
+    """The candidate query (many roles, or the one-role form) is a covering-index seek
+    whose order is the index's own: no temp B-tree (v2 sorted every job tied on
+    queued_at, 500 per claim after a batch) and no job row read."""
     conn = sqlite3.connect(":memory:")
     store.migrate(conn)
-    plan = " | ".join(r[3] for r in conn.execute(
-        "EXPLAIN QUERY PLAN " + store.SQL_CANDIDATES, (0, 1e18, 1e18, '["cpu"]', 16, None)))
-    assert "COVERING INDEX jobs_claim" in plan and "TEMP B-TREE" not in plan, plan
+    for kinds in (None, '["k"]'):
+        plan = " | ".join(r[3] for r in conn.execute(
+            "EXPLAIN QUERY PLAN " + sql, (0, 1e18, 1e18, roles, 16, kinds)))
+        assert "COVERING INDEX jobs_claim" in plan and "TEMP B-TREE" not in plan, plan
+
+
+async def test_one_role_and_many_role_workers_claim_only_their_roles(bundle):
+    """A one-role worker takes the `=` form of the candidate query, a many-role worker the
+    json_each form: each gets exactly the jobs of its roles, oldest first."""
+    gpu = await bundle.enqueue(role="gpu")
+    cpu = await bundle.enqueue(role="cpu")
+    tpu = await bundle.enqueue(role="tpu")
+    await bundle.worker("one", roles=["cpu"])
+    await bundle.worker("many", roles=["tpu", "gpu"])
+    assert (await bundle.claim("one")).job.job_id == cpu
+    assert (await bundle.claim("one")).job is None
+    assert [(await bundle.claim("many")).job.job_id for _ in range(2)] == [gpu, tpu]
+
+
+async def test_gate_answers_follow_each_new_heartbeat(bundle):
+    """Base gate answers are remembered per stored heartbeat text, so each heartbeat's
+    readings are what a claim is judged on: hot -> refused, cool -> a job, hot again ->
+    refused again (not an answer remembered from before)."""
+    await bundle.enqueue(priority=2)
+    await bundle.enqueue(priority=2)
+    await bundle.worker("w1", temperature_c=99.0)
+    assert "too_hot" in (await bundle.claim("w1")).reasons
+    await bundle.worker("w1")
+    assert (await bundle.claim("w1")).job is not None
+    await bundle.worker("w1", temperature_c=99.0)
+    assert "too_hot" in (await bundle.claim("w1")).reasons
 
 
 async def test_writer_runs_batches_on_the_loop_thread(bundle):
