@@ -20,7 +20,8 @@ from coordd.protocol import (
     ArtifactRef, ClaimedJob, ClaimResult, CompleteResult, LeaseGrant, RenewResult, StatusResult,
 )
 from coordd.store import (
-    CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CANDIDATES, SQL_CANDIDATES_ONE_ROLE, SQL_CHECKPOINT, SQL_CLAIMED_JOB,
+    CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CANDIDATES, SQL_CANDIDATES_ONE_ROLE,
+    SQL_CANDIDATES_WALK, SQL_CANDIDATES_WALK_ONE_ROLE, SQL_CHECKPOINT, SQL_CLAIMED_JOB,
     SQL_DEAD_LETTER, SQL_DELETE_LEASE, SQL_INSERT_ARTIFACT, SQL_INSERT_LEASE,
     SQL_JOB_FOR_LEASE, SQL_LEASE_BY_CLAIM_ID, SQL_RENEW, SQL_SUCCEED, SQL_TAKE,
     SQL_WORKER, end_job, event, json_decode, lenient_json, requeue,
@@ -85,9 +86,10 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
     Order: lowest effective priority first, then longest queued (FIFO among equals). A
     job is a candidate when it is waiting, its `run_at` has come, the worker holds its
     role, and the gates of the job's own priority (merged with the job's overrides) pass
-    on the worker's last readings. One index seek per priority level; with aging on, a
-    lower level is only searched for jobs old enough to reach the best effective priority
-    found so far. Stored data that does not decode (payload, checkpoint, gate overrides)
+    on the worker's last readings. Without aging, one walk of the claim index in that
+    order from P0 (`_strict_walk`); with aging on, one seek per priority level, a lower
+    level only searched for jobs old enough to reach the best effective priority found so
+    far (`_aging_walk`). Either way a level is given up after CLAIM_SCAN candidates. Stored data that does not decode (payload, checkpoint, gate overrides)
     sends its job to the dead letter state (`payload_decode_error`, ...) with the attempt
     counted, and the search goes on: such a job is never handed out nor retried.
 
@@ -108,57 +110,19 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
         return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
                            detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
     roles_json, heartbeat_json = worker[0], worker[1]
-    decoded: list[dict[str, Any]] = []
-
-    def readings() -> dict[str, Any]:
-        if not decoded:
-            decoded.append(lenient_json(heartbeat_json, {}))
-        return decoded[0]
-
     roles = lenient_json(roles_json, [])
-    if len(roles) == 1:
-        candidates_sql, roles_arg = SQL_CANDIDATES_ONE_ROLE, roles[0]
+    one_role = len(roles) == 1
+    roles_arg = roles[0] if one_role else roles_json
+    judge = _Judge(policy, heartbeat_json)
+    if policy.aging_interval_s <= 0:
+        best = _strict_walk(conn, now, judge, SQL_CANDIDATES_WALK_ONE_ROLE if one_role
+                            else SQL_CANDIDATES_WALK, roles_arg, kinds_json)
     else:
-        candidates_sql, roles_arg = SQL_CANDIDATES, roles_json
-    aging_s = policy.aging_interval_s
-    reasons: dict[str, str] = {}
-    best: tuple[int, float, str] | None = None
-    for prio in (0, 1, 2, 3):
-        oldest = math.inf
-        if best is not None:
-            if aging_s <= 0 and best[0] <= prio:
-                break  # strict priority: nothing at this level or later can beat the best
-            # a job here reaches effective priority best[0] only after (prio - best) steps
-            oldest = now - (prio - best[0]) * aging_s + 1e-6  # the slack: float rounding
-        base = policy.policies[prio]
-        base_refusals = policy.base_refusals(prio, heartbeat_json, readings)
-        undecodable: list[tuple[str, str]] = []
-        # Rows are stepped one at a time (usually the first is taken: fetching all
-        # CLAIM_SCAN rows cost ~8 us a claim); writes wait until the cursor is closed.
-        cur = conn.execute(candidates_sql,
-                           (prio, oldest, now, roles_arg, CLAIM_SCAN, kinds_json))
-        try:
-            for job_id, queued_at, gates_json in cur:
-                refusals = base_refusals
-                if gates_json is not None:
-                    try:
-                        refusals = gates.evaluate(gates.merge(base, json_decode(gates_json)),
-                                                  readings())
-                    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                        undecodable.append((job_id, str(exc)))
-                        continue
-                if refusals:
-                    for code, detail in refusals:
-                        reasons.setdefault(code, detail)
-                    continue
-                eff = effective_priority(prio, queued_at, now, aging_s)
-                if best is None or (eff, queued_at) < (best[0], best[1]):
-                    best = (eff, queued_at, job_id)
-                break
-        finally:
-            cur.close()
-        for job_id, why in undecodable:
-            _dead_letter(conn, now, job_id, worker_id, "waiting", 1, gates.GATES_DECODE_ERROR, why)
+        best = _aging_walk(conn, now, judge, SQL_CANDIDATES_ONE_ROLE if one_role
+                           else SQL_CANDIDATES, roles_arg, kinds_json)
+    for job_id, why in judge.undecodable:
+        _dead_letter(conn, now, job_id, worker_id, "waiting", 1, gates.GATES_DECODE_ERROR, why)
+    reasons = judge.reasons
     if best is None:
         if not reasons and conn.execute(SQL_ANY_RUNNABLE, (now,)).fetchone() is not None:
             reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's roles"
@@ -188,6 +152,93 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
                        max_runtime_s=max_runtime_s),
         lease=LeaseGrant(token=token, expires_at=now + lease_s, lease_s=lease_s),
     )
+
+
+class _Judge:
+    """Whether one candidate passes its gates for this worker; refusals are gathered in
+    `reasons` (first detail per code), jobs whose gate overrides do not decode in
+    `undecodable` (dead-lettered by the caller once no cursor is open)."""
+
+    def __init__(self, policy: ClaimPolicy, heartbeat_json: str) -> None:
+        self.policy, self.heartbeat_json = policy, heartbeat_json
+        self._readings: dict[str, Any] | None = None
+        self.reasons: dict[str, str] = {}
+        self.undecodable: list[tuple[str, str]] = []
+
+    def readings(self) -> dict[str, Any]:
+        """The worker's stored readings, decoded on first use (a remembered base-gate
+        answer needs none)."""
+        if self._readings is None:
+            self._readings = lenient_json(self.heartbeat_json, {})
+        return self._readings
+
+    def passes(self, prio: int, job_id: str, gates_json: str | None) -> bool:
+        policy = self.policy
+        refusals = policy.base_refusals(prio, self.heartbeat_json, self.readings)
+        if gates_json is not None:
+            try:
+                refusals = gates.evaluate(
+                    gates.merge(policy.policies[prio], json_decode(gates_json)), self.readings())
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                self.undecodable.append((job_id, str(exc)))
+                return False
+        for code, detail in refusals:
+            self.reasons.setdefault(code, detail)
+        return not refusals
+
+
+def _strict_walk(conn: sqlite3.Connection, now: float, judge: _Judge, sql: str,
+                 roles_arg: str, kinds_json: str | None) -> tuple[int, float, str] | None:
+    """Strict priority: the first passing candidate in claim order, walking the claim
+    index from P0 on in one statement; a level is given up after CLAIM_SCAN candidates
+    (the walk starts again at the next level). Rows are stepped one at a time."""
+    start = 0
+    while start <= 3:
+        again = None
+        cur = conn.execute(sql, (start, now, roles_arg, kinds_json))
+        try:
+            level, seen = -1, 0
+            for job_id, prio, queued_at, gates_json in cur:
+                if prio != level:
+                    level, seen = prio, 0
+                if seen == CLAIM_SCAN:
+                    again = prio + 1
+                    break
+                seen += 1
+                if judge.passes(prio, job_id, gates_json):
+                    return prio, queued_at, job_id
+        finally:
+            cur.close()
+        if again is None:
+            return None
+        start = again
+    return None
+
+
+def _aging_walk(conn: sqlite3.Connection, now: float, judge: _Judge, sql: str,
+                roles_arg: str, kinds_json: str | None) -> tuple[int, float, str] | None:
+    """With aging: one seek per level (CLAIM_SCAN candidates at most); a lower level is
+    only searched for jobs old enough to reach the best effective priority found so far.
+    Returns (effective priority, queued_at, job_id) of the best."""
+    aging_s = judge.policy.aging_interval_s
+    best: tuple[int, float, str] | None = None
+    for prio in (0, 1, 2, 3):
+        oldest = math.inf
+        if best is not None:
+            # a job here reaches effective priority best[0] only after (prio - best) steps
+            oldest = now - (prio - best[0]) * aging_s + 1e-6  # the slack: float rounding
+        cur = conn.execute(sql, (prio, oldest, now, roles_arg, CLAIM_SCAN, kinds_json))
+        try:
+            for job_id, queued_at, gates_json in cur:
+                if not judge.passes(prio, job_id, gates_json):
+                    continue
+                eff = effective_priority(prio, queued_at, now, aging_s)
+                if best is None or (eff, queued_at) < (best[0], best[1]):
+                    best = (eff, queued_at, job_id)
+                break
+        finally:
+            cur.close()
+    return best
 
 
 def _dead_letter(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,

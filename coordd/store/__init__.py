@@ -320,6 +320,18 @@ SQL_CANDIDATES = (
 # claim, which one `=` does not.
 SQL_CANDIDATES_ONE_ROLE = SQL_CANDIDATES.replace(
     "required_role IN (SELECT value FROM json_each(?4))", "required_role = ?4")
+# Strict priority (no aging): one walk down the same index from level ?1 on, in claim
+# order (priority, queued_at, job_id); empty levels cost nothing, where a seek per level
+# cost ~2 us each (issue 6). ?2 now, ?3 roles (JSON list), ?4 kinds (JSON list or NULL).
+SQL_CANDIDATES_WALK = (
+    "SELECT job_id, priority, queued_at, gates_json FROM jobs INDEXED BY jobs_claim "
+    "WHERE status = 'waiting' AND priority >= ?1 AND run_at <= ?2 "
+    "AND required_role IN (SELECT value FROM json_each(?3)) "
+    "AND (?4 IS NULL OR kind IN (SELECT value FROM json_each(?4))) "
+    "ORDER BY priority, queued_at, job_id"
+)
+SQL_CANDIDATES_WALK_ONE_ROLE = SQL_CANDIDATES_WALK.replace(
+    "required_role IN (SELECT value FROM json_each(?3))", "required_role = ?3")
 SQL_ANY_RUNNABLE = (
     "SELECT 1 FROM jobs INDEXED BY jobs_claim WHERE status = 'waiting' AND run_at <= ? LIMIT 1"
 )

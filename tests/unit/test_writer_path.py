@@ -49,6 +49,39 @@ def test_claim_walk_is_the_index_order_no_sort(sql, roles):
         assert "COVERING INDEX jobs_claim" in plan and "TEMP B-TREE" not in plan, plan
 
 
+@pytest.mark.parametrize("sql,roles", [(store.SQL_CANDIDATES_WALK, '["cpu", "gpu"]'),
+                                       (store.SQL_CANDIDATES_WALK_ONE_ROLE, "cpu")])
+def test_strict_priority_walk_is_one_index_range_no_sort(sql, roles):
+    """Without aging the claim walks the claim index from a level on, in claim order
+    (priority, queued_at, job_id), in one statement: no temp B-tree, no job row."""
+    conn = sqlite3.connect(":memory:")
+    store.migrate(conn)
+    for kinds in (None, '["k"]'):
+        plan = " | ".join(r[3] for r in conn.execute(
+            "EXPLAIN QUERY PLAN " + sql, (0, 1e18, roles, kinds)))
+        assert "COVERING INDEX jobs_claim (priority>?)" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
+
+
+async def test_a_level_is_given_up_after_claim_scan_refused_candidates(bundle):
+    """The walk looks at CLAIM_SCAN candidates of a level at most: a passing P2 job behind
+    fewer refused ones is found, one behind more is not, and the walk goes on to P3; the
+    refusals are the reasons when nothing passes."""
+    hot = {"max_temperature_c": 10.0}  # the worker's 50 C fails these jobs' own gates
+    for _ in range(store.CLAIM_SCAN - 1):
+        await bundle.enqueue(priority=2, gates=hot)
+    reachable = await bundle.enqueue(priority=2)
+    await bundle.worker("w1")
+    assert (await bundle.claim("w1")).job.job_id == reachable
+    await bundle.enqueue(priority=2, gates=hot)  # now CLAIM_SCAN refused ones lead P2
+    hidden = await bundle.enqueue(priority=2)
+    p3 = await bundle.enqueue(priority=3)
+    assert (await bundle.claim("w1")).job.job_id == p3  # P2 given up after CLAIM_SCAN
+    refused = await bundle.claim("w1")
+    assert refused.job is None and refused.reasons == ["too_hot"]
+    assert hidden  # still waiting: reached once the refused jobs ahead of it are gone
+
+
 async def test_one_role_and_many_role_workers_claim_only_their_roles(bundle):
     """A one-role worker takes the `=` form of the candidate query, a many-role worker the
     json_each form: each gets exactly the jobs of its roles, oldest first."""
