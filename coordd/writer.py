@@ -20,7 +20,10 @@ with a plain `sqlite3` connection. A batch is a few hundred microseconds of SQLi
 synchronous=NORMAL), which is less than what handing it to another thread costs on a
 2-core machine: with aiosqlite's thread (one `_execute` hand-off per batch) the 16-client
 drain ran ~10-15% slower and each request waited ~1.3 ms (p50) for the database thread
-against ~0.2 ms here (`python -m bench.run --jobs 4000 --rounds 3 --clients 16`). The two
+against ~0.2 ms here (`python -m bench.run --jobs 4000 --rounds 3 --clients 16`). Also
+measured and dropped: a writer thread of our own with a plain connection (the GIL goes
+back and forth around every statement: coordd stayed at one core, 0.95x) and only the
+COMMIT on a thread (a hand-off per batch: ~0.7x). The two
 things that could stall the loop are kept off it: a write lock held by another process
 (BEGIN IMMEDIATE is tried without SQLite's busy handler and retried with asyncio sleeps
 until `busy_timeout_ms`, so the loop keeps serving), and WAL checkpoints (the fsyncs),
@@ -32,7 +35,7 @@ queued, it first yields to the loop for up to `linger_rounds` iterations, for as
 each one brings more requests (sockets read, requests decoded and submitted), and only
 then runs what is queued. A lone request waits one loop iteration (microseconds); under
 load the batch takes in the requests that were already on their way, so one COMMIT (~90
-us of WAL writes) serves more of them: at 16 clients requests per commit went 4 -> 10 and
+us of WAL writes) serves more of them: at 16 clients requests per commit went 4 -> 8-10 and
 the drain +20-25% (`python -m bench.run --jobs 8000 --rounds 3 --clients 1,16 --no-huey`,
 linger 0 / 3 / 6 / 12 rounds measured; more than ~4 gained nothing).
 

@@ -2,8 +2,8 @@
 
 Functions here are synchronous and take an open `sqlite3.Connection` plus `now` (Unix
 seconds from coordd's clock: no SQL reads the time itself). Write functions are only
-called by `coordd.writer.Writer`, inside its `BEGIN IMMEDIATE` transaction and a
-SAVEPOINT per request; raising a `CoordError` rolls back that request alone.
+called by `coordd.writer.Writer`, inside its `BEGIN IMMEDIATE` transaction; raising a
+`CoordError` rolls back that request alone (see the writer for how).
 
 Every SQL string lives here. Claims and the fenced lease-holder calls are in
 `coordd.leases`, row -> view conversion for reads in `coordd.views`; both run the
@@ -33,7 +33,7 @@ PRAGMAS_WRITER = (
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",
     "PRAGMA foreign_keys=ON",
-    # The writer's SAVEPOINT per request keeps a sub-journal of the pages each request
+    # The writer's SAVEPOINTs keep a sub-journal of the pages each request
     # changes; in memory, not in a temp file (enqueue_batch 37k -> 57k jobs/s, issue 6).
     "PRAGMA temp_store=MEMORY",
 )
