@@ -89,9 +89,10 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
     on the worker's last readings. Without aging, one walk of the claim index in that
     order from P0 (`_strict_walk`); with aging on, one seek per priority level, a lower
     level only searched for jobs old enough to reach the best effective priority found so
-    far (`_aging_walk`). Either way a level is given up after CLAIM_SCAN candidates. Stored data that does not decode (payload, checkpoint, gate overrides)
-    sends its job to the dead letter state (`payload_decode_error`, ...) with the attempt
-    counted, and the search goes on: such a job is never handed out nor retried.
+    far (`_aging_walk`). Either way a level is given up after CLAIM_SCAN candidates.
+    Stored data that does not decode (payload, checkpoint, gate overrides) sends its job
+    to the dead letter state (`payload_decode_error`, ...) with the attempt counted, and
+    the search goes on: such a job is never handed out nor retried.
 
     Returns a ClaimResult; with no job, `reasons` holds refusal codes (`heartbeat_stale`,
     `no_matching_role`, gate codes), empty when nothing is runnable at all.
@@ -173,6 +174,7 @@ class _Judge:
         return self._readings
 
     def passes(self, prio: int, job_id: str, gates_json: str | None) -> bool:
+        """True when the job's gates (its level's, merged with its own overrides) pass."""
         policy = self.policy
         refusals = policy.base_refusals(prio, self.heartbeat_json, self.readings)
         if gates_json is not None:
