@@ -12,7 +12,9 @@ a constraint hit by its first write, which SQLite undoes itself) needs nothing u
 op that raises after changing rows sends the batch back to that savepoint, and the batch
 runs again with a SAVEPOINT per op, the old way. Ops are functions of (connection, now)
 only, so running them again gives the same results. A SAVEPOINT and RELEASE per op cost
-~4 us per request, ~5% of a claim + complete (issue 6).
+~4 us per request, ~5% of a claim + complete (issue 6). An op error that made SQLite
+cancel the whole transaction (SQLITE_FULL, IOERR, NOMEM, INTERRUPT can) ends the batch at
+once: the ops after it must not run in autocommit mode.
 
 Where the batch runs (issue 6, decided by measurement): on the event loop's own thread,
 with a plain `sqlite3` connection. A batch is a few hundred microseconds of SQLite work
@@ -325,6 +327,7 @@ class Writer:
             try:
                 outcomes.append((True, op(conn, now)))
             except Exception as exc:
+                _check_still_in_transaction(conn, exc)
                 if conn.total_changes != changes:
                     conn.execute("ROLLBACK TO batch")
                     conn.execute("RELEASE batch")
@@ -343,6 +346,7 @@ class Writer:
                 outcomes.append((True, op(conn, now)))
                 conn.execute("RELEASE op")
             except Exception as exc:
+                _check_still_in_transaction(conn, exc)
                 conn.execute("ROLLBACK TO op")
                 conn.execute("RELEASE op")
                 outcomes.append((False, _op_error(exc)))
@@ -358,6 +362,21 @@ class Writer:
             logger.warning("wall clock jumped %.1fs past the monotonic clock (suspend?); "
                            "extended %d live lease(s) by it", jump, n,
                            extra={"action": "clock_jump", "jump_s": jump, "n": n})
+
+
+def _check_still_in_transaction(conn: sqlite3.Connection, exc: Exception) -> None:
+    """Raise if the op's error made SQLite roll back the whole transaction.
+
+    SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM or SQLITE_INTERRUPT on a write may cancel the
+    entire transaction, not only the statement (https://sqlite.org/lang_transaction.html),
+    and without touching `total_changes`. The ops after it would then run in autocommit
+    mode, each of its writes committed at once, while the batch ends with "nothing stored"
+    for every request: the batch must end here (nothing of it is stored: true).
+    """
+    if not conn.in_transaction:
+        raise errors.CoordError(
+            f"the transaction was rolled back by SQLite ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def _op_error(exc: Exception) -> errors.CoordError:

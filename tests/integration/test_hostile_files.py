@@ -259,3 +259,41 @@ async def test_full_disk_recovers_when_space_is_freed(tmpfs, daemon_factory):
         assert (await c.get_job(r.job_id)).status == "waiting"
     assert d.stop() == 0
     assert quick_check(d.db) == ["ok"]
+
+
+async def test_full_disk_mid_batch_no_reply_says_nothing_stored_of_a_stored_job(tmpfs):
+    """SQLITE_FULL while a batch's big insert spills pages to the WAL makes SQLite roll back
+    the whole transaction. The writer must end the batch there: the small enqueue after it
+    in the same batch must not be committed on its own (autocommit) while its reply says
+    "commit failed, nothing stored" (a client would enqueue it again: a duplicate job)."""
+    import random
+
+    from coordd import config as config_mod
+    from coordd.clock import FakeClock
+    from coordd.protocol import Enqueue
+    from coordd.service import Coordinator
+
+    folder = tmpfs("small_batch", "size=2m")
+    coord = Coordinator(str(folder / "c.db"), config_mod.load(None), FakeClock(100.0),
+                        rng=random.Random(1))
+    await coord.start()
+    try:
+        coord.writer._conn.execute("PRAGMA cache_size = 20")  # spill pages mid-transaction
+        await coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=1, payload={}))
+        st = os.statvfs(folder)
+        with open(folder / "filler", "wb") as f:
+            f.write(b"\0" * (st.f_bavail * st.f_frsize - 400_000))
+
+        def enqueue(payload: dict) -> asyncio.Future:
+            return asyncio.ensure_future(coord.enqueue(Enqueue(
+                kind="k", required_role="cpu", priority=1, payload=payload)))
+        futs = [enqueue({"n": "a"}), enqueue({"n": "big", "x": "y" * 900_000}),
+                enqueue({"n": "c"})]
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        assert any(isinstance(r, errors.CoordError) for r in results), results
+        stored = dict(await coord._read(lambda conn: conn.execute(
+            "SELECT json_extract(payload_json, '$.n'), job_id FROM jobs").fetchall()))
+        for name, res in zip(("a", "big", "c"), results):
+            assert (name in stored) == (not isinstance(res, BaseException)), (name, res, stored)
+    finally:
+        await coord.close()

@@ -290,3 +290,59 @@ async def test_an_op_refused_before_writing_needs_no_rerun(bundle):
     assert results[2] == 1
     assert writer.stats.reruns == reruns
     assert (await bundle.coord.get_job(JobId(job_id=job))).priority == 0
+
+
+def _put(name: str, cancel_transaction: bool = False):
+    """An op inserting artifact row `name`; with `cancel_transaction` its INSERT fails the
+    way SQLITE_FULL / IOERR / NOMEM / INTERRUPT can: SQLite rolls back the whole
+    transaction, not just the statement (a progress handler interrupting the write)."""
+    def op(conn: sqlite3.Connection, now: float) -> str:
+        if cancel_transaction:
+            conn.set_progress_handler(lambda: 1, 1)
+        try:
+            conn.execute("INSERT INTO artifacts (sha256, path, size, created_at) "
+                         "VALUES (?, 'p', 1, 0)", (name,))
+        finally:
+            conn.set_progress_handler(None, 1)
+        return name
+    return op
+
+
+async def test_an_op_whose_error_cancels_the_transaction_ends_the_batch(bundle):
+    """After an error that made SQLite roll back the whole transaction (no row counted
+    in total_changes), the later ops of the batch must not run in autocommit: their rows
+    would be stored while every reply says nothing was. Each reply matches the rows."""
+    writer = bundle.coord.writer
+    futs = [writer.submit(_put("x-a")), writer.submit(_put("x-b", cancel_transaction=True)),
+            writer.submit(_put("x-c"))]
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    keys = await bundle.coord._read(
+        lambda conn: [r[0] for r in conn.execute("SELECT sha256 FROM artifacts ORDER BY 1")])
+    for name, res in zip(("x-a", "x-b", "x-c"), results):
+        assert (name in keys) == (not isinstance(res, BaseException)), (name, res, keys)
+    assert not writer._conn.in_transaction
+    assert await writer.run(_put("x-d")) == "x-d"  # the writer goes on
+
+
+async def test_a_rerun_op_whose_error_cancels_the_transaction_ends_the_batch(bundle):
+    """The same in the rerun with a savepoint per op."""
+    writer = bundle.coord.writer
+    tries = {"n": 0}
+
+    def write_then_fail(conn: sqlite3.Connection, now: float) -> None:
+        conn.execute("INSERT INTO artifacts (sha256, path, size, created_at) "
+                     "VALUES ('y-w', 'p', 1, 0)")
+        raise errors.InvalidState("changed its mind")
+
+    def cancel_on_rerun(conn: sqlite3.Connection, now: float) -> str:
+        tries["n"] += 1
+        return _put("y-b", cancel_transaction=tries["n"] > 1)(conn, now)
+
+    futs = [writer.submit(_put("y-a")), writer.submit(cancel_on_rerun),
+            writer.submit(write_then_fail), writer.submit(_put("y-c"))]
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    keys = await bundle.coord._read(
+        lambda conn: [r[0] for r in conn.execute("SELECT sha256 FROM artifacts ORDER BY 1")])
+    assert tries["n"] == 2
+    for name, res in zip(("y-a", "y-b", "y-w", "y-c"), results):
+        assert (name in keys) == (not isinstance(res, BaseException)), (name, res, keys)
