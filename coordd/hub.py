@@ -78,8 +78,7 @@ class Hub:
         """Store a message for every reader but the sender. Raises: BadRequest, PayloadTooLarge."""
         return await self._send(p, None)
 
-    async def _send(self, p: SendMessage | BroadcastMessage, recipient: str | None
-                    ) -> SendResult:
+    async def _send(self, p: BroadcastMessage, recipient: str | None) -> SendResult:
         check_name("sender", p.sender)
         check_name("message_type", p.message_type, TYPE_MAX_CHARS)
         if p.priority not in PRIORITIES:

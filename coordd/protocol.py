@@ -425,33 +425,27 @@ ADMIN_METHODS = frozenset({"enqueue", "enqueue_batch", "cancel", "retry", "reap"
 # merges as one block.
 
 
-class SendMessage(msgspec.Struct, kw_only=True):
-    """`send_message`: one message to `recipient`. `content` and `metadata` are JSON.
+class BroadcastMessage(msgspec.Struct, kw_only=True):
+    """`broadcast`: one message every reader but the sender gets once. `content` and
+    `metadata` are JSON.
 
     `message_id` (optional, chosen by the sender) makes a resend after a lost reply
     return the stored message instead of a second one. `ttl_s`: never delivered after.
     """
 
     sender: str
+    content: Any = None
+    message_type: str = "text"
+    priority: int = 2
+    metadata: dict[str, Any] | None = None
+    ttl_s: float | None = None
+    message_id: str | None = None
+
+
+class SendMessage(BroadcastMessage, kw_only=True):
+    """`send_message`: the fields of a broadcast, for one `recipient` only."""
+
     recipient: str
-    content: Any = None
-    message_type: str = "text"
-    priority: int = 2
-    metadata: dict[str, Any] | None = None
-    ttl_s: float | None = None
-    message_id: str | None = None
-
-
-class BroadcastMessage(msgspec.Struct, kw_only=True):
-    """`broadcast`: one message every reader but the sender gets once."""
-
-    sender: str
-    content: Any = None
-    message_type: str = "text"
-    priority: int = 2
-    metadata: dict[str, Any] | None = None
-    ttl_s: float | None = None
-    message_id: str | None = None
 
 
 class ReadMessages(msgspec.Struct, kw_only=True):
