@@ -24,6 +24,7 @@ healthchecks.io, maintained for that service's own use.
 
 from __future__ import annotations
 
+import graphlib
 import hashlib
 import logging
 import secrets
@@ -90,28 +91,13 @@ def topo_order(nodes: list[WorkflowNode]) -> list[WorkflowNode]:
             if need.node in seen:
                 raise errors.BadRequest(f"node {n.name!r} needs {need.node!r} twice")
             seen.add(need.node)
-    order: list[WorkflowNode] = []
-    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-    for root in nodes:  # depth-first, iterative: a 1000-node chain is no recursion limit
-        if state.get(root.name):
-            continue
-        path, todo = [root.name], [iter(needs_of(root))]
-        state[root.name] = 1
-        while todo:
-            need = next(todo[-1], None)
-            if need is None:
-                todo.pop()
-                done = path.pop()
-                state[done] = 2
-                order.append(by_name[done])
-            elif state.get(need.node) == 1:
-                cycle = path[path.index(need.node):] + [need.node]
-                raise errors.BadRequest(f"dependency cycle: {' -> '.join(cycle)}")
-            elif not state.get(need.node):
-                state[need.node] = 1
-                path.append(need.node)
-                todo.append(iter(needs_of(by_name[need.node])))
-    return order
+    sorter = graphlib.TopologicalSorter({n.name: [d.node for d in needs_of(n)] for n in nodes})
+    try:
+        return [by_name[name] for name in sorter.static_order()]
+    except graphlib.CycleError as exc:
+        # graphlib names the cycle from a node to what needs it; ours reads "a needs b"
+        cycle = list(reversed(exc.args[1]))
+        raise errors.BadRequest(f"dependency cycle: {' -> '.join(cycle)}") from None
 
 
 def spec_hash(p: WorkflowSubmit) -> str:
