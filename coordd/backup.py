@@ -6,7 +6,7 @@ Layout of a backup at DEST: `DEST` (the SQLite copy, one self-contained file),
 and `DEST.manifest.json` (`{"db": {"sha256", "bytes"}, "artifacts": [{"sha256", "bytes"}],
 "missing": [sha256...]}`), written last: a backup without its manifest is incomplete.
 
-`restore` runs with coordd stopped (it takes the `<db>.lock` coordd holds while it runs),
+`restore` runs with coordd stopped (it takes the lock coordd holds while it runs: coordd.dblock),
 checks `quick_check` and every hash, installs the artifact files first and the database
 second, and points the copy's artifact and checkpoint paths at the artifact store beside
 the restored database. Anything that does not verify refuses the whole restore.
@@ -15,7 +15,6 @@ the restored database. Anything that does not verify refuses the whole restore.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import secrets
@@ -25,12 +24,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from coordd import cas, errors, views
+from coordd.dblock import DbLock
 from coordd.store import reads
 from coordd.protocol import BackupResult
 
 MANIFEST_SUFFIX = ".manifest.json"
 ARTIFACTS_SUFFIX = ".artifacts"
-LOCK_SUFFIX = ".lock"
 
 
 class RestoreRefused(errors.CoordError):
@@ -40,23 +39,15 @@ class RestoreRefused(errors.CoordError):
 
 
 @contextlib.contextmanager
-def db_lock(db_path: str) -> Iterator[None]:
-    """Hold `<db>.lock` (flock) for the block: coordd holds it while it runs, restore too.
+def db_lock(db_path: str) -> Iterator[str]:
+    """Hold the database's lock for the block (coordd holds it while it runs, restore too),
+    on the file however it is named (coordd.dblock); yields the resolved path.
 
     Raises:
         errors.InvalidState: another process (a coordd, a restore) holds it.
     """
-    fd = os.open(db_path + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise errors.InvalidState(
-                f"{db_path} is in use by another process (a running coordd or a restore)"
-            ) from None
-        yield
-    finally:
-        os.close(fd)
+    with DbLock(db_path) as lock:
+        yield lock.real
 
 
 def _copy_verified(src: str, root: str, sha: str) -> bool:
@@ -181,8 +172,8 @@ def restore(src: str, db_path: str, artifact_dir: str) -> dict[str, Any]:
         RestoreRefused: the backup does not verify (nothing was changed).
         errors.InvalidState: coordd (or another restore) holds the database's lock.
     """
-    src, db_path = os.path.abspath(src), os.path.abspath(db_path)
-    with db_lock(db_path):
+    src = os.path.abspath(src)
+    with db_lock(db_path) as db_path:  # a symlink's target is replaced, not the link
         manifest = verify(src)
         for art in manifest["artifacts"]:  # files first, then the records that name them
             sha = art["sha256"]

@@ -237,8 +237,9 @@ def default_agent_name(tool: str) -> str:
 
 
 def artifact_dir_for(db_path: str | os.PathLike[str]) -> str:
-    """The content-addressed artifact store beside a database: `<db folder>/artifacts`."""
-    return os.path.join(os.path.dirname(os.path.abspath(db_path)), "artifacts")
+    """The content-addressed artifact store beside a database: `<db folder>/artifacts`,
+    the folder of the file itself (symlinks resolved), whatever name reached it."""
+    return os.path.join(os.path.dirname(os.path.realpath(db_path)), "artifacts")
 
 
 def default_db_path() -> Path:

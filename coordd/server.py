@@ -30,9 +30,10 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from coordd import backup, errors
+from coordd import errors
 from coordd.clock import Clock, SystemClock
 from coordd.config import Config
+from coordd.dblock import DbLock, real_db_path
 from coordd.reaper import Reaper
 from coordd.rpc import Dispatcher, PeerCred
 from coordd.service import Coordinator
@@ -153,7 +154,8 @@ class Daemon:
     def __init__(self, config: Config, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or SystemClock()
-        self.coord = Coordinator(config.db, config, self.clock)
+        # the file's real path: SQLite names the -wal/-shm files after it
+        self.coord = Coordinator(real_db_path(config.db), config, self.clock)
         self.stop_event = asyncio.Event()
         if config.admin_uids or config.admin_gids:
             self._admin_uids, self._admin_gids = set(config.admin_uids), set(config.admin_gids)
@@ -219,8 +221,8 @@ class Daemon:
             raise StartupError(f"database folder {db.parent} does not exist")
         if db.exists() and not db.is_file():
             raise StartupError(f"database {db} is not a regular file")
-        try:  # held while coordd runs, so a restore cannot swap the file under it
-            self._db_lock.enter_context(backup.db_lock(str(db)))
+        try:  # held while coordd runs (on the file, by any name), so no second coordd
+            lock = self._db_lock.enter_context(DbLock(db))  # nor a restore swaps it
         except errors.InvalidState as exc:
             raise StartupError(exc.message) from exc
         except OSError as exc:
@@ -230,6 +232,10 @@ class Daemon:
             await self.coord.start()
         except errors.StoreError as exc:
             raise StartupError(f"cannot open the database: {exc.message}") from exc
+        try:
+            lock.lock_inode()  # a file SQLite just created
+        except errors.InvalidState as exc:
+            raise StartupError(exc.message) from exc
         art = Path(self.coord.artifact_dir)
         if not art.exists():  # workers (group coordd) write checkpoints and results here
             with contextlib.suppress(OSError):

@@ -138,6 +138,51 @@ async def test_b23_second_daemon_refused_without_the_lock(daemon_factory):
         await c.status()
 
 
+@pytest.mark.parametrize("name", ["symlink", "hardlink", "dotdot"])
+async def test_second_daemon_on_another_name_of_the_db_refused(daemon_factory, tmp_path, name):
+    """The single-daemon lock holds for the file, however it is named (issue 14, bug 3):
+    a symlink, a hard link and a `sub/../` path to A's database are refused with exit 1
+    and one clear line; A keeps serving, and no second artifact store appears."""
+    a = daemon_factory(name="a")
+    a.start()
+    async with Client(a.socket) as c:  # the file exists once coordd has started
+        await c.status()
+    other = tmp_path / "other"
+    other.mkdir()
+    if name == "symlink":
+        alias = other / "link.db"
+        alias.symlink_to(a.db)
+    elif name == "hardlink":
+        alias = other / "hard.db"
+        os.link(a.db, alias)
+    else:
+        alias = other / ".." / Path(a.db).name
+    res = await run_coordd("--db", str(alias), "--socket", str(tmp_path / "b.sock"))
+    assert res.returncode == 1, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "is in use by another process" in lines[0] and str(alias) in lines[0], lines[0]
+    assert not (other / "artifacts").exists()
+    assert not os.path.exists(str(alias) + "-wal") or name == "dotdot"
+    async with Client(a.socket) as c:
+        assert (await c.status()).workers == 0
+    assert a.proc.poll() is None
+
+
+def test_artifact_store_follows_the_file_not_the_name(tmp_path):
+    """A symlinked or `..` name of the database has the real file's artifact store."""
+    from coordd.config import artifact_dir_for
+    real = tmp_path / "state" / "coordd.db"
+    real.parent.mkdir()
+    real.touch()
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "elsewhere" / "link.db"
+    link.symlink_to(real)
+    want = str(real.parent / "artifacts")
+    assert artifact_dir_for(link) == want
+    assert artifact_dir_for(tmp_path / "elsewhere" / ".." / "state" / "coordd.db") == want
+
+
 async def test_b23_two_starters_race_on_a_stale_socket_one_wins(daemon_factory):
     """Probe, unlink and bind happen under the lock: of two starters, exactly one serves."""
     a = daemon_factory(name="a")
