@@ -46,6 +46,48 @@ class SystemClock(Clock):
         return True
 
 
+class AnchoredClock(Clock):
+    """coordd's own clock: the wall clock read once (the anchor) plus monotonic time since.
+
+    A step of the wall clock (NTP, a manual change) or a suspend (the monotonic clock
+    stands still) does not move this clock: leases, heartbeat ages and backoff keep their
+    length in real time. `step()` says how far the wall clock has moved away; only the
+    writer re-anchors (`shift`), in the same transaction that moves the stored times that
+    measure durations by the same step (coordd.timeshift), so readers never see the
+    clock and the rows disagree.
+
+    Args:
+        base: the clock read (SystemClock in production, FakeClock in tests).
+    """
+
+    def __init__(self, base: Clock) -> None:
+        self.base = base
+        self._anchor_wall = base.wall()
+        self._anchor_mono = base.mono()
+
+    def wall(self) -> float:
+        return self._anchor_wall + (self.base.mono() - self._anchor_mono)
+
+    def mono(self) -> float:
+        return self.base.mono()
+
+    async def wait(self, stop: asyncio.Event, seconds: float) -> bool:
+        return await self.base.wait(stop, seconds)
+
+    def step(self) -> float:
+        """Seconds the wall clock is ahead of this clock (negative: behind)."""
+        return self.base.wall() - self.wall()
+
+    def shift(self, seconds: float) -> None:
+        """Move this clock by `seconds` (the writer re-anchoring after a step)."""
+        self._anchor_wall += seconds
+
+
+def anchored(clock: Clock) -> AnchoredClock:
+    """`clock` itself if it is an AnchoredClock, else one anchored on it."""
+    return clock if isinstance(clock, AnchoredClock) else AnchoredClock(clock)
+
+
 class FakeClock(Clock):
     """A pinned clock for tests.
 

@@ -36,6 +36,7 @@ MAX_ERROR_CHARS = 4000
 WRITER_QUEUE_MAX = 20_000
 WRITER_BATCH_MAX = 1024
 CLOCK_JUMP_S = 60.0
+CLOCK_STEP_S = 1.0
 BUSY_TIMEOUT_MS = 10_000
 RETENTION_S = 7 * 86400.0
 PRUNE_INTERVAL_S = 3600.0
@@ -64,8 +65,12 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         max_error_chars: a failure's error text is truncated to this.
         max_frame_bytes: RPC frame cap.
         writer_queue_max / writer_batch_max: writer back-pressure and group-commit bound.
-        clock_jump_s: a wall-clock jump this much larger than the monotonic advance (a
-            suspend/resume) extends every live lease by the jump instead of expiring it.
+        clock_step_s: coordd keeps its own clock (the wall clock at start plus monotonic
+            time since); when the wall clock steps further than this away from it, either
+            way, coordd takes the step and moves the stored lease, heartbeat, backoff,
+            queue and message times by it, so their durations keep their real length.
+        clock_jump_s: a jump ahead larger than this (a suspend/resume) also gives each
+            live lease at least one whole lease from the resume.
         admin_uids / admin_gids: who may call admin methods. Both empty (the default):
             root and coordd's own uid. Either set: exactly the listed uids/gids.
         log_json: log lines as JSON objects.
@@ -115,6 +120,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     writer_queue_max: int = WRITER_QUEUE_MAX
     writer_batch_max: int = WRITER_BATCH_MAX
     clock_jump_s: float = CLOCK_JUMP_S
+    clock_step_s: float = CLOCK_STEP_S
     busy_timeout_ms: int = BUSY_TIMEOUT_MS
     admin_uids: list[int] = []
     admin_gids: list[int] = []
@@ -154,6 +160,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if min(self.wal_size_limit_bytes, self.warn_db_bytes, self.warn_wal_bytes,
                self.warn_artifact_bytes) < 0 or self.wal_autocheckpoint_pages < 1:
             raise ValueError("sizes must be >= 0 and wal_autocheckpoint_pages >= 1")
+        if not self.clock_step_s > 0 or not self.clock_jump_s >= 0:  # NaN too
+            raise ValueError("need clock_step_s > 0 and clock_jump_s >= 0")
         if self.wal_checkpoint_interval_s < 0:
             raise ValueError("wal_checkpoint_interval_s must be >= 0")
         if not 0 <= self.metrics_port <= 65535:

@@ -23,7 +23,7 @@ import msgspec
 from coordd import backup, cas, errors, gates, leases, results, store, values, views
 from coordd.hub import Hub
 from coordd.ids import JobIds
-from coordd.clock import Clock
+from coordd.clock import Clock, anchored
 from coordd.config import Config, artifact_dir_for
 from coordd.protocol import (
     PRIORITIES, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
@@ -70,14 +70,15 @@ class Coordinator:
         self.artifact_dir = artifact_dir_for(db_path)
         self.artifact_bytes = 0  # the artifact store's size at the last prune or scrape
         self.config = config
-        self.clock = clock
+        self.clock = anchored(clock)  # steps of the wall clock are taken by the writer
         self._rng = rng or random.Random()
         self._ids = JobIds()
         self.meters = Metrics()
-        self.writer = Writer(db_path, clock, queue_max=config.writer_queue_max,
+        self.writer = Writer(db_path, self.clock, queue_max=config.writer_queue_max,
                              batch_max=config.writer_batch_max,
                              busy_timeout_ms=config.busy_timeout_ms,
-                             clock_jump_s=config.clock_jump_s, metrics=self.meters,
+                             clock_jump_s=config.clock_jump_s,
+                             clock_step_s=config.clock_step_s, metrics=self.meters,
                              wal_size_limit=config.wal_size_limit_bytes,
                              wal_autocheckpoint_pages=config.wal_autocheckpoint_pages,
                              checkpoint_interval_s=config.wal_checkpoint_interval_s)
@@ -87,7 +88,7 @@ class Coordinator:
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s)
         self.flows = Workflows(self)
-        self.hub = Hub(self.writer, self._read, config, clock)
+        self.hub = Hub(self.writer, self._read, config, self.clock)
         for method in HUB_PARAMS:  # the hub's RPC methods are served by coordd.hub
             setattr(self, method, getattr(self.hub, method))
 

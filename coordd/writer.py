@@ -41,9 +41,13 @@ us of WAL writes) serves more of them: at 16 clients requests per commit went 4 
 the drain +20-25% (`python -m bench.run --jobs 8000 --rounds 3 --clients 1,16 --no-huey`,
 linger 0 / 3 / 6 / 12 rounds measured; more than ~4 gained nothing).
 
-`now` for every op in a batch is read once, here, from the injected clock. Here too the
-writer watches for a wall-clock jump far beyond the monotonic clock (a suspend/resume)
-and first shifts live leases by it, so frozen lease holders are not expired en masse.
+`now` for every op in a batch is read once, here, from coordd's clock, which is anchored
+on the monotonic clock (coordd.clock.AnchoredClock). Here too, and only here, that clock
+is re-anchored when the wall clock has stepped more than `clock_step_s` away from it
+(either way: NTP, a manual change, a suspend): the batch first moves the stored times
+that measure durations by the step (coordd.store.clock_steps), and the clock takes the
+step after the COMMIT. A jump ahead past `clock_jump_s` (a suspend) also gives live leases
+a whole lease from the resume, so frozen holders are not expired en masse.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ from typing import Any
 
 from coordd import errors, store
 from coordd.checkpointer import WalCheckpointer
-from coordd.clock import Clock
+from coordd.clock import Clock, anchored
+from coordd.store.clock_steps import shift_times
 from coordd.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -88,7 +93,10 @@ class Writer:
             `errors.Overloaded`.
         batch_max: requests per transaction at most.
         busy_timeout_ms: SQLite busy timeout, for outside processes holding the file.
-        clock_jump_s: a wall-vs-monotonic jump above this extends live leases (0 = off).
+        clock_step_s: a wall-clock step larger than this (either way) re-anchors coordd's
+            clock and moves the stored times by it (see the module doc).
+        clock_jump_s: a jump ahead larger than this (a suspend) also gives live leases a
+            whole lease from the resume (0 = off).
         metrics: where batch sizes, commit times and queue waits are recorded.
         wal_size_limit: bytes the WAL file is cut back to once a checkpoint lets it
             restart (SQLite's journal_size_limit): a WAL a reader let grow shrinks again.
@@ -103,16 +111,18 @@ class Writer:
 
     def __init__(self, path: str, clock: Clock, *, queue_max: int = 20_000,
                  batch_max: int = 1024, busy_timeout_ms: int = 10_000,
-                 clock_jump_s: float = 60.0, metrics: Metrics | None = None,
+                 clock_jump_s: float = 60.0, clock_step_s: float = 1.0,
+                 metrics: Metrics | None = None,
                  wal_size_limit: int = 64 << 20, wal_autocheckpoint_pages: int = 10_000,
                  checkpoint_interval_s: float = 0.1,
                  linger_rounds: int = LINGER_ROUNDS) -> None:
         self._path = path
-        self._clock = clock
+        self._clock = anchored(clock)
         self._queue_max = queue_max
         self._batch_max = batch_max
         self._busy_timeout_ms = busy_timeout_ms
         self._clock_jump_s = clock_jump_s
+        self._clock_step_s = clock_step_s
         self._metrics = metrics
         self._wal_size_limit = wal_size_limit
         self._wal_autocheckpoint_pages = wal_autocheckpoint_pages
@@ -125,7 +135,7 @@ class Writer:
         self._checkpointer = WalCheckpointer(path, checkpoint_interval_s)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._last_times: tuple[float, float] | None = None
+        self._last_seen: float | None = None  # coordd's time at the last COMMIT
         self.stats = WriterStats()
 
     @property
@@ -295,7 +305,8 @@ class Writer:
         t0 = self._clock.mono()
         now = self._clock.wall()
         try:
-            self._check_clock_jump(conn, now, t0)
+            step = self._check_clock_step(conn, now)
+            now += step
             outcomes = self._run_ops(conn, batch, now)
             if outcomes is None:
                 self.stats.reruns += 1
@@ -305,7 +316,9 @@ class Writer:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        self._last_times = (now, t0)  # a jump seen in a rolled-back batch is seen again
+        if step:  # after the COMMIT: a step seen in a rolled-back batch is seen again
+            self._clock.shift(step)
+        self._last_seen = now
         dt = self._clock.mono() - t0
         st = self.stats
         st.batches += 1
@@ -352,16 +365,20 @@ class Writer:
                 outcomes.append((False, _op_error(exc)))
         return outcomes
 
-    def _check_clock_jump(self, conn: sqlite3.Connection, wall: float, mono: float) -> None:
-        last = self._last_times  # of the last committed batch (set after COMMIT)
-        if last is None or self._clock_jump_s <= 0:
-            return
-        jump = (wall - last[0]) - (mono - last[1])
-        if jump > self._clock_jump_s:
-            n = store.extend_leases(conn, wall, jump, last[0])
-            logger.warning("wall clock jumped %.1fs past the monotonic clock (suspend?); "
-                           "extended %d live lease(s) by it", jump, n,
-                           extra={"action": "clock_jump", "jump_s": jump, "n": n})
+    def _check_clock_step(self, conn: sqlite3.Connection, now: float) -> float:
+        """Move the stored times by a wall-clock step past `clock_step_s`; return the step
+        the clock takes after the COMMIT (0.0: none)."""
+        step = self._clock.step()
+        if not abs(step) > self._clock_step_s:
+            return 0.0
+        grace = 0 < self._clock_jump_s < step
+        seen_at = now if self._last_seen is None else self._last_seen
+        moved = shift_times(conn, now, step, seen_at, grace)
+        logger.warning("wall clock stepped %+.1fs from coordd's clock (%s); moved the stored "
+                       "times by it: %s", step, "suspend?" if grace else "NTP or a manual "
+                       "change?", ", ".join(f"{n} {k}" for k, n in moved.items() if n) or "none",
+                       extra={"action": "clock_step", "step_s": step, **moved})
+        return step
 
 
 def _check_still_in_transaction(conn: sqlite3.Connection, exc: Exception) -> None:

@@ -461,17 +461,13 @@ def retry(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
     return StatusResult(status="waiting", run_at=now)
 
 
-# ---------------------------------------------------------------- reaper, clock jumps
+# ---------------------------------------------------------------- reaper
 
 
 SQL_EXPIRED = (
     "SELECT l.job_id, l.worker_id, j.attempts, j.max_attempts, j.cancel_requested "
     "FROM leases l JOIN jobs j ON j.job_id = l.job_id WHERE l.expires_at <= ? "
     "ORDER BY l.expires_at LIMIT ?"
-)
-SQL_EXTEND_LEASES = (
-    "UPDATE leases SET expires_at = max(expires_at + ?1, ?2 + lease_s), "
-    "granted_at = granted_at + ?1 WHERE expires_at > ?3"
 )
 
 
@@ -493,19 +489,6 @@ def reap_expired(conn: sqlite3.Connection, now: float, limit: int = 1000) -> int
             why = f"lease_expired (worker {worker_id} lost)"
             requeue(conn, now, job_id, worker_id, why, now, "lease_expired")
     return len(rows)
-
-
-def extend_leases(conn: sqlite3.Connection, now: float, jump: float, seen_at: float) -> int:
-    """Give leases back the time a wall-clock jump of `jump` seconds took; return how many.
-
-    Used when coordd sees its wall clock jump far past its monotonic clock (a suspend and
-    resume, or an NTP step): the holders were frozen too. Each lease that was live when
-    coordd last looked at its clocks (`seen_at`, before the jump) is shifted by the jump
-    and runs, at least, a whole `lease_s` from `now`: a grace of one lease, so the
-    holder's first renewal after the resume keeps it. Leases already expired by then
-    stay expired.
-    """
-    return conn.execute(SQL_EXTEND_LEASES, (jump, now, seen_at)).rowcount
 
 
 # ---------------------------------------------------------------- retention
