@@ -1,4 +1,5 @@
-"""Read the host's resource conditions for the heartbeat; the only module that touches the host.
+"""Read the host's resource conditions for the heartbeat; with worker.idle (user idle time),
+the only code that touches the host.
 
 Every reading may be unknown. An unknown reading is ``None`` plus a human reason, never an
 exception: the gate policy in coordd decides what unknown means (OPS-FACTS 1.2-1.4).
@@ -9,25 +10,21 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import subprocess
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psutil
 
 from coordd.clock import SystemClock
+from worker.idle import IdleSource, SourceUnknown, session_idle_source, tty_idle_source
+
+__all__ = ["READING_KEYS", "IdleSource", "Probes", "ReasonLog", "SourceUnknown",
+           "apply_override", "session_idle_source", "tty_idle_source"]
 
 logger = logging.getLogger(__name__)
 
 LOG_INTERVAL_S_DEFAULT = 600.0
 """At most one log line per distinct failure reason in this many seconds."""
-SUBPROCESS_TIMEOUT_S_DEFAULT = 1.0
-"""Bound on each ``loginctl`` call, seconds."""
-LOGIND_MAX_SESSIONS = 16
-"""Sessions asked for their idle hint; more are ignored to keep a probe bounded."""
-TTY_SKIP_PREFIXES = ("ttyS", "ttyACM")
-"""Serial devices are not user input (BOINC client/hostinfo_unix.cpp)."""
 
 READING_KEYS = (
     "memory_used_pct",
@@ -46,14 +43,6 @@ _SYSTEM_CLOCK = SystemClock()
 HOST_SENSORS_TEMPERATURES: Callable[[], dict[str, Any]] | None = getattr(psutil, "sensors_temperatures", None)
 """psutil's provider, or None where the platform lacks it (only Linux and FreeBSD have it)."""
 HOST_SENSORS_BATTERY: Callable[[], Any] | None = getattr(psutil, "sensors_battery", None)
-
-
-class SourceUnknown(Exception):
-    """An idle-time source gave no answer; the message says why."""
-
-
-IdleSource = Callable[[], float]
-"""Return seconds since the last user input, or raise ``SourceUnknown``."""
 
 
 class ReasonLog:
@@ -91,114 +80,6 @@ def _describe(call: str, exc: BaseException) -> str:
     return f"{call} raised {type(exc).__name__}: {exc}"
 
 
-def logind_idle_source(
-    wall: Clock = _SYSTEM_CLOCK.wall,
-    timeout_s: float = SUBPROCESS_TIMEOUT_S_DEFAULT,
-    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
-) -> IdleSource:
-    """Build a source that asks logind for ``IdleSinceHint`` (manager and ``Class=user`` sessions).
-
-    Args:
-        wall: Wall clock, epoch seconds (``IdleSinceHint`` is CLOCK_REALTIME µs).
-        timeout_s: Bound on each ``loginctl`` call, seconds.
-        run: ``subprocess.run`` or a fake with its signature.
-
-    Returns:
-        A source returning the smallest idle time in seconds over what logind reports.
-    """
-
-    def loginctl(*args: str) -> str:
-        try:
-            done = run(["loginctl", *args], capture_output=True, text=True, timeout=timeout_s, check=False)
-        except FileNotFoundError as exc:
-            raise SourceUnknown("loginctl not installed") from exc
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise SourceUnknown(_describe("loginctl", exc)) from exc
-        if done.returncode != 0:
-            lines = (done.stderr or "").strip().splitlines()
-            raise SourceUnknown(f"loginctl failed: {lines[-1] if lines else f'exit {done.returncode}'}")
-        return done.stdout
-
-    def since_to_idle(hint_us: str) -> float | None:
-        try:
-            value = int(hint_us.strip())
-        except ValueError:
-            return None
-        if value <= 0:
-            return None
-        return max(0.0, wall() - value / 1e6)
-
-    def source() -> float:
-        found: list[float] = []
-        for line in loginctl("show-session", "-p", "IdleSinceHint").splitlines():
-            if line.startswith("IdleSinceHint="):
-                idle = since_to_idle(line.partition("=")[2])
-                if idle is not None:
-                    found.append(idle)
-        sessions = [ln.split()[0] for ln in loginctl("list-sessions", "--no-legend").splitlines() if ln.strip()]
-        for sid in sessions[:LOGIND_MAX_SESSIONS]:
-            try:
-                out = loginctl("show-session", sid, "-p", "Class", "-p", "IdleSinceHint")
-            except SourceUnknown:
-                continue  # a session may end between the two calls
-            props = dict(ln.partition("=")[::2] for ln in out.splitlines() if "=" in ln)
-            if props.get("Class") == "user":
-                idle = since_to_idle(props.get("IdleSinceHint", ""))
-                if idle is not None:
-                    found.append(idle)
-        if not found:
-            raise SourceUnknown("logind reports no idle hint")
-        return min(found)
-
-    return source
-
-
-def _tty_paths(dev: str) -> Iterable[str]:
-    try:
-        names = sorted(os.listdir(dev))
-    except OSError:
-        names = []
-    for name in names:
-        if name.startswith(("tty", "pty")) and not name.startswith(TTY_SKIP_PREFIXES):
-            yield os.path.join(dev, name)
-    pts = os.path.join(dev, "pts")
-    try:
-        pts_names = sorted(os.listdir(pts))
-    except OSError:
-        pts_names = []
-    for name in pts_names:
-        if name != "ptmx":  # the multiplexer, not a terminal
-            yield os.path.join(pts, name)
-
-
-def tty_idle_source(wall: Clock = _SYSTEM_CLOCK.wall, dev: str = "/dev") -> IdleSource:
-    """Build a source from the newest atime of ``/dev/tty*``, ``/dev/pty*`` and ``/dev/pts/*``.
-
-    The kernel updates a tty's atime only every 8 s (OPS-FACTS 1.4), so this is coarse.
-
-    Args:
-        wall: Wall clock, epoch seconds.
-        dev: The device directory to scan.
-
-    Returns:
-        A source returning seconds since the newest atime.
-    """
-
-    def source() -> float:
-        newest = 0.0
-        for path in _tty_paths(dev):
-            try:
-                atime = os.stat(path).st_atime
-            except OSError:
-                continue
-            newest = max(newest, atime)
-        if newest <= 0:
-            raise SourceUnknown(f"no tty/pty device with an atime under {dev}")
-        return max(0.0, wall() - newest)
-
-    return source
-
-
 class Probes:
     """Measure memory, temperature, power and user idle time through injectable providers."""
 
@@ -222,7 +103,10 @@ class Probes:
                 platform lacks it.
             sensors_battery: psutil-style battery (``percent``, ``power_plugged``) or None; the
                 provider itself is None where the platform lacks it.
-            idle_sources: ``(name, source)`` pairs; default logind then tty/pty atime.
+            idle_sources: ``(name, source)`` pairs, each for the whole machine: the least
+                answer counts, and the reading is unknown when none answers. Default: one,
+                `worker.idle.session_idle_source` (each session by a source that sees its
+                input; unknown while a graphical session has none).
             override_path: JSON file whose keys replace readings on every ``read()``.
             mono: Monotonic clock, seconds (log rate limiting).
             wall: Wall clock, epoch seconds (idle computation).
@@ -232,7 +116,7 @@ class Probes:
         self._sensors_temperatures = sensors_temperatures
         self._sensors_battery = sensors_battery
         if idle_sources is None:
-            idle_sources = (("logind", logind_idle_source(wall)), ("tty", tty_idle_source(wall)))
+            idle_sources = (("sessions", session_idle_source(wall=wall)),)
         self._idle_sources = tuple(idle_sources)
         self._override_path = override_path
         self._log = ReasonLog(mono, log_interval_s)
@@ -240,7 +124,8 @@ class Probes:
     def read(self) -> dict[str, Any]:
         """Return one reading of every key in ``READING_KEYS``; never raises.
 
-        Blocking (it may run ``loginctl``, bounded at 1 s a call): call it from a thread in async code.
+        Blocking (it may run ``loginctl`` and an idle query per graphical session, bounded at
+        1 s a call): call it from a thread in async code.
         """
         readings: dict[str, Any] = {"memory_used_pct": self._memory()}
         readings["temperature_c"], readings["temperature_reason"] = self._temperature()

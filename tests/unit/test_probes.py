@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.probes import READING_KEYS, Probes, SourceUnknown, apply_override, logind_idle_source, tty_idle_source
+from worker.probes import READING_KEYS, Probes, SourceUnknown, apply_override, tty_idle_source
 
 Mem = namedtuple("Mem", "total available percent")
 Temp = namedtuple("Temp", "label current high critical")
@@ -150,38 +150,6 @@ def test_idle_unknown_when_no_source_answers() -> None:
 def test_idle_is_minimum_over_answering_sources() -> None:
     readings = make(idle_sources=[("a", lambda: 300.0), ("b", idle_unknown), ("c", lambda: 42.0)]).read()
     assert readings["user_idle_s"] == 42.0 and readings["user_idle_reason"] is None
-
-
-def test_logind_failure_is_unknown() -> None:
-    def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
-        msg = "System has not been booted with systemd as init system (PID 1). Can't operate.\n"
-        return subprocess.CompletedProcess(argv, 1, "", msg + "Failed to connect to bus: Host is down\n")
-
-    with pytest.raises(SourceUnknown, match="loginctl failed: Failed to connect to bus"):
-        logind_idle_source(wall=lambda: 0.0, run=run)()
-
-
-def test_logind_timeout_is_unknown() -> None:
-    def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-        assert kw["timeout"] == 1.0
-        raise subprocess.TimeoutExpired(argv, 1.0)
-
-    with pytest.raises(SourceUnknown, match="TimeoutExpired"):
-        logind_idle_source(wall=lambda: 0.0, run=run)()
-
-
-def test_logind_takes_min_of_manager_and_user_sessions() -> None:
-    outputs = {
-        ("show-session", "-p", "IdleSinceHint"): "IdleSinceHint=1000000000\n",
-        ("list-sessions", "--no-legend"): "  3 1000 alice seat0 tty1\n  7 0 root - -\n",
-        ("show-session", "3", "-p", "Class", "-p", "IdleSinceHint"): "Class=user\nIdleSinceHint=1090000000\n",
-        ("show-session", "7", "-p", "Class", "-p", "IdleSinceHint"): "Class=greeter\nIdleSinceHint=1099000000\n",
-    }
-
-    def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
-        return subprocess.CompletedProcess(argv, 0, outputs[tuple(argv[1:])], "")
-
-    assert logind_idle_source(wall=lambda: 1100.0, run=run)() == pytest.approx(10.0)
 
 
 def test_tty_scan_skips_serial_and_uses_newest_atime(tmp_path: Path) -> None:
