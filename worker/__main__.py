@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         os.makedirs(cfg.work_dir, mode=0o700, exist_ok=True)
     except OSError as exc:
-        print(f"coord-worker: cannot create work_dir {cfg.work_dir}: {exc.strerror}", file=sys.stderr)
+        print(f"coord-worker: cannot create work_dir {cfg.work_dir}: {exc.strerror} (set "
+              "work_dir in the config, or give the unit a StateDirectory=)", file=sys.stderr)
         return 2
     sup = Supervisor(lambda: Client(args.socket, timeout=CALL_TIMEOUT_S), args.worker_id, roles, cfg,
                      override_path=args.readings_override)

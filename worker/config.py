@@ -17,9 +17,10 @@ import msgspec
 LEASE_S_DEFAULT = 30.0
 HEARTBEAT_INTERVAL_S_DEFAULT = 5.0
 WORK_DIR_DEFAULT = "~/.local/state/coordd/work"
+"""The work_dir of a worker run by hand; under systemd it is `$STATE_DIRECTORY/work`."""
 GRACE_S_DEFAULT = 10.0
 STOP_TIMEOUT_S_DEFAULT = 30.0
-"""Must stay below the unit's TimeoutStopSec (120 s in coordd-worker@.service)."""
+"""Must stay below the unit's TimeoutStopSec (60 s in coord-worker@.service)."""
 CLAIM_INTERVAL_S_DEFAULT = 1.0
 INLINE_RESULT_BYTES_DEFAULT = 65536
 TIMEOUT_S_DEFAULT = 3600.0
@@ -29,6 +30,13 @@ MAX_RESULT_BYTES_DEFAULT = 1 << 20
 PLACEHOLDERS = ("job_id", "payload", "result", "checkpoint_dir", "resume_from")
 """The argv tokens replaced per job; each is also in the environment as COORD_<NAME>."""
 _PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r"|python)\}")
+
+
+def default_work_dir() -> str:
+    """`$STATE_DIRECTORY/work` when systemd gave the unit a state directory (the first, if
+    several), else WORK_DIR_DEFAULT: a system user without a home still has a work_dir."""
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return os.path.join(state, "work") if state else WORK_DIR_DEFAULT
 
 
 class WorkerConfigError(Exception):
@@ -85,7 +93,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         lease_s: lease asked for on claim; renewed every third of it.
         heartbeat_interval_s: how often readings are sent (keep well below coordd's
             `heartbeat_stale_s`).
-        work_dir: per-job folders live here (`~` is expanded).
+        work_dir: per-job folders live here (`~` is expanded); not set: `default_work_dir()`.
         grace_s: SIGTERM -> SIGKILL grace for a model tree.
         stop_timeout_s: the worker exits within this after SIGTERM; keep it below systemd's
             TimeoutStopSec.
@@ -96,7 +104,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     lease_s: float = LEASE_S_DEFAULT
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S_DEFAULT
-    work_dir: str = WORK_DIR_DEFAULT
+    work_dir: str | None = None  # None (not in the file): default_work_dir()
     grace_s: float = GRACE_S_DEFAULT
     stop_timeout_s: float = STOP_TIMEOUT_S_DEFAULT
     claim_interval_s: float = CLAIM_INTERVAL_S_DEFAULT
@@ -113,6 +121,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("stop_timeout_s must be greater than grace_s")
         if self.inline_result_bytes < 0:
             raise ValueError("inline_result_bytes must be >= 0")
+        if self.work_dir is None:
+            self.work_dir = default_work_dir()
         if not self.work_dir:
             raise ValueError("work_dir must not be empty")
         self.work_dir = os.path.abspath(os.path.expanduser(self.work_dir))
