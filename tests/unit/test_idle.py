@@ -5,7 +5,6 @@ reading unknown, with its reason, and idle-gated work does not start. Fake sourc
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 

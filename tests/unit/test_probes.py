@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 from collections import namedtuple
 from pathlib import Path
 
