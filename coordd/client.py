@@ -34,6 +34,7 @@ from coordd.protocol import (
 from coordd.protocol_workflows import (
     ScheduleList, ScheduleView, WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
+from coordd.protocol_workers import ReleasedResult
 from coordd.rpc import encode_frame, read_frame
 
 T = TypeVar("T")
@@ -220,11 +221,29 @@ class Client:
 
     # ------------------------------------------------------------ typed helpers
 
-    async def heartbeat(self, worker_id: str, roles: list[str], readings: dict[str, Any]
-                        ) -> HeartbeatResult:
-        """Send a heartbeat; returns coordd's time and held jobs to cancel."""
+    async def heartbeat(self, worker_id: str, roles: list[str], readings: dict[str, Any],
+                        **fields: Any) -> HeartbeatResult:
+        """Send a heartbeat (`fields`: incarnation, kinds, broken_kinds of
+        protocol.Heartbeat); returns coordd's time and held jobs to cancel."""
         return await self.call("heartbeat", {"worker_id": worker_id, "roles": roles,
-                                             "readings": readings}, HeartbeatResult)
+                                             "readings": readings, **fields}, HeartbeatResult)
+
+    async def release(self, job_id: str, worker_id: str, token: int, reason: str,
+                      checkpoint: Any = None) -> StatusResult:
+        """Hand a held job back without spending its attempt (protocol.Release)."""
+        return await self.call("release", {"job_id": job_id, "worker_id": worker_id,
+                                           "token": token, "reason": reason,
+                                           "checkpoint": checkpoint}, StatusResult)
+
+    async def goodbye(self, worker_id: str, incarnation: str | None = None) -> ReleasedResult:
+        """Say this worker stops: offline at once; leases it still holds end."""
+        return await self.call("goodbye", {"worker_id": worker_id, "incarnation": incarnation},
+                               ReleasedResult)
+
+    async def forget_worker(self, worker_id: str, force: bool = False) -> ReleasedResult:
+        """Drop a dead worker from `workers` (`force`: a live one too; admin)."""
+        return await self.call("forget_worker", {"worker_id": worker_id, "force": force},
+                               ReleasedResult)
 
     async def enqueue(self, **fields: Any) -> EnqueueResult:
         """Enqueue one job (fields of protocol.Enqueue)."""

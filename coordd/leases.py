@@ -27,6 +27,7 @@ from coordd.store import (
     SQL_WORKER, end_job, event, json_decode, lenient_json, requeue,
     maybe_json,
 )
+from coordd.store import workers as wkstore
 from coordd.store import workflows
 
 
@@ -374,6 +375,24 @@ def fail(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, toke
     status, run_at = _spend_attempt(conn, now, job_id, worker_id, held, error, retryable,
                                     backoff)
     return StatusResult(status=status, run_at=run_at)
+
+
+def release(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
+            reason: str, checkpoint_json: str | None) -> StatusResult:
+    """Hand a job back without spending its attempt (fenced like `renew`): the lease ends,
+    the job is waiting and runnable at once (`preemptions` counts it), with
+    `checkpoint_json` recorded first if given; `cancelled` if a cancel was requested."""
+    held = _check_lease(conn, now, job_id, worker_id, token)
+    conn.execute(SQL_DELETE_LEASE, (job_id,))
+    if checkpoint_json is not None:
+        conn.execute(SQL_CHECKPOINT, (checkpoint_json, now, job_id))
+    if held.cancel_requested:
+        end_job(conn, now, job_id, worker_id, "running", "cancelled", reason, reason)
+        _settle(conn, now, held)
+        return StatusResult(status="cancelled")
+    wkstore.release(conn, now, job_id, worker_id, reason)
+    event(conn, job_id, now, worker_id, "running", "waiting", f"released: {reason}")
+    return StatusResult(status="waiting", run_at=now)
 
 
 def _spend_attempt(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,

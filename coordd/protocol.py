@@ -80,6 +80,9 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     worker_id: str
     roles: list[str]
     readings: dict[str, Any] = {}
+    incarnation: str | None = None  # an id per worker start: a new one ends the old leases
+    kinds: list[str] | None = None  # the kinds it claims (None: not said)
+    broken_kinds: dict[str, str] = {}  # kind -> why this worker cannot run it
 
 
 class Enqueue(msgspec.Struct, kw_only=True):
@@ -222,6 +225,7 @@ class HeartbeatResult(msgspec.Struct, kw_only=True):
     now: float
     cancel: list[str] = []
     artifact_dir: str | None = None  # coordd's content-addressed store (same host only)
+    lost: list[str] = []  # jobs of a predecessor incarnation, released (`worker_lost`)
 
 
 class EnqueueResult(msgspec.Struct, kw_only=True):
@@ -317,6 +321,7 @@ class JobView(msgspec.Struct, kw_only=True):
     workflow_id: str | None = None  # `get_job` only: the workflow this job is a node of
     node: str | None = None
     result_schema: str | None = None
+    preemptions: int = 0  # `get_job` only: hand-backs that spent no attempt (`release`)
 
 
 class JobList(msgspec.Struct, kw_only=True):
@@ -338,6 +343,10 @@ class WorkerView(msgspec.Struct, kw_only=True):
     verdicts: dict[str, list[str]]  # "p0".."p3" -> refusal reason codes ([] = would claim)
     notes: list[str] = []
     active_leases: int = 0
+    kinds: list[str] | None = None  # kinds it advertises (None: an older worker, any kind)
+    broken_kinds: dict[str, str] = {}  # kind -> why the worker cannot run it
+    incarnation: str | None = None
+    offline_at: float | None = None  # when it said goodbye (not live since)
 
 
 class WorkersResult(msgspec.Struct, kw_only=True):
@@ -561,3 +570,9 @@ from coordd.protocol_workflows import WORKFLOW_ADMIN_METHODS, WORKFLOW_PARAMS  #
 
 PARAMS.update(WORKFLOW_PARAMS)
 ADMIN_METHODS = ADMIN_METHODS | WORKFLOW_ADMIN_METHODS
+
+# ---------------------------------------------------------------- worker lifecycle (issue 14)
+from coordd.protocol_workers import WORKER_ADMIN_METHODS, WORKER_PARAMS  # noqa: E402
+
+PARAMS.update(WORKER_PARAMS)
+ADMIN_METHODS = ADMIN_METHODS | WORKER_ADMIN_METHODS

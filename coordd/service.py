@@ -22,6 +22,7 @@ import msgspec
 
 from coordd import backup, cas, errors, gates, leases, results, store, values, views
 from coordd.hub import Hub
+from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle, kind_absent_reason, runs_kind
 from coordd.ids import JobIds
 from coordd.clock import Clock, anchored
 from coordd.config import Config, artifact_dir_for
@@ -39,6 +40,7 @@ from coordd.protocol_workflows import (
 )
 from coordd.metrics import Metrics, tree_bytes
 from coordd.names import check_duration, check_name, check_time
+from coordd.store import workers as wkstore
 from coordd.store import workflows as wstore
 from coordd.workflows import Workflows
 from coordd.writer import Writer
@@ -91,6 +93,9 @@ class Coordinator:
         self.hub = Hub(self.writer, self._read, config, self.clock)
         for method in HUB_PARAMS:  # the hub's RPC methods are served by coordd.hub
             setattr(self, method, getattr(self.hub, method))
+        self.lifecycle = Lifecycle(self.writer, self._read, config, clock)
+        for method in LIFECYCLE_METHODS:  # release, goodbye, forget_worker
+            setattr(self, method, getattr(self.lifecycle, method))
 
     async def start(self) -> None:
         """Open the writer (creating and migrating the DB) and the read-only connection.
@@ -137,8 +142,9 @@ class Coordinator:
     async def heartbeat(self, p: Heartbeat) -> HeartbeatResult:
         """Record a worker's roles and readings (stamped with coordd's clock).
 
-        Returns the ids of jobs this worker holds whose cancel was requested.
-        Raises: errors.BadRequest (empty id, bad readings types).
+        Returns the ids of jobs this worker holds whose cancel was requested. A new
+        `incarnation` first ends the leases of the worker's predecessor (`worker_lost`).
+        Raises: errors.BadRequest (empty id, bad readings types, bad kinds).
         """
         check_name("worker_id", p.worker_id)
         for role in p.roles:
@@ -149,10 +155,17 @@ class Coordinator:
             raise errors.BadRequest(f"readings: {exc}") from exc
         roles_json = store.dumps(sorted(set(p.roles)))
         readings_json = values.encode("readings", p.readings, self.config.max_payload_bytes)
-        cancel = await self.writer.run(
-            lambda conn, now: (store.heartbeat(conn, now, p.worker_id, roles_json, readings_json),
-                               now))
-        return HeartbeatResult(now=cancel[1], cancel=cancel[0], artifact_dir=self.artifact_dir)
+        kinds_json, broken_json = self.lifecycle.heartbeat_state(p)
+
+        def op(conn: sqlite3.Connection, now: float) -> tuple[list[str], list[str], float]:
+            lost = wkstore.release_predecessor(conn, now, p.worker_id, p.incarnation)
+            cancel = store.heartbeat(conn, now, p.worker_id, roles_json, readings_json)
+            wkstore.store_state(conn, p.worker_id, p.incarnation, kinds_json, broken_json)
+            return cancel, lost, now
+        cancel, lost, now = await self.writer.run(op)
+        self.lifecycle.log_lost(p.worker_id, lost, "restarted (new incarnation)")
+        return HeartbeatResult(now=now, cancel=cancel, artifact_dir=self.artifact_dir,
+                               lost=lost)
 
     async def claim(self, p: Claim) -> ClaimResult:
         """Claim the best job for `p.worker_id` (see coordd.leases.claim).
@@ -387,6 +400,7 @@ class Coordinator:
         job = await self._read(views.get_job, now, p.job_id, self.config.aging_interval_s)
         job.workflow_id, job.node, job.result_schema, deps = await self._read(
             wstore.node_info, p.job_id)
+        job.preemptions = await self._read(wkstore.preemptions, p.job_id)
         if job.status == "waiting":
             job.waiting_reason = await self._explain(job, now)
         elif job.status == "blocked":
@@ -407,18 +421,21 @@ class Coordinator:
             aging_s=self.config.aging_interval_s, newest_first=p.newest_first))
         if any(j.status == "waiting" for j in jobs):
             workers = await self._read(views.list_workers)
+            states = await self.lifecycle.states()
             for j in jobs:
                 if j.status == "waiting":
-                    j.waiting_reason = self._explain_with(j, now, workers)
+                    j.waiting_reason = self._explain_with(j, now, workers, states)
         return JobList(jobs=jobs, next_after=jobs[-1].job_id if len(jobs) == limit else None)
 
     async def workers(self, p: Empty | None = None) -> WorkersResult:
         """Every known worker with its readings, heartbeat age and per-priority gate verdicts."""
         now = self.clock.wall()
         out = []
+        states = await self.lifecycle.states()
         for worker_id, roles, readings, hb_at, n in await self._read(views.list_workers):
             age = now - hb_at
-            live = age <= self.config.heartbeat_stale_s
+            state = states.get(worker_id, wkstore.WorkerState())
+            live = age <= self.config.heartbeat_stale_s and state.offline_at is None
             verdicts = {}
             for prio, policy in self._policies.items():
                 codes = [c for c, _ in gates.evaluate(policy, readings)]
@@ -426,7 +443,9 @@ class Coordinator:
             out.append(WorkerView(worker_id=worker_id, roles=roles, readings=readings,
                                   heartbeat_at=hb_at, heartbeat_age_s=age, live=live,
                                   verdicts=verdicts, notes=_reading_notes(readings),
-                                  active_leases=n))
+                                  active_leases=n, kinds=state.kinds,
+                                  broken_kinds=state.broken_kinds,
+                                  incarnation=state.incarnation, offline_at=state.offline_at))
         return WorkersResult(workers=out)
 
     async def check(self, p: Empty | None = None) -> dict[str, Any]:
@@ -477,18 +496,26 @@ class Coordinator:
         return min(self.config.lease_max_s, max(self.config.lease_min_s, float(asked)))
 
     async def _explain(self, job: JobView, now: float) -> str:
-        return self._explain_with(job, now, await self._read(views.list_workers))
+        return self._explain_with(job, now, await self._read(views.list_workers),
+                                  await self.lifecycle.states())
 
-    def _explain_with(self, job: JobView, now: float, workers: list[Any]) -> str:
-        """Say why a waiting job is not running: backoff, no live worker, or which gate
-        (with the job's own gate overrides) refuses on which worker, with the reading."""
+    def _explain_with(self, job: JobView, now: float, workers: list[Any],
+                      states: dict[str, wkstore.WorkerState]) -> str:
+        """Say why a waiting job is not running: backoff, no live worker with its role or
+        its kind, or which gate (with the job's own gate overrides) refuses on which
+        worker, with the reading."""
         if job.run_at > now:
             what = "backoff" if job.attempts else "scheduled"
             return f"{what} until {fmt_time(job.run_at)}"
         live = [w for w in workers if job.required_role in w[1]
-                and now - w[3] <= self.config.heartbeat_stale_s]
+                and now - w[3] <= self.config.heartbeat_stale_s
+                and (w[0] not in states or states[w[0]].offline_at is None)]
         if not live:
             return f"no live worker with role {job.required_role}"
+        runners = [w for w in live if runs_kind(states.get(w[0]), job.kind)]
+        if not runners:
+            return kind_absent_reason(job.kind, [w[0] for w in live], states)
+        live = runners
         try:
             policy = gates.merge(self._policies[job.priority], job.gates)
         except msgspec.ValidationError:

@@ -20,10 +20,11 @@ import msgspec
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
 from coordd.store import messages as _messages
+from coordd.store import worker_schema as _worker_schema
 from coordd.store import workflow_schema as _workflow_schema
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
 VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
@@ -138,6 +139,8 @@ MIGRATIONS: tuple[str, ...] = (
     _workflow_schema.MIGRATION,
     # v6: workflows.spec_sha256 (a repeated idempotency key must bring the same graph)
     _workflow_schema.MIGRATION_V6,
+    # v7: worker incarnations, kinds, goodbyes; jobs.preemptions (issue 14)
+    _worker_schema.MIGRATION_WORKER_STATE,
 )
 
 json_encode = msgspec.json.encode
@@ -478,17 +481,26 @@ def reap_expired(conn: sqlite3.Connection, now: float, limit: int = 1000) -> int
     cancel was requested. The expired attempt counts (it was counted at claim)."""
     rows = conn.execute(SQL_EXPIRED, (now, limit)).fetchall()
     for job_id, worker_id, attempts, max_attempts, cancel_requested in rows:
-        conn.execute(SQL_DELETE_LEASE, (job_id,))
-        if cancel_requested:
-            end_job(conn, now, job_id, worker_id, "running", "cancelled",
-                    "lease_expired after cancel", "lease_expired")
-        elif attempts >= max_attempts:
-            why = "attempts exhausted (last: lease_expired)"
-            end_job(conn, now, job_id, worker_id, "running", "failed", why, why)
-        else:
-            why = f"lease_expired (worker {worker_id} lost)"
-            requeue(conn, now, job_id, worker_id, why, now, "lease_expired")
+        end_lost_lease(conn, now, job_id, worker_id, attempts, max_attempts,
+                       cancel_requested, "lease_expired")
     return len(rows)
+
+
+def end_lost_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
+                   attempts: int, max_attempts: int, cancel_requested: int, code: str) -> None:
+    """End a lease whose holder is gone (`code`: lease_expired, worker_lost): the job goes
+    back to waiting at once, at the back of its priority, or to `failed` once its attempts
+    are spent, or `cancelled` if a cancel was requested. The attempt counts (it was
+    counted at claim): a job that keeps killing its worker ends in the dead letter."""
+    conn.execute(SQL_DELETE_LEASE, (job_id,))
+    if cancel_requested:
+        end_job(conn, now, job_id, worker_id, "running", "cancelled",
+                f"{code} after cancel", code)
+    elif attempts >= max_attempts:
+        why = f"attempts exhausted (last: {code})"
+        end_job(conn, now, job_id, worker_id, "running", "failed", why, why)
+    else:
+        requeue(conn, now, job_id, worker_id, f"{code} (worker {worker_id} lost)", now, code)
 
 
 # ---------------------------------------------------------------- retention

@@ -10,7 +10,8 @@ SQL_WAITING_BY_PRIORITY = (
     "SELECT priority, count(*), min(queued_at) FROM jobs INDEXED BY jobs_claim "
     "WHERE status = 'waiting' GROUP BY priority"
 )
-SQL_COUNT_WORKERS = "SELECT count(*), coalesce(sum(heartbeat_at >= ?), 0) FROM workers"
+SQL_COUNT_WORKERS = (  # live: a fresh heartbeat and no goodbye since
+    "SELECT count(*), coalesce(sum(heartbeat_at >= ? AND offline_at IS NULL), 0) FROM workers")
 SQL_COUNT_LEASES = "SELECT count(*) FROM leases"
 SQL_JOB_ROW = (
     "SELECT j.job_id, j.kind, j.required_role, j.priority, j.status, j.attempts, "

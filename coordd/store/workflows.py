@@ -125,7 +125,8 @@ SQL_ABSENT = (
     "FROM jobs j INDEXED BY jobs_workflow_waiting WHERE j.status = 'waiting' "
     "AND j.workflow_id IS NOT NULL AND j.queued_at <= ?1 AND j.run_at <= ?1 "
     "AND NOT EXISTS (SELECT 1 FROM workers w, json_each(w.roles_json) r "
-    "WHERE w.heartbeat_at >= ?2 AND r.value = j.required_role) LIMIT ?3"
+    "WHERE w.heartbeat_at >= ?2 AND w.offline_at IS NULL AND r.value = j.required_role) "
+    "LIMIT ?3"
 )
 
 
