@@ -1,7 +1,8 @@
 """`coord-worker --worker-id ID --roles R[,R...] [--socket PATH] [--config FILE]
 [--readings-override FILE] [--log-json]`: run the worker supervisor.
 
-Exit codes: 0 clean stop (SIGTERM/SIGINT), 2 usage or config error.
+Exit codes: 0 clean stop (SIGTERM/SIGINT), 2 usage or config error (also: no configured
+kind can run here, or this worker id already runs on this work_dir).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import uvloop
 from coordd.__main__ import setup_logging
 from coordd.client import Client
 from worker import config as config_mod
+from worker import orphans
 from worker.supervisor import CALL_TIMEOUT_S, Supervisor
 
 logger = logging.getLogger("worker")
@@ -30,8 +32,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--socket", help="coordd socket (env COORDD_SOCKET; default "
                                     "$XDG_RUNTIME_DIR/coordd/coordd.sock)")
     p.add_argument("--config", help="worker TOML config (default: built-in kinds)")
-    p.add_argument("--readings-override", help="JSON object replacing probe readings "
-                                               "(re-read every heartbeat)")
+    p.add_argument("--readings-override", metavar="FILE",
+                   help="a JSON file holding an object whose keys replace probe readings "
+                        "(re-read every heartbeat; unknown keys are warned about)")
     p.add_argument("--log-json", action="store_true", help="log JSON lines")
     return p.parse_args(argv)
 
@@ -67,10 +70,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sup = Supervisor(lambda: Client(args.socket, timeout=CALL_TIMEOUT_S), args.worker_id, roles, cfg,
                      override_path=args.readings_override)
+    if not sup.kinds.usable():
+        print("coord-worker: no configured kind can run here: " + "; ".join(
+            f"{k}: {why}" for k, why in sup.kinds.broken().items()), file=sys.stderr)
+        return 2
     try:
         uvloop.run(_run(sup))
     except KeyboardInterrupt:
         return 0
+    except orphans.WorkerRunning as exc:
+        print(f"coord-worker: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -7,6 +7,7 @@ exception: the gate policy in coordd decides what unknown means (OPS-FACTS 1.2-1
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
@@ -230,5 +231,24 @@ def apply_override(readings: dict[str, Any], path: str | None, log: ReasonLog | 
     if not isinstance(override, dict):
         log.warn("readings_override", f"{path} holds {type(override).__name__}, not a JSON object")
         return merged
+    _warn_unknown_keys(path, override)
     merged.update(override)
     return merged
+
+
+_unknown_seen: dict[str, frozenset[str]] = {}
+
+
+def _warn_unknown_keys(path: str, override: dict[str, Any]) -> None:
+    """Warn once per file and set of keys about override keys no probe or gate reads (a
+    typo such as `memory_pct` would otherwise leave the real reading in force)."""
+    unknown = frozenset(k for k in override if k not in READING_KEYS)
+    if _unknown_seen.get(path) == unknown:
+        return
+    _unknown_seen[path] = unknown
+    for key in sorted(unknown):
+        close = difflib.get_close_matches(key, READING_KEYS, n=1)
+        logger.warning("readings override %s: unknown key %r%s; sent as a free-form extra, "
+                       "no gate reads it", path, key,
+                       f" (did you mean {close[0]!r}?)" if close else "",
+                       extra={"action": "readings_override_unknown_key", "key": key})

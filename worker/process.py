@@ -15,6 +15,8 @@ import signal
 
 import psutil
 
+from worker import launch
+
 logger = logging.getLogger(__name__)
 
 EXIT_SUCCESS = 0
@@ -125,6 +127,7 @@ class ModelProcess:
         """Spawn ``argv`` in a new session with output going to files.
 
         Files rather than pipes, so a chatty model never blocks on a full pipe we fail to drain.
+        The model gets SIGKILL if this process dies (worker.launch).
 
         Args:
             argv: Program and arguments; ``argv[0]`` is looked up on ``PATH`` from ``env``.
@@ -142,16 +145,28 @@ class ModelProcess:
         """
         if not argv:
             raise ValueError("argv must not be empty")
-        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-            )
+        status_r, status_w = os.pipe()  # the model dies with us: worker.launch
+        try:
+            with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+                proc = await asyncio.create_subprocess_exec(
+                    *launch.shim_argv(argv, status_w),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                    pass_fds=(status_w,),
+                )
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        failed = await launch.exec_error(status_r, argv[0])
+        if failed is not None:
+            await proc.wait()
+            raise failed
         logger.info("model process started", extra={"action": "model_start", "pid": proc.pid, "argv0": argv[0]})
         return cls(proc, stderr_path)
 

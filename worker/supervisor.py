@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import shutil
-import signal
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,9 +22,12 @@ from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ClaimedJob
-from worker import artifacts
+from worker import artifacts, orphans
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
+from worker.kinds import KindHealth
+from worker.link import Link
 from worker.probes import Probes
+from worker.waits import signame as _signame, wait_any as _wait_any
 from worker.process import ModelProcess, classify_exit
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ class JobRun:
     waiting_for_slot: bool = False
     seen_checkpoints: set[str] = field(default_factory=set)
     checkpoint_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    group_record: str | None = None  # worker.orphans: the model's group, while it lives
 
     @property
     def job_id(self) -> str:
@@ -121,7 +124,10 @@ class Supervisor:
         self._busy: dict[str, int] = {name: 0 for name in config.kinds}
         self._last_heartbeat: float | None = None
         self._artifact_dir: str | None = None
-        self._coordd_down = False
+        self._link = Link()
+        self.incarnation = uuid.uuid4().hex  # a new one per start: coordd ends the old leases
+        self.kinds = KindHealth(config.kinds, self._clock.mono())
+        self._groups = orphans.records_dir(config.work_dir, worker_id)
         self._forced = False
         self._tg: asyncio.TaskGroup | None = None
 
@@ -138,15 +144,21 @@ class Supervisor:
         return list(self._runs)
 
     async def run(self) -> None:
-        """Heartbeat, claim and run jobs until stopped; every model tree is gone on return."""
+        """Kill what a previous run of this worker id left (worker.orphans), then heartbeat,
+        claim and run jobs until stopped, and say goodbye; every model tree is gone on
+        return. Raises: orphans.WorkerRunning (this id runs here already)."""
+        lock = await asyncio.to_thread(orphans.lock, self._groups)
         try:
+            await asyncio.to_thread(orphans.kill_recorded, self._groups)
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 tg.create_task(self._heartbeat_loop(), name="heartbeat")
                 tg.create_task(self._claim_loop(), name="claim")
                 tg.create_task(self._stop_watch(), name="stop")
+            await self._goodbye()
         finally:
             await self._client.close()
+            orphans.unlock(lock)
 
     async def _stop_watch(self) -> None:
         await self._stop.wait()
@@ -179,13 +191,19 @@ class Supervisor:
         """Send one heartbeat; act on its cancel list. Returns False if coordd did not answer."""
         readings = await asyncio.to_thread(self._probes.read)
         sent = self._clock.mono()
+        self.kinds.recheck(sent)
         try:
-            reply = await self._client.heartbeat(self.worker_id, self.roles, readings)
+            reply = await self._client.heartbeat(
+                self.worker_id, self.roles, readings, incarnation=self.incarnation,
+                kinds=self.kinds.usable(), broken_kinds=self.kinds.broken())
         except errors.CoordError as exc:
             self._note_down(exc)
             return False
         self._note_up()
         self._last_heartbeat = sent
+        if reply.lost:
+            logger.warning("coordd released %d job(s) of this worker's previous run: %s",
+                           len(reply.lost), ", ".join(reply.lost), extra={"action": "worker_lost"})
         if reply.artifact_dir:
             self._artifact_dir = reply.artifact_dir
         for job_id in reply.cancel:
@@ -195,14 +213,17 @@ class Supervisor:
         return True
 
     def _note_down(self, exc: Exception) -> None:
-        if not self._coordd_down:
-            logger.warning("coordd unreachable: %s", exc, extra={"action": "coordd_down"})
-        self._coordd_down = True
+        self._link.failed(exc)  # logged once per outage (worker.link)
 
     def _note_up(self) -> None:
-        if self._coordd_down:
-            logger.info("coordd reachable again", extra={"action": "coordd_up"})
-        self._coordd_down = False
+        self._link.answered()
+
+    async def _goodbye(self) -> None:
+        try:
+            await asyncio.wait_for(self._client.goodbye(self.worker_id, self.incarnation),
+                                   SHUTDOWN_REPORT_TIMEOUT_S)
+        except (errors.CoordError, TimeoutError) as exc:
+            logger.info("goodbye not delivered: %s", exc, extra={"action": "goodbye_lost"})
 
     @property
     def artifact_dir(self) -> str:
@@ -214,7 +235,7 @@ class Supervisor:
     def _can_claim(self) -> bool:
         if any(r.waiting_for_slot for r in self._runs.values()):
             return False  # a job already waits for a slot of its kind: take no more
-        return len(self._runs) < self.config.total_slots
+        return len(self._runs) < self.config.total_slots and bool(self.kinds.usable())
 
     async def _claim_loop(self) -> None:
         interval = self.config.claim_interval_s
@@ -226,7 +247,7 @@ class Supervisor:
             stale = (self._last_heartbeat is None  # the heartbeat loop keeps it fresh after
                      or self._clock.mono() - self._last_heartbeat >= 2 * self.config.heartbeat_interval_s)
             if stale and not await self.heartbeat_once():
-                await self._clock.wait(self._wake, interval)
+                await self._clock.wait(self._wake, self._link.delay(interval))
                 continue
             got = await self.claim_once()
             if got is None:
@@ -248,7 +269,7 @@ class Supervisor:
         for attempt in (1, 2):
             try:
                 res = await self._client.claim(self.worker_id, self.config.lease_s, claim_id,
-                                               kinds=sorted(self.config.kinds))
+                                               kinds=self.kinds.usable())
                 break
             except (Disconnected, CallTimeout) as exc:
                 if attempt == 2:
@@ -291,6 +312,7 @@ class Supervisor:
         finally:
             try:
                 await self._kill(run)  # also when this task is cancelled: never leave a tree
+                orphans.forget(run.group_record)
             finally:
                 run.finished.set()
                 renewer.cancel()
@@ -336,19 +358,25 @@ class Supervisor:
 
     async def _execute(self, run: JobRun, kind: KindConfig, values: dict[str, str]) -> None:
         argv = expand_argv(kind.argv, values)
+        if self.kinds.is_broken(run.job.kind):  # claimed before its spawn failed here
+            await self._release(run, f"kind {run.job.kind} broken on {self.worker_id}: "
+                                     f"{self.kinds.broken()[run.job.kind]}")
+            return
         env = {**os.environ, **kind.env, **job_env(values), "COORD_WORKER_ID": self.worker_id}
         start = asyncio.ensure_future(ModelProcess.start(
             argv, env, run.dir, os.path.join(run.dir, "stdout.log"), os.path.join(run.dir, "stderr.log")))
         try:
             run.proc = await asyncio.shield(start)
+            run.group_record = orphans.record(self._groups, run.proc.pid, run.job_id)
         except asyncio.CancelledError:  # spawned but not handed to us yet: still ours to kill
             try:
                 run.proc = await start
             except Exception:
                 pass
             raise
-        except OSError as exc:
-            await self._report_fail(run, f"cannot start {argv[0]}: {exc}", False)
+        except OSError as exc:  # the worker's fault, not the job's: no attempt spent
+            self.kinds.set_broken(run.job.kind, f"cannot start {argv[0]}: {exc}")
+            await self._release(run, f"spawn_failed: cannot start {argv[0]}: {exc}")
             return
         timeout_s = kind.timeout_s if run.job.max_runtime_s is None \
             else min(kind.timeout_s, run.job.max_runtime_s)
@@ -457,7 +485,7 @@ class Supervisor:
             run.abort(TIMEOUT)
 
     async def _checkpoint_loop(self, run: JobRun, ckpt_dir: str) -> None:
-        while not await self._clock.wait(run.aborted, CHECKPOINT_POLL_S):
+        while not await self._clock.wait(run.aborted, self._link.delay(CHECKPOINT_POLL_S)):
             await self._checkpoint_once(run, ckpt_dir)
 
     async def _checkpoint_once(self, run: JobRun, ckpt_dir: str) -> None:
@@ -483,7 +511,10 @@ class Supervisor:
             except LEASE_GONE as exc:
                 self._lose_lease(run, f"{exc.code}: {exc}")
                 return
-            except (errors.CoordError, TimeoutError) as exc:
+            except (Disconnected, CallTimeout, TimeoutError) as exc:
+                self._note_down(exc)  # one line per outage; the loop backs off
+                return
+            except errors.CoordError as exc:
                 logger.warning("job %s: checkpoint not recorded (will retry): %s", run.job_id, exc,
                                extra={"action": "checkpoint_retry", "job_id": run.job_id})
                 return
@@ -524,6 +555,18 @@ class Supervisor:
                     return None
                 await self._clock.wait(self._never, RETRY_S)
 
+    async def _release(self, run: JobRun, reason: str) -> None:
+        """Hand the job back without spending its attempt (`fail` on an older coordd)."""
+        try:
+            if await self._report(run, "release", reason=reason) is not None:
+                logger.warning("job %s: handed back (%s)", run.job_id, reason,
+                               extra={"action": "release", "job_id": run.job_id})
+        except errors.UnknownMethod:
+            await self._report_fail(run, reason, True)
+        except errors.CoordError as exc:
+            logger.error("job %s: release refused: %s", run.job_id, exc,
+                         extra={"action": "release_refused", "job_id": run.job_id})
+
     async def _report_fail(self, run: JobRun, error: str, retryable: bool) -> None:
         try:
             res = await self._report(run, "fail", error=error, retryable=retryable)
@@ -551,23 +594,3 @@ class Supervisor:
             logger.info("job %s: %s%s", run.job_id, res.status,
                         f" (result refused: {res.error})" if res.error else "",
                         extra={"action": "complete", "job_id": run.job_id, "status": res.status})
-
-
-# ---------------------------------------------------------------- helpers (blocking ones run in threads)
-
-
-async def _wait_any(*events: asyncio.Event, future: asyncio.Future[Any] | None = None) -> None:
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait([*waiters, *([future] if future else [])],
-                           return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()
-
-
-def _signame(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"

@@ -1,0 +1,47 @@
+"""Whether coordd answers this worker: one log line per change, and backoff while it does not.
+
+Every call that could not reach coordd (Disconnected, CallTimeout) reports here instead
+of logging on its own, so a coordd that is down gives one warning, not one per call, and
+the loops that poll (claims, checkpoints) space their tries out exponentially.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 10.0
+
+
+class Link:
+    """The worker's view of its connection to coordd."""
+
+    def __init__(self, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S) -> None:
+        self.down = False
+        self._failures = 0
+        self._base_s, self._cap_s = base_s, cap_s
+
+    def failed(self, exc: Exception) -> None:
+        """A call did not reach coordd: log the change to down once."""
+        if not self.down:
+            logger.warning("coordd unreachable: %s (retrying with backoff)", exc,
+                           extra={"action": "coordd_down"})
+        self.down = True
+        self._failures += 1
+
+    def answered(self) -> None:
+        """coordd answered a call: log the change to up once."""
+        if self.down:
+            logger.info("coordd reachable again", extra={"action": "coordd_up"})
+        self.down = False
+        self._failures = 0
+
+    def delay(self, normal_s: float) -> float:
+        """Seconds to wait before the next try of a loop that waits `normal_s` while coordd
+        answers: min(cap, base * 2**(failures-1)) while it does not, never less than normal."""
+        if not self.down:
+            return normal_s
+        backoff = self._base_s * 2.0 ** min(self._failures - 1, 30)
+        return max(normal_s, min(self._cap_s, backoff))
