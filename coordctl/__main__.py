@@ -138,7 +138,11 @@ def build_parser() -> Parser:
                         ("retry", "put a failed or cancelled job back to waiting")):
         cmd(name, help_).add_argument("job_id", metavar="ID")
     cmd("reap", "return jobs with expired leases to waiting now")
-    cmd("workers", "workers, their readings and gate verdicts per priority")
+    wk = cmd("workers", "workers, their readings, kinds and gate verdicts per priority")
+    wk.add_argument("--forget", metavar="ID",
+                    help="drop a dead worker (refused while it is live or holds leases)")
+    wk.add_argument("--force", action="store_true",
+                    help="with --forget: drop it anyway; its leases end (worker_lost)")
     cmd("metrics", "every metric series in Prometheus text format")
     tp = cmd("top", "live view: queues, workers and gates, running jobs, recent failures")
     tp.add_argument("--interval", type=_positive(float), default=1.0, metavar="S",

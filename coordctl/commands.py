@@ -238,8 +238,16 @@ def reap(client: Any, args: argparse.Namespace) -> Outcome:
 
 
 def workers(client: Any, args: argparse.Namespace) -> Outcome:
-    """`workers`: readings, liveness, leases and gate verdicts per priority."""
+    """`workers`: readings, liveness, leases, broken kinds and gate verdicts per priority;
+    `--forget ID [--force]` drops a dead worker instead."""
     from coordctl import render
+    if args.forget is not None:
+        gone = client.forget_worker(args.forget, force=args.force)
+        ended = f"; lease(s) ended (worker_lost): {', '.join(gone.released)}" \
+            if gone.released else ""
+        return Outcome(gone, f"worker {args.forget} forgotten{ended}")
+    if args.force:
+        raise UsageError("--force goes with --forget ID")
     res = client.workers()
     return Outcome(res, lambda con: render.workers(con, res))
 

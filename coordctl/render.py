@@ -249,6 +249,9 @@ def _power(readings: dict[str, Any]) -> str:
 def workers(console: Console, res: WorkersResult) -> None:
     """Print each worker's liveness, readings, leases and per-priority gate verdicts."""
     console.print(workers_table(res) if res.workers else "no workers have sent a heartbeat")
+    for w in res.workers:
+        for kind, why in sorted(w.broken_kinds.items()):
+            console.print(f"{w.worker_id}: kind {kind} not usable: {why}")
 
 
 def workers_table(res: WorkersResult) -> Table:
@@ -264,7 +267,7 @@ def workers_table(res: WorkersResult) -> Table:
                     for p in PRIORITIES_SHOWN]
         t.add_row(
             w.worker_id, ",".join(w.roles), f"{fmt_age(w.heartbeat_age_s)} ago",
-            "yes" if w.live else "NO",
+            "yes" if w.live else ("offline" if w.offline_at is not None else "NO"),
             f"{mem:.0f}" if isinstance(mem, (int, float)) else "unavailable",
             _reading(r, w.notes, "temperature_c", "temperature", lambda v: f"{v:.0f}°C"),
             _reading(r, w.notes, "on_battery", "power", lambda _v: _power(r)),
