@@ -185,7 +185,8 @@ def job(console: Console, j: JobView) -> None:
         prio += f" (effective P{j.effective_priority})"
     t.add_row("priority", prio)
     t.add_row("status", j.status + (" (cancel requested)" if j.cancel_requested else ""))
-    t.add_row("attempts", f"{j.attempts}/{j.max_attempts}")
+    t.add_row("attempts", f"{j.attempts}/{j.max_attempts}"
+              + (f" (+{j.preemptions} handed back, not counted)" if j.preemptions else ""))
     t.add_row("created", f"{fmt_time(j.created_at)} ({fmt_age(j.age_s)} ago)")
     t.add_row("updated", fmt_time(j.updated_at))
     t.add_row("run at", fmt_time(j.run_at))
