@@ -409,8 +409,8 @@ class Supervisor:
             await self._checkpoint_once(run, values["checkpoint_dir"])
         if reason == TIMEOUT:
             await self._report_fail(run, f"timeout after {timeout_s:g}s", True)
-        else:
-            await self._report_fail(run, "worker_shutdown", True)
+        else:  # not the job's doing: its attempt is given back
+            await self._release(run, "worker_shutdown")
 
     async def _after_exit(self, run: JobRun, kind: KindConfig, values: dict[str, str]) -> None:
         assert run.proc is not None and run.proc.returncode is not None

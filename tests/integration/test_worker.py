@@ -354,7 +354,8 @@ async def test_b19_sigterm_supervisor_hands_job_back(bench):
     assert time.monotonic() - t0 < 5  # stop_timeout_s
     view = await bench.client.get_job(job)  # at once, not after the 30 s lease
     assert view.status == "waiting" and view.lease is None, w.log()
-    assert view.last_error == "worker_shutdown"
+    assert view.last_error == "released: worker_shutdown"
+    assert view.attempts == 0 and view.preemptions == 1  # a stop is not the job's failure
     assert alive(pids) == []
 
 
