@@ -27,8 +27,8 @@ from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
 from worker.kinds import KindHealth
 from worker.link import Link
 from worker.probes import Probes
-from worker.waits import signame as _signame, wait_any as _wait_any
 from worker.process import ModelProcess, classify_exit
+from worker.waits import signame as _signame, wait_any as _wait_any
 
 logger = logging.getLogger(__name__)
 
