@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from worker import kinds as kinds_mod
-from worker.__main__ import main, parse_args
+from worker.__main__ import parse_args
 from worker.config import KindConfig
 from worker.kinds import KindHealth, check
 from worker.link import Link
@@ -49,14 +50,16 @@ def test_broken_kind_is_not_advertised_until_a_recheck_passes(tmp_path: Path, ca
     assert health.usable() == ["bad"] and health.is_broken("ok")
 
 
-def test_worker_refuses_to_start_when_no_kind_can_run(tmp_path: Path, capsys) -> None:
+def test_worker_refuses_to_start_when_no_kind_can_run(tmp_path: Path) -> None:
     cfg = tmp_path / "w.toml"
     cfg.write_text(f'work_dir = {json.dumps(str(tmp_path / "work"))}\n'
                    '[kinds.m]\nargv = ["/nonexistent/model"]\n')
-    assert main(["--worker-id", "w1", "--roles", "cpu", "--config", str(cfg),
-                 "--socket", str(tmp_path / "none.sock")]) == 2
-    err = capsys.readouterr().err
-    assert "no configured kind can run here" in err and "/nonexistent/model" in err
+    done = subprocess.run([sys.executable, "-m", "worker", "--worker-id", "w1", "--roles", "cpu",
+                           "--config", str(cfg), "--socket", str(tmp_path / "none.sock")],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert "no configured kind can run here" in done.stderr
+    assert "kind m is not usable" in done.stderr and "/nonexistent/model" in done.stderr
 
 
 def test_readings_override_help_says_file_and_unknown_keys_warn(tmp_path: Path, caplog,
