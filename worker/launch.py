@@ -6,6 +6,13 @@ OPS-FACTS 4.1). The signal is kept across exec and fires when the thread that sp
 child ends: spawn from the event loop's thread, which lives as long as the supervisor.
 A failed exec (ENOENT, EACCES, ...) comes back through a close-on-exec pipe as the
 OSError the caller would have had from a direct spawn.
+
+Where util-linux's ``setpriv`` is installed and the program is an ELF executable for this
+machine or a ``#!`` script whose interpreter is one, ``fast_argv`` starts it with
+``setpriv --pdeathsig KILL`` instead: the same signal for about 1.5 ms instead of ~30 ms of
+Python start-up. The program is resolved and checked before the spawn, so ENOENT and EACCES
+are raised as before; any other file takes the shim, which reports ENOEXEC exactly (setpriv
+would hand it to /bin/sh).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import shutil
 import sys
 
 PR_SET_PDEATHSIG = 1
@@ -36,6 +44,75 @@ except OSError as exc:
     os.write(fd, ("%d %s" % (exc.errno or 0, exc.strerror or exc)).encode())
     os._exit(127)
 """
+
+
+SETPRIV = shutil.which("setpriv")
+_ELF_MAGIC = b"\x7fELF"
+_ET_EXEC, _ET_DYN = 2, 3
+
+
+def _elf_machine(head: bytes) -> int | None:
+    """The e_machine of an ELF executable or shared object header, else None."""
+    if len(head) < 20 or not head.startswith(_ELF_MAGIC) or head[4] not in (1, 2) \
+            or head[6] != 1 or head[5] not in (1, 2):
+        return None
+    order = "little" if head[5] == 1 else "big"
+    if int.from_bytes(head[16:18], order) not in (_ET_EXEC, _ET_DYN):
+        return None
+    return int.from_bytes(head[18:20], order)
+
+
+def _read_head(path: str, size: int = 256) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(size)
+    except OSError:
+        return b""
+
+
+_HOST_MACHINE = _elf_machine(_read_head("/proc/self/exe"))
+
+
+def _runs_here(path: str, depth: int = 0) -> bool:
+    """True if the kernel will exec `path` as it is: an ELF for this machine, or a ``#!``
+    script (one level) whose interpreter is one."""
+    head = _read_head(path)
+    if head.startswith(b"#!") and depth == 0:
+        line = head[2:].split(b"\n", 1)[0].strip()
+        interp = line.split()[0].decode("utf-8", "replace") if line else ""
+        return bool(interp) and os.path.isabs(interp) and os.access(interp, os.X_OK) \
+            and _runs_here(interp, depth + 1)
+    machine = _elf_machine(head)
+    return machine is not None and machine == _HOST_MACHINE
+
+
+def fast_argv(argv: list[str], env: dict[str, str]) -> list[str] | None:
+    """``argv`` under ``setpriv --pdeathsig KILL``, or None where the shim must be used
+    (no setpriv, or a program the kernel might refuse with ENOEXEC).
+
+    Raises:
+        ValueError: `argv` is empty.
+        OSError: the program is not found on ``env``'s PATH (ENOENT) or not executable
+            (EACCES), as a direct spawn would raise it.
+    """
+    if not argv:
+        raise ValueError("argv must not be empty")
+    if SETPRIV is None or _HOST_MACHINE is None:
+        return None
+    program = argv[0]
+    if os.sep in program:
+        if not os.path.exists(program):
+            raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        path = program
+    else:
+        path = shutil.which(program, mode=os.F_OK, path=env.get("PATH", os.defpath))
+        if path is None:
+            raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), program)
+    if not _runs_here(path):
+        return None
+    return [SETPRIV, "--pdeathsig", "KILL", "--", path, *argv[1:]]
 
 
 def shim_argv(argv: list[str], status_fd: int) -> list[str]:

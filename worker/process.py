@@ -145,28 +145,15 @@ class ModelProcess:
         """
         if not argv:
             raise ValueError("argv must not be empty")
-        status_r, status_w = os.pipe()  # the model dies with us: worker.launch
-        try:
+        fast = launch.fast_argv(argv, env)  # the model dies with us: worker.launch
+        if fast is not None:
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
                 proc = await asyncio.create_subprocess_exec(
-                    *launch.shim_argv(argv, status_w),
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    cwd=cwd,
-                    env=env,
-                    start_new_session=True,
-                    pass_fds=(status_w,),
+                    *fast, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
+                    cwd=cwd, env=env, start_new_session=True,
                 )
-        except BaseException:
-            os.close(status_r)
-            raise
-        finally:
-            os.close(status_w)
-        failed = await launch.exec_error(status_r, argv[0])
-        if failed is not None:
-            await proc.wait()
-            raise failed
+        else:
+            proc = await _start_shimmed(argv, env, cwd, stdout_path, stderr_path)
         logger.info("model process started", extra={"action": "model_start", "pid": proc.pid, "argv0": argv[0]})
         return cls(proc, stderr_path)
 
@@ -274,3 +261,31 @@ class ModelProcess:
         except OSError:
             return ""
         return data.decode("utf-8", errors="replace")
+
+
+async def _start_shimmed(argv: list[str], env: dict[str, str], cwd: str, stdout_path: str,
+                         stderr_path: str) -> asyncio.subprocess.Process:
+    """Spawn ``argv`` through worker.launch's Python shim; raise the exec's OSError."""
+    status_r, status_w = os.pipe()
+    try:
+        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+            proc = await asyncio.create_subprocess_exec(
+                *launch.shim_argv(argv, status_w),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                pass_fds=(status_w,),
+            )
+    except BaseException:
+        os.close(status_r)
+        raise
+    finally:
+        os.close(status_w)
+    failed = await launch.exec_error(status_r, argv[0])
+    if failed is not None:
+        await proc.wait()
+        raise failed
+    return proc
