@@ -151,7 +151,7 @@ class Coordinator:
         readings_json = values.encode("readings", p.readings, self.config.max_payload_bytes)
         cancel = await self.writer.run(
             lambda conn, now: (store.heartbeat(conn, now, p.worker_id, roles_json, readings_json),
-                               now))
+                               now), urgent=True)
         return HeartbeatResult(now=cancel[1], cancel=cancel[0], artifact_dir=self.artifact_dir)
 
     async def claim(self, p: Claim) -> ClaimResult:
@@ -178,13 +178,15 @@ class Coordinator:
         """Extend a lease. Raises: LeaseLost, LeaseExpired, AlreadyCompleted, NotFound."""
         lease_s = self._lease_s(p.lease_s)
         return await self.writer.run(
-            lambda conn, now: leases.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s))
+            lambda conn, now: leases.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s),
+            urgent=True)
 
     async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
         """Record a job's latest checkpoint. Raises: PayloadTooLarge and the lease errors."""
         text = values.encode("checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
         await self.writer.run(
-            lambda conn, now: leases.checkpoint(conn, now, p.job_id, p.worker_id, p.token, text))
+            lambda conn, now: leases.checkpoint(conn, now, p.job_id, p.worker_id, p.token, text),
+            urgent=True)
         return {}
 
     async def complete(self, p: Complete) -> CompleteResult:
@@ -194,7 +196,7 @@ class Coordinator:
         backoff = self._backoff()
         return await self.writer.run(
             lambda conn, now: leases.complete(conn, now, p.job_id, p.worker_id, p.token, text,
-                                              p.artifact, backoff))
+                                              p.artifact, backoff), urgent=True)
 
     async def fail(self, p: Fail) -> StatusResult:
         """Record a failure; the error text is truncated to `max_error_chars`.
@@ -206,7 +208,7 @@ class Coordinator:
         backoff = self._backoff()
         return await self.writer.run(
             lambda conn, now: leases.fail(conn, now, p.job_id, p.worker_id, p.token, error,
-                                         p.retryable, backoff))
+                                         p.retryable, backoff), urgent=True)
 
     def new_job_id(self) -> str:
         """A fresh, time-ordered job id (coordd.ids): FIFO among jobs queued together."""
@@ -293,7 +295,7 @@ class Coordinator:
         Returns once the writer has committed it: the watchdog's proof of a live writer.
         Raises: errors.Overloaded (queue full or shutting down), errors.CoordError.
         """
-        await self.writer.run(lambda conn, now: None)
+        await self.writer.run(lambda conn, now: None, urgent=True)
 
     async def reap(self, p: Empty | None = None) -> ReapResult:
         """Reap expired leases now (coordd's clock decides). Returns how many."""
