@@ -73,9 +73,12 @@ def note_ok() -> None:
         _episode.failures = 0
 
 
-def exhausted() -> bool:
-    """True while an fd exhaustion episode is on (for `status` warnings)."""
-    return _episode.active
+def warning() -> str | None:
+    """A `status` warning while an fd exhaustion episode is on, else None."""
+    if not _episode.active:
+        return None
+    return f"out of file descriptors (limit {current_limit()}): {_episode.failures} " \
+           "accept/open failure(s); new clients are refused"
 
 
 def current_limit() -> int:

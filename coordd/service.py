@@ -20,7 +20,7 @@ from typing import Any
 import aiosqlite
 import msgspec
 
-from coordd import backup, cas, errors, gates, leases, results, store, values, views
+from coordd import backup, cas, errors, fdlimit, gates, leases, results, store, values, views
 from coordd.hub import Hub
 from coordd.ids import JobIds
 from coordd.clock import Clock, anchored
@@ -378,6 +378,7 @@ class Coordinator:
         if wal_bytes > self.config.warn_wal_bytes:
             warnings.append(f"WAL is {wal_bytes} bytes (> warn_wal_bytes "
                             f"{self.config.warn_wal_bytes}): is a long read pinning it?")
+        warnings += [w for w in (self.writer.health.warning(), fdlimit.warning()) if w]
         return StatusReply(workers=workers, workers_live=live, active_leases=leases, jobs=jobs,
                            waiting_by_priority=waiting, db_bytes=db_bytes, wal_bytes=wal_bytes,
                            oldest_waiting_age_s=oldest, now=now, prunable=prunable,

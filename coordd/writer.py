@@ -73,6 +73,7 @@ from coordd.checkpointer import WalCheckpointer
 from coordd.clock import Clock, anchored
 from coordd.store.clock_steps import shift_times
 from coordd.metrics import Metrics
+from coordd.storage_health import StorageHealth, storage_reason
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,7 @@ class Writer:
         self._closing = False
         self._last_seen: float | None = None  # coordd's time at the last COMMIT
         self.stats = WriterStats()
+        self.health = StorageHealth()  # disk full / I/O errors: `unavailable`, logged once
 
     @property
     def queue_depth(self) -> int:
@@ -305,10 +307,18 @@ class Writer:
                     self._metrics.observe_batch(len(batch), self.stats.commit_times[-1],
                                                 [started - t for _, _, t in batch])
             except Exception as exc:  # the whole transaction failed: nothing of it is stored
-                logger.error("group commit failed: %s", exc,
-                             extra={"action": "commit_failed", "n": len(batch)})
-                err = _batch_error(exc)
+                reason = storage_reason(exc)
+                if reason is not None:
+                    err = self.health.refuse(exc, reason, len(batch), self._clock.wall(),
+                                             self._clock.mono())
+                else:
+                    logger.error("group commit failed: %s", exc,
+                                 extra={"action": "commit_failed", "n": len(batch)})
+                    err = _batch_error(exc)
                 outcomes = [(False, err)] * len(batch)
+            else:
+                if self.health.reason is not None:
+                    self.health.committed(self._clock.mono())
             for (_, fut, _t), (ok, value) in zip(batch, outcomes):
                 if fut.done():
                     continue  # the caller went away; the op is committed all the same
@@ -395,7 +405,7 @@ class Writer:
                     conn.execute("ROLLBACK TO batch")
                     conn.execute("RELEASE batch")
                     return None
-                outcomes.append((False, _op_error(exc)))
+                outcomes.append((False, self._op_error(exc)))
         conn.execute("RELEASE batch")
         return outcomes
 
@@ -412,8 +422,19 @@ class Writer:
                 _check_still_in_transaction(conn, exc)
                 conn.execute("ROLLBACK TO op")
                 conn.execute("RELEASE op")
-                outcomes.append((False, _op_error(exc)))
+                outcomes.append((False, self._op_error(exc)))
         return outcomes
+
+    def _op_error(self, exc: Exception) -> errors.CoordError:
+        """The error an op's caller gets: its CoordError, `unavailable` for a storage
+        refusal (disk full inside the statement), or `internal` (logged) for a bug."""
+        if isinstance(exc, errors.CoordError):
+            return exc
+        reason = storage_reason(exc)
+        if reason is not None:
+            return self.health.refuse(exc, reason, 1, self._clock.wall(), self._clock.mono())
+        logger.error("write op failed", exc_info=exc, extra={"action": "op_failed"})
+        return errors.CoordError(f"internal error: {type(exc).__name__}: {exc}")
 
     def _check_clock_step(self, conn: sqlite3.Connection, now: float) -> float:
         """Move the stored times by a wall-clock step past `clock_step_s`; return the step
@@ -446,12 +467,6 @@ def _check_still_in_transaction(conn: sqlite3.Connection, exc: Exception) -> Non
         ) from exc
 
 
-def _op_error(exc: Exception) -> errors.CoordError:
-    """The error an op's caller gets: its CoordError, or `internal` (logged) for a bug."""
-    if isinstance(exc, errors.CoordError):
-        return exc
-    logger.error("write op failed", exc_info=exc, extra={"action": "op_failed"})
-    return errors.CoordError(f"internal error: {type(exc).__name__}: {exc}")
 
 
 def _batch_error(exc: Exception) -> errors.CoordError:
