@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 ACCEPTS_PER_WAKEUP = 64  # connections taken per readiness event before the loop moves on
 RETRY_ACCEPT_S = 0.1     # with no reserve left, accepting pauses this long (no busy loop)
+REFUSAL_LINGER_S = 0.05  # a refused client that sent nothing yet gets this long to send
 
 
 class Listener:
@@ -127,17 +128,37 @@ class Listener:
             self._open_reserve()
             self._pause()
             return
+        self.refused += 1
         try:
-            soft = fdlimit.current_limit()
             conn.setblocking(False)
             conn.send(encode_frame(Reply(id=0, error=ErrorBody(
-                code="overloaded",
-                message=f"refused: {fdlimit.OUT_OF_FDS} (limit {soft}); retry later"))))
+                code="overloaded", message=f"refused: {fdlimit.OUT_OF_FDS} (limit "
+                                           f"{fdlimit.current_limit()}); retry later"))))
+            conn.shutdown(socket.SHUT_WR)
         except OSError:
-            pass
-        finally:
+            self._end_refusal(conn)
+            return
+        # Closing with the client's request unread would reset the connection before the
+        # client read the refusal: read what it sent; if it sent nothing yet, linger up to
+        # REFUSAL_LINGER_S for its request (or its close), holding the reserve's number.
+        if _discard_input(conn):
+            self._end_refusal(conn)
+            return
+        loop = self._loop
+        assert loop is not None
+        timer = loop.call_later(REFUSAL_LINGER_S, self._end_refusal, conn)
+        loop.add_reader(conn.fileno(), self._drain_refused, conn, timer)
+
+    def _drain_refused(self, conn: socket.socket, timer: asyncio.TimerHandle) -> None:
+        if _discard_input(conn):
+            timer.cancel()
+            self._end_refusal(conn)
+
+    def _end_refusal(self, conn: socket.socket) -> None:
+        if conn.fileno() >= 0:
+            assert self._loop is not None
+            self._loop.remove_reader(conn.fileno())
             conn.close()
-        self.refused += 1
         self._open_reserve()
         if self._reserve is None:
             self._pause()
@@ -155,3 +176,18 @@ class Listener:
             if self._sock.fileno() >= 0:
                 loop.add_reader(self._sock.fileno(), self._on_readable)
         self._retry = loop.call_later(RETRY_ACCEPT_S, resume)
+
+
+def _discard_input(conn: socket.socket) -> bool:
+    """Read and drop what `conn` has received; True once something (or EOF) was read."""
+    got = False
+    while True:
+        try:
+            data = conn.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return got
+        except OSError:
+            return True
+        if not data:
+            return True
+        got = True

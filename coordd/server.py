@@ -36,7 +36,7 @@ from coordd.config import Config
 from coordd.dblock import DbLock, real_db_path
 from coordd.listener import Listener
 from coordd.reaper import Reaper
-from coordd.rpc import Dispatcher, PeerCred
+from coordd.rpc import Dispatcher, Limits, PeerCred
 from coordd.service import Coordinator
 
 logger = logging.getLogger(__name__)
@@ -163,7 +163,14 @@ class Daemon:
         else:
             self._admin_uids, self._admin_gids = {0, os.getuid()}, set()
         self._db_lock = contextlib.ExitStack()
-        self.dispatcher = Dispatcher(self._handle, config.max_frame_bytes, self._is_admin)
+        self.dispatcher = Dispatcher(self._handle, config.max_frame_bytes, self._is_admin,
+                                     limits=Limits(
+                                         max_inbound_bytes=config.max_inbound_bytes,
+                                         frame_timeout_s=config.frame_timeout_s,
+                                         max_unsent_bytes=config.max_unsent_bytes,
+                                         max_outbound_bytes=config.max_outbound_bytes,
+                                         write_stall_timeout_s=config.write_stall_timeout_s),
+                                     clock=self.clock)
 
     def _is_admin(self, peer: PeerCred) -> bool:
         return peer.uid in self._admin_uids or peer.gid in self._admin_gids
@@ -180,9 +187,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
-        soft, hard = fdlimit.raise_nofile_limit()
-        logger.info("file descriptor limit %d (hard %d)", soft, hard,
-                    extra={"action": "nofile_limit", "soft": soft, "hard": hard})
+        nofile, _hard = fdlimit.raise_nofile_limit()
         sock_path = Path(self.config.socket)
         activated = activated_socket()
         lock_fd = None
@@ -195,8 +200,8 @@ class Daemon:
             server = Listener(sock, self.dispatcher.accept)
             server.start()
             reaper = Reaper(self.coord, self.clock)
-            logger.info("coordd serving on %s (db %s)", sock_path, self.config.db,
-                        extra={"action": "ready"})
+            logger.info("coordd serving on %s (db %s; file descriptor limit %d)", sock_path,
+                        self.config.db, nofile, extra={"action": "ready", "nofile": nofile})
             sd_notify("READY=1\nSTATUS=serving")
             try:
                 async with asyncio.TaskGroup() as tg:
@@ -204,6 +209,7 @@ class Daemon:
                     tg.create_task(self._watchdog())
                     tg.create_task(self._metrics_http())
                     tg.create_task(self._watch_writer())
+                    tg.create_task(self.dispatcher.run_sweeper(self.stop_event, self.clock))
                     await self.stop_event.wait()
             finally:
                 sd_notify("STOPPING=1")

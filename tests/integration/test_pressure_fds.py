@@ -29,7 +29,7 @@ def test_soft_fd_limit_raised_to_hard_at_start(daemon_factory):
     d.nofile = (LOW, 4096)
     d.start()
     assert _limits(d.proc.pid) == (4096, 4096)
-    assert "file descriptor limit 4096 (hard 4096)" in d.log()
+    assert "file descriptor limit 4096)" in d.log()
 
 
 def test_out_of_fds_coordd_stays_up_refuses_explicitly_and_recovers(daemon_factory):
@@ -39,7 +39,7 @@ def test_out_of_fds_coordd_stays_up_refuses_explicitly_and_recovers(daemon_facto
     idle: list[socket.socket] = []
     refused = 0
     try:
-        for _ in range(2 * LOW):  # more clients than coordd has descriptors
+        for _ in range(LOW):  # more clients than coordd has descriptors left
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(d.socket)
             idle.append(s)
@@ -58,7 +58,7 @@ def test_out_of_fds_coordd_stays_up_refuses_explicitly_and_recovers(daemon_facto
         assert res.returncode == 1, (res.returncode, res.stdout, res.stderr)
         assert "refused: coordd is out of file descriptors" in res.stderr, res.stderr
         assert "not running" not in res.stderr, res.stderr
-        time.sleep(1.0)  # several reaper rounds, each prune's sweep without a descriptor
+        time.sleep(0.7)  # reaper rounds, each prune's sweep without a descriptor
         assert d.proc.poll() is None, f"coordd exited {d.proc.returncode}:\n{d.log()}"
     finally:
         for s in idle:
