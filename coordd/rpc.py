@@ -43,7 +43,7 @@ from typing import Any, cast
 
 import msgspec
 
-from coordd import errors
+from coordd import errors, memory
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ADMIN_METHODS, PARAMS, ErrorBody, Reply, Request
 
@@ -159,6 +159,7 @@ class Dispatcher:
         self._closing = False
         self.inbound_bytes = 0   # reserved by partial frames over SMALL_FRAME_BYTES
         self.outbound_bytes = 0  # unsent reply bytes of connections over the high-water mark
+        self.large_bytes = 0     # large frames and replies handled since the last trim
 
     def accept(self) -> Connection:
         """Make the Protocol for one new connection (the server's protocol factory)."""
@@ -209,9 +210,13 @@ class Dispatcher:
         return closed
 
     async def run_sweeper(self, stop: asyncio.Event, clock: Clock) -> None:
-        """Call `sweep` every SWEEP_INTERVAL_S until `stop` is set."""
+        """Call `sweep` every SWEEP_INTERVAL_S until `stop` is set; after a burst of large
+        buffers (memory.TRIM_AFTER_BYTES) hand freed heap memory back (memory.trim)."""
         while not await clock.wait(stop, SWEEP_INTERVAL_S):
             self.sweep(clock.mono())
+            if self.large_bytes >= memory.TRIM_AFTER_BYTES:
+                self.large_bytes = 0
+                await asyncio.to_thread(memory.trim)
 
     def stop_intake(self) -> None:
         """Answer every request read from now on with `overloaded` (shutting down)."""
@@ -364,6 +369,7 @@ class Connection(asyncio.Protocol):
             self._finish()
             return False
         d.inbound_bytes += length
+        d.large_bytes += length
         self._reserved = length
         return True
 
@@ -537,6 +543,7 @@ class Connection(asyncio.Protocol):
         allow; otherwise answer `overloaded` for its id."""
         limits = self._d.limits
         unsent = self._count_unsent()
+        self._d.large_bytes += len(frame)
         if len(frame) > SMALL_FRAME_BYTES and (
                 (unsent and unsent + len(frame) > limits.max_unsent_bytes)
                 or self._d.outbound_bytes + len(frame) > limits.max_outbound_bytes):
