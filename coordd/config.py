@@ -180,6 +180,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 or not (self.frame_timeout_s > 0 and self.write_stall_timeout_s > 0):
             raise ValueError("max_inbound_bytes, max_unsent_bytes, max_outbound_bytes, "
                              "frame_timeout_s and write_stall_timeout_s must be > 0")
+        if min(self.max_inbound_bytes, self.max_outbound_bytes) < self.max_frame_bytes:
+            raise ValueError("max_inbound_bytes and max_outbound_bytes must be >= "
+                             "max_frame_bytes (or no frame of that size could pass)")
         if min(self.wal_size_limit_bytes, self.warn_db_bytes, self.warn_wal_bytes,
                self.warn_artifact_bytes) < 0 or self.wal_autocheckpoint_pages < 1:
             raise ValueError("sizes must be >= 0 and wal_autocheckpoint_pages >= 1")

@@ -378,7 +378,7 @@ class Connection(asyncio.Protocol):
         if self._transport.is_closing():
             return False
         limits = self._d.limits
-        if self._partial_since is not None:
+        if self._partial_since is not None and not self._finishing:
             if self._blocked():
                 self._partial_since = now  # we are not reading: not the peer's delay
             elif now - self._partial_since > limits.frame_timeout_s:
