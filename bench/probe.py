@@ -37,13 +37,13 @@ def _patch() -> None:
         orig_init(self, *args, **kw)
         _writers.append(self)
 
-    def submit(self, op):  # type: ignore[no-untyped-def]
+    def submit(self, op, *args, **kw):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
 
         def timed(conn, now, _op=op, _t=t):  # type: ignore[no-untyped-def]
             _waits[0].append(time.perf_counter() - _t)
             return _op(conn, now)
-        return orig_submit(self, timed)
+        return orig_submit(self, timed, *args, **kw)
 
     async def run(self):  # type: ignore[no-untyped-def]
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump)

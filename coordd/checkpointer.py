@@ -79,6 +79,7 @@ class WalCheckpointer:
                 self._conn = None
 
     def _loop(self) -> None:
+        failures = 0  # in a row: the first is logged, the rest only counted (a full disk)
         while True:
             self._dirty.wait()
             if self._stopping.is_set():
@@ -86,7 +87,15 @@ class WalCheckpointer:
             self._dirty.clear()
             try:
                 self.run_now()
-            except sqlite3.Error as exc:  # e.g. the file went away; the writer reports that
-                logger.warning("background WAL checkpoint failed: %s", exc)
+            except sqlite3.Error as exc:  # e.g. a full disk; the writer reports that
+                failures += 1
+                logger.log(logging.WARNING if failures == 1 else logging.DEBUG,
+                           "background WAL checkpoint failed: %s (repeats not logged)", exc,
+                           extra={"action": "checkpoint_failed"})
+            else:
+                if failures:
+                    logger.info("background WAL checkpoints work again after %d failure(s)",
+                                failures, extra={"action": "checkpoint_recovered"})
+                failures = 0
             if self._stopping.wait(self._interval_s):
                 return

@@ -155,6 +155,7 @@ class Client:
                 fut.set_exception(exc)
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        refusal: errors.CoordError | None = None  # a connection-level error, kept for all
         try:
             while True:
                 body = await read_frame(reader, self.max_frame)
@@ -165,14 +166,15 @@ class Client:
                 if fut is not None and not fut.done():
                     fut.set_result(header)
                 elif header.id == 0 and header.error is not None:
-                    # a connection-level error (oversize or garbage frame): fail everyone
-                    self._fail_pending(errors.error_for_code(header.error.code,
-                                                             header.error.message))
+                    # a connection-level error (oversize or garbage frame, out of file
+                    # descriptors, inbound budget spent): fail everyone
+                    refusal = errors.error_for_code(header.error.code, header.error.message)
+                    self._fail_pending(refusal)
         except (asyncio.IncompleteReadError, ConnectionError, msgspec.DecodeError,
                 errors.PayloadTooLarge) as exc:
-            self._fail_pending(Disconnected(f"connection to coordd lost: {exc}"))
+            self._fail_pending(refusal or Disconnected(f"connection to coordd lost: {exc}"))
             return
-        self._fail_pending(Disconnected("coordd closed the connection"))
+        self._fail_pending(refusal or Disconnected("coordd closed the connection"))
 
     async def call(self, method: str, params: Any = None, result_type: type[T] | None = None
                    ) -> T | Any:

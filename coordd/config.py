@@ -34,6 +34,11 @@ MAX_RESULT_BYTES = 8 << 20
 MAX_CHECKPOINT_BYTES = 1 << 20
 MAX_ERROR_CHARS = 4000
 WRITER_QUEUE_MAX = 20_000
+MAX_INBOUND_BYTES = 256 << 20
+FRAME_TIMEOUT_S = 60.0
+MAX_UNSENT_BYTES = 32 << 20
+MAX_OUTBOUND_BYTES = 256 << 20
+WRITE_STALL_TIMEOUT_S = 30.0
 WRITER_BATCH_MAX = 1024
 CLOCK_JUMP_S = 60.0
 CLOCK_STEP_S = 1.0
@@ -64,6 +69,15 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         max_payload_bytes / max_result_bytes / max_checkpoint_bytes: caps on stored JSON.
         max_error_chars: a failure's error text is truncated to this.
         max_frame_bytes: RPC frame cap.
+        max_inbound_bytes: partial request frames buffered, all connections together (a
+            frame over 64 KiB counts its announced length while it arrives); past it a new
+            large frame is refused `overloaded` and its connection closed.
+        frame_timeout_s: a request frame must be whole this long after its first byte, or
+            its connection is closed (a trickling peer holds no buffer for ever).
+        max_unsent_bytes / max_outbound_bytes: reply bytes held for peers that do not read,
+            per connection and in all; past either, a reply over 64 KiB becomes `overloaded`.
+        write_stall_timeout_s: a peer that reads none of its unsent replies this long is
+            dropped (its buffers freed).
         writer_queue_max / writer_batch_max: writer back-pressure and group-commit bound.
         clock_step_s: coordd keeps its own clock (the wall clock at start plus monotonic
             time since); when the wall clock steps further than this away from it, either
@@ -117,6 +131,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES
     max_error_chars: int = MAX_ERROR_CHARS
     max_frame_bytes: int = MAX_FRAME_DEFAULT
+    max_inbound_bytes: int = MAX_INBOUND_BYTES
+    frame_timeout_s: float = FRAME_TIMEOUT_S
+    max_unsent_bytes: int = MAX_UNSENT_BYTES
+    max_outbound_bytes: int = MAX_OUTBOUND_BYTES
+    write_stall_timeout_s: float = WRITE_STALL_TIMEOUT_S
     writer_queue_max: int = WRITER_QUEUE_MAX
     writer_batch_max: int = WRITER_BATCH_MAX
     clock_jump_s: float = CLOCK_JUMP_S
@@ -157,6 +176,13 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("writer_batch_max and writer_queue_max must be >= 1")
         if self.max_frame_bytes < 1024:
             raise ValueError("max_frame_bytes must be >= 1024")
+        if min(self.max_inbound_bytes, self.max_unsent_bytes, self.max_outbound_bytes) < 1 \
+                or not (self.frame_timeout_s > 0 and self.write_stall_timeout_s > 0):
+            raise ValueError("max_inbound_bytes, max_unsent_bytes, max_outbound_bytes, "
+                             "frame_timeout_s and write_stall_timeout_s must be > 0")
+        if min(self.max_inbound_bytes, self.max_outbound_bytes) < self.max_frame_bytes:
+            raise ValueError("max_inbound_bytes and max_outbound_bytes must be >= "
+                             "max_frame_bytes (or no frame of that size could pass)")
         if min(self.wal_size_limit_bytes, self.warn_db_bytes, self.warn_wal_bytes,
                self.warn_artifact_bytes) < 0 or self.wal_autocheckpoint_pages < 1:
             raise ValueError("sizes must be >= 0 and wal_autocheckpoint_pages >= 1")

@@ -87,6 +87,16 @@ class Overloaded(CoordError):
     code = "overloaded"
 
 
+class Unavailable(CoordError):
+    """Storage refused the write (disk full, I/O error); nothing was stored: retry later.
+
+    Retryable like `overloaded`, but slower to clear: holders of a lease retry their
+    complete/fail/renew/checkpoint on it until the lease ends.
+    """
+
+    code = "unavailable"
+
+
 class ConfigError(CoordError):
     """The configuration file is invalid."""
 
@@ -104,7 +114,7 @@ ERROR_CODES: dict[str, type[CoordError]] = {
     for cls in (
         CoordError, BadRequest, UnknownMethod, NotFound, LeaseExpired, LeaseLost,
         AlreadyCompleted, InvalidState, GateRefused, PayloadTooLarge, PermissionDenied,
-        Overloaded,
+        Overloaded, Unavailable,
     )
 }
 

@@ -69,7 +69,7 @@ class Lifecycle:
         ckpt = None if p.checkpoint is None else values.encode(
             "checkpoint", p.checkpoint, self._config.max_checkpoint_bytes)
         res = await self._writer.run(lambda conn, now: leases.release(
-            conn, now, p.job_id, p.worker_id, p.token, reason, ckpt))
+            conn, now, p.job_id, p.worker_id, p.token, reason, ckpt), urgent=True)
         logger.info("job %s released by %s: %s", p.job_id, p.worker_id, reason,
                     extra={"action": "release", "job_id": p.job_id, "worker_id": p.worker_id})
         return res
@@ -79,7 +79,7 @@ class Lifecycle:
         Raises: NotFound (never sent a heartbeat), BadRequest."""
         check_name("worker_id", p.worker_id)
         lost = await self._writer.run(
-            lambda conn, now: wkstore.goodbye(conn, now, p.worker_id, p.incarnation))
+            lambda conn, now: wkstore.goodbye(conn, now, p.worker_id, p.incarnation), urgent=True)
         logger.info("worker %s said goodbye", p.worker_id,
                     extra={"action": "worker_goodbye", "worker_id": p.worker_id})
         self.log_lost(p.worker_id, lost, "stopped")

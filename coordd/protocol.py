@@ -29,8 +29,16 @@ class Request(msgspec.Struct, kw_only=True):
     params: msgspec.Raw = msgspec.Raw(b"\x80")  # an empty msgpack map
 
 
+ERROR_CODES = ("bad_request", "unknown_method", "not_found", "lease_expired", "lease_lost",
+               "already_completed", "invalid_state", "gate_refused", "payload_too_large",
+               "permission_denied", "overloaded", "unavailable", "internal")
+"""The stable wire error codes (coordd.errors has one class per code). `overloaded` and
+`unavailable` (storage: disk full, I/O error; the reason is in the message) are retryable:
+nothing was stored."""
+
+
 class ErrorBody(msgspec.Struct):
-    """A wire error: `code` is one of the stable codes in coordd.errors."""
+    """A wire error: `code` is one of ERROR_CODES (coordd.errors)."""
 
     code: str
     message: str

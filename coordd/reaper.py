@@ -1,17 +1,26 @@
 """The reaper: return jobs whose lease expired to waiting (or the dead letter state), and
-prune terminal jobs past retention now and then."""
+prune terminal jobs past retention now and then.
+
+The rule not to break: a maintenance step that fails (a full disk, no file descriptor
+left, a bug) is logged and tried again next round; it never ends coordd (issue 21).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from coordd import errors
+from coordd import errors, fdlimit
 from coordd.clock import Clock
 from coordd.protocol import PruneResult, ReapResult
 from coordd.service import Coordinator
+from coordd.writer import Writer
 
 logger = logging.getLogger(__name__)
+
+PRUNE_RETRY_S = 60.0  # a failed prune is tried again this soon (at most prune_interval)
 
 
 class Reaper:
@@ -50,17 +59,45 @@ class Reaper:
         now = self._clock.mono()
         if now < self._next_prune:
             return None
+        self._next_prune = now + min(self._prune_interval, PRUNE_RETRY_S)  # if it fails
+        result = await self._coord.prune()
         self._next_prune = now + self._prune_interval
-        return await self._coord.prune()
+        return result
+
+    async def round(self) -> list[str]:
+        """One round: workflows (absent workers, settling, schedules), reap, prune when due.
+        Each step's failure is logged and leaves the others to run; returns the names of
+        the steps that failed. Writes go in the writer's urgent lane (`Writer.maintenance`)."""
+        failed = []
+        with Writer.maintenance():
+            for name, step in (("workflows", self._coord.flows.tick), ("reap", self.run_once),
+                               ("prune", self.prune_if_due)):
+                if not await _step(name, step):
+                    failed.append(name)
+        return failed
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Loop until `stop` is set; a failed round is logged and retried next interval."""
+        """Loop until `stop` is set; a failed step is logged and retried next round."""
         while not await self._clock.wait(stop, self._interval):
-            try:
-                await self._coord.flows.tick()  # workflows: worker_absent, settle, schedules
-                await self.run_once()
-                await self.prune_if_due()
-            except errors.Overloaded:
-                logger.warning("reaper skipped a round: writer overloaded")
-            except errors.CoordError as exc:
-                logger.error("reaper round failed: %s", exc, extra={"action": "reap_failed"})
+            await self.round()
+
+
+async def _step(name: str, fn: Callable[[], Awaitable[Any]]) -> bool:
+    """Run one maintenance step; log its failure (never raise it). True if it succeeded."""
+    try:
+        await fn()
+        return True
+    except errors.Overloaded as exc:
+        logger.warning("maintenance step %s skipped: %s", name, exc,
+                       extra={"action": "maintenance_skipped", "step": name})
+    except errors.CoordError as exc:
+        logger.error("maintenance step %s failed: %s: %s", name, exc.code, exc,
+                     extra={"action": "maintenance_failed", "step": name})
+    except OSError as exc:
+        if not fdlimit.note_exhaustion(exc, f"maintenance step {name}"):
+            logger.error("maintenance step %s failed: %s", name, exc,
+                         extra={"action": "maintenance_failed", "step": name})
+    except Exception:
+        logger.exception("maintenance step %s failed", name,
+                         extra={"action": "maintenance_failed", "step": name})
+    return False

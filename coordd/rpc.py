@@ -19,6 +19,16 @@ reaches EOF gets the replies to its requests in flight before it is closed (the 
 cut off after FLUSH_TIMEOUT_S). At shutdown, `stop_intake()` answers new requests
 `overloaded` ("shutting down"), `drain()` lets the ones in flight finish, and
 `close_connections()` closes every peer.
+
+Budgets (`Limits`, issue 21): a frame must arrive whole within `frame_timeout_s` of its
+first byte; a frame over SMALL_FRAME_BYTES reserves its announced length from a global
+budget of buffered inbound bytes while it arrives, and past the budget it is refused
+`overloaded` and the connection closed. Replies held unsent for a peer that does not read
+are bounded per connection and in total (past either, a reply over SMALL_FRAME_BYTES
+becomes an `overloaded` error for its id), and a peer that takes none of its unsent bytes
+for `write_stall_timeout_s` is dropped. `Dispatcher.sweep(now)` enforces the two
+deadlines; `Dispatcher.run_sweeper` calls it every SWEEP_INTERVAL_S.
+Connection-closed hook: `Connection.on_close` callbacks run once in `connection_lost`.
 """
 
 from __future__ import annotations
@@ -28,11 +38,13 @@ import logging
 import socket
 import struct
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import msgspec
 
-from coordd import errors
+from coordd import errors, memory
+from coordd.clock import Clock, SystemClock
 from coordd.protocol import ADMIN_METHODS, PARAMS, ErrorBody, Reply, Request
 
 logger = logging.getLogger(__name__)
@@ -41,6 +53,29 @@ HEADER = struct.Struct(">I")
 INFLIGHT_PER_CONNECTION = 64
 FLUSH_TIMEOUT_S = 5.0
 READ_AHEAD_BYTES = 64 * 1024  # unparsed bytes read on from a peer whose requests wait
+SMALL_FRAME_BYTES = 64 * 1024  # frames up to this size pass the byte budgets unchecked
+SWEEP_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-connection and global budgets of the RPC layer. Bytes and seconds.
+
+    Attributes:
+        max_inbound_bytes: partial frames buffered, all connections together (each frame
+            over SMALL_FRAME_BYTES counts its announced length while it arrives).
+        frame_timeout_s: a frame must be whole this long after its first byte.
+        max_unsent_bytes: reply bytes held unsent for one connection.
+        max_outbound_bytes: reply bytes held unsent, all connections together.
+        write_stall_timeout_s: a peer that takes none of its unsent bytes this long is
+            dropped.
+    """
+
+    max_inbound_bytes: int = 256 << 20
+    frame_timeout_s: float = 60.0
+    max_unsent_bytes: int = 32 << 20
+    max_outbound_bytes: int = 256 << 20
+    write_stall_timeout_s: float = 30.0
 
 _decode_request = msgspec.msgpack.Decoder(Request).decode
 _encoder = msgspec.msgpack.Encoder()
@@ -111,14 +146,20 @@ class Dispatcher:
     """
 
     def __init__(self, handler: Handler, max_frame: int,
-                 is_admin: Callable[[PeerCred], bool]) -> None:
+                 is_admin: Callable[[PeerCred], bool], limits: Limits | None = None,
+                 clock: Clock | None = None) -> None:
         self._handler = handler
         self._max_frame = max_frame
         self._is_admin = is_admin
+        self.limits = limits or Limits()
+        self._mono = (clock or SystemClock()).mono
         self._tasks: set[asyncio.Task[None]] = set()
         self._conns: set[Connection] = set()
         self._all_closed: asyncio.Future[None] | None = None
         self._closing = False
+        self.inbound_bytes = 0   # reserved by partial frames over SMALL_FRAME_BYTES
+        self.outbound_bytes = 0  # unsent reply bytes of connections over the high-water mark
+        self.large_bytes = 0     # large frames and replies handled since the last trim
 
     def accept(self) -> Connection:
         """Make the Protocol for one new connection (the server's protocol factory)."""
@@ -157,6 +198,25 @@ class Dispatcher:
         self._conns.discard(conn)
         if not self._conns and self._all_closed is not None and not self._all_closed.done():
             self._all_closed.set_result(None)
+
+    def sweep(self, now: float) -> int:
+        """Close connections past a deadline (`now`: monotonic seconds): a frame not whole
+        `frame_timeout_s` after its first byte, or unsent replies not read for
+        `write_stall_timeout_s`. Returns how many were closed."""
+        closed = 0
+        for conn in list(self._conns):
+            if conn.sweep(now):
+                closed += 1
+        return closed
+
+    async def run_sweeper(self, stop: asyncio.Event, clock: Clock) -> None:
+        """Call `sweep` every SWEEP_INTERVAL_S until `stop` is set; after a burst of large
+        buffers (memory.TRIM_AFTER_BYTES) hand freed heap memory back (memory.trim)."""
+        while not await clock.wait(stop, SWEEP_INTERVAL_S):
+            self.sweep(clock.mono())
+            if self.large_bytes >= memory.TRIM_AFTER_BYTES:
+                self.large_bytes = 0
+                await asyncio.to_thread(memory.trim)
 
     def stop_intake(self) -> None:
         """Answer every request read from now on with `overloaded` (shutting down)."""
@@ -214,6 +274,12 @@ class Connection(asyncio.Protocol):
         self._eof = False
         self._finishing = False  # no more requests: EOF, refused frame, close()
         self._abort_timer: asyncio.TimerHandle | None = None
+        self._partial_since: float | None = None  # monotonic: when the arriving frame began
+        self._reserved = 0         # of the dispatcher's inbound budget, for that frame
+        self._unsent = 0           # counted in the dispatcher's outbound bytes
+        self._stall_since = 0.0    # monotonic: since when no unsent byte was taken
+        self._stall_size = 0
+        self.on_close: list[Callable[[], None]] = []  # run once when the connection is lost
 
     # -------------------------------------------------------------- asyncio.Protocol
 
@@ -235,6 +301,7 @@ class Connection(asyncio.Protocol):
                 return
             data = bytes(self._buf)
             self._buf.clear()
+            self._release_inbound()
         self._feed(data)
 
     def eof_received(self) -> bool:
@@ -245,9 +312,13 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        self._stall_since = self._d._mono()
+        self._stall_size = self._count_unsent()
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self._d.outbound_bytes -= self._unsent
+        self._unsent = 0
         self._unblock()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -256,9 +327,83 @@ class Connection(asyncio.Protocol):
                         extra={"action": "truncated_frame", "uid": self.peer.uid})
         self._finishing = True
         self._buf.clear()
+        self._release_inbound()
+        self._d.outbound_bytes -= self._unsent
+        self._unsent = 0
         if self._abort_timer is not None:
             self._abort_timer.cancel()
         self._d._closed(self)
+        hooks, self.on_close = self.on_close, []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:
+                logger.exception("connection-closed hook failed", extra={"action": "internal"})
+
+    # -------------------------------------------------------------- budgets
+
+    def _count_unsent(self) -> int:
+        """Bring this connection's share of the dispatcher's outbound bytes up to date."""
+        size = self._transport.get_write_buffer_size()
+        self._d.outbound_bytes += size - self._unsent
+        self._unsent = size
+        return size
+
+    def _release_inbound(self) -> None:
+        if self._reserved:
+            self._d.inbound_bytes -= self._reserved
+            self._reserved = 0
+
+    def _reserve_inbound(self, length: int) -> bool:
+        """Reserve a large frame's announced length; refuse it (and finish) past the budget."""
+        d = self._d
+        if d.inbound_bytes + length > d.limits.max_inbound_bytes:
+            logger.warning("refused a %d-byte frame from uid %s: %d bytes of partial frames "
+                           "buffered (max_inbound_bytes %d); closing", length, self.peer.uid,
+                           d.inbound_bytes, d.limits.max_inbound_bytes,
+                           extra={"action": "inbound_budget", "uid": self.peer.uid})
+            self.send_error(None, errors.Overloaded(
+                f"frame of {length} bytes refused: coordd's inbound budget is spent "
+                f"({d.inbound_bytes} of max_inbound_bytes {d.limits.max_inbound_bytes} "
+                "bytes buffered); retry later"))
+            self._finish()
+            return False
+        d.inbound_bytes += length
+        d.large_bytes += length
+        self._reserved = length
+        return True
+
+    def sweep(self, now: float) -> bool:
+        """Enforce the frame and write-stall deadlines at `now` (monotonic); True if closed."""
+        if self._transport.is_closing():
+            return False
+        limits = self._d.limits
+        if self._partial_since is not None and not self._finishing:
+            if self._blocked():
+                self._partial_since = now  # we are not reading: not the peer's delay
+            elif now - self._partial_since > limits.frame_timeout_s:
+                logger.warning("peer uid %s sent %d byte(s) of a frame in %.0fs "
+                               "(frame_timeout_s %g); closing", self.peer.uid, len(self._buf),
+                               now - self._partial_since, limits.frame_timeout_s,
+                               extra={"action": "frame_timeout", "uid": self.peer.uid})
+                self.send_error(None, errors.BadRequest(
+                    f"frame not complete within frame_timeout_s {limits.frame_timeout_s:g}"))
+                self._finish()
+                return True
+        if self._write_paused:
+            size = self._count_unsent()
+            if size < self._stall_size:
+                self._stall_since, self._stall_size = now, size
+            elif now - self._stall_since > limits.write_stall_timeout_s:
+                logger.warning("peer uid %s read none of %d unsent reply byte(s) in %.0fs "
+                               "(write_stall_timeout_s %g); dropping it", self.peer.uid, size,
+                               now - self._stall_since, limits.write_stall_timeout_s,
+                               extra={"action": "write_stall", "uid": self.peer.uid})
+                self._finishing = True
+                self._buf.clear()
+                self._transport.abort()
+                return True
+        return False
 
     # -------------------------------------------------------------- frames in
 
@@ -294,6 +439,8 @@ class Connection(asyncio.Protocol):
             stop = pos + HEADER.size + length
             if stop > end:
                 self._need = stop - pos
+                if length > SMALL_FRAME_BYTES and not self._reserve_inbound(length):
+                    return
                 break
             self._request(data[pos + HEADER.size:stop])
             if self._finishing:
@@ -303,6 +450,10 @@ class Connection(asyncio.Protocol):
             self._need = HEADER.size
         if pos < end:
             self._buf += memoryview(data)[pos:]
+            if pos or self._partial_since is None:
+                self._partial_since = self._d._mono()  # a new frame's deadline starts
+        elif self._partial_since is not None:
+            self._partial_since = None
 
     def _request(self, body: bytes) -> None:
         try:
@@ -345,6 +496,7 @@ class Connection(asyncio.Protocol):
         if self._buf and len(self._buf) >= self._need:
             data = bytes(self._buf)
             self._buf.clear()
+            self._release_inbound()
             self._feed(data)
             if self._finishing or self._blocked():
                 return
@@ -381,7 +533,32 @@ class Connection(asyncio.Protocol):
                              extra={"action": "internal"})
             frame = encode_frame(Reply(id=req_id, error=ErrorBody(
                 code="internal", message=f"internal error: reply not encodable: {exc}")))
+        if self._write_paused or len(frame) > SMALL_FRAME_BYTES:
+            self._write_budgeted(req_id, frame, method)
+        else:
+            self._transport.write(frame)
+
+    def _write_budgeted(self, req_id: int, frame: bytes, method: str) -> None:
+        """Write a large reply, or one to a peer behind on reading, if the unsent budgets
+        allow; otherwise answer `overloaded` for its id."""
+        limits = self._d.limits
+        unsent = self._count_unsent()
+        self._d.large_bytes += len(frame)
+        if len(frame) > SMALL_FRAME_BYTES and (
+                (unsent and unsent + len(frame) > limits.max_unsent_bytes)
+                or self._d.outbound_bytes + len(frame) > limits.max_outbound_bytes):
+            logger.warning("reply to %s (%d bytes) not sent to uid %s: %d bytes unsent to "
+                           "it, %d in all", method, len(frame), self.peer.uid, unsent,
+                           self._d.outbound_bytes, extra={"action": "outbound_budget"})
+            frame = encode_frame(Reply(id=req_id, error=ErrorBody(
+                code="overloaded", message=(
+                    f"reply of {len(frame)} bytes not sent: {unsent} bytes of replies wait "
+                    f"unread on this connection (max_unsent_bytes {limits.max_unsent_bytes})"
+                    f", {self._d.outbound_bytes} on all (max_outbound_bytes "
+                    f"{limits.max_outbound_bytes}); read your replies, then ask again"))))
         self._transport.write(frame)
+        if self._write_paused:
+            self._count_unsent()
 
     def send_error(self, req_id: int | None, error: errors.CoordError) -> None:
         """Write the reply `{id, error: {code, message}}` (id 0 when the request had none)."""
@@ -396,6 +573,7 @@ class Connection(asyncio.Protocol):
         """Take no more requests; close once the ones in flight have replied."""
         self._finishing = True
         self._buf.clear()
+        self._release_inbound()
         self._pause_reading()
         if not self._inflight:
             self._close_transport()
@@ -412,6 +590,7 @@ class Connection(asyncio.Protocol):
         """Stop reading and close: replies already written are flushed (FLUSH_TIMEOUT_S)."""
         self._finishing = True
         self._buf.clear()
+        self._release_inbound()
         self._close_transport()
 
     def abort(self) -> None:

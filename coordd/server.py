@@ -30,12 +30,13 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from coordd import errors
+from coordd import errors, fdlimit
 from coordd.clock import Clock, SystemClock
 from coordd.config import Config
 from coordd.dblock import DbLock, real_db_path
+from coordd.listener import Listener
 from coordd.reaper import Reaper
-from coordd.rpc import Dispatcher, PeerCred
+from coordd.rpc import Dispatcher, Limits, PeerCred
 from coordd.service import Coordinator
 
 logger = logging.getLogger(__name__)
@@ -162,7 +163,14 @@ class Daemon:
         else:
             self._admin_uids, self._admin_gids = {0, os.getuid()}, set()
         self._db_lock = contextlib.ExitStack()
-        self.dispatcher = Dispatcher(self._handle, config.max_frame_bytes, self._is_admin)
+        self.dispatcher = Dispatcher(self._handle, config.max_frame_bytes, self._is_admin,
+                                     limits=Limits(
+                                         max_inbound_bytes=config.max_inbound_bytes,
+                                         frame_timeout_s=config.frame_timeout_s,
+                                         max_unsent_bytes=config.max_unsent_bytes,
+                                         max_outbound_bytes=config.max_outbound_bytes,
+                                         write_stall_timeout_s=config.write_stall_timeout_s),
+                                     clock=self.clock)
 
     def _is_admin(self, peer: PeerCred) -> bool:
         return peer.uid in self._admin_uids or peer.gid in self._admin_gids
@@ -179,6 +187,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
+        nofile, _hard = fdlimit.raise_nofile_limit()
         sock_path = Path(self.config.socket)
         activated = activated_socket()
         lock_fd = None
@@ -188,16 +197,19 @@ class Daemon:
             sock, lock_fd = bind_socket(sock_path)
         try:
             await self._open_db()
-            server = await loop.create_unix_server(self.dispatcher.accept, sock=sock)
+            server = Listener(sock, self.dispatcher.accept)
+            server.start()
             reaper = Reaper(self.coord, self.clock)
-            logger.info("coordd serving on %s (db %s)", sock_path, self.config.db,
-                        extra={"action": "ready"})
+            logger.info("coordd serving on %s (db %s; file descriptor limit %d)", sock_path,
+                        self.config.db, nofile, extra={"action": "ready", "nofile": nofile})
             sd_notify("READY=1\nSTATUS=serving")
             try:
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(reaper.run(self.stop_event))
                     tg.create_task(self._watchdog())
                     tg.create_task(self._metrics_http())
+                    tg.create_task(self._watch_writer())
+                    tg.create_task(self.dispatcher.run_sweeper(self.stop_event, self.clock))
                     await self.stop_event.wait()
             finally:
                 sd_notify("STOPPING=1")
@@ -242,7 +254,11 @@ class Daemon:
                 art.mkdir(mode=ARTIFACT_DIR_MODE)
                 os.chmod(art, ARTIFACT_DIR_MODE)  # past the umask: setgid, group-writable
 
-    async def _shutdown(self, server: asyncio.AbstractServer) -> None:
+    async def _watch_writer(self) -> None:
+        """End coordd (through the TaskGroup) if the writer task dies: nothing else does."""
+        await self.coord.writer.wait_dead(self.stop_event)
+
+    async def _shutdown(self, server: Listener) -> None:
         """Stop intake, finish what is in flight, commit, close the DB, then every peer."""
         server.close()
         self.dispatcher.stop_intake()
@@ -270,8 +286,9 @@ class Daemon:
             while True:
                 try:
                     await self.coord.metrics()  # refreshes the gauges
-                except errors.CoordError as exc:
-                    logger.warning("metrics refresh failed: %s", exc)
+                except (errors.CoordError, OSError) as exc:  # e.g. EMFILE: next round
+                    if not fdlimit.note_exhaustion(exc, "metrics refresh"):
+                        logger.warning("metrics refresh failed: %s", exc)
                 if await self.clock.wait(self.stop_event, self.config.reaper_interval_s):
                     return
         finally:

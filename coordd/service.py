@@ -20,7 +20,7 @@ from typing import Any
 import aiosqlite
 import msgspec
 
-from coordd import backup, cas, errors, gates, leases, results, store, values, views
+from coordd import backup, cas, errors, fdlimit, gates, leases, results, store, values, views
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle, kind_absent_reason, runs_kind
 from coordd.ids import JobIds
@@ -162,7 +162,7 @@ class Coordinator:
             cancel = store.heartbeat(conn, now, p.worker_id, roles_json, readings_json)
             wkstore.store_state(conn, p.worker_id, p.incarnation, kinds_json, broken_json)
             return cancel, lost, now
-        cancel, lost, now = await self.writer.run(op)
+        cancel, lost, now = await self.writer.run(op, urgent=True)
         self.lifecycle.log_lost(p.worker_id, lost, "restarted (new incarnation)")
         return HeartbeatResult(now=now, cancel=cancel, artifact_dir=self.artifact_dir,
                                lost=lost)
@@ -191,13 +191,15 @@ class Coordinator:
         """Extend a lease. Raises: LeaseLost, LeaseExpired, AlreadyCompleted, NotFound."""
         lease_s = self._lease_s(p.lease_s)
         return await self.writer.run(
-            lambda conn, now: leases.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s))
+            lambda conn, now: leases.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s),
+            urgent=True)
 
     async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
         """Record a job's latest checkpoint. Raises: PayloadTooLarge and the lease errors."""
         text = values.encode("checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
         await self.writer.run(
-            lambda conn, now: leases.checkpoint(conn, now, p.job_id, p.worker_id, p.token, text))
+            lambda conn, now: leases.checkpoint(conn, now, p.job_id, p.worker_id, p.token, text),
+            urgent=True)
         return {}
 
     async def complete(self, p: Complete) -> CompleteResult:
@@ -207,7 +209,7 @@ class Coordinator:
         backoff = self._backoff()
         return await self.writer.run(
             lambda conn, now: leases.complete(conn, now, p.job_id, p.worker_id, p.token, text,
-                                              p.artifact, backoff))
+                                              p.artifact, backoff), urgent=True)
 
     async def fail(self, p: Fail) -> StatusResult:
         """Record a failure; the error text is truncated to `max_error_chars`.
@@ -219,7 +221,7 @@ class Coordinator:
         backoff = self._backoff()
         return await self.writer.run(
             lambda conn, now: leases.fail(conn, now, p.job_id, p.worker_id, p.token, error,
-                                         p.retryable, backoff))
+                                         p.retryable, backoff), urgent=True)
 
     def new_job_id(self) -> str:
         """A fresh, time-ordered job id (coordd.ids): FIFO among jobs queued together."""
@@ -306,7 +308,7 @@ class Coordinator:
         Returns once the writer has committed it: the watchdog's proof of a live writer.
         Raises: errors.Overloaded (queue full or shutting down), errors.CoordError.
         """
-        await self.writer.run(lambda conn, now: None)
+        await self.writer.run(lambda conn, now: None, urgent=True)
 
     async def reap(self, p: Empty | None = None) -> ReapResult:
         """Reap expired leases now (coordd's clock decides). Returns how many."""
@@ -389,6 +391,7 @@ class Coordinator:
         if wal_bytes > self.config.warn_wal_bytes:
             warnings.append(f"WAL is {wal_bytes} bytes (> warn_wal_bytes "
                             f"{self.config.warn_wal_bytes}): is a long read pinning it?")
+        warnings += [w for w in (self.writer.health.warning(), fdlimit.warning()) if w]
         return StatusReply(workers=workers, workers_live=live, active_leases=leases, jobs=jobs,
                            waiting_by_priority=waiting, db_bytes=db_bytes, wal_bytes=wal_bytes,
                            oldest_waiting_age_s=oldest, now=now, prunable=prunable,

@@ -41,6 +41,13 @@ us of WAL writes) serves more of them: at 16 clients requests per commit went 4 
 the drain +20-25% (`python -m bench.run --jobs 8000 --rounds 3 --clients 1,16 --no-huey`,
 linger 0 / 3 / 6 / 12 rounds measured; more than ~4 gained nothing).
 
+Overload by class (issue 21): ops come in two lanes, each with its own bound of
+`queue_max`. Holder calls (heartbeat, renew, checkpoint, complete, fail, release) and
+coordd's own maintenance go in the urgent lane, submitted with `urgent=True` or from a
+task that has entered `Writer.maintenance()`; everything else (enqueues, claims, admin
+writes) in the new-work lane. A batch takes the urgent lane first, so an enqueue flood
+that fills its lane neither refuses nor delays a renewal.
+
 `now` for every op in a batch is read once, here, from coordd's clock, which is anchored
 on the monotonic clock (coordd.clock.AnchoredClock). Here too, and only here, that clock
 is re-anchored when the wall clock has stepped more than `clock_step_s` away from it
@@ -54,9 +61,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import contextvars
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from coordd import errors, store
@@ -64,11 +73,14 @@ from coordd.checkpointer import WalCheckpointer
 from coordd.clock import Clock, anchored
 from coordd.store.clock_steps import shift_times
 from coordd.metrics import Metrics
+from coordd.storage_health import StorageHealth, storage_reason
 
 logger = logging.getLogger(__name__)
 
 WriteOp = Callable[[sqlite3.Connection, float], Any]
 LINGER_ROUNDS = 4  # loop iterations a batch may wait for more requests (see above)
+_MAINTENANCE: contextvars.ContextVar[bool] = contextvars.ContextVar("coordd_maintenance",
+                                                                    default=False)
 
 
 class WriterStats:
@@ -89,8 +101,8 @@ class Writer:
     Args:
         path: the SQLite file (created if missing; schema migrated on start).
         clock: where `now` comes from.
-        queue_max: requests accepted but not yet committed; past it `submit` raises
-            `errors.Overloaded`.
+        queue_max: requests accepted but not yet committed, per lane (new work; holder
+            calls and maintenance); past it `submit` raises `errors.Overloaded`.
         batch_max: requests per transaction at most.
         busy_timeout_ms: SQLite busy timeout, for outside processes holding the file.
         clock_step_s: a wall-clock step larger than this (either way) re-anchors coordd's
@@ -127,8 +139,10 @@ class Writer:
         self._wal_size_limit = wal_size_limit
         self._wal_autocheckpoint_pages = wal_autocheckpoint_pages
         self._linger_rounds = linger_rounds
-        # (op, its future, when it was submitted: monotonic seconds)
+        # (op, its future, when it was submitted: monotonic seconds); new work / urgent
         self._queue: collections.deque[tuple[WriteOp, asyncio.Future[Any], float]] = \
+            collections.deque()
+        self._urgent: collections.deque[tuple[WriteOp, asyncio.Future[Any], float]] = \
             collections.deque()
         self._wakeup = asyncio.Event()
         self._conn: sqlite3.Connection | None = None
@@ -137,11 +151,23 @@ class Writer:
         self._closing = False
         self._last_seen: float | None = None  # coordd's time at the last COMMIT
         self.stats = WriterStats()
+        self.health = StorageHealth()  # disk full / I/O errors: `unavailable`, logged once
 
     @property
     def queue_depth(self) -> int:
-        """Requests accepted and not yet committed."""
-        return len(self._queue)
+        """Requests accepted and not yet committed (both lanes)."""
+        return len(self._queue) + len(self._urgent)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def maintenance() -> Iterator[None]:
+        """Within this block (and the tasks it starts), this task's submits go in the
+        urgent lane: coordd's own rounds are not refused with the producers' work."""
+        token = _MAINTENANCE.set(True)
+        try:
+            yield
+        finally:
+            _MAINTENANCE.reset(token)
 
     async def start(self) -> None:
         """Open the connection (WAL, synchronous=NORMAL, foreign keys, busy timeout),
@@ -183,24 +209,29 @@ class Writer:
         except sqlite3.DatabaseError as exc:
             raise errors.StoreError(f"{self._path}: {exc}") from exc
 
-    def submit(self, op: WriteOp) -> asyncio.Future[Any]:
+    def submit(self, op: WriteOp, urgent: bool = False) -> asyncio.Future[Any]:
         """Queue `op` for the next group commit; return the future of its result.
 
+        `urgent`: a holder call (or maintenance: also inside `maintenance()`); it goes in
+        the urgent lane, bounded apart from new work and committed first.
+
         Raises:
-            errors.Overloaded: the queue is full, or the writer is shutting down.
+            errors.Overloaded: the op's lane is full, or the writer is shutting down.
         """
         if self._closing or self._task is None:
             raise errors.Overloaded("writer is not accepting requests (shutting down)")
-        if len(self._queue) >= self._queue_max:
-            raise errors.Overloaded(f"writer queue full ({self._queue_max} requests)")
+        lane = self._urgent if urgent or _MAINTENANCE.get() else self._queue
+        if len(lane) >= self._queue_max:
+            what = "holder and maintenance" if lane is self._urgent else "new work"
+            raise errors.Overloaded(f"writer queue full ({self._queue_max} {what} requests)")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((op, fut, self._clock.mono()))
+        lane.append((op, fut, self._clock.mono()))
         self._wakeup.set()
         return fut
 
-    async def run(self, op: WriteOp) -> Any:
+    async def run(self, op: WriteOp, urgent: bool = False) -> Any:
         """Submit `op` and await its result (its CoordError is raised here)."""
-        return await self.submit(op)
+        return await self.submit(op, urgent)
 
     async def checkpoint(self) -> tuple[int, int, int]:
         """Copy the WAL into the database file now, without waiting for readers (after a
@@ -213,6 +244,24 @@ class Writer:
         if self._conn is None:
             raise errors.Overloaded("writer is not running")
         return await asyncio.to_thread(self._checkpointer.run_now)
+
+    async def wait_dead(self, stop: asyncio.Event) -> None:
+        """Return once `stop` is set; if the writer task ends first, raise.
+
+        Raises:
+            errors.StoreError: the writer task ended while coordd was not stopping.
+        """
+        task = self._task
+        if task is None:
+            return
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if task.done() and not self._closing:
+            exc = None if task.cancelled() else task.exception()
+            raise errors.StoreError(f"the writer task ended: {exc!r}") from exc
 
     async def stop(self) -> None:
         """Stop intake, commit everything already accepted, close the connection. Idempotent."""
@@ -236,16 +285,19 @@ class Writer:
     async def _run(self) -> None:
         conn = self._conn
         assert conn is not None
+        urgent, queue = self._urgent, self._queue
         while True:
-            if not self._queue:
+            if not queue and not urgent:
                 if self._closing:
                     return
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             await self._linger()
-            batch = [self._queue.popleft()
-                     for _ in range(min(self._batch_max, len(self._queue)))]
+            batch = [urgent.popleft() for _ in range(min(self._batch_max, len(urgent)))]
+            if len(batch) < self._batch_max:
+                batch += [queue.popleft()
+                          for _ in range(min(self._batch_max - len(batch), len(queue)))]
             started = self._clock.mono()
             try:
                 await self._begin(conn)
@@ -255,10 +307,18 @@ class Writer:
                     self._metrics.observe_batch(len(batch), self.stats.commit_times[-1],
                                                 [started - t for _, _, t in batch])
             except Exception as exc:  # the whole transaction failed: nothing of it is stored
-                logger.error("group commit failed: %s", exc,
-                             extra={"action": "commit_failed", "n": len(batch)})
-                err = _batch_error(exc)
+                reason = storage_reason(exc)
+                if reason is not None:
+                    err = self.health.refuse(exc, reason, len(batch), self._clock.wall(),
+                                             self._clock.mono())
+                else:
+                    logger.error("group commit failed: %s", exc,
+                                 extra={"action": "commit_failed", "n": len(batch)})
+                    err = _batch_error(exc)
                 outcomes = [(False, err)] * len(batch)
+            else:
+                if self.health.reason is not None:
+                    self.health.committed(self._clock.mono())
             for (_, fut, _t), (ok, value) in zip(batch, outcomes):
                 if fut.done():
                     continue  # the caller went away; the op is committed all the same
@@ -272,11 +332,11 @@ class Writer:
         """Yield to the loop while each iteration brings more requests, at most
         `linger_rounds` times or until a full batch is queued (see the module docstring)."""
         for _ in range(self._linger_rounds):
-            n = len(self._queue)
+            n = len(self._queue) + len(self._urgent)
             if n >= self._batch_max:
                 return
             await asyncio.sleep(0)
-            if len(self._queue) == n:
+            if len(self._queue) + len(self._urgent) == n:
                 return
 
     async def _begin(self, conn: sqlite3.Connection) -> None:
@@ -345,7 +405,7 @@ class Writer:
                     conn.execute("ROLLBACK TO batch")
                     conn.execute("RELEASE batch")
                     return None
-                outcomes.append((False, _op_error(exc)))
+                outcomes.append((False, self._op_error(exc)))
         conn.execute("RELEASE batch")
         return outcomes
 
@@ -362,8 +422,19 @@ class Writer:
                 _check_still_in_transaction(conn, exc)
                 conn.execute("ROLLBACK TO op")
                 conn.execute("RELEASE op")
-                outcomes.append((False, _op_error(exc)))
+                outcomes.append((False, self._op_error(exc)))
         return outcomes
+
+    def _op_error(self, exc: Exception) -> errors.CoordError:
+        """The error an op's caller gets: its CoordError, `unavailable` for a storage
+        refusal (disk full inside the statement), or `internal` (logged) for a bug."""
+        if isinstance(exc, errors.CoordError):
+            return exc
+        reason = storage_reason(exc)
+        if reason is not None:
+            return self.health.refuse(exc, reason, 1, self._clock.wall(), self._clock.mono())
+        logger.error("write op failed", exc_info=exc, extra={"action": "op_failed"})
+        return errors.CoordError(f"internal error: {type(exc).__name__}: {exc}")
 
     def _check_clock_step(self, conn: sqlite3.Connection, now: float) -> float:
         """Move the stored times by a wall-clock step past `clock_step_s`; return the step
@@ -396,12 +467,6 @@ def _check_still_in_transaction(conn: sqlite3.Connection, exc: Exception) -> Non
         ) from exc
 
 
-def _op_error(exc: Exception) -> errors.CoordError:
-    """The error an op's caller gets: its CoordError, or `internal` (logged) for a bug."""
-    if isinstance(exc, errors.CoordError):
-        return exc
-    logger.error("write op failed", exc_info=exc, extra={"action": "op_failed"})
-    return errors.CoordError(f"internal error: {type(exc).__name__}: {exc}")
 
 
 def _batch_error(exc: Exception) -> errors.CoordError:

@@ -525,11 +525,13 @@ class Supervisor:
     # ------------------------------------------------------------ reporting
 
     async def _report(self, run: JobRun, method: str, **params: Any) -> Any:
-        """Send complete/fail while we hold the lease; resend on a lost reply. None if dropped."""
+        """Send complete/fail while we hold the lease; resend on a lost reply, and on
+        `unavailable` (coordd's storage refused it) until the lease ends. None if dropped."""
         stopping = self._stop.is_set()
         timeout = SHUTDOWN_REPORT_TIMEOUT_S if stopping else REPORT_TIMEOUT_S
         give_up = self._clock.mono() + (timeout if stopping else REPORT_RETRY_MAX_S)
         call = getattr(self._client, method)
+        unavailable = False
         while True:
             if not run.holds_lease(self._clock.mono()):
                 logger.warning("job %s: lease gone, %s not sent", run.job_id, method,
@@ -548,6 +550,15 @@ class Supervisor:
                 logger.warning("job %s: %s refused: %s", run.job_id, method, exc,
                                extra={"action": "report_refused", "job_id": run.job_id})
                 return None
+            except errors.Unavailable as exc:  # coordd's disk is full: retry while we hold
+                if not unavailable:            # the lease (a stored result must not be lost)
+                    logger.warning("job %s: %s not stored yet, retrying until the lease "
+                                   "ends: %s", run.job_id, method, exc,
+                                   extra={"action": "report_retry", "job_id": run.job_id})
+                unavailable = True
+                if stopping and self._clock.mono() >= give_up:
+                    return None
+                await self._clock.wait(self._never, RETRY_S)
             except (Disconnected, CallTimeout, errors.Overloaded, TimeoutError) as exc:
                 if self._clock.mono() >= give_up:
                     logger.warning("job %s: %s not delivered: %s", run.job_id, method, exc,

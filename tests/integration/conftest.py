@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -28,14 +29,18 @@ class DaemonProc:
     log_path: str
     proc: subprocess.Popen | None = None
     env: dict[str, str] = field(default_factory=dict)
+    nofile: tuple[int, int] | None = None  # RLIMIT_NOFILE (soft, hard) coordd starts under
 
     def start(self, wait: bool = True) -> subprocess.Popen:
         argv = [sys.executable, "-m", "coordd", "--db", self.db, "--socket", self.socket]
         if self.config:
             argv += ["--config", self.config]
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=log,
-                                     env={**os.environ, **self.env})
+        limit = self.nofile
+        self.proc = subprocess.Popen(
+            argv, stdout=log, stderr=log, env={**os.environ, **self.env},
+            preexec_fn=None if limit is None else
+            lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit))
         log.close()
         if wait:
             self.wait_ready()

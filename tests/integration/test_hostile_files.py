@@ -201,13 +201,14 @@ async def test_full_disk_during_commit(tmpfs, daemon_factory):
         print(f"full disk: {len(acked)} enqueues acknowledged, then "
               f"{len(full_errors)} refused: {full_errors[0].code}: {full_errors[0]}")
         for exc in full_errors:
-            assert exc.code in ("internal", "overloaded"), (exc.code, str(exc))
-            assert "full" in str(exc).lower() or "space" in str(exc).lower(), str(exc)
+            assert exc.code == "unavailable", (exc.code, str(exc))  # retryable, with reason
+            assert str(exc).startswith("disk full"), str(exc)
         assert d.proc.poll() is None, f"coordd died on a full disk:\n{d.log()}"
 
-        # reads keep working
+        # reads keep working, and `status` says why writes are refused
         st = await c.status()
         assert sum(st.jobs.values()) == len(acked), (st.jobs, len(acked))
+        assert any(w.startswith("disk full: writes refused") for w in st.warnings), st.warnings
         for job_id in list(acked)[-5:] + list(acked)[:5]:
             assert (await c.get_job(job_id)).payload["i"] == acked[job_id]
         checked = await c.check()
@@ -218,6 +219,8 @@ async def test_full_disk_during_commit(tmpfs, daemon_factory):
     log = d.log()
     for w in BAD_LOG_WORDS:
         assert w not in log, f"{w!r} in coordd's log:\n{log}"
+    assert log.count("storage refused a write") == 1, log  # rate-limited, not per batch
+    assert log.count("ERROR") <= 2, log
     assert rc == 0, f"coordd exit {rc} after a full disk:\n{log}"
     assert quick_check(d.db) == ["ok"]
     conn = sqlite3.connect(f"file:{d.db}?mode=ro", uri=True)
@@ -250,7 +253,7 @@ async def test_full_disk_recovers_when_space_is_freed(tmpfs, daemon_factory):
                 await c.enqueue(kind="k", required_role="cpu", priority=1,
                                 payload={"i": i, "blob": "y" * 3000})
             except errors.CoordError as exc:
-                assert exc.code in ("internal", "overloaded"), exc.code
+                assert exc.code == "unavailable", exc.code
                 refused += 1
                 break
         assert refused, "enqueues never failed with the disk full"

@@ -1,0 +1,80 @@
+"""File descriptors under pressure (issue 21, finding 1): a coordd started under a low
+RLIMIT_NOFILE, and idle clients holding every descriptor it has."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from coordd.client import SyncClient
+
+LOW = 64  # coordd itself uses ~25 descriptors idle
+
+
+def _limits(pid: int) -> tuple[int, int]:
+    import resource
+    return resource.prlimit(pid, resource.RLIMIT_NOFILE)
+
+
+def _coordctl(sock: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coordctl", "--socket", sock, *argv],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_soft_fd_limit_raised_to_hard_at_start(daemon_factory):
+    d = daemon_factory()
+    d.nofile = (LOW, 4096)
+    d.start()
+    assert _limits(d.proc.pid) == (4096, 4096)
+    assert "file descriptor limit 4096)" in d.log()
+
+
+def test_out_of_fds_coordd_stays_up_refuses_explicitly_and_recovers(daemon_factory):
+    d = daemon_factory("reaper_interval_s = 0.2\nprune_interval_s = 0.2\n")
+    d.nofile = (LOW, LOW)
+    d.start()
+    idle: list[socket.socket] = []
+    refused = 0
+    try:
+        for _ in range(LOW):  # more clients than coordd has descriptors left
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(d.socket)
+            idle.append(s)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not refused:
+            time.sleep(0.05)
+            for s in idle:
+                s.setblocking(False)
+                try:
+                    if s.recv(4096):  # the refusal frame
+                        refused += 1
+                except BlockingIOError:
+                    pass
+        assert refused, f"no client was refused with an error frame:\n{d.log()}"
+        res = _coordctl(d.socket, "status")
+        assert res.returncode == 1, (res.returncode, res.stdout, res.stderr)
+        assert "refused: coordd is out of file descriptors" in res.stderr, res.stderr
+        assert "not running" not in res.stderr, res.stderr
+        time.sleep(0.7)  # reaper rounds, each prune's sweep without a descriptor
+        assert d.proc.poll() is None, f"coordd exited {d.proc.returncode}:\n{d.log()}"
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 10
+    while True:  # the refused clients' closes and the idle ones free descriptors
+        try:
+            with SyncClient(d.socket, timeout=5) as c:
+                c.status()
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    log = d.log()
+    assert log.count("out of file descriptors (limit 64)") == 1, log
+    assert "maintenance step prune failed" not in log or "Traceback" not in log, log
+    assert "file descriptors available again" in log, log
+    assert d.stop() == 0, d.log()
