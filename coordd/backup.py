@@ -188,9 +188,9 @@ def restore(src: str, db_path: str, artifact_dir: str) -> dict[str, Any]:
                 for art in manifest["artifacts"]:
                     path = _in_store(artifact_dir, art["sha256"])
                     conn.execute(reads.SQL_SET_ARTIFACT_PATH, (path, art["sha256"]))
-                for job_id, sha, _old in conn.execute(reads.SQL_CHECKPOINT_REFS).fetchall():
+                for job_id, key, sha, _old in conn.execute(reads.SQL_CHECKPOINT_REFS).fetchall():
                     conn.execute(reads.SQL_SET_CHECKPOINT_PATH,
-                                 (_in_store(artifact_dir, sha), job_id))
+                                 (key, _in_store(artifact_dir, sha), job_id))
                 conn.execute("COMMIT")
                 jobs = views.count_jobs(conn)
             finally:

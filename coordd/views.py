@@ -93,9 +93,10 @@ def integrity(conn: sqlite3.Connection) -> tuple[str, list[list[Any]]]:
 
 
 def artifact_refs(conn: sqlite3.Connection) -> dict[str, str]:
-    """sha256 -> path of every artifact and checkpoint file the database refers to."""
+    """sha256 -> path of every artifact and checkpoint file the database refers to (a
+    checkpoint record's `previous` entries too)."""
     refs = {sha: path for sha, path in conn.execute(SQL_ARTIFACT_REFS)}
-    for _job, sha, path in conn.execute(SQL_CHECKPOINT_REFS):
+    for _job, _key, sha, path in conn.execute(SQL_CHECKPOINT_REFS):
         if isinstance(path, str):
             refs.setdefault(sha, path)
     return refs

@@ -15,15 +15,10 @@ from typing import Any
 
 import msgspec
 
-from coordd.cas import sha256_file, store_file
+from coordd.cas import store_file
 
 logger = logging.getLogger(__name__)
 
-
-
-def copy_out(src: str, dest: str) -> None:
-    """Copy a stored file to `dest` (the model gets its own copy, never the store's file)."""
-    shutil.copyfile(src, dest)
 
 
 # ---------------------------------------------------------------- a job's folder and result
@@ -35,8 +30,9 @@ def safe_name(job_id: str) -> str:
 
 
 
-def prepare_job_dir(job_dir: str, job_id: str, payload: Any, checkpoint: Any) -> dict[str, str]:
-    """Make a fresh job folder with payload.json; return the placeholder values.
+def prepare_job_dir(job_dir: str, job_id: str, payload: Any) -> dict[str, str]:
+    """Make a fresh job folder with payload.json; return the placeholder values
+    (`resume_from` empty: worker.checkpoints fills it).
 
     payload.json is written plainly, not fsynced: the folder is new and only the model
     reads it, after this returns; after a crash the next attempt rebuilds the folder from
@@ -50,55 +46,7 @@ def prepare_job_dir(job_dir: str, job_id: str, payload: Any, checkpoint: Any) ->
         fh.write(msgspec.json.encode(payload))
     return {"job_id": job_id, "payload": payload_path,
             "result": os.path.join(job_dir, "result.json"), "checkpoint_dir": ckpt_dir,
-            "resume_from": resume_copy(job_dir, checkpoint)}
-
-
-def resume_copy(job_dir: str, checkpoint: Any) -> str:
-    """Copy the recorded checkpoint into the job folder; "" if there is none or it is unusable."""
-    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("path"), str):
-        return ""
-    src = checkpoint["path"]
-    name = os.path.basename(str(checkpoint.get("name") or src)) or "checkpoint"
-    dest = os.path.join(job_dir, "resume", name)
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    try:
-        copy_out(src, dest)
-        sha, _size = sha256_file(dest)
-    except OSError as exc:
-        logger.warning("checkpoint %s unreadable, starting fresh: %s", src, exc,
-                       extra={"action": "resume_missing"})
-        return ""
-    if checkpoint.get("sha256") not in (None, sha):
-        logger.warning("checkpoint %s has the wrong sha256, starting fresh", src,
-                       extra={"action": "resume_corrupt"})
-        return ""
-    return dest
-
-
-def newest_new_file(directory: str, seen: set[str]) -> str | None:
-    """Return the newest complete file in `directory` not in `seen` (older new ones join `seen`).
-
-    Temp names (a leading dot, `.tmp`/`.partial`) are skipped: models rename into place.
-    """
-    found: list[tuple[int, str]] = []
-    try:
-        with os.scandir(directory) as it:
-            for entry in it:
-                name = entry.name
-                if name in seen or name.startswith(".") or name.endswith((".tmp", ".partial")):
-                    continue
-                try:
-                    if entry.is_file(follow_symlinks=False):
-                        found.append((entry.stat().st_mtime_ns, name))
-                except FileNotFoundError:
-                    continue
-    except FileNotFoundError:
-        return None
-    if not found:
-        return None
-    found.sort()
-    seen.update(name for _, name in found[:-1])
-    return found[-1][1]
+            "resume_from": ""}
 
 
 def read_result(path: str, store: str, *, max_bytes: int, as_json: bool, inline_bytes: int

@@ -22,7 +22,7 @@ from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ClaimedJob
-from worker import artifacts, orphans
+from worker import artifacts, checkpoints, orphans
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
 from worker.kinds import KindHealth
 from worker.link import Link
@@ -64,8 +64,7 @@ class JobRun:
     lease_gone: bool = False
     proc: ModelProcess | None = None
     waiting_for_slot: bool = False
-    seen_checkpoints: set[str] = field(default_factory=set)
-    checkpoint_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    checkpoints: checkpoints.CheckpointRecorder | None = None
     group_record: str | None = None  # worker.orphans: the model's group, while it lives
 
     @property
@@ -329,8 +328,9 @@ class Supervisor:
             await self._report_fail(run, f"kind {job.kind} not configured on worker {self.worker_id}",
                                     False)
             return
-        values = await asyncio.to_thread(artifacts.prepare_job_dir, run.dir, job.job_id, job.payload,
-                                         job.checkpoint)
+        values = await asyncio.to_thread(artifacts.prepare_job_dir, run.dir, job.job_id, job.payload)
+        run.checkpoints, values["resume_from"] = await checkpoints.start(
+            values["checkpoint_dir"], self.artifact_dir, run.dir, job.job_id, job.checkpoint)
         if not await self._acquire_slot(run, kind):
             await self._after_abort(run)
             return
@@ -380,7 +380,7 @@ class Supervisor:
             return
         timeout_s = kind.timeout_s if run.job.max_runtime_s is None \
             else min(kind.timeout_s, run.job.max_runtime_s)
-        helpers = [asyncio.create_task(self._checkpoint_loop(run, values["checkpoint_dir"])),
+        helpers = [asyncio.create_task(self._checkpoint_loop(run)),
                    asyncio.create_task(self._timeout_timer(run, timeout_s))]
         try:
             exited = asyncio.ensure_future(run.proc.wait())
@@ -406,7 +406,7 @@ class Supervisor:
             await self._report_fail(run, "cancelled", False)
             return
         if values is not None:
-            await self._checkpoint_once(run, values["checkpoint_dir"])
+            await self._checkpoint_once(run, checkpoints.end_mode(run.proc))
         if reason == TIMEOUT:
             await self._report_fail(run, f"timeout after {timeout_s:g}s", True)
         else:  # not the job's doing: its attempt is given back
@@ -415,7 +415,7 @@ class Supervisor:
     async def _after_exit(self, run: JobRun, kind: KindConfig, values: dict[str, str]) -> None:
         assert run.proc is not None and run.proc.returncode is not None
         rc = run.proc.returncode
-        await self._checkpoint_once(run, values["checkpoint_dir"])
+        await self._checkpoint_once(run, checkpoints.end_mode(run.proc))
         verdict = classify_exit(rc, killed_by_us=False)
         tail = run.proc.stderr_tail(STDERR_TAIL_BYTES).strip()
         what = f"exit {rc}" if rc >= 0 else f"killed by {_signame(-rc)}"
@@ -484,27 +484,21 @@ class Supervisor:
                            extra={"action": "timeout", "job_id": run.job_id})
             run.abort(TIMEOUT)
 
-    async def _checkpoint_loop(self, run: JobRun, ckpt_dir: str) -> None:
-        while not await self._clock.wait(run.aborted, self._link.delay(CHECKPOINT_POLL_S)):
-            await self._checkpoint_once(run, ckpt_dir)
+    async def _checkpoint_loop(self, run: JobRun) -> None:
+        # until cancelled once the tree is gone: files renamed in during a grace period count
+        while not await self._clock.wait(self._never, self._link.delay(CHECKPOINT_POLL_S)):
+            await self._checkpoint_once(run)
 
-    async def _checkpoint_once(self, run: JobRun, ckpt_dir: str) -> None:
-        """Store the newest new checkpoint file, then record it in coordd."""
-        async with run.checkpoint_lock:
-            name = await asyncio.to_thread(artifacts.newest_new_file, ckpt_dir, run.seen_checkpoints)
-            if name is None or not run.holds_lease(self._clock.mono()):
+    async def _checkpoint_once(self, run: JobRun, mode: str = checkpoints.RUNNING) -> None:
+        """Store the newest whole new checkpoint file (worker.checkpoints), then record it."""
+        rec, proc = run.checkpoints, run.proc
+        if rec is None or proc is None or not run.holds_lease(self._clock.mono()):
+            return
+        async with rec.lock:
+            ref = await rec.scan(self._clock.mono(), proc.pid, lambda: proc.returncode is None,
+                                 mode)
+            if ref is None or not run.holds_lease(self._clock.mono()):
                 return
-            try:
-                stored = await asyncio.to_thread(artifacts.store_file, self.artifact_dir,
-                                                 os.path.join(ckpt_dir, name))
-            except FileNotFoundError:
-                run.seen_checkpoints.add(name)  # pruned by the model before we got to it
-                return
-            except OSError as exc:  # store unwritable or full: the job runs on, retried next poll
-                logger.warning("job %s: cannot store checkpoint %s: %s", run.job_id, name, exc,
-                               extra={"action": "checkpoint_store_error", "job_id": run.job_id})
-                return
-            ref = {"path": stored.path, "sha256": stored.sha256, "size": stored.size, "name": name}
             try:
                 await asyncio.wait_for(self._client.checkpoint(
                     run.job_id, self.worker_id, run.token, ref), REPORT_TIMEOUT_S)
@@ -518,9 +512,9 @@ class Supervisor:
                 logger.warning("job %s: checkpoint not recorded (will retry): %s", run.job_id, exc,
                                extra={"action": "checkpoint_retry", "job_id": run.job_id})
                 return
-            run.seen_checkpoints.add(name)
-            logger.info("job %s: checkpoint %s recorded", run.job_id, name,
-                        extra={"action": "checkpoint", "job_id": run.job_id, "sha256": stored.sha256})
+            rec.recorded(ref)
+            logger.info("job %s: checkpoint %s recorded", run.job_id, ref["name"],
+                        extra={"action": "checkpoint", "job_id": run.job_id, "sha256": ref["sha256"]})
 
     # ------------------------------------------------------------ reporting
 

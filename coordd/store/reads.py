@@ -54,12 +54,18 @@ SQL_COUNT_JOBS = "SELECT count(*) FROM jobs"
 
 # backup and restore: every artifact file the database refers to, and where
 SQL_ARTIFACT_REFS = "SELECT sha256, path FROM artifacts"
-SQL_CHECKPOINT_REFS = (
-    "SELECT job_id, json_extract(checkpoint_json, '$.sha256'), "
+_CK_LIST = ("CASE WHEN json_valid(j.checkpoint_json) AND json_type(j.checkpoint_json, '$.previous') "
+            "= 'array' THEN j.checkpoint_json ELSE '{}' END")
+SQL_CHECKPOINT_REFS = (  # (job_id, JSON path of the ref, sha256, path): a record and its `previous`
+    "SELECT job_id, '$', json_extract(checkpoint_json, '$.sha256'), "
     "json_extract(checkpoint_json, '$.path') FROM jobs "
-    "WHERE json_valid(checkpoint_json) AND json_type(checkpoint_json, '$.sha256') = 'text'"
+    "WHERE json_valid(checkpoint_json) AND json_type(checkpoint_json, '$.sha256') = 'text' "
+    "UNION ALL "
+    "SELECT j.job_id, p.fullkey, json_extract(p.value, '$.sha256'), json_extract(p.value, '$.path') "
+    f"FROM jobs j, json_each({_CK_LIST}, '$.previous') p "
+    "WHERE json_type(p.value, '$.sha256') = 'text'"
 )
 SQL_SET_ARTIFACT_PATH = "UPDATE artifacts SET path = ? WHERE sha256 = ?"
 SQL_SET_CHECKPOINT_PATH = (
-    "UPDATE jobs SET checkpoint_json = json_set(checkpoint_json, '$.path', ?) WHERE job_id = ?"
+    "UPDATE jobs SET checkpoint_json = json_set(checkpoint_json, ? || '.path', ?) WHERE job_id = ?"
 )
