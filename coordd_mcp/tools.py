@@ -21,6 +21,7 @@ from coordd import errors
 from coordd.client import Client
 from coordd.config import MESSAGE_VISIBILITY_MAX_S
 from coordd.protocol import JOB_STATUSES, TERMINAL_STATUSES
+from coordd.protocol_workflows import EDGE_POLICIES
 
 WAIT_MAX_S = 300.0  # wait_for_job never holds a call longer (MCP clients time out calls)
 WAIT_DEFAULT_S = 30.0
@@ -43,6 +44,24 @@ _MESSAGE_FIELDS = {
               "description": "never delivered after this many seconds"},
     "message_id": {**_NAME, "description": "your own id: a resend with it is stored once"},
 }
+_WORKFLOW_ID = {"type": "object", "required": ["workflow_id"], "additionalProperties": False,
+                "properties": {"workflow_id": {**_NAME, "description": "the workflow's id"}}}
+_NODE = {  # protocol_workflows.WorkflowNode: a node of a graph (README "Workflows")
+    "type": "object", "additionalProperties": False, "required": ["name", "kind", "required_role"],
+    "properties": {
+        "name": {**_NAME, "description": "the node's name, unique in the graph"},
+        "kind": {**_NAME, "description": "job kind: selects the model a worker runs"},
+        "required_role": {**_NAME, "description": "the capability (worker role) it needs"},
+        "priority": {**_PRIORITY, "default": 2},
+        "payload": {"type": "object", "description": "the node's input (a JSON object)"},
+        "needs": {"type": "array", "description": "dependencies: node names, or {node, policy}",
+                  "items": {"anyOf": [_NAME, {
+                      "type": "object", "additionalProperties": False, "required": ["node"],
+                      "properties": {"node": _NAME, "policy": {"enum": list(EDGE_POLICIES)}}}]}},
+        "max_attempts": {"type": "integer", "minimum": 1},
+        "max_runtime_s": {"type": "number", "exclusiveMinimum": 0},
+        "result_schema": {**_NAME, "description": "check the result against it, e.g. claims"},
+        "gates": {"type": "object", "description": "gate overrides, as for enqueue"}}}
 
 
 @dataclass(frozen=True)
@@ -98,8 +117,31 @@ async def coordinator_status(c: Client, agent: str, a: dict[str, Any]) -> Any:
     return _plain(await c.status())
 
 
+async def retry_job(c: Client, agent: str, a: dict[str, Any]) -> Any:
+    return {"job_id": a["job_id"], **_plain(await c.retry(a["job_id"]))}
+
+
+async def list_workers(c: Client, agent: str, a: dict[str, Any]) -> Any:
+    return _plain(await c.workers())
+
+
+async def submit_workflow(c: Client, agent: str, a: dict[str, Any]) -> Any:
+    return _plain(await c.workflow_submit(a))
+
+
+async def get_workflow(c: Client, agent: str, a: dict[str, Any]) -> Any:
+    return _plain(await c.workflow_get(a["workflow_id"]))
+
+
 async def send_message(c: Client, agent: str, a: dict[str, Any]) -> Any:
-    return _plain(await c.send_message(agent, **a))
+    """`to` names the recipient, as `coordctl msg send --to`; `recipient` is its alias."""
+    to, alias = a.pop("to", None), a.pop("recipient", None)
+    if to is None and alias is None:
+        raise ToolFailure("bad_request", "send_message: 'to' is a required property")
+    if to is not None and alias is not None and to != alias:
+        raise ToolFailure("bad_request", f"send_message: to {to!r} and its alias recipient "
+                          f"{alias!r} name different agents")
+    return _plain(await c.send_message(agent, to if to is not None else alias, **a))
 
 
 async def broadcast(c: Client, agent: str, a: dict[str, Any]) -> Any:
@@ -151,6 +193,19 @@ TOOLS: tuple[Tool, ...] = (
          read_only=True),
     Tool("cancel_job", "Cancel a job (a running one stops at its next lease renewal).",
          _JOB_ID, cancel_job),
+    Tool("retry_job", "Put a failed, cancelled or skipped job back to waiting with a fresh "
+         "attempt budget (admin uids only).", _JOB_ID, retry_job),
+    Tool("list_workers", "List workers: roles, heartbeat age, live, readings, leases and "
+         "each priority's gate verdict.", _obj({}), list_workers, read_only=True),
+    Tool("submit_workflow", "Submit a graph of jobs (nodes with needs) in one transaction; "
+         "returns the workflow id and each node's job id (admin uids only).",
+         _obj({"name": {**_NAME, "description": "the workflow's name"},
+               "nodes": {"type": "array", "minItems": 1, "maxItems": 1000, "items": _NODE,
+                         "description": "the graph's nodes"},
+               "idempotency_key": {**_NAME, "description": "a repeat returns the same workflow"}},
+              ("name", "nodes")), submit_workflow),
+    Tool("get_workflow", "Show one workflow: its state, summary and every node's job state.",
+         _WORKFLOW_ID, get_workflow, read_only=True),
     Tool("wait_for_job", f"Wait up to timeout_s (max {WAIT_MAX_S:g}) for a job to finish; "
          "returns it and whether it is terminal.",
          _obj({"job_id": {**_NAME, "description": "the job's id"},
@@ -161,9 +216,10 @@ TOOLS: tuple[Tool, ...] = (
          read_only=True),
     Tool("coordinator_status", "Counts of workers, leases and jobs by status, with warnings.",
          _obj({}), coordinator_status, read_only=True),
-    Tool("send_message", "Send a message from this agent to another agent by name.",
-         _obj({"recipient": {**_NAME, "description": "the receiving agent's name"},
-               **_MESSAGE_FIELDS}, ("recipient", "content")), send_message),
+    Tool("send_message", "Send a message from this agent to another agent by name (`to`).",
+         _obj({"to": {**_NAME, "description": "the receiving agent's name"},
+               "recipient": {**_NAME, "description": "alias of `to`"},
+               **_MESSAGE_FIELDS}, ("content",)), send_message),
     Tool("read_messages", "Read this agent's messages (P0 first, then oldest); ack handled "
          "ids via `ack` or they come back after the visibility timeout.",
          _obj({"limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,

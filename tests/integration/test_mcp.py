@@ -24,7 +24,8 @@ from tests.integration.test_worker import COOL, DAEMON_FAST, worker_toml
 
 TOOL_NAMES = {"enqueue_job", "get_job", "list_jobs", "cancel_job", "wait_for_job",
               "coordinator_status", "send_message", "read_messages", "broadcast",
-              "get_agent_status", "update_agent_status", "ack_messages"}
+              "get_agent_status", "update_agent_status", "ack_messages", "retry_job",
+              "list_workers", "submit_workflow", "get_workflow"}
 
 
 def _coordd_mcp() -> str:
@@ -193,6 +194,12 @@ async def test_admin_tools_refused_for_a_launching_uid_outside_the_admin_set(dae
                                f"{os.getuid()} is not in the admin set"), text
         text = await tool_error(s, "cancel_job", job_id="anything")
         assert text.startswith("permission_denied: cancel is an admin method"), text
+        text = await tool_error(s, "retry_job", job_id="anything")
+        assert text.startswith("permission_denied: retry is an admin method"), text
+        text = await tool_error(s, "submit_workflow", name="w", nodes=[
+            {"name": "a", "kind": "k", "required_role": "cpu"}])
+        assert text.startswith("permission_denied: workflow_submit is an admin method"), text
+        assert (await ok(s, "list_workers"))["workers"] == []  # read-only: allowed
         await ok(s, "send_message", recipient="lead", content="cannot enqueue: not admin")
         assert (await ok(s, "coordinator_status"))["jobs"]["waiting"] == 0
     assert _counts(d.db) == (0, 1, 0)
@@ -213,3 +220,68 @@ async def test_the_server_reconnects_after_coordd_restarts(daemon):
         daemon.start()
         got = await ok(s, "read_messages", ack_on_read=True)
         assert [m["content"] for m in got["messages"]] == ["before"]
+
+
+async def test_send_message_names_its_recipient_to_like_the_cli_with_recipient_as_alias(daemon):
+    async with mcp_session(daemon.socket, agent="lead") as s:
+        a = await ok(s, "send_message", to="coder", content="review PR 7")
+        b = await ok(s, "send_message", recipient="coder", content="old name still works")
+        c = await ok(s, "send_message", to="coder", recipient="coder", content="same agent")
+        text = await tool_error(s, "send_message", content="to whom?")
+        assert text == "bad_request: send_message: 'to' is a required property", text
+        text = await tool_error(s, "send_message", to="coder", recipient="tester", content="x")
+        assert text.startswith("bad_request: send_message: to 'coder' and its alias "
+                               "recipient 'tester' name different agents"), text
+        text = await tool_error(s, "send_message", to="", content="x")
+        assert text.startswith("bad_request: send_message: to:"), text
+    async with mcp_session(daemon.socket, agent="coder") as s:
+        got = (await ok(s, "read_messages", ack_on_read=True))["messages"]
+        assert [m["message_id"] for m in got] == [a["message_id"], b["message_id"],
+                                                  c["message_id"]]
+        assert {m["sender"] for m in got} == {"lead"}
+    assert _counts(daemon.db) == (0, 3, 0)
+
+
+async def test_retry_job_list_workers_submit_and_get_workflow(daemon):
+    from coordd.client import Client
+    async with Client(daemon.socket, timeout=10) as c, mcp_session(daemon.socket) as s:
+        await c.heartbeat("w1", ["cpu"], COOL)
+        workers = (await ok(s, "list_workers"))["workers"]
+        assert [(w["worker_id"], w["roles"], w["live"]) for w in workers] == [("w1", ["cpu"], True)]
+        assert workers[0]["verdicts"]["p0"] == []
+
+        job = (await ok(s, "enqueue_job", kind="k", required_role="cpu", priority=1,
+                        max_attempts=1))["job_id"]
+        got = await c.claim("w1", 30)
+        assert got.job.job_id == job
+        await c.fail(job, "w1", got.lease.token, "boom", False)
+        assert (await ok(s, "get_job", job_id=job))["status"] == "failed"
+        retried = await ok(s, "retry_job", job_id=job)
+        assert (retried["job_id"], retried["status"]) == (job, "waiting")
+        text = await tool_error(s, "retry_job", job_id=job)  # waiting: nothing to retry
+        assert text.startswith("invalid_state:"), text
+
+        graph = {"name": "story", "idempotency_key": "story-1", "nodes": [
+            {"name": "gather", "kind": "k", "required_role": "cpu", "payload": {"m": "json"}},
+            {"name": "build", "kind": "k", "required_role": "cpu",
+             "needs": [{"node": "gather", "policy": "run"}]}]}
+        sub = await ok(s, "submit_workflow", **graph)
+        assert sub["created"] is True and set(sub["jobs"]) == {"gather", "build"}
+        again = await ok(s, "submit_workflow", **graph)
+        assert (again["workflow_id"], again["created"]) == (sub["workflow_id"], False)
+        wf = await ok(s, "get_workflow", workflow_id=sub["workflow_id"])
+        assert wf["name"] == "story" and wf["status"] == "running"
+        states = {n["name"]: n["status"] for n in wf["nodes"]}
+        assert states == {"gather": "waiting", "build": "blocked"}
+
+        text = await tool_error(s, "submit_workflow", name="x", nodes=[
+            {"name": "a", "kind": "k", "required_role": "cpu", "need": ["b"]}])
+        assert text.startswith("bad_request: submit_workflow: nodes.0: Additional properties "
+                               "are not allowed ('need' was unexpected)"), text
+        text = await tool_error(s, "submit_workflow", name="x", nodes=[
+            {"name": "a", "kind": "k", "required_role": "cpu", "needs": ["b"]},
+            {"name": "b", "kind": "k", "required_role": "cpu", "needs": ["a"]}])
+        assert text.startswith("bad_request:") and "cycle" in text, text
+        text = await tool_error(s, "get_workflow", workflow_id="nosuch")
+        assert text.startswith("not_found:"), text
+    assert _counts(daemon.db)[0] == 3
