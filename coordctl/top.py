@@ -1,6 +1,8 @@
 """`coordctl top`: a live view of coordd — queues, workers with readings and gate verdicts,
 running jobs with the lease time left, recent failures. Refreshes in place; `q` (on a
 terminal) or Ctrl-C quits. `--once` prints one frame and exits (for scripts and tests).
+The view fits the terminal: narrow, it drops columns by rank; short, it shows fewer rows;
+a line never wraps.
 """
 
 from __future__ import annotations
@@ -12,48 +14,180 @@ import sys
 import termios
 import tty
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console, Group
 from rich.live import Live
+from rich.table import Table
 from rich.text import Text
 
 from coordctl import render
+from coordd.protocol import JOB_STATUSES
 
 RUNNING_SHOWN = 15
 FAILED_SHOWN = 5
+TABLE_LINES = 3  # a table's title, header and the rule under it
+GAP = 3  # between two columns: padding, divider, padding
+FLEX_MIN = 12  # the flexible column (last error) keeps at least this many cells
 
 
-def frame(client: Any, interval: float) -> tuple[Group, dict[str, Any]]:
-    """Fetch one view (four RPCs) and return it as a renderable and as plain data."""
+@dataclass(frozen=True)
+class Column:
+    """A column of a view: `drop` ranks it (lowest dropped first when the width is short);
+    a `flex` column is cut with an ellipsis to what is left instead of being dropped."""
+
+    name: str
+    drop: int
+    flex: bool = False
+
+
+def fitted(title: str, columns: list[Column], rows: list[list[str]], width: int) -> Table:
+    """A table of `rows` no wider than `width` cells: columns dropped by rank until the rest
+    fits, cells never wrapped (cut with an ellipsis at worst)."""
+    rows = [[render.safe(c) for c in r] for r in rows]
+    widths = [max([cell_len(col.name), *(cell_len(r[i]) for r in rows)])
+              for i, col in enumerate(columns)]
+    kept = list(range(len(columns)))
+
+    def need() -> int:
+        return sum(min(FLEX_MIN, widths[i]) if columns[i].flex else widths[i]
+                   for i in kept) + GAP * (len(kept) - 1)
+    for i in sorted(kept, key=lambda i: columns[i].drop):
+        if need() <= width or len(kept) == 1:
+            break
+        if not columns[i].flex:
+            kept.remove(i)
+    others = sum(widths[i] for i in kept if not columns[i].flex) + GAP * (len(kept) - 1)
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+              pad_edge=False)
+    for i in kept:
+        col = columns[i]
+        t.add_column(col.name, no_wrap=True, overflow="ellipsis",
+                     max_width=max(1, width - others) if col.flex else None)
+    for r in rows:
+        t.add_row(*(r[i] for i in kept))
+    return t
+
+
+def _packed(fields: list[str], width: int) -> list[Text]:
+    """`fields` joined by two spaces into lines of at most `width` cells (a field too long
+    for a line of its own is cut)."""
+    lines: list[str] = []
+    for f in fields:
+        if lines and cell_len(lines[-1]) + 2 + cell_len(f) <= width:
+            lines[-1] += "  " + f
+        else:
+            lines.append(f)
+    return [Text(render.safe(line), no_wrap=True, overflow="ellipsis") for line in lines]
+
+
+def summary(st: Any, width: int) -> list[Text]:
+    """The status line(s): counts, waiting by priority, sizes, warnings."""
+    by_prio = st.waiting_by_priority or {}
+    fields = ["coordd status", f"workers {st.workers} ({st.workers_live} live)", f"leases {st.active_leases}",
+              "waiting " + str(st.jobs.get("waiting", 0)) + " ("
+              + " ".join(f"{p.upper()} {by_prio.get(p, 0)}" for p in render.PRIORITIES_SHOWN)
+              + ")", f"oldest {render.fmt_age(st.oldest_waiting_age_s)}",
+              *(f"{s} {st.jobs.get(s, 0)}" for s in JOB_STATUSES if s != "waiting"),
+              f"db {render.fmt_bytes(st.db_bytes)} (WAL {render.fmt_bytes(st.wal_bytes)})"]
+    lines = _packed(fields, width)
+    lines.append(Text(render.safe("warnings: " + ("; ".join(st.warnings) or "none")),
+                      no_wrap=True, overflow="ellipsis"))
+    return lines
+
+
+def _shares(sizes: list[int], rows: int | None) -> list[int]:
+    """Rows for each section within `rows` (None: all): one each first, then in order."""
+    if rows is None:
+        return list(sizes)
+    got = [min(n, 1) for n in sizes]
+    left = rows - sum(got)
+    for i, n in enumerate(sizes):
+        extra = max(0, min(n - got[i], left))
+        got[i] += extra
+        left -= extra
+    return got
+
+
+def _title(name: str, total: int, shown: int) -> str:
+    return f"{name} ({total})" if shown >= total else f"{name} ({total}, {shown} shown)"
+
+
+WORKER_COLUMNS = [Column("worker", 99), Column("roles", 40), Column("heartbeat", 50),
+                  Column("live", 90), Column("mem %", 60), Column("temp", 20),
+                  Column("power", 10), Column("user idle", 30), Column("leases", 70),
+                  Column("p0", 80), Column("p1", 25), Column("p2", 15), Column("p3", 55)]
+RUNNING_COLUMNS = [Column("id", 99), Column("kind", 40), Column("prio", 30),
+                   Column("worker", 60), Column("attempt", 10), Column("lease left", 80)]
+FAILED_COLUMNS = [Column("id", 99), Column("kind", 40), Column("finished", 20),
+                  Column("last error", 90, flex=True)]
+
+
+def frame(client: Any, interval: float, size: tuple[int, int | None] = (render.PIPE_WIDTH_DEFAULT, None)
+          ) -> tuple[Group, dict[str, Any]]:
+    """Fetch one view (four RPCs) and return it as a renderable and as plain data.
+
+    Args:
+        size: (width, height) in cells the view must fit (height None: any); columns are
+            dropped by rank and rows left out (titles say how many are shown), never wrapped.
+    """
+    width, height = size
     st = client.status()
     ws = client.workers()
     running = client.list_jobs(status="running", limit=RUNNING_SHOWN).jobs
     failed = client.list_jobs(status="failed", limit=FAILED_SHOWN, newest_first=True).jobs
-    run_t = render.SafeTable(title=f"running ({st.jobs.get('running', 0)})", title_justify="left",
-                  box=box.SIMPLE_HEAD, show_edge=False)
-    for col in ("id", "kind", "prio", "worker", "attempt", "lease left", "cancel"):
-        run_t.add_column(col)
-    for j in running:
+    head = summary(st, width)
+    footer = Text(f"refresh every {interval:g}s; q or Ctrl-C quits", style="dim", no_wrap=True,
+                  overflow="ellipsis")
+    fixed = len(head) + 1 + (TABLE_LINES if ws.workers else 1) + 2 * TABLE_LINES
+    n_w, n_r, n_f = _shares([len(ws.workers), len(running), len(failed)],
+                            None if height is None else height - fixed)
+    worker_rows = [_worker_row(w) for w in ws.workers[:n_w]]
+    run_rows = []
+    for j in running[:n_r]:
         left = j.lease.expires_at - st.now if j.lease else None
-        run_t.add_row(j.job_id, j.kind, f"P{j.priority}", j.lease.worker_id if j.lease else "-",
-                      f"{j.attempts}/{j.max_attempts}",
-                      "-" if left is None else render.fmt_age(max(0.0, left)),
-                      "requested" if j.cancel_requested else "")
-    fail_t = render.SafeTable(title="recent failures", title_justify="left", box=box.SIMPLE_HEAD,
-                   show_edge=False)
-    for col in ("id", "kind", "finished", "last error"):
-        fail_t.add_column(col, overflow="fold")
-    for j in failed:
-        fail_t.add_row(j.job_id, j.kind, render.fmt_time(j.finished_at), j.last_error or "")
-    parts: list[Any] = [render.status_table(st, list(st.warnings)),
-                        render.workers_table(ws) if ws.workers
-                        else Text("no workers have sent a heartbeat"),
-                        run_t, fail_t,
-                        Text(f"refresh every {interval:g}s; q or Ctrl-C quits", style="dim")]
+        run_rows.append([j.job_id, j.kind, f"P{j.priority}", j.lease.worker_id if j.lease else "-",
+                         f"{j.attempts}/{j.max_attempts}",
+                         ("-" if left is None else render.fmt_age(max(0.0, left)))
+                         + (", cancelling" if j.cancel_requested else "")])
+    fail_rows = [[j.job_id, j.kind, render.fmt_time(j.finished_at),
+                  " ".join((j.last_error or "").split())] for j in failed[:n_f]]
+    parts: list[Any] = [
+        *head,
+        fitted(_title("workers", len(ws.workers), n_w), WORKER_COLUMNS, worker_rows, width)
+        if ws.workers else Text("no workers have sent a heartbeat"),
+        fitted(_title("running", st.jobs.get("running", 0), n_r), RUNNING_COLUMNS, run_rows,
+               width),
+        fitted("recent failures" if n_f == len(failed) else
+               f"recent failures ({n_f} of {len(failed)} shown)", FAILED_COLUMNS, fail_rows, width),
+        footer]
     data = {"status": st, "workers": ws.workers, "running": running, "failed": failed}
     return Group(*parts), data
+
+
+def _worker_row(w: Any) -> list[str]:
+    r = w.readings
+    mem = r.get("memory_used_pct")
+    verdicts = [",".join(w.verdicts.get(p, [])) or "ok" if p in w.verdicts else "-"
+                for p in render.PRIORITIES_SHOWN]
+    return [w.worker_id, ",".join(w.roles), f"{render.fmt_age(w.heartbeat_age_s)} ago",
+            "yes" if w.live else "NO",
+            f"{mem:.0f}" if isinstance(mem, (int, float)) else "-",
+            f"{r['temperature_c']:.0f}°C" if isinstance(r.get("temperature_c"), (int, float))
+            else "-",
+            "-" if r.get("on_battery") is None else ("battery" if r["on_battery"] else "mains"),
+            render.fmt_age(r["user_idle_s"]) if isinstance(r.get("user_idle_s"), (int, float))
+            else "-",
+            str(w.active_leases), *verdicts]
+
+
+def view_size(console: Console) -> tuple[int, int | None]:
+    """The console's (width, height); height None when printing to a pipe (no LINES)."""
+    height = console.height if console.is_terminal or "LINES" in os.environ else None
+    return console.width, height
 
 
 @contextlib.contextmanager
@@ -86,7 +220,7 @@ def _keys() -> Iterator[Any]:
 def run(client: Any, console: Console, interval: float, once: bool) -> dict[str, Any]:
     """Show the live view until `q` or Ctrl-C (or one frame with `once`); return the last
     frame's data."""
-    view, data = frame(client, interval)
+    view, data = frame(client, interval, view_size(console))
     if once:
         console.print(view)
         return data
@@ -95,7 +229,7 @@ def run(client: Any, console: Console, interval: float, once: bool) -> dict[str,
                                    screen=console.is_terminal) as live:
             while (key := wait(interval)) not in ("q", "Q"):
                 if key is None:
-                    view, data = frame(client, interval)
+                    view, data = frame(client, interval, view_size(console))
                     live.update(view, refresh=True)
     except KeyboardInterrupt:
         pass

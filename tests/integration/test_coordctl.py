@@ -332,6 +332,9 @@ def test_top_once_and_q_quits_the_live_view(daemon):
         c.enqueue(kind="k", required_role="cpu", priority=1)
     out = ok(ctl(daemon.socket, "top", "--once"))
     assert "coordd status" in out and "memory_high" in out and "recent failures" in out
+    small = ok(ctl(daemon.socket, "top", "--once", env={"COLUMNS": "80", "LINES": "24"}))
+    assert "memory_high" in small and len(small.splitlines()) <= 24, small
+    assert max(len(line) for line in small.splitlines()) <= 80, small
     doc = ok_json(ctl(daemon.socket, "top", "--json"))
     assert doc["status"]["jobs"]["waiting"] == 1 and doc["workers"][0]["worker_id"] == "w1"
 

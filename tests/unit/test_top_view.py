@@ -1,0 +1,107 @@
+"""`coordctl top` fits its terminal: at 80x24 no line is wider than 80 cells and the frame
+is no taller than 24 lines, whatever the names, errors and counts; columns are dropped by
+rank (never wrapped), rows left out with the title saying so."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.cells import cell_len
+from rich.console import Console
+
+from coordctl import top
+from coordd.protocol import (
+    JobList, JobView, LeaseView, StatusReply, WorkersResult, WorkerView,
+)
+
+NOW = 1_800_000_000.0
+
+
+def _job(i: int, status: str, **kw) -> JobView:
+    return JobView(job_id=f"{i:016x}", kind=f"kind-with-a-long-name-{i}", required_role="gpu",
+                   priority=i % 4, effective_priority=i % 4, status=status, attempts=1,
+                   max_attempts=3, run_at=NOW, created_at=NOW - 60, updated_at=NOW, age_s=60,
+                   **kw)
+
+
+class FakeClient:
+    """The four reads `top` makes, answered from fixed data."""
+
+    def __init__(self, n_workers: int, n_running: int, n_failed: int) -> None:
+        self.workers_ = [WorkerView(
+            worker_id=f"gpu-box-{i}.lab.example.org", roles=["cpu", "gpu", "train", "embed"],
+            readings={"memory_used_pct": 91.5, "temperature_c": 88.0, "on_battery": True,
+                      "user_idle_s": 12.0},
+            heartbeat_at=NOW - 2, heartbeat_age_s=2.0, live=True, active_leases=2,
+            verdicts={"p0": ["memory_high", "too_hot"], "p1": ["memory_high"],
+                      "p2": ["memory_high"], "p3": ["on_battery", "user_active", "too_hot"]})
+            for i in range(n_workers)]
+        lease = LeaseView(worker_id="gpu-box-0.lab.example.org", token=7, granted_at=NOW,
+                          expires_at=NOW + 25, lease_s=30)
+        self.running = [_job(i, "running", lease=lease, cancel_requested=i == 0)
+                        for i in range(n_running)]
+        self.failed = [_job(100 + i, "failed", finished_at=NOW,
+                            last_error="exit 1: Traceback (most recent call last):\n  File "
+                                       "\"model.py\", line 3, in <module>\n" + "x" * 300)
+                       for i in range(n_failed)]
+        self.n_running = n_running
+
+    def status(self) -> StatusReply:
+        jobs = {"waiting": 123456, "running": self.n_running, "succeeded": 9876543,
+                "failed": 4321, "cancelled": 12, "blocked": 3, "skipped": 1}
+        return StatusReply(workers=len(self.workers_), workers_live=len(self.workers_),
+                           active_leases=self.n_running, jobs=jobs,
+                           waiting_by_priority={"p0": 1, "p1": 22, "p2": 333, "p3": 123100},
+                           db_bytes=3 << 30, wal_bytes=200 << 20, oldest_waiting_age_s=90_000,
+                           warnings=["database is 3.0 GiB (warn_db_bytes 2.0 GiB)",
+                                     "WAL is 200.0 MiB"], now=NOW)
+
+    def workers(self) -> WorkersResult:
+        return WorkersResult(workers=self.workers_)
+
+    def list_jobs(self, status: str, limit: int, newest_first: bool = False) -> JobList:
+        jobs = self.running if status == "running" else self.failed
+        return JobList(jobs=jobs[:limit])
+
+
+def render_lines(client: FakeClient, width: int, height: int | None) -> list[str]:
+    out = io.StringIO()
+    console = Console(file=out, width=width, height=height or 25, color_system=None,
+                      legacy_windows=False)
+    view, _ = top.frame(client, 1.0, (width, height))
+    console.print(view)
+    return out.getvalue().rstrip("\n").split("\n")
+
+
+@pytest.mark.parametrize("shape", [(3, 15, 5), (1, 0, 0), (12, 15, 5), (0, 2, 1)])
+def test_frame_at_80x24_never_wraps_or_overflows(shape):
+    lines = render_lines(FakeClient(*shape), 80, 24)
+    too_wide = [line for line in lines if cell_len(line) > 80]
+    assert not too_wide, "\n".join(too_wide)
+    assert len(lines) <= 24, "\n".join(lines)
+    text = "\n".join(lines)
+    n_workers, n_running, n_failed = shape
+    if n_workers:
+        assert "gpu-box-0.lab.example.org" in text  # the worker id is never dropped
+        assert "memory_high,too_hot" in text  # nor its P0 verdict
+    if n_running:
+        assert f"{0:016x}" in text and "lease left" in text and "25s, cancelling" in text
+    if n_failed:
+        assert "exit 1: Traceback" in text  # the error is cut, on one line
+    assert "q or Ctrl-C quits" in lines[-1]
+
+
+def test_rows_left_out_are_counted_in_the_title():
+    text = "\n".join(render_lines(FakeClient(3, 15, 5), 80, 24))
+    assert "running (15, " in text and " shown)" in text
+
+
+def test_wide_terminal_keeps_every_column_and_row():
+    lines = render_lines(FakeClient(3, 15, 5), 250, None)
+    text = "\n".join(lines)
+    for col in ("roles", "heartbeat", "mem %", "temp", "power", "user idle", "p1", "p2",
+                "attempt", "finished"):
+        assert col in text, col
+    assert "running (15)" in text and text.count("kind-with-a-long-name") == 20
+    assert all(cell_len(line) <= 250 for line in lines)
