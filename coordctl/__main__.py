@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from coordctl import workflow
+from coordctl import logs, workflow
 from coordctl.commands import COMMANDS, Outcome, UsageError
 from coordctl.msg import MSG_COMMANDS, add_parsers as add_msg_parsers
 from coordd.client import CALL_TIMEOUT_DEFAULT
@@ -159,6 +159,7 @@ def build_parser() -> Parser:
                    help="check this SQLite file read-only here instead of asking coordd")
     workflow.add_parsers(cmd, lambda sp: _common(sp, suppress=True))
     add_msg_parsers(cmd, _common)
+    logs.add_parsers(cmd)
     return p
 
 
@@ -209,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
     client = SyncClient(args.socket, timeout=args.timeout)  # None: $COORDD_SOCKET or default
     path = client.path
     try:
-        outcome = {**COMMANDS, **MSG_COMMANDS, **workflow.COMMANDS}[args.command](client, args)
+        outcome = {**COMMANDS, **MSG_COMMANDS, **workflow.COMMANDS,
+                   **logs.COMMANDS}[args.command](client, args)
         _print(outcome, args.json)
         if outcome.after is not None:
             outcome.after()

@@ -31,6 +31,7 @@ from coordd.protocol import (
     EnqueueBatchResult, EnqueueResult, HeartbeatResult, JobList, JobView, MetricsResult,
     ReapResult, RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
 )
+from coordd.protocol_logs import JobLogs, LogAppendResult
 from coordd.protocol_workflows import (
     ScheduleList, ScheduleView, WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
@@ -271,6 +272,20 @@ class Client:
         """Record a checkpoint."""
         await self.call("checkpoint", {"job_id": job_id, "worker_id": worker_id,
                                        "token": token, "checkpoint": checkpoint})
+
+    async def log_append(self, job_id: str, worker_id: str, token: int, stream: str, pos: int,
+                         data: bytes) -> LogAppendResult:
+        """Store bytes `pos..` of an attempt's `stream` ("stdout"/"stderr"); fenced."""
+        return await self.call("log_append", {"job_id": job_id, "worker_id": worker_id,
+                                              "token": token, "stream": stream, "pos": pos,
+                                              "data": data}, LogAppendResult)
+
+    async def job_logs(self, job_id: str, after: int = 0, attempt: int | None = None,
+                       limit_bytes: int = 1 << 20) -> JobLogs:
+        """A job's kept model output after cursor `after` (protocol_logs.JobLogs)."""
+        return await self.call("job_logs", {"job_id": job_id, "after": after,
+                                            "attempt": attempt, "limit_bytes": limit_bytes},
+                               JobLogs)
 
     async def complete(self, job_id: str, worker_id: str, token: int, result: Any,
                        artifact: dict[str, Any] | None = None) -> CompleteResult:

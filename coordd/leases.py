@@ -299,6 +299,12 @@ def _check_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: s
                  workflow_id)
 
 
+def fence(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int) -> int:
+    """Check a lease-holder call as `_check_lease` does (same errors); return the job's
+    attempt number (its `attempts`, counted at claim)."""
+    return _check_lease(conn, now, job_id, worker_id, token).attempts
+
+
 def renew(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
           lease_s: float) -> RenewResult:
     """Extend the caller's lease to `now + lease_s`.

@@ -584,3 +584,8 @@ from coordd.protocol_workers import WORKER_ADMIN_METHODS, WORKER_PARAMS  # noqa:
 
 PARAMS.update(WORKER_PARAMS)
 ADMIN_METHODS = ADMIN_METHODS | WORKER_ADMIN_METHODS
+
+# ---------------------------------------------------------------- captured model output (issue 14)
+from coordd.protocol_logs import LOG_PARAMS  # noqa: E402
+
+PARAMS.update(LOG_PARAMS)

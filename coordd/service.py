@@ -23,6 +23,7 @@ import msgspec
 from coordd import backup, cas, errors, fdlimit, gates, leases, results, store, values, views
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle, kind_absent_reason, runs_kind
+from coordd.logs import JobLogStore
 from coordd.ids import JobIds
 from coordd.clock import Clock, anchored
 from coordd.config import Config, artifact_dir_for
@@ -34,6 +35,7 @@ from coordd.protocol import (
     Renew, RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
     HUB_PARAMS,
 )
+from coordd.protocol_logs import LOG_PARAMS
 from coordd.protocol_workflows import (
     ListWorkflows, ScheduleAdd, ScheduleList, ScheduleName, ScheduleView, WorkflowId,
     WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
@@ -96,6 +98,9 @@ class Coordinator:
         self.lifecycle = Lifecycle(self.writer, self._read, config, clock)
         for method in LIFECYCLE_METHODS:  # release, goodbye, forget_worker
             setattr(self, method, getattr(self.lifecycle, method))
+        self.logs = JobLogStore(self.writer, self._read)
+        for method in LOG_PARAMS:  # a job's captured output: coordd.logs
+            setattr(self, method, getattr(self.logs, method))
 
     async def start(self) -> None:
         """Open the writer (creating and migrating the DB) and the read-only connection.

@@ -26,6 +26,7 @@ from worker import artifacts, checkpoints, orphans
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
 from worker.kinds import KindHealth
 from worker.link import Link
+from worker.logs import LogShipper
 from worker.probes import Probes
 from worker.process import ModelProcess, classify_exit
 from worker.waits import signame as _signame, wait_any as _wait_any
@@ -65,6 +66,7 @@ class JobRun:
     proc: ModelProcess | None = None
     waiting_for_slot: bool = False
     checkpoints: checkpoints.CheckpointRecorder | None = None
+    logs: LogShipper | None = None
     group_record: str | None = None  # worker.orphans: the model's group, while it lives
 
     @property
@@ -363,8 +365,8 @@ class Supervisor:
                                      f"{self.kinds.broken()[run.job.kind]}")
             return
         env = {**os.environ, **kind.env, **job_env(values), "COORD_WORKER_ID": self.worker_id}
-        start = asyncio.ensure_future(ModelProcess.start(
-            argv, env, run.dir, os.path.join(run.dir, "stdout.log"), os.path.join(run.dir, "stderr.log")))
+        out = {s: os.path.join(run.dir, f"{s}.log") for s in ("stdout", "stderr")}
+        start = asyncio.ensure_future(ModelProcess.start(argv, env, run.dir, *out.values()))
         try:
             run.proc = await asyncio.shield(start)
             run.group_record = orphans.record(self._groups, run.proc.pid, run.job_id)
@@ -380,8 +382,10 @@ class Supervisor:
             return
         timeout_s = kind.timeout_s if run.job.max_runtime_s is None \
             else min(kind.timeout_s, run.job.max_runtime_s)
+        run.logs = LogShipper(self._client, self.worker_id, run.job_id, run.token, out)
         helpers = [asyncio.create_task(self._checkpoint_loop(run)),
-                   asyncio.create_task(self._timeout_timer(run, timeout_s))]
+                   asyncio.create_task(self._timeout_timer(run, timeout_s)),
+                   asyncio.create_task(run.logs.run(self._clock, run.aborted))]
         try:
             exited = asyncio.ensure_future(run.proc.wait())
             await _wait_any(run.aborted, future=exited)
@@ -390,6 +394,9 @@ class Supervisor:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+        if run.holds_lease(self._clock.mono()):  # the rest of its output, before the report
+            await run.logs.finish(SHUTDOWN_REPORT_TIMEOUT_S if self._stop.is_set()
+                                  else REPORT_TIMEOUT_S)
         if run.proc.killed_by_us:
             await self._after_abort(run, values, timeout_s)
         else:

@@ -19,12 +19,13 @@ import msgspec
 
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
+from coordd.store import logs as _logs
 from coordd.store import messages as _messages
 from coordd.store import worker_schema as _worker_schema
 from coordd.store import workflow_schema as _workflow_schema
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
 VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
@@ -141,6 +142,8 @@ MIGRATIONS: tuple[str, ...] = (
     _workflow_schema.MIGRATION_V6,
     # v7: worker incarnations, kinds, goodbyes; jobs.preemptions (issue 14)
     _worker_schema.MIGRATION_WORKER_STATE,
+    # v8: job_logs, a job's captured model output (coordd.store.logs)
+    _logs.MIGRATION,
 )
 
 json_encode = msgspec.json.encode
