@@ -23,12 +23,16 @@ from typing import Any
 
 import psutil
 
+from coordd import errors
 from coordd.cas import sha256_file, store_file
+from coordd.client import CallTimeout, Client, Disconnected
 
 logger = logging.getLogger(__name__)
 
 SETTLE_S = 1.0
 """A file must keep its inode, size and mtime this long (seconds, monotonic) to be taken."""
+CALL_TIMEOUT_S = 5.0
+"""A `checkpoint` call not answered in this long is retried at the next scan."""
 HISTORY = 2
 """Earlier records kept in a record's `previous` list, newest first (the resume fallbacks)."""
 TEMP_SUFFIXES = (".tmp", ".partial", ".part", ".incomplete", "~")
@@ -167,6 +171,37 @@ class CheckpointRecorder:
             logger.warning("checkpoint %s not handed over: %s", ref["path"], why,
                            extra={"action": "resume_corrupt", "sha256": ref["sha256"]})
         return ""
+
+    async def record(self, client: Client, worker_id: str, token: int, proc: Any, mode: str,
+                     now: float, holds: Callable[[], bool]) -> Exception | None:
+        """Scan (at monotonic `now`), store and send the newest whole new file (`checkpoint`,
+        fenced by `token`) while `holds()` (the lease); model process `proc` has `.pid` and
+        `.returncode`.
+
+        Returns:
+            The call's error for the caller to act on (a lease error, coordd unreachable;
+            any other refusal is logged), or None (recorded, or nothing to record).
+        """
+        async with self.lock:
+            ref = await self.scan(now, proc.pid, lambda: proc.returncode is None, mode)
+            if ref is None or not holds():
+                return None
+            try:
+                await asyncio.wait_for(client.checkpoint(self.job_id, worker_id, token, ref),
+                                       CALL_TIMEOUT_S)
+            except (errors.CoordError, TimeoutError) as exc:
+                if not isinstance(exc, (Disconnected, CallTimeout, TimeoutError, errors.LeaseLost,
+                                        errors.LeaseExpired, errors.NotFound,
+                                        errors.AlreadyCompleted)):
+                    logger.warning("job %s: checkpoint not recorded (will retry): %s",
+                                   self.job_id, exc,
+                                   extra={"action": "checkpoint_retry", "job_id": self.job_id})
+                return exc
+            self.recorded(ref)
+            logger.info("job %s: checkpoint %s recorded", self.job_id, ref["name"],
+                        extra={"action": "checkpoint", "job_id": self.job_id,
+                               "sha256": ref["sha256"]})
+            return None
 
     async def scan(self, now: float, pid: int, running: Callable[[], bool], mode: str = RUNNING
                    ) -> dict[str, Any] | None:

@@ -497,31 +497,16 @@ class Supervisor:
             await self._checkpoint_once(run)
 
     async def _checkpoint_once(self, run: JobRun, mode: str = checkpoints.RUNNING) -> None:
-        """Store the newest whole new checkpoint file (worker.checkpoints), then record it."""
-        rec, proc = run.checkpoints, run.proc
-        if rec is None or proc is None or not run.holds_lease(self._clock.mono()):
+        """Record the newest whole new checkpoint file (worker.checkpoints) in coordd."""
+        if run.checkpoints is None or run.proc is None or not run.holds_lease(self._clock.mono()):
             return
-        async with rec.lock:
-            ref = await rec.scan(self._clock.mono(), proc.pid, lambda: proc.returncode is None,
-                                 mode)
-            if ref is None or not run.holds_lease(self._clock.mono()):
-                return
-            try:
-                await asyncio.wait_for(self._client.checkpoint(
-                    run.job_id, self.worker_id, run.token, ref), REPORT_TIMEOUT_S)
-            except LEASE_GONE as exc:
-                self._lose_lease(run, f"{exc.code}: {exc}")
-                return
-            except (Disconnected, CallTimeout, TimeoutError) as exc:
-                self._note_down(exc)  # one line per outage; the loop backs off
-                return
-            except errors.CoordError as exc:
-                logger.warning("job %s: checkpoint not recorded (will retry): %s", run.job_id, exc,
-                               extra={"action": "checkpoint_retry", "job_id": run.job_id})
-                return
-            rec.recorded(ref)
-            logger.info("job %s: checkpoint %s recorded", run.job_id, ref["name"],
-                        extra={"action": "checkpoint", "job_id": run.job_id, "sha256": ref["sha256"]})
+        exc = await run.checkpoints.record(self._client, self.worker_id, run.token, run.proc, mode,
+                                           self._clock.mono(),
+                                           lambda: run.holds_lease(self._clock.mono()))
+        if isinstance(exc, LEASE_GONE):
+            self._lose_lease(run, f"{exc.code}: {exc}")
+        elif isinstance(exc, (Disconnected, CallTimeout, TimeoutError)):
+            self._note_down(exc)  # one line per outage; the loop backs off
 
     # ------------------------------------------------------------ reporting
 
