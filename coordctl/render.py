@@ -10,10 +10,10 @@ terminal the console is made wide, so tables stay one row per line for grep and 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
-from datetime import datetime, timezone
 from typing import Any
 
 from rich import box
@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from coordd.protocol import JOB_STATUSES, JobList, JobView, StatusReply, WorkersResult
+from coordd.times import fmt_time  # noqa: F401  (coordctl's views import it from here)
 
 PIPE_WIDTH_DEFAULT = 200
 # C0 but tab and newline, DEL, C1, and the bidirectional overrides/isolates/marks
@@ -64,17 +65,13 @@ def make_console() -> Console:
                        soft_wrap=False)
 
 
-def fmt_time(ts: float | None) -> str:
-    """Format Unix seconds as ISO-8601 UTC, seconds precision ("-" for None)."""
-    if ts is None:
-        return "-"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def fmt_age(seconds: float | None) -> str:
-    """Format a duration compactly: 42s, 3m12s, 5h04m, 2d03h ("-" for None)."""
+    """Format a duration compactly: 42s, 3m12s, 5h04m, 2d03h ("-" for None). Never
+    raises: NaN, an infinity or a value that is not a number is shown as it is."""
     if seconds is None:
         return "-"
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        return f"{seconds!r}s"
     neg, s = seconds < 0, abs(seconds)
     if s < 60:
         out = f"{s:.1f}s" if s < 10 else f"{s:.0f}s"
@@ -160,13 +157,14 @@ def status_table(st: StatusReply, warnings: list[str]) -> Table:
 def job_list(console: Console, page: JobList, paged_all: bool) -> None:
     """Print a table of jobs; hint at the next page when there is one."""
     t = SafeTable(box=box.SIMPLE_HEAD, show_edge=False)
-    for col in ("id", "kind", "role", "prio", "eff", "status", "attempts", "age",
-                "waiting reason / last error"):
+    for col in ("id", "kind", "role", "prio", "eff", "status", "attempts", "age", "worker",
+                "lease left", "waiting reason / last error"):
         t.add_column(col, no_wrap=not col.startswith("waiting"), overflow="fold")
     for j in page.jobs:
         t.add_row(j.job_id, j.kind, j.required_role, f"P{j.priority}",
                   f"P{j.effective_priority}", j.status, f"{j.attempts}/{j.max_attempts}",
-                  fmt_age(j.age_s), job_note(j))
+                  fmt_age(j.age_s), j.lease.worker_id if j.lease else "-", lease_left(j),
+                  job_note(j))
     console.print(t)
     tail = f"{len(page.jobs)} job(s)"
     if page.next_after and not paged_all:
@@ -174,9 +172,17 @@ def job_list(console: Console, page: JobList, paged_all: bool) -> None:
     console.print(tail)
 
 
+def lease_left(j: JobView) -> str:
+    """The time left on the job's lease ("EXPIRED 3s ago" once past; "-" without one),
+    on coordd's clock when it answered."""
+    if j.lease is None:
+        return "-"
+    left = j.lease.expires_at - (j.created_at + j.age_s)
+    return f"{fmt_age(left)}" if left > 0 else f"EXPIRED {fmt_age(-left)} ago"
+
+
 def job(console: Console, j: JobView) -> None:
     """Print one job: its fields, lease, blobs and event log."""
-    now = j.created_at + j.age_s  # coordd's clock when it answered
     t = _kv_table(f"job {j.job_id}")
     t.add_row("kind", j.kind)
     t.add_row("role", j.required_role)
@@ -201,8 +207,8 @@ def job(console: Console, j: JobView) -> None:
     if j.max_runtime_s is not None:
         t.add_row("max runtime", fmt_age(j.max_runtime_s))
     if j.lease is not None:
-        left = j.lease.expires_at - now
-        when = f"expires in {fmt_age(left)}" if left > 0 else f"EXPIRED {fmt_age(-left)} ago"
+        left = lease_left(j)
+        when = left if left.startswith("EXPIRED") else f"expires in {left}"
         t.add_row("lease", f"worker {j.lease.worker_id}, token {j.lease.token}, "
                            f"granted {fmt_time(j.lease.granted_at)}, {when}")
     if j.waiting_reason:

@@ -31,12 +31,12 @@ from __future__ import annotations
 import argparse
 import tomllib
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
 import msgspec
 
 from coordctl.commands import Outcome, UsageError, read_text_arg
+from coordd.times import fmt_time
 from coordd.protocol_workflows import (
     LIST_LIMIT_MAX, WORKFLOW_STATUSES, ScheduleList, WorkflowSubmit, WorkflowView,
 )
@@ -120,9 +120,7 @@ def schedule(client: Any, args: argparse.Namespace) -> Outcome:
 
 
 def _utc(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return fmt_time(ts)
 
 
 def _styled(status: str) -> tuple[str, str]:

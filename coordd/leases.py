@@ -29,6 +29,7 @@ from coordd.store import (
 )
 from coordd.store import workers as wkstore
 from coordd.store import workflows
+from coordd.times import fmt_time
 
 
 BASE_REFUSALS_CACHED = 4096  # (priority, heartbeat text) pairs kept before starting over
@@ -61,7 +62,8 @@ def effective_priority(priority: int, queued_at: float, now: float, aging_s: flo
     """Priority after aging: one step better per `aging_s` seconds waited, never above P0."""
     if aging_s <= 0:
         return priority
-    return max(0, priority - int(max(0.0, now - queued_at) // aging_s))
+    steps = max(0.0, now - queued_at) // aging_s
+    return max(0, priority - int(steps)) if math.isfinite(steps) else 0
 
 
 def claim(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: float,
@@ -413,7 +415,7 @@ def _spend_attempt(conn: sqlite3.Connection, now: float, job_id: str, worker_id:
         return "failed", None
     run_at = now + backoff(held.attempts)
     requeue(conn, now, job_id, worker_id, error, run_at,
-            f"retryable: {error}; backoff until {run_at:.3f}")
+            f"retryable: {error}; backoff until {fmt_time(run_at)}")
     return "waiting", run_at
 
 
