@@ -20,12 +20,13 @@ import msgspec
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
 from coordd.store import logs as _logs
+from coordd.store import job_requests as _job_requests
 from coordd.store import messages as _messages
 from coordd.store import worker_schema as _worker_schema
 from coordd.store import workflow_schema as _workflow_schema
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
 VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
@@ -144,6 +145,8 @@ MIGRATIONS: tuple[str, ...] = (
     _worker_schema.MIGRATION_WORKER_STATE,
     # v8: job_logs, a job's captured model output (coordd.store.logs)
     _logs.MIGRATION,
+    # v9: jobs.request_sha256 (a repeated idempotency key must bring the same request)
+    _job_requests.MIGRATION_JOB_REQUEST_SHA256,
 )
 
 json_encode = msgspec.json.encode
@@ -279,28 +282,37 @@ class NewJob(msgspec.Struct, kw_only=True):
     max_runtime_s: float | None
     gates_json: str | None
     result_schema: str | None = None
+    delay_s: float | None = None  # run_at is then now + delay_s (coordd's clock)
+    request_sha256: str | None = None  # with an idempotency key: the request's hash
 
 
 SQL_ENQUEUE = (
     "INSERT INTO jobs (job_id, kind, required_role, priority, payload_json, status, "
     "max_attempts, run_at, queued_at, created_at, updated_at, idempotency_key, "
-    "max_runtime_s, gates_json, result_schema) "
-    "VALUES (?, ?, ?, ?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "max_runtime_s, gates_json, result_schema, request_sha256) "
+    "VALUES (?, ?, ?, ?, ?, 'waiting', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (idempotency_key) DO NOTHING RETURNING job_id"
 )
-SQL_JOB_BY_KEY = "SELECT job_id FROM jobs WHERE idempotency_key = ?"
 
 
 def enqueue(conn: sqlite3.Connection, now: float, job: NewJob) -> EnqueueResult:
-    """Insert a waiting job; a repeated idempotency key returns the existing job (created=False)."""
+    """Insert a waiting job. A repeated idempotency key with the same request hash returns
+    the existing job (created=False); a job stored before v7 has no hash, and any request
+    with its key is taken as the same.
+
+    Raises:
+        errors.InvalidState: the key names a job made by another request.
+    """
+    run_at = job.run_at if job.run_at is not None else now + (job.delay_s or 0.0)
     row = conn.execute(SQL_ENQUEUE, (
         job.job_id, job.kind, job.required_role, job.priority, job.payload_json,
-        job.max_attempts, job.run_at if job.run_at is not None else now, now, now, now,
+        job.max_attempts, run_at, now, now, now,
         job.idempotency_key, job.max_runtime_s, job.gates_json, job.result_schema,
+        job.request_sha256,
     )).fetchone()
     if row is None:
-        existing = conn.execute(SQL_JOB_BY_KEY, (job.idempotency_key,)).fetchone()
-        return EnqueueResult(job_id=existing[0], created=False)
+        existing = _job_requests.repeated(conn, job.idempotency_key, job.request_sha256)
+        return EnqueueResult(job_id=existing, created=False)
     event(conn, job.job_id, now, None, None, "waiting", "enqueued")
     return EnqueueResult(job_id=job.job_id, created=True)
 
