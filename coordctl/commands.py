@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sqlite3
 import sys
-import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -20,10 +21,13 @@ from typing import Any, NamedTuple
 import msgspec
 
 from coordd import views
+from coordd.errors import CoordError
 from coordd.protocol import Enqueue, JobList, JobView, StatusReply
+from coordd.times import DELAY_MAX_S, check_duration, check_time
 
 STATUS_WAITING_SHOWN = 10
 LIST_ALL_PAGE_DEFAULT = 500
+BATCH_ITEM = re.compile(r"jobs\[(\d+)\]: ")  # how coordd names a job of a batch in an error
 
 
 class UsageError(Exception):
@@ -69,35 +73,64 @@ def read_text_arg(value: str, what: str) -> str:
         raise UsageError(f"{what}: {path} is not UTF-8 text: {exc}") from None
 
 
-def parse_json_arg(value: str, what: str) -> Any:
-    """Parse `value` (inline JSON or `@FILE`) as JSON.
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (JSON has no NaN or Infinity)")
+
+
+def loads_strict(text: str) -> Any:
+    """`json.loads`, but NaN, Infinity and -Infinity (which Python's json accepts) are
+    refused, as is a number too large to be finite (`1e999`).
 
     Raises:
-        UsageError: unreadable file or invalid JSON (with line and column).
+        json.JSONDecodeError: invalid JSON.
+        ValueError: a non-finite number (the message says which).
+    """
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is too large to be a finite number")
+    return value
+
+
+def parse_json_arg(value: str, what: str) -> Any:
+    """Parse `value` (inline JSON or `@FILE`) as JSON (no NaN or Infinity).
+
+    Raises:
+        UsageError: unreadable file, invalid JSON (with line and column), or a
+            non-finite number.
     """
     text = read_text_arg(value, what)
+    src = value if value.startswith("@") else "inline value"
     try:
-        return json.loads(text)
+        return loads_strict(text)
     except json.JSONDecodeError as exc:
-        src = value if value.startswith("@") else "inline value"
         raise UsageError(f"{what} is not valid JSON ({src}): {exc.msg} at line {exc.lineno} "
                          f"column {exc.colno}") from None
+    except ValueError as exc:
+        raise UsageError(f"{what} ({src}): {exc}") from None
 
 
 def parse_time_arg(value: str) -> float:
     """Parse `--run-at`: Unix seconds, or ISO-8601 (no zone = local time).
 
     Raises:
-        UsageError: neither form.
+        UsageError: neither form, or outside coordd.times' range.
     """
     try:
-        return float(value)
+        ts = float(value)
     except ValueError:
-        pass
+        try:
+            ts = datetime.fromisoformat(value).timestamp()
+        except (ValueError, OverflowError, OSError):
+            raise UsageError(f"--run-at: {value!r} is neither Unix seconds nor ISO-8601") from None
     try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        raise UsageError(f"--run-at: {value!r} is neither Unix seconds nor ISO-8601") from None
+        check_time("--run-at", ts)
+    except CoordError as exc:
+        raise UsageError(exc.message) from None
+    return ts
 
 
 def _job_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -117,8 +150,12 @@ def _job_fields(args: argparse.Namespace) -> dict[str, Any]:
         fields["gates"] = gates
     if args.run_at is not None:
         fields["run_at"] = parse_time_arg(args.run_at)
-    elif args.delay is not None:
-        fields["run_at"] = time.time() + args.delay
+    elif args.delay is not None:  # coordd adds it to its own clock
+        try:
+            check_duration("--delay", args.delay, DELAY_MAX_S, zero=True)
+        except CoordError as exc:
+            raise UsageError(exc.message) from None
+        fields["delay_s"] = args.delay
     return fields
 
 
@@ -135,18 +172,25 @@ def read_batch(path: str, defaults: dict[str, Any]) -> list[Enqueue]:
     Raises:
         UsageError: unreadable file, a line that is not a JSON object, missing fields.
     """
+    return [job for _n, job in read_batch_lines(path, defaults)]
+
+
+def read_batch_lines(path: str, defaults: dict[str, Any]) -> list[tuple[int, Enqueue]]:
+    """`read_batch`, each job with its line number in the file (for coordd's errors)."""
     text = read_text_arg("@" + path, "--batch")
     jobs = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = loads_strict(line)
         except json.JSONDecodeError as exc:
             raise UsageError(f"--batch {path} line {n}: not valid JSON: {exc.msg}") from None
+        except ValueError as exc:
+            raise UsageError(f"--batch {path} line {n}: {exc}") from None
         if not isinstance(obj, dict):
             raise UsageError(f"--batch {path} line {n}: expected a JSON object")
-        jobs.append(_to_enqueue({**defaults, **obj}, f"--batch {path} line {n}"))
+        jobs.append((n, _to_enqueue({**defaults, **obj}, f"--batch {path} line {n}")))
     if not jobs:
         raise UsageError(f"--batch {path}: no jobs in the file")
     return jobs
@@ -178,9 +222,19 @@ def enqueue(client: Any, args: argparse.Namespace) -> Outcome:
     """`enqueue`: one job from flags, or `--batch FILE.jsonl` in one transaction."""
     fields = _job_fields(args)
     if args.batch is not None:
-        jobs = read_batch(args.batch, fields)
-        res = client.enqueue_batch([msgspec.to_builtins(j) for j in jobs])
-        return Outcome(res, "\n".join(j.job_id for j in res.jobs))
+        lines = read_batch_lines(args.batch, fields)
+        try:
+            res = client.enqueue_batch([msgspec.to_builtins(j) for _n, j in lines])
+        except CoordError as exc:  # `jobs[i]: ...` -> the line of the file it came from
+            m = BATCH_ITEM.match(exc.message)
+            if m is None or int(m.group(1)) >= len(lines):
+                raise
+            err = type(exc)(f"--batch {args.batch} line {lines[int(m.group(1))][0]}: "
+                            f"{exc.message[m.end():]}")
+            err.code = exc.code
+            raise err from None
+        return Outcome(res, "\n".join(j.job_id + ("" if j.created else " (already enqueued)")
+                                      for j in res.jobs))
     missing = [flag for flag, key in (("--kind", "kind"), ("--role", "required_role"),
                                       ("--priority", "priority"), ("--payload", "payload"))
                if key not in fields]
@@ -188,7 +242,7 @@ def enqueue(client: Any, args: argparse.Namespace) -> Outcome:
         raise UsageError(f"enqueue needs {', '.join(missing)} (or --batch FILE)")
     job = _to_enqueue(fields, "enqueue")
     res = client.enqueue(**msgspec.structs.asdict(job))
-    return Outcome(res, res.job_id)
+    return Outcome(res, res.job_id + ("" if res.created else " (already enqueued)"))
 
 
 def list_jobs(client: Any, args: argparse.Namespace) -> Outcome:
@@ -213,15 +267,19 @@ def list_jobs(client: Any, args: argparse.Namespace) -> Outcome:
 
 
 def show(client: Any, args: argparse.Namespace) -> Outcome:
-    """`show ID`: the job, its lease, blobs and event log."""
+    """`show ID`: the job, its lease, blobs and event log (ID may be a unique prefix)."""
     from coordctl import render
-    job: JobView = client.get_job(args.job_id)
+    job: JobView = client.get_job(args.job_id, prefix=True)
     return Outcome(job, lambda con: render.job(con, job))
 
 
 def cancel(client: Any, args: argparse.Namespace) -> Outcome:
-    """`cancel ID`: print the job's status afterwards."""
+    """`cancel ID`: print the job's status afterwards; a running job is told to stop
+    ("cancel requested": it ends at its holder's next renew or heartbeat)."""
     res = client.cancel(args.job_id)
+    if res.status == "running":
+        return Outcome(res, f"{args.job_id}: cancel requested (running: its worker stops it "
+                            f"at the next renew or heartbeat)")
     return Outcome(res, f"{args.job_id}: {res.status}")
 
 
@@ -295,6 +353,8 @@ def restore(client: Any, args: argparse.Namespace) -> Outcome:
     res = backup_mod.restore(os.path.expanduser(args.src), db, artifact_dir_for(db))
     line = (f"restored {res['db']} ({res['jobs']} jobs, {res['artifacts']} artifacts) "
             f"from {os.path.abspath(args.src)}; quick_check and every sha256 verified")
+    if res.get("replaced"):
+        line += f"\nthe database it replaced is kept at {res['replaced']}"
     return Outcome(res, line)
 
 

@@ -8,8 +8,9 @@ and `DEST.manifest.json` (`{"db": {"sha256", "bytes"}, "artifacts": [{"sha256", 
 
 `restore` runs with coordd stopped (it takes the lock coordd holds while it runs: coordd.dblock),
 checks `quick_check` and every hash, installs the artifact files first and the database
-second, and points the copy's artifact and checkpoint paths at the artifact store beside
-the restored database. Anything that does not verify refuses the whole restore.
+second (a database it replaces is kept beside it, `<db>.replaced-<UTC time>`), and
+points the copy's artifact and checkpoint paths at the artifact store beside the restored
+database. Anything that does not verify refuses the whole restore.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import secrets
 import shutil
 import sqlite3
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 from coordd import cas, errors, views
+from coordd.clock import SystemClock
 from coordd.dblock import DbLock
 from coordd.store import reads
 from coordd.protocol import BackupResult
@@ -164,15 +167,20 @@ def verify(src: str) -> dict[str, Any]:
     return manifest
 
 
-def restore(src: str, db_path: str, artifact_dir: str) -> dict[str, Any]:
+def restore(src: str, db_path: str, artifact_dir: str,
+            now: float | None = None) -> dict[str, Any]:
     """Verify the backup at `src`, then install it as `db_path` (coordd must be stopped).
+    A database already at `db_path` is kept beside it (`_keep_replaced`; `now` names it,
+    default the system clock).
 
-    Returns `{"db", "jobs", "artifacts", "missing"}`.
+    Returns `{"db", "jobs", "artifacts", "missing", "replaced"}` ("replaced": where the
+    old database was kept, or None).
     Raises:
         RestoreRefused: the backup does not verify (nothing was changed).
         errors.InvalidState: coordd (or another restore) holds the database's lock.
     """
     src = os.path.abspath(src)
+    now = SystemClock().wall() if now is None else now
     with db_lock(db_path) as db_path:  # a symlink's target is replaced, not the link
         manifest = verify(src)
         for art in manifest["artifacts"]:  # files first, then the records that name them
@@ -197,10 +205,15 @@ def restore(src: str, db_path: str, artifact_dir: str) -> dict[str, Any]:
                 conn.close()
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
-            for stale in (db_path + "-wal", db_path + "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(stale)
-            os.rename(tmp, db_path)
+            kept = _keep_replaced(db_path, now)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(db_path + "-shm")
+            try:
+                os.rename(tmp, db_path)
+            except OSError:
+                if kept is not None and os.path.exists(kept + "-wal"):
+                    os.rename(kept + "-wal", db_path + "-wal")  # the old one stays whole
+                raise
             cas.fsync_dir(os.path.dirname(db_path))
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(OSError):
@@ -208,4 +221,26 @@ def restore(src: str, db_path: str, artifact_dir: str) -> dict[str, Any]:
             raise errors.CoordError(f"restore failed before the rename, "
                                     f"{db_path} is unchanged: {exc}") from exc
     return {"db": db_path, "jobs": jobs, "artifacts": len(manifest["artifacts"]),
-            "missing": manifest["missing"]}
+            "missing": manifest["missing"], "replaced": kept}
+
+
+def _keep_replaced(db_path: str, now: float) -> str | None:
+    """Keep the database a restore replaces beside it, as `<db>.replaced-<UTC time>`
+    (hard-linked, so the old file is kept whole; its WAL moves along, so what it committed
+    last is kept too). Returns that path, or None when there was no database.
+
+    Raises:
+        OSError: it could not be kept (then nothing is replaced).
+    """
+    if not os.path.exists(db_path):
+        return None
+    stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    kept = f"{db_path}.replaced-{stamp}"
+    n = 1
+    while os.path.exists(kept):
+        n += 1
+        kept = f"{db_path}.replaced-{stamp}-{n}"
+    os.link(db_path, kept)
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(db_path + "-wal", kept + "-wal")
+    return kept

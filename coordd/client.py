@@ -317,9 +317,13 @@ class Client:
         """Counts of workers, leases and jobs."""
         return await self.call("status", {}, StatusReply)
 
-    async def get_job(self, job_id: str) -> JobView:
-        """One job with lease and events."""
-        return await self.call("get_job", {"job_id": job_id}, JobView)
+    async def get_job(self, job_id: str, prefix: bool = False) -> JobView:
+        """One job with lease and events; with `prefix`, `job_id` may be the start of one
+        job's id (BadRequest if it starts several)."""
+        params: dict[str, Any] = {"job_id": job_id}
+        if prefix:
+            params["prefix"] = True
+        return await self.call("get_job", params, JobView)
 
     async def list_jobs(self, **filters: Any) -> JobList:
         """A page of jobs (status, kind, role, priority, limit, after)."""

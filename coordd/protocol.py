@@ -96,6 +96,9 @@ class Heartbeat(msgspec.Struct, kw_only=True):
 class Enqueue(msgspec.Struct, kw_only=True):
     """`enqueue`: one job. `payload` must be JSON-compatible.
 
+    `run_at` (Unix seconds) or `delay_s` (seconds from coordd's now) delay the first run.
+    A repeated `idempotency_key` with the same request returns the job it made
+    (`created` False); with another request it is refused (`invalid_state`).
     `gates` optionally overrides the priority's gate policy for this job (same keys as
     coordd.gates.GatePolicy). `max_runtime_s` makes coordd refuse renewals past it.
     """
@@ -110,10 +113,12 @@ class Enqueue(msgspec.Struct, kw_only=True):
     max_runtime_s: float | None = None
     gates: dict[str, Any] | None = None
     result_schema: str | None = None  # a name in coordd.results.SCHEMAS (checked at complete)
+    delay_s: float | None = None  # not before coordd's now + this (instead of run_at)
 
 
 class EnqueueBatch(msgspec.Struct, kw_only=True):
-    """`enqueue_batch`: many jobs in one transaction (all or none)."""
+    """`enqueue_batch`: many jobs in one transaction (all or none). An error names the
+    job it is about by its index: `jobs[3]: priority must be 0..3, got 7`."""
 
     jobs: list[Enqueue]
 
@@ -163,9 +168,16 @@ class Fail(LeaseRef, kw_only=True):
 
 
 class JobId(msgspec.Struct, kw_only=True):
-    """`cancel`, `retry`, `get_job`: one job id."""
+    """`cancel`, `retry`: one job id."""
 
     job_id: str
+
+
+class GetJob(JobId, kw_only=True):
+    """`get_job`: with `prefix`, `job_id` may be the start of one job's id (an id that
+    starts several is refused, naming a few)."""
+
+    prefix: bool = False
 
 
 class ListJobs(msgspec.Struct, kw_only=True):
@@ -422,7 +434,7 @@ PARAMS: dict[str, type[msgspec.Struct]] = {
     "retry": JobId,
     "reap": Empty,
     "status": Empty,
-    "get_job": JobId,
+    "get_job": GetJob,
     "list_jobs": ListJobs,
     "workers": Empty,
     "backup": Backup,

@@ -9,11 +9,12 @@ writer's transaction: sizes and encodings are checked here, before the op is que
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
 import sqlite3
-from datetime import datetime, timezone
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -21,6 +22,7 @@ import aiosqlite
 import msgspec
 
 from coordd import backup, cas, errors, fdlimit, gates, leases, results, store, values, views
+from coordd.idempotency import request_hash
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle, kind_absent_reason, runs_kind
 from coordd.logs import JobLogStore
@@ -30,8 +32,8 @@ from coordd.config import Config, artifact_dir_for
 from coordd.protocol import (
     PRIORITIES, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
     CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
-    Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, MetricsResult, PruneResult,
-    Readings, ReapResult,
+    GetJob, Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, MetricsResult,
+    PruneResult, Readings, ReapResult,
     Renew, RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
     HUB_PARAMS,
 )
@@ -41,8 +43,9 @@ from coordd.protocol_workflows import (
     WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.metrics import Metrics, tree_bytes
-from coordd.names import check_duration, check_name, check_time
+from coordd.names import check_name
 from coordd.store import workers as wkstore
+from coordd.times import DELAY_MAX_S, check_duration, check_time, fmt_time
 from coordd.store import workflows as wstore
 from coordd.workflows import Workflows
 from coordd.writer import Writer
@@ -51,11 +54,6 @@ logger = logging.getLogger(__name__)
 
 LIST_LIMIT_MAX = 1000
 ARTIFACT_GRACE_S = 3600.0  # an unreferenced artifact file younger than this is kept
-
-
-def fmt_time(ts: float) -> str:
-    """Format Unix seconds as ISO-8601 UTC (seconds precision)."""
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Coordinator:
@@ -149,7 +147,9 @@ class Coordinator:
 
         Returns the ids of jobs this worker holds whose cancel was requested. A new
         `incarnation` first ends the leases of the worker's predecessor (`worker_lost`).
-        Raises: errors.BadRequest (empty id, bad readings types, bad kinds).
+        A gate reading that is NaN or infinite is stored as unknown, with its reason.
+        Raises: errors.BadRequest (empty id, bad readings types, bad kinds, a non-finite
+        extra reading).
         """
         check_name("worker_id", p.worker_id)
         for role in p.roles:
@@ -159,7 +159,8 @@ class Coordinator:
         except msgspec.ValidationError as exc:
             raise errors.BadRequest(f"readings: {exc}") from exc
         roles_json = store.dumps(sorted(set(p.roles)))
-        readings_json = values.encode("readings", p.readings, self.config.max_payload_bytes)
+        readings = values.unknown_if_not_finite(p.readings)  # a NaN gate reading: unknown
+        readings_json = values.encode("readings", readings, self.config.max_payload_bytes)
         kinds_json, broken_json = self.lifecycle.heartbeat_state(p)
 
         def op(conn: sqlite3.Connection, now: float) -> tuple[list[str], list[str], float]:
@@ -245,6 +246,9 @@ class Coordinator:
             gates.merge(self._policies[priority], overrides)
         except msgspec.ValidationError as exc:
             raise errors.BadRequest(f"gates: {exc}") from exc
+        idle = overrides.get("min_user_idle_s")
+        if isinstance(idle, (int, float)):
+            check_duration("gates.min_user_idle_s", idle, zero=True)
 
     def _new_job(self, p: Enqueue) -> store.NewJob:
         check_name("kind", p.kind)
@@ -257,6 +261,11 @@ class Coordinator:
             raise errors.BadRequest(f"max_attempts must be >= 1, got {max_attempts}")
         check_duration("max_runtime_s", p.max_runtime_s)
         check_time("run_at", p.run_at)
+        if p.delay_s is not None:
+            if p.run_at is not None:
+                raise errors.BadRequest("give run_at or delay_s, not both")
+            check_duration("delay_s", p.delay_s, DELAY_MAX_S, zero=True)
+            check_time("run_at (now + delay_s)", self.clock.wall() + p.delay_s)
         if p.idempotency_key is not None:
             check_name("idempotency_key", p.idempotency_key)
         gates_json = None
@@ -271,23 +280,38 @@ class Coordinator:
             priority=p.priority,
             payload_json=values.encode("payload", p.payload, self.config.max_payload_bytes),
             run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
-            max_runtime_s=p.max_runtime_s, gates_json=gates_json, result_schema=schema)
+            max_runtime_s=p.max_runtime_s, gates_json=gates_json, result_schema=schema,
+            delay_s=p.delay_s,
+            request_sha256=(None if p.idempotency_key is None
+                            else request_hash(p, max_attempts, schema)))
 
     async def enqueue(self, p: Enqueue) -> EnqueueResult:
-        """Add a waiting job; a repeated idempotency key returns the existing job id with
-        created=False (the insert and the id come from one transaction).
+        """Add a waiting job; a repeated idempotency key with the same request returns the
+        existing job id with created=False (the insert and the id come from one transaction).
 
-        Raises: BadRequest (priority outside 0..3, empty names, bad gates),
-        PayloadTooLarge (payload JSON over `max_payload_bytes`; nothing is written).
+        Raises: BadRequest (priority outside 0..3, empty names, bad gates, a time or
+        duration out of range, a non-finite number), PayloadTooLarge (payload JSON over
+        `max_payload_bytes`; nothing is written), InvalidState (the key was used by
+        another request).
         """
         job = self._new_job(p)
         return await self.writer.run(lambda conn, now: store.enqueue(conn, now, job))
 
     async def enqueue_batch(self, p: EnqueueBatch) -> EnqueueBatchResult:
-        """Add many jobs in one transaction, all or none. Raises as `enqueue`."""
-        jobs = [self._new_job(j) for j in p.jobs]
-        return EnqueueBatchResult(jobs=await self.writer.run(
-            lambda conn, now: [store.enqueue(conn, now, j) for j in jobs]))
+        """Add many jobs in one transaction, all or none. Raises as `enqueue`, the message
+        starting with the job's index in the batch (`jobs[3]: ...`)."""
+        jobs = []
+        for i, j in enumerate(p.jobs):
+            with _batch_item(i):
+                jobs.append(self._new_job(j))
+
+        def op(conn: sqlite3.Connection, now: float) -> list[EnqueueResult]:
+            out = []
+            for i, j in enumerate(jobs):
+                with _batch_item(i):
+                    out.append(store.enqueue(conn, now, j))
+            return out
+        return EnqueueBatchResult(jobs=await self.writer.run(op))
 
     async def cancel(self, p: JobId) -> StatusResult:
         """Cancel a job (see coordd.store.cancel); a workflow node's dependents follow their
@@ -402,13 +426,19 @@ class Coordinator:
                            oldest_waiting_age_s=oldest, now=now, prunable=prunable,
                            warnings=warnings)
 
-    async def get_job(self, p: JobId) -> JobView:
-        """One job with lease, events and, if waiting, why it is not running. Raises: NotFound."""
+    async def get_job(self, p: GetJob | JobId) -> JobView:
+        """One job with lease, events and, if waiting, why it is not running; with
+        `p.prefix`, the one job whose id starts with `p.job_id`.
+
+        Raises: NotFound, BadRequest (an ambiguous prefix: a few matches are named).
+        """
         now = self.clock.wall()
-        job = await self._read(views.get_job, now, p.job_id, self.config.aging_interval_s)
+        prefix = getattr(p, "prefix", False)  # a plain JobId (in-process callers): exact
+        job_id = await self._read(views.resolve_job_id, p.job_id) if prefix else p.job_id
+        job = await self._read(views.get_job, now, job_id, self.config.aging_interval_s)
         job.workflow_id, job.node, job.result_schema, deps = await self._read(
-            wstore.node_info, p.job_id)
-        job.preemptions = await self._read(wkstore.preemptions, p.job_id)
+            wstore.node_info, job_id)
+        job.preemptions = await self._read(wkstore.preemptions, job_id)
         if job.status == "waiting":
             job.waiting_reason = await self._explain(job, now)
         elif job.status == "blocked":
@@ -499,8 +529,7 @@ class Coordinator:
     def _lease_s(self, asked: float | None) -> float:
         if asked is None:
             return self.config.lease_default_s
-        if asked != asked:
-            raise errors.BadRequest("lease_s is NaN")
+        check_duration("lease_s", asked)  # then clamped to lease_min_s..lease_max_s
         return min(self.config.lease_max_s, max(self.config.lease_min_s, float(asked)))
 
     async def _explain(self, job: JobView, now: float) -> str:
@@ -540,6 +569,8 @@ class Coordinator:
 
 def _reading_notes(readings: dict[str, Any]) -> list[str]:
     notes = []
+    if readings.get("memory_used_pct") is None and readings.get("memory_reason"):
+        notes.append(f"memory: unavailable ({readings['memory_reason']})")
     if readings.get("temperature_c") is None:
         notes.append(f"temperature: unavailable ({readings.get('temperature_reason') or 'no reading'})")
     if readings.get("on_battery") is None:
@@ -549,6 +580,17 @@ def _reading_notes(readings: dict[str, Any]) -> list[str]:
     return notes
 
 
+
+
+@contextlib.contextmanager
+def _batch_item(index: int) -> Iterator[None]:
+    """Re-raise a CoordError of one job of a batch with its index first: `jobs[3]: ...`."""
+    try:
+        yield
+    except errors.CoordError as exc:
+        err = type(exc)(f"jobs[{index}]: {exc.message}")
+        err.code = exc.code
+        raise err from exc
 
 
 def _truncate(text: str, limit: int) -> str:

@@ -16,7 +16,7 @@ from coordd.protocol import JOB_STATUSES, ArtifactRef, EventView, JobView, Lease
 from coordd.store import PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, SQL_PRUNABLE, lenient_json
 from coordd.store.reads import (
     SQL_ARTIFACT_REFS, SQL_CHECKPOINT_REFS, SQL_COUNT_BY_STATUS, SQL_COUNT_JOBS,
-    SQL_COUNT_LEASES, SQL_COUNT_WORKERS, SQL_EVENTS, SQL_GET_JOB, SQL_JOB_EXISTS,
+    SQL_COUNT_LEASES, SQL_COUNT_WORKERS, SQL_EVENTS, SQL_GET_JOB, SQL_JOB_EXISTS, SQL_JOB_IDS_FROM,
     SQL_LIST_JOBS, SQL_LIST_JOBS_NEWEST, SQL_WAITING_BY_PRIORITY, SQL_WORKERS,
 )
 
@@ -57,6 +57,33 @@ def get_job(conn: sqlite3.Connection, now: float, job_id: str, aging_s: float) -
     events = [EventView(at=r[0], from_status=r[1], to_status=r[2], worker_id=r[3], reason=r[4])
               for r in conn.execute(SQL_EVENTS, (job_id,))]
     return _job_view(row, now, aging_s, events)
+
+
+PREFIX_MATCHES_SHOWN = 5
+
+
+def resolve_job_id(conn: sqlite3.Connection, given: str) -> str:
+    """The job id `given` is, or the one job id it is the start of.
+
+    Raises:
+        errors.NotFound: no job id is or starts with it.
+        errors.BadRequest: it is empty, or several job ids start with it (a few are named).
+    """
+    if not given:
+        raise errors.BadRequest("job_id must not be empty")
+    if conn.execute(SQL_JOB_EXISTS, (given,)).fetchone() is not None:
+        return given
+    ids = [r[0] for r in conn.execute(SQL_JOB_IDS_FROM, (given, given + "\U0010ffff",
+                                                         PREFIX_MATCHES_SHOWN + 1))
+           if r[0].startswith(given)]
+    if not ids:
+        raise errors.NotFound(f"job {given} not found (no job id starts with it)")
+    if len(ids) > 1:
+        shown = ", ".join(ids[:PREFIX_MATCHES_SHOWN])
+        more = " and more" if len(ids) > PREFIX_MATCHES_SHOWN else ""
+        raise errors.BadRequest(f"job id prefix {given!r} is ambiguous: it starts {shown}"
+                                f"{more}; give more characters")
+    return ids[0]
 
 
 def list_jobs(conn: sqlite3.Connection, now: float, *, status: str | None, kind: str | None,
