@@ -36,6 +36,7 @@ from cronsim import CronSim, CronSimError
 
 from coordd import errors, results, values
 from coordd.names import check_duration, check_name
+from coordd.times import TIME_MIN_S
 from coordd.protocol import PRIORITIES
 from coordd.protocol_workflows import (
     EDGE_POLICIES, LIST_LIMIT_MAX, WORKFLOW_STATUSES, ListWorkflows, Need, NeedView,
@@ -143,6 +144,8 @@ def check_cron(cron: str) -> str:
 def due_slots(cron: str, next_at: float, now: float) -> tuple[float, float, int]:
     """(the slot to run: the latest at or before `now`, the first slot after `now`, how
     many earlier missed slots are passed over). `next_at <= now` is the stored slot."""
+    if not TIME_MIN_S <= next_at <= now:  # a stored slot no calendar has (hand-edited): now
+        next_at = now
     slot, passed = next_at, 0
     for _ in range(SLOT_SCAN_MAX):
         following = cron_after(cron, slot)
