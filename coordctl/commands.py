@@ -74,7 +74,7 @@ def read_text_arg(value: str, what: str) -> str:
 
 
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number (JSON has no NaN or Infinity)")
+    raise ValueError(f"{name} is not a finite number (JSON has no NaN or Infinity)")
 
 
 def loads_strict(text: str) -> Any:

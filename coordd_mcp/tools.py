@@ -81,7 +81,12 @@ def _obj(props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any
 
 
 def _plain(value: Any) -> Any:
-    return msgspec.to_builtins(value)
+    """`value` as JSON builtins; a stored number JSON cannot hold (NaN, an infinite time)
+    becomes null, so the text and the structured content of a reply agree and parse."""
+    try:
+        return msgspec.json.decode(msgspec.json.encode(value))
+    except (msgspec.DecodeError, msgspec.EncodeError, RecursionError, ValueError):
+        return msgspec.to_builtins(value)
 
 
 async def enqueue_job(c: Client, agent: str, a: dict[str, Any]) -> Any:

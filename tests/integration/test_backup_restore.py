@@ -5,6 +5,7 @@ target refuses the restore and changes nothing."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -134,3 +135,27 @@ def test_damaged_backup_or_running_coordd_refuses_restore(daemon_factory, tmp_pa
     assert "does not match" in bad.stderr
     assert not target.exists() and not Path(artifact_dir_for(str(target))).exists()
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_restore_over_a_database_keeps_the_replaced_one_beside_it(daemon_factory, tmp_path):
+    """The database a restore replaces is kept, whole (its WAL too: coordd is SIGKILLed
+    here, so what it committed last may be only there), and the output says where."""
+    d = daemon_factory()
+    d.start()
+    with SyncClient(d.socket, timeout=10) as c:
+        c.enqueue(kind="k", required_role="cpu", priority=0)
+        dest = tmp_path / "bk.db"
+        c.backup(str(dest))
+        for _ in range(2):
+            c.enqueue(kind="k", required_role="cpu", priority=0)
+    d.kill()
+    res = ctl("restore", str(dest), "--db", d.db)
+    assert res.returncode == 0, res.stderr
+    kept = [p for p in Path(d.db).parent.iterdir() if p.name.startswith("d.db.replaced-")
+            and not p.name.endswith("-wal")]
+    assert len(kept) == 1 and f"kept at {kept[0]}" in res.stdout, (res.stdout, kept)
+    for path, jobs in ((kept[0], 3), (Path(d.db), 1)):
+        conn = sqlite3.connect(path)
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == jobs
+        conn.close()
+    assert not Path(d.db + "-wal").exists() or Path(d.db + "-wal").stat().st_size == 0

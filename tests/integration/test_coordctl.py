@@ -95,12 +95,61 @@ def test_enqueue_prints_id_that_show_returns(daemon):
 
 
 def test_enqueue_with_same_key_gives_same_id(daemon):
-    first = enqueue(daemon.socket, "--key", "req-42")
+    first = enqueue(daemon.socket, "--key", "req-42", "--delay", "60")
     again = ok_json(ctl(daemon.socket, "--json", "enqueue", "--kind", "echo", "--role", "cpu",
-                        "--priority", "1", "--payload", "{}", "--key", "req-42"))
+                        "--priority", "1", "--payload", '{"n": 1}', "--key", "req-42",
+                        "--delay", "60"))
     assert again == {"job_id": first, "created": False}
-    assert enqueue(daemon.socket, "--key", "req-42") == first
+    out = ok(ctl(daemon.socket, "enqueue", "--kind", "echo", "--role", "cpu", "--priority",
+                 "1", "--payload", '{"n": 1}', "--key", "req-42", "--delay", "60"))
+    assert out == f"{first} (already enqueued)\n"
+    # the same key with another payload is refused, naming the key and the job
+    line = refused(ctl(daemon.socket, "enqueue", "--kind", "echo", "--role", "cpu",
+                       "--priority", "1", "--payload", '{"n": 2}', "--key", "req-42",
+                       "--delay", "60"), 1, "invalid_state")
+    assert "'req-42'" in line and first in line
     assert ok_json(ctl(daemon.socket, "--json", "status"))["jobs"]["waiting"] == 1
+
+
+def test_non_finite_json_and_far_times_are_refused_before_anything_is_sent(daemon, tmp_path):
+    sock = daemon.socket
+    base = ("enqueue", "--kind", "k", "--role", "cpu", "--priority", "1")
+    for payload in ('{"x": NaN}', '[Infinity]', '{"x": -Infinity}', '{"x": 1e999}'):
+        line = refused(ctl(sock, *base, "--payload", payload), 2, "usage")
+        assert "--payload" in line and "finite" in line, line
+    line = refused(ctl(sock, *base, "--payload", "{}", "--gates",
+                       '{"max_memory_pct": NaN}'), 2, "usage")
+    assert "--gates" in line
+    assert "--delay" in refused(ctl(sock, *base, "--payload", "{}", "--delay", "1e12"), 2,
+                                "usage")
+    assert "2100-01-01" in refused(ctl(sock, *base, "--payload", "{}", "--run-at", "1e15"),
+                                   2, "usage")
+    batch = tmp_path / "nan.jsonl"
+    batch.write_text('{"payload": 1}\n{"payload": {"x": NaN}}\n')
+    assert "line 2" in refused(ctl(sock, *base, "--batch", str(batch)), 2, "usage")
+    line = refused(ctl(sock, "msg", "send", "--to", "b", "--content-json", '{"x": NaN}'), 2,
+                   "usage")
+    assert "CONTENT" in line
+    assert ok_json(ctl(sock, "--json", "status"))["jobs"]["waiting"] == 0
+
+
+def test_batch_errors_from_coordd_name_the_line_and_repeats_say_already_enqueued(
+        daemon, tmp_path):
+    sock = daemon.socket
+    batch = tmp_path / "jobs.jsonl"
+    batch.write_text('{"payload": 1, "idempotency_key": "a"}\n\n'
+                     '{"payload": 2, "priority": 7}\n')
+    line = refused(ctl(sock, "enqueue", "--batch", str(batch), "--kind", "k", "--role", "cpu",
+                       "--priority", "1"), 1, "bad_request")
+    assert f"--batch {batch} line 3: priority must be 0..3" in line, line
+    batch.write_text('{"payload": 1, "idempotency_key": "a"}\n{"payload": 2}\n')
+    args = ("enqueue", "--batch", str(batch), "--kind", "k", "--role", "cpu", "--priority", "1")
+    ids = ok(ctl(sock, *args)).splitlines()
+    again = ok(ctl(sock, *args)).splitlines()
+    assert again[0] == f"{ids[0]} (already enqueued)" and again[1] != ids[1]
+    batch.write_text('{"payload": 3}\n{"payload": 9, "idempotency_key": "a"}\n')
+    line = refused(ctl(sock, *args), 1, "invalid_state")
+    assert f"line 2: idempotency key 'a' is taken by job {ids[0]}" in line, line
 
 
 def test_enqueue_delay_is_scheduled(daemon):
@@ -194,6 +243,18 @@ def test_list_filters_json_and_paging(daemon):
     refused(ctl(sock, "list", "--status", "bogus"), 2, "usage")
 
 
+def test_show_takes_a_unique_prefix_and_names_matches_of_an_ambiguous_one(daemon):
+    sock = daemon.socket
+    ids = [enqueue(sock) for _ in range(3)]  # time-ordered: they share a long prefix
+    for job_id in ids:  # its shortest unique prefix
+        n = next(n for n in range(1, 17) if sum(i.startswith(job_id[:n]) for i in ids) == 1)
+        assert ok_json(ctl(sock, "--json", "show", job_id[:n]))["job_id"] == job_id
+    common = os.path.commonprefix(ids)
+    line = refused(ctl(sock, "show", common), 1, "bad_request")
+    assert "ambiguous" in line and all(i in line for i in ids), line
+    assert "no job id starts with it" in refused(ctl(sock, "show", "fffff"), 1, "not_found")
+
+
 def test_cancel_then_retry(daemon):
     job_id = enqueue(daemon.socket)
     assert ok(ctl(daemon.socket, "cancel", job_id)) == f"{job_id}: cancelled\n"
@@ -204,6 +265,22 @@ def test_cancel_then_retry(daemon):
     assert [e["to_status"] for e in job["events"]] == ["waiting", "cancelled", "waiting"]
     refused(ctl(daemon.socket, "retry", job_id), 1, "invalid_state")
     refused(ctl(daemon.socket, "cancel", "ffffffffffffffff"), 1, "not_found")
+
+
+def test_cancel_of_a_running_job_says_cancel_requested_and_list_shows_its_lease(daemon):
+    sock = daemon.socket
+    job_id = enqueue(sock)
+    with SyncClient(sock) as c:
+        c.heartbeat("w-list", ["cpu"], COOL)
+        lease = c.claim("w-list", lease_s=300.0).lease
+    assert lease is not None
+    table = ok(ctl(sock, "list"))
+    header, row = table.splitlines()[0], next(r for r in table.splitlines() if job_id in r)
+    assert "worker" in header and "lease left" in header
+    assert "w-list" in row and re.search(r"\b4m[0-9]{2}s\b", row), row
+    out = ok(ctl(sock, "cancel", job_id))
+    assert out.startswith(f"{job_id}: cancel requested"), out
+    assert ok_json(ctl(sock, "--json", "cancel", job_id))["status"] == "running"
 
 
 def test_reap_requeues_expired_lease(daemon_factory):
