@@ -8,6 +8,7 @@ running, a failed check); 2 usage error. Every error is one stderr line:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Any, NoReturn
@@ -72,8 +73,8 @@ def _positive(kind: type) -> Any:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
         return value
     conv.__name__ = kind.__name__
     return conv

@@ -22,6 +22,7 @@ from coordd.client import Client
 from coordd.config import MESSAGE_VISIBILITY_MAX_S
 from coordd.protocol import JOB_STATUSES, TERMINAL_STATUSES
 from coordd.protocol_workflows import EDGE_POLICIES
+from coordd.times import DELAY_MAX_S, DURATION_MAX_S, TIME_MAX_S, TIME_MIN_S
 
 WAIT_MAX_S = 300.0  # wait_for_job never holds a call longer (MCP clients time out calls)
 WAIT_DEFAULT_S = 30.0
@@ -40,7 +41,7 @@ _MESSAGE_FIELDS = {
                      "description": "a label the reader can branch on, e.g. request, reply"},
     "priority": {**_PRIORITY, "default": 2, "description": "0 = urgent .. 3; read P0 first"},
     "metadata": {"type": "object", "description": "free-form JSON object"},
-    "ttl_s": {"type": "number", "exclusiveMinimum": 0,
+    "ttl_s": {"type": "number", "exclusiveMinimum": 0, "maximum": DELAY_MAX_S,
               "description": "never delivered after this many seconds"},
     "message_id": {**_NAME, "description": "your own id: a resend with it is stored once"},
 }
@@ -176,11 +177,13 @@ TOOLS: tuple[Tool, ...] = (
                "required_role": {**_NAME, "description": "worker role needed, e.g. cpu"},
                "priority": {**_PRIORITY, "description": "0 = a user waits .. 3 = idle work"},
                "payload": {"description": "the job's input, any JSON value"},
-               "run_at": {"type": "number", "description": "not before (Unix seconds)"},
+               "run_at": {"type": "number", "minimum": TIME_MIN_S, "maximum": TIME_MAX_S,
+                          "description": "not before (Unix seconds, 1970..2100)"},
                "max_attempts": {"type": "integer", "minimum": 1,
                                 "description": "attempts before the job fails for good"},
                "idempotency_key": {**_NAME, "description": "a repeat returns the same job"},
                "max_runtime_s": {"type": "number", "exclusiveMinimum": 0,
+                                 "maximum": DURATION_MAX_S,
                                  "description": "coordd refuses renewals past this"}},
               ("kind", "required_role", "priority")), enqueue_job),
     Tool("get_job", "Show one job: status, attempts, lease, result, error and event log.",

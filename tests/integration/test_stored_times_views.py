@@ -51,3 +51,9 @@ async def test_mcp_tools_survive_any_stored_time(daemon):
         assert (await tool_ok(s, "coordinator_status"))["jobs"]["waiting"] == 1
         done = await tool_ok(s, "wait_for_job", job_id=ids[1], timeout_s=0)
         assert done["terminal"] is False
+        # and the tool schema refuses such a time before coordd sees it, naming the field
+        from tests.integration.test_mcp import tool_error
+        text = await tool_error(s, "enqueue_job", kind="k", required_role="cpu", priority=1,
+                                run_at=1e15)
+        assert text.startswith("bad_request: enqueue_job: run_at: 1000000000000000.0 is "
+                               "greater than the maximum of 4102444800"), text
