@@ -9,12 +9,10 @@ writer's transaction: sizes and encodings are checked here, before the op is que
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
 import sqlite3
-from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -300,16 +298,20 @@ class Coordinator:
     async def enqueue_batch(self, p: EnqueueBatch) -> EnqueueBatchResult:
         """Add many jobs in one transaction, all or none. Raises as `enqueue`, the message
         starting with the job's index in the batch (`jobs[3]: ...`)."""
-        jobs = []
-        for i, j in enumerate(p.jobs):
-            with _batch_item(i):
+        jobs: list[store.NewJob] = []
+        try:
+            for j in p.jobs:
                 jobs.append(self._new_job(j))
+        except errors.CoordError as exc:
+            raise _batch_item(len(jobs), exc) from exc
 
         def op(conn: sqlite3.Connection, now: float) -> list[EnqueueResult]:
-            out = []
-            for i, j in enumerate(jobs):
-                with _batch_item(i):
+            out: list[EnqueueResult] = []
+            try:
+                for j in jobs:
                     out.append(store.enqueue(conn, now, j))
+            except errors.CoordError as exc:
+                raise _batch_item(len(out), exc) from exc
             return out
         return EnqueueBatchResult(jobs=await self.writer.run(op))
 
@@ -582,15 +584,11 @@ def _reading_notes(readings: dict[str, Any]) -> list[str]:
 
 
 
-@contextlib.contextmanager
-def _batch_item(index: int) -> Iterator[None]:
-    """Re-raise a CoordError of one job of a batch with its index first: `jobs[3]: ...`."""
-    try:
-        yield
-    except errors.CoordError as exc:
-        err = type(exc)(f"jobs[{index}]: {exc.message}")
-        err.code = exc.code
-        raise err from exc
+def _batch_item(index: int, exc: errors.CoordError) -> errors.CoordError:
+    """The same error about job `index` of a batch, its message naming it: `jobs[3]: ...`."""
+    err = type(exc)(f"jobs[{index}]: {exc.message}")
+    err.code = exc.code
+    return err
 
 
 def _truncate(text: str, limit: int) -> str:
