@@ -167,8 +167,9 @@ def crash_round(daemon_factory, seed: int) -> dict[str, int]:
         # it serves writes too; a resent acknowledged enqueue names the same job
         if acked.enqueued:
             key, job_id = acked.enqueued[-1]
-            again = c.enqueue(kind="k", required_role="cpu", priority=0, payload={},
-                              idempotency_key=key)
+            n, i = (int(x) for x in key.split("-")[1:3])  # the same request as sent
+            again = c.enqueue(kind="k", required_role="cpu", priority=i % 4,
+                              payload={"n": n, "i": i}, idempotency_key=key)
             assert again.job_id == job_id and not again.created
     assert d.stop() == 0
     check_file(d.db, acked)
