@@ -33,7 +33,7 @@ def test_coordctl_views_survive_any_stored_time(daemon, value):
     shown = ok(ctl(sock, "show", ids[0]))
     assert "not a valid time" in shown and "w1" in shown
     assert "w1" in ok(ctl(sock, "workers"))
-    assert ids[0] in ok(ctl(sock, "top", "--once"))
+    assert "w1" in ok(ctl(sock, "top", "--once"))  # (at -inf the reaper may have run)
     assert json.loads(ok(ctl(sock, "--json", "show", ids[1])))["job_id"] == ids[1]
 
 

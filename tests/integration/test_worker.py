@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime
 import os
 import signal
 import subprocess
@@ -320,7 +321,8 @@ async def test_exit_75_retried_with_backoff_exit_1_failed_at_once(bench):
     assert v.status == "succeeded" and v.attempts == 2 and v.result["echo"] == "ok", w.log()
     retry = [e for e in v.events if e.from_status == "running" and e.to_status == "waiting"]
     assert len(retry) == 1 and "retryable: exit 75" in retry[0].reason
-    backoff_until = float(retry[0].reason.rsplit("backoff until ", 1)[1])
+    backoff_until = datetime.fromisoformat(  # ISO-8601 UTC, as every time coordd prints
+        retry[0].reason.rsplit("backoff until ", 1)[1].replace("Z", "+00:00")).timestamp()
     assert backoff_until > retry[0].at
     rerun = [e for e in v.events if e.to_status == "running"][1]
     assert rerun.at >= backoff_until
