@@ -240,7 +240,10 @@ def _reading(readings: dict[str, Any], notes: list[str], key: str, note_prefix: 
              fmt: Any) -> str:
     value = readings.get(key)
     if value is not None:
-        return fmt(value)
+        try:
+            return fmt(value)
+        except (TypeError, ValueError):  # not a number (a hand-edited heartbeat)
+            return f"{value!r} (not a number)"
     for n in notes:
         if n.startswith(note_prefix + ":"):
             return n.split(":", 1)[1].strip()

@@ -2,7 +2,7 @@
 
 Runs on the read-only connection. Stored JSON that does not decode is shown as
 `{"undecodable": ...}` (or an empty default), never raised: a damaged row must not
-hide the others.
+hide the others; nor does a time column holding text (`_num`: shown as NaN).
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ def _job_view(row: sqlite3.Row | tuple, now: float, aging_s: float,
      updated_at, finished_at, payload_json, result_json, last_error, checkpoint_json, cancel,
      key, max_runtime_s, gates_json, a_sha, a_size, a_path, l_worker, l_token, l_granted,
      l_expires, l_lease_s) = row
+    run_at, queued_at, created_at, updated_at = map(
+        _num, (run_at, queued_at, created_at, updated_at))
+    finished_at, max_runtime_s = _num_or_none(finished_at), _num_or_none(max_runtime_s)
+    if l_worker:
+        l_granted, l_expires, l_lease_s = map(_num, (l_granted, l_expires, l_lease_s))
     return JobView(
         job_id=job_id, kind=kind, required_role=role, priority=prio,
         effective_priority=(effective_priority(prio, queued_at, now, aging_s)
@@ -45,6 +50,18 @@ def _job_view(row: sqlite3.Row | tuple, now: float, aging_s: float,
     )
 
 
+def _num(value: Any) -> float:
+    """A stored number as it is; anything else (text or a blob in a REAL column, from a
+    hand edit) as NaN, which every view prints as not a valid time."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return float("nan")
+
+
+def _num_or_none(value: Any) -> float | None:
+    return None if value is None else _num(value)
+
+
 def get_job(conn: sqlite3.Connection, now: float, job_id: str, aging_s: float) -> JobView:
     """Return one job with its lease and event log.
 
@@ -54,7 +71,7 @@ def get_job(conn: sqlite3.Connection, now: float, job_id: str, aging_s: float) -
     row = conn.execute(SQL_GET_JOB, (job_id,)).fetchone()
     if row is None:
         raise errors.NotFound(f"job {job_id} not found")
-    events = [EventView(at=r[0], from_status=r[1], to_status=r[2], worker_id=r[3], reason=r[4])
+    events = [EventView(at=_num(r[0]), from_status=r[1], to_status=r[2], worker_id=r[3], reason=r[4])
               for r in conn.execute(SQL_EVENTS, (job_id,))]
     return _job_view(row, now, aging_s, events)
 
@@ -108,7 +125,7 @@ def list_workers(conn: sqlite3.Connection
     out = []
     for worker_id, roles_json, hb_json, hb_at, n in conn.execute(SQL_WORKERS):
         out.append((worker_id, lenient_json(roles_json, []), lenient_json(hb_json, {}),
-                    hb_at, n))
+                    _num(hb_at), n))
     return out
 
 
@@ -149,6 +166,7 @@ def status_counts(conn: sqlite3.Connection, now: float, stale_s: float
     oldest: float | None = None
     for prio, n, min_queued in conn.execute(SQL_WAITING_BY_PRIORITY):
         waiting[f"p{prio}"] = n
+        min_queued = _num(min_queued)
         oldest = min_queued if oldest is None else min(oldest, min_queued)
     workers, live = conn.execute(SQL_COUNT_WORKERS, (now - stale_s,)).fetchone()
     leases = conn.execute(SQL_COUNT_LEASES).fetchone()[0]
