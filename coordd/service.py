@@ -293,7 +293,7 @@ class Coordinator:
         another request).
         """
         job = self._new_job(p)
-        return await self.writer.run(lambda conn, now: store.enqueue(conn, now, job))
+        return await self._write_jobs(lambda conn, now: store.enqueue(conn, now, job))
 
     async def enqueue_batch(self, p: EnqueueBatch) -> EnqueueBatchResult:
         """Add many jobs in one transaction, all or none. Raises as `enqueue`, the message
@@ -313,7 +313,15 @@ class Coordinator:
             except errors.CoordError as exc:
                 raise _batch_item(len(out), exc) from exc
             return out
-        return EnqueueBatchResult(jobs=await self.writer.run(op))
+        return EnqueueBatchResult(jobs=await self._write_jobs(op))
+
+    async def _write_jobs(self, op: Any) -> Any:
+        try:
+            return await self.writer.run(op)
+        except errors.InvalidState as exc:  # an idempotency key taken by another request
+            logger.info("enqueue refused: %s", exc.message,
+                        extra={"action": "idempotency_conflict"})
+            raise
 
     async def cancel(self, p: JobId) -> StatusResult:
         """Cancel a job (see coordd.store.cancel); a workflow node's dependents follow their
