@@ -4,6 +4,7 @@ request. Each is refused with a stable code naming the field, and nothing is wri
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 
 import pytest
@@ -166,7 +167,9 @@ async def test_a_non_finite_gate_reading_is_unknown_with_its_reason(bundle, key,
 # ---------------------------------------------------------------- bug 5: idempotency keys
 
 
-async def test_same_key_same_request_returns_the_job_another_request_is_refused(bundle):
+async def test_same_key_same_request_returns_the_job_another_request_is_refused(bundle,
+                                                                                caplog):
+    caplog.set_level(logging.INFO, logger="coordd.service")
     c = bundle.coord
     first = await c.enqueue(_job(idempotency_key="k1", payload={"a": 1, "b": [1, 2]}))
     assert first.created
@@ -187,6 +190,7 @@ async def test_same_key_same_request_returns_the_job_another_request_is_refused(
                            match=f"idempotency key 'k1' is taken by job {first.job_id}"):
             await c.enqueue(Enqueue(idempotency_key="k1", **fields))
     assert _rows(bundle.db_path)["jobs"] == 1
+    assert [r for r in caplog.records if getattr(r, "action", None) == "idempotency_conflict"]
 
 
 async def test_a_resent_delay_is_the_same_request(bundle):
