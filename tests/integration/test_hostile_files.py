@@ -240,7 +240,8 @@ async def test_full_disk_recovers_when_space_is_freed(tmpfs, daemon_factory):
     async with Client(d.socket, timeout=15) as c:
         await c.enqueue(kind="k", required_role="cpu", priority=1, payload={"first": 1})
         filler = folder / "filler"
-        with open(filler, "wb") as f:  # take every free byte
+        with open(filler, "wb", buffering=0) as f:  # take every free byte (unbuffered:
+            # a buffered writer keeps the bytes ENOSPC refused and fails again at close)
             try:
                 while True:
                     f.write(b"\0" * 65536)
