@@ -19,8 +19,7 @@ from typing import Any
 import aiosqlite
 import msgspec
 
-from coordd import backup, cas, errors, fdlimit, gates, leases, results, store, values, views
-from coordd.idempotency import request_hash
+from coordd import backup, cas, errors, fdlimit, gates, intake, leases, store, values, views
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle, kind_absent_reason, runs_kind
 from coordd.logs import JobLogStore
@@ -28,7 +27,7 @@ from coordd.ids import JobIds
 from coordd.clock import Clock, anchored
 from coordd.config import Config, artifact_dir_for
 from coordd.protocol import (
-    PRIORITIES, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
+    Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
     CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
     GetJob, Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, MetricsResult,
     PruneResult, Readings, ReapResult,
@@ -43,7 +42,7 @@ from coordd.protocol_workflows import (
 from coordd.metrics import Metrics, tree_bytes
 from coordd.names import check_name
 from coordd.store import workers as wkstore
-from coordd.times import DELAY_MAX_S, check_duration, check_time, fmt_time
+from coordd.times import check_duration, fmt_time
 from coordd.store import workflows as wstore
 from coordd.workflows import Workflows
 from coordd.writer import Writer
@@ -249,39 +248,7 @@ class Coordinator:
             check_duration("gates.min_user_idle_s", idle, zero=True)
 
     def _new_job(self, p: Enqueue) -> store.NewJob:
-        check_name("kind", p.kind)
-        check_name("required_role", p.required_role)
-        if p.priority not in PRIORITIES:
-            raise errors.BadRequest(f"priority must be 0..3, got {p.priority}")
-        max_attempts = p.max_attempts if p.max_attempts is not None \
-            else self.config.max_attempts_default
-        if max_attempts < 1:
-            raise errors.BadRequest(f"max_attempts must be >= 1, got {max_attempts}")
-        check_duration("max_runtime_s", p.max_runtime_s)
-        check_time("run_at", p.run_at)
-        if p.delay_s is not None:
-            if p.run_at is not None:
-                raise errors.BadRequest("give run_at or delay_s, not both")
-            check_duration("delay_s", p.delay_s, DELAY_MAX_S, zero=True)
-            check_time("run_at (now + delay_s)", self.clock.wall() + p.delay_s)
-        if p.idempotency_key is not None:
-            check_name("idempotency_key", p.idempotency_key)
-        gates_json = None
-        if p.gates:
-            self.check_gates(p.priority, p.gates)
-            gates_json = values.encode("gates", p.gates, self.config.max_payload_bytes)
-        schema = p.result_schema or self.config.result_schemas.get(p.kind)
-        if schema is not None and schema not in results.SCHEMAS:
-            raise errors.BadRequest(f"unknown result_schema {schema!r}")
-        return store.NewJob(
-            job_id=self.new_job_id(), kind=p.kind, required_role=p.required_role,
-            priority=p.priority,
-            payload_json=values.encode("payload", p.payload, self.config.max_payload_bytes),
-            run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
-            max_runtime_s=p.max_runtime_s, gates_json=gates_json, result_schema=schema,
-            delay_s=p.delay_s,
-            request_sha256=(None if p.idempotency_key is None
-                            else request_hash(p, max_attempts, schema)))
+        return intake.new_job(self, p)
 
     async def enqueue(self, p: Enqueue) -> EnqueueResult:
         """Add a waiting job; a repeated idempotency key with the same request returns the
@@ -303,7 +270,7 @@ class Coordinator:
             for j in p.jobs:
                 jobs.append(self._new_job(j))
         except errors.CoordError as exc:
-            raise _batch_item(len(jobs), exc) from exc
+            raise intake.batch_item(len(jobs), exc) from exc
 
         def op(conn: sqlite3.Connection, now: float) -> list[EnqueueResult]:
             out: list[EnqueueResult] = []
@@ -311,7 +278,7 @@ class Coordinator:
                 for j in jobs:
                     out.append(store.enqueue(conn, now, j))
             except errors.CoordError as exc:
-                raise _batch_item(len(out), exc) from exc
+                raise intake.batch_item(len(out), exc) from exc
             return out
         return EnqueueBatchResult(jobs=await self._write_jobs(op))
 
@@ -590,13 +557,6 @@ def _reading_notes(readings: dict[str, Any]) -> list[str]:
     return notes
 
 
-
-
-def _batch_item(index: int, exc: errors.CoordError) -> errors.CoordError:
-    """The same error about job `index` of a batch, its message naming it: `jobs[3]: ...`."""
-    err = type(exc)(f"jobs[{index}]: {exc.message}")
-    err.code = exc.code
-    return err
 
 
 def _truncate(text: str, limit: int) -> str:

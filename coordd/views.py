@@ -71,7 +71,8 @@ def get_job(conn: sqlite3.Connection, now: float, job_id: str, aging_s: float) -
     row = conn.execute(SQL_GET_JOB, (job_id,)).fetchone()
     if row is None:
         raise errors.NotFound(f"job {job_id} not found")
-    events = [EventView(at=_num(r[0]), from_status=r[1], to_status=r[2], worker_id=r[3], reason=r[4])
+    events = [EventView(at=_num(r[0]), from_status=r[1], to_status=r[2], worker_id=r[3],
+                        reason=r[4])
               for r in conn.execute(SQL_EVENTS, (job_id,))]
     return _job_view(row, now, aging_s, events)
 

@@ -40,7 +40,8 @@ SQL_LIST_JOBS_NEWEST = (  # newest first, before the job ?5 (None: from the newe
 )
 SQL_JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = ?"
 # ids in [?1, ?2): ?2 is the prefix followed by U+10FFFF, past any id that starts with it
-SQL_JOB_IDS_FROM = "SELECT job_id FROM jobs WHERE job_id >= ?1 AND job_id < ?2 ORDER BY job_id LIMIT ?3"
+SQL_JOB_IDS_FROM = (
+    "SELECT job_id FROM jobs WHERE job_id >= ?1 AND job_id < ?2 ORDER BY job_id LIMIT ?3")
 SQL_EVENTS = (
     "SELECT at, from_status, to_status, worker_id, reason FROM job_events "
     "WHERE job_id = ? ORDER BY event_id"

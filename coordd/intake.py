@@ -1,0 +1,70 @@
+"""Intake: an `enqueue` request made into a job row, with every check a new job passes.
+
+Names, priority, attempts, times and durations (coordd.times), gates, the result schema,
+the payload's JSON (coordd.values) and, with an idempotency key, the request's hash
+(coordd.idempotency). Pure: nothing is written; the Coordinator queues the result.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from coordd import errors, results, store, values
+from coordd.idempotency import request_hash
+from coordd.names import check_name
+from coordd.protocol import PRIORITIES, Enqueue
+from coordd.times import DELAY_MAX_S, check_duration, check_time
+
+if TYPE_CHECKING:
+    from coordd.service import Coordinator
+
+
+def new_job(coord: "Coordinator", p: Enqueue) -> store.NewJob:
+    """Check `p` and return the job to insert (its id chosen, its JSON encoded).
+
+    Raises:
+        errors.BadRequest: a bad name, priority, attempt count, gate, result schema, a
+            time or duration out of range, a non-finite number in the payload or gates.
+        errors.PayloadTooLarge: the payload's JSON is over `max_payload_bytes`.
+    """
+    cfg = coord.config
+    check_name("kind", p.kind)
+    check_name("required_role", p.required_role)
+    if p.priority not in PRIORITIES:
+        raise errors.BadRequest(f"priority must be 0..3, got {p.priority}")
+    max_attempts = p.max_attempts if p.max_attempts is not None \
+        else cfg.max_attempts_default
+    if max_attempts < 1:
+        raise errors.BadRequest(f"max_attempts must be >= 1, got {max_attempts}")
+    check_duration("max_runtime_s", p.max_runtime_s)
+    check_time("run_at", p.run_at)
+    if p.delay_s is not None:
+        if p.run_at is not None:
+            raise errors.BadRequest("give run_at or delay_s, not both")
+        check_duration("delay_s", p.delay_s, DELAY_MAX_S, zero=True)
+        check_time("run_at (now + delay_s)", coord.clock.wall() + p.delay_s)
+    if p.idempotency_key is not None:
+        check_name("idempotency_key", p.idempotency_key)
+    gates_json = None
+    if p.gates:
+        coord.check_gates(p.priority, p.gates)
+        gates_json = values.encode("gates", p.gates, cfg.max_payload_bytes)
+    schema = p.result_schema or cfg.result_schemas.get(p.kind)
+    if schema is not None and schema not in results.SCHEMAS:
+        raise errors.BadRequest(f"unknown result_schema {schema!r}")
+    return store.NewJob(
+        job_id=coord.new_job_id(), kind=p.kind, required_role=p.required_role,
+        priority=p.priority,
+        payload_json=values.encode("payload", p.payload, cfg.max_payload_bytes),
+        run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
+        max_runtime_s=p.max_runtime_s, gates_json=gates_json, result_schema=schema,
+        delay_s=p.delay_s,
+        request_sha256=(None if p.idempotency_key is None
+                        else request_hash(p, max_attempts, schema)))
+
+
+def batch_item(index: int, exc: errors.CoordError) -> errors.CoordError:
+    """The same error about job `index` of a batch, its message naming it: `jobs[3]: ...`."""
+    err = type(exc)(f"jobs[{index}]: {exc.message}")
+    err.code = exc.code
+    return err
