@@ -1,7 +1,7 @@
 """The hash that tells a resent request from another one under the same idempotency key.
 
 A job made with a key stores `request_hash` of its request (jobs.request_sha256, schema
-v8); a later enqueue with that key is the same request when its hash is the same (it gets
+v9); a later enqueue with that key is the same request when its hash is the same (it gets
 the stored job back, `created` False) and is refused with `invalid_state` otherwise
 (coordd.store.enqueue). Workflows do the same with their graph (coordd.workflows.spec_hash).
 """

@@ -96,9 +96,7 @@ class Heartbeat(msgspec.Struct, kw_only=True):
 class Enqueue(msgspec.Struct, kw_only=True):
     """`enqueue`: one job. `payload` must be JSON-compatible.
 
-    `run_at` (Unix seconds) or `delay_s` (seconds from coordd's now) delay the first run.
-    A repeated `idempotency_key` with the same request returns the job it made
-    (`created` False); with another request it is refused (`invalid_state`).
+    A repeated `idempotency_key` with another request is refused (`invalid_state`).
     `gates` optionally overrides the priority's gate policy for this job (same keys as
     coordd.gates.GatePolicy). `max_runtime_s` makes coordd refuse renewals past it.
     """
@@ -117,8 +115,7 @@ class Enqueue(msgspec.Struct, kw_only=True):
 
 
 class EnqueueBatch(msgspec.Struct, kw_only=True):
-    """`enqueue_batch`: many jobs in one transaction (all or none). An error names the
-    job it is about by its index: `jobs[3]: priority must be 0..3, got 7`."""
+    """`enqueue_batch`: many jobs in one transaction (all or none); errors say `jobs[i]: `."""
 
     jobs: list[Enqueue]
 
@@ -174,8 +171,7 @@ class JobId(msgspec.Struct, kw_only=True):
 
 
 class GetJob(JobId, kw_only=True):
-    """`get_job`: with `prefix`, `job_id` may be the start of one job's id (an id that
-    starts several is refused, naming a few)."""
+    """`get_job`: with `prefix`, `job_id` may be the start of one job's id."""
 
     prefix: bool = False
 

@@ -297,7 +297,7 @@ SQL_ENQUEUE = (
 
 def enqueue(conn: sqlite3.Connection, now: float, job: NewJob) -> EnqueueResult:
     """Insert a waiting job. A repeated idempotency key with the same request hash returns
-    the existing job (created=False); a job stored before v8 has no hash, and any request
+    the existing job (created=False); a job stored before v9 has no hash, and any request
     with its key is taken as the same.
 
     Raises:

@@ -214,7 +214,7 @@ async def test_batch_keys_follow_the_same_rule_and_name_the_job(bundle):
 
 
 async def test_a_job_stored_before_the_request_hash_takes_any_repeat(bundle):
-    """Rows from before schema v8 have no hash: a repeat of their key is answered with
+    """Rows from before schema v9 have no hash: a repeat of their key is answered with
     the job, as it was when they were stored (docs/decisions.md)."""
     first = await bundle.coord.enqueue(_job(idempotency_key="old", payload={"v": 1}))
     conn = sqlite3.connect(bundle.db_path)
