@@ -8,9 +8,11 @@ the job's current one and `now < expires_at` (DESIGN.md, "Leases and fencing").
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -20,9 +22,8 @@ from coordd.protocol import (
     ArtifactRef, ClaimedJob, ClaimResult, CompleteResult, LeaseGrant, RenewResult, StatusResult,
 )
 from coordd.store import (
-    CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CANDIDATES, SQL_CANDIDATES_ONE_ROLE,
-    SQL_CANDIDATES_WALK, SQL_CANDIDATES_WALK_ONE_ROLE, SQL_CHECKPOINT, SQL_CLAIMED_JOB,
-    SQL_DEAD_LETTER, SQL_DELETE_LEASE, SQL_INSERT_ARTIFACT, SQL_INSERT_LEASE,
+    CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CHECKPOINT, SQL_CLAIMED_JOB, SQL_DEAD_LETTER,
+    SQL_PAIR_LEVEL, SQL_PAIR_WALK, SQL_ROLE_KINDS, SQL_DELETE_LEASE, SQL_INSERT_ARTIFACT, SQL_INSERT_LEASE,
     SQL_JOB_FOR_LEASE, SQL_LEASE_BY_CLAIM_ID, SQL_RENEW, SQL_SUCCEED, SQL_TAKE,
     SQL_WORKER, end_job, event, json_decode, lenient_json, requeue,
     maybe_json,
@@ -89,10 +90,12 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
     Order: lowest effective priority first, then longest queued (FIFO among equals). A
     job is a candidate when it is waiting, its `run_at` has come, the worker holds its
     role, and the gates of the job's own priority (merged with the job's overrides) pass
-    on the worker's last readings. Without aging, one walk of the claim index in that
-    order from P0 (`_strict_walk`); with aging on, one seek per priority level, a lower
-    level only searched for jobs old enough to reach the best effective priority found so
-    far (`_aging_walk`). Either way a level is given up after CLAIM_SCAN candidates.
+    on the worker's last readings. The claim index is led by (required_role, kind): one
+    cursor per (role, kind) pair the worker can take, merged in claim order, so jobs it
+    cannot take are never stepped over (`_pairs`). Without aging, one walk from P0
+    (`_strict_walk`); with aging on, one seek per priority level, a lower level only
+    searched for jobs old enough to reach the best effective priority found so far
+    (`_aging_walk`). Either way a level is given up after CLAIM_SCAN candidates.
     Stored data that does not decode (payload, checkpoint, gate overrides) sends its job
     to the dead letter state (`payload_decode_error`, ...) with the attempt counted, and
     the search goes on: such a job is never handed out nor retried.
@@ -114,16 +117,12 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
         return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
                            detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
     roles_json, heartbeat_json = worker[0], worker[1]
-    roles = lenient_json(roles_json, [])
-    one_role = len(roles) == 1
-    roles_arg = roles[0] if one_role else roles_json
+    pairs = _pairs(conn, roles_json, kinds_json)
     judge = _Judge(policy, heartbeat_json)
     if policy.aging_interval_s <= 0:
-        best = _strict_walk(conn, now, judge, SQL_CANDIDATES_WALK_ONE_ROLE if one_role
-                            else SQL_CANDIDATES_WALK, roles_arg, kinds_json)
+        best = _strict_walk(conn, now, judge, pairs)
     else:
-        best = _aging_walk(conn, now, judge, SQL_CANDIDATES_ONE_ROLE if one_role
-                           else SQL_CANDIDATES, roles_arg, kinds_json)
+        best = _aging_walk(conn, now, judge, pairs)
     for job_id, why in judge.undecodable:
         _dead_letter(conn, now, job_id, worker_id, "waiting", 1, gates.GATES_DECODE_ERROR, why)
     reasons = judge.reasons
@@ -192,18 +191,36 @@ class _Judge:
         return not refusals
 
 
-def _strict_walk(conn: sqlite3.Connection, now: float, judge: _Judge, sql: str,
-                 roles_arg: str, kinds_json: str | None) -> tuple[int, float, str] | None:
-    """Strict priority: the first passing candidate in claim order, walking the claim
-    index from P0 on in one statement; a level is given up after CLAIM_SCAN candidates
-    (the walk starts again at the next level). Rows are stepped one at a time."""
+def _pairs(conn: sqlite3.Connection, roles_json: str, kinds_json: str | None
+           ) -> list[tuple[str, str]]:
+    """The (role, kind) pairs a worker can take: its roles times its kinds, or, when it
+    names no kinds, times the kinds waiting for each role (one index seek per kind)."""
+    roles = lenient_json(roles_json, [])
+    roles = sorted({r for r in roles if isinstance(r, str)}) if isinstance(roles, list) else []
+    if kinds_json is not None:
+        kinds = sorted({k for k in json_decode(kinds_json) if isinstance(k, str)})
+        return [(r, k) for r in roles for k in kinds]
+    return [(r, k) for r in roles for (k,) in conn.execute(SQL_ROLE_KINDS, (r,))]
+
+
+def _merged(cursors: list[sqlite3.Cursor]) -> Iterable[tuple[int, float, str, str | None]]:
+    """Rows (priority, queued_at, job_id, gates_json) of ordered cursors, in claim order."""
+    return cursors[0] if len(cursors) == 1 else heapq.merge(*cursors)
+
+
+def _strict_walk(conn: sqlite3.Connection, now: float, judge: _Judge,
+                 pairs: list[tuple[str, str]]) -> tuple[int, float, str] | None:
+    """Strict priority: the first passing candidate in claim order, from P0 on; a level
+    is given up after CLAIM_SCAN candidates (the walk starts again at the next level).
+    Rows are stepped one at a time."""
     start = 0
-    while start <= 3:
+    while pairs and start <= 3:
         again = None
-        cur = conn.execute(sql, (start, now, roles_arg, kinds_json))
+        cursors = [conn.execute(SQL_PAIR_WALK, (role, kind, start, now))
+                   for role, kind in pairs]
         try:
             level, seen = -1, 0
-            for job_id, prio, queued_at, gates_json in cur:
+            for prio, queued_at, job_id, gates_json in _merged(cursors):
                 if prio != level:
                     level, seen = prio, 0
                 if seen == CLAIM_SCAN:
@@ -213,28 +230,31 @@ def _strict_walk(conn: sqlite3.Connection, now: float, judge: _Judge, sql: str,
                 if judge.passes(prio, job_id, gates_json):
                     return prio, queued_at, job_id
         finally:
-            cur.close()
+            for cur in cursors:
+                cur.close()
         if again is None:
             return None
         start = again
     return None
 
 
-def _aging_walk(conn: sqlite3.Connection, now: float, judge: _Judge, sql: str,
-                roles_arg: str, kinds_json: str | None) -> tuple[int, float, str] | None:
+def _aging_walk(conn: sqlite3.Connection, now: float, judge: _Judge,
+                pairs: list[tuple[str, str]]) -> tuple[int, float, str] | None:
     """With aging: one seek per level (CLAIM_SCAN candidates at most); a lower level is
     only searched for jobs old enough to reach the best effective priority found so far.
     Returns (effective priority, queued_at, job_id) of the best."""
     aging_s = judge.policy.aging_interval_s
     best: tuple[int, float, str] | None = None
-    for prio in (0, 1, 2, 3):
+    for prio in (0, 1, 2, 3) if pairs else ():
         oldest = math.inf
         if best is not None:
             # a job here reaches effective priority best[0] only after (prio - best) steps
             oldest = now - (prio - best[0]) * aging_s + 1e-6  # the slack: float rounding
-        cur = conn.execute(sql, (prio, oldest, now, roles_arg, CLAIM_SCAN, kinds_json))
+        cursors = [conn.execute(SQL_PAIR_LEVEL, (role, kind, prio, oldest, now, CLAIM_SCAN))
+                   for role, kind in pairs]
         try:
-            for job_id, queued_at, gates_json in cur:
+            for _p, queued_at, job_id, gates_json in itertools.islice(_merged(cursors),
+                                                                      CLAIM_SCAN):
                 if not judge.passes(prio, job_id, gates_json):
                     continue
                 eff = effective_priority(prio, queued_at, now, aging_s)
@@ -242,7 +262,8 @@ def _aging_walk(conn: sqlite3.Connection, now: float, judge: _Judge, sql: str,
                     best = (eff, queued_at, job_id)
                 break
         finally:
-            cur.close()
+            for cur in cursors:
+                cur.close()
     return best
 
 

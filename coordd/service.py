@@ -390,7 +390,9 @@ class Coordinator:
         warnings = []
         if db_bytes > self.config.warn_db_bytes:
             warnings.append(f"database is {db_bytes} bytes (> warn_db_bytes "
-                            f"{self.config.warn_db_bytes}); {prunable} job(s) can be pruned")
+                            f"{self.config.warn_db_bytes}); "
+                            f"{'at least ' if prunable >= views.PRUNABLE_COUNTED_MAX else ''}"
+                            f"{prunable} job(s) can be pruned")
         if self.artifact_bytes > self.config.warn_artifact_bytes:
             warnings.append(f"artifact store is {self.artifact_bytes} bytes (> "
                             f"warn_artifact_bytes {self.config.warn_artifact_bytes})")

@@ -13,11 +13,12 @@ from typing import Any
 from coordd import errors
 from coordd.leases import effective_priority
 from coordd.protocol import JOB_STATUSES, ArtifactRef, EventView, JobView, LeaseView
-from coordd.store import PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, SQL_PRUNABLE, lenient_json
+from coordd.store import PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, lenient_json
+from coordd.store.counters import SQL_COUNTS, SQL_FULL_COUNTS, SQL_OLDEST_WAITING
 from coordd.store.reads import (
-    SQL_ARTIFACT_REFS, SQL_CHECKPOINT_REFS, SQL_COUNT_BY_STATUS, SQL_COUNT_JOBS,
-    SQL_COUNT_LEASES, SQL_COUNT_WORKERS, SQL_EVENTS, SQL_GET_JOB, SQL_JOB_EXISTS, SQL_JOB_IDS_FROM,
-    SQL_LIST_JOBS, SQL_LIST_JOBS_NEWEST, SQL_WAITING_BY_PRIORITY, SQL_WORKERS,
+    SQL_ARTIFACT_REFS, SQL_CHECKPOINT_REFS, SQL_COUNT_JOBS, SQL_COUNT_LEASES,
+    SQL_COUNT_WORKERS, SQL_EVENTS, SQL_GET_JOB, SQL_JOB_EXISTS, SQL_JOB_IDS_FROM,
+    SQL_LIST_JOBS, SQL_LIST_JOBS_NEWEST, SQL_PRUNABLE_CAPPED, SQL_WORKERS,
 )
 
 
@@ -152,23 +153,41 @@ def count_jobs(conn: sqlite3.Connection) -> int:
     return conn.execute(SQL_COUNT_JOBS).fetchone()[0]
 
 
-def prunable(conn: sqlite3.Connection, cutoff: float) -> int:
-    """Count terminal jobs finished before `cutoff` (what `prune` would delete)."""
-    return conn.execute(SQL_PRUNABLE, (cutoff,)).fetchone()[0]
+PRUNABLE_COUNTED_MAX = 1000  # `status` counts prunable jobs up to this (bounded cost)
+
+
+def prunable(conn: sqlite3.Connection, cutoff: float, most: int = PRUNABLE_COUNTED_MAX) -> int:
+    """Count terminal jobs finished before `cutoff` (what `prune` would delete), up to
+    `most`: the count costs at most `most` index rows."""
+    return conn.execute(SQL_PRUNABLE_CAPPED, (cutoff, most)).fetchone()[0]
+
+
+def _by_status(rows: Any) -> tuple[dict[str, int], dict[str, int]]:
+    jobs = dict.fromkeys(JOB_STATUSES, 0)
+    waiting = {f"p{p}": 0 for p in range(4)}
+    for status, prio, n in rows:
+        jobs[status] = jobs.get(status, 0) + n
+        if status == "waiting":
+            waiting[f"p{prio}"] += n
+    return jobs, waiting
+
+
+def full_counts(conn: sqlite3.Connection) -> tuple[dict[str, int], dict[str, int]]:
+    """(jobs by status, waiting by priority) by counting every job: what the counters
+    must always equal (tests, `check`)."""
+    return _by_status(conn.execute(SQL_FULL_COUNTS))
 
 
 def status_counts(conn: sqlite3.Connection, now: float, stale_s: float
                   ) -> tuple[int, int, int, dict[str, int], dict[str, int], float | None]:
     """Return (workers, workers_live, active_leases, jobs by status (every status present),
-    waiting by priority "p0".."p3", age in seconds of the longest-waiting job or None)."""
-    jobs = dict.fromkeys(JOB_STATUSES, 0)
-    jobs.update({s: n for s, n in conn.execute(SQL_COUNT_BY_STATUS)})
-    waiting = {f"p{p}": 0 for p in range(4)}
-    oldest: float | None = None
-    for prio, n, min_queued in conn.execute(SQL_WAITING_BY_PRIORITY):
-        waiting[f"p{prio}"] = n
-        min_queued = _num(min_queued)
-        oldest = min_queued if oldest is None else min(oldest, min_queued)
+    waiting by priority "p0".."p3", age in seconds of the longest-waiting job or None).
+
+    The job counts come from the counters the writer's triggers keep
+    (coordd.store.counters), not from counting jobs: the cost does not grow with them.
+    """
+    jobs, waiting = _by_status(conn.execute(SQL_COUNTS))
+    oldest = _num_or_none(conn.execute(SQL_OLDEST_WAITING).fetchone()[0])
     workers, live = conn.execute(SQL_COUNT_WORKERS, (now - stale_s,)).fetchone()
     leases = conn.execute(SQL_COUNT_LEASES).fetchone()[0]
     return workers, live, leases, jobs, waiting, (None if oldest is None else now - oldest)

@@ -21,12 +21,17 @@ from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
 from coordd.store import logs as _logs
 from coordd.store import job_requests as _job_requests
+from coordd.store import claim_index as _claim_index
+from coordd.store import counters as _counters
 from coordd.store import messages as _messages
 from coordd.store import worker_schema as _worker_schema
 from coordd.store import workflow_schema as _workflow_schema
+from coordd.store.claim_index import (  # noqa: F401 (the claim's statements)
+    SQL_ANY_RUNNABLE, SQL_PAIR_LEVEL, SQL_PAIR_WALK, SQL_ROLE_KINDS,
+)
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 11
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 100  # terminal jobs deleted per transaction by `prune_batch`
 VACUUM_PAGES = 1024  # free pages returned to the file system per transaction
@@ -147,6 +152,11 @@ MIGRATIONS: tuple[str, ...] = (
     _logs.MIGRATION,
     # v9: jobs.request_sha256 (a repeated idempotency key must bring the same request)
     _job_requests.MIGRATION_JOB_REQUEST_SHA256,
+    # v10: job counters by (status, priority), kept by triggers (`status` in O(1))
+    _counters.MIGRATION,
+    # v11: the claim index led by (required_role, kind): claims flat in the jobs they
+    # cannot take
+    _claim_index.MIGRATION,
 )
 
 json_encode = msgspec.json.encode
@@ -211,7 +221,18 @@ def prepare_new_file(conn: sqlite3.Connection) -> bool:
 
 
 def _split(script: str) -> list[str]:
-    return [s.strip() for s in script.split(";") if s.strip()]
+    """The statements of `script`; a `;` inside a statement (a trigger's body) stays."""
+    out: list[str] = []
+    buf = ""
+    for piece in script.split(";"):
+        buf += piece + ";"
+        if sqlite3.complete_statement(buf):
+            if buf.strip(" \n\t;"):
+                out.append(buf.strip()[:-1].strip())
+            buf = ""
+    if buf.strip(" \n\t;"):
+        out.append(buf.strip().rstrip(";").strip())
+    return out
 
 
 # ---------------------------------------------------------------- events
@@ -325,34 +346,7 @@ SQL_LEASE_BY_CLAIM_ID = (
     "SELECT job_id, token, expires_at, lease_s FROM leases "
     "WHERE worker_id = ? AND claim_id = ? AND expires_at > ?"
 )
-# Served by the covering index jobs_claim alone: no job row (and no payload) is read.
-# `queued_at <= ?` bounds the seek when aging is on (see `_claim_once`).
-SQL_CANDIDATES = (
-    "SELECT job_id, queued_at, gates_json FROM jobs INDEXED BY jobs_claim "
-    "WHERE status = 'waiting' AND priority = ?1 AND queued_at <= ?2 AND run_at <= ?3 "
-    "AND required_role IN (SELECT value FROM json_each(?4)) "
-    "AND (?6 IS NULL OR kind IN (SELECT value FROM json_each(?6))) "
-    "ORDER BY queued_at, job_id LIMIT ?5"
-)
-# The same for a worker with one role (?4 is the role itself): json_each costs ~2 us a
-# claim, which one `=` does not.
-SQL_CANDIDATES_ONE_ROLE = SQL_CANDIDATES.replace(
-    "required_role IN (SELECT value FROM json_each(?4))", "required_role = ?4")
-# Strict priority (no aging): one walk down the same index from level ?1 on, in claim
-# order (priority, queued_at, job_id); empty levels cost nothing, where a seek per level
-# cost ~2 us each (issue 6). ?2 now, ?3 roles (JSON list), ?4 kinds (JSON list or NULL).
-SQL_CANDIDATES_WALK = (
-    "SELECT job_id, priority, queued_at, gates_json FROM jobs INDEXED BY jobs_claim "
-    "WHERE status = 'waiting' AND priority >= ?1 AND run_at <= ?2 "
-    "AND required_role IN (SELECT value FROM json_each(?3)) "
-    "AND (?4 IS NULL OR kind IN (SELECT value FROM json_each(?4))) "
-    "ORDER BY priority, queued_at, job_id"
-)
-SQL_CANDIDATES_WALK_ONE_ROLE = SQL_CANDIDATES_WALK.replace(
-    "required_role IN (SELECT value FROM json_each(?3))", "required_role = ?3")
-SQL_ANY_RUNNABLE = (
-    "SELECT 1 FROM jobs INDEXED BY jobs_claim WHERE status = 'waiting' AND run_at <= ? LIMIT 1"
-)
+# Candidate walks over the claim index: coordd.store.claim_index (imported here).
 SQL_TAKE = (
     "UPDATE jobs SET status = 'running', attempts = attempts + 1, "
     "last_token = last_token + 1, updated_at = ? WHERE job_id = ? AND status = 'waiting' "

@@ -5,11 +5,10 @@ connection and by `coordd.backup`; nothing here writes the live database.
 
 from __future__ import annotations
 
-SQL_COUNT_BY_STATUS = "SELECT status, count(*) FROM jobs GROUP BY status"
-SQL_WAITING_BY_PRIORITY = (
-    "SELECT priority, count(*), min(queued_at) FROM jobs INDEXED BY jobs_claim "
-    "WHERE status = 'waiting' GROUP BY priority"
-)
+from coordd.store import SQL_PRUNE_WHERE
+
+# what `prune` would delete, counted up to ?2 rows
+SQL_PRUNABLE_CAPPED = "SELECT count(*) FROM (SELECT 1 " + SQL_PRUNE_WHERE + " LIMIT ?2)"
 SQL_COUNT_WORKERS = (  # live: a fresh heartbeat and no goodbye since
     "SELECT count(*), coalesce(sum(heartbeat_at >= ? AND offline_at IS NULL), 0) FROM workers")
 SQL_COUNT_LEASES = "SELECT count(*) FROM leases"

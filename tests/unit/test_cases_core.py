@@ -548,10 +548,10 @@ async def test_b37_payload_cap_and_prune_shrink_the_file(make_bundle):
 
 async def test_b37_candidate_selection_never_reads_the_payload(bundle):
     with _db(bundle) as conn:
-        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + store.SQL_CANDIDATES,
-                                           (2, 1e18, 1e18, '["cpu"]', 16, '["k"]'))]
+        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + store.SQL_PAIR_WALK,
+                                           ("cpu", "k", 0, 1e18))]
     assert any("USING COVERING INDEX jobs_claim" in p for p in plan), plan
-    assert "payload" not in store.SQL_CANDIDATES
+    assert "payload" not in store.SQL_PAIR_WALK and "payload" not in store.SQL_PAIR_LEVEL
 
 
 async def test_b37_prune_keeps_shared_artifacts_and_runs_from_the_reaper(make_bundle):

@@ -35,32 +35,29 @@ async def test_a_batch_is_claimed_in_submission_order(bundle):
     assert got == [r.job_id for r in res.jobs]
 
 
-@pytest.mark.parametrize("sql,roles", [(store.SQL_CANDIDATES, '["cpu", "gpu"]'),
-                                       (store.SQL_CANDIDATES_ONE_ROLE, "cpu")])
-def test_claim_walk_is_the_index_order_no_sort(sql, roles):
-    """The candidate query (many roles, or the one-role form) is a covering-index seek
-    whose order is the index's own: no temp B-tree (v2 sorted every job tied on
-    queued_at, 500 per claim after a batch) and no job row read."""
+@pytest.mark.parametrize("sql,args", [(store.SQL_PAIR_WALK, ("cpu", "k", 0, 1e18)),
+                                      (store.SQL_PAIR_LEVEL, ("cpu", "k", 1, 1e18, 1e18, 16))])
+def test_claim_walk_is_one_index_range_per_role_and_kind_no_sort(sql, args):
+    """A claim walks, per (role, kind) pair of the worker, one range of the claim index
+    (led by role and kind) in claim order: no temp B-tree (v2 sorted every job tied on
+    queued_at, 500 per claim after a batch), no job row read, and no job of another role
+    or kind stepped over."""
     conn = sqlite3.connect(":memory:")
     store.migrate(conn)
-    for kinds in (None, '["k"]'):
-        plan = " | ".join(r[3] for r in conn.execute(
-            "EXPLAIN QUERY PLAN " + sql, (0, 1e18, 1e18, roles, 16, kinds)))
-        assert "COVERING INDEX jobs_claim" in plan and "TEMP B-TREE" not in plan, plan
+    plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
+    assert "COVERING INDEX jobs_claim (required_role=? AND kind=? AND priority" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
 
 
-@pytest.mark.parametrize("sql,roles", [(store.SQL_CANDIDATES_WALK, '["cpu", "gpu"]'),
-                                       (store.SQL_CANDIDATES_WALK_ONE_ROLE, "cpu")])
-def test_strict_priority_walk_is_one_index_range_no_sort(sql, roles):
-    """Without aging the claim walks the claim index from a level on, in claim order
-    (priority, queued_at, job_id), in one statement: no temp B-tree, no job row."""
+def test_kinds_of_a_role_are_found_by_index_seeks():
+    """A worker that names no kinds gets its pairs from a skip-scan of the claim index:
+    one seek per waiting kind, never a scan of the role's jobs."""
     conn = sqlite3.connect(":memory:")
     store.migrate(conn)
-    for kinds in (None, '["k"]'):
-        plan = " | ".join(r[3] for r in conn.execute(
-            "EXPLAIN QUERY PLAN " + sql, (0, 1e18, roles, kinds)))
-        assert "COVERING INDEX jobs_claim (priority>?)" in plan, plan
-        assert "TEMP B-TREE" not in plan, plan
+    plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + store.SQL_ROLE_KINDS,
+                                                 ("cpu",)))
+    assert "COVERING INDEX jobs_claim (required_role=? AND kind>?)" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
 
 
 async def test_a_level_is_given_up_after_claim_scan_refused_candidates(bundle):

@@ -1,0 +1,44 @@
+"""Job counters by (status, priority), kept by triggers in the writer's own transactions.
+
+`status` reads these rows instead of counting the jobs table (O(1) at any size). The
+triggers fire on every insert, delete and status/priority change of a job, whatever code
+path makes it (enqueue, claim, complete, reap, workflows, retry, prune, a migration), so
+no path can forget to count. A migration that rebuilds the jobs table drops these
+triggers with it and must create them again (`TRIGGERS`).
+"""
+
+from __future__ import annotations
+
+TRIGGERS = """
+    CREATE TRIGGER jobs_count_insert AFTER INSERT ON jobs BEGIN
+        INSERT INTO job_counts (status, priority, n) VALUES (NEW.status, NEW.priority, 1)
+            ON CONFLICT (status, priority) DO UPDATE SET n = n + 1;
+    END;
+    CREATE TRIGGER jobs_count_delete AFTER DELETE ON jobs BEGIN
+        UPDATE job_counts SET n = n - 1 WHERE status = OLD.status AND priority = OLD.priority;
+    END;
+    CREATE TRIGGER jobs_count_update AFTER UPDATE OF status, priority ON jobs
+        WHEN OLD.status IS NOT NEW.status OR OLD.priority IS NOT NEW.priority BEGIN
+        UPDATE job_counts SET n = n - 1 WHERE status = OLD.status AND priority = OLD.priority;
+        INSERT INTO job_counts (status, priority, n) VALUES (NEW.status, NEW.priority, 1)
+            ON CONFLICT (status, priority) DO UPDATE SET n = n + 1;
+    END;
+"""
+
+# The counters migration (issue 21): the table, one full count to start from, the triggers.
+MIGRATION = """
+    CREATE TABLE job_counts (
+        status   TEXT NOT NULL,
+        priority INTEGER NOT NULL,
+        n        INTEGER NOT NULL,
+        PRIMARY KEY (status, priority)
+    ) WITHOUT ROWID;
+    INSERT INTO job_counts (status, priority, n)
+        SELECT status, priority, count(*) FROM jobs GROUP BY status, priority;
+""" + TRIGGERS
+
+SQL_COUNTS = "SELECT status, priority, n FROM job_counts WHERE n <> 0"
+SQL_FULL_COUNTS = "SELECT status, priority, count(*) FROM jobs GROUP BY status, priority"
+# A waiting job's row changes only as it enters waiting (updated_at = queued_at then), so
+# the oldest `updated_at` among waiting jobs is the longest wait: one seek of jobs_status.
+SQL_OLDEST_WAITING = "SELECT min(updated_at) FROM jobs INDEXED BY jobs_status WHERE status = 'waiting'"
