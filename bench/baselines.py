@@ -21,7 +21,7 @@ from pathlib import Path
 
 from coordd import store
 
-ROLES_JSON = '["cpu"]'
+ROLE, KIND = "cpu", "bench"
 # coordd's statements (coordd.store SQL_*) restated here with fixed bindings, so the
 # baseline keeps working while coordd's statements change; same tables, same index.
 SQL_ENQUEUE = (
@@ -34,10 +34,10 @@ SQL_EVENT = (
     "INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
-SQL_CANDIDATE = (
+SQL_CANDIDATE = (  # the claim index is led by (required_role, kind) since schema v8
     "SELECT job_id FROM jobs INDEXED BY jobs_claim "
-    "WHERE status = 'waiting' AND priority = ? AND run_at <= ? "
-    "AND required_role IN (SELECT value FROM json_each(?)) ORDER BY queued_at, job_id LIMIT 1"
+    "WHERE status = 'waiting' AND required_role = ? AND kind = ? AND priority = ? "
+    "AND run_at <= ? ORDER BY queued_at, job_id LIMIT 1"
 )
 SQL_TAKE = (
     "UPDATE jobs SET status = 'running', attempts = attempts + 1, "
@@ -86,7 +86,7 @@ def _claim(conn: sqlite3.Connection, worker_id: str) -> tuple[str, int] | None:
     try:
         job_id = None
         for prio in (0, 1, 2, 3):
-            row = conn.execute(SQL_CANDIDATE, (prio, now, ROLES_JSON)).fetchone()
+            row = conn.execute(SQL_CANDIDATE, (ROLE, KIND, prio, now)).fetchone()
             if row is not None:
                 job_id = row[0]
                 break
