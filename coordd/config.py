@@ -40,6 +40,8 @@ MAX_UNSENT_BYTES = 32 << 20
 MAX_OUTBOUND_BYTES = 256 << 20
 WRITE_STALL_TIMEOUT_S = 30.0
 WRITER_BATCH_MAX = 1024
+READ_CONNECTIONS = 4
+READ_QUEUE_MAX = 256
 CLOCK_JUMP_S = 60.0
 CLOCK_STEP_S = 1.0
 BUSY_TIMEOUT_MS = 10_000
@@ -79,6 +81,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         write_stall_timeout_s: a peer that reads none of its unsent replies this long is
             dropped (its buffers freed).
         writer_queue_max / writer_batch_max: writer back-pressure and group-commit bound.
+        read_connections: read-only connections (each its own thread) serving reads.
+        read_queue_max: reads waiting for a read connection; past it a read gets
+            `overloaded` at once.
         clock_step_s: coordd keeps its own clock (the wall clock at start plus monotonic
             time since); when the wall clock steps further than this away from it, either
             way, coordd takes the step and moves the stored lease, heartbeat, backoff,
@@ -138,6 +143,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     write_stall_timeout_s: float = WRITE_STALL_TIMEOUT_S
     writer_queue_max: int = WRITER_QUEUE_MAX
     writer_batch_max: int = WRITER_BATCH_MAX
+    read_connections: int = READ_CONNECTIONS
+    read_queue_max: int = READ_QUEUE_MAX
     clock_jump_s: float = CLOCK_JUMP_S
     clock_step_s: float = CLOCK_STEP_S
     busy_timeout_ms: int = BUSY_TIMEOUT_MS
@@ -174,6 +181,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("aging_interval_s must be >= 0")
         if self.writer_batch_max < 1 or self.writer_queue_max < 1:
             raise ValueError("writer_batch_max and writer_queue_max must be >= 1")
+        if self.read_connections < 1 or self.read_queue_max < 0:
+            raise ValueError("read_connections must be >= 1 and read_queue_max >= 0")
         if self.max_frame_bytes < 1024:
             raise ValueError("max_frame_bytes must be >= 1024")
         if min(self.max_inbound_bytes, self.max_unsent_bytes, self.max_outbound_bytes) < 1 \

@@ -16,7 +16,6 @@ import sqlite3
 from functools import partial
 from typing import Any
 
-import aiosqlite
 import msgspec
 
 from coordd import backup, cas, errors, fdlimit, gates, intake, leases, store, values, views
@@ -40,6 +39,7 @@ from coordd.protocol_workflows import (
     WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.metrics import Metrics, tree_bytes
+from coordd.readers import ReadPool
 from coordd.names import check_name
 from coordd.store import workers as wkstore
 from coordd.times import check_duration, fmt_time
@@ -81,7 +81,8 @@ class Coordinator:
                              wal_size_limit=config.wal_size_limit_bytes,
                              wal_autocheckpoint_pages=config.wal_autocheckpoint_pages,
                              checkpoint_interval_s=config.wal_checkpoint_interval_s)
-        self._reader: aiosqlite.Connection | None = None
+        self.readers = ReadPool(db_path, config.read_connections, config.read_queue_max,
+                                config.busy_timeout_ms)
         self._policies = config.policies()
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
@@ -98,7 +99,7 @@ class Coordinator:
             setattr(self, method, getattr(self.logs, method))
 
     async def start(self) -> None:
-        """Open the writer (creating and migrating the DB) and the read-only connection.
+        """Open the writer (creating and migrating the DB) and the read-only connections.
 
         Raises:
             errors.StoreError: the file is not a compatible coordd database.
@@ -108,9 +109,7 @@ class Coordinator:
         except sqlite3.Error as exc:
             raise errors.StoreError(f"{self.db_path}: {exc}") from exc
         try:
-            self._reader = await aiosqlite.connect(f"file:{self.db_path}?mode=ro", uri=True,
-                                                   isolation_level=None)
-            await self._reader.execute(f"PRAGMA busy_timeout = {self.config.busy_timeout_ms}")
+            await self.readers.start()
         except sqlite3.Error as exc:
             await self.close()
             raise errors.StoreError(f"{self.db_path}: {exc}") from exc
@@ -119,23 +118,26 @@ class Coordinator:
             raise
 
     async def close(self) -> None:
-        """Close the reader, then drain and close the writer (whose close folds the WAL
+        """Close the readers, then drain and close the writer (whose close folds the WAL
         back into the main file, so the .db alone is complete after a clean stop). Idempotent."""
         try:
-            if self._reader is not None:
-                reader, self._reader = self._reader, None
-                await reader.close()
+            await self.readers.close()
         finally:
             await self.writer.stop()
 
     async def read(self, fn: Any, *args: Any) -> Any:
-        """Run `fn(conn, *args)` on the read-only connection."""
-        return await self._read(fn, *args)
+        """Run `fn(conn, *args)` on a read-only connection (coordd.readers).
+
+        Raises: errors.Overloaded (the read queue is full).
+        """
+        return await self.readers.run(fn, *args)
 
     async def _read(self, fn: Any, *args: Any) -> Any:
-        if self._reader is None:
-            raise errors.CoordError("coordinator is not started")
-        return await self._reader._execute(fn, self._reader._conn, *args)
+        return await self.readers.run(fn, *args)
+
+    async def _read_heavy(self, fn: Any, *args: Any) -> Any:
+        """A read that may take long: never on the last free read connection."""
+        return await self.readers.run(fn, *args, heavy=True)
 
     # ------------------------------------------------------------ workers
 
@@ -370,7 +372,7 @@ class Coordinator:
                             "action": "prune", "n": pruned, "messages": messages,
                             "agents": agents})
         await self.writer.run(lambda conn, _now: store.optimize(conn))
-        refs = await self._read(views.artifact_refs)
+        refs = await self._read_heavy(views.artifact_refs)
         before = (self.clock.wall() if now is None else now) - ARTIFACT_GRACE_S
         files = await asyncio.to_thread(cas.sweep, self.artifact_dir, set(refs), before)
         self.artifact_bytes = await asyncio.to_thread(tree_bytes, self.artifact_dir)
@@ -432,7 +434,7 @@ class Coordinator:
             raise errors.BadRequest(f"status must be one of {', '.join(JOB_STATUSES)}")
         limit = max(1, min(p.limit, LIST_LIMIT_MAX))
         now = self.clock.wall()
-        jobs = await self._read(partial(
+        jobs = await self._read_heavy(partial(
             views.list_jobs, now=now, status=p.status, kind=p.kind, role=p.role,
             priority=p.priority, limit=limit, after=p.after,
             aging_s=self.config.aging_interval_s, newest_first=p.newest_first))
@@ -467,7 +469,7 @@ class Coordinator:
 
     async def check(self, p: Empty | None = None) -> dict[str, Any]:
         """Run `PRAGMA quick_check` and `foreign_key_check` on the live database."""
-        qc, fk = await self._read(views.integrity)
+        qc, fk = await self._read_heavy(views.integrity)
         return {"quick_check": qc, "foreign_key_violations": len(fk)}
 
     async def backup(self, p: Backup) -> BackupResult:

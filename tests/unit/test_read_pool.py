@@ -1,0 +1,98 @@
+"""Reads run on a small pool of read-only connections (issue 21, finding 4): one slow read
+(an integrity check, a large page) holds one connection, never the last free one, so
+`status` still answers; reads past the bounded queue get `overloaded` at once instead of
+waiting for their client's timeout. Real threads, real SQLite connections."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from coordd import errors
+from coordd.readers import ReadPool
+
+
+def _blocker(release: threading.Event, started: threading.Event):
+    def fn(conn):
+        started.set()
+        release.wait(10)
+        return conn.execute("SELECT 1").fetchone()[0]
+    return fn
+
+
+async def _wait_for(event: threading.Event) -> None:
+    assert await asyncio.to_thread(event.wait, 5)
+
+
+async def test_a_slow_read_does_not_hold_status(make_bundle):
+    b = await make_bundle(read_connections=2)
+    release, started = threading.Event(), threading.Event()
+    slow = asyncio.create_task(b.coord._read_heavy(_blocker(release, started)))
+    await _wait_for(started)
+    try:
+        st = await asyncio.wait_for(b.coord.status(), 2)  # on the other connection
+        assert st.jobs["waiting"] == 0
+        # a second heavy read must leave the last connection to the quick ones: it waits
+        release2, started2 = threading.Event(), threading.Event()
+        slow2 = asyncio.create_task(b.coord._read_heavy(_blocker(release2, started2)))
+        await asyncio.sleep(0.05)
+        assert not started2.is_set() and b.coord.readers.waiting == 1
+        st = await asyncio.wait_for(b.coord.status(), 2)
+        assert st.workers == 0
+    finally:
+        release.set()
+        release2.set()
+    assert await slow == 1 and await slow2 == 1
+    assert b.coord.readers.waiting == 0
+
+
+async def test_check_does_not_stall_status(make_bundle):
+    """`check` (quick_check over the whole file) is a heavy read."""
+    b = await make_bundle(read_connections=2)
+    for _ in range(20):
+        await b.enqueue()
+    res = await asyncio.gather(b.coord.check(), *(b.coord.status() for _ in range(8)))
+    assert res[0]["quick_check"] == "ok" and all(r.jobs["waiting"] == 20 for r in res[1:])
+
+
+async def test_a_full_read_queue_answers_overloaded_at_once(make_bundle):
+    b = await make_bundle(read_connections=1, read_queue_max=2)
+    release, started = threading.Event(), threading.Event()
+    holder = asyncio.create_task(b.coord.read(_blocker(release, started)))
+    await _wait_for(started)
+    queued = [asyncio.create_task(b.coord.status()) for _ in range(2)]
+    await asyncio.sleep(0.02)
+    assert b.coord.readers.waiting == 2
+    with pytest.raises(errors.Overloaded):
+        await asyncio.wait_for(b.coord.status(), 1)  # refused, not queued behind the slow read
+    assert b.coord.readers.refused == 1
+    release.set()
+    assert await holder == 1
+    for st in await asyncio.gather(*queued):
+        assert st.jobs["waiting"] == 0
+
+
+async def test_a_cancelled_waiter_gives_its_place_back(tmp_path):
+    """A read cancelled while it waits (its client went away) leaves no connection lost."""
+    import sqlite3
+    path = str(tmp_path / "r.db")
+    sqlite3.connect(path).execute("CREATE TABLE t (x)").connection.close()
+    pool = ReadPool(path, size=1, queue_max=4)
+    await pool.start()
+    try:
+        release, started = threading.Event(), threading.Event()
+        holder = asyncio.create_task(pool.run(_blocker(release, started)))
+        await _wait_for(started)
+        waiter = asyncio.create_task(pool.run(lambda conn: 2))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        release.set()
+        assert await holder == 1
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert pool.waiting == 0
+        assert await asyncio.wait_for(pool.run(lambda conn: 3), 2) == 3
+    finally:
+        await pool.close()
