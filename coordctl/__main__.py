@@ -176,7 +176,9 @@ def _print(outcome: Outcome, as_json: bool) -> None:
         OutputFailed: any other write error.
     """
     try:
-        if as_json:
+        if outcome.stream is not None:
+            outcome.stream(as_json)
+        elif as_json:
             doc = msgspec.json.format(msgspec.json.encode(outcome.data), indent=2)
             sys.stdout.buffer.write(doc + b"\n")
         elif isinstance(outcome.human, str):

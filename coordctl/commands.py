@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from coordctl import paging
 from coordd import views
 from coordd.errors import CoordError
 from coordd.protocol import Enqueue, JobList, JobView, StatusReply
@@ -43,12 +44,15 @@ class Outcome(NamedTuple):
         failure: `(code, message)` when the operation failed after all (exit 1).
         after: runs once the output is written and flushed (`msg read` acks there), and
             not at all if writing it failed.
+        stream: when set, prints the output itself (`stream(as_json)`), fetching as it
+            goes, instead of `data` / `human`.
     """
 
     data: Any
     human: Callable[[Any], None] | str
     failure: tuple[str, str] | None = None
     after: Callable[[], None] | None = None
+    stream: Callable[[bool], None] | None = None  # prints itself, page by page (--all)
 
 
 # ---------------------------------------------------------------- input parsing
@@ -251,18 +255,17 @@ def list_jobs(client: Any, args: argparse.Namespace) -> Outcome:
     filters = {k: getattr(args, k) for k in ("status", "kind", "role", "priority")
                if getattr(args, k) is not None}
     limit = args.limit if args.limit is not None else (LIST_ALL_PAGE_DEFAULT if args.all else 50)
+    if args.all:  # page by page: printed as each page comes (coordctl.paging)
+        def stream(as_json: bool) -> None:
+            walk = paging.pages(
+                lambda after: client.list_jobs(**filters, limit=limit, after=after), args.after)
+            if as_json:
+                return paging.stream_json(walk)
+            con = render.make_console()
+            paging.stream_table(walk, lambda jobs, first: render.job_rows(
+                con, jobs, header=first, aligned=True), lambda n: con.print(f"{n} job(s)"))
+        return Outcome(None, "", stream=stream)
     page: JobList = client.list_jobs(**filters, limit=limit, after=args.after)
-    if args.all:
-        jobs = list(page.jobs)
-        seen = {j.job_id for j in jobs}
-        while page.next_after is not None:
-            page = client.list_jobs(**filters, limit=limit, after=page.next_after)
-            fresh = [j for j in page.jobs if j.job_id not in seen]
-            if not fresh:  # a server that restarts paging must not loop us forever
-                break
-            seen.update(j.job_id for j in fresh)
-            jobs.extend(fresh)
-        page = JobList(jobs=jobs, next_after=None)
     return Outcome(page, lambda con: render.job_list(con, page, args.all))
 
 

@@ -154,18 +154,31 @@ def status_table(st: StatusReply, warnings: list[str]) -> Table:
 # ---------------------------------------------------------------- jobs
 
 
-def job_list(console: Console, page: JobList, paged_all: bool) -> None:
-    """Print a table of jobs; hint at the next page when there is one."""
-    t = SafeTable(box=box.SIMPLE_HEAD, show_edge=False)
-    for col in ("id", "kind", "role", "prio", "eff", "status", "attempts", "age", "worker",
-                "lease left", "waiting reason / last error"):
-        t.add_column(col, no_wrap=not col.startswith("waiting"), overflow="fold")
-    for j in page.jobs:
+# the job table's columns and, for pages printed one after another, their least widths
+JOB_COLUMNS = (("id", 16), ("kind", 12), ("role", 8), ("prio", 4), ("eff", 4),
+               ("status", 9), ("attempts", 8), ("age", 6), ("worker", 8), ("lease left", 10),
+               ("waiting reason / last error", 0))
+
+
+def job_rows(console: Console, jobs: list[JobView], header: bool = True,
+             aligned: bool = False) -> None:
+    """Print jobs as a table (with `aligned`, columns at fixed least widths, so that
+    pages printed one after another line up)."""
+    t = SafeTable(box=box.SIMPLE_HEAD, show_edge=False, show_header=header)
+    for col, width in JOB_COLUMNS:
+        t.add_column(col, no_wrap=not col.startswith("waiting"), overflow="fold",
+                     min_width=width if aligned and width else None)
+    for j in jobs:
         t.add_row(j.job_id, j.kind, j.required_role, f"P{j.priority}",
                   f"P{j.effective_priority}", j.status, f"{j.attempts}/{j.max_attempts}",
                   fmt_age(j.age_s), j.lease.worker_id if j.lease else "-", lease_left(j),
                   job_note(j))
     console.print(t)
+
+
+def job_list(console: Console, page: JobList, paged_all: bool) -> None:
+    """Print a table of jobs; hint at the next page when there is one."""
+    job_rows(console, page.jobs)
     tail = f"{len(page.jobs)} job(s)"
     if page.next_after and not paged_all:
         tail += f"; more after --after {page.next_after} (or use --all)"
