@@ -32,6 +32,7 @@ class Daemon:
     ps: psutil.Process | None = None
     _cpu0: float = 0.0
     extra: dict = field(default_factory=dict)
+    config: str = ""  # more coordd.toml lines (after BENCH_CONFIG)
 
     @property
     def db(self) -> str:
@@ -48,7 +49,7 @@ class Daemon:
     def start(self) -> "Daemon":
         """Start coordd and wait until its socket answers."""
         cfg = self.workdir / "coordd.toml"
-        cfg.write_text(BENCH_CONFIG)
+        cfg.write_text(BENCH_CONFIG + self.config)
         args = ["--db", self.db, "--socket", self.socket, "--config", str(cfg)]
         if self.probe:
             argv = [sys.executable, "-m", "bench.probe", self.stats_file, "--", *args]

@@ -3,7 +3,9 @@ roles, kinds, run_at in the past or future, gate overrides that refuse, allow or
 decode), random workers (roles, kinds filter, readings refusing P3). Each claim must take
 exactly the job the model picks by walking every waiting job in claim order, look at no
 more than CLAIM_SCAN candidates per level, dead-letter exactly the undecodable ones it
-looked at, and report the model's refusal reasons when nothing is claimable."""
+looked at, and report the model's refusal reasons when nothing is claimable. The claim
+walks one cursor per (role, kind) pair and merges them: priority order across kinds and
+roles must come out exactly as one walk of every waiting job would give it."""
 
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ from coordd import gates, store
 from coordd.store import lenient_json
 
 ROLES = ("cpu", "gpu", "tpu")
-KINDS = ("a", "b")
+KINDS = ("a", "b", "c", "d")
+# what a worker names: any kind, one, several (in any order, repeated), one nobody enqueued
+KIND_FILTERS = (None, None, ["a"], ["b"], ["a", "b"], ["d", "b", "c"], ["c", "c"], ["z"],
+                ["a", "z"], [])
 GATES = (None, None, None, {"max_temperature_c": 10.0}, {"max_temperature_c": 99.0},
          {"min_user_idle_s": None, "require_mains": False}, {"max_memory_pct": 5.0}, "BAD")
 
@@ -59,7 +64,7 @@ async def test_claims_match_a_brute_force_model(make_bundle, seed):
     b = await make_bundle()
     policies = b.coord._policies
     bad: list[str] = []
-    for _ in range(rnd.choice([5, 30, 80])):
+    for _ in range(rnd.choice([5, 30, 80, 120])):
         b.clock.advance(rnd.choice([0.0, 0.0, 0.5, 3.0]))
         g = rnd.choice(GATES)
         run_at = rnd.choice([None, None, b.clock.wall() + rnd.choice([1.0, 50.0, 500.0])])
@@ -75,7 +80,7 @@ async def test_claims_match_a_brute_force_model(make_bundle, seed):
              for j in bad]))
     for step in range(25):
         roles = rnd.sample(ROLES, rnd.choice([1, 1, 2, 3]))
-        kinds = rnd.choice([None, None, ["a"], ["b"], ["a", "b"]])
+        kinds = rnd.choice(KIND_FILTERS)
         readings = {"user_idle_s": rnd.choice([1.0, 3600.0, None]),
                     "temperature_c": rnd.choice([50.0, 50.0, 85.0, 95.0]),
                     "on_battery": rnd.choice([False, False, True, None])}

@@ -106,4 +106,4 @@ async def test_vacuum_frees_a_bounded_number_of_pages_per_transaction(make_bundl
     finally:
         store.vacuum_step = real
     assert sum(free_after) > pages  # there was more to free than one step may
-    assert max(free_after) <= pages <= 256
+    assert max(free_after) <= pages <= 128
