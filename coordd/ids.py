@@ -1,7 +1,7 @@
 """Job ids: 16 hex characters, time-ordered (ULID-like), strictly increasing per process.
 
 The claim order among jobs queued at the same instant (one `enqueue_batch`, or a pinned
-test clock) is by job id (store v3 `jobs_claim` index: priority, queued_at, job_id, ...),
+test clock) is by job id (the `jobs_claim` index: ..., priority, queued_at, job_id, ...),
 so ids must sort in creation order: FIFO among equals without a sort in the claim query.
 """
 

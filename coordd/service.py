@@ -39,7 +39,7 @@ from coordd.protocol_workflows import (
     WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.metrics import Metrics, tree_bytes
-from coordd.readers import ReadPool
+from coordd.readers import Coalesced, ReadPool
 from coordd.names import check_name
 from coordd.store import workers as wkstore
 from coordd.times import check_duration, fmt_time
@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 LIST_LIMIT_MAX = 1000
 ARTIFACT_GRACE_S = 3600.0  # an unreferenced artifact file younger than this is kept
+MAINTENANCE_PAUSE_MAX_S = 0.1  # the longest pause after one maintenance step
 
 
 class Coordinator:
@@ -88,6 +89,8 @@ class Coordinator:
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s)
         self.flows = Workflows(self)
+        self._status = Coalesced(self._status_now)  # many pollers share one read
+        self._maintenance_pause = asyncio.Event()  # never set: pauses run to their end
         self.hub = Hub(self.writer, self._read, config, self.clock)
         for method in HUB_PARAMS:  # the hub's RPC methods are served by coordd.hub
             setattr(self, method, getattr(self.hub, method))
@@ -349,19 +352,19 @@ class Coordinator:
         retention = self.config.retention_s
         pruned = artifacts = 0
         while True:
-            n, a = await self.writer.run(lambda conn, wall: store.prune_batch(
+            n, a = await self._maintenance_step(lambda conn, wall: store.prune_batch(
                 conn, (wall if now is None else now) - retention, store.PRUNE_BATCH))
             pruned, artifacts = pruned + n, artifacts + a
             if n < store.PRUNE_BATCH:
                 break
-        while await self.writer.run(lambda conn, wall: wstore.prune_workflows(
+        while await self._maintenance_step(lambda conn, wall: wstore.prune_workflows(
                 conn, (wall if now is None else now) - retention)) == wstore.PRUNE_BATCH:
             pass  # ended workflows whose last job just went
         messages = await self.hub.purge(now)
         agents = await self.hub.purge_agents(now)
-        free = await self.writer.run(lambda conn, _now: store.vacuum_step(conn))
+        free = await self._maintenance_step(lambda conn, _now: store.vacuum_step(conn))
         while free:
-            left = await self.writer.run(lambda conn, _now: store.vacuum_step(conn))
+            left = await self._maintenance_step(lambda conn, _now: store.vacuum_step(conn))
             if left >= free:
                 break  # nothing more comes free
             free = left
@@ -380,10 +383,29 @@ class Coordinator:
                            db_bytes=_file_size(self.db_path), artifact_files=files,
                            messages=messages, agents=agents)
 
+    async def _maintenance_step(self, op: Any) -> Any:
+        """Run one short maintenance transaction, then pause as long as it took (coordd's
+        monotonic clock): a long prune takes at most about half of the writer's time,
+        and most claims meet no maintenance step in their batch."""
+        started = self.clock.mono()
+        result = await self.writer.run(op)
+        took = self.clock.mono() - started
+        if took > 0:
+            await self.clock.wait(self._maintenance_pause, min(took, MAINTENANCE_PAUSE_MAX_S))
+        return result
+
     # ------------------------------------------------------------ reads
 
     async def status(self, p: Empty | None = None) -> StatusReply:
-        """Counts of workers, live leases and jobs by status (every status, zero where none)."""
+        """Counts of workers, live leases and jobs by status (every status, zero where none).
+
+        Callers that ask while a status read runs share the next one (coordd.readers.
+        Coalesced): still read after they asked, at a fraction of the reads.
+        Raises: errors.Overloaded (the read queue is full).
+        """
+        return await self._status()
+
+    async def _status_now(self) -> StatusReply:
         now = self.clock.wall()
         workers, live, leases, jobs, waiting, oldest = await self._read(
             views.status_counts, now, self.config.heartbeat_stale_s)

@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from coordd import errors
+from coordd.protocol import JobId, ListJobs
 from coordd.readers import ReadPool
 
 
@@ -62,16 +63,17 @@ async def test_a_full_read_queue_answers_overloaded_at_once(make_bundle):
     release, started = threading.Event(), threading.Event()
     holder = asyncio.create_task(b.coord.read(_blocker(release, started)))
     await _wait_for(started)
-    queued = [asyncio.create_task(b.coord.status()) for _ in range(2)]
+    queued = [asyncio.create_task(b.coord.status()),
+              asyncio.create_task(b.coord.list_jobs(ListJobs()))]
     await asyncio.sleep(0.02)
     assert b.coord.readers.waiting == 2
-    with pytest.raises(errors.Overloaded):
-        await asyncio.wait_for(b.coord.status(), 1)  # refused, not queued behind the slow read
+    with pytest.raises(errors.Overloaded):  # refused, not queued behind the slow read
+        await asyncio.wait_for(b.coord.get_job(JobId(job_id="nope")), 1)
     assert b.coord.readers.refused == 1
     release.set()
     assert await holder == 1
-    for st in await asyncio.gather(*queued):
-        assert st.jobs["waiting"] == 0
+    st, page = await asyncio.gather(*queued)
+    assert st.jobs["waiting"] == 0 and page.jobs == []
 
 
 async def test_a_cancelled_waiter_gives_its_place_back(tmp_path):
@@ -96,3 +98,32 @@ async def test_a_cancelled_waiter_gives_its_place_back(tmp_path):
         assert await asyncio.wait_for(pool.run(lambda conn: 3), 2) == 3
     finally:
         await pool.close()
+
+
+async def test_status_pollers_share_reads_and_still_see_earlier_writes(make_bundle, monkeypatch):
+    """16 status calls at once cost two reads; a status asked after a write has committed
+    is read after it, even while an older status read is still running."""
+    from coordd import views
+    b = await make_bundle()
+    res = await asyncio.gather(*(b.coord.status() for _ in range(16)))
+    assert b.coord._status.runs == 2 and all(r.jobs == res[0].jobs for r in res)
+    release, started = threading.Event(), threading.Event()
+    real = views.status_counts
+    calls = []
+
+    def counts(conn, now, stale_s):
+        calls.append(now)
+        if len(calls) == 1:
+            started.set()
+            release.wait(10)
+        return real(conn, now, stale_s)
+
+    monkeypatch.setattr(views, "status_counts", counts)
+    old = asyncio.create_task(b.coord.status())  # its read started before the enqueue
+    await _wait_for(started)
+    await b.enqueue()
+    new = asyncio.create_task(b.coord.status())
+    await asyncio.sleep(0.02)
+    release.set()
+    await old  # (it may or may not see the job: its read began before the enqueue)
+    assert (await new).jobs["waiting"] == 1 and len(calls) == 2  # a read of its own
