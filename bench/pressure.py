@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -142,7 +143,7 @@ def _ms(values: list[float], q: float) -> float:
     return 1e3 * pct(values, q)
 
 
-def _pollers_entry(sock: str, n: int, duration_s: float, out) -> None:  # type: ignore[no-untyped-def]
+def _pollers_entry(sock: str, n: int, duration_s: float, out: Any) -> None:
     async def main() -> None:
         async def one() -> list[float]:
             lat: list[float] = []
