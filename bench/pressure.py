@@ -78,6 +78,7 @@ SCENARIOS: dict[str, Scenario] = {}
 def scenario(name: str) -> Callable[[Scenario], Scenario]:
     """Register a scenario under `name`."""
     def add(fn: Scenario) -> Scenario:
+        fn.pressure_rows = True  # type: ignore[attr-defined]
         SCENARIOS[name] = fn
         return fn
     return add
@@ -328,7 +329,14 @@ def prune(workdir: Path, args: argparse.Namespace) -> list[Row]:
 
 
 def load_more(modules: tuple[str, ...] = ("bench.pressure_io",)) -> list[str]:
-    """Merge the SCENARIOS of other bench modules that exist; return their names."""
+    """Add the scenarios of other bench modules that exist; return their names.
+
+    A module's `SCENARIOS` maps a name to a function: either of this module's shape
+    (`(workdir, args) -> list[Row]`, marked by being registered with `@scenario`), or
+    `fn(src_tree) -> dict of figures` (bench/pressure_io.py), whose figures become rows
+    (its own baseline is a run against another revision: `python -m bench.pressure_io
+    --baseline REV`).
+    """
     found = []
     for name in modules:
         try:
@@ -337,9 +345,25 @@ def load_more(modules: tuple[str, ...] = ("bench.pressure_io",)) -> list[str]:
             if exc.name != name:
                 raise
             continue
-        SCENARIOS.update(getattr(mod, "SCENARIOS", {}))
+        for key, fn in getattr(mod, "SCENARIOS", {}).items():
+            if key not in SCENARIOS:
+                SCENARIOS[key] = fn if getattr(fn, "pressure_rows", False) else _figures(key, fn)
         found.append(name)
     return found
+
+
+def _figures(name: str, fn: Callable[..., dict[str, Any]]) -> Scenario:
+    """A scenario from a function that takes the source tree and returns figures."""
+    def run(workdir: Path, args: argparse.Namespace) -> list[Row]:
+        fig = fn(Path(__file__).resolve().parent.parent)
+        rows = []
+        for key, value in fig.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                rows.append(Row(name, key, float(value), unit=""))
+            else:
+                rows.append(Row(name, key, float("nan"), unit="", note=str(value)[:80]))
+        return rows
+    return run
 
 
 def table(rows: list[Row]) -> str:
@@ -392,7 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for name in names:
         t = time.perf_counter()
-        got = SCENARIOS[name](work / name, args)
+        try:
+            got = SCENARIOS[name](work / name, args)
+        except Exception as exc:  # one scenario falling over is a row, not the end
+            got = [Row(name, "error", float("nan"), unit="", met=False,
+                       note=f"{type(exc).__name__}: {exc}"[:120])]
         rows.extend(got)
         print(f"== {name} ({time.perf_counter() - t:.0f}s)", flush=True)
         print(table(got), flush=True)
