@@ -34,7 +34,7 @@ SQL_EVENT = (
     "INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
-SQL_CANDIDATE = (  # the claim index is led by (required_role, kind) since schema v8
+SQL_CANDIDATE = (  # the claim index is led by (required_role, kind) since schema v11
     "SELECT job_id FROM jobs INDEXED BY jobs_claim "
     "WHERE status = 'waiting' AND required_role = ? AND kind = ? AND priority = ? "
     "AND run_at <= ? ORDER BY queued_at, job_id LIMIT 1"
