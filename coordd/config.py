@@ -52,6 +52,9 @@ MESSAGE_MAX_BYTES = 256 << 10
 MESSAGE_VISIBILITY_S = 60.0
 MESSAGE_VISIBILITY_MAX_S = 12 * 3600.0  # the longest a read may hide a message (config or read)
 AGENT_STALE_S = 300.0
+PARK_MAX_PER_CONNECTION = 16
+PARK_MAX_TOTAL = 10_000
+PARK_WAIT_MAX_S = 300.0
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -117,6 +120,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         message_retention_s: processed messages and broadcasts older than this are purged
             by the prune round (expired messages are purged by every prune round).
         agent_stale_s: an agent whose last status update is older is shown as not live.
+        park_max_per_connection / park_max_total: parked calls (claim with wait_s,
+            wait_job, watch_worker, watch_events) allowed per connection / in all; one
+            more is refused `overloaded`.
+        park_wait_max_s: the longest a call may stay parked (longer asks are cut to it).
     """
 
     db: str = ""
@@ -167,6 +174,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     message_visibility_s: float = MESSAGE_VISIBILITY_S
     message_retention_s: float = RETENTION_S
     agent_stale_s: float = AGENT_STALE_S
+    park_max_per_connection: int = PARK_MAX_PER_CONNECTION
+    park_max_total: int = PARK_MAX_TOTAL
+    park_wait_max_s: float = PARK_WAIT_MAX_S
 
     def __post_init__(self) -> None:
         if not 0 < self.lease_min_s <= self.lease_default_s <= self.lease_max_s:
@@ -215,6 +225,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if not 0 < self.message_visibility_s <= MESSAGE_VISIBILITY_MAX_S:  # refuses NaN too
             raise ValueError(f"message_visibility_s must be > 0 and <= "
                              f"{MESSAGE_VISIBILITY_MAX_S:g}, got {self.message_visibility_s}")
+        if self.park_max_per_connection < 0 or self.park_max_total < 0 \
+                or not 0 <= self.park_wait_max_s <= 86400:
+            raise ValueError("need park_max_per_connection >= 0, park_max_total >= 0 and "
+                             "0 <= park_wait_max_s <= 86400")
         bad = set(self.gates) - {"p0", "p1", "p2", "p3"}
         if bad:
             raise ValueError(f"gates: unknown priority table(s) {sorted(bad)}; use p0..p3")

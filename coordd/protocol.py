@@ -128,6 +128,7 @@ class Claim(msgspec.Struct, kw_only=True):
     lease_s: float | None = None
     claim_id: str | None = None
     kinds: list[str] | None = None  # only jobs of these kinds (None = any kind)
+    wait_s: float = 0.0  # nothing claimable: park up to this long (coordd caps it; 0 = no)
 
 
 class LeaseRef(msgspec.Struct, kw_only=True):
@@ -233,6 +234,7 @@ class ClaimResult(msgspec.Struct, kw_only=True):
     lease: LeaseGrant | None = None
     reasons: list[str] = []
     detail: str = ""
+    waited_s: float = 0.0  # seconds the claim was parked before the claim that answered it
 
 
 class HeartbeatResult(msgspec.Struct, kw_only=True):
@@ -592,8 +594,7 @@ from coordd.protocol_workers import WORKER_ADMIN_METHODS, WORKER_PARAMS  # noqa:
 
 PARAMS.update(WORKER_PARAMS)
 ADMIN_METHODS = ADMIN_METHODS | WORKER_ADMIN_METHODS
-
-# ---------------------------------------------------------------- captured model output (issue 14)
+# ---------------------------------------------------------------- output (issue 14), push (15)
 from coordd.protocol_logs import LOG_PARAMS  # noqa: E402
-
-PARAMS.update(LOG_PARAMS)
+from coordd.protocol_push import PUSH_PARAMS  # noqa: E402
+PARAMS.update(LOG_PARAMS | PUSH_PARAMS)

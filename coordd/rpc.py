@@ -46,6 +46,7 @@ import msgspec
 from coordd import errors, memory
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ADMIN_METHODS, PARAMS, ErrorBody, Reply, Request
+from coordd.push import PARK_SCOPE, ParkScope
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +169,7 @@ class Dispatcher:
     async def _one(self, req: Request, conn: Connection) -> None:
         """Answer one request on `conn` (a task of its own; replies go out in any order)."""
         peer = conn.peer
+        PARK_SCOPE.set(conn.scope)  # this task's own context: its parked calls are conn's
         try:
             decoder = _param_decoders.get(req.method)
             if decoder is None:
@@ -280,6 +282,7 @@ class Connection(asyncio.Protocol):
         self._stall_since = 0.0    # monotonic: since when no unsent byte was taken
         self._stall_size = 0
         self.on_close: list[Callable[[], None]] = []  # run once when the connection is lost
+        self.scope = ParkScope()  # its parked calls (coordd.push): dropped when it closes
 
     # -------------------------------------------------------------- asyncio.Protocol
 
@@ -332,6 +335,7 @@ class Connection(asyncio.Protocol):
         self._unsent = 0
         if self._abort_timer is not None:
             self._abort_timer.cancel()
+        self.scope.close()
         self._d._closed(self)
         hooks, self.on_close = self.on_close, []
         for hook in hooks:

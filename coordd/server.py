@@ -262,6 +262,7 @@ class Daemon:
         """Stop intake, finish what is in flight, commit, close the DB, then every peer."""
         server.close()
         self.dispatcher.stop_intake()
+        await self.coord.push.close()  # every parked call answers now, before the drain
         await self.dispatcher.drain(DRAIN_TIMEOUT_S)
         await self.coord.close()
         await self.dispatcher.close_connections(CLOSE_TIMEOUT_S)

@@ -43,6 +43,9 @@ from coordd.readers import Coalesced, ReadPool
 from coordd.names import check_name
 from coordd.store import workers as wkstore
 from coordd.times import check_duration, fmt_time
+from coordd.push import Push
+from coordd.store import push as push_store
+from coordd.waits import Waits
 from coordd.store import workflows as wstore
 from coordd.workflows import Workflows
 from coordd.writer import Writer
@@ -100,6 +103,9 @@ class Coordinator:
         self.logs = JobLogStore(self.writer, self._read)
         for method in LOG_PARAMS:  # a job's captured output: coordd.logs
             setattr(self, method, getattr(self.logs, method))
+        self.push = Push(clock, per_connection_max=config.park_max_per_connection,
+                         total_max=config.park_max_total, wait_max_s=config.park_wait_max_s)
+        self.waits = Waits.serve(self)  # the writer's wake-up hooks, wait_job, watch_*
 
     async def start(self) -> None:
         """Open the writer (creating and migrating the DB) and the read-only connections.
@@ -113,6 +119,7 @@ class Coordinator:
             raise errors.StoreError(f"{self.db_path}: {exc}") from exc
         try:
             await self.readers.start()
+            self.push.start(await self._read(push_store.scheduled, self.clock.wall()))
         except sqlite3.Error as exc:
             await self.close()
             raise errors.StoreError(f"{self.db_path}: {exc}") from exc
@@ -124,6 +131,7 @@ class Coordinator:
         """Close the readers, then drain and close the writer (whose close folds the WAL
         back into the main file, so the .db alone is complete after a clean stop). Idempotent."""
         try:
+            await self.push.close()
             await self.readers.close()
         finally:
             await self.writer.stop()
@@ -172,6 +180,7 @@ class Coordinator:
             return cancel, lost, now
         cancel, lost, now = await self.writer.run(op, urgent=True)
         self.lifecycle.log_lost(p.worker_id, lost, "restarted (new incarnation)")
+        self.push.heartbeat(p.worker_id, frozenset(p.roles))  # committed: gates may be open
         return HeartbeatResult(now=now, cancel=cancel, artifact_dir=self.artifact_dir,
                                lost=lost)
 
@@ -179,16 +188,27 @@ class Coordinator:
         """Claim the best job for `p.worker_id` (see coordd.leases.claim).
 
         `lease_s` is clamped to the configured [lease_min_s, lease_max_s]; it never
-        depends on a job's max runtime. Raises: errors.BadRequest.
+        depends on a job's max runtime. With `wait_s` > 0 and nothing to hand out, the
+        claim parks (coordd.push) up to `wait_s` (cut to `park_wait_max_s`) and is tried
+        again whenever a job this worker may take may have become claimable.
+        Raises: errors.BadRequest, errors.Overloaded (parked-call caps).
         """
         check_name("worker_id", p.worker_id)
         if p.claim_id is not None:
             check_name("claim_id", p.claim_id)
+        wait_s = self.push.wait_s(p.wait_s)  # BadRequest: NaN, negative
         lease_s = self._lease_s(p.lease_s)
-        result = await self.writer.run(
-            partial(leases.claim, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,
-                    policy=self._claim_policy,
-                    kinds_json=None if p.kinds is None else store.dumps(p.kinds)))
+        op = partial(leases.claim, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,
+                     policy=self._claim_policy,
+                     kinds_json=None if p.kinds is None else store.dumps(p.kinds))
+        if wait_s <= 0:
+            result = await self.writer.run(op)
+        else:
+            async def attempt(waited_s: float) -> ClaimResult:
+                res: ClaimResult = await self.writer.run(op)
+                res.waited_s = waited_s
+                return res
+            result = await self.push.claim(p.worker_id, p.kinds, wait_s, attempt)
         if result.job is not None:
             self.meters.claims.inc()
         for reason in result.reasons:

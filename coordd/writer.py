@@ -152,6 +152,11 @@ class Writer:
         self._last_seen: float | None = None  # coordd's time at the last COMMIT
         self.stats = WriterStats()
         self.health = StorageHealth()  # disk full / I/O errors: `unavailable`, logged once
+        # Commit hooks (coordd.push): `on_open(conn)` once the schema is migrated; after
+        # each batch `on_commit()` once its COMMIT is done, or `on_rollback()`.
+        self.on_open: Callable[[sqlite3.Connection], None] | None = None
+        self.on_commit: Callable[[], None] | None = None
+        self.on_rollback: Callable[[], None] | None = None
 
     @property
     def queue_depth(self) -> int:
@@ -189,6 +194,12 @@ class Writer:
         except BaseException:
             conn.close()
             raise
+        if self.on_open is not None:
+            try:
+                self.on_open(conn)
+            except BaseException:
+                conn.close()
+                raise
         self._conn = conn
         self._checkpointer.start()
         self._task = asyncio.create_task(self._run(), name="coordd-writer")
@@ -302,6 +313,8 @@ class Writer:
             try:
                 await self._begin(conn)
                 outcomes = self._apply(conn, batch)
+                if self.on_commit is not None:
+                    self.on_commit()  # wake-ups after the COMMIT, never before (coordd.push)
                 self._checkpointer.kick()
                 if self._metrics is not None:
                     self._metrics.observe_batch(len(batch), self.stats.commit_times[-1],
@@ -316,6 +329,8 @@ class Writer:
                                  extra={"action": "commit_failed", "n": len(batch)})
                     err = _batch_error(exc)
                 outcomes = [(False, err)] * len(batch)
+                if self.on_rollback is not None:
+                    self.on_rollback()
             else:
                 if self.health.reason is not None:
                     self.health.committed(self._clock.mono())

@@ -1,0 +1,95 @@
+"""SQL of the parked calls (issue 15): the writer's wake-up triggers, the event feed, the
+worker's pending actions, and the due times of scheduled jobs.
+
+The triggers are TEMP: they live only on the writer's own connection (nothing in the
+file changes, no migration) and call `coordd_push(what, job_id, a, b, c)`, a function
+the writer registers (coordd.push.Push.note), for every row that may wake a parked call:
+
+- `w` a job entered `waiting` (a = role, b = kind, c = run_at): any way in, now or later
+  (enqueue, requeue, retry, reap, a workflow node unblocked, a release);
+- `t` a job reached a terminal status (`wait_job`);
+- `c` a running job's cancel was requested (a = the lease holder, for `watch_worker`);
+- `e` a job event was written (`watch_events`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+PUSH_FUNCTION = "coordd_push"
+TERMINAL_SQL = "('succeeded', 'failed', 'cancelled', 'skipped')"
+
+TRIGGERS = (
+    "CREATE TEMP TRIGGER IF NOT EXISTS push_waiting_insert AFTER INSERT ON main.jobs "
+    "WHEN NEW.status = 'waiting' BEGIN "
+    "SELECT coordd_push('w', NEW.job_id, NEW.required_role, NEW.kind, NEW.run_at); END",
+    "CREATE TEMP TRIGGER IF NOT EXISTS push_waiting_update AFTER UPDATE OF status ON main.jobs "
+    "WHEN NEW.status = 'waiting' AND OLD.status <> 'waiting' BEGIN "
+    "SELECT coordd_push('w', NEW.job_id, NEW.required_role, NEW.kind, NEW.run_at); END",
+    "CREATE TEMP TRIGGER IF NOT EXISTS push_terminal AFTER UPDATE OF status ON main.jobs "
+    f"WHEN NEW.status IN {TERMINAL_SQL} AND OLD.status <> NEW.status BEGIN "
+    "SELECT coordd_push('t', NEW.job_id, NULL, NULL, NULL); END",
+    "CREATE TEMP TRIGGER IF NOT EXISTS push_cancel AFTER UPDATE OF cancel_requested "
+    "ON main.jobs WHEN NEW.cancel_requested = 1 AND OLD.cancel_requested = 0 BEGIN "
+    "SELECT coordd_push('c', NEW.job_id, "
+    "(SELECT worker_id FROM main.leases WHERE job_id = NEW.job_id), NULL, NULL); END",
+    "CREATE TEMP TRIGGER IF NOT EXISTS push_event AFTER INSERT ON main.job_events BEGIN "
+    "SELECT coordd_push('e', NEW.job_id, NULL, NULL, NULL); END",
+)
+
+SQL_SCHEDULED = (
+    "SELECT run_at, required_role, kind FROM jobs INDEXED BY jobs_claim "
+    "WHERE status = 'waiting' AND run_at > ?"
+)
+SQL_CANCEL_FOR_WORKER = (
+    "SELECT l.job_id FROM leases l JOIN jobs j ON j.job_id = l.job_id "
+    "WHERE l.worker_id = ? AND j.cancel_requested = 1 ORDER BY l.job_id"
+)
+SQL_JOB_STATUS = "SELECT status FROM jobs WHERE job_id = ?"
+# The events after a cursor, at most ?2 of them looked at; the filter applies to those.
+SQL_FEED = (
+    "SELECT e.event_id, e.job_id, e.at, e.worker_id, e.from_status, e.to_status, e.reason, "
+    "j.kind, j.workflow_id, j.node FROM "
+    "(SELECT * FROM job_events WHERE event_id > ?1 ORDER BY event_id LIMIT ?2) e "
+    "LEFT JOIN jobs j ON j.job_id = e.job_id ORDER BY e.event_id"
+)
+SQL_LAST_EVENT = "SELECT coalesce(max(event_id), 0) FROM job_events"
+
+
+def install(conn: sqlite3.Connection, note: Callable[[str, str, Any, Any, Any], None]) -> None:
+    """Register `note` as coordd_push and create the TEMP triggers on `conn` (the writer's).
+
+    `note` must not raise: an error there would fail the write that fired it.
+    """
+    conn.create_function(PUSH_FUNCTION, 5, note)
+    for sql in TRIGGERS:
+        conn.execute(sql)
+
+
+def scheduled(conn: sqlite3.Connection, now: float) -> list[tuple[float, str, str]]:
+    """(run_at, role, kind) of every waiting job not yet due at `now`."""
+    return conn.execute(SQL_SCHEDULED, (now,)).fetchall()
+
+
+def cancel_for_worker(conn: sqlite3.Connection, worker_id: str) -> list[str]:
+    """Ids of the jobs `worker_id` holds whose cancel was requested."""
+    return [r[0] for r in conn.execute(SQL_CANCEL_FOR_WORKER, (worker_id,))]
+
+
+def job_status(conn: sqlite3.Connection, job_id: str) -> str | None:
+    """The job's status, or None if there is no such job."""
+    row = conn.execute(SQL_JOB_STATUS, (job_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+def feed(conn: sqlite3.Connection, after: int, scan: int) -> list[tuple[Any, ...]]:
+    """Up to `scan` events with id > `after`, in id order, with the job's kind, workflow
+    and node (None once the job is pruned)."""
+    return conn.execute(SQL_FEED, (after, scan)).fetchall()
+
+
+def last_event(conn: sqlite3.Connection) -> int:
+    """The highest event id (0 when there is none)."""
+    return conn.execute(SQL_LAST_EVENT).fetchone()[0]
