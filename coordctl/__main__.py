@@ -88,8 +88,9 @@ def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
     parser.add_argument("--json", action="store_true", default=d(False),
                         help="print a JSON document instead of tables")
     parser.add_argument("--timeout", metavar="S", type=_positive(float),
-                        default=d(CALL_TIMEOUT_DEFAULT),
-                        help=f"seconds to wait for each reply (default {CALL_TIMEOUT_DEFAULT:g})")
+                        default=d(None),
+                        help=f"seconds to wait for each reply (default {CALL_TIMEOUT_DEFAULT:g});"
+                             " with `enqueue --wait`: for the job to end (default: no limit)")
 
 
 def build_parser() -> Parser:
@@ -123,6 +124,9 @@ def build_parser() -> Parser:
     e.add_argument("--batch", metavar="FILE.jsonl",
                    help="one Enqueue object per line (kind, required_role, priority, payload,"
                         " ...); flags above fill fields a line omits; '-' = stdin")
+    e.add_argument("--wait", action="store_true",
+                   help="wait for the job to end (coordd's wait_job; --timeout S bounds it), "
+                        "print its result; exit 1 unless it succeeded")
 
     ls = cmd("list", "a table of jobs")
     ls.add_argument("--status", choices=JOB_STATUSES)
@@ -210,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
     from coordd.client import SyncClient, Unencodable
     from coordd.errors import CoordError
 
-    client = SyncClient(args.socket, timeout=args.timeout)  # None: $COORDD_SOCKET or default
+    # socket None: $COORDD_SOCKET or the default
+    client = SyncClient(args.socket, timeout=args.timeout or CALL_TIMEOUT_DEFAULT)
     path = client.path
     try:
         outcome = {**COMMANDS, **MSG_COMMANDS, **workflow.COMMANDS,

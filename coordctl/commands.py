@@ -225,6 +225,8 @@ def status(client: Any, args: argparse.Namespace) -> Outcome:
 def enqueue(client: Any, args: argparse.Namespace) -> Outcome:
     """`enqueue`: one job from flags, or `--batch FILE.jsonl` in one transaction."""
     fields = _job_fields(args)
+    if args.batch is not None and getattr(args, "wait", False):
+        raise UsageError("--wait takes one job, not --batch")
     if args.batch is not None:
         lines = read_batch_lines(args.batch, fields)
         try:
@@ -246,7 +248,28 @@ def enqueue(client: Any, args: argparse.Namespace) -> Outcome:
         raise UsageError(f"enqueue needs {', '.join(missing)} (or --batch FILE)")
     job = _to_enqueue(fields, "enqueue")
     res = client.enqueue(**msgspec.structs.asdict(job))
+    if getattr(args, "wait", False):
+        return _wait(client, res.job_id, args.timeout)
     return Outcome(res, res.job_id + ("" if res.created else " (already enqueued)"))
+
+
+WAIT_FOREVER_S = 10.0 ** 9  # `enqueue --wait` without --timeout
+
+
+def _wait(client: Any, job_id: str, timeout: float | None) -> Outcome:
+    """Wait for the job to end (coordd's `wait_job`, chunked by Client.wait_for); print
+    its id and result; fail (exit 1) unless it succeeded."""
+    from coordd.client import CallTimeout
+    try:
+        view: JobView = client.wait_for(job_id, timeout or WAIT_FOREVER_S)
+    except CallTimeout as exc:
+        return Outcome({"job_id": job_id, "terminal": False}, job_id,
+                       failure=("timeout", exc.message))
+    text = json.dumps(view.result, ensure_ascii=False) if view.result is not None else ""
+    failure = None
+    if view.status != "succeeded":
+        failure = (view.status, f"job {job_id} {view.status}: {view.last_error or ''}".rstrip(": "))
+    return Outcome(view, f"{job_id}\n{text}".rstrip("\n"), failure=failure)
 
 
 def list_jobs(client: Any, args: argparse.Namespace) -> Outcome:

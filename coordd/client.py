@@ -32,6 +32,7 @@ from coordd.protocol import (
     ReapResult, RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
 )
 from coordd.protocol_logs import JobLogs, LogAppendResult
+from coordd.protocol_push import EventFilter, EventsResult, WaitJobResult, WorkerActions
 from coordd.protocol_workflows import (
     ScheduleList, ScheduleView, WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
@@ -177,14 +178,15 @@ class Client:
             return
         self._fail_pending(refusal or Disconnected("coordd closed the connection"))
 
-    async def call(self, method: str, params: Any = None, result_type: type[T] | None = None
-                   ) -> T | Any:
+    async def call(self, method: str, params: Any = None, result_type: type[T] | None = None,
+                   timeout: float | None = None) -> T | Any:
         """Send one request and return its decoded result.
 
         Args:
             method: an RPC method name (protocol.PARAMS).
             params: a params Struct or a dict (None = no params).
             result_type: decode the result into this type (None = plain msgpack objects).
+            timeout: seconds to wait for this reply (default: the client's `timeout`).
         Raises:
             errors.CoordError subclass with the server's code; Disconnected; CallTimeout;
             errors.PayloadTooLarge if the request frame is over the cap, Unencodable
@@ -207,9 +209,9 @@ class Client:
         try:
             self._writer.write(frame)
             await self._writer.drain()
-            header = await asyncio.wait_for(fut, self.timeout)
+            header = await asyncio.wait_for(fut, timeout or self.timeout)
         except asyncio.TimeoutError:
-            raise CallTimeout(f"{method}: no reply within {self.timeout:g}s") from None
+            raise CallTimeout(f"{method}: no reply within {timeout or self.timeout:g}s") from None
         except (ConnectionError, OSError) as exc:
             self._pending.pop(req_id, None)  # ours is answered by this raise, not by close()
             await self.close()
@@ -257,10 +259,17 @@ class Client:
         return await self.call("enqueue_batch", {"jobs": jobs}, EnqueueBatchResult)
 
     async def claim(self, worker_id: str, lease_s: float | None = None,
-                    claim_id: str | None = None, kinds: list[str] | None = None) -> ClaimResult:
-        """Claim a job (see protocol.Claim); `kinds` limits it to kinds this worker runs."""
-        return await self.call("claim", {"worker_id": worker_id, "lease_s": lease_s,
-                                         "claim_id": claim_id, "kinds": kinds}, ClaimResult)
+                    claim_id: str | None = None, kinds: list[str] | None = None,
+                    wait_s: float = 0.0) -> ClaimResult:
+        """Claim a job (see protocol.Claim); `kinds` limits it to kinds this worker runs;
+        `wait_s` > 0 parks the claim at coordd up to that long while nothing is claimable
+        (an older coordd answers at once)."""
+        params = {"worker_id": worker_id, "lease_s": lease_s, "claim_id": claim_id,
+                  "kinds": kinds}
+        if wait_s > 0:
+            params["wait_s"] = wait_s
+            return await self.call("claim", params, ClaimResult, timeout=self.timeout + wait_s)
+        return await self.call("claim", params, ClaimResult)
 
     async def renew(self, job_id: str, worker_id: str, token: int,
                     lease_s: float | None = None) -> RenewResult:
@@ -411,14 +420,57 @@ class Client:
         """One agent's status, or a page of agents (`limit`, `after`: see AgentQuery)."""
         return await self.call("get_agent_status", {"name": name, **page}, AgentsResult)
 
+    async def wait_job(self, job_id: str, timeout_s: float) -> WaitJobResult:
+        """Wait at coordd up to `timeout_s` (coordd cuts it to its `park_wait_max_s`) for
+        the job to be terminal; `job` is a JobView, `terminal` False at the timeout.
+
+        Raises: NotFound, Overloaded (coordd's cap on parked calls), UnknownMethod (an
+        older coordd).
+        """
+        raw = await self.call("wait_job", {"job_id": job_id, "timeout_s": timeout_s},
+                              timeout=self.timeout + timeout_s)
+        return WaitJobResult(job=msgspec.convert(raw["job"], JobView), terminal=raw["terminal"])
+
+    async def watch_worker(self, worker_id: str, wait_s: float,
+                           seen: WorkerActions | None = None) -> WorkerActions:
+        """The actions coordd asks of `worker_id` for the jobs it holds, as soon as one is
+        not in `seen` (else after `wait_s`)."""
+        params = {"worker_id": worker_id, "wait_s": wait_s, "seen": seen or WorkerActions()}
+        return await self.call("watch_worker", params, WorkerActions,
+                               timeout=self.timeout + wait_s)
+
+    async def watch_events(self, after: int = 0, wait_s: float = 0.0, limit: int = 100,
+                           filter: EventFilter | dict[str, Any] | None = None) -> EventsResult:
+        """Job events after the cursor `after`, parked up to `wait_s` while there are none;
+        continue from the reply's `next_after`."""
+        params = {"after": after, "wait_s": wait_s, "limit": limit, "filter": filter or {}}
+        return await self.call("watch_events", params, EventsResult,
+                               timeout=self.timeout + wait_s)
+
     async def wait_for(self, job_id: str, timeout: float, poll_s: float = 0.2) -> JobView:
-        """Poll until the job is terminal; return it.
+        """Wait until the job is terminal; return it. Waits at coordd (`wait_job`); against
+        an older coordd (unknown_method) it polls every `poll_s` instead.
 
         Raises:
             CallTimeout: not terminal within `timeout` seconds.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        while True:
+            left = deadline - loop.time()
+            try:
+                got = await self.wait_job(job_id, max(0.0, left))
+            except errors.UnknownMethod:
+                break  # an older coordd: poll
+            except errors.Overloaded:  # coordd's cap on parked calls: ask again shortly
+                if loop.time() >= deadline:
+                    raise CallTimeout(f"job {job_id} not terminal after {timeout:g}s") from None
+                await asyncio.sleep(poll_s)
+                continue
+            if got.terminal:
+                return got.job
+            if loop.time() >= deadline:
+                raise CallTimeout(f"job {job_id} still {got.job.status} after {timeout:g}s")
         while True:
             job = await self.get_job(job_id)
             if job.status in TERMINAL_STATUSES:

@@ -12,14 +12,14 @@ from typing import Any
 
 from coordd import errors
 from coordd.names import check_name
-from coordd.protocol import JobId, JobView
+from coordd.protocol import TERMINAL_STATUSES, JobId, JobView
 from coordd.protocol_push import (
     PUSH_PARAMS, EventsResult, FeedEvent, WaitJob, WaitJobResult, WatchEvents, WatchWorker, WorkerActions,
 )
 from coordd.push import Push
 from coordd.store import push as push_store
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "skipped"})
+TERMINAL = frozenset(TERMINAL_STATUSES)
 FEED_SCAN = 1000       # events looked at per look of `watch_events`
 FEED_LIMIT_MAX = 1000  # events one `watch_events` reply carries at most
 FEED_SCANS_PER_LOOK = 8  # scans of FEED_SCAN a look makes before answering (a filter may match none)

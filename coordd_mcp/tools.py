@@ -107,11 +107,19 @@ async def cancel_job(c: Client, agent: str, a: dict[str, Any]) -> Any:
 
 
 async def wait_for_job(c: Client, agent: str, a: dict[str, Any]) -> Any:
-    """Poll until the job is terminal or the (capped) timeout passes; never an error on
-    timeout: the reply says `terminal: false` and the job's current state."""
+    """Wait (coordd's `wait_job`) until the job is terminal or the (capped) timeout
+    passes; never an error on timeout: the reply says `terminal: false` and the job's
+    current state. Against an older coordd (unknown_method) it polls."""
     timeout = min(float(a.get("timeout_s", WAIT_DEFAULT_S)), WAIT_MAX_S)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    try:
+        while True:
+            got = await c.wait_job(a["job_id"], max(0.0, deadline - loop.time()))
+            if got.terminal or loop.time() >= deadline:
+                return {"terminal": got.terminal, "job": _plain(got.job)}
+    except (errors.UnknownMethod, errors.Overloaded):
+        pass  # an older coordd, or its cap on parked calls: poll
     while True:
         job = await c.get_job(a["job_id"])
         if job.status in TERMINAL_STATUSES or loop.time() >= deadline:

@@ -22,6 +22,8 @@ GRACE_S_DEFAULT = 10.0
 STOP_TIMEOUT_S_DEFAULT = 30.0
 """Must stay below the unit's TimeoutStopSec (60 s in coord-worker@.service)."""
 CLAIM_INTERVAL_S_DEFAULT = 1.0
+CLAIM_WAIT_S_DEFAULT = 30.0  # a parked claim / control watch is asked again this often
+CLAIM_WAIT_S_MAX = 300.0  # coordd's default park_wait_max_s
 INLINE_RESULT_BYTES_DEFAULT = 65536
 TIMEOUT_S_DEFAULT = 3600.0
 SLOTS_DEFAULT = 1
@@ -97,7 +99,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         grace_s: SIGTERM -> SIGKILL grace for a model tree.
         stop_timeout_s: the worker exits within this after SIGTERM; keep it below systemd's
             TimeoutStopSec.
-        claim_interval_s: idle poll interval when coordd has nothing for this worker.
+        claim_interval_s: idle poll interval when coordd has nothing for this worker and
+            cannot park the claim (an older coordd), or the control watch is not served.
+        claim_wait_s: how long an idle claim waits parked at coordd for a job (long poll)
+            and the control watch for a cancel or governance action (0 = poll instead).
         inline_result_bytes: larger results go to the artifact store, not the DB.
         kinds: one table per job kind this worker can run.
     """
@@ -108,6 +113,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     grace_s: float = GRACE_S_DEFAULT
     stop_timeout_s: float = STOP_TIMEOUT_S_DEFAULT
     claim_interval_s: float = CLAIM_INTERVAL_S_DEFAULT
+    claim_wait_s: float = CLAIM_WAIT_S_DEFAULT
     inline_result_bytes: int = INLINE_RESULT_BYTES_DEFAULT
     kinds: dict[str, KindConfig] = msgspec.field(default_factory=default_kinds)
 
@@ -115,6 +121,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for name in ("lease_s", "heartbeat_interval_s", "claim_interval_s", "stop_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
+        if not 0 <= self.claim_wait_s <= CLAIM_WAIT_S_MAX:
+            raise ValueError(f"claim_wait_s must be 0..{CLAIM_WAIT_S_MAX:g}")
         if self.grace_s < 0:
             raise ValueError("grace_s must be >= 0")
         if self.stop_timeout_s <= self.grace_s:

@@ -27,6 +27,7 @@ from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
 from worker.kinds import KindHealth
 from worker.link import Link
 from worker.logs import LogShipper
+from worker.control import ControlWatch, early, until
 from worker.probes import Probes
 from worker.process import ModelProcess, classify_exit
 from worker.waits import signame as _signame, wait_any as _wait_any
@@ -131,6 +132,8 @@ class Supervisor:
         self._groups = orphans.records_dir(config.work_dir, worker_id)
         self._forced = False
         self._tg: asyncio.TaskGroup | None = None
+        self._watch = ControlWatch(self._client, worker_id, config, self._clock,
+                                   lambda: self._runs)  # cancels pushed by coordd
 
     # ------------------------------------------------------------ lifecycle
 
@@ -155,6 +158,7 @@ class Supervisor:
                 self._tg = tg
                 tg.create_task(self._heartbeat_loop(), name="heartbeat")
                 tg.create_task(self._claim_loop(), name="claim")
+                tg.create_task(self._watch.run(self._stop), name="control-watch")
                 tg.create_task(self._stop_watch(), name="stop")
             await self._goodbye()
         finally:
@@ -250,27 +254,29 @@ class Supervisor:
             if stale and not await self.heartbeat_once():
                 await self._clock.wait(self._wake, self._link.delay(interval))
                 continue
-            got = await self.claim_once()
-            if got is None:
-                await self._clock.wait(self._wake, interval)
+            asked = self._clock.mono()
+            got = await until(self._stop, self.claim_once(self.config.claim_wait_s))
+            if got is None:  # answered early (an older coordd, an error): poll's pause
+                if early(self._clock.mono() - asked, self.config.claim_wait_s):
+                    await self._clock.wait(self._wake, interval)
                 continue
             run = JobRun(job=got[0], token=got[1], deadline=got[2],
                          dir=os.path.join(self.config.work_dir, artifacts.safe_name(got[0].job_id)),
                          kind=self.config.kinds.get(got[0].kind))
             self._start_job(run)
 
-    async def claim_once(self) -> tuple[ClaimedJob, int, float] | None:
+    async def claim_once(self, wait_s: float = 0.0) -> tuple[ClaimedJob, int, float] | None:
         """Claim one job: (job, token, monotonic lease deadline), or None.
 
         A fresh claim_id per attempt, resent once on a lost reply, so a lost reply leaves no
-        orphan lease.
+        orphan lease. `wait_s` > 0 parks it at coordd; the lease runs from send + waited_s.
         """
         claim_id = uuid.uuid4().hex
         sent = self._clock.mono()
         for attempt in (1, 2):
             try:
                 res = await self._client.claim(self.worker_id, self.config.lease_s, claim_id,
-                                               kinds=self.kinds.usable())
+                                               kinds=self.kinds.usable(), wait_s=wait_s)
                 break
             except (Disconnected, CallTimeout) as exc:
                 if attempt == 2:
@@ -288,11 +294,12 @@ class Supervisor:
         logger.info("claimed %s (%s, P%d, attempt %d)", res.job.job_id, res.job.kind,
                     res.job.priority, res.job.attempts,
                     extra={"action": "claim", "job_id": res.job.job_id, "token": res.lease.token})
-        return res.job, res.lease.token, sent + res.lease.lease_s
+        return res.job, res.lease.token, sent + res.waited_s + res.lease.lease_s
 
     def _start_job(self, run: JobRun) -> None:
         assert self._tg is not None
         self._runs[run.job_id] = run
+        self._watch.holding.set()
         if self._stop.is_set():
             run.abort(SHUTDOWN)
         task = self._tg.create_task(self._job_task(run), name=f"job-{run.job_id}")

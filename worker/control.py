@@ -1,0 +1,126 @@
+"""The worker's control watch: one parked `watch_worker` call while it holds jobs, so a
+cancel (and, once coordd decides them, suspend / resume / vacate) reaches the model in
+milliseconds. Renew and heartbeat replies carry the same cancel lists: they stay the
+fallback, and the only path against an older coordd (unknown_method ends the watch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from coordd import errors
+from coordd.client import Client
+from coordd.clock import Clock
+from coordd.protocol_push import WorkerActions
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+EARLY_FRACTION = 0.5  # a watch answered sooner than this part of wait_s with nothing new: pause
+
+
+def early(elapsed: float, wait_s: float) -> bool:
+    """A parked call answered with nothing after `elapsed` s came back early (an older
+    coordd that does not park, an error, coordd stopping): the caller should pause."""
+    return wait_s <= 0 or elapsed < EARLY_FRACTION * wait_s
+
+
+async def until(stop: asyncio.Event, call: Awaitable[T]) -> T | None:
+    """Await `call`, or give it up (cancelled) once `stop` is set; None then.
+
+    A call already answered when `stop` comes still returns its result.
+    """
+    task = asyncio.ensure_future(call)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not task.done():
+        task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not task.cancelled():
+            raise
+        return None
+
+
+class ControlWatch:
+    """Keep a `watch_worker` call parked at coordd while the worker holds jobs.
+
+    Args:
+        client: the supervisor's coordd client.
+        worker_id: whose jobs.
+        config: the worker config: `claim_wait_s` is how long each call stays parked (0 =
+            off), `claim_interval_s` the pause after an error or an early empty answer.
+        clock: the supervisor's clock.
+        held: returns the JobRuns by job id.
+        act: `act(job_id, action)` per new action ("cancel" | "suspend" | "resume" |
+            "vacate"); default: `request_cancel()` on the held run for a cancel (the only
+            action acted on until governance lands).
+    """
+
+    def __init__(self, client: Client, worker_id: str, config: Any, clock: Clock,
+                 held: Callable[[], dict[str, Any]],
+                 act: Callable[[str, str], None] | None = None) -> None:
+        self._client = client
+        self._worker_id = worker_id
+        self._wait_s = config.claim_wait_s
+        self._interval = config.claim_interval_s
+        self._clock = clock
+        self._held = held
+        self._act = act or self._cancel
+
+    def _cancel(self, job_id: str, action: str) -> None:
+        run = self._held().get(job_id)
+        if run is not None and action == "cancel":
+            run.request_cancel()
+        self.holding = asyncio.Event()  # set by the supervisor when it starts a job
+        self.served = True  # False once coordd answered unknown_method
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Watch until `stop` is set."""
+        if self._wait_s <= 0:
+            return
+        seen = WorkerActions()
+        while not stop.is_set():
+            if not self._held():
+                self.holding.clear()
+                await until(stop, self.holding.wait())
+                seen = WorkerActions()
+                continue
+            asked = self._clock.mono()
+            try:
+                acts = await until(stop, self._client.watch_worker(
+                    self._worker_id, self._wait_s, seen))
+            except errors.UnknownMethod:
+                logger.info("coordd has no watch_worker: cancels arrive with renewals",
+                            extra={"action": "watch_unsupported"})
+                self.served = False
+                return
+            except errors.CoordError as exc:  # down, overloaded, timed out: ask again soon
+                logger.debug("control watch: %s", exc, extra={"action": "watch_error"})
+                await self._clock.wait(stop, self._interval)
+                continue
+            if acts is None:
+                return
+            held = self._held()
+            new = False
+            for action in ("cancel", "suspend", "resume", "vacate"):
+                known = set(getattr(seen, action))
+                for job_id in getattr(acts, action):
+                    if job_id not in known and job_id in held:
+                        new = True
+                        try:
+                            self._act(job_id, action)
+                        except Exception:
+                            logger.exception("acting on %s for %s failed", action, job_id,
+                                             extra={"action": "watch_act_failed"})
+            seen = WorkerActions(**{a: [j for j in getattr(acts, a) if j in held]
+                                    for a in ("cancel", "suspend", "resume", "vacate")})
+            if not new and early(self._clock.mono() - asked, self._wait_s):
+                await self._clock.wait(stop, self._interval)  # coordd answered early: pace
