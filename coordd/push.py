@@ -114,7 +114,8 @@ class Push:
         self.per_connection_max = per_connection_max
         self.total_max = total_max
         self.wait_max_s = wait_max_s
-        self.parked = 0
+        self.parked = 0    # parked calls (looking or asleep)
+        self.sleeping = 0  # of them, asleep until a wake-up or their deadline
         self.closing = False
         self._closed = asyncio.Event()
         self._notes: list[tuple[str, str, Any, Any, Any]] = []
@@ -246,7 +247,11 @@ class Push:
         w.event.clear()
         if w.dirty:
             return True
-        await self._clock.wait(w.event, left)
+        self.sleeping += 1
+        try:
+            await self._clock.wait(w.event, left)
+        finally:
+            self.sleeping -= 1
         return w.event.is_set()
 
     # ------------------------------------------------------------ claims
@@ -326,7 +331,7 @@ class Push:
                         woken = await self._sleep(w, deadline)
                     finally:
                         w.idle = False
-                    if not woken:
+                    if not woken or w.dropped or self.closing:
                         return res
             finally:
                 del self._claims[w.seq]
@@ -362,7 +367,7 @@ class Push:
                         return value
                     if w.dirty:
                         continue
-                    if not await self._sleep(w, deadline):
+                    if not await self._sleep(w, deadline) or w.dropped or self.closing:
                         return value
             finally:
                 registry.discard(w)
