@@ -29,6 +29,8 @@ becomes an `overloaded` error for its id), and a peer that takes none of its uns
 for `write_stall_timeout_s` is dropped. `Dispatcher.sweep(now)` enforces the two
 deadlines; `Dispatcher.run_sweeper` calls it every SWEEP_INTERVAL_S.
 Connection-closed hook: `Connection.on_close` callbacks run once in `connection_lost`.
+A connection's parked calls (coordd.push: a claim with `wait_s`, `wait_job`, ...) count
+against its cap and are answered at its EOF.
 """
 
 from __future__ import annotations
@@ -309,6 +311,7 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self._eof = True
+        self.scope.close()  # its parked calls answer now (a closed peer reads as EOF)
         if not self._finishing and not (self._blocked() and self._frame_waiting()):
             self._end_of_input()
         return True  # keep the transport open to send the replies still owed
