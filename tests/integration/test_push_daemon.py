@@ -10,6 +10,8 @@ import asyncio
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
 
 import psutil
@@ -189,3 +191,59 @@ async def test_worker_gets_its_job_and_its_cancel_by_push(bench):  # noqa: F811
 async def _live(bench, worker_id: str) -> bool:
     return any(v.worker_id == worker_id and v.live
                for v in (await bench.client.workers()).workers)
+
+
+def _ctl_wait(sock: str, *extra: str) -> "subprocess.Popen[str]":
+    argv = [sys.executable, "-m", "coordctl", "--socket", sock, "enqueue", "--kind", "k",
+            "--role", "cpu", "--priority", "0", "--payload", '{"q": 1}', "--wait", *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+async def _claim_when_there(c: Client, worker_id: str):
+    await c.heartbeat(worker_id, ["cpu"], COOL)
+    res = await c.claim(worker_id, lease_s=60, wait_s=10)
+    assert res.job is not None
+    return res
+
+
+async def test_coordctl_enqueue_wait_prints_the_result_and_exits_1_on_failure(daemon):
+    async with Client(daemon.socket, timeout=10) as c:
+        p = _ctl_wait(daemon.socket)
+        res = await _claim_when_there(c, "w1")
+        await c.complete(res.job.job_id, "w1", res.lease.token, {"answer": 42})
+        out, err = await asyncio.to_thread(p.communicate, timeout=20)
+        assert p.returncode == 0, err
+        assert out.splitlines() == [res.job.job_id, '{"answer": 42}']
+
+        p = _ctl_wait(daemon.socket)
+        res = await _claim_when_there(c, "w1")
+        await c.fail(res.job.job_id, "w1", res.lease.token, "model broke", retryable=False)
+        out, err = await asyncio.to_thread(p.communicate, timeout=20)
+        assert p.returncode == 1 and err.startswith("coordctl: failed:"), (out, err)
+        assert "model broke" in err
+
+        p = _ctl_wait(daemon.socket, "--timeout", "0.5")
+        out, err = await asyncio.to_thread(p.communicate, timeout=20)
+        assert p.returncode == 1 and err.startswith("coordctl: timeout:"), (out, err)
+
+        p = _ctl_wait(daemon.socket, "--batch", "-")
+        out, err = await asyncio.to_thread(p.communicate, "", 20)
+        assert p.returncode == 2 and "--wait" in err
+
+
+async def test_client_wait_for_uses_wait_job_and_polls_an_older_coordd(daemon, monkeypatch):
+    async with Client(daemon.socket, timeout=10) as c:
+        job = (await c.enqueue(kind="k", required_role="cpu", priority=0, payload={})).job_id
+        waiter = asyncio.ensure_future(c.wait_for(job, timeout=10))
+        res = await _claim_when_there(c, "w1")
+        await c.complete(res.job.job_id, "w1", res.lease.token, {"ok": True})
+        assert (await asyncio.wait_for(waiter, 5)).result == {"ok": True}
+
+        async def old(*a, **kw):
+            raise errors.UnknownMethod("unknown method 'wait_job'")
+        monkeypatch.setattr(c, "wait_job", old)  # an older coordd: wait_for polls get_job
+        job2 = (await c.enqueue(kind="k", required_role="cpu", priority=0, payload={})).job_id
+        waiter = asyncio.ensure_future(c.wait_for(job2, timeout=10, poll_s=0.05))
+        res = await _claim_when_there(c, "w1")
+        await c.complete(res.job.job_id, "w1", res.lease.token, {"ok": 2})
+        assert (await asyncio.wait_for(waiter, 5)).result == {"ok": 2}
