@@ -180,6 +180,7 @@ class Push:
     def _dispatch(self, notes: list[tuple[str, str, Any, Any, Any]]) -> None:
         now = self._clock.wall()
         events = False
+        ready: dict[tuple[str, str], int] = {}  # (role, kind) -> jobs now claimable
         for what, job_id, a, b, c in notes:
             if what == "e":
                 events = True
@@ -189,13 +190,15 @@ class Push:
                     if self._due[0][0] == c:
                         self._timer_kick.set()
                 else:
-                    self.job_ready(a, b)
+                    ready[(a, b)] = ready.get((a, b), 0) + 1
             elif what == "t":
                 for w in self._jobs.get(job_id, ()):
                     w.wake()
             elif what == "c" and a is not None:
                 for w in self._workers.get(a, ()):
                     w.wake()
+        for (role, kind), n in ready.items():  # one pass per (role, kind), not per job
+            self.job_ready(role, kind, n)
         if events:
             for w in self._events:
                 w.wake()
@@ -256,19 +259,19 @@ class Push:
 
     # ------------------------------------------------------------ claims
 
-    def job_ready(self, role: str, kind: str) -> None:
-        """A job of `role`/`kind` may be claimable now: one credit to the first idle parked
-        claim that may take it; every claim in flight that may take it looks again."""
-        given = False
+    def job_ready(self, role: str, kind: str, n: int = 1) -> None:
+        """`n` jobs of `role`/`kind` may be claimable now: one credit each to the first idle
+        parked claims that may take them; every claim in flight that may take one looks
+        again."""
         for w in self._claims.values():
             if not self._may_take(w, role, kind):
                 continue
             if not w.idle:
                 w.dirty = True
-            elif not given and not w.credits:
+            elif n > 0 and not w.credits:
                 w.credits.append((role, kind))
                 w.wake()
-                given = True
+                n -= 1
 
     def _forward(self, credits: list[tuple[str, str]], after: int) -> None:
         """Pass credits a claim could not use on to the next idle parked claims after it."""

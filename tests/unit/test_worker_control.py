@@ -1,0 +1,100 @@
+"""The worker's side of push (issue 15), against a fake coordd client: the control watch
+acts once per new action and stops on unknown_method; the claim loop against an older
+coordd (claims answered at once) waits claim_interval_s instead of spinning."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from coordd import errors
+from coordd.clock import SystemClock
+from coordd.protocol import ClaimResult, HeartbeatResult
+from coordd.protocol_push import WorkerActions
+from worker.config import from_dict
+from worker.control import ControlWatch, until
+from worker.supervisor import Supervisor
+
+
+class FakeWatchClient:
+    def __init__(self, replies: list) -> None:
+        self.replies = replies
+        self.seen: list[WorkerActions] = []
+
+    async def watch_worker(self, worker_id: str, wait_s: float, seen: WorkerActions):
+        self.seen.append(seen)
+        if not self.replies:
+            await asyncio.sleep(3600)
+        r = self.replies.pop(0)
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+
+async def test_control_watch_acts_once_per_new_cancel_and_passes_seen():
+    client = FakeWatchClient([WorkerActions(cancel=["j1"]), WorkerActions(cancel=["j1", "j2"])])
+    acted: list[tuple[str, str]] = []
+    held = {"j1": object(), "j2": object()}
+    watch = ControlWatch(client, "w1", wait_s=0.001, interval=0.001, clock=SystemClock(),
+                         held=lambda: held, act=lambda j, a: acted.append((j, a)))
+    stop = asyncio.Event()
+    task = asyncio.create_task(watch.run(stop))
+    for _ in range(200):
+        await asyncio.sleep(0.005)
+        if len(client.seen) >= 3:
+            break
+    stop.set()
+    await asyncio.wait_for(task, 2)
+    assert acted == [("j1", "cancel"), ("j2", "cancel")]
+    assert client.seen[1].cancel == ["j1"] and client.seen[2].cancel == ["j1", "j2"]
+
+
+async def test_control_watch_ends_on_unknown_method():
+    client = FakeWatchClient([errors.UnknownMethod("unknown method 'watch_worker'")])
+    watch = ControlWatch(client, "w1", wait_s=30, interval=0.01, clock=SystemClock(),
+                         held=lambda: {"j1": 1}, act=lambda j, a: None)
+    await asyncio.wait_for(watch.run(asyncio.Event()), 2)
+    assert watch.served is False
+
+
+async def test_until_gives_the_call_up_when_stopped():
+    stop = asyncio.Event()
+    call = asyncio.ensure_future(asyncio.sleep(3600, result="late"))
+    waiter = asyncio.ensure_future(until(stop, call))
+    await asyncio.sleep(0)
+    stop.set()
+    assert await asyncio.wait_for(waiter, 1) is None and call.cancelled()
+    assert await until(asyncio.Event(), asyncio.sleep(0, result="now")) == "now"
+
+
+class OldCoordd:
+    """Answers every claim at once with no job, as a coordd without wait_s does."""
+
+    def __init__(self) -> None:
+        self.claims = 0
+
+    async def heartbeat(self, *a, **kw):
+        return HeartbeatResult(now=0.0)
+
+    async def claim(self, *a, **kw):
+        self.claims += 1
+        return ClaimResult()
+
+    async def watch_worker(self, *a, **kw):
+        raise errors.UnknownMethod("unknown method 'watch_worker'")
+
+    async def close(self):
+        pass
+
+
+async def test_claim_loop_against_an_older_coordd_polls_at_claim_interval(tmp_path):
+    old = OldCoordd()
+    cfg = from_dict({"claim_interval_s": 0.1, "claim_wait_s": 30,
+                     "heartbeat_interval_s": 5, "work_dir": str(tmp_path)})
+    probes = SimpleNamespace(read=lambda: {"memory_used_pct": 10.0})
+    sup = Supervisor(lambda: old, "w1", ["cpu"], cfg, probes=probes)
+    task = asyncio.create_task(sup.run())
+    await asyncio.sleep(0.55)
+    sup.request_stop()
+    await asyncio.wait_for(task, 5)
+    assert 3 <= old.claims <= 8, old.claims  # ~every 0.1 s, not a spin
