@@ -4,7 +4,8 @@ wake-ups that answer them (issue 15).
 The rule not to break: a wake-up is issued only after the COMMIT that makes its change
 visible, and never lost. The writer's TEMP triggers (coordd.store.push) call `note`
 inside the transaction; the writer calls `committed()` after each COMMIT (or
-`rolled_back()`), and only then are waiters woken. Every parked call registers before
+`rolled_back()`), and only then are waiters woken (new job events: the highest event id
+after the commit says). Every parked call registers before
 it looks (claim attempt, job read, feed read), so a commit that lands while it looks
 marks it and it looks again instead of sleeping past it. A spurious wake-up (a rolled
 back savepoint's note, a job someone else took) costs one more look, never a wrong
@@ -26,12 +27,14 @@ import contextvars
 import heapq
 import itertools
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from coordd import errors
 from coordd.clock import Clock
 from coordd.gates import NO_MATCHING_ROLE
+from coordd.store import push as push_store
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +131,24 @@ class Push:
         self._due: list[tuple[float, str, str]] = []  # (run_at, role, kind) heap
         self._timer_kick = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
+        self._db: sqlite3.Connection | None = None  # the writer's connection (attach)
+        self._last_event = 0
+
+    def attach(self, conn: sqlite3.Connection) -> None:
+        """Install the TEMP triggers on the writer's connection (its `on_open` hook)."""
+        push_store.install(conn, self.note)
+        self._db = conn
+        self._last_event = push_store.last_event(conn)
+
+    def _flag(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run a TEMP-table statement on the writer's connection (from the loop: never
+        inside its transaction, whose batch runs without yielding)."""
+        if self._db is None:
+            return
+        try:
+            fn(self._db, *args)
+        except sqlite3.Error as exc:  # closed at shutdown: nothing is parked any more
+            logger.debug("push flag: %s", exc)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -169,22 +190,25 @@ class Push:
 
     def committed(self) -> None:
         """The batch committed: wake what its notes concern. Never raises."""
-        if not self._notes:
-            return
-        notes, self._notes = self._notes, []
         try:
-            self._dispatch(notes)
+            if self._events and self._db is not None:
+                last = push_store.last_event(self._db)
+                if last != self._last_event:
+                    self._last_event = last
+                    for w in self._events:
+                        w.wake()
+            if self._notes:
+                notes, self._notes = self._notes, []
+                self._dispatch(notes)
         except Exception:  # a bug here must not fail the writer; waiters time out instead
+            self._notes.clear()
             logger.exception("wake-up dispatch failed", extra={"action": "push_failed"})
 
     def _dispatch(self, notes: list[tuple[str, str, Any, Any, Any]]) -> None:
         now = self._clock.wall()
-        events = False
         ready: dict[tuple[str, str], int] = {}  # (role, kind) -> jobs now claimable
         for what, job_id, a, b, c in notes:
-            if what == "e":
-                events = True
-            elif what == "w":
+            if what == "w":
                 if isinstance(c, (int, float)) and c > now:
                     heapq.heappush(self._due, (float(c), a, b))
                     if self._due[0][0] == c:
@@ -199,9 +223,6 @@ class Push:
                     w.wake()
         for (role, kind), n in ready.items():  # one pass per (role, kind), not per job
             self.job_ready(role, kind, n)
-        if events:
-            for w in self._events:
-                w.wake()
 
     # ------------------------------------------------------------ caps
 
@@ -313,6 +334,8 @@ class Push:
         start = self._clock.mono()
         deadline = start + wait_s
         with self._slot(w):
+            if not self._claims:
+                self._flag(push_store.claims_parked, True)
             self._claims[w.seq] = w
             try:
                 while True:
@@ -338,6 +361,8 @@ class Push:
                         return res
             finally:
                 del self._claims[w.seq]
+                if not self._claims:
+                    self._flag(push_store.claims_parked, False)
                 if w.credits:  # woken, then left without looking (dropped, shutdown)
                     self._forward(w.credits, w.seq)
 
@@ -359,8 +384,11 @@ class Push:
         else:
             table = self._jobs if group == "job" else self._workers
             assert key is not None
-            registry = table.setdefault(key, set())
         with self._slot(w):
+            if group != "events":
+                registry = table.setdefault(key, set())
+                if group == "job" and not registry:
+                    self._flag(push_store.job_waited, key, True)
             registry.add(w)
             try:
                 while True:
@@ -376,6 +404,8 @@ class Push:
                 registry.discard(w)
                 if group != "events" and not registry:
                     table.pop(key, None)  # type: ignore[arg-type]
+                    if group == "job":
+                        self._flag(push_store.job_waited, key, False)
 
     # ------------------------------------------------------------ run_at timer
 

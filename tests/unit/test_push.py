@@ -407,3 +407,31 @@ async def test_enqueue_rolled_back_wakes_nobody_for_good(bundle):
     await settle()
     assert not t.done()
     t.cancel()
+
+
+async def test_nothing_parked_a_drain_makes_no_wake_up_call(bundle):
+    """The triggers' WHEN checks keep the claim/complete path free of Python calls while
+    nothing is parked; a job scheduled ahead is still noted (the run_at timer needs it)."""
+    calls: list[str] = []
+    push = bundle.coord.push
+    real = push.note
+    def note(*a):
+        calls.append(a[0])
+        real(*a)
+    bundle.coord.writer._conn.create_function("coordd_push", 5, note)
+    await bundle.worker("w1")
+    for _ in range(3):
+        await bundle.enqueue()
+    for _ in range(3):
+        got = await bundle.claim("w1")
+        await bundle.coord.complete(Complete(job_id=got.job.job_id, worker_id="w1",
+                                             token=got.lease.token, result={}))
+    assert calls == []
+    await bundle.enqueue(run_at=T0 + 60)
+    assert calls == ["w"]
+    t = parked_claim(bundle, "w1")
+    await settle()
+    await bundle.enqueue()
+    assert calls == ["w", "w"]
+    await settle()
+    assert t.result().job is not None
