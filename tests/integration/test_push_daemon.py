@@ -39,19 +39,34 @@ async def test_parked_workers_each_job_claimed_once(daemon):
     n_workers, n_jobs = 8, 60
     workers = await _parked_workers(daemon.socket, n_workers)
     got: dict[str, list[str]] = {}
+    completed = 0
     done = asyncio.Event()
 
     async def work(i: int, c: Client) -> None:
+        nonlocal completed
         mine = got.setdefault(f"w{i}", [])
         while not done.is_set():
             res = await c.claim(f"w{i}", lease_s=60, wait_s=5)
             if res.job is not None:
                 mine.append(res.job.job_id)
                 await c.complete(res.job.job_id, f"w{i}", res.lease.token, {})
-                if sum(map(len, got.values())) >= n_jobs:
+                completed += 1
+                if completed >= n_jobs:
                     done.set()
 
     tasks = [asyncio.create_task(work(i, c)) for i, c in enumerate(workers)]
+    try:
+        await _produce_and_check(daemon, n_jobs, got, done)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for c in workers:
+            await c.close()
+
+
+async def _produce_and_check(daemon, n_jobs: int, got: dict[str, list[str]],
+                             done: asyncio.Event) -> None:
     async with Client(daemon.socket, timeout=10) as producer:
         await asyncio.sleep(0.2)  # the workers are parked
         ids = []
@@ -65,11 +80,6 @@ async def test_parked_workers_each_job_claimed_once(daemon):
         assert sorted(claimed) == sorted(ids)  # every job, each exactly once
         st = await producer.status()
         assert st.jobs["succeeded"] == n_jobs and st.active_leases == 0
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    for c in workers:
-        await c.close()
 
 
 def _raw_claim(sock_path: str, worker_id: str, wait_s: float) -> socket.socket:
