@@ -435,3 +435,19 @@ async def test_nothing_parked_a_drain_makes_no_wake_up_call(bundle):
     assert calls == ["w", "w"]
     await settle()
     assert t.result().job is not None
+
+
+async def test_waited_s_says_how_long_the_claim_was_parked(bundle):
+    """The worker times its lease from its send plus waited_s, so a claim answered after
+    7 s parked does not look 7 s shorter than it is."""
+    await bundle.worker("w1")
+    t = parked_claim(bundle, "w1", wait_s=30.0)
+    await asleep(bundle, 1)
+    bundle.clock.advance(7.0)
+    await bundle.worker("w1")
+    await bundle.enqueue()
+    res = await result(t)
+    assert res.job is not None and res.waited_s == pytest.approx(7.0)
+    assert res.lease.expires_at == pytest.approx(bundle.clock.wall() + 30.0)
+    direct = await bundle.claim("w1")
+    assert direct.waited_s == 0.0
