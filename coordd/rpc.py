@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ import msgspec
 from coordd import errors, memory
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ADMIN_METHODS, PARAMS, ErrorBody, Reply, Request
+from coordd.peercred import PeerCred  # noqa: F401  (re-exported: server, tests)
 from coordd.push import PARK_SCOPE, ParkScope
 
 logger = logging.getLogger(__name__)
@@ -120,21 +120,6 @@ async def read_frame(reader: asyncio.StreamReader, max_frame: int) -> bytes | No
     if length > max_frame:
         raise FrameTooLarge(f"frame of {length} bytes is over the {max_frame}-byte cap")
     return await reader.readexactly(length)
-
-
-class PeerCred:
-    """The connecting process's pid/uid/gid, from SO_PEERCRED."""
-
-    def __init__(self, pid: int, uid: int, gid: int) -> None:
-        self.pid, self.uid, self.gid = pid, uid, gid
-
-    @classmethod
-    def of(cls, sock: socket.socket | None) -> "PeerCred":
-        """Read SO_PEERCRED of a connected Unix socket (uid -1 when unavailable)."""
-        if sock is None:
-            return cls(0, -1, -1)
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return cls(*struct.unpack("3i", raw))
 
 
 class Dispatcher:

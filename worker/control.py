@@ -74,13 +74,13 @@ class ControlWatch:
         self._clock = clock
         self._held = held
         self._act = act or self._cancel
+        self.holding = asyncio.Event()  # set by the supervisor when it starts a job
+        self.served = True  # False once coordd answered unknown_method
 
     def _cancel(self, job_id: str, action: str) -> None:
         run = self._held().get(job_id)
         if run is not None and action == "cancel":
             run.request_cancel()
-        self.holding = asyncio.Event()  # set by the supervisor when it starts a job
-        self.served = True  # False once coordd answered unknown_method
 
     async def run(self, stop: asyncio.Event) -> None:
         """Watch until `stop` is set."""

@@ -35,8 +35,9 @@ async def test_control_watch_acts_once_per_new_cancel_and_passes_seen():
     client = FakeWatchClient([WorkerActions(cancel=["j1"]), WorkerActions(cancel=["j1", "j2"])])
     acted: list[tuple[str, str]] = []
     held = {"j1": object(), "j2": object()}
-    watch = ControlWatch(client, "w1", wait_s=0.001, interval=0.001, clock=SystemClock(),
-                         held=lambda: held, act=lambda j, a: acted.append((j, a)))
+    cfg = SimpleNamespace(claim_wait_s=0.001, claim_interval_s=0.001)
+    watch = ControlWatch(client, "w1", cfg, SystemClock(), held=lambda: held,
+                         act=lambda j, a: acted.append((j, a)))
     stop = asyncio.Event()
     task = asyncio.create_task(watch.run(stop))
     for _ in range(200):
@@ -51,8 +52,9 @@ async def test_control_watch_acts_once_per_new_cancel_and_passes_seen():
 
 async def test_control_watch_ends_on_unknown_method():
     client = FakeWatchClient([errors.UnknownMethod("unknown method 'watch_worker'")])
-    watch = ControlWatch(client, "w1", wait_s=30, interval=0.01, clock=SystemClock(),
-                         held=lambda: {"j1": 1}, act=lambda j, a: None)
+    cfg = SimpleNamespace(claim_wait_s=30, claim_interval_s=0.01)
+    watch = ControlWatch(client, "w1", cfg, SystemClock(), held=lambda: {"j1": 1},
+                         act=lambda j, a: None)
     await asyncio.wait_for(watch.run(asyncio.Event()), 2)
     assert watch.served is False
 
@@ -82,6 +84,9 @@ class OldCoordd:
 
     async def watch_worker(self, *a, **kw):
         raise errors.UnknownMethod("unknown method 'watch_worker'")
+
+    async def goodbye(self, *a, **kw):
+        return {}
 
     async def close(self):
         pass
