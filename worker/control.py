@@ -52,8 +52,12 @@ async def until(stop: asyncio.Event, call: Awaitable[T]) -> T | None:
 class ControlWatch:
     """Keep a `watch_worker` call parked at coordd while the worker holds jobs.
 
+    Its `client` is a connection of its own, for the parked calls (the worker's claim
+    too): closing it (`close()`, first thing at stop) makes coordd drop them, so a parked
+    claim cannot take back a job the worker is handing back.
+
     Args:
-        client: the supervisor's coordd client.
+        client: a coordd client for the parked calls (not the supervisor's own).
         worker_id: whose jobs.
         config: the worker config: `claim_wait_s` is how long each call stays parked (0 =
             off), `claim_interval_s` the pause after an error or an early empty answer.
@@ -67,7 +71,7 @@ class ControlWatch:
     def __init__(self, client: Client, worker_id: str, config: Any, clock: Clock,
                  held: Callable[[], dict[str, Any]],
                  act: Callable[[str, str], None] | None = None) -> None:
-        self._client = client
+        self.client = self._client = client
         self._worker_id = worker_id
         self._wait_s = config.claim_wait_s
         self._interval = config.claim_interval_s
@@ -76,6 +80,10 @@ class ControlWatch:
         self._act = act or self._cancel
         self.holding = asyncio.Event()  # set by the supervisor when it starts a job
         self.served = True  # False once coordd answered unknown_method
+
+    async def close(self) -> None:
+        """Close the parked calls' connection (coordd drops what is parked on it)."""
+        await self._client.close()
 
     def _cancel(self, job_id: str, action: str) -> None:
         run = self._held().get(job_id)

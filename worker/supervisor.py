@@ -132,8 +132,7 @@ class Supervisor:
         self._groups = orphans.records_dir(config.work_dir, worker_id)
         self._forced = False
         self._tg: asyncio.TaskGroup | None = None
-        self._watch = ControlWatch(self._client, worker_id, config, self._clock,
-                                   lambda: self._runs)  # cancels pushed by coordd
+        self._watch = ControlWatch(client_factory(), worker_id, config, self._clock, lambda: self._runs)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -162,11 +161,12 @@ class Supervisor:
                 tg.create_task(self._stop_watch(), name="stop")
             await self._goodbye()
         finally:
-            await self._client.close()
+            await asyncio.gather(self._client.close(), self._watch.close())
             orphans.unlock(lock)
 
     async def _stop_watch(self) -> None:
         await self._stop.wait()
+        await self._watch.close()  # its parked claim must not take back what we release
         logger.info("stopping: handing back %d job(s)", len(self._runs),
                     extra={"action": "worker_stop", "jobs": sorted(self._runs)})
         for run in list(self._runs.values()):
@@ -275,11 +275,11 @@ class Supervisor:
         sent = self._clock.mono()
         for attempt in (1, 2):
             try:
-                res = await self._client.claim(self.worker_id, self.config.lease_s, claim_id,
+                res = await self._watch.client.claim(self.worker_id, self.config.lease_s, claim_id,
                                                kinds=self.kinds.usable(), wait_s=wait_s)
                 break
             except (Disconnected, CallTimeout) as exc:
-                if attempt == 2:
+                if attempt == 2 or self._stop.is_set():
                     self._note_down(exc)
                     return None
             except errors.CoordError as exc:
