@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import heapq
 import itertools
+import json
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
@@ -43,6 +44,14 @@ PARK_TOTAL_DEFAULT = 10_000
 PARK_WAIT_MAX_S_DEFAULT = 300.0
 TIMER_IDLE_S = 3600.0  # the run_at timer's wait when no job is scheduled
 DUE_SLACK_S = 0.001    # fire a run_at timer this much late, so the claim's `now` has passed it
+
+
+def _roles(text: Any) -> list[str]:
+    try:
+        roles = json.loads(text)
+    except (TypeError, ValueError):
+        return []
+    return [r for r in roles if isinstance(r, str)] if isinstance(roles, list) else []
 
 
 class ParkScope:
@@ -135,10 +144,12 @@ class Push:
         self._last_event = 0
 
     def attach(self, conn: sqlite3.Connection) -> None:
-        """Install the TEMP triggers on the writer's connection (its `on_open` hook)."""
+        """Install the TEMP triggers on the writer's connection (its `on_open` hook) and
+        start the run_at timer with the jobs already scheduled there."""
         push_store.install(conn, self.note)
         self._db = conn
         self._last_event = push_store.last_event(conn)
+        self.start(push_store.scheduled(conn, self._clock.wall()))
 
     def _flag(self, fn: Callable[..., None], *args: Any) -> None:
         """Run a TEMP-table statement on the writer's connection (from the loop: never
@@ -221,6 +232,8 @@ class Push:
             elif what == "c" and a is not None:
                 for w in self._workers.get(a, ()):
                     w.wake()
+            elif what == "h":  # a heartbeat (job_id is the worker id, a its roles JSON)
+                self.heartbeat(job_id, frozenset(_roles(a)))
         for (role, kind), n in ready.items():  # one pass per (role, kind), not per job
             self.job_ready(role, kind, n)
 
@@ -310,8 +323,9 @@ class Push:
         return roles is None or role in roles
 
     def heartbeat(self, worker_id: str, roles: frozenset[str]) -> None:
-        """A heartbeat from `worker_id` was committed: its gates may have opened (or its
-        roles changed): its parked claims that were refused look again."""
+        """A heartbeat from `worker_id` was committed (a trigger noted it while claims are
+        parked): its gates may have opened, or its roles changed: its parked claims that
+        were refused look again."""
         changed = self.roles.get(worker_id) != roles
         self.roles[worker_id] = roles
         for w in self._claims.values():

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import backup, cas, errors, fdlimit, gates, intake, leases, store, values, views
+from coordd import backup, cas, errors, fdlimit, gates, intake, leases, store, values, views, waits
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle, kind_absent_reason, runs_kind
 from coordd.logs import JobLogStore
@@ -43,9 +43,6 @@ from coordd.readers import Coalesced, ReadPool
 from coordd.names import check_name
 from coordd.store import workers as wkstore
 from coordd.times import check_duration, fmt_time
-from coordd.push import Push
-from coordd.store import push as push_store
-from coordd.waits import Waits
 from coordd.store import workflows as wstore
 from coordd.workflows import Workflows
 from coordd.writer import Writer
@@ -103,9 +100,7 @@ class Coordinator:
         self.logs = JobLogStore(self.writer, self._read)
         for method in LOG_PARAMS:  # a job's captured output: coordd.logs
             setattr(self, method, getattr(self.logs, method))
-        self.push = Push(clock, per_connection_max=config.park_max_per_connection,
-                         total_max=config.park_max_total, wait_max_s=config.park_wait_max_s)
-        self.waits = Waits.serve(self)  # the writer's wake-up hooks, wait_job, watch_*
+        waits.Waits.serve(self)  # self.push: claim wait_s, wait_job, watch_* (coordd.push)
 
     async def start(self) -> None:
         """Open the writer (creating and migrating the DB) and the read-only connections.
@@ -119,7 +114,6 @@ class Coordinator:
             raise errors.StoreError(f"{self.db_path}: {exc}") from exc
         try:
             await self.readers.start()
-            self.push.start(await self._read(push_store.scheduled, self.clock.wall()))
         except sqlite3.Error as exc:
             await self.close()
             raise errors.StoreError(f"{self.db_path}: {exc}") from exc
@@ -131,7 +125,7 @@ class Coordinator:
         """Close the readers, then drain and close the writer (whose close folds the WAL
         back into the main file, so the .db alone is complete after a clean stop). Idempotent."""
         try:
-            await self.push.close()
+            await self.push.close()  # every parked call answers, before the readers go
             await self.readers.close()
         finally:
             await self.writer.stop()
@@ -180,7 +174,6 @@ class Coordinator:
             return cancel, lost, now
         cancel, lost, now = await self.writer.run(op, urgent=True)
         self.lifecycle.log_lost(p.worker_id, lost, "restarted (new incarnation)")
-        self.push.heartbeat(p.worker_id, frozenset(p.roles))  # committed: gates may be open
         return HeartbeatResult(now=now, cancel=cancel, artifact_dir=self.artifact_dir,
                                lost=lost)
 
@@ -188,27 +181,16 @@ class Coordinator:
         """Claim the best job for `p.worker_id` (see coordd.leases.claim).
 
         `lease_s` is clamped to the configured [lease_min_s, lease_max_s]; it never
-        depends on a job's max runtime. With `wait_s` > 0 and nothing to hand out, the
-        claim parks (coordd.push) up to `wait_s` (cut to `park_wait_max_s`) and is tried
-        again whenever a job this worker may take may have become claimable.
-        Raises: errors.BadRequest, errors.Overloaded (parked-call caps).
+        depends on a job's max runtime. Raises: errors.BadRequest.
         """
         check_name("worker_id", p.worker_id)
         if p.claim_id is not None:
             check_name("claim_id", p.claim_id)
-        wait_s = self.push.wait_s(p.wait_s)  # BadRequest: NaN, negative
         lease_s = self._lease_s(p.lease_s)
-        op = partial(leases.claim, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,
-                     policy=self._claim_policy,
-                     kinds_json=None if p.kinds is None else store.dumps(p.kinds))
-        if wait_s <= 0:
-            result = await self.writer.run(op)
-        else:
-            async def attempt(waited_s: float) -> ClaimResult:
-                res: ClaimResult = await self.writer.run(op)
-                res.waited_s = waited_s
-                return res
-            result = await self.push.claim(p.worker_id, p.kinds, wait_s, attempt)
+        result = await self.writer.run(
+            partial(leases.claim, worker_id=p.worker_id, lease_s=lease_s, claim_id=p.claim_id,
+                    policy=self._claim_policy,
+                    kinds_json=None if p.kinds is None else store.dumps(p.kinds)))
         if result.job is not None:
             self.meters.claims.inc()
         for reason in result.reasons:
@@ -601,8 +583,6 @@ def _reading_notes(readings: dict[str, Any]) -> list[str]:
     if readings.get("user_idle_s") is None:
         notes.append(f"user idle: unknown ({readings.get('user_idle_reason') or 'no reading'})")
     return notes
-
-
 
 
 def _truncate(text: str, limit: int) -> str:

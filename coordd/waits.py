@@ -12,7 +12,7 @@ from typing import Any
 
 from coordd import errors
 from coordd.names import check_name
-from coordd.protocol import TERMINAL_STATUSES, JobId, JobView
+from coordd.protocol import TERMINAL_STATUSES, Claim, ClaimResult, JobId, JobView
 from coordd.protocol_push import (
     PUSH_PARAMS, EventsResult, FeedEvent, WaitJob, WaitJobResult, WatchEvents, WatchWorker, WorkerActions,
 )
@@ -39,19 +39,42 @@ class Waits:
         self._push = push
         self._read = read
         self._get_job = get_job
+        self._claim_once: Callable[[Claim], Awaitable[ClaimResult]] | None = None
 
     @classmethod
     def serve(cls, coord: Any) -> "Waits":
-        """Wire `coord.push` into a Coordinator: its writer's hooks (TEMP triggers on open,
-        wake-ups after each COMMIT) and its wait_job / watch_worker / watch_events methods."""
-        push = coord.push
+        """Give a Coordinator its parked calls: `coord.push` (caps from its config), the
+        writer's hooks (TEMP triggers on open, wake-ups after each COMMIT), `claim` with
+        `wait_s` around its own one-shot claim, and wait_job / watch_worker / watch_events."""
+        cfg = coord.config
+        push = coord.push = Push(coord.clock, per_connection_max=cfg.park_max_per_connection,
+                                 total_max=cfg.park_max_total, wait_max_s=cfg.park_wait_max_s)
         coord.writer.on_open = push.attach
         coord.writer.on_commit = push.committed
         coord.writer.on_rollback = push.rolled_back
-        waits = cls(push, coord.read, coord.get_job)
+        waits = coord.waits = cls(push, coord.read, coord.get_job)
+        waits._claim_once = coord.claim
+        coord.claim = waits.claim
         for method in PUSH_PARAMS:
             setattr(coord, method, getattr(waits, method))
         return waits
+
+    async def claim(self, p: Claim) -> ClaimResult:
+        """`claim`; with `wait_s` > 0 and nothing to hand out it parks (coordd.push) up to
+        `wait_s` (cut to `park_wait_max_s`) and is tried again whenever a job this worker
+        may take may have become claimable; `waited_s` in the reply says how long.
+
+        Raises: BadRequest (NaN or negative wait_s; the claim's own), Overloaded (caps).
+        """
+        wait = self._push.wait_s(p.wait_s)
+        if wait <= 0:
+            return await self._claim_once(p)
+
+        async def attempt(waited_s: float) -> ClaimResult:
+            res: ClaimResult = await self._claim_once(p)
+            res.waited_s = waited_s
+            return res
+        return await self._push.claim(p.worker_id, p.kinds, wait, attempt)
 
     async def wait_job(self, p: WaitJob) -> WaitJobResult:
         """The job's view once it is terminal (at once if it is), else at `timeout_s`

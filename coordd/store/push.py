@@ -8,7 +8,8 @@ the writer registers (coordd.push.Push.note), for every row that may wake a park
 - `w` a job entered `waiting` (a = role, b = kind, c = run_at): any way in, now or later
   (enqueue, requeue, retry, reap, a workflow node unblocked, a release);
 - `t` a job `wait_job` waits for reached a terminal status;
-- `c` a running job's cancel was requested (a = the lease holder, for `watch_worker`).
+- `c` a running job's cancel was requested (a = the lease holder, for `watch_worker`);
+- `h` a worker's heartbeat, while claims are parked (job_id = the worker, a = its roles).
 
 New job events (`watch_events`) need no trigger: the highest event id after a commit says.
 The TEMP tables and their statements run on the writer's connection from the event loop,
@@ -46,6 +47,12 @@ TRIGGERS = (
     f"WHEN NEW.status IN {TERMINAL_SQL} AND OLD.status <> NEW.status "
     "AND NEW.job_id IN (SELECT job_id FROM temp.push_waited) BEGIN "
     "SELECT coordd_push('t', NEW.job_id, NULL, NULL, NULL); END",
+    "CREATE TEMP TRIGGER IF NOT EXISTS push_heartbeat_insert AFTER INSERT ON main.workers "
+    "WHEN EXISTS (SELECT 1 FROM temp.push_on WHERE what = 'claims') BEGIN "
+    "SELECT coordd_push('h', NEW.worker_id, NEW.roles_json, NULL, NULL); END",
+    "CREATE TEMP TRIGGER IF NOT EXISTS push_heartbeat_update AFTER UPDATE ON main.workers "
+    "WHEN EXISTS (SELECT 1 FROM temp.push_on WHERE what = 'claims') BEGIN "
+    "SELECT coordd_push('h', NEW.worker_id, NEW.roles_json, NULL, NULL); END",
     "CREATE TEMP TRIGGER IF NOT EXISTS push_cancel AFTER UPDATE OF cancel_requested "
     "ON main.jobs WHEN NEW.cancel_requested = 1 AND OLD.cancel_requested = 0 BEGIN "
     "SELECT coordd_push('c', NEW.job_id, "
