@@ -235,6 +235,16 @@ class ClaimResult(msgspec.Struct, kw_only=True):
     detail: str = ""
 
 
+class JobAction(msgspec.Struct, kw_only=True):
+    """What coordd.governance says a held job's process must be doing now: `continue`,
+    `suspend` (stopped; said on every reply while it stays so), `resume` or `vacate`
+    (end it, then `release`), and why."""
+
+    job_id: str
+    action: str
+    reason: str | None = None
+
+
 class HeartbeatResult(msgspec.Struct, kw_only=True):
     """`heartbeat` result: coordd's time and the held jobs whose cancel was requested."""
 
@@ -242,6 +252,7 @@ class HeartbeatResult(msgspec.Struct, kw_only=True):
     cancel: list[str] = []
     artifact_dir: str | None = None  # coordd's content-addressed store (same host only)
     lost: list[str] = []  # jobs of a predecessor incarnation, released (`worker_lost`)
+    actions: list[JobAction] = []  # one per held job (coordd.governance)
 
 
 class EnqueueResult(msgspec.Struct, kw_only=True):
@@ -263,6 +274,8 @@ class RenewResult(msgspec.Struct, kw_only=True):
     expires_at: float
     lease_s: float
     cancel_requested: bool
+    action: str = "continue"  # coordd.governance: continue | suspend | resume | vacate
+    action_reason: str | None = None
 
 
 class CompleteResult(msgspec.Struct, kw_only=True):
@@ -304,6 +317,9 @@ class LeaseView(msgspec.Struct, kw_only=True):
     granted_at: float
     expires_at: float
     lease_s: float
+    suspended_at: float | None = None  # coordd.governance: suspended since (coordd time)
+    suspend_reason: str | None = None  # its reason codes, e.g. "user_active"
+    vacate_reason: str | None = None  # set once a vacate is decided
 
 
 class JobView(msgspec.Struct, kw_only=True):

@@ -18,7 +18,9 @@ from typing import Any
 
 import msgspec
 
-from coordd import backup, cas, errors, fdlimit, gates, intake, leases, store, values, views
+from coordd import (
+    backup, cas, errors, fdlimit, gates, governance, intake, leases, store, values, views,
+)
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle, kind_absent_reason, runs_kind
 from coordd.logs import JobLogStore
@@ -41,6 +43,7 @@ from coordd.protocol_workflows import (
 from coordd.metrics import Metrics, tree_bytes
 from coordd.readers import Coalesced, ReadPool
 from coordd.names import check_name
+from coordd.store import governance as govstore
 from coordd.store import workers as wkstore
 from coordd.times import check_duration, fmt_time
 from coordd.store import workflows as wstore
@@ -165,15 +168,16 @@ class Coordinator:
         readings_json = values.encode("readings", readings, self.config.max_payload_bytes)
         kinds_json, broken_json = self.lifecycle.heartbeat_state(p)
 
-        def op(conn: sqlite3.Connection, now: float) -> tuple[list[str], list[str], float]:
+        def op(conn: sqlite3.Connection, now: float) -> Any:
             lost = wkstore.release_predecessor(conn, now, p.worker_id, p.incarnation)
             cancel = store.heartbeat(conn, now, p.worker_id, roles_json, readings_json)
             wkstore.store_state(conn, p.worker_id, p.incarnation, kinds_json, broken_json)
-            return cancel, lost, now
-        cancel, lost, now = await self.writer.run(op, urgent=True)
+            return cancel, lost, now, governance.govern(conn, now, p.worker_id, self._policies)
+        cancel, lost, now, (actions, changes) = await self.writer.run(op, urgent=True)
         self.lifecycle.log_lost(p.worker_id, lost, "restarted (new incarnation)")
+        self.meters.count_governance(p.worker_id, changes)
         return HeartbeatResult(now=now, cancel=cancel, artifact_dir=self.artifact_dir,
-                               lost=lost)
+                               lost=lost, actions=actions)
 
     async def claim(self, p: Claim) -> ClaimResult:
         """Claim the best job for `p.worker_id` (see coordd.leases.claim).
@@ -198,9 +202,15 @@ class Coordinator:
     async def renew(self, p: Renew) -> RenewResult:
         """Extend a lease. Raises: LeaseLost, LeaseExpired, AlreadyCompleted, NotFound."""
         lease_s = self._lease_s(p.lease_s)
-        return await self.writer.run(
-            lambda conn, now: leases.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s),
-            urgent=True)
+
+        def op(conn: sqlite3.Connection, now: float) -> Any:
+            res = leases.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s)
+            return res, governance.govern(conn, now, p.worker_id, self._policies, p.job_id)
+        res, (actions, changes) = await self.writer.run(op, urgent=True)
+        self.meters.count_governance(p.worker_id, changes)
+        if actions:
+            res.action, res.action_reason = actions[0].action, actions[0].reason
+        return res
 
     async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
         """Record a job's latest checkpoint. Raises: PayloadTooLarge and the lease errors."""
@@ -442,6 +452,9 @@ class Coordinator:
         job.workflow_id, job.node, job.result_schema, deps = await self._read(
             wstore.node_info, job_id)
         job.preemptions = await self._read(wkstore.preemptions, job_id)
+        if job.lease is not None:
+            (job.lease.suspended_at, job.lease.suspend_reason,
+             job.lease.vacate_reason) = await self._read(govstore.lease_state, job_id)
         if job.status == "waiting":
             job.waiting_reason = await self._explain(job, now)
         elif job.status == "blocked":
