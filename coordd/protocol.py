@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from coordd.protocol_governance import JobAction
+
 MAX_FRAME_DEFAULT = 16 << 20  # 16 MiB; client and server both enforce an explicit cap
 PRIORITIES = (0, 1, 2, 3)
 JOB_STATUSES = ("waiting", "running", "succeeded", "failed", "cancelled", "blocked", "skipped")
@@ -235,16 +237,6 @@ class ClaimResult(msgspec.Struct, kw_only=True):
     detail: str = ""
 
 
-class JobAction(msgspec.Struct, kw_only=True):
-    """What coordd.governance says a held job's process must be doing now: `continue`,
-    `suspend` (stopped; said on every reply while it stays so), `resume` or `vacate`
-    (end it, then `release`), and why."""
-
-    job_id: str
-    action: str
-    reason: str | None = None
-
-
 class HeartbeatResult(msgspec.Struct, kw_only=True):
     """`heartbeat` result: coordd's time and the held jobs whose cancel was requested."""
 
@@ -317,9 +309,9 @@ class LeaseView(msgspec.Struct, kw_only=True):
     granted_at: float
     expires_at: float
     lease_s: float
-    suspended_at: float | None = None  # coordd.governance: suspended since (coordd time)
-    suspend_reason: str | None = None  # its reason codes, e.g. "user_active"
-    vacate_reason: str | None = None  # set once a vacate is decided
+    suspended_at: float | None = None  # coordd.governance: suspended since, why, vacating
+    suspend_reason: str | None = None
+    vacate_reason: str | None = None
 
 
 class JobView(msgspec.Struct, kw_only=True):
