@@ -118,6 +118,7 @@ class ModelProcess:
         self._stderr_path = stderr_path
         self._killed_by_us = False
         self._tree_done = False
+        self._stopped = False
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -190,8 +191,30 @@ class ModelProcess:
         except TimeoutError:
             return None
 
+    @property
+    def stopped(self) -> bool:
+        """True between `suspend` and `resume` (or the end of the tree)."""
+        return self._stopped
+
+    def suspend(self) -> bool:
+        """SIGSTOP the model's whole group; False if it has ended (nothing to stop)."""
+        if self._tree_done or self._proc.returncode is not None:
+            return False
+        _killpg(self._proc.pid, signal.SIGSTOP)
+        self._stopped = True
+        return True
+
+    def resume(self) -> bool:
+        """SIGCONT the model's whole group; False if it has ended."""
+        if self._tree_done or self._proc.returncode is not None:
+            return False
+        _killpg(self._proc.pid, signal.SIGCONT)
+        self._stopped = False
+        return True
+
     async def terminate_tree(self, grace_s: float) -> None:
-        """Stop the whole tree: SIGTERM the group, wait ``grace_s``, SIGKILL group and snapshot, reap.
+        """Stop the whole tree: SIGCONT + SIGTERM the group, wait ``grace_s``, SIGKILL group and
+        snapshot, reap.
 
         Idempotent and safe after the leader has exited on its own.
 
@@ -219,6 +242,9 @@ class ModelProcess:
                 "terminating model tree",
                 extra={"action": "model_terminate", "pid": pgid, "descendants": sorted(tree)},
             )
+            # a stopped group (suspended by us or anyone) would sit on SIGTERM for the grace
+            _killpg(pgid, signal.SIGCONT)
+            self._stopped = False
             _killpg(pgid, signal.SIGTERM)
             try:
                 if await self.wait(grace_s) is None:

@@ -22,7 +22,7 @@ from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ClaimedJob
-from worker import artifacts, checkpoints, orphans
+from worker import artifacts, checkpoints, governance, orphans
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
 from worker.kinds import KindHealth
 from worker.link import Link
@@ -211,6 +211,8 @@ class Supervisor:
             run = self._runs.get(job_id)
             if run is not None:
                 run.request_cancel()
+        for a in reply.actions:  # suspend / resume / vacate, decided by coordd
+            governance.act(self._runs.get(a.job_id), a.action, a.reason)
         return True
 
     def _note_down(self, exc: Exception) -> None:
@@ -417,7 +419,7 @@ class Supervisor:
         if reason == TIMEOUT:
             await self._report_fail(run, f"timeout after {timeout_s:g}s", True)
         else:  # not the job's doing: its attempt is given back
-            await self._release(run, "worker_shutdown")
+            await self._release(run, reason if governance.is_vacate(reason) else "worker_shutdown")
 
     async def _after_exit(self, run: JobRun, kind: KindConfig, values: dict[str, str]) -> None:
         assert run.proc is not None and run.proc.returncode is not None
@@ -475,6 +477,7 @@ class Supervisor:
                 run.deadline = now + r.lease_s
                 if r.cancel_requested:
                     run.request_cancel()
+                governance.act(run, r.action, r.action_reason)
                 break
 
     def _lose_lease(self, run: JobRun, why: str) -> None:

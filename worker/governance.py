@@ -1,0 +1,45 @@
+"""The worker's side of governance of running work: act on coordd's per-job actions.
+
+coordd decides (coordd.governance); this module only acts, and every action is
+idempotent because coordd repeats its answer on each heartbeat and renew: `suspend`
+SIGSTOPs the model's group unless it is stopped, `resume`/`continue` SIGCONT it if it is,
+`vacate` ends the job (SIGCONT, SIGTERM, the kind's grace, SIGKILL) and the supervisor
+then hands it back with `release`, spending no attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+VACATE_PREFIX = "vacate"
+"""An abort reason that starts with this hands the job back (`release`) with that reason."""
+
+
+def act(run: Any, action: str, reason: str | None) -> None:
+    """Apply coordd's `action` for one held job (a supervisor JobRun, or None: not ours)."""
+    if run is None or run.aborted.is_set():
+        return
+    if action == "vacate":
+        logger.warning("job %s: vacating (%s)", run.job_id, reason,
+                       extra={"action": "vacate", "job_id": run.job_id, "reason": reason})
+        run.abort(f"{VACATE_PREFIX}d: {reason}")
+        return
+    proc = run.proc
+    if proc is None:
+        return  # not started yet: coordd says it again on the next heartbeat
+    if action == "suspend" and not proc.stopped:
+        if proc.suspend():
+            logger.info("job %s: suspended (SIGSTOP) - %s", run.job_id, reason,
+                        extra={"action": "suspend", "job_id": run.job_id, "reason": reason})
+    elif action in ("resume", "continue") and proc.stopped:
+        if proc.resume():
+            logger.info("job %s: resumed (SIGCONT) - %s", run.job_id, reason,
+                        extra={"action": "resume", "job_id": run.job_id, "reason": reason})
+
+
+def is_vacate(reason: str | None) -> bool:
+    """Whether a job's abort reason is a vacate (its hand-back reason is the text)."""
+    return reason is not None and reason.startswith(VACATE_PREFIX)
