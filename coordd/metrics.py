@@ -9,7 +9,8 @@ Series:
   `coordd_writer_queue_depth`;
 - `coordd_storage_bytes{file="db"|"wal"|"artifacts"}`;
 - `coordd_governance_actions_total{action, reason}`: suspends, resumes, vacates of running
-  jobs (coordd.governance), by the first reason code.
+  jobs (coordd.governance), by the first reason code (`preempted_by` for preemptions);
+- `coordd_preemptions_total`: victims chosen by coordd.preemption (reservations made).
 Served by the `metrics` RPC (`coordctl metrics`) and, when `metrics_port` is set, over HTTP
 on 127.0.0.1.
 """
@@ -60,6 +61,9 @@ class Metrics:
         self.governance = Counter("coordd_governance_actions",
                                   "Running jobs suspended, resumed or vacated, by reason",
                                   ["action", "reason"], registry=r)
+        self.preemptions = Counter("coordd_preemptions",
+                                   "Running jobs chosen to vacate for a waiting job of a "
+                                   "higher priority (a reservation made)", registry=r)
 
     def observe_batch(self, size: int, commit_s: float, waits_s: list[float]) -> None:
         """Record one group commit: its size, its duration and each request's wait (seconds)."""
@@ -68,8 +72,16 @@ class Metrics:
         for w in waits_s:
             self.queue_wait.observe(w)
 
-    def count_governance(self, worker_id: str, changes: list[tuple[str, str]]) -> None:
-        """Count governance transitions [(action, reason code)] and log each one."""
+    def count_governance(self, worker_id: str, changes: list[tuple[str, str]],
+                         preempted: list[tuple[str, str, str]] | None = None) -> None:
+        """Count governance transitions [(action, reason code)] and preemptions
+        [(waiting job, victim, worker)], and log each one."""
+        for job_id, victim, holder in preempted or ():
+            self.preemptions.inc()
+            self.governance.labels("vacate", "preempted_by").inc()
+            logger.info("job %s preempts %s on %s (reserved)", job_id, victim, holder,
+                        extra={"action": "preempt", "job_id": job_id, "victim": victim,
+                               "worker_id": holder})
         for action, reason in changes:
             self.governance.labels(action, reason).inc()
             logger.info("governance: %s a job of %s (%s)", action, worker_id, reason,

@@ -19,7 +19,8 @@ from typing import Any
 import msgspec
 
 from coordd import (
-    backup, cas, errors, fdlimit, gates, governance, intake, leases, store, values, views,
+    backup, cas, errors, fdlimit, gates, governance, intake, leases, preemption, store, values,
+    views,
 )
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle, kind_absent_reason, runs_kind
@@ -91,6 +92,9 @@ class Coordinator:
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s)
+        self._preempt = preemption.PreemptPolicy(
+            gap=config.preempt_gap, min_runtime_s=config.preempt_min_runtime_s,
+            reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s)
         self.flows = Workflows(self)
         self._status = Coalesced(self._status_now)  # many pollers share one read
         self._maintenance_pause = asyncio.Event()  # never set: pauses run to their end
@@ -172,10 +176,12 @@ class Coordinator:
             lost = wkstore.release_predecessor(conn, now, p.worker_id, p.incarnation)
             cancel = store.heartbeat(conn, now, p.worker_id, roles_json, readings_json)
             wkstore.store_state(conn, p.worker_id, p.incarnation, kinds_json, broken_json)
-            return cancel, lost, now, governance.govern(conn, now, p.worker_id, self._policies)
-        cancel, lost, now, (actions, changes) = await self.writer.run(op, urgent=True)
+            preempted = preemption.preempt(conn, now, self._policies, self._preempt)
+            return (cancel, lost, now, governance.govern(conn, now, p.worker_id, self._policies),
+                    preempted)
+        cancel, lost, now, (actions, changes), preempted = await self.writer.run(op, urgent=True)
         self.lifecycle.log_lost(p.worker_id, lost, "restarted (new incarnation)")
-        self.meters.count_governance(p.worker_id, changes)
+        self.meters.count_governance(p.worker_id, changes, preempted)
         return HeartbeatResult(now=now, cancel=cancel, artifact_dir=self.artifact_dir,
                                lost=lost, actions=actions)
 
@@ -549,6 +555,10 @@ class Coordinator:
         return min(self.config.lease_max_s, max(self.config.lease_min_s, float(asked)))
 
     async def _explain(self, job: JobView, now: float) -> str:
+        held = await self._read(govstore.reservation_of, job.job_id)  # coordd.preemption
+        if held is not None and held[3] > now:
+            return (f"reserved on {held[0]}: waiting for P{held[2]} job {held[1]} to vacate "
+                    f"(until {fmt_time(held[3])})")
         return self._explain_with(job, now, await self._read(views.list_workers),
                                   await self.lifecycle.states())
 

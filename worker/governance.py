@@ -40,6 +40,13 @@ def act(run: Any, action: str, reason: str | None) -> None:
                         extra={"action": "resume", "job_id": run.job_id, "reason": reason})
 
 
+def capacity(config: Any) -> dict[str, Any]:
+    """The heartbeat readings that tell coordd this worker's room (coordd.preemption):
+    `slots_total` and `slots` per kind, from the worker config."""
+    return {"slots_total": config.total_slots,
+            "slots": {name: kind.slots for name, kind in config.kinds.items()}}
+
+
 def is_vacate(reason: str | None) -> bool:
     """Whether a job's abort reason is a vacate (its hand-back reason is the text)."""
     return reason is not None and reason.startswith(VACATE_PREFIX)

@@ -190,7 +190,7 @@ class Supervisor:
 
     async def heartbeat_once(self) -> bool:
         """Send one heartbeat; act on its cancel list. Returns False if coordd did not answer."""
-        readings = await asyncio.to_thread(self._probes.read)
+        readings = {**await asyncio.to_thread(self._probes.read), **governance.capacity(self.config)}
         sent = self._clock.mono()
         self.kinds.recheck(sent)
         try:

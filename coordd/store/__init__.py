@@ -159,8 +159,8 @@ MIGRATIONS: tuple[str, ...] = (
     # v11: the claim index led by (required_role, kind): claims flat in the jobs they
     # cannot take
     _claim_index.MIGRATION,
-    # v12: a lease's suspension and vacate state (coordd.governance, issue 16)
-    _governance_schema.MIGRATION_GOVERNANCE,
+    # v12: a lease's suspension and vacate state, preemption reservations (issue 16)
+    _governance_schema.MIGRATION_GOVERNANCE + ";" + _governance_schema.MIGRATION_RESERVATIONS,
 )
 
 json_encode = msgspec.json.encode

@@ -54,3 +54,60 @@ def governed(conn: sqlite3.Connection) -> dict[str, list[tuple[str, Any, Any, An
     for worker_id, job_id, at, reason, vacate in conn.execute(SQL_GOVERNED_BY_WORKER):
         out.setdefault(worker_id, []).append((job_id, at, reason, vacate))
     return out
+
+
+# ---------------------------------------------------------------- preemption (v9 too)
+
+MIGRATION_RESERVATIONS = """
+    CREATE TABLE reservations (
+        job_id        TEXT PRIMARY KEY REFERENCES jobs(job_id) ON DELETE CASCADE,
+        worker_id     TEXT NOT NULL,
+        victim_job_id TEXT NOT NULL,
+        created_at    REAL NOT NULL,
+        expires_at    REAL NOT NULL
+    );
+    CREATE INDEX reservations_worker ON reservations (worker_id, expires_at)
+"""
+
+SQL_DELETE_LAPSED_RESERVATIONS = "DELETE FROM reservations WHERE expires_at <= ?"
+SQL_PREEMPTING_CANDIDATES = (  # waiting jobs that may preempt, best first, none reserved yet
+    "SELECT j.job_id, j.kind, j.required_role, j.priority, j.gates_json "
+    "FROM jobs j INDEXED BY jobs_claim WHERE j.status = 'waiting' AND j.priority <= ? "
+    "AND j.run_at <= ? AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.job_id = j.job_id) "
+    "ORDER BY j.priority, j.queued_at, j.job_id LIMIT ?"
+)
+SQL_LIVE_WORKERS = (
+    "SELECT worker_id, roles_json, heartbeat_json, kinds_json FROM workers "
+    "WHERE heartbeat_at >= ? AND offline_at IS NULL ORDER BY worker_id"
+)
+SQL_ALL_HELD = (
+    "SELECT l.worker_id, l.job_id, j.kind, j.priority, l.granted_at, "
+    "CASE WHEN j.checkpoint_json IS NOT NULL AND j.updated_at > l.granted_at "
+    "THEN j.updated_at ELSE l.granted_at END, l.vacate_reason "
+    "FROM leases l JOIN jobs j ON j.job_id = l.job_id"
+)
+SQL_RESERVATIONS = (  # those still promised: their job waits
+    "SELECT r.worker_id, r.job_id FROM reservations r JOIN jobs j ON j.job_id = r.job_id "
+    "WHERE j.status = 'waiting'"
+)
+SQL_INSERT_RESERVATION = (
+    "INSERT INTO reservations (job_id, worker_id, victim_job_id, created_at, expires_at) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+SQL_MARK_VACATE = "UPDATE leases SET vacate_reason = ? WHERE job_id = ? AND vacate_reason IS NULL"
+SQL_RESERVED_FOR_WORKER = (  # the claim's look: is this worker's freed capacity promised?
+    "SELECT r.job_id, j.status FROM reservations r JOIN jobs j ON j.job_id = r.job_id "
+    "WHERE r.worker_id = ? AND r.expires_at > ? ORDER BY r.created_at"
+)
+SQL_DELETE_RESERVATION = "DELETE FROM reservations WHERE job_id = ?"
+SQL_RESERVATION_OF = (
+    "SELECT r.worker_id, r.victim_job_id, j.priority, r.expires_at FROM reservations r "
+    "JOIN jobs j ON j.job_id = r.victim_job_id WHERE r.job_id = ?"
+)
+
+
+def reservation_of(conn: sqlite3.Connection, job_id: str) -> tuple[Any, ...] | None:
+    """(worker_id, victim job id, victim priority, expires_at) of a waiting job's
+    reservation, or None."""
+    row = conn.execute(SQL_RESERVATION_OF, (job_id,)).fetchone()
+    return None if row is None else tuple(row)
