@@ -11,6 +11,7 @@ lease row and logs each transition as an event. The worker only acts on the answ
 from __future__ import annotations
 
 import sqlite3
+from datetime import datetime, timezone
 from typing import Any
 
 import msgspec
@@ -120,6 +121,20 @@ def decide(policy: GatePolicy, readings: dict[str, Any], state: GovState,
            f"{policy.resume_after_s:g}s")
     return Decision(action=SUSPEND, reason=why,
                     state=msgspec.structs.replace(state, gate_open_at=open_at))
+
+
+def describe(job_id: str, suspended_at: float | None, suspend_reason: str | None,
+             vacate_reason: str | None) -> str:
+    """One line for `coordctl workers`/`show`: "JOB suspended since T (reason)" or
+    "JOB vacating (reason)"."""
+    if vacate_reason is not None:
+        return f"{job_id} vacating ({vacate_reason})"
+    at = "?" if suspended_at is None else _fmt_time(suspended_at)
+    return f"{job_id} suspended since {at} ({suspend_reason})"
+
+
+def _fmt_time(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _policy_for(policies: dict[int, GatePolicy], prio: int, gates_json: str | None) -> GatePolicy:

@@ -371,6 +371,7 @@ class WorkerView(msgspec.Struct, kw_only=True):
     broken_kinds: dict[str, str] = {}  # kind -> why the worker cannot run it
     incarnation: str | None = None
     offline_at: float | None = None  # when it said goodbye (not live since)
+    governed: list[str] = []  # its jobs suspended or vacating (coordd.governance), said so
 
 
 class WorkersResult(msgspec.Struct, kw_only=True):

@@ -492,6 +492,7 @@ class Coordinator:
         now = self.clock.wall()
         out = []
         states = await self.lifecycle.states()
+        governed = await self._read(govstore.governed)
         for worker_id, roles, readings, hb_at, n in await self._read(views.list_workers):
             age = now - hb_at
             state = states.get(worker_id, wkstore.WorkerState())
@@ -505,7 +506,9 @@ class Coordinator:
                                   verdicts=verdicts, notes=_reading_notes(readings),
                                   active_leases=n, kinds=state.kinds,
                                   broken_kinds=state.broken_kinds,
-                                  incarnation=state.incarnation, offline_at=state.offline_at))
+                                  incarnation=state.incarnation, offline_at=state.offline_at,
+                                  governed=[governance.describe(*g)
+                                            for g in governed.get(worker_id, [])]))
         return WorkersResult(workers=out)
 
     async def check(self, p: Empty | None = None) -> dict[str, Any]:

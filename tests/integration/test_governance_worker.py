@@ -57,10 +57,10 @@ def expected_acc(steps: int) -> int:
     return acc
 
 
-def daemon_toml(**p3: Any) -> str:
+def daemon_toml(preempt_min_runtime_s: float = 30.0, **p3: Any) -> str:
     gates = "\n".join(f"{k} = {json.dumps(v)}" for k, v in p3.items())
     return ("reaper_interval_s = 0.3\nheartbeat_stale_s = 5\n"
-            f"[gates.p3]\n{gates}\n")
+            f"preempt_min_runtime_s = {preempt_min_runtime_s}\n[gates.p3]\n{gates}\n")
 
 
 @pytest.fixture
@@ -212,3 +212,32 @@ async def test_supervisor_killed_while_suspended_leaves_no_stopped_process(gov):
     assert final.result["acc"] == expected_acc(60)
     assert [e.to_status for e in final.events].count("succeeded") == 1
     assert final.attempts == 2  # the lost run spent its attempt (worker_lost)
+
+
+async def test_p0_on_a_one_slot_worker_busy_with_p3_starts_within_grace_plus_1s(gov):
+    bench, _ = await gov(preempt_min_runtime_s=0.0)
+    job, progress, pidfile = await enqueue_counter(bench, steps=200, dt=0.01)
+    grace_s = 0.5
+    w = bench.start_worker(grace_s=grace_s)
+
+    async def checkpointed() -> Any:
+        return (await bench.client.get_job(job)).checkpoint
+    await bench.until(checkpointed, what="a checkpoint of the P3 run recorded")
+    p3_pid = int(pidfile.read_text())
+    p0_pid = bench.tmp / "p0.pid"
+    p0 = await bench.enqueue({"steps": 3, "progress": str(bench.tmp / "p0.progress"),
+                              "pidfile": str(p0_pid)}, kind="count", priority=0)
+    took = await wait_for(p0_pid.exists, grace_s + 1.0 + 2.0, "the P0 model started")
+    assert took <= grace_s + 1.0, (took, w.log())
+    assert state_of(p3_pid) == "gone"
+    done = await bench.status_is(p0, "succeeded", timeout=10)
+    assert done.attempts == 1
+    final = await bench.status_is(job, "succeeded", "failed", timeout=20)
+    assert final.status == "succeeded", (final.last_error, w.log())
+    assert final.result == {"acc": expected_acc(200), "resumed": True}
+    assert final.attempts == 1 and final.preemptions == 1  # the vacate spent no attempt
+    reasons = [e.reason or "" for e in final.events]
+    assert any(r.startswith(f"vacate: preempted_by {p0}") for r in reasons), reasons
+    # the P3 job was claimed again only after the P0 job ended: nothing took its slot
+    again = [e.at for e in final.events if (e.reason or "").startswith("claimed")][1]
+    assert again >= max(e.at for e in done.events if e.to_status == "succeeded")
