@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from coordd.protocol_governance import JobAction
+from coordd.protocol_governance import JobAction, Suspension
 
 MAX_FRAME_DEFAULT = 16 << 20  # 16 MiB; client and server both enforce an explicit cap
 PRIORITIES = (0, 1, 2, 3)
@@ -70,12 +70,9 @@ class Empty(msgspec.Struct):
 
 
 class Readings(msgspec.Struct, kw_only=True):
-    """The resource readings a heartbeat carries (null = the machine can't tell).
-
-    These are the keys gates read, type-checked on every heartbeat. Free-form extra keys
-    are kept in the stored heartbeat as sent; the probes add `temperature_reason`,
-    `power_reason` and `user_idle_reason` there, which `workers` shows for null readings.
-    """
+    """The readings gates read (null = the machine can't tell), type-checked on every
+    heartbeat. Free-form extra keys are stored as sent (the probes' `temperature_reason`,
+    `power_reason`, `user_idle_reason`: `workers` shows them for null readings)."""
 
     memory_used_pct: float | None = None
     temperature_c: float | None = None
@@ -123,8 +120,7 @@ class EnqueueBatch(msgspec.Struct, kw_only=True):
 
 
 class Claim(msgspec.Struct, kw_only=True):
-    """`claim`: `claim_id` makes a repeated claim return the lease it already granted;
-    `kinds` limits the claim to the job kinds the worker can run."""
+    """`claim`: a repeated `claim_id` returns the lease it already granted."""
 
     worker_id: str
     lease_s: float | None = None
@@ -266,8 +262,7 @@ class RenewResult(msgspec.Struct, kw_only=True):
     expires_at: float
     lease_s: float
     cancel_requested: bool
-    action: str = "continue"  # coordd.governance: continue | suspend | resume | vacate
-    action_reason: str | None = None
+    action: JobAction | None = None  # coordd.governance: what the job must be doing now
 
 
 class CompleteResult(msgspec.Struct, kw_only=True):
@@ -309,9 +304,7 @@ class LeaseView(msgspec.Struct, kw_only=True):
     granted_at: float
     expires_at: float
     lease_s: float
-    suspended_at: float | None = None  # coordd.governance: suspended since, why, vacating
-    suspend_reason: str | None = None
-    vacate_reason: str | None = None
+    governance: Suspension | None = None  # suspended or vacating (coordd.governance)
 
 
 class JobView(msgspec.Struct, kw_only=True):
@@ -371,7 +364,6 @@ class WorkerView(msgspec.Struct, kw_only=True):
     broken_kinds: dict[str, str] = {}  # kind -> why the worker cannot run it
     incarnation: str | None = None
     offline_at: float | None = None  # when it said goodbye (not live since)
-    governed: list[str] = []  # its jobs suspended or vacating (coordd.governance), said so
 
 
 class WorkersResult(msgspec.Struct, kw_only=True):

@@ -13,3 +13,11 @@ class JobAction(msgspec.Struct, kw_only=True):
     job_id: str
     action: str
     reason: str | None = None
+
+
+class Suspension(msgspec.Struct, kw_only=True):
+    """A lease's governance state as `get_job` shows it (coordd time, seconds)."""
+
+    suspended_at: float | None = None
+    suspend_reason: str | None = None  # reason codes, e.g. "user_active"
+    vacate_reason: str | None = None  # set once a vacate is decided

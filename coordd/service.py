@@ -215,7 +215,7 @@ class Coordinator:
         res, (actions, changes) = await self.writer.run(op, urgent=True)
         self.meters.count_governance(p.worker_id, changes)
         if actions:
-            res.action, res.action_reason = actions[0].action, actions[0].reason
+            res.action = actions[0]
         return res
 
     async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
@@ -459,8 +459,7 @@ class Coordinator:
             wstore.node_info, job_id)
         job.preemptions = await self._read(wkstore.preemptions, job_id)
         if job.lease is not None:
-            (job.lease.suspended_at, job.lease.suspend_reason,
-             job.lease.vacate_reason) = await self._read(govstore.lease_state, job_id)
+            job.lease.governance = await self._read(govstore.lease_state, job_id)
         if job.status == "waiting":
             job.waiting_reason = await self._explain(job, now)
         elif job.status == "blocked":
@@ -503,12 +502,12 @@ class Coordinator:
                 verdicts[f"p{prio}"] = ([gates.HEARTBEAT_STALE] if not live else []) + codes
             out.append(WorkerView(worker_id=worker_id, roles=roles, readings=readings,
                                   heartbeat_at=hb_at, heartbeat_age_s=age, live=live,
-                                  verdicts=verdicts, notes=_reading_notes(readings),
-                                  active_leases=n, kinds=state.kinds,
+                                  verdicts=verdicts, active_leases=n, kinds=state.kinds,
                                   broken_kinds=state.broken_kinds,
                                   incarnation=state.incarnation, offline_at=state.offline_at,
-                                  governed=[governance.describe(*g)
-                                            for g in governed.get(worker_id, [])]))
+                                  notes=_reading_notes(readings) + [
+                                      "governance: " + governance.describe(*g)
+                                      for g in governed.get(worker_id, [])]))
         return WorkersResult(workers=out)
 
     async def check(self, p: Empty | None = None) -> dict[str, Any]:

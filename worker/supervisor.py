@@ -477,7 +477,8 @@ class Supervisor:
                 run.deadline = now + r.lease_s
                 if r.cancel_requested:
                     run.request_cancel()
-                governance.act(run, r.action, r.action_reason)
+                if r.action is not None:
+                    governance.act(run, r.action.action, r.action.reason)
                 break
 
     def _lose_lease(self, run: JobRun, why: str) -> None:

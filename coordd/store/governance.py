@@ -11,6 +11,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from coordd.protocol_governance import Suspension
+
 MIGRATION_GOVERNANCE = """
     ALTER TABLE leases ADD COLUMN suspended_at REAL;
     ALTER TABLE leases ADD COLUMN suspend_reason TEXT;
@@ -41,10 +43,12 @@ SQL_GOVERNED_BY_WORKER = (
 )
 
 
-def lease_state(conn: sqlite3.Connection, job_id: str) -> tuple[Any, Any, Any]:
-    """(suspended_at, suspend_reason, vacate_reason) of the job's lease (Nones if none)."""
+def lease_state(conn: sqlite3.Connection, job_id: str) -> Suspension | None:
+    """The job's lease suspension or vacate state; None when running normally (or no lease)."""
     row = conn.execute(SQL_LEASE_GOVERNANCE, (job_id,)).fetchone()
-    return (None, None, None) if row is None else tuple(row)
+    if row is None or (row[0] is None and row[2] is None):
+        return None
+    return Suspension(suspended_at=row[0], suspend_reason=row[1], vacate_reason=row[2])
 
 
 def governed(conn: sqlite3.Connection) -> dict[str, list[tuple[str, Any, Any, Any]]]:

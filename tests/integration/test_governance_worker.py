@@ -155,7 +155,7 @@ async def test_p3_model_is_stopped_when_the_user_returns_and_continues_when_idle
     await asyncio.sleep(1.0)  # no progress while stopped
     assert steps_done(progress) <= frozen + 1 and state_of(pid) == psutil.STATUS_STOPPED
     view = await bench.client.get_job(job)
-    assert view.status == "running" and view.lease.suspend_reason == "user_active"
+    assert view.status == "running" and view.lease.governance.suspend_reason == "user_active"
     readings.write_text(json.dumps(COOL))
     await wait_for(lambda: state_of(pid) not in (psutil.STATUS_STOPPED, "gone")
                    and steps_done(progress) > frozen + 2, HEARTBEAT_S * 2 + 0.5 + 1.5,

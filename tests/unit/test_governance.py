@@ -42,11 +42,14 @@ async def test_p3_is_suspended_when_the_user_returns_and_keeps_its_lease(bundle)
     assert action_of(await beat(bundle, user_idle_s=7.0), job)[0] == "suspend"
     renewed = await bundle.coord.renew(Renew(job_id=job, worker_id="w1", token=token,
                                              lease_s=300))
-    assert renewed.action == "suspend"  # the renew says the same: one function decides
+    assert renewed.action.action == "suspend"  # the renew says the same: one function decides
     view = await bundle.coord.get_job(JobId(job_id=job))
-    assert view.status == "running" and view.lease.suspended_at == 105.0
-    assert view.lease.suspend_reason == "user_active"
+    assert view.status == "running" and view.lease.governance.suspended_at == 105.0
+    assert view.lease.governance.suspend_reason == "user_active"
     assert [e.reason.split(":")[0] for e in view.events].count("suspended") == 1
+    (w,) = (await bundle.coord.workers()).workers  # `coordctl workers` says the same
+    assert f"governance: {job} suspended since " in " ".join(w.notes)
+    assert w.notes[-1].endswith("(user_active)")
 
 
 async def test_resume_needs_the_gates_open_for_resume_after_s_no_flapping(bundle):
@@ -65,7 +68,7 @@ async def test_resume_needs_the_gates_open_for_resume_after_s_no_flapping(bundle
     assert seen[-3:] == ["suspend", "suspend", "resume"]
     assert action_of(await beat(bundle), job)[0] == "continue"
     view = await bundle.coord.get_job(JobId(job_id=job))
-    assert view.lease.suspended_at is None
+    assert view.lease.governance is None
     assert [e.reason.split(":")[0] for e in view.events][-2:] == ["suspended", "resumed"]
 
 
