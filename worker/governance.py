@@ -18,8 +18,9 @@ VACATE_PREFIX = "vacate"
 """An abort reason that starts with this hands the job back (`release`) with that reason."""
 
 
-def act(run: Any, action: str, reason: str | None) -> None:
-    """Apply coordd's `action` for one held job (a supervisor JobRun, or None: not ours)."""
+def act(run: Any, action: str, reason: str | None, now: float) -> None:
+    """Apply coordd's `action` for one held job (a supervisor JobRun, or None: not ours);
+    `now` is the worker's monotonic time (the stopped time is kept, see `stopped_since`)."""
     if run is None or run.aborted.is_set():
         return
     if action == "vacate":
@@ -31,13 +32,20 @@ def act(run: Any, action: str, reason: str | None) -> None:
     if proc is None:
         return  # not started yet: coordd says it again on the next heartbeat
     if action == "suspend" and not proc.stopped:
-        if proc.suspend():
+        if proc.suspend(now):
             logger.info("job %s: suspended (SIGSTOP) - %s", run.job_id, reason,
                         extra={"action": "suspend", "job_id": run.job_id, "reason": reason})
     elif action in ("resume", "continue") and proc.stopped:
-        if proc.resume():
+        if proc.resume(now):
             logger.info("job %s: resumed (SIGCONT) - %s", run.job_id, reason,
                         extra={"action": "resume", "job_id": run.job_id, "reason": reason})
+
+
+def stopped_since(proc: Any, counted: float, now: float) -> tuple[float, float]:
+    """For the kind's timeout, which counts run time only: (seconds the model was stopped
+    beyond the `counted` ones - the timer's extension -, the new count)."""
+    total = 0.0 if proc is None else proc.stopped_s(now)
+    return total - counted, total
 
 
 def capacity(config: Any) -> dict[str, Any]:

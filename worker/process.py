@@ -119,6 +119,8 @@ class ModelProcess:
         self._killed_by_us = False
         self._tree_done = False
         self._stopped = False
+        self._stopped_at = 0.0  # monotonic, while stopped
+        self._stopped_total = 0.0
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -196,19 +198,25 @@ class ModelProcess:
         """True between `suspend` and `resume` (or the end of the tree)."""
         return self._stopped
 
-    def suspend(self) -> bool:
-        """SIGSTOP the model's whole group; False if it has ended (nothing to stop)."""
+    def stopped_s(self, now: float) -> float:
+        """Seconds the group spent stopped by `suspend` so far (`now`: monotonic)."""
+        return self._stopped_total + (now - self._stopped_at if self._stopped else 0.0)
+
+    def suspend(self, now: float) -> bool:
+        """SIGSTOP the model's whole group at monotonic `now`; False if it has ended."""
         if self._tree_done or self._proc.returncode is not None:
             return False
         _killpg(self._proc.pid, signal.SIGSTOP)
-        self._stopped = True
+        if not self._stopped:
+            self._stopped, self._stopped_at = True, now
         return True
 
-    def resume(self) -> bool:
-        """SIGCONT the model's whole group; False if it has ended."""
+    def resume(self, now: float) -> bool:
+        """SIGCONT the model's whole group at monotonic `now`; False if it has ended."""
         if self._tree_done or self._proc.returncode is not None:
             return False
         _killpg(self._proc.pid, signal.SIGCONT)
+        self._stopped_total = self.stopped_s(now)
         self._stopped = False
         return True
 

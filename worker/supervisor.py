@@ -212,7 +212,7 @@ class Supervisor:
             if run is not None:
                 run.request_cancel()
         for a in reply.actions:  # suspend / resume / vacate, decided by coordd
-            governance.act(self._runs.get(a.job_id), a.action, a.reason)
+            governance.act(self._runs.get(a.job_id), a.action, a.reason, self._clock.mono())
         return True
 
     def _note_down(self, exc: Exception) -> None:
@@ -478,7 +478,7 @@ class Supervisor:
                 if r.cancel_requested:
                     run.request_cancel()
                 if r.action is not None:
-                    governance.act(run, r.action.action, r.action.reason)
+                    governance.act(run, r.action.action, r.action.reason, self._clock.mono())
                 break
 
     def _lose_lease(self, run: JobRun, why: str) -> None:
@@ -490,10 +490,13 @@ class Supervisor:
         run.abort(LEASE_LOST)
 
     async def _timeout_timer(self, run: JobRun, seconds: float) -> None:
-        if not await self._clock.wait(run.aborted, seconds):
-            logger.warning("job %s: timeout after %gs", run.job_id, seconds,
-                           extra={"action": "timeout", "job_id": run.job_id})
-            run.abort(TIMEOUT)
+        left, counted = seconds, 0.0  # time the model spent suspended is not run time
+        while not await self._clock.wait(run.aborted, left):
+            left, counted = governance.stopped_since(run.proc, counted, self._clock.mono())
+            if left <= 0:
+                logger.warning("job %s: timeout after %gs", run.job_id, seconds,
+                               extra={"action": "timeout", "job_id": run.job_id})
+                return run.abort(TIMEOUT)
 
     async def _checkpoint_loop(self, run: JobRun) -> None:
         # until cancelled once the tree is gone: files renamed in during a grace period count

@@ -80,8 +80,9 @@ async def gov(daemon_factory, tmp_path):
         await client.__aenter__()
         clients.append(client)
 
-        def start_worker(worker_id: str = "w1", **settings: Any) -> WorkerProc:
-            kinds = {"count": {"argv": [sys.executable, str(model)], "slots": 1}}
+        def start_worker(worker_id: str = "w1", kind: dict[str, Any] | None = None,
+                         **settings: Any) -> WorkerProc:
+            kinds = {"count": {"argv": [sys.executable, str(model)], "slots": 1, **(kind or {})}}
             work_dir = tmp_path / f"work-{worker_id}"
             cfg = tmp_path / f"{worker_id}.toml"
             cfg.write_text(worker_toml(work_dir, kinds, **{"heartbeat_interval_s": HEARTBEAT_S,
@@ -241,3 +242,19 @@ async def test_p0_on_a_one_slot_worker_busy_with_p3_starts_within_grace_plus_1s(
     # the P3 job was claimed again only after the P0 job ended: nothing took its slot
     again = [e.at for e in final.events if (e.reason or "").startswith("claimed")][1]
     assert again >= max(e.at for e in done.events if e.to_status == "succeeded")
+
+
+async def test_time_spent_suspended_does_not_count_toward_the_kinds_timeout(gov):
+    bench, readings = await gov(resume_after_s=0.2, max_suspend_s=60)
+    job, progress, pidfile = await enqueue_counter(bench, steps=50)  # ~1 s of running
+    w = bench.start_worker(kind={"timeout_s": 2.5})
+    await wait_for(lambda: steps_done(progress) >= 5, 15, "the model running")
+    pid = int(pidfile.read_text())
+    readings.write_text(json.dumps(ACTIVE))
+    await wait_for(lambda: state_of(pid) == psutil.STATUS_STOPPED, HEARTBEAT_S + 1.0,
+                   "process state T")
+    await asyncio.sleep(2.5)  # stopped past the whole timeout
+    readings.write_text(json.dumps(COOL))
+    final = await bench.status_is(job, "succeeded", "failed", "waiting", timeout=20)
+    assert final.status == "succeeded", (final.last_error, w.log())
+    assert final.attempts == 1 and final.result["acc"] == expected_acc(50)
