@@ -36,6 +36,29 @@ class PreemptPolicy(msgspec.Struct, frozen=True, kw_only=True):
     min_runtime_s: float = 30.0
     reservation_s: float = 60.0
     stale_s: float = 30.0  # a worker's heartbeat older than this: not live
+    scan_interval_s: float = 1.0  # the full look at workers and leases, at most this often
+
+
+class Preemptor:
+    """`preempt` on every heartbeat, its full look at workers and leases at most once per
+    `scan_interval_s` of coordd time (a backlog with a busy fleet must not cost a scan of
+    every lease per heartbeat)."""
+
+    def __init__(self, policy: PreemptPolicy) -> None:
+        self.policy = policy
+        self._last = float("-inf")
+
+    def run(self, conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy]
+            ) -> list[tuple[str, str, str]]:
+        """As `preempt`; [] when the last full look was under `scan_interval_s` ago."""
+        return preempt(conn, now, policies, self.policy, self)
+
+    def due(self, now: float) -> bool:
+        """True (and the interval restarts) when a full look may run at `now`."""
+        if now - self._last < self.policy.scan_interval_s:
+            return False
+        self._last = now
+        return True
 
 
 class Held(msgspec.Struct, frozen=True):
@@ -83,7 +106,8 @@ def _room(total: int | None, kinds: dict[str, int], held: list[Held], reserved: 
 
 
 def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy],
-            policy: PreemptPolicy) -> list[tuple[str, str, str]]:
+            policy: PreemptPolicy, pacer: Preemptor | None = None
+            ) -> list[tuple[str, str, str]]:
     """Drop lapsed reservations; for each waiting job that could preempt and that no live
     worker has room for, vacate one victim and reserve its capacity. Returns
     [(waiting job, victim job, worker)]."""
@@ -92,7 +116,7 @@ def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy
         return []
     waiting = conn.execute(SQL_PREEMPTING_CANDIDATES,
                            (3 - policy.gap, now, CANDIDATES_MAX)).fetchall()
-    if not waiting:
+    if not waiting or (pacer is not None and not pacer.due(now)):
         return []
     workers = conn.execute(SQL_LIVE_WORKERS, (now - policy.stale_s,)).fetchall()
     held: dict[str, list[Held]] = {}

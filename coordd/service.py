@@ -92,9 +92,9 @@ class Coordinator:
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s)
-        self._preempt = preemption.PreemptPolicy(
+        self._preempt = preemption.Preemptor(preemption.PreemptPolicy(
             gap=config.preempt_gap, min_runtime_s=config.preempt_min_runtime_s,
-            reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s)
+            reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s))
         self.flows = Workflows(self)
         self._status = Coalesced(self._status_now)  # many pollers share one read
         self._maintenance_pause = asyncio.Event()  # never set: pauses run to their end
@@ -176,7 +176,7 @@ class Coordinator:
             lost = wkstore.release_predecessor(conn, now, p.worker_id, p.incarnation)
             cancel = store.heartbeat(conn, now, p.worker_id, roles_json, readings_json)
             wkstore.store_state(conn, p.worker_id, p.incarnation, kinds_json, broken_json)
-            preempted = preemption.preempt(conn, now, self._policies, self._preempt)
+            preempted = self._preempt.run(conn, now, self._policies)
             return (cancel, lost, now, governance.govern(conn, now, p.worker_id, self._policies),
                     preempted)
         cancel, lost, now, (actions, changes), preempted = await self.writer.run(op, urgent=True)

@@ -118,3 +118,15 @@ async def test_preempt_gap_zero_turns_preemption_off(make_bundle):
     victim, _ = await busy_with_p3(bundle)
     await bundle.enqueue(priority=0)
     assert action_of(await beat(bundle), victim)[0] == "continue"
+
+
+async def test_the_full_scan_runs_at_most_once_per_second(make_bundle):
+    bundle = await make_bundle(preempt_min_runtime_s=0)
+    v1, _ = await busy_with_p3(bundle, "w1")
+    v2, _ = await busy_with_p3(bundle, "w2")
+    await bundle.enqueue(priority=0)
+    assert action_of(await beat(bundle, "w1"), v1)[0] == "vacate"  # the scan ran
+    await bundle.enqueue(priority=0)
+    assert action_of(await beat(bundle, "w2"), v2)[0] == "continue"  # same second: paced
+    bundle.clock.advance(1)
+    assert action_of(await beat(bundle, "w2"), v2)[0] == "vacate"
