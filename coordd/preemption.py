@@ -21,7 +21,7 @@ from coordd import gates
 from coordd.gates import GatePolicy
 from coordd.store import event, lenient_json
 from coordd.store.governance import (
-    SQL_ALL_HELD, SQL_DELETE_LAPSED_RESERVATIONS, SQL_DELETE_RESERVATION,
+    SQL_ALL_HELD, SQL_ANY_PREEMPTOR, SQL_DELETE_LAPSED_RESERVATIONS, SQL_DELETE_RESERVATION,
     SQL_INSERT_RESERVATION, SQL_LIVE_WORKERS, SQL_MARK_VACATE, SQL_PREEMPTING_CANDIDATES,
     SQL_RESERVATIONS, SQL_RESERVED_FOR_WORKER,
 )
@@ -114,9 +114,13 @@ def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy
     conn.execute(SQL_DELETE_LAPSED_RESERVATIONS, (now,))
     if policy.gap <= 0:
         return []
+    if conn.execute(SQL_ANY_PREEMPTOR, (3 - policy.gap,)).fetchone() is None:
+        return []  # the common case, answered from the counters
+    if pacer is not None and not pacer.due(now):
+        return []
     waiting = conn.execute(SQL_PREEMPTING_CANDIDATES,
                            (3 - policy.gap, now, CANDIDATES_MAX)).fetchall()
-    if not waiting or (pacer is not None and not pacer.due(now)):
+    if not waiting:
         return []
     workers = conn.execute(SQL_LIVE_WORKERS, (now - policy.stale_s,)).fetchall()
     held: dict[str, list[Held]] = {}

@@ -18,10 +18,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import (
-    backup, cas, errors, fdlimit, gates, governance, intake, leases, preemption, store, values,
-    views,
-)
+from coordd import backup, cas, errors, fdlimit, gates, governor, intake, leases, store, values, views
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle, kind_absent_reason, runs_kind
 from coordd.logs import JobLogStore
@@ -44,7 +41,6 @@ from coordd.protocol_workflows import (
 from coordd.metrics import Metrics, tree_bytes
 from coordd.readers import Coalesced, ReadPool
 from coordd.names import check_name
-from coordd.store import governance as govstore
 from coordd.store import workers as wkstore
 from coordd.times import check_duration, fmt_time
 from coordd.store import workflows as wstore
@@ -92,9 +88,7 @@ class Coordinator:
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s)
-        self._preempt = preemption.Preemptor(preemption.PreemptPolicy(
-            gap=config.preempt_gap, min_runtime_s=config.preempt_min_runtime_s,
-            reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s))
+        self.governor = governor.Governor(config, self._policies, self.meters, self._read)
         self.flows = Workflows(self)
         self._status = Coalesced(self._status_now)  # many pollers share one read
         self._maintenance_pause = asyncio.Event()  # never set: pauses run to their end
@@ -176,14 +170,12 @@ class Coordinator:
             lost = wkstore.release_predecessor(conn, now, p.worker_id, p.incarnation)
             cancel = store.heartbeat(conn, now, p.worker_id, roles_json, readings_json)
             wkstore.store_state(conn, p.worker_id, p.incarnation, kinds_json, broken_json)
-            preempted = self._preempt.run(conn, now, self._policies)
-            return (cancel, lost, now, governance.govern(conn, now, p.worker_id, self._policies),
-                    preempted)
-        cancel, lost, now, (actions, changes), preempted = await self.writer.run(op, urgent=True)
+            return cancel, lost, now, self.governor.on_heartbeat(conn, now, p.worker_id)
+        cancel, lost, now, gov = await self.writer.run(op, urgent=True)
         self.lifecycle.log_lost(p.worker_id, lost, "restarted (new incarnation)")
-        self.meters.count_governance(p.worker_id, changes, preempted)
+        self.governor.count(p.worker_id, gov)  # suspend/resume/vacate: coordd.governance
         return HeartbeatResult(now=now, cancel=cancel, artifact_dir=self.artifact_dir,
-                               lost=lost, actions=actions)
+                               lost=lost, actions=gov.actions)
 
     async def claim(self, p: Claim) -> ClaimResult:
         """Claim the best job for `p.worker_id` (see coordd.leases.claim).
@@ -207,16 +199,7 @@ class Coordinator:
 
     async def renew(self, p: Renew) -> RenewResult:
         """Extend a lease. Raises: LeaseLost, LeaseExpired, AlreadyCompleted, NotFound."""
-        lease_s = self._lease_s(p.lease_s)
-
-        def op(conn: sqlite3.Connection, now: float) -> Any:
-            res = leases.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s)
-            return res, governance.govern(conn, now, p.worker_id, self._policies, p.job_id)
-        res, (actions, changes) = await self.writer.run(op, urgent=True)
-        self.meters.count_governance(p.worker_id, changes)
-        if actions:
-            res.action = actions[0]
-        return res
+        return await self.governor.renew(self.writer, p, self._lease_s(p.lease_s))
 
     async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
         """Record a job's latest checkpoint. Raises: PayloadTooLarge and the lease errors."""
@@ -458,14 +441,13 @@ class Coordinator:
         job.workflow_id, job.node, job.result_schema, deps = await self._read(
             wstore.node_info, job_id)
         job.preemptions = await self._read(wkstore.preemptions, job_id)
-        if job.lease is not None:
-            job.lease.governance = await self._read(govstore.lease_state, job_id)
         if job.status == "waiting":
             job.waiting_reason = await self._explain(job, now)
         elif job.status == "blocked":
             job.waiting_reason = "blocked: waits for " + ", ".join(
                 f"{name} ({status})" for name, status, _ in deps if status in
                 ("blocked", "waiting", "running"))
+        await self.governor.annotate(job, now)  # suspended since, reserved for
         return job
 
     async def list_jobs(self, p: ListJobs) -> JobList:
@@ -490,8 +472,7 @@ class Coordinator:
         """Every known worker with its readings, heartbeat age and per-priority gate verdicts."""
         now = self.clock.wall()
         out = []
-        states = await self.lifecycle.states()
-        governed = await self._read(govstore.governed)
+        states, gov = await self.lifecycle.states(), await self.governor.worker_notes()
         for worker_id, roles, readings, hb_at, n in await self._read(views.list_workers):
             age = now - hb_at
             state = states.get(worker_id, wkstore.WorkerState())
@@ -502,12 +483,10 @@ class Coordinator:
                 verdicts[f"p{prio}"] = ([gates.HEARTBEAT_STALE] if not live else []) + codes
             out.append(WorkerView(worker_id=worker_id, roles=roles, readings=readings,
                                   heartbeat_at=hb_at, heartbeat_age_s=age, live=live,
-                                  verdicts=verdicts, active_leases=n, kinds=state.kinds,
+                                  verdicts=verdicts, notes=_reading_notes(readings) + gov[worker_id],
+                                  active_leases=n, kinds=state.kinds,
                                   broken_kinds=state.broken_kinds,
-                                  incarnation=state.incarnation, offline_at=state.offline_at,
-                                  notes=_reading_notes(readings) + [
-                                      "governance: " + governance.describe(*g)
-                                      for g in governed.get(worker_id, [])]))
+                                  incarnation=state.incarnation, offline_at=state.offline_at))
         return WorkersResult(workers=out)
 
     async def check(self, p: Empty | None = None) -> dict[str, Any]:
@@ -557,10 +536,6 @@ class Coordinator:
         return min(self.config.lease_max_s, max(self.config.lease_min_s, float(asked)))
 
     async def _explain(self, job: JobView, now: float) -> str:
-        held = await self._read(govstore.reservation_of, job.job_id)  # coordd.preemption
-        if held is not None and held[3] > now:
-            return (f"reserved on {held[0]}: waiting for P{held[2]} job {held[1]} to vacate "
-                    f"(until {fmt_time(held[3])})")
         return self._explain_with(job, now, await self._read(views.list_workers),
                                   await self.lifecycle.states())
 

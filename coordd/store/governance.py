@@ -74,9 +74,12 @@ MIGRATION_RESERVATIONS = """
 """
 
 SQL_DELETE_LAPSED_RESERVATIONS = "DELETE FROM reservations WHERE expires_at <= ?"
+SQL_ANY_PREEMPTOR = (  # from the counters (coordd.store.counters): no job row read
+    "SELECT 1 FROM job_counts WHERE status = 'waiting' AND priority <= ? AND n > 0 LIMIT 1"
+)
 SQL_PREEMPTING_CANDIDATES = (  # waiting jobs that may preempt, best first, none reserved yet
     "SELECT j.job_id, j.kind, j.required_role, j.priority, j.gates_json "
-    "FROM jobs j INDEXED BY jobs_claim WHERE j.status = 'waiting' AND j.priority <= ? "
+    "FROM jobs j WHERE j.status = 'waiting' AND j.priority <= ? "
     "AND j.run_at <= ? AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.job_id = j.job_id) "
     "ORDER BY j.priority, j.queued_at, j.job_id LIMIT ?"
 )
