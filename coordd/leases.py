@@ -118,7 +118,7 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
         return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
                            detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
     roles_json, heartbeat_json = worker[0], worker[1]
-    reserved, _ = preemption.reserved_claim(conn, now, worker_id)
+    reserved = preemption.reserved_claim(conn, now, worker_id)
     if reserved is not None:  # capacity freed by a preemption: promised to this job
         conn.execute(SQL_DELETE_RESERVATION, (reserved,))
         return _take(conn, now, worker_id, reserved, lease_s, claim_id)

@@ -164,13 +164,11 @@ def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy
     return done
 
 
-def reserved_claim(conn: sqlite3.Connection, now: float, worker_id: str
-                   ) -> tuple[str | None, bool]:
-    """The claim's look at reservations on `worker_id`: (a reserved job still waiting, to be
-    taken first, or None; whether a live reservation holds this worker's capacity).
-    Reservations whose job is no longer waiting are dropped."""
+def reserved_claim(conn: sqlite3.Connection, now: float, worker_id: str) -> str | None:
+    """The claim's look at reservations on `worker_id`: the reserved job still waiting, to
+    be taken first, or None. Reservations whose job no longer waits are dropped."""
     for job_id, status in conn.execute(SQL_RESERVED_FOR_WORKER, (worker_id, now)).fetchall():
         if status == "waiting":
-            return job_id, True
+            return job_id
         conn.execute(SQL_DELETE_RESERVATION, (job_id,))
-    return None, False
+    return None
