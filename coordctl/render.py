@@ -224,6 +224,10 @@ def job(console: Console, j: JobView) -> None:
         when = left if left.startswith("EXPIRED") else f"expires in {left}"
         t.add_row("lease", f"worker {j.lease.worker_id}, token {j.lease.token}, "
                            f"granted {fmt_time(j.lease.granted_at)}, {when}")
+    gov = j.lease.governance if j.lease is not None else None
+    if gov is not None:
+        t.add_row("governance", f"vacating ({gov.vacate_reason})" if gov.vacate_reason
+                  else f"suspended since {fmt_time(gov.suspended_at)} ({gov.suspend_reason})")
     if j.waiting_reason:
         t.add_row("waiting reason", j.waiting_reason)
     if j.last_error:
@@ -275,6 +279,9 @@ def workers(console: Console, res: WorkersResult) -> None:
     for w in res.workers:
         for kind, why in sorted(w.broken_kinds.items()):
             console.print(f"{w.worker_id}: kind {kind} not usable: {why}")
+        for note in w.notes:  # coordd.governance: suspended or vacating jobs
+            if note.startswith("governance: "):
+                console.print(f"{w.worker_id}: job {note.removeprefix('governance: ')}")
 
 
 def workers_table(res: WorkersResult) -> Table:

@@ -97,6 +97,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             root and coordd's own uid. Either set: exactly the listed uids/gids.
         log_json: log lines as JSON objects.
         gates: per-priority gate overrides, keys "p0".."p3".
+        preempt_gap / preempt_min_runtime_s / reservation_s: priority preemption
+            (coordd.preemption): a waiting job preempts a running one at least
+            `preempt_gap` levels lower (0 = never) that ran this long, and the freed
+            capacity is reserved for it this long.
         retention_s: terminal jobs finished longer ago are pruned (with their events).
         prune_interval_s: how often the reaper prunes (and returns free pages to the disk).
         wal_size_limit_bytes: the WAL file is cut back to this size each time it restarts
@@ -159,6 +163,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     admin_gids: list[int] = []
     log_json: bool = False
     gates: dict[str, dict[str, Any]] = {}
+    preempt_gap: int = 2
+    preempt_min_runtime_s: float = 30.0
+    reservation_s: float = 60.0
     retention_s: float = RETENTION_S
     prune_interval_s: float = PRUNE_INTERVAL_S
     metrics_port: int = 0
@@ -229,6 +236,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 or not 0 <= self.park_wait_max_s <= 86400:
             raise ValueError("need park_max_per_connection >= 0, park_max_total >= 0 and "
                              "0 <= park_wait_max_s <= 86400")
+        if not 0 <= self.preempt_gap <= 3 or not self.preempt_min_runtime_s >= 0 \
+                or not self.reservation_s > 0:  # `not >=` refuses NaN too
+            raise ValueError("need 0 <= preempt_gap <= 3 (0 = no preemption), "
+                             "preempt_min_runtime_s >= 0, reservation_s > 0")
         bad = set(self.gates) - {"p0", "p1", "p2", "p3"}
         if bad:
             raise ValueError(f"gates: unknown priority table(s) {sorted(bad)}; use p0..p3")

@@ -37,6 +37,14 @@ class GatePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         power_unknown: "mains" or "battery": how to read `on_battery` null.
         idle_unknown: "allow" or "deny" when `user_idle_s` is null.
         memory_unknown: "allow" or "deny" when `memory_used_pct` is null.
+        on_close: what a closed gate does to a *running* job (coordd.governance):
+            "suspend" (SIGSTOP), "vacate" (hand back with a checkpoint) or "continue".
+        max_suspend_s: a job suspended this long (seconds) is vacated.
+        resume_after_s: a suspended job resumes once its gates stayed open this long (s).
+        temperature_hysteresis_c: a job suspended for heat resumes only this many degrees
+            below the limit that closed the gate.
+        critical_temperature_c: above this a running job of any priority is suspended,
+            whatever `on_close` says; None disables it.
     """
 
     max_memory_pct: float | None = 85.0
@@ -48,15 +56,26 @@ class GatePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     power_unknown: Literal["mains", "battery"] = "mains"
     idle_unknown: Literal["allow", "deny"] = "deny"
     memory_unknown: Literal["allow", "deny"] = "allow"
+    on_close: Literal["suspend", "vacate", "continue"] = "continue"
+    max_suspend_s: float = 600.0
+    resume_after_s: float = 60.0
+    temperature_hysteresis_c: float = 5.0
+    critical_temperature_c: float | None = 95.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_suspend_s", "resume_after_s", "temperature_hysteresis_c"):
+            if not getattr(self, name) >= 0:  # refuses NaN too
+                raise ValueError(f"{name} must be >= 0")
 
 
 def default_policies() -> dict[int, GatePolicy]:
     """The built-in policy per priority: P0..P2 gate on memory and heat; P3 idle work also
-    needs mains power and a user idle for 5 minutes."""
+    needs mains power and a user idle for 5 minutes, and is suspended while a gate is
+    closed (P0..P2 run on, unless above `critical_temperature_c`)."""
     base = GatePolicy()
     idle = GatePolicy(
         max_temperature_c=80.0, require_mains=True, min_user_idle_s=300.0,
-        power_unknown="battery",
+        power_unknown="battery", on_close="suspend",
     )
     return {0: base, 1: base, 2: base, 3: idle}
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import errors, gates, results
+from coordd import errors, gates, preemption, results
 from coordd.protocol import (
     ArtifactRef, ClaimedJob, ClaimResult, CompleteResult, LeaseGrant, RenewResult, StatusResult,
 )
@@ -29,6 +29,7 @@ from coordd.store import (
     maybe_json,
 )
 from coordd.store import workers as wkstore
+from coordd.store.governance import SQL_DELETE_RESERVATION
 from coordd.store import workflows
 from coordd.times import fmt_time
 
@@ -117,6 +118,10 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
         return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
                            detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
     roles_json, heartbeat_json = worker[0], worker[1]
+    reserved = preemption.reserved_claim(conn, now, worker_id)
+    if reserved is not None:  # capacity freed by a preemption: promised to this job
+        conn.execute(SQL_DELETE_RESERVATION, (reserved,))
+        return _take(conn, now, worker_id, reserved, lease_s, claim_id)
     pairs = _pairs(conn, roles_json, kinds_json)
     judge = _Judge(policy, heartbeat_json)
     if policy.aging_interval_s <= 0:
@@ -131,7 +136,12 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
             reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's roles"
                                                + (" and kinds" if kinds_json else ""))
         return ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
-    job_id = best[2]
+    return _take(conn, now, worker_id, best[2], lease_s, claim_id)
+
+
+def _take(conn: sqlite3.Connection, now: float, worker_id: str, job_id: str, lease_s: float,
+          claim_id: str | None) -> ClaimResult | None:
+    """Move the chosen job to running under a new lease (None: dead-lettered on the way)."""
     row = conn.execute(SQL_TAKE, (now, job_id)).fetchone()
     kind, role, prio, payload_json, attempts, checkpoint_json, max_runtime_s, token = row
     try:

@@ -7,18 +7,24 @@ Series:
 - `coordd_writer_batch_size`, `coordd_writer_commit_seconds`,
   `coordd_writer_queue_wait_seconds` (histograms: p50/p99 with histogram_quantile),
   `coordd_writer_queue_depth`;
-- `coordd_storage_bytes{file="db"|"wal"|"artifacts"}`.
+- `coordd_storage_bytes{file="db"|"wal"|"artifacts"}`;
+- `coordd_governance_actions_total{action, reason}`: suspends, resumes, vacates of running
+  jobs (coordd.governance), by the first reason code (`preempted_by` for preemptions);
+- `coordd_preemptions_total`: victims chosen by coordd.preemption (reservations made).
 Served by the `metrics` RPC (`coordctl metrics`) and, when `metrics_port` is set, over HTTP
 on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from coordd.protocol import StatusReply
+
+logger = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SECONDS_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
@@ -52,6 +58,12 @@ class Metrics:
                              ["state"], registry=r)
         self.active_leases = Gauge("coordd_active_leases", "Live leases", registry=r)
         self.storage = Gauge("coordd_storage_bytes", "Bytes on disk", ["file"], registry=r)
+        self.governance = Counter("coordd_governance_actions",
+                                  "Running jobs suspended, resumed or vacated, by reason",
+                                  ["action", "reason"], registry=r)
+        self.preemptions = Counter("coordd_preemptions",
+                                   "Running jobs chosen to vacate for a waiting job of a "
+                                   "higher priority (a reservation made)", registry=r)
 
     def observe_batch(self, size: int, commit_s: float, waits_s: list[float]) -> None:
         """Record one group commit: its size, its duration and each request's wait (seconds)."""
@@ -59,6 +71,22 @@ class Metrics:
         self.commit_seconds.observe(commit_s)
         for w in waits_s:
             self.queue_wait.observe(w)
+
+    def count_governance(self, worker_id: str, changes: list[tuple[str, str]],
+                         preempted: list[tuple[str, str, str]] | None = None) -> None:
+        """Count governance transitions [(action, reason code)] and preemptions
+        [(waiting job, victim, worker)], and log each one."""
+        for job_id, victim, holder in preempted or ():
+            self.preemptions.inc()
+            self.governance.labels("vacate", "preempted_by").inc()
+            logger.info("job %s preempts %s on %s (reserved)", job_id, victim, holder,
+                        extra={"action": "preempt", "job_id": job_id, "victim": victim,
+                               "worker_id": holder})
+        for action, reason in changes:
+            self.governance.labels(action, reason).inc()
+            logger.info("governance: %s a job of %s (%s)", action, worker_id, reason,
+                        extra={"action": f"governance_{action}", "worker_id": worker_id,
+                               "reason": reason})
 
     def set_status(self, st: StatusReply, queue_depth: int, artifact_bytes: int) -> None:
         """Set the gauges from a `status` reply and the writer's queue depth."""

@@ -30,15 +30,18 @@ class WaitJobResult(msgspec.Struct, kw_only=True):
 class WorkerActions(msgspec.Struct, kw_only=True):
     """Actions coordd asks of a worker, as job ids per action.
 
-    `cancel`: end the job (SIGTERM, grace, SIGKILL) and report it. `suspend` / `resume` /
-    `vacate` are the governance actions (DESIGN.md, "Governance of running work"); they
-    stay empty until coordd decides them.
+    `cancel`: end the job (SIGTERM, grace, SIGKILL) and report it. `suspend` / `vacate` are
+    coordd's governance state of each held lease (coordd.governance; level, not edge: a
+    job stays listed while it holds). `resume` stays empty here: a resume is decided on the
+    worker's own heartbeat, whose reply carries it. `reasons`: job id -> the reason of its
+    suspend or vacate.
     """
 
     cancel: list[str] = []
     suspend: list[str] = []
     resume: list[str] = []
     vacate: list[str] = []
+    reasons: dict[str, str] = {}
 
 
 class WatchWorker(msgspec.Struct, kw_only=True):

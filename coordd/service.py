@@ -18,7 +18,9 @@ from typing import Any
 
 import msgspec
 
-from coordd import backup, cas, errors, fdlimit, gates, intake, leases, store, values, views, waits
+from coordd import (
+    backup, cas, errors, fdlimit, gates, governor, intake, leases, store, values, views, waits,
+)
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle, kind_absent_reason, runs_kind
 from coordd.logs import JobLogStore
@@ -88,6 +90,7 @@ class Coordinator:
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s)
+        self.governor = governor.Governor(config, self._policies, self.meters, self._read)
         self.flows = Workflows(self)
         self._status = Coalesced(self._status_now)  # many pollers share one read
         self._maintenance_pause = asyncio.Event()  # never set: pauses run to their end
@@ -167,15 +170,16 @@ class Coordinator:
         readings_json = values.encode("readings", readings, self.config.max_payload_bytes)
         kinds_json, broken_json = self.lifecycle.heartbeat_state(p)
 
-        def op(conn: sqlite3.Connection, now: float) -> tuple[list[str], list[str], float]:
+        def op(conn: sqlite3.Connection, now: float) -> Any:
             lost = wkstore.release_predecessor(conn, now, p.worker_id, p.incarnation)
             cancel = store.heartbeat(conn, now, p.worker_id, roles_json, readings_json)
             wkstore.store_state(conn, p.worker_id, p.incarnation, kinds_json, broken_json)
-            return cancel, lost, now
-        cancel, lost, now = await self.writer.run(op, urgent=True)
+            return cancel, lost, now, self.governor.on_heartbeat(conn, now, p.worker_id)
+        cancel, lost, now, gov = await self.writer.run(op, urgent=True)
         self.lifecycle.log_lost(p.worker_id, lost, "restarted (new incarnation)")
+        self.governor.count(p.worker_id, gov)  # suspend/resume/vacate: coordd.governance
         return HeartbeatResult(now=now, cancel=cancel, artifact_dir=self.artifact_dir,
-                               lost=lost)
+                               lost=lost, actions=gov.actions)
 
     async def claim(self, p: Claim) -> ClaimResult:
         """Claim the best job for `p.worker_id` (see coordd.leases.claim).
@@ -199,10 +203,7 @@ class Coordinator:
 
     async def renew(self, p: Renew) -> RenewResult:
         """Extend a lease. Raises: LeaseLost, LeaseExpired, AlreadyCompleted, NotFound."""
-        lease_s = self._lease_s(p.lease_s)
-        return await self.writer.run(
-            lambda conn, now: leases.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s),
-            urgent=True)
+        return await self.governor.renew(self.writer, p, self._lease_s(p.lease_s))
 
     async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
         """Record a job's latest checkpoint. Raises: PayloadTooLarge and the lease errors."""
@@ -450,6 +451,7 @@ class Coordinator:
             job.waiting_reason = "blocked: waits for " + ", ".join(
                 f"{name} ({status})" for name, status, _ in deps if status in
                 ("blocked", "waiting", "running"))
+        await self.governor.annotate(job, now)  # suspended since, reserved for
         return job
 
     async def list_jobs(self, p: ListJobs) -> JobList:
@@ -474,7 +476,7 @@ class Coordinator:
         """Every known worker with its readings, heartbeat age and per-priority gate verdicts."""
         now = self.clock.wall()
         out = []
-        states = await self.lifecycle.states()
+        states, gov = await self.lifecycle.states(), await self.governor.worker_notes()
         for worker_id, roles, readings, hb_at, n in await self._read(views.list_workers):
             age = now - hb_at
             state = states.get(worker_id, wkstore.WorkerState())
@@ -485,7 +487,7 @@ class Coordinator:
                 verdicts[f"p{prio}"] = ([gates.HEARTBEAT_STALE] if not live else []) + codes
             out.append(WorkerView(worker_id=worker_id, roles=roles, readings=readings,
                                   heartbeat_at=hb_at, heartbeat_age_s=age, live=live,
-                                  verdicts=verdicts, notes=_reading_notes(readings),
+                                  verdicts=verdicts, notes=views.reading_notes(readings) + gov[worker_id],
                                   active_leases=n, kinds=state.kinds,
                                   broken_kinds=state.broken_kinds,
                                   incarnation=state.incarnation, offline_at=state.offline_at))
@@ -570,19 +572,6 @@ class Coordinator:
             detail = "; ".join(d for _, d in refusals)
             refused.append(f"gate {detail} on {worker_id} (checked {fmt_time(hb_at)})")
         return "; ".join(refused)
-
-
-def _reading_notes(readings: dict[str, Any]) -> list[str]:
-    notes = []
-    if readings.get("memory_used_pct") is None and readings.get("memory_reason"):
-        notes.append(f"memory: unavailable ({readings['memory_reason']})")
-    if readings.get("temperature_c") is None:
-        notes.append(f"temperature: unavailable ({readings.get('temperature_reason') or 'no reading'})")
-    if readings.get("on_battery") is None:
-        notes.append(f"power: unknown ({readings.get('power_reason') or 'no reading'})")
-    if readings.get("user_idle_s") is None:
-        notes.append(f"user idle: unknown ({readings.get('user_idle_reason') or 'no reading'})")
-    return notes
 
 
 def _truncate(text: str, limit: int) -> str:

@@ -104,6 +104,10 @@ class Waits:
         async def look() -> tuple[bool, WorkerActions]:
             acts = WorkerActions(cancel=await self._read(push_store.cancel_for_worker,
                                                          p.worker_id))
+            for job_id, vacate, reason in await self._read(push_store.governed_for_worker,
+                                                           p.worker_id):
+                (acts.vacate if vacate else acts.suspend).append(job_id)
+                acts.reasons[job_id] = reason or ""
             new = (set(acts.cancel) - set(seen.cancel) or set(acts.suspend) - set(seen.suspend)
                    or set(acts.resume) - set(seen.resume) or set(acts.vacate) - set(seen.vacate))
             return bool(new), acts

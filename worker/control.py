@@ -63,14 +63,14 @@ class ControlWatch:
             off), `claim_interval_s` the pause after an error or an early empty answer.
         clock: the supervisor's clock.
         held: returns the JobRuns by job id.
-        act: `act(job_id, action)` per new action ("cancel" | "suspend" | "resume" |
-            "vacate"); default: `request_cancel()` on the held run for a cancel (the only
-            action acted on until governance lands).
+        act: `act(job_id, action, reason)` per new action ("cancel" | "suspend" |
+            "resume" | "vacate"; reason None for a cancel); default: `request_cancel()` on
+            the held run for a cancel, the others ignored.
     """
 
     def __init__(self, client: Client, worker_id: str, config: Any, clock: Clock,
                  held: Callable[[], dict[str, Any]],
-                 act: Callable[[str, str], None] | None = None) -> None:
+                 act: Callable[[str, str, str | None], None] | None = None) -> None:
         self.client = self._client = client
         self._worker_id = worker_id
         self._wait_s = config.claim_wait_s
@@ -85,7 +85,7 @@ class ControlWatch:
         """Close the parked calls' connection (coordd drops what is parked on it)."""
         await self._client.close()
 
-    def _cancel(self, job_id: str, action: str) -> None:
+    def _cancel(self, job_id: str, action: str, reason: str | None = None) -> None:
         run = self._held().get(job_id)
         if run is not None and action == "cancel":
             run.request_cancel()
@@ -124,7 +124,7 @@ class ControlWatch:
                     if job_id not in known and job_id in held:
                         new = True
                         try:
-                            self._act(job_id, action)
+                            self._act(job_id, action, acts.reasons.get(job_id))
                         except Exception:
                             logger.exception("acting on %s for %s failed", action, job_id,
                                              extra={"action": "watch_act_failed"})

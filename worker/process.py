@@ -118,6 +118,9 @@ class ModelProcess:
         self._stderr_path = stderr_path
         self._killed_by_us = False
         self._tree_done = False
+        self._stopped = False
+        self._stopped_at = 0.0  # monotonic, while stopped
+        self._stopped_total = 0.0
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -190,8 +193,36 @@ class ModelProcess:
         except TimeoutError:
             return None
 
+    @property
+    def stopped(self) -> bool:
+        """True between `suspend` and `resume` (or the end of the tree)."""
+        return self._stopped
+
+    def stopped_s(self, now: float) -> float:
+        """Seconds the group spent stopped by `suspend` so far (`now`: monotonic)."""
+        return self._stopped_total + (now - self._stopped_at if self._stopped else 0.0)
+
+    def suspend(self, now: float) -> bool:
+        """SIGSTOP the model's whole group at monotonic `now`; False if it has ended."""
+        if self._tree_done or self._proc.returncode is not None:
+            return False
+        _killpg(self._proc.pid, signal.SIGSTOP)
+        if not self._stopped:
+            self._stopped, self._stopped_at = True, now
+        return True
+
+    def resume(self, now: float) -> bool:
+        """SIGCONT the model's whole group at monotonic `now`; False if it has ended."""
+        if self._tree_done or self._proc.returncode is not None:
+            return False
+        _killpg(self._proc.pid, signal.SIGCONT)
+        self._stopped_total = self.stopped_s(now)
+        self._stopped = False
+        return True
+
     async def terminate_tree(self, grace_s: float) -> None:
-        """Stop the whole tree: SIGTERM the group, wait ``grace_s``, SIGKILL group and snapshot, reap.
+        """Stop the whole tree: SIGCONT + SIGTERM the group, wait ``grace_s``, SIGKILL group and
+        snapshot, reap.
 
         Idempotent and safe after the leader has exited on its own.
 
@@ -219,6 +250,9 @@ class ModelProcess:
                 "terminating model tree",
                 extra={"action": "model_terminate", "pid": pgid, "descendants": sorted(tree)},
             )
+            # a stopped group (suspended by us or anyone) would sit on SIGTERM for the grace
+            _killpg(pgid, signal.SIGCONT)
+            self._stopped = False
             _killpg(pgid, signal.SIGTERM)
             try:
                 if await self.wait(grace_s) is None:

@@ -15,15 +15,15 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ClaimedJob
-from worker import artifacts, checkpoints, orphans
+from worker import artifacts, checkpoints, governance, orphans
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
+from worker.jobrun import CANCELLED, JobRun
 from worker.kinds import KindHealth
 from worker.link import Link
 from worker.logs import LogShipper
@@ -47,48 +47,7 @@ FORCE_MARGIN_S = 2.0
 """At stop, job tasks still running this long before `stop_timeout_s` are cancelled (SIGKILL)."""
 
 LEASE_GONE = (errors.LeaseLost, errors.LeaseExpired, errors.NotFound, errors.AlreadyCompleted)
-SHUTDOWN, CANCELLED, TIMEOUT, LEASE_LOST = "shutdown", "cancelled", "timeout", "lease_lost"
-
-
-@dataclass(eq=False)
-class JobRun:
-    """One claimed job on this worker: its lease as we time it, its process and its folder."""
-
-    job: ClaimedJob
-    token: int
-    deadline: float
-    """Monotonic time the lease ends, as far as we can know (send time + granted lease_s)."""
-    dir: str
-    kind: KindConfig | None
-    aborted: asyncio.Event = field(default_factory=asyncio.Event)
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-    abort_reason: str | None = None
-    lease_gone: bool = False
-    proc: ModelProcess | None = None
-    waiting_for_slot: bool = False
-    checkpoints: checkpoints.CheckpointRecorder | None = None
-    logs: LogShipper | None = None
-    group_record: str | None = None  # worker.orphans: the model's group, while it lives
-
-    @property
-    def job_id(self) -> str:
-        return self.job.job_id
-
-    def abort(self, reason: str) -> None:
-        """Ask the job to end for `reason` (the first reason wins; lease loss is kept apart)."""
-        if self.abort_reason is None:
-            self.abort_reason = reason
-        self.aborted.set()
-
-    def request_cancel(self) -> None:
-        """coordd says a cancel was requested (from a renew or a heartbeat): end the job once."""
-        if not self.aborted.is_set():
-            logger.info("cancel requested", extra={"action": "cancel", "job_id": self.job_id})
-            self.abort(CANCELLED)
-
-    def holds_lease(self, mono: float) -> bool:
-        """True while we may still speak for this job."""
-        return not self.lease_gone and mono < self.deadline
+SHUTDOWN, TIMEOUT, LEASE_LOST = "shutdown", "timeout", "lease_lost"
 
 
 class Supervisor:
@@ -132,7 +91,9 @@ class Supervisor:
         self._groups = orphans.records_dir(config.work_dir, worker_id)
         self._forced = False
         self._tg: asyncio.TaskGroup | None = None
-        self._watch = ControlWatch(client_factory(), worker_id, config, self._clock, lambda: self._runs)
+        self._watch = ControlWatch(client_factory(), worker_id, config, self._clock,
+                                   lambda: self._runs,
+                                   governance.watch_act(lambda: self._runs, self._clock.mono))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -194,7 +155,7 @@ class Supervisor:
 
     async def heartbeat_once(self) -> bool:
         """Send one heartbeat; act on its cancel list. Returns False if coordd did not answer."""
-        readings = await asyncio.to_thread(self._probes.read)
+        readings = {**await asyncio.to_thread(self._probes.read), **governance.capacity(self.config)}
         sent = self._clock.mono()
         self.kinds.recheck(sent)
         try:
@@ -215,6 +176,8 @@ class Supervisor:
             run = self._runs.get(job_id)
             if run is not None:
                 run.request_cancel()
+        for a in reply.actions:  # suspend / resume / vacate, decided by coordd
+            governance.act(self._runs.get(a.job_id), a.action, a.reason, self._clock.mono())
         return True
 
     def _note_down(self, exc: Exception) -> None:
@@ -424,7 +387,7 @@ class Supervisor:
         if reason == TIMEOUT:
             await self._report_fail(run, f"timeout after {timeout_s:g}s", True)
         else:  # not the job's doing: its attempt is given back
-            await self._release(run, "worker_shutdown")
+            await self._release(run, reason if governance.is_vacate(reason) else "worker_shutdown")
 
     async def _after_exit(self, run: JobRun, kind: KindConfig, values: dict[str, str]) -> None:
         assert run.proc is not None and run.proc.returncode is not None
@@ -482,6 +445,8 @@ class Supervisor:
                 run.deadline = now + r.lease_s
                 if r.cancel_requested:
                     run.request_cancel()
+                if r.action is not None:
+                    governance.act(run, r.action.action, r.action.reason, self._clock.mono())
                 break
 
     def _lose_lease(self, run: JobRun, why: str) -> None:
@@ -493,10 +458,13 @@ class Supervisor:
         run.abort(LEASE_LOST)
 
     async def _timeout_timer(self, run: JobRun, seconds: float) -> None:
-        if not await self._clock.wait(run.aborted, seconds):
-            logger.warning("job %s: timeout after %gs", run.job_id, seconds,
-                           extra={"action": "timeout", "job_id": run.job_id})
-            run.abort(TIMEOUT)
+        left, counted = seconds, 0.0  # time the model spent suspended is not run time
+        while not await self._clock.wait(run.aborted, left):
+            left, counted = governance.stopped_since(run.proc, counted, self._clock.mono())
+            if left <= 0:
+                logger.warning("job %s: timeout after %gs", run.job_id, seconds,
+                               extra={"action": "timeout", "job_id": run.job_id})
+                return run.abort(TIMEOUT)
 
     async def _checkpoint_loop(self, run: JobRun) -> None:
         # until cancelled once the tree is gone: files renamed in during a grace period count

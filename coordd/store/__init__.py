@@ -19,6 +19,7 @@ import msgspec
 
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
+from coordd.store import governance as _governance_schema
 from coordd.store import logs as _logs
 from coordd.store import job_requests as _job_requests
 from coordd.store import claim_index as _claim_index
@@ -31,7 +32,7 @@ from coordd.store.claim_index import (  # noqa: F401 (the claim's statements)
 )
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 50  # terminal jobs deleted per transaction by `prune_batch` (~2 ms)
 VACUUM_PAGES = 128  # free pages returned to the file system per transaction (~2 ms)
@@ -158,6 +159,8 @@ MIGRATIONS: tuple[str, ...] = (
     # v11: the claim index led by (required_role, kind): claims flat in the jobs they
     # cannot take
     _claim_index.MIGRATION,
+    # v12: a lease's suspension and vacate state, preemption reservations (issue 16)
+    _governance_schema.MIGRATION_GOVERNANCE + ";" + _governance_schema.MIGRATION_RESERVATIONS,
 )
 
 json_encode = msgspec.json.encode

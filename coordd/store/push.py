@@ -8,7 +8,8 @@ the writer registers (coordd.push.Push.note), for every row that may wake a park
 - `w` a job entered `waiting` (a = role, b = kind, c = run_at): any way in, now or later
   (enqueue, requeue, retry, reap, a workflow node unblocked, a release);
 - `t` a job `wait_job` waits for reached a terminal status;
-- `c` a running job's cancel was requested (a = the lease holder, for `watch_worker`);
+- `c` a running job's cancel was requested, or coordd's governance suspended or told it to
+  vacate (a = the lease holder, for `watch_worker`);
 - `h` a worker's heartbeat, while claims are parked (job_id = the worker, a = its roles).
 
 New job events (`watch_events`) need no trigger: the highest event id after a commit says.
@@ -57,6 +58,10 @@ TRIGGERS = (
     "ON main.jobs WHEN NEW.cancel_requested = 1 AND OLD.cancel_requested = 0 BEGIN "
     "SELECT coordd_push('c', NEW.job_id, "
     "(SELECT worker_id FROM main.leases WHERE job_id = NEW.job_id), NULL, NULL); END",
+    "CREATE TEMP TRIGGER IF NOT EXISTS push_governance AFTER UPDATE OF suspended_at, "
+    "vacate_reason ON main.leases WHEN (NEW.suspended_at IS NOT NULL AND OLD.suspended_at "
+    "IS NULL) OR (NEW.vacate_reason IS NOT NULL AND OLD.vacate_reason IS NULL) BEGIN "
+    "SELECT coordd_push('c', NEW.job_id, NEW.worker_id, NULL, NULL); END",
 )
 SQL_CLAIMS_ON = "INSERT OR IGNORE INTO temp.push_on (what) VALUES ('claims')"
 SQL_CLAIMS_OFF = "DELETE FROM temp.push_on WHERE what = 'claims'"
@@ -70,6 +75,12 @@ SQL_SCHEDULED = (
 SQL_CANCEL_FOR_WORKER = (
     "SELECT l.job_id FROM leases l JOIN jobs j ON j.job_id = l.job_id "
     "WHERE l.worker_id = ? AND j.cancel_requested = 1 ORDER BY l.job_id"
+)
+# Governance state of a worker's leases (coordd.governance keeps it on the lease row).
+SQL_GOVERNED_FOR_WORKER = (
+    "SELECT job_id, vacate_reason IS NOT NULL, coalesce(vacate_reason, suspend_reason) "
+    "FROM leases WHERE worker_id = ? AND (suspended_at IS NOT NULL OR vacate_reason IS NOT "
+    "NULL) ORDER BY job_id"
 )
 SQL_JOB_STATUS = "SELECT status FROM jobs WHERE job_id = ?"
 # The events after a cursor, at most ?2 of them looked at; the filter applies to those.
@@ -111,6 +122,14 @@ def scheduled(conn: sqlite3.Connection, now: float) -> list[tuple[float, str, st
 def cancel_for_worker(conn: sqlite3.Connection, worker_id: str) -> list[str]:
     """Ids of the jobs `worker_id` holds whose cancel was requested."""
     return [r[0] for r in conn.execute(SQL_CANCEL_FOR_WORKER, (worker_id,))]
+
+
+def governed_for_worker(conn: sqlite3.Connection,
+                        worker_id: str) -> list[tuple[str, bool, str | None]]:
+    """(job_id, vacate?, reason) of the leases `worker_id` holds that coordd's governance
+    has suspended (vacate False) or told to vacate (vacate True)."""
+    return [(r[0], bool(r[1]), r[2])
+            for r in conn.execute(SQL_GOVERNED_FOR_WORKER, (worker_id,))]
 
 
 def job_status(conn: sqlite3.Connection, job_id: str) -> str | None:

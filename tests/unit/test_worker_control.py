@@ -37,7 +37,7 @@ async def test_control_watch_acts_once_per_new_cancel_and_passes_seen():
     held = {"j1": object(), "j2": object()}
     cfg = SimpleNamespace(claim_wait_s=0.001, claim_interval_s=0.001)
     watch = ControlWatch(client, "w1", cfg, SystemClock(), held=lambda: held,
-                         act=lambda j, a: acted.append((j, a)))
+                         act=lambda j, a, r: acted.append((j, a)))
     stop = asyncio.Event()
     task = asyncio.create_task(watch.run(stop))
     for _ in range(200):
@@ -54,7 +54,7 @@ async def test_control_watch_ends_on_unknown_method():
     client = FakeWatchClient([errors.UnknownMethod("unknown method 'watch_worker'")])
     cfg = SimpleNamespace(claim_wait_s=30, claim_interval_s=0.01)
     watch = ControlWatch(client, "w1", cfg, SystemClock(), held=lambda: {"j1": 1},
-                         act=lambda j, a: None)
+                         act=lambda j, a, r: None)
     await asyncio.wait_for(watch.run(asyncio.Event()), 2)
     assert watch.served is False
 

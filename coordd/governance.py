@@ -1,0 +1,180 @@
+"""Governance of running work: what each held job's process must be doing now.
+
+`decide` is the one function that says `continue`, `suspend`, `resume` or `vacate` for a
+running job from its priority's GatePolicy, the worker's last readings and the lease's
+governance state; it is pure. `govern` runs it inside the writer's transaction on every
+heartbeat (all the worker's leases) and renew (that lease), stores the new state on the
+lease row and logs each transition as an event. The worker only acts on the answer, and
+`coordctl show`/`workers` print the stored state, so the three never disagree.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime, timezone
+from typing import Any
+
+import msgspec
+
+from coordd import gates
+from coordd.gates import GatePolicy
+from coordd.protocol_governance import JobAction
+from coordd.store import event, json_decode, lenient_json
+from coordd.store.governance import (
+    SQL_HELD_BY_WORKER, SQL_HELD_ONE, SQL_SET_GOVERNANCE, SQL_WORKER_READINGS,
+)
+
+CONTINUE, SUSPEND, RESUME, VACATE = "continue", "suspend", "resume", "vacate"
+CRITICAL = "critical_temperature"
+
+
+class GovState(msgspec.Struct, frozen=True, kw_only=True):
+    """A lease's governance state (None everywhere: running normally).
+
+    Attributes:
+        suspended_at: coordd time the job was suspended (s), or None.
+        suspend_reason: the reason codes that suspended it, e.g. "user_active".
+        gate_open_at: while suspended, since when its gates are open again (s), or None.
+        vacate_reason: set once a vacate is decided; kept until the lease ends.
+    """
+
+    suspended_at: float | None = None
+    suspend_reason: str | None = None
+    gate_open_at: float | None = None
+    vacate_reason: str | None = None
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    """What `decide` says: the action, its reason, the new state and the event text to
+    log (None: no transition)."""
+
+    action: str
+    reason: str | None
+    state: GovState
+    event: str | None = None
+
+
+def closed_gates(policy: GatePolicy, readings: dict[str, Any],
+                 hysteresis: bool = False) -> list[tuple[str, str]]:
+    """The gates that hold a running job: the claim gates where `on_close` is not
+    "continue", plus the critical temperature at every priority. With `hysteresis`, the
+    temperature limits are lowered by `temperature_hysteresis_c` (the resume rule)."""
+    drop = policy.temperature_hysteresis_c if hysteresis else 0.0
+    out: list[tuple[str, str]] = []
+    if policy.on_close != CONTINUE:
+        strict = policy
+        if drop and policy.max_temperature_c is not None:
+            strict = msgspec.structs.replace(policy,
+                                             max_temperature_c=policy.max_temperature_c - drop)
+        out = gates.evaluate(strict, readings)
+    crit = policy.critical_temperature_c
+    temp = gates._num(readings.get("temperature_c"))
+    if crit is not None and temp is not None and temp > crit - drop:
+        out.append((CRITICAL, f"temperature {temp:g} > critical {crit - drop:g}"))
+    return out
+
+
+def _why(closed: list[tuple[str, str]]) -> str:
+    codes = ",".join(dict.fromkeys(code for code, _ in closed))
+    return f"{codes} ({'; '.join(detail for _, detail in closed)})"
+
+
+def decide(policy: GatePolicy, readings: dict[str, Any], state: GovState,
+           now: float) -> Decision:
+    """Decide for one running job (times in coordd seconds).
+
+    Rules: a vacate once decided stands until the lease ends. A running job whose gates
+    close is suspended (`on_close = "suspend"`, or any priority above the critical
+    temperature) or vacated (`on_close = "vacate"`). A suspended job is vacated once
+    suspended `max_suspend_s`; it resumes only after its gates stayed open, with the
+    temperature below the limit minus `temperature_hysteresis_c`, for `resume_after_s`.
+    """
+    if state.vacate_reason is not None:
+        return Decision(action=VACATE, reason=state.vacate_reason, state=state)
+    if state.suspended_at is None:
+        closed = closed_gates(policy, readings)
+        if not closed:
+            return Decision(action=CONTINUE, reason=None, state=state)
+        why = _why(closed)
+        if policy.on_close == VACATE and all(code != CRITICAL for code, _ in closed):
+            new = GovState(vacate_reason=why)
+            return Decision(action=VACATE, reason=why, state=new, event=f"vacate: {why}")
+        codes = ",".join(dict.fromkeys(code for code, _ in closed))
+        new = GovState(suspended_at=now, suspend_reason=codes)
+        return Decision(action=SUSPEND, reason=why, state=new, event=f"suspended: {why}")
+    held_s = now - state.suspended_at
+    if held_s >= policy.max_suspend_s:
+        why = (f"max_suspend_s: suspended {held_s:g}s >= {policy.max_suspend_s:g}s "
+               f"({state.suspend_reason})")
+        new = msgspec.structs.replace(state, vacate_reason=why)
+        return Decision(action=VACATE, reason=why, state=new, event=f"vacate: {why}")
+    closed = closed_gates(policy, readings, hysteresis=True)
+    if closed:
+        new = msgspec.structs.replace(state, gate_open_at=None)
+        return Decision(action=SUSPEND, reason=_why(closed), state=new)
+    open_at = state.gate_open_at if state.gate_open_at is not None else now
+    if now - open_at >= policy.resume_after_s:
+        why = (f"gates open for {now - open_at:g}s >= {policy.resume_after_s:g}s "
+               f"after {held_s:g}s suspended ({state.suspend_reason})")
+        return Decision(action=RESUME, reason=why, state=GovState(), event=f"resumed: {why}")
+    why = (f"{state.suspend_reason}: gates open since {open_at:.3f}, resuming after "
+           f"{policy.resume_after_s:g}s")
+    return Decision(action=SUSPEND, reason=why,
+                    state=msgspec.structs.replace(state, gate_open_at=open_at))
+
+
+def describe(job_id: str, suspended_at: float | None, suspend_reason: str | None,
+             vacate_reason: str | None) -> str:
+    """One line for `coordctl workers`/`show`: "JOB suspended since T (reason)" or
+    "JOB vacating (reason)"."""
+    if vacate_reason is not None:
+        return f"{job_id} vacating ({vacate_reason})"
+    at = "?" if suspended_at is None else _fmt_time(suspended_at)
+    return f"{job_id} suspended since {at} ({suspend_reason})"
+
+
+def _fmt_time(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _policy_for(policies: dict[int, GatePolicy], prio: int, gates_json: str | None) -> GatePolicy:
+    policy = policies[prio]
+    if gates_json is None:
+        return policy
+    try:
+        return gates.merge(policy, json_decode(gates_json))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return policy  # the claim dead-letters such jobs; a held one runs on its level's rules
+
+
+def govern(conn: sqlite3.Connection, now: float, worker_id: str,
+           policies: dict[int, GatePolicy], job_id: str | None = None
+           ) -> tuple[list[JobAction], list[tuple[str, str]]]:
+    """Decide for every job `worker_id` holds (or only `job_id`), inside the writer's
+    transaction; store each new state on its lease and log each transition as an event.
+    Returns (one JobAction per held job, [(action, reason code)] of the transitions)."""
+    row = conn.execute(SQL_WORKER_READINGS, (worker_id,)).fetchone()
+    readings = lenient_json(row[0], {}) if row is not None else {}
+    if not isinstance(readings, dict):
+        readings = {}
+    rows = (conn.execute(SQL_HELD_BY_WORKER, (worker_id,)) if job_id is None
+            else conn.execute(SQL_HELD_ONE, (worker_id, job_id))).fetchall()
+    actions: list[JobAction] = []
+    changes: list[tuple[str, str]] = []
+    for jid, prio, gates_json, suspended_at, suspend_reason, open_at, vacate in rows:
+        state = GovState(suspended_at=suspended_at, suspend_reason=suspend_reason,
+                         gate_open_at=open_at, vacate_reason=vacate)
+        d = decide(_policy_for(policies, prio, gates_json), readings, state, now)
+        if d.state != state:
+            s = d.state
+            conn.execute(SQL_SET_GOVERNANCE, (s.suspended_at, s.suspend_reason, s.gate_open_at,
+                                              s.vacate_reason, jid))
+        if d.event is not None:
+            event(conn, jid, now, worker_id, "running", "running", d.event)
+            code = (d.state.suspend_reason or state.suspend_reason or "").split(",")[0]
+            if d.action == VACATE:
+                code = "max_suspend_s" if d.reason and d.reason.startswith("max_suspend_s") \
+                    else (d.reason or "").split(" ")[0].split(",")[0]
+            changes.append((d.action, code or "unknown"))
+        actions.append(JobAction(job_id=jid, action=d.action, reason=d.reason))
+    return actions, changes

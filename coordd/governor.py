@@ -1,0 +1,82 @@
+"""The Coordinator's governance of running work: the heartbeat and renew steps of
+coordd.governance and coordd.preemption, their counts, and what `get_job` / `workers`
+show of them. Kept beside coordd.service so the service stays a list of operations.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+from typing import Any
+
+import msgspec
+
+from coordd import governance, leases, preemption
+from coordd.config import Config
+from coordd.gates import GatePolicy
+from coordd.metrics import Metrics
+from coordd.protocol import JobView, Renew, RenewResult
+from coordd.protocol_governance import JobAction
+from coordd.store import governance as govstore
+from coordd.times import fmt_time
+
+
+class HeartbeatGovernance(msgspec.Struct):
+    """What one heartbeat's transaction decided: actions per held job, transitions
+    [(action, reason code)], preemptions [(waiting job, victim, worker)]."""
+
+    actions: list[JobAction]
+    changes: list[tuple[str, str]]
+    preempted: list[tuple[str, str, str]]
+
+
+class Governor:
+    """Governance steps for the Coordinator's writer ops and reads (`read(fn, *args)`)."""
+
+    def __init__(self, config: Config, policies: dict[int, GatePolicy], meters: Metrics,
+                 read: Any) -> None:
+        self._policies, self._meters, self._read = policies, meters, read
+        self._preempt = preemption.Preemptor(preemption.PreemptPolicy(
+            gap=config.preempt_gap, min_runtime_s=config.preempt_min_runtime_s,
+            reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s))
+
+    def on_heartbeat(self, conn: sqlite3.Connection, now: float,
+                     worker_id: str) -> HeartbeatGovernance:
+        """Inside the heartbeat's transaction: preempt (paced), then decide for every job
+        `worker_id` holds."""
+        preempted = self._preempt.run(conn, now, self._policies)
+        actions, changes = governance.govern(conn, now, worker_id, self._policies)
+        return HeartbeatGovernance(actions, changes, preempted)
+
+    def count(self, worker_id: str, gov: HeartbeatGovernance) -> None:
+        """After the commit: metrics and log lines of what a heartbeat decided."""
+        self._meters.count_governance(worker_id, gov.changes, gov.preempted)
+
+    async def renew(self, writer: Any, p: Renew, lease_s: float) -> RenewResult:
+        """`renew` with the job's governance action (see coordd.leases.renew for errors)."""
+        def op(conn: sqlite3.Connection, now: float) -> Any:
+            res = leases.renew(conn, now, p.job_id, p.worker_id, p.token, lease_s)
+            return res, governance.govern(conn, now, p.worker_id, self._policies, p.job_id)
+        res, (actions, changes) = await writer.run(op, urgent=True)
+        self._meters.count_governance(p.worker_id, changes)
+        res.action = actions[0] if actions else None
+        return res
+
+    async def annotate(self, job: JobView, now: float) -> None:
+        """Add to a `get_job` view its lease's suspension and, for a waiting job with a
+        live reservation, what it waits for."""
+        if job.lease is not None:
+            job.lease.governance = await self._read(govstore.lease_state, job.job_id)
+        if job.status != "waiting":
+            return
+        held = await self._read(govstore.reservation_of, job.job_id)
+        if held is not None and held[3] > now:
+            job.waiting_reason = (f"reserved on {held[0]}: waiting for P{held[2]} job "
+                                  f"{held[1]} to vacate (until {fmt_time(held[3])})")
+
+    async def worker_notes(self) -> defaultdict[str, list[str]]:
+        """worker_id -> "governance: JOB suspended since T (reason)" notes for `workers`."""
+        out: defaultdict[str, list[str]] = defaultdict(list)
+        for worker_id, rows in (await self._read(govstore.governed)).items():
+            out[worker_id] = ["governance: " + governance.describe(*g) for g in rows]
+        return out

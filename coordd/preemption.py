@@ -1,0 +1,174 @@
+"""Priority preemption: a waiting job that no worker has room for takes the place of a
+running job at least `preempt_gap` priorities lower, and the capacity it frees is
+reserved for it.
+
+`choose_victim` is pure. `preempt` runs inside the writer's transaction (on each
+heartbeat): it marks the victim's lease `vacate` (coordd.governance then tells its holder
+on every heartbeat and renew until `release`) and inserts a reservation, so the claim of
+that worker takes the waiting job first (`reserved_claim`) until the reservation lapses
+after `reservation_s`. A worker's room comes from the `slots_total` / `slots` readings it
+sends; a worker that sends none is never counted full, so it never loses a job here.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import msgspec
+
+from coordd import gates
+from coordd.gates import GatePolicy
+from coordd.store import event, lenient_json
+from coordd.store.governance import (
+    SQL_ALL_HELD, SQL_ANY_PREEMPTOR, SQL_DELETE_LAPSED_RESERVATIONS, SQL_DELETE_RESERVATION,
+    SQL_INSERT_RESERVATION, SQL_LIVE_WORKERS, SQL_MARK_VACATE, SQL_PREEMPTING_CANDIDATES,
+    SQL_RESERVATIONS, SQL_RESERVED_FOR_WORKER,
+)
+
+CANDIDATES_MAX = 16  # waiting jobs looked at per scan, best first
+
+
+class PreemptPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """The config's preemption knobs (seconds); `gap` 0 turns preemption off."""
+
+    gap: int = 2
+    min_runtime_s: float = 30.0
+    reservation_s: float = 60.0
+    stale_s: float = 30.0  # a worker's heartbeat older than this: not live
+    scan_interval_s: float = 1.0  # the full look at workers and leases, at most this often
+
+
+class Preemptor:
+    """`preempt` on every heartbeat, its full look at workers and leases at most once per
+    `scan_interval_s` of coordd time (a backlog with a busy fleet must not cost a scan of
+    every lease per heartbeat)."""
+
+    def __init__(self, policy: PreemptPolicy) -> None:
+        self.policy = policy
+        self._last = float("-inf")
+
+    def run(self, conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy]
+            ) -> list[tuple[str, str, str]]:
+        """As `preempt`; [] when the last full look was under `scan_interval_s` ago."""
+        return preempt(conn, now, policies, self.policy, self)
+
+    def due(self, now: float) -> bool:
+        """True (and the interval restarts) when a full look may run at `now`."""
+        if now - self._last < self.policy.scan_interval_s:
+            return False
+        self._last = now
+        return True
+
+
+class Held(msgspec.Struct, frozen=True):
+    """A running job as the victim choice sees it (times in coordd seconds)."""
+
+    worker_id: str
+    job_id: str
+    kind: str
+    priority: int
+    granted_at: float
+    checkpoint_at: float  # the last checkpoint of this run, else granted_at
+    vacating: bool
+
+
+def choose_victim(held: list[Held], priority: int, now: float, policy: PreemptPolicy
+                  ) -> Held | None:
+    """The job to vacate for a waiting job of `priority`: among runs at least `gap` levels
+    lower that ran `min_runtime_s`, the lowest priority, then the least work since its last
+    checkpoint, then the shortest runtime; None if there is none."""
+    fit = [h for h in held if not h.vacating and h.priority >= priority + policy.gap
+           and now - h.granted_at >= policy.min_runtime_s]
+    if not fit:
+        return None
+    return min(fit, key=lambda h: (-h.priority, now - h.checkpoint_at, now - h.granted_at,
+                                   h.job_id))
+
+
+def _slots(readings: dict[str, Any]) -> tuple[int | None, dict[str, int]]:
+    total = readings.get("slots_total")
+    per_kind = readings.get("slots")
+    total = total if isinstance(total, int) and not isinstance(total, bool) else None
+    kinds = {str(k): v for k, v in per_kind.items() if isinstance(v, int)} \
+        if isinstance(per_kind, dict) else {}
+    return total, kinds
+
+
+def _room(total: int | None, kinds: dict[str, int], held: list[Held], reserved: int,
+          kind: str, without: Held | None = None) -> bool:
+    """Whether a job of `kind` fits the worker with `held` running (less `without`)."""
+    if total is None:
+        return True  # no slots advertised: never counted full
+    runs = [h for h in held if h is not without]
+    cap = kinds.get(kind, total)
+    return len(runs) + reserved < total and sum(h.kind == kind for h in runs) < cap
+
+
+def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy],
+            policy: PreemptPolicy, pacer: Preemptor | None = None
+            ) -> list[tuple[str, str, str]]:
+    """Drop lapsed reservations; for each waiting job that could preempt and that no live
+    worker has room for, vacate one victim and reserve its capacity. Returns
+    [(waiting job, victim job, worker)]."""
+    conn.execute(SQL_DELETE_LAPSED_RESERVATIONS, (now,))
+    if policy.gap <= 0:
+        return []
+    if conn.execute(SQL_ANY_PREEMPTOR, (3 - policy.gap,)).fetchone() is None:
+        return []  # the common case, answered from the counters
+    if pacer is not None and not pacer.due(now):
+        return []
+    waiting = conn.execute(SQL_PREEMPTING_CANDIDATES,
+                           (3 - policy.gap, now, CANDIDATES_MAX)).fetchall()
+    if not waiting:
+        return []
+    workers = conn.execute(SQL_LIVE_WORKERS, (now - policy.stale_s,)).fetchall()
+    held: dict[str, list[Held]] = {}
+    for row in conn.execute(SQL_ALL_HELD):
+        held.setdefault(row[0], []).append(Held(*row[:6], vacating=row[6] is not None))
+    reserved: dict[str, int] = {}
+    for worker_id, *_ in conn.execute(SQL_RESERVATIONS):
+        reserved[worker_id] = reserved.get(worker_id, 0) + 1
+    done: list[tuple[str, str, str]] = []
+    for job_id, kind, role, prio, gates_json in waiting:
+        able = []
+        for worker_id, roles_json, heartbeat_json, kinds_json in workers:
+            readings = lenient_json(heartbeat_json, {})
+            kinds = lenient_json(kinds_json, None)
+            if role not in lenient_json(roles_json, []) or (
+                    isinstance(kinds, list) and kind not in kinds):
+                continue
+            if gates.evaluate(policies[prio], readings if isinstance(readings, dict) else {}):
+                continue  # its gates are closed there: room would not help
+            able.append((worker_id, *_slots(readings if isinstance(readings, dict) else {})))
+        if not able or any(_room(t, k, held.get(w, []), reserved.get(w, 0), kind)
+                           for w, t, k in able):
+            continue  # no worker could run it, or one has room and will claim it
+        options = [h for w, t, k in able for h in held.get(w, [])
+                   if _room(t, k, held[w], reserved.get(w, 0), kind, without=h)]
+        victim = choose_victim(options, prio, now, policy)
+        if victim is None:
+            continue
+        why = f"preempted_by {job_id} (P{prio})"
+        conn.execute(SQL_MARK_VACATE, (why, victim.job_id))
+        event(conn, victim.job_id, now, victim.worker_id, "running", "running", f"vacate: {why}")
+        conn.execute(SQL_INSERT_RESERVATION, (job_id, victim.worker_id, victim.job_id, now,
+                                              now + policy.reservation_s))
+        event(conn, job_id, now, victim.worker_id, "waiting", "waiting",
+              f"reserved on {victim.worker_id}: waits for P{victim.priority} job "
+              f"{victim.job_id} to vacate")
+        held[victim.worker_id] = [msgspec.structs.replace(h, vacating=True)
+                                  if h is victim else h for h in held[victim.worker_id]]
+        reserved[victim.worker_id] = reserved.get(victim.worker_id, 0) + 1
+        done.append((job_id, victim.job_id, victim.worker_id))
+    return done
+
+
+def reserved_claim(conn: sqlite3.Connection, now: float, worker_id: str) -> str | None:
+    """The claim's look at reservations on `worker_id`: the reserved job still waiting, to
+    be taken first, or None. Reservations whose job no longer waits are dropped."""
+    for job_id, status in conn.execute(SQL_RESERVED_FOR_WORKER, (worker_id, now)).fetchall():
+        if status == "waiting":
+            return job_id
+        conn.execute(SQL_DELETE_RESERVATION, (job_id,))
+    return None

@@ -1,0 +1,59 @@
+"""One claimed job on a worker, as the supervisor (worker.supervisor) keeps it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from coordd.protocol import ClaimedJob
+from worker.checkpoints import CheckpointRecorder
+from worker.config import KindConfig
+from worker.logs import LogShipper
+from worker.process import ModelProcess
+
+logger = logging.getLogger("worker.supervisor")
+
+CANCELLED = "cancelled"
+"""The abort reason of a job whose cancel coordd asked for."""
+
+
+@dataclass(eq=False)
+class JobRun:
+    """One claimed job on this worker: its lease as we time it, its process and its folder."""
+
+    job: ClaimedJob
+    token: int
+    deadline: float
+    """Monotonic time the lease ends, as far as we can know (send time + granted lease_s)."""
+    dir: str
+    kind: KindConfig | None
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    abort_reason: str | None = None
+    lease_gone: bool = False
+    proc: ModelProcess | None = None
+    waiting_for_slot: bool = False
+    checkpoints: CheckpointRecorder | None = None
+    logs: LogShipper | None = None
+    group_record: str | None = None  # worker.orphans: the model's group, while it lives
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    def abort(self, reason: str) -> None:
+        """Ask the job to end for `reason` (the first reason wins; lease loss is kept apart)."""
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        self.aborted.set()
+
+    def request_cancel(self) -> None:
+        """coordd says a cancel was requested (from a renew or a heartbeat): end the job once."""
+        if not self.aborted.is_set():
+            logger.info("cancel requested", extra={"action": "cancel", "job_id": self.job_id})
+            self.abort(CANCELLED)
+
+    def holds_lease(self, mono: float) -> bool:
+        """True while we may still speak for this job."""
+        return not self.lease_gone and mono < self.deadline
