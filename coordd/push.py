@@ -345,6 +345,9 @@ class Push:
         """
         w = _ClaimWaiter(PARK_SCOPE.get(), next(self._seq), worker_id,
                          None if kinds is None else frozenset(kinds))
+        # the roles noted last may be stale (noted only while claims are parked): unknown
+        # until this worker's next heartbeat, so any job may wake it (it looks, or parks)
+        self.roles.pop(worker_id, None)
         start = self._clock.mono()
         deadline = start + wait_s
         with self._slot(w):

@@ -16,12 +16,15 @@ from coordd.protocol import TERMINAL_STATUSES, Claim, ClaimResult, JobId, JobVie
 from coordd.protocol_push import (
     PUSH_PARAMS, EventsResult, FeedEvent, WaitJob, WaitJobResult, WatchEvents, WatchWorker, WorkerActions,
 )
-from coordd.push import Push
+from coordd.protocol_workers import Release
+from coordd.push import PARK_SCOPE, Push
 from coordd.store import push as push_store
 
 TERMINAL = frozenset(TERMINAL_STATUSES)
 FEED_SCAN = 1000       # events looked at per look of `watch_events`
 FEED_LIMIT_MAX = 1000  # events one `watch_events` reply carries at most
+UNDELIVERED = "claim_undelivered"  # a parked claim's job, granted as its connection closed
+FEED_CURSOR_MAX = (1 << 63) - 1  # event ids are SQLite rowids
 FEED_SCANS_PER_LOOK = 8  # scans of FEED_SCAN a look makes before answering (a filter may match none)
 
 
@@ -40,6 +43,7 @@ class Waits:
         self._read = read
         self._get_job = get_job
         self._claim_once: Callable[[Claim], Awaitable[ClaimResult]] | None = None
+        self._release: Callable[[Release], Awaitable[Any]] | None = None
 
     @classmethod
     def serve(cls, coord: Any) -> "Waits":
@@ -54,6 +58,7 @@ class Waits:
         coord.writer.on_rollback = push.rolled_back
         waits = coord.waits = cls(push, coord.read, coord.get_job)
         waits._claim_once = coord.claim
+        waits._release = coord.release
         coord.claim = waits.claim
         for method in PUSH_PARAMS:
             setattr(coord, method, getattr(waits, method))
@@ -70,9 +75,17 @@ class Waits:
         if wait <= 0:
             return await self._claim_once(p)
 
+        scope = PARK_SCOPE.get()
+
         async def attempt(waited_s: float) -> ClaimResult:
             res: ClaimResult = await self._claim_once(p)
             res.waited_s = waited_s
+            if res.job is not None and res.lease is not None and scope is not None \
+                    and scope.closed:  # its connection went while the claim ran: nobody
+                await self._release(Release(  # would hold the lease; no attempt spent
+                    job_id=res.job.job_id, worker_id=p.worker_id, token=res.lease.token,
+                    reason=UNDELIVERED))
+                return ClaimResult(job=None, reasons=[UNDELIVERED], waited_s=waited_s)
             return res
         return await self._push.claim(p.worker_id, p.kinds, wait, attempt)
 
@@ -123,8 +136,8 @@ class Waits:
 
         Raises: BadRequest (negative cursor, limit outside 1..1000, bad wait), Overloaded.
         """
-        if p.after < 0:
-            raise errors.BadRequest(f"after must be >= 0, got {p.after}")
+        if not 0 <= p.after <= FEED_CURSOR_MAX:
+            raise errors.BadRequest(f"after must be 0..{FEED_CURSOR_MAX}, got {p.after}")
         if not 1 <= p.limit <= FEED_LIMIT_MAX:
             raise errors.BadRequest(f"limit must be 1..{FEED_LIMIT_MAX}, got {p.limit}")
         wait = self._push.wait_s(p.wait_s)

@@ -451,3 +451,49 @@ async def test_waited_s_says_how_long_the_claim_was_parked(bundle):
     assert res.lease.expires_at == pytest.approx(bundle.clock.wall() + 30.0)
     direct = await bundle.claim("w1")
     assert direct.waited_s == 0.0
+
+
+async def test_a_claim_granted_as_its_connection_closes_hands_the_job_back(bundle):
+    """A parked claim whose connection is gone by the time its look commits a lease must
+    not leave that lease to nobody (it would end only at expiry or as worker_lost,
+    spending the attempt): the job goes back to waiting at once, its attempt given back."""
+    import contextvars
+
+    from coordd.waits import UNDELIVERED
+    await bundle.worker("w1")
+    job = await bundle.enqueue(max_attempts=1)
+    scope = ParkScope()
+    scope.close()  # the peer went while the claim was on its way
+
+    def in_scope():
+        PARK_SCOPE.set(scope)
+        return asyncio.ensure_future(bundle.coord.claim(Claim(worker_id="w1", wait_s=60.0)))
+    res = await result(contextvars.copy_context().run(in_scope))
+    assert res.job is None and res.reasons == [UNDELIVERED]
+    view = await bundle.coord.get_job(JobId(job_id=job))
+    assert view.status == "waiting" and view.lease is None and view.attempts == 0
+    assert UNDELIVERED in [e.reason for e in view.events][-1]
+    again = await bundle.claim("w1")  # and a live worker gets it
+    assert again.job.job_id == job
+
+
+async def test_a_parked_claim_wakes_for_its_new_role_noted_while_nothing_was_parked(bundle):
+    """Roles a worker heartbeats while no claim is parked are not noted by coordd.push;
+    a claim parked after them must still wake for a job of its new role."""
+    await bundle.worker("w2", roles=["gpu"])
+    t = parked_claim(bundle, "w2")
+    await asleep(bundle, 1)
+    await bundle.worker("w1", roles=["gpu"])  # noted: a claim is parked
+    bundle.clock.advance(61)
+    assert (await result(t)).job is None
+    await bundle.worker("w1", roles=["cpu"])  # nothing parked: not noted
+    t = parked_claim(bundle, "w1")
+    await asleep(bundle, 1)
+    job = await bundle.enqueue(role="cpu")
+    assert (await result(t)).job.job_id == job
+
+
+async def test_watch_events_refuses_a_cursor_past_any_event_id(bundle):
+    for bad in (1 << 63, (1 << 64) - 1):
+        with pytest.raises(errors.BadRequest, match="after must be"):
+            await bundle.coord.watch_events(WatchEvents(after=bad))
