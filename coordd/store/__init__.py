@@ -531,7 +531,10 @@ SQL_PRUNE_WHERE = (
 )
 SQL_PRUNE_PICK = "SELECT job_id " + SQL_PRUNE_WHERE + " ORDER BY finished_at LIMIT ?2"
 SQL_PRUNABLE = "SELECT count(*) " + SQL_PRUNE_WHERE
-SQL_PRUNE_EVENTS = "DELETE FROM job_events WHERE job_id = ?"
+# The newest event is kept (its job may go): event ids are rowids, and a deleted maximum
+# would be handed out again, under the cursor of a watch_events reader.
+SQL_PRUNE_EVENTS = ("DELETE FROM job_events WHERE job_id = ? "
+                    "AND event_id < (SELECT max(event_id) FROM job_events)")
 SQL_PRUNE_JOB = "DELETE FROM jobs WHERE job_id = ? RETURNING artifact_sha256"
 SQL_PRUNE_ARTIFACT = (
     "DELETE FROM artifacts WHERE sha256 = ?1 "

@@ -497,3 +497,17 @@ async def test_watch_events_refuses_a_cursor_past_any_event_id(bundle):
     for bad in (1 << 63, (1 << 64) - 1):
         with pytest.raises(errors.BadRequest, match="after must be"):
             await bundle.coord.watch_events(WatchEvents(after=bad))
+
+
+async def test_a_feed_cursor_survives_a_prune_of_the_newest_events(make_bundle):
+    """Event ids are rowids: a prune that deleted the newest events would hand their ids
+    out again, and a reader resuming from its cursor would miss the new events."""
+    b = await make_bundle(retention_s=1.0)
+    job = await b.enqueue()
+    await b.coord.cancel(JobId(job_id=job))
+    cursor = (await b.coord.watch_events(WatchEvents(after=0))).next_after
+    b.clock.advance(10)
+    await b.coord.prune(Empty())
+    fresh = await b.enqueue()
+    got = await b.coord.watch_events(WatchEvents(after=cursor))
+    assert [e.job_id for e in got.events] == [fresh]
