@@ -163,6 +163,19 @@ class Push:
 
     # ------------------------------------------------------------ lifecycle
 
+    def clock_stepped(self, step_s: float) -> None:
+        """The writer moved the stored times by a wall-clock step (its `on_clock_step`
+        hook): the run_at timer takes the due times afresh from the database and its
+        wait from the new clock. Never raises."""
+        try:
+            if self._db is not None:
+                self._due = push_store.scheduled(self._db, self._clock.wall())
+                heapq.heapify(self._due)
+            self._timer_kick.set()
+        except Exception:  # waiters time out instead; the writer must not fail
+            logger.exception("run_at timer after a clock step of %+.1fs", step_s,
+                             extra={"action": "push_failed"})
+
     def start(self, scheduled: list[tuple[float, str, str]]) -> None:
         """Start the run_at timer with the jobs already scheduled in the database."""
         self._due = list(scheduled)

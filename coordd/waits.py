@@ -56,6 +56,7 @@ class Waits:
         coord.writer.on_open = push.attach
         coord.writer.on_commit = push.committed
         coord.writer.on_rollback = push.rolled_back
+        coord.writer.on_clock_step = push.clock_stepped
         waits = coord.waits = cls(push, coord.read, coord.get_job)
         waits._claim_once = coord.claim
         waits._release = coord.release

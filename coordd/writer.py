@@ -153,8 +153,11 @@ class Writer:
         self.stats = WriterStats()
         self.health = StorageHealth()  # disk full / I/O errors: `unavailable`, logged once
         # Commit hooks (coordd.push): `on_open(conn)` once the schema is migrated; after
-        # each batch `on_commit()` once its COMMIT is done, or `on_rollback()`.
+        # each batch `on_commit()` once its COMMIT is done, or `on_rollback()`;
+        # `on_clock_step(step_s)` after a batch whose COMMIT moved the stored times by a
+        # wall-clock step (coordd.store.clock_steps).
         self.on_open: Callable[[sqlite3.Connection], None] | None = None
+        self.on_clock_step: Callable[[float], None] | None = None
         self.on_commit: Callable[[], None] | None = None
         self.on_rollback: Callable[[], None] | None = None
 
@@ -393,6 +396,8 @@ class Writer:
             raise
         if step:  # after the COMMIT: a step seen in a rolled-back batch is seen again
             self._clock.shift(step)
+            if self.on_clock_step is not None:
+                self.on_clock_step(step)
         self._last_seen = now
         dt = self._clock.mono() - t0
         st = self.stats

@@ -11,13 +11,13 @@ import msgspec
 import pytest
 
 from coordd import errors
-from coordd.protocol import Claim, Complete, Empty, Enqueue, JobId
+from coordd.protocol import Claim, Complete, Empty, Enqueue, Fail, Heartbeat, JobId
 from coordd.protocol_push import (
     EventFilter, WaitJob, WatchEvents, WatchWorker, WorkerActions,
 )
 from coordd.protocol_workflows import WorkflowSubmit
 from coordd.push import PARK_SCOPE, ParkScope
-from tests.conftest import T0
+from tests.conftest import COOL, T0
 
 
 async def settle(rounds: int = 20) -> None:
@@ -511,3 +511,36 @@ async def test_a_feed_cursor_survives_a_prune_of_the_newest_events(make_bundle):
     fresh = await b.enqueue()
     got = await b.coord.watch_events(WatchEvents(after=cursor))
     assert [e.job_id for e in got.events] == [fresh]
+
+
+async def test_a_backoff_due_after_a_clock_step_back_wakes_the_parked_claim(bundle):
+    """The writer moves a backoff's run_at by a wall-clock step; the run_at timer must
+    take the moved time, not wait out the step (600 s) with the parked claim asleep."""
+    await bundle.worker("w1")
+    job = await bundle.enqueue()
+    c = await bundle.claim("w1", lease_s=30.0)
+    r = await bundle.coord.fail(Fail(job_id=job, worker_id="w1", token=c.lease.token,
+                                     error="flaky", retryable=True))
+    delay = r.run_at - bundle.clock.wall()
+    t = parked_claim(bundle, "w1", wait_s=3000.0)
+    await asleep(bundle, 1)
+    bundle.clock.jump_wall(-600.0)
+    await bundle.coord.heartbeat(Heartbeat(worker_id="w2", roles=["gpu"], readings=COOL))
+    await asleep(bundle, 1)  # the writer took the step (another worker's heartbeat)
+    bundle.clock.advance(delay + 1)
+    assert (await result(t)).job.job_id == job
+
+
+async def test_a_run_at_due_sooner_after_a_clock_step_ahead_wakes_the_parked_claim(make_bundle):
+    """A client's run_at is calendar time: after a +45 s step it is due 45 s sooner in
+    real time, and the parked claim must wake then, not when the old wait runs out."""
+    bundle = await make_bundle(heartbeat_stale_s=300)  # w1's heartbeat stays fresh
+    await bundle.worker("w1")
+    job = await bundle.enqueue(run_at=bundle.clock.wall() + 100)
+    t = parked_claim(bundle, "w1", wait_s=3000.0)
+    await asleep(bundle, 1)
+    bundle.clock.jump_wall(45.0)
+    await bundle.coord.heartbeat(Heartbeat(worker_id="w2", roles=["gpu"], readings=COOL))
+    await asleep(bundle, 1)
+    bundle.clock.advance(56)
+    assert (await result(t)).job.job_id == job
