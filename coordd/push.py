@@ -388,6 +388,8 @@ class Push:
                     finally:
                         w.idle = False
                     if not woken or w.dropped or self.closing:
+                        if hasattr(res, "waited_s"):  # the whole wait, not the last look's
+                            res.waited_s = self._clock.mono() - start
                         return res
             finally:
                 del self._claims[w.seq]

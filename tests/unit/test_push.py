@@ -451,6 +451,11 @@ async def test_waited_s_says_how_long_the_claim_was_parked(bundle):
     assert res.lease.expires_at == pytest.approx(bundle.clock.wall() + 30.0)
     direct = await bundle.claim("w1")
     assert direct.waited_s == 0.0
+    t = parked_claim(bundle, "w1", wait_s=5.0)  # and one that times out says its wait
+    await asleep(bundle, 1)
+    bundle.clock.advance(5.1)
+    empty = await result(t)
+    assert empty.job is None and empty.waited_s == pytest.approx(5.1)
 
 
 async def test_a_claim_granted_as_its_connection_closes_hands_the_job_back(bundle):
