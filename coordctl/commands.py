@@ -355,9 +355,25 @@ def backup(client: Any, args: argparse.Namespace) -> Outcome:
     if res.quick_check != "ok":
         failure = ("check_failed", f"backup copy {res.path} failed quick_check: {res.quick_check}")
     elif res.missing_artifacts:
-        failure = ("artifacts_missing", f"{len(res.missing_artifacts)} referenced artifact "
-                   f"file(s) were absent or damaged: {', '.join(res.missing_artifacts[:3])}")
+        failure = ("artifacts_missing", missing_artifacts_message(res))
     return Outcome(res, line, failure)
+
+
+def missing_artifacts_message(res: Any) -> str:
+    """The `artifacts_missing` line of a BackupResult: the files not copied, grouped by
+    why (unreadable by coordd, absent, damaged...), a few ids each."""
+    by_reason: dict[str, list[str]] = {}
+    for sha in res.missing_artifacts:  # a coordd before missing_reasons: the old wording
+        by_reason.setdefault(res.missing_reasons.get(sha, "absent or damaged"), []).append(sha)
+    parts = [f"{len(shas)} {why}: {', '.join(shas[:3])}{', ...' if len(shas) > 3 else ''}"
+             for why, shas in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))]
+    text = (f"{len(res.missing_artifacts)} referenced artifact file(s) not copied: "
+            + "; ".join(parts))
+    if any(why.startswith("unreadable") for why in by_reason):
+        text += (" (coordd cannot read files the workers wrote: the artifact store's files "
+                 "must be group-readable and its folders group-writable for coordd's group; "
+                 "README, \"Running as a systemd service\")")
+    return text
 
 
 def top(client: Any, args: argparse.Namespace) -> Outcome:

@@ -4,7 +4,8 @@ and a manifest of their sha256; and the offline restore that verifies all of it 
 Layout of a backup at DEST: `DEST` (the SQLite copy, one self-contained file),
 `DEST.artifacts/<sha[:2]>/<sha256>` (every artifact and checkpoint file the copy refers to)
 and `DEST.manifest.json` (`{"db": {"sha256", "bytes"}, "artifacts": [{"sha256", "bytes"}],
-"missing": [sha256...]}`), written last: a backup without its manifest is incomplete.
+"missing": [sha256...], "missing_reasons": {sha256: why}}`), written last: a backup
+without its manifest is incomplete.
 
 `restore` runs with coordd stopped (it takes the lock coordd holds while it runs: coordd.dblock),
 checks `quick_check` and every hash, installs the artifact files first and the database
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -30,6 +32,8 @@ from coordd.clock import SystemClock
 from coordd.dblock import DbLock
 from coordd.store import reads
 from coordd.protocol import BackupResult
+
+logger = logging.getLogger(__name__)
 
 MANIFEST_SUFFIX = ".manifest.json"
 ARTIFACTS_SUFFIX = ".artifacts"
@@ -53,16 +57,32 @@ def db_lock(db_path: str) -> Iterator[str]:
         yield lock.real
 
 
+ABSENT = "absent"
+UNREADABLE = "unreadable (permission denied)"
+DAMAGED = "damaged (its bytes do not hash to its sha256)"
+
+
 def _copy_verified(src: str, root: str, sha: str) -> bool:
     """Copy `src` into the store at `root`; True only if its bytes hash to `sha`."""
+    return _copy_problem(src, root, sha) is None
+
+
+def _copy_problem(src: str, root: str, sha: str) -> str | None:
+    """Copy `src` into the store at `root`; None if its bytes hash to `sha`, else why not:
+    ABSENT, UNREADABLE (this process may not read it: another user's file or folder),
+    DAMAGED, or `not copied: <error>` (the copy could not be written)."""
     try:
         stored = cas.store_file(root, src)
-    except OSError:
-        return False
+    except OSError as exc:
+        if exc.filename == src and isinstance(exc, FileNotFoundError):
+            return ABSENT
+        if exc.filename == src and isinstance(exc, PermissionError):
+            return UNREADABLE
+        return f"not copied: {exc.strerror or exc}"
     if stored.sha256 != sha:
         os.unlink(stored.path)
-        return False
-    return True
+        return DAMAGED
+    return None
 
 
 def backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
@@ -111,19 +131,29 @@ def backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
     if qc != "ok":
         os.unlink(dest)
         raise errors.CoordError(f"backup copy failed quick_check ({qc}); removed")
-    copied, missing = [], []
+    copied, problems = [], {}
     for sha, path in sorted(refs.items()):
-        (copied if _copy_verified(path, dest + ARTIFACTS_SUFFIX, sha) else missing).append(sha)
+        why = _copy_problem(path, dest + ARTIFACTS_SUFFIX, sha)
+        if why is None:
+            copied.append(sha)
+        else:
+            problems[sha] = why
+    missing = sorted(problems)
+    if problems:
+        logger.warning("backup %s: %d referenced artifact file(s) not copied: %s", dest,
+                       len(problems), "; ".join(f"{s[:12]} {w}" for s, w in
+                                                list(problems.items())[:3]),
+                       extra={"action": "backup_artifacts_missing", "n": len(problems)})
     db_sha, db_bytes = cas.sha256_file(dest)
     arts = dest + ARTIFACTS_SUFFIX
     manifest = {"db": {"sha256": db_sha, "bytes": db_bytes},
                 "artifacts": [{"sha256": s, "bytes": os.stat(_in_store(arts, s)).st_size}
                               for s in copied],
-                "missing": missing}
+                "missing": missing, "missing_reasons": problems}
     cas.write_atomic(dest + MANIFEST_SUFFIX, json.dumps(manifest, indent=1).encode())
     return BackupResult(path=dest, bytes=db_bytes, quick_check=qc, jobs=jobs,
                         artifacts=len(copied), missing_artifacts=missing,
-                        manifest=dest + MANIFEST_SUFFIX)
+                        manifest=dest + MANIFEST_SUFFIX, missing_reasons=problems)
 
 
 def _in_store(root: str, sha: str) -> str:

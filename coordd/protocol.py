@@ -421,8 +421,9 @@ class BackupResult(msgspec.Struct, kw_only=True):
     quick_check: str
     jobs: int
     artifacts: int = 0  # artifact files copied beside the copy (`<path>.artifacts/`)
-    missing_artifacts: list[str] = []  # referenced, but absent or damaged at backup time
+    missing_artifacts: list[str] = []  # referenced, but not copied (the reasons: below)
     manifest: str = ""  # `<path>.manifest.json`: sha256 of the copy and of every artifact
+    missing_reasons: dict[str, str] = {}  # sha256 -> absent | unreadable (...) | damaged (...)
 
 
 PARAMS: dict[str, type[msgspec.Struct]] = {

@@ -30,7 +30,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from coordd import errors, fdlimit
+from coordd import cas, errors, fdlimit
 from coordd.clock import Clock, SystemClock
 from coordd.config import Config
 from coordd.dblock import DbLock, real_db_path
@@ -42,7 +42,6 @@ from coordd.service import Coordinator
 logger = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o660
-ARTIFACT_DIR_MODE = 0o2770
 DRAIN_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 2.0
 SD_LISTEN_FDS_START = 3
@@ -248,11 +247,8 @@ class Daemon:
             lock.lock_inode()  # a file SQLite just created
         except errors.InvalidState as exc:
             raise StartupError(exc.message) from exc
-        art = Path(self.coord.artifact_dir)
-        if not art.exists():  # workers (group coordd) write checkpoints and results here
-            with contextlib.suppress(OSError):
-                art.mkdir(mode=ARTIFACT_DIR_MODE)
-                os.chmod(art, ARTIFACT_DIR_MODE)  # past the umask: setgid, group-writable
+        with contextlib.suppress(OSError):  # workers (group coordd) write into it too
+            cas.make_dir(self.coord.artifact_dir)  # setgid, group-writable (cas.STORE_DIR_MODE)
 
     async def _watch_writer(self) -> None:
         """End coordd (through the TaskGroup) if the writer task dies: nothing else does."""
