@@ -153,3 +153,18 @@ def test_backup_message_names_unreadable_files_apart_from_absent_or_damaged_ones
                        missing_artifacts=["c" * 64])  # from a coordd without the reasons
     assert missing_artifacts_message(old) == (
         f"1 referenced artifact file(s) not copied: 1 absent or damaged: {'c' * 64}")
+
+
+def test_sweep_keeps_going_past_a_file_it_may_not_delete(shared_root):
+    store = shared_root / "artifacts"
+    locked, open_ = store / "aa", store / "bb"  # a folder from before the fix: 2755
+    for folder in (locked, open_):
+        folder.mkdir()
+        (folder / (folder.name + "0" * 62)).write_bytes(b"old")
+    os.chown(locked, WORKER_UID, GROUP)
+    os.chmod(locked, 0o2755)
+    os.chown(open_, WORKER_UID, GROUP)
+    os.chmod(open_, 0o2770)
+    assert _as_user(COORDD_UID, [GROUP], 0o027,
+                    lambda: cas.sweep(str(store), set(), before=float("inf"))) == 1
+    assert os.listdir(locked) and not os.listdir(open_)
