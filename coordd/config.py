@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from coordd import ranges
 from coordd.errors import ConfigError
 from coordd.gates import GatePolicy, default_policies, merge
 from coordd.protocol import MAX_FRAME_DEFAULT
@@ -55,6 +56,31 @@ AGENT_STALE_S = 300.0
 PARK_MAX_PER_CONNECTION = 16
 PARK_MAX_TOTAL = 10_000
 PARK_WAIT_MAX_S = 300.0
+
+_S, _S0, _N0, _N1 = ranges.POSITIVE_S, ranges.NON_NEGATIVE_S, ranges.NON_NEGATIVE, ranges.AT_LEAST_ONE
+RANGES: dict[str, ranges.Range] = {
+    "lease_default_s": _S, "lease_min_s": _S, "lease_max_s": _S, "heartbeat_stale_s": _S,
+    "reaper_interval_s": _S, "max_attempts_default": _N1, "backoff_base_s": _S0,
+    "backoff_cap_s": _S0, "backoff_jitter": ranges.FRACTION, "aging_interval_s": _S0,
+    "max_payload_bytes": _N1, "max_result_bytes": _N1, "max_checkpoint_bytes": _N1,
+    "max_error_chars": _N1, "max_frame_bytes": ranges.Range(1024),
+    "max_inbound_bytes": _N1, "frame_timeout_s": _S, "max_unsent_bytes": _N1,
+    "max_outbound_bytes": _N1, "write_stall_timeout_s": _S, "writer_queue_max": _N1,
+    "writer_batch_max": _N1, "read_connections": _N1, "read_queue_max": _N0,
+    "clock_jump_s": _S0, "clock_step_s": _S, "busy_timeout_ms": _N0, "admin_uids": _N0,
+    "admin_gids": _N0, "retention_s": _S0, "prune_interval_s": _S,
+    "metrics_port": ranges.Range(0, 65535), "wal_size_limit_bytes": _N0,
+    "wal_autocheckpoint_pages": _N1, "wal_checkpoint_interval_s": _S0, "warn_db_bytes": _N0,
+    "warn_wal_bytes": _N0, "warn_artifact_bytes": _N0, "workflow_absent_wait_s": _S,
+    "message_max_bytes": _N1, "agent_stale_s": _S, "message_retention_s": _S0,
+    "message_visibility_s": ranges.Range(0, MESSAGE_VISIBILITY_MAX_S, low_open=True),
+}
+"""The range of every numeric key (coordd.ranges.check): finite, and > 0, >= 0, >= 1 or
+a fraction as each means."""
+GATE_RANGES: dict[str, ranges.Range] = {
+    "max_memory_pct": ranges.PERCENT, "max_temperature_c": ranges.Range(-273.15),
+    "min_battery_pct": ranges.PERCENT, "min_user_idle_s": _S0,
+}
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -186,6 +212,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     park_wait_max_s: float = PARK_WAIT_MAX_S
 
     def __post_init__(self) -> None:
+        ranges.check(self, RANGES)
         if not 0 < self.lease_min_s <= self.lease_default_s <= self.lease_max_s:
             raise ValueError("need 0 < lease_min_s <= lease_default_s <= lease_max_s")
         if self.max_attempts_default < 1:
@@ -243,14 +270,24 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         bad = set(self.gates) - {"p0", "p1", "p2", "p3"}
         if bad:
             raise ValueError(f"gates: unknown priority table(s) {sorted(bad)}; use p0..p3")
-        self.policies()  # validate gate keys now, not at the first claim
+        for prio, policy in self.policies().items():  # gate keys now, not at the first claim
+            ranges.check(policy, GATE_RANGES, prefix=f"gates.p{prio}.")
 
     def policies(self) -> dict[int, GatePolicy]:
-        """Return the effective GatePolicy per priority 0..3 (defaults plus overrides)."""
+        """Return the effective GatePolicy per priority 0..3 (defaults plus overrides).
+
+        Raises:
+            ValueError: a `[gates.pN]` key or value is bad (the message names the table).
+        """
         out = default_policies()
         for key, overrides in self.gates.items():
             prio = int(key[1])
-            out[prio] = merge(out[prio], overrides)
+            try:
+                out[prio] = merge(out[prio], overrides)
+            except msgspec.ValidationError as exc:
+                msg = str(exc)
+                raise ValueError(msg.replace("`$", f"`$.gates.{key}") if "`$" in msg
+                                 else f"gates.{key}: {msg}") from exc
         return out
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from coordd import ranges
+
 LEASE_S_DEFAULT = 30.0
 HEARTBEAT_INTERVAL_S_DEFAULT = 5.0
 WORK_DIR_DEFAULT = "~/.local/state/coordd/work"
@@ -41,6 +43,20 @@ def default_work_dir() -> str:
     return os.path.join(state, "work") if state else WORK_DIR_DEFAULT
 
 
+KIND_RANGES: dict[str, ranges.Range] = {
+    "timeout_s": ranges.POSITIVE_S, "slots": ranges.AT_LEAST_ONE,
+    "max_result_bytes": ranges.NON_NEGATIVE,
+}
+"""The range of every numeric key of a `[kinds.*]` table (coordd.ranges.check)."""
+RANGES: dict[str, ranges.Range] = {
+    "lease_s": ranges.POSITIVE_S, "heartbeat_interval_s": ranges.POSITIVE_S,
+    "grace_s": ranges.NON_NEGATIVE_S, "stop_timeout_s": ranges.POSITIVE_S,
+    "claim_interval_s": ranges.POSITIVE_S, "inline_result_bytes": ranges.NON_NEGATIVE,
+    "claim_wait_s": ranges.Range(0, CLAIM_WAIT_S_MAX),
+}
+"""The range of every numeric top-level key of the worker's config."""
+
+
 class WorkerConfigError(Exception):
     """The worker configuration file is missing, not TOML, or has bad values."""
 
@@ -65,15 +81,12 @@ class KindConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     result_json: bool = True
     env: dict[str, str] = {}
 
-    def __post_init__(self) -> None:
+    def check(self, prefix: str = "") -> None:
+        """Raise ValueError (`<prefix><key> ...`) if a value is bad; WorkerConfig calls it
+        with the table's name (msgspec's error path does not name a dict's key)."""
         if not self.argv or not self.argv[0]:
-            raise ValueError("argv must name a program")
-        if not self.timeout_s > 0:
-            raise ValueError("timeout_s must be > 0")
-        if self.slots < 1:
-            raise ValueError("slots must be >= 1")
-        if self.max_result_bytes < 0:
-            raise ValueError("max_result_bytes must be >= 0")
+            raise ValueError(f"{prefix}argv must name a program")
+        ranges.check(self, KIND_RANGES, prefix)
 
 
 def default_kinds() -> dict[str, KindConfig]:
@@ -118,17 +131,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kinds: dict[str, KindConfig] = msgspec.field(default_factory=default_kinds)
 
     def __post_init__(self) -> None:
-        for name in ("lease_s", "heartbeat_interval_s", "claim_interval_s", "stop_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0")
-        if not 0 <= self.claim_wait_s <= CLAIM_WAIT_S_MAX:
-            raise ValueError(f"claim_wait_s must be 0..{CLAIM_WAIT_S_MAX:g}")
-        if self.grace_s < 0:
-            raise ValueError("grace_s must be >= 0")
+        ranges.check(self, RANGES)
         if self.stop_timeout_s <= self.grace_s:
             raise ValueError("stop_timeout_s must be greater than grace_s")
-        if self.inline_result_bytes < 0:
-            raise ValueError("inline_result_bytes must be >= 0")
         if self.work_dir is None:
             self.work_dir = default_work_dir()
         if not self.work_dir:
@@ -136,9 +141,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         self.work_dir = os.path.abspath(os.path.expanduser(self.work_dir))
         if not self.kinds:
             raise ValueError("kinds must name at least one kind (or be left out for the built-ins)")
-        for name in self.kinds:
+        for name, kind in self.kinds.items():
             if not name or name != name.strip():
                 raise ValueError(f"bad kind name {name!r}")
+            kind.check(f"kinds.{name}.")
 
     @property
     def total_slots(self) -> int:

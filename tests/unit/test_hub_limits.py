@@ -42,7 +42,7 @@ async def test_a_resend_reports_the_stored_expiry_not_the_new_requests(bundle):
 
 @pytest.mark.parametrize("value", [43_201, 1e9, 0, -1, float("nan")])
 def test_config_refuses_a_visibility_the_read_path_would_refuse(value):
-    with pytest.raises(errors.ConfigError, match="message_visibility_s must be > 0 and <= 43200"):
+    with pytest.raises(errors.ConfigError, match="message_visibility_s must be a finite number > 0 and <= 43200"):
         config_mod.load(None, message_visibility_s=value)
 
 

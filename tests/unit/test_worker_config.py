@@ -51,7 +51,7 @@ def test_file_without_kinds_gets_builtin_kinds():
     ("leese_s = 3", "leese_s"),
     ('[kinds.x]\nargv = ["a"]\nslot = 2', "slot"),
     ('lease_s = "long"', "lease_s"),
-    ("lease_s = 0", "lease_s must be > 0"),
+    ("lease_s = 0", "lease_s must be a finite number > 0"),
     ("grace_s = 40", "stop_timeout_s must be greater than grace_s"),
     ('[kinds.x]\nargv = []', "argv"),
     ('[kinds.x]\nargv = ["a"]\nslots = 0', "slots"),
