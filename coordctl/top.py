@@ -1,8 +1,8 @@
 """`coordctl top`: a live view of coordd — queues, workers with readings and gate verdicts,
 running jobs with the lease time left, recent failures. Refreshes in place; `q` (on a
 terminal) or Ctrl-C quits. `--once` prints one frame and exits (for scripts and tests).
-The view fits the terminal: narrow, it drops columns by rank; short, it shows fewer rows;
-a line never wraps.
+The view fits the terminal: narrow, it drops columns by rank; short, it shows fewer rows
+(`layout`); a line never wraps; below MIN_WIDTH x MIN_HEIGHT it is one line saying so.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ FAILED_SHOWN = 5
 TABLE_LINES = 3  # a table's title, header and the rule under it
 GAP = 3  # between two columns: padding, divider, padding
 FLEX_MIN = 12  # the flexible column (last error) keeps at least this many cells
+MIN_WIDTH, MIN_HEIGHT = 40, 8  # below this the view is one line: "terminal too small"
 
 
 @dataclass(frozen=True)
@@ -85,13 +86,19 @@ def _packed(fields: list[str], width: int) -> list[Text]:
 
 
 def summary(st: Any, width: int) -> list[Text]:
-    """The status line(s): counts, waiting by priority, sizes, warnings."""
+    """The status line(s): counts, waiting by priority, sizes, warnings. Fields go most
+    telling first (the queue, then running and failed), so a short view that keeps only
+    the first line keeps those."""
     by_prio = st.waiting_by_priority or {}
-    fields = ["coordd status", f"workers {st.workers} ({st.workers_live} live)", f"leases {st.active_leases}",
+    first = ("running", "failed")
+    fields = ["coordd status",
               "waiting " + str(st.jobs.get("waiting", 0)) + " ("
               + " ".join(f"{p.upper()} {by_prio.get(p, 0)}" for p in render.PRIORITIES_SHOWN)
               + ")", f"oldest {render.fmt_age(st.oldest_waiting_age_s)}",
-              *(f"{s} {st.jobs.get(s, 0)}" for s in JOB_STATUSES if s != "waiting"),
+              *(f"{s} {st.jobs.get(s, 0)}" for s in first),
+              f"workers {st.workers} ({st.workers_live} live)", f"leases {st.active_leases}",
+              *(f"{s} {st.jobs.get(s, 0)}" for s in JOB_STATUSES
+                if s != "waiting" and s not in first),
               f"db {render.fmt_bytes(st.db_bytes)} (WAL {render.fmt_bytes(st.wal_bytes)})"]
     lines = _packed(fields, width)
     lines.append(Text(render.safe("warnings: " + ("; ".join(st.warnings) or "none")),
@@ -99,17 +106,34 @@ def summary(st: Any, width: int) -> list[Text]:
     return lines
 
 
-def _shares(sizes: list[int], rows: int | None) -> list[int]:
-    """Rows for each section within `rows` (None: all): one each first, then in order."""
-    if rows is None:
-        return list(sizes)
-    got = [min(n, 1) for n in sizes]
-    left = rows - sum(got)
+def layout(n_head: int, sizes: list[int], height: int | None
+           ) -> tuple[int, list[bool], list[int]]:
+    """Fit the view into `height` lines (None: any): return (head lines shown, whether each
+    section is a table or one title line, rows shown per section).
+
+    What is kept first: the footer, the first status line and one line per section
+    (its title: "running (15, 0 shown)"); then the warnings line; then each section as
+    a table with one row, in order; then the rest of the status lines; then more rows,
+    section by section. A section of no rows costs its table's header only.
+    """
+    if height is None:
+        return n_head, [True] * len(sizes), list(sizes)
+    left = height - 2 - len(sizes)  # the footer, the first status line, a line per section
+    head = 1
+    if n_head > 1 and left >= 1:
+        head, left = 2, left - 1  # the warnings line
+    full, rows = [False] * len(sizes), [0] * len(sizes)
     for i, n in enumerate(sizes):
-        extra = max(0, min(n - got[i], left))
-        got[i] += extra
-        left -= extra
-    return got
+        cost = TABLE_LINES - 1 + min(n, 1)
+        if cost <= left:
+            full[i], rows[i], left = True, min(n, 1), left - cost
+    more = max(0, min(n_head - head, left))
+    head, left = head + more, left - more
+    for i, n in enumerate(sizes):
+        if full[i]:
+            add = max(0, min(n - rows[i], left))
+            rows[i], left = rows[i] + add, left - add
+    return head, full, rows
 
 
 def _title(name: str, total: int, shown: int) -> str:
@@ -139,12 +163,17 @@ def frame(client: Any, interval: float, size: tuple[int, int | None] = (render.P
     ws = client.workers()
     running = client.list_jobs(status="running", limit=RUNNING_SHOWN).jobs
     failed = client.list_jobs(status="failed", limit=FAILED_SHOWN, newest_first=True).jobs
+    data = {"status": st, "workers": ws.workers, "running": running, "failed": failed}
+    if width < MIN_WIDTH or (height is not None and height < MIN_HEIGHT):
+        return Group(Text(f"terminal too small ({width}x{height or '?'}; coordctl top needs "
+                          f"{MIN_WIDTH}x{MIN_HEIGHT})"[:max(1, width)], no_wrap=True,
+                          overflow="crop")), data
     head = summary(st, width)
     footer = Text(f"refresh every {interval:g}s; q or Ctrl-C quits", style="dim", no_wrap=True,
                   overflow="ellipsis")
-    fixed = len(head) + 1 + (TABLE_LINES if ws.workers else 1) + 2 * TABLE_LINES
-    n_w, n_r, n_f = _shares([len(ws.workers), len(running), len(failed)],
-                            None if height is None else height - fixed)
+    n_head, full, (n_w, n_r, n_f) = layout(
+        len(head), [len(ws.workers), len(running), len(failed)], height)
+    head = head[:n_head - 1] + head[-1:] if n_head > 1 else head[:1]
     worker_rows = [_worker_row(w) for w in ws.workers[:n_w]]
     run_rows = []
     for j in running[:n_r]:
@@ -155,16 +184,22 @@ def frame(client: Any, interval: float, size: tuple[int, int | None] = (render.P
                          + (", cancelling" if j.cancel_requested else "")])
     fail_rows = [[j.job_id, j.kind, render.fmt_time(j.finished_at),
                   " ".join((j.last_error or "").split())] for j in failed[:n_f]]
-    parts: list[Any] = [
-        *head,
-        fitted(_title("workers", len(ws.workers), n_w), WORKER_COLUMNS, worker_rows, width)
-        if ws.workers else Text("no workers have sent a heartbeat"),
-        fitted(_title("running", st.jobs.get("running", 0), n_r), RUNNING_COLUMNS, run_rows,
-               width),
-        fitted("recent failures" if n_f == len(failed) else
-               f"recent failures ({n_f} of {len(failed)} shown)", FAILED_COLUMNS, fail_rows, width),
-        footer]
-    data = {"status": st, "workers": ws.workers, "running": running, "failed": failed}
+    titles = [_title("workers", len(ws.workers), n_w),
+              _title("running", st.jobs.get("running", 0), n_r),
+              "recent failures" if n_f == len(failed) else
+              f"recent failures ({n_f} of {len(failed)} shown)"]
+    tables = [(WORKER_COLUMNS, worker_rows), (RUNNING_COLUMNS, run_rows),
+              (FAILED_COLUMNS, fail_rows)]
+    parts: list[Any] = [*head]
+    for i, (title, (columns, rows)) in enumerate(zip(titles, tables)):
+        if i == 0 and not ws.workers:
+            parts.append(Text("no workers have sent a heartbeat", no_wrap=True,
+                              overflow="ellipsis"))
+        elif full[i]:
+            parts.append(fitted(title, columns, rows, width))
+        else:
+            parts.append(Text(render.safe(title), no_wrap=True, overflow="ellipsis"))
+    parts.append(footer)
     return Group(*parts), data
 
 

@@ -105,3 +105,43 @@ def test_wide_terminal_keeps_every_column_and_row():
         assert col in text, col
     assert "running (15)" in text and text.count("kind-with-a-long-name") == 20
     assert all(cell_len(line) <= 250 for line in lines)
+
+
+SIZES = [(80, 12), (80, 16), (40, 10), (40, 8), (60, 9), (45, 20), (120, 13), (200, 50)]
+
+
+@pytest.mark.parametrize("shape", [(3, 15, 5), (1, 0, 0), (12, 15, 5), (0, 2, 1), (0, 0, 0)])
+@pytest.mark.parametrize("width, height", SIZES)
+def test_frame_fits_any_terminal_down_to_40x8(shape, width, height):
+    lines = render_lines(FakeClient(*shape), width, height)
+    text = "\n".join(lines)
+    assert len(lines) <= height, text
+    assert all(cell_len(line) <= width for line in lines), text
+    assert "q or Ctrl-C quits" in lines[-1] and lines[0].startswith("coordd status")
+    n_workers, n_running, n_failed = shape
+    assert ("workers (" in text) if n_workers else ("no workers" in text)
+    assert "running (" in text and "recent failures" in text  # every section says its count
+    if n_running and "id" in text.split("running (", 1)[1]:
+        assert f"{0:016x}" in text  # a running table shows at least one job
+
+
+@pytest.mark.parametrize("width, height", [(80, 12), (80, 16), (40, 10)])
+def test_short_terminal_counts_the_rows_it_leaves_out(width, height):
+    text = "\n".join(render_lines(FakeClient(3, 15, 5), width, height))
+    assert "running (15, " in text and " shown)" in text
+
+
+@pytest.mark.parametrize("width, height", [(39, 24), (80, 7), (20, 5)])
+def test_below_40x8_is_one_line_saying_so(width, height):
+    lines = render_lines(FakeClient(3, 15, 5), width, height)
+    assert len(lines) == 1 and lines[0].startswith("terminal too small")
+    assert cell_len(lines[0]) <= width
+
+
+def test_layout_keeps_titles_first_then_tables_then_rows():
+    assert top.layout(4, [3, 15, 5], 8) == (4, [False, False, False], [0, 0, 0])
+    assert top.layout(4, [3, 15, 5], 9) == (2, [True, False, False], [1, 0, 0])
+    assert top.layout(4, [3, 15, 5], 12) == (2, [True, True, False], [1, 1, 0])
+    assert top.layout(4, [3, 15, 5], None) == (4, [True, True, True], [3, 15, 5])
+    head, full, rows = top.layout(4, [3, 15, 5], 24)
+    assert head == 4 and full == [True, True, True] and sum(rows) == 24 - 2 - 3 - 4 * 2 - 1
