@@ -8,7 +8,6 @@ running, a failed check); 2 usage error. Every error is one stderr line:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from typing import Any, NoReturn
@@ -18,7 +17,10 @@ import msgspec
 from coordctl import logs, workflow
 from coordctl.commands import COMMANDS, Outcome, UsageError
 from coordctl.msg import MSG_COMMANDS, add_parsers as add_msg_parsers
+from coordd import ranges
 from coordd.client import CALL_TIMEOUT_DEFAULT
+from coordd.errors import CoordError
+from coordd.names import check_name
 from coordd.protocol import JOB_STATUSES
 
 EXIT_OK = 0
@@ -67,17 +69,37 @@ def bad_input(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _positive(kind: type) -> Any:
+def _number(kind: type, rule: ranges.Range, words: str = "") -> Any:
+    """An argparse type: a `kind` (int or float) inside `rule` (coordd's range for that
+    field, so what coordd takes is taken here), else a usage error saying the range."""
     def conv(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}:"
+                                             f" {text!r}") from None
+        if not rule.holds(value):
+            what = words or ("a finite number " if kind is float else "") + rule.text()
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
         return value
     conv.__name__ = kind.__name__
     return conv
+
+
+def _positive(kind: type) -> Any:
+    return _number(kind, ranges.Range(0, low_open=True))
+
+
+PRIORITY = _number(int, ranges.Range(0, 3), "0..3 (P0 a user waiting .. P3 idle)")
+
+
+def _name(text: str) -> str:
+    """An argparse type: a kind or role name as coordd takes it (coordd.names)."""
+    try:
+        check_name("a name", text)
+    except CoordError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
 
 
 def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
@@ -108,14 +130,15 @@ def build_parser() -> Parser:
     cmd("status", "counts, sizes, warnings and the oldest waiting jobs")
 
     e = cmd("enqueue", "add a job (prints its id) or a batch from a JSON-lines file")
-    e.add_argument("--kind", help="job kind (selects the model command on the worker)")
-    e.add_argument("--role", help="the worker role the job needs")
-    e.add_argument("--priority", type=int, metavar="P", help="0 (user waiting) .. 3 (idle)")
+    e.add_argument("--kind", type=_name, help="job kind (selects the model command on the worker)")
+    e.add_argument("--role", type=_name, help="the worker role the job needs")
+    e.add_argument("--priority", type=PRIORITY, metavar="P", help="0 (user waiting) .. 3 (idle)")
     e.add_argument("--payload", metavar="JSON|@FILE", help="the payload: inline JSON, @FILE, @-")
     when = e.add_mutually_exclusive_group()
     when.add_argument("--run-at", metavar="TS", help="not before: Unix seconds or ISO-8601")
-    when.add_argument("--delay", metavar="S", type=_positive(float), help="not before now + S")
-    e.add_argument("--max-attempts", type=int, metavar="N")
+    when.add_argument("--delay", metavar="S", type=_number(float, ranges.NON_NEGATIVE),
+                      help="not before now + S (0: now)")
+    e.add_argument("--max-attempts", type=_number(int, ranges.AT_LEAST_ONE), metavar="N")
     e.add_argument("--key", metavar="IDEMPOTENCY_KEY",
                    help="a repeated key returns the existing job's id")
     e.add_argument("--max-runtime", type=_positive(float), metavar="S",
@@ -130,9 +153,9 @@ def build_parser() -> Parser:
 
     ls = cmd("list", "a table of jobs")
     ls.add_argument("--status", choices=JOB_STATUSES)
-    ls.add_argument("--kind")
-    ls.add_argument("--role")
-    ls.add_argument("--priority", type=int, metavar="P")
+    ls.add_argument("--kind", type=_name)
+    ls.add_argument("--role", type=_name)
+    ls.add_argument("--priority", type=PRIORITY, metavar="P")
     ls.add_argument("--limit", type=_positive(int), metavar="N",
                     help="rows (page size with --all)")
     ls.add_argument("--after", metavar="ID", help="start after this job id")

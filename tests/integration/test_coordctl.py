@@ -210,8 +210,23 @@ def test_bad_json_payload_is_usage_error(daemon):
 def test_priority_out_of_range_is_refused(daemon):
     p = ctl(daemon.socket, "enqueue", "--kind", "k", "--role", "cpu", "--priority", "7",
             "--payload", "{}")
-    assert "0..3" in refused(p, 1, "bad_request")
+    assert "0..3" in refused(p, 2, "usage")
     assert p.stdout == ""
+
+
+def test_flags_take_what_coordd_takes_and_refuse_the_rest_as_usage(daemon):
+    """`--delay 0` is coordd's `>= 0` (due now); a filter no job can match (`list
+    --priority 9`, an empty kind) is a usage error, not an empty list."""
+    sock = daemon.socket
+    job = enqueue(sock, "--delay", "0")
+    shown = ok_json(ctl(sock, "--json", "show", job))
+    assert shown["status"] == "waiting" and shown["run_at"] <= time.time() + 1
+    for args, flag in [(("list", "--priority", "9"), "--priority"),
+                       (("list", "--priority", "-1"), "--priority"),
+                       (("list", "--role", ""), "--role"),
+                       (("enqueue", "--kind", "k", "--role", "cpu", "--priority", "1",
+                         "--payload", "{}", "--max-attempts", "0"), "--max-attempts")]:
+        assert flag in refused(ctl(sock, *args), 2, "usage")
 
 
 def test_list_filters_json_and_paging(daemon):
