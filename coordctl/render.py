@@ -110,11 +110,23 @@ def _kv_table(title: str | None = None) -> Table:
     return t
 
 
+ERROR_EXPLAINS = frozenset({"waiting", "failed", "cancelled", "skipped"})
+"""States a job's last error can explain: back to waiting after a failure, release or lost
+lease; ended by it. A running, blocked or succeeded job's last error is an earlier
+attempt's (the next claim does not clear it) and says nothing about it now."""
+
+
+def job_error(job: JobView) -> str:
+    """The job's last error where it explains its current state, else ""."""
+    return (job.last_error or "") if job.status in ERROR_EXPLAINS else ""
+
+
 def job_note(job: JobView) -> str:
-    """The one-line 'why' of a job: its waiting reason, else its last error."""
+    """The one-line 'why' of a job: its waiting reason, else its last error where that
+    explains its state (job_error)."""
     if job.status == "waiting" and job.waiting_reason:
         return job.waiting_reason
-    return job.last_error or ""
+    return job_error(job)
 
 
 # ---------------------------------------------------------------- status
@@ -231,7 +243,7 @@ def job(console: Console, j: JobView) -> None:
     if j.waiting_reason:
         t.add_row("waiting reason", j.waiting_reason)
     if j.last_error:
-        t.add_row("last error", j.last_error)
+        t.add_row("last error" if job_error(j) else "earlier attempt's error", j.last_error)
     if j.artifact is not None:
         t.add_row("artifact", f"{j.artifact.path} ({fmt_bytes(j.artifact.size)}, "
                               f"sha256 {j.artifact.sha256})")
