@@ -29,14 +29,17 @@ A top-level `schedule = "CRON"` makes the file a recurring schedule's template (
 from __future__ import annotations
 
 import argparse
+import json
 import tomllib
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from coordctl.commands import Outcome, UsageError, read_text_arg
+from coordctl.commands import Outcome, UsageError, loads_strict, read_text_arg
+from coordd.errors import CoordError
 from coordd.times import fmt_time
+from coordd.values import check_finite
 from coordd.protocol_workflows import (
     LIST_LIMIT_MAX, WORKFLOW_STATUSES, ScheduleList, WorkflowSubmit, WorkflowView,
 )
@@ -56,11 +59,17 @@ def read_graph(path: str) -> tuple[WorkflowSubmit, str | None]:
     text = read_text_arg(f"@{path}", "workflow file")
     try:
         if path.endswith(".json") or text.lstrip().startswith("{"):
-            data = msgspec.json.decode(text)
+            data = loads_strict(text)  # NaN and Infinity refused, as for --payload
         else:
             data = tomllib.loads(text)
-    except (msgspec.DecodeError, tomllib.TOMLDecodeError) as exc:
+        check_finite("workflow", data)  # TOML has nan and inf
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column "
+                         f"{exc.colno}") from exc
+    except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML or JSON: {exc}") from exc
+    except (ValueError, CoordError) as exc:
+        raise UsageError(f"{path}: {getattr(exc, 'message', exc)}") from exc
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a workflow is a table with `name` and `nodes`")
     cron = data.pop("schedule", None)

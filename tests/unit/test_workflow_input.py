@@ -162,3 +162,30 @@ async def test_workflow_list_limit_out_of_range_refused(bundle, limit, capsys):
         with pytest.raises(errors.BadRequest, match="limit must be 1..1000"):
             await bundle.coord.workflow_list(ListWorkflows(limit=int(limit)))
     assert build_parser().parse_args(["workflow", "list", "--limit", "1000"]).limit == 1000
+
+
+NODE_JSON = '{"name": "w", "nodes": [{"name": "a", "kind": "k", "required_role": "cpu", ' \
+            '"payload": {"x": %s}}]}'
+
+
+@pytest.mark.parametrize("name, text, fragment", [
+    ("g.json", NODE_JSON % "NaN", "NaN is not a finite number (JSON has no NaN or Infinity)"),
+    ("g.json", NODE_JSON % "-Infinity", "-Infinity is not a finite number"),
+    ("g.json", NODE_JSON % "1e999", "1e999 is too large to be a finite number"),
+    ("g.toml", 'name = "w"\n[[nodes]]\nname = "a"\nkind = "k"\nrequired_role = "cpu"\n'
+               "payload = { x = nan }\n", "workflow.nodes[0].payload.x is not a finite number"),
+    ("g.toml", 'name = "w"\n[[nodes]]\nname = "a"\nkind = "k"\nrequired_role = "cpu"\n'
+               "max_runtime_s = inf\n", "workflow.nodes[0].max_runtime_s is not a finite"),
+    ("g.json", '{"name": ', "not valid JSON: Expecting value at line 1 column 10"),
+])
+def test_non_finite_numbers_in_a_graph_file_are_named_as_for_payloads(tmp_path, name, text,
+                                                                       fragment):
+    """A workflow file gets the check `--payload` gets (coordctl.commands.loads_strict and
+    coordd.values.check_finite), not `JSON is malformed: invalid character`."""
+    from coordctl.commands import UsageError
+    from coordctl.workflow import read_graph
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(UsageError) as info:
+        read_graph(str(path))
+    assert fragment in str(info.value) and str(path) in str(info.value)
