@@ -74,6 +74,9 @@ RANGES: dict[str, ranges.Range] = {
     "warn_wal_bytes": _N0, "warn_artifact_bytes": _N0, "workflow_absent_wait_s": _S,
     "message_max_bytes": _N1, "agent_stale_s": _S, "message_retention_s": _S0,
     "message_visibility_s": ranges.Range(0, MESSAGE_VISIBILITY_MAX_S, low_open=True),
+    "preempt_gap": ranges.Range(0, 3), "preempt_min_runtime_s": _S0, "reservation_s": _S,
+    "park_max_per_connection": _N0, "park_max_total": _N0,
+    "park_wait_max_s": ranges.Range(0, 86400),
 }
 """The range of every numeric key (coordd.ranges.check): finite, and > 0, >= 0, >= 1 or
 a fraction as each means."""
