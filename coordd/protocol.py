@@ -457,8 +457,10 @@ ADMIN_METHODS = frozenset({"enqueue", "enqueue_batch", "cancel", "retry", "reap"
 # ---------------------------------------------------------------- agent message hub (issue 9)
 # Its Structs live in coordd.protocol_hub; re-exported here, where the hub's users import them.
 from coordd.protocol_hub import (  # noqa: E402
-    HUB_PARAMS, AckMessages, AckResult, AgentQuery, AgentsResult, AgentStatusUpdate, AgentView,
-    BroadcastMessage, MessageView, ReadMessages, ReadResult, SendMessage, SendResult,
+    HUB_PARAMS,
+    AckMessages, AckResult, AgentQuery, AgentsResult, AgentStatusUpdate,  # noqa: F401
+    AgentView, BroadcastMessage, MessageView, ReadMessages, ReadResult,  # noqa: F401
+    SendMessage, SendResult,  # noqa: F401
 )
 
 PARAMS.update(HUB_PARAMS)

@@ -3,7 +3,6 @@ RLIMIT_NOFILE, and idle clients holding every descriptor it has."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys

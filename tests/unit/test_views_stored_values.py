@@ -131,7 +131,7 @@ async def test_every_view_survives_any_stored_time(bundle, value):
     workers = await c.workers()
     flows = await c.workflow_list(ListWorkflows())
     flow = await c.workflow_get(WorkflowId(workflow_id=flows.workflows[0].workflow_id))
-    schedules = await c.schedule_list()
+    await c.schedule_list()
     agents = await c.get_agent_status(AgentQuery())
     await c.read_messages(ReadMessages(reader="b"))
     await c.metrics(Empty())
