@@ -17,7 +17,9 @@ import psutil
 import pytest
 
 from coordd.client import Client
-from tests.integration.test_worker import COOL, Bench, WorkerProc, alive, worker_toml
+from tests.integration.test_worker import (
+    COOL, Bench, WorkerProc, alive, stop_workers, worker_toml,
+)
 
 HEARTBEAT_S = 0.5
 ACTIVE = {**COOL, "user_idle_s": 1.0}
@@ -100,16 +102,7 @@ async def gov(daemon_factory, tmp_path):
         return Bench(tmp_path, daemon, client, tmp_path, start_worker), readings
 
     yield make
-    for w in started:
-        kids = w.descendants()
-        if w.proc.poll() is None:
-            w.proc.kill()
-            w.proc.wait(10)
-        for kid in kids:
-            try:
-                kid.kill()
-            except psutil.NoSuchProcess:
-                pass
+    stop_workers(started)
     for c in clients:
         await c.__aexit__(None, None, None)
 

@@ -55,6 +55,17 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(p)], capture_output=True)
 
 
+def fill_disk(filler: Path) -> None:
+    """Take every free byte of `filler`'s file system (unbuffered: a buffered writer keeps
+    the bytes ENOSPC refused and fails again at close)."""
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError:
+            pass
+
+
 def run_coordd(*argv: str, timeout: float = 15.0) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "coordd", *argv], capture_output=True,
                           text=True, timeout=timeout)
@@ -240,14 +251,7 @@ async def test_full_disk_recovers_when_space_is_freed(tmpfs, daemon_factory):
     async with Client(d.socket, timeout=15) as c:
         await c.enqueue(kind="k", required_role="cpu", priority=1, payload={"first": 1})
         filler = folder / "filler"
-        with open(filler, "wb", buffering=0) as f:  # take every free byte (unbuffered:
-            # a buffered writer keeps the bytes ENOSPC refused and fails again at close)
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
-            except OSError:
-                pass
+        fill_disk(filler)
         refused = 0
         for i in range(200):
             try:

@@ -11,11 +11,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 from coordd.client import Client
 
-from test_hostile_files import tmpfs  # noqa: F401  (fixture)
+from test_hostile_files import fill_disk, tmpfs  # noqa: F401  (tmpfs: the fixture)
+from tests.integration.test_worker import until
 
 MODEL = textwrap.dedent("""
     import json, os, time
@@ -28,16 +28,6 @@ MODEL = textwrap.dedent("""
 COOL = {"memory_used_pct": 30.0, "temperature_c": 40.0, "on_battery": False,
         "user_idle_s": 10_000.0}
 PAD = 600_000  # inline result: the WAL must grow to take it, and the disk is full
-
-
-async def _until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
-        await asyncio.sleep(0.05)
 
 
 async def test_complete_refused_by_a_full_disk_is_retried_not_failed(tmpfs, daemon_factory,
@@ -76,19 +66,13 @@ async def test_complete_refused_by_a_full_disk_is_retried_not_failed(tmpfs, daem
 
             async def running():
                 return (await c.get_job(job_id)).status == "running"
-            await _until(running, 20, "job running")
-            with open(filler, "wb") as f:  # take every free byte of coordd's disk
-                try:
-                    while True:
-                        f.write(b"\0" * 65536)
-                        f.flush()
-                except OSError:
-                    pass
+            await until(running, 20, "job running")
+            fill_disk(filler)  # take every free byte of coordd's disk
             go.touch()  # the model succeeds now
 
             async def retrying():
                 return "not stored yet, retrying until the lease ends" in wlog.read_text()
-            await _until(retrying, 20, "complete refused and retried")
+            await until(retrying, 20, "complete refused and retried")
             await asyncio.sleep(1.0)  # several retries, all refused
             job = await c.get_job(job_id)
             assert job.status == "running", (job.status, job.last_error, wlog.read_text())
@@ -99,7 +83,7 @@ async def test_complete_refused_by_a_full_disk_is_retried_not_failed(tmpfs, daem
             async def stored():
                 j = await c.get_job(job_id)
                 return j if j.status not in ("running", "waiting") else None
-            job = await _until(stored, 20, "result stored once space returned")
+            job = await until(stored, 20, "result stored once space returned")
             assert job.status == "succeeded", (job.status, job.last_error, wlog.read_text())
             assert job.attempts == 1, job.attempts
             assert len(job.result["pad"]) == PAD

@@ -94,6 +94,34 @@ class WorkerProc:
             return []
 
 
+async def until(check: Callable[[], Awaitable[Any]], timeout: float = WAIT_S,
+                what: str = "condition") -> Any:
+    """Poll `check()` every 50 ms until it returns something true (returned), failing the
+    test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
+        await asyncio.sleep(0.05)
+
+
+def stop_workers(started: list[WorkerProc]) -> None:
+    """Whatever a test left behind: each worker (continued if stopped) and its model trees."""
+    for w in started:
+        w.proc.send_signal(signal.SIGCONT)
+        kids = w.descendants()
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait(10)
+        for kid in kids:
+            try:
+                kid.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
 @dataclass
 class Bench:
     """What a worker test needs: the daemon, a client, the model script and a worker factory."""
@@ -111,13 +139,7 @@ class Bench:
 
     async def until(self, check: Callable[[], Awaitable[Any]], timeout: float = WAIT_S,
                     what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            got = await check()
-            if got:
-                return got
-            assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
-            await asyncio.sleep(0.05)
+        return await until(check, timeout, what)
 
     async def status_is(self, job_id: str, *statuses: str, timeout: float = WAIT_S) -> Any:
         async def check() -> Any:
@@ -190,17 +212,7 @@ async def bench(daemon_factory, tmp_path):
 
     async with Client(daemon.socket, timeout=10) as client:
         yield Bench(tmp_path, daemon, client, piddir, start_worker)
-    for w in started:  # whatever a test left behind: the worker and its model trees
-        w.proc.send_signal(signal.SIGCONT)
-        kids = w.descendants()
-        if w.proc.poll() is None:
-            w.proc.kill()
-            w.proc.wait(10)
-        for kid in kids:
-            try:
-                kid.kill()
-            except psutil.NoSuchProcess:
-                pass
+    stop_workers(started)
 
 
 async def test_end_to_end_batch_runs_once_and_p0_first(bench):
