@@ -43,9 +43,7 @@ async def _run(sup: Supervisor) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, sup.request_stop)
-    logger.info("worker %s started (roles %s, kinds %s)", sup.worker_id, ",".join(sup.roles),
-                ",".join(sorted(sup.config.kinds)), extra={"action": "worker_start"})
-    await sup.run()
+    await sup.run()  # logs "started" once it holds this id's lock
     logger.info("worker %s stopped", sup.worker_id, extra={"action": "worker_exit"})
 
 

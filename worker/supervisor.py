@@ -112,6 +112,8 @@ class Supervisor:
         claim and run jobs until stopped, and say goodbye; every model tree is gone on
         return. Raises: orphans.WorkerRunning (this id runs here already)."""
         lock = await asyncio.to_thread(orphans.lock, self._groups)
+        logger.info("worker %s started (roles %s, kinds %s)", self.worker_id, ",".join(self.roles),
+                    ",".join(sorted(self.config.kinds)), extra={"action": "worker_start"})
         try:
             await asyncio.to_thread(orphans.kill_recorded, self._groups)
             async with asyncio.TaskGroup() as tg:

@@ -82,3 +82,21 @@ def test_lock_refuses_a_second_holder(tmp_path):
         orphans.lock(folder)
     orphans.unlock(fd)
     orphans.unlock(orphans.lock(folder))
+
+
+def test_a_second_worker_with_a_live_id_refuses_before_saying_started(tmp_path):
+    """The id's lock comes first: a refused second start never logs "started"."""
+    work = tmp_path / "work"
+    cfg = tmp_path / "worker.toml"
+    cfg.write_text(f'work_dir = "{work}"\n')
+    held = orphans.lock(orphans.records_dir(str(work), "w1"))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "worker", "--worker-id", "w1", "--roles", "cpu",
+             "--config", str(cfg), "--socket", str(tmp_path / "none.sock")],
+            capture_output=True, text=True, timeout=30)
+    finally:
+        orphans.unlock(held)
+    assert proc.returncode == 2
+    assert "another process runs this worker id" in proc.stderr
+    assert "started" not in proc.stderr + proc.stdout
