@@ -95,10 +95,10 @@ def workflow(client: Any, args: argparse.Namespace) -> Outcome:
         lines += [f"  {name}: {job_id}" for name, job_id in res.jobs.items()]
         return Outcome(res, "\n".join(lines))
     if args.wf_command == "cancel":
-        wf = client.workflow_cancel(args.workflow_id)
+        wf = client.workflow_cancel(args.workflow_id, prefix=True)
         return Outcome(wf, lambda con: con.print(tree(wf), summary_text(wf)))
     if args.wf_command == "show":
-        wf: WorkflowView = client.workflow_get(args.workflow_id)
+        wf: WorkflowView = client.workflow_get(args.workflow_id, prefix=True)
         return Outcome(wf, lambda con: con.print(tree(wf), summary_text(wf)))
     res = client.workflow_list(status=args.status, limit=args.limit)
     return Outcome(res, lambda con: con.print(list_table(res.workflows)))
@@ -218,14 +218,14 @@ def add_parsers(cmd: Callable[[str, str], argparse.ArgumentParser],
                         help="a repeated key with the same graph returns the existing "
                              "workflow; with another graph it is refused")
     sub(ws, "show", "a tree of the nodes and their states").add_argument(
-        "workflow_id", metavar="ID")
+        "workflow_id", metavar="ID", help="a workflow id or a unique start of one")
     ls = sub(ws, "list", "workflows, newest first")
     ls.add_argument("--status", choices=WORKFLOW_STATUSES,
                     help="only workflows in this state")
     ls.add_argument("--limit", type=_limit, default=50, metavar="N",
                     help=f"at most N workflows, 1..{LIST_LIMIT_MAX} (default 50)")
     sub(ws, "cancel", "cancel every node that has not ended").add_argument(
-        "workflow_id", metavar="ID")
+        "workflow_id", metavar="ID", help="a workflow id or a unique start of one")
     ss = cmd("schedule", "recurring workflows: add FILE, list, rm NAME|ID").add_subparsers(
         dest="sc_command", required=True, metavar="SUBCOMMAND")
     add = sub(ss, "add", "start the file's workflow at every cron slot (UTC)")

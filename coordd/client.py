@@ -358,18 +358,21 @@ class Client:
         """Submit a whole graph (protocol.WorkflowSubmit) in one transaction."""
         return await self.call("workflow_submit", spec, WorkflowSubmitResult)
 
-    async def workflow_get(self, workflow_id: str) -> WorkflowView:
-        """One workflow with every node's state."""
-        return await self.call("workflow_get", {"workflow_id": workflow_id}, WorkflowView)
+    async def workflow_get(self, workflow_id: str, prefix: bool = False) -> WorkflowView:
+        """One workflow with every node's state (`prefix`: `workflow_id` may be the start of
+        one workflow's id)."""
+        return await self.call("workflow_get", {"workflow_id": workflow_id, "prefix": prefix},
+                               WorkflowView)
 
     async def workflow_list(self, status: str | None = None, limit: int = 100) -> WorkflowList:
         """Workflows, newest first."""
         return await self.call("workflow_list", {"status": status, "limit": limit},
                                WorkflowList)
 
-    async def workflow_cancel(self, workflow_id: str) -> WorkflowView:
-        """Cancel every node of a workflow that has not ended."""
-        return await self.call("workflow_cancel", {"workflow_id": workflow_id}, WorkflowView)
+    async def workflow_cancel(self, workflow_id: str, prefix: bool = False) -> WorkflowView:
+        """Cancel every node of a workflow that has not ended (`prefix` as in workflow_get)."""
+        return await self.call("workflow_cancel", {"workflow_id": workflow_id, "prefix": prefix},
+                               WorkflowView)
 
     async def schedule_add(self, name: str, cron: str,
                            workflow: WorkflowSubmit | dict[str, Any],

@@ -68,9 +68,11 @@ class WorkflowSubmitResult(msgspec.Struct, kw_only=True):
 
 
 class WorkflowId(msgspec.Struct, kw_only=True):
-    """`workflow_get`, `workflow_cancel`: one workflow id."""
+    """`workflow_get`, `workflow_cancel`: one workflow id; with `prefix`, `workflow_id` may
+    be the start of one workflow's id."""
 
     workflow_id: str
+    prefix: bool = False
 
 
 class ListWorkflows(msgspec.Struct, kw_only=True):

@@ -88,19 +88,31 @@ def resolve_job_id(conn: sqlite3.Connection, given: str) -> str:
         errors.NotFound: no job id is or starts with it.
         errors.BadRequest: it is empty, or several job ids start with it (a few are named).
     """
+    return resolve_prefix(conn, given, "job", SQL_JOB_EXISTS, SQL_JOB_IDS_FROM)
+
+
+def resolve_prefix(conn: sqlite3.Connection, given: str, what: str, exists_sql: str,
+                   range_sql: str) -> str:
+    """The id `given` is, or the one id it is the start of, for a table whose statements
+    `exists_sql` (the id -> a row) and `range_sql` (ids in [?1, ?2), at most ?3) are given.
+
+    Raises:
+        errors.NotFound: no id is or starts with it.
+        errors.BadRequest: it is empty, or several ids start with it (a few are named).
+    """
     if not given:
-        raise errors.BadRequest("job_id must not be empty")
-    if conn.execute(SQL_JOB_EXISTS, (given,)).fetchone() is not None:
+        raise errors.BadRequest(f"{what}_id must not be empty")
+    if conn.execute(exists_sql, (given,)).fetchone() is not None:
         return given
-    ids = [r[0] for r in conn.execute(SQL_JOB_IDS_FROM, (given, given + "\U0010ffff",
-                                                         PREFIX_MATCHES_SHOWN + 1))
+    ids = [r[0] for r in conn.execute(range_sql, (given, given + "\U0010ffff",
+                                                  PREFIX_MATCHES_SHOWN + 1))
            if r[0].startswith(given)]
     if not ids:
-        raise errors.NotFound(f"job {given} not found (no job id starts with it)")
+        raise errors.NotFound(f"{what} {given} not found (no {what} id starts with it)")
     if len(ids) > 1:
         shown = ", ".join(ids[:PREFIX_MATCHES_SHOWN])
         more = " and more" if len(ids) > PREFIX_MATCHES_SHOWN else ""
-        raise errors.BadRequest(f"job id prefix {given!r} is ambiguous: it starts {shown}"
+        raise errors.BadRequest(f"{what} id prefix {given!r} is ambiguous: it starts {shown}"
                                 f"{more}; give more characters")
     return ids[0]
 

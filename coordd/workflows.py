@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from cronsim import CronSim, CronSimError
 
-from coordd import errors, results, values
+from coordd import errors, results, values, views
 from coordd.names import check_duration, check_name
 from coordd.times import TIME_MIN_S
 from coordd.protocol import PRIORITIES
@@ -238,8 +238,15 @@ class Workflows:
         return WorkflowSubmitResult(workflow_id=wid, created=created, jobs=ids)
 
     async def get(self, p: WorkflowId) -> WorkflowView:
-        """One workflow with every node. Raises: NotFound."""
-        return await self._coord.read(_get, p.workflow_id)
+        """One workflow with every node. Raises: NotFound, BadRequest (an ambiguous
+        `prefix`)."""
+        return await self._coord.read(_get, await self._resolve(p))
+
+    async def _resolve(self, p: WorkflowId) -> str:
+        if not p.prefix:
+            return p.workflow_id
+        return await self._coord.read(views.resolve_prefix, p.workflow_id, "workflow",
+                                      wstore.SQL_WORKFLOW_EXISTS, wstore.SQL_WORKFLOW_IDS_FROM)
 
     async def list(self, p: ListWorkflows) -> WorkflowList:
         """Workflows, newest first, with node counts by status. Raises: BadRequest."""
@@ -252,9 +259,10 @@ class Workflows:
     async def cancel(self, p: WorkflowId) -> WorkflowView:
         """Cancel every node that has not ended (running ones stop at their holder's next
         renew or heartbeat); return the workflow. Raises: NotFound."""
+        workflow_id = await self._resolve(p)
         await self._coord.writer.run(
-            lambda conn, now: wstore.cancel_workflow(conn, now, p.workflow_id))
-        return await self.get(p)
+            lambda conn, now: wstore.cancel_workflow(conn, now, workflow_id))
+        return await self._coord.read(_get, workflow_id)
 
     async def schedule_add(self, p: ScheduleAdd) -> ScheduleView:
         """Add a recurring schedule; its first slot is the first after now (UTC). A name

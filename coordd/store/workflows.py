@@ -490,6 +490,11 @@ SQL_GET_WORKFLOW = (
     "SELECT workflow_id, name, status, idempotency_key, schedule_id, created_at, updated_at, "
     "finished_at, summary_json FROM workflows WHERE workflow_id = ?"
 )
+SQL_WORKFLOW_EXISTS = "SELECT 1 FROM workflows WHERE workflow_id = ?"
+# ids in [?1, ?2): ?2 is the prefix followed by U+10FFFF (coordd.views.resolve_prefix)
+SQL_WORKFLOW_IDS_FROM = (
+    "SELECT workflow_id FROM workflows WHERE workflow_id >= ?1 AND workflow_id < ?2 "
+    "ORDER BY workflow_id LIMIT ?3")
 SQL_LIST_WORKFLOWS = (
     "SELECT workflow_id, name, status, idempotency_key, schedule_id, created_at, updated_at, "
     "finished_at, summary_json FROM workflows WHERE (?1 IS NULL OR status = ?1) "

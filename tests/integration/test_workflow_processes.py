@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -321,3 +322,26 @@ async def test_schedule_slots_start_once_across_sigkill(daemon_factory):
     listed = json.loads(coordctl(d.socket, "--json", "schedule", "list").stdout)["schedules"][0]
     assert listed["fired"] == 2 and listed["last_slot"] == slots[1]
     assert listed["next_at"] > time.time() + 86400  # back to the yearly slot
+
+
+def test_workflow_show_and_cancel_take_a_unique_prefix(daemon):
+    """As `show` does for jobs: the shortest unique start of an id names the workflow; a
+    start shared by several is refused naming them."""
+    ids = [json.loads(coordctl(daemon.socket, "--json", "workflow", "submit",
+                               str(EXAMPLE)).stdout)["workflow_id"] for _ in range(3)]
+    for wf_id in ids:
+        n = next(n for n in range(1, len(wf_id) + 1)
+                 if sum(i.startswith(wf_id[:n]) for i in ids) == 1)
+        shown = coordctl(daemon.socket, "--json", "workflow", "show", wf_id[:n])
+        assert shown.returncode == 0 and json.loads(shown.stdout)["workflow_id"] == wf_id
+    common = os.path.commonprefix(ids)
+    amb = coordctl(daemon.socket, "workflow", "cancel", common)
+    assert amb.returncode == 1 and "bad_request" in amb.stderr and "ambiguous" in amb.stderr
+    assert all(i in amb.stderr for i in ids)
+    gone = coordctl(daemon.socket, "workflow", "show", "zzzz")
+    assert gone.returncode == 1 and "not_found" in gone.stderr
+    n = next(n for n in range(1, 40) if sum(i.startswith(ids[0][:n]) for i in ids) == 1)
+    cancelled = coordctl(daemon.socket, "--json", "workflow", "cancel", ids[0][:n])
+    assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["status"] == "cancelled"
+    assert json.loads(coordctl(daemon.socket, "--json", "workflow", "show",
+                               ids[1]).stdout)["status"] != "cancelled"
