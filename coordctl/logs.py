@@ -45,6 +45,7 @@ class _Printer:
     def __init__(self, stream: str | None, raw: bool) -> None:
         self.only, self.raw = stream, raw
         self.token: int | None = None
+        self.runs: dict[int, int] = {}  # attempt number -> runs seen with it (retry resets)
         self.ends: dict[tuple[int, str], int] = {}
         self.decoders: dict[tuple[int, str], Any] = {}
         self.chunks = 0
@@ -59,8 +60,10 @@ class _Printer:
         if c.token != self.token:
             self.token = c.token
             sys.stdout.flush()
-            print(f"--- attempt {c.attempt} (worker {safe(c.worker_id)}, lease token {c.token}) "
-                  "---", file=sys.stderr, flush=True)
+            seen = self.runs[c.attempt] = self.runs.get(c.attempt, 0) + 1
+            again = "" if seen == 1 else " again, after a retry"
+            print(f"--- attempt {c.attempt}{again} (worker {safe(c.worker_id)}, lease token "
+                  f"{c.token}) ---", file=sys.stderr, flush=True)
         key = (c.token, c.stream)
         out = self._out(c.stream)
         gap = c.pos - self.ends.get(key, 0)
