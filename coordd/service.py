@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import sqlite3
 from functools import partial
@@ -19,10 +18,12 @@ from typing import Any
 import msgspec
 
 from coordd import (
-    backup, cas, errors, fdlimit, gates, governor, intake, leases, store, values, views, waits,
+    backup, errors, fdlimit, gates, governor, intake, leases, store, values, views, waits,
 )
+from coordd import explain
+from coordd.maintenance import Maintenance, file_size
 from coordd.hub import Hub
-from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle, kind_absent_reason, runs_kind
+from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle
 from coordd.logs import JobLogStore
 from coordd.ids import JobIds
 from coordd.clock import Clock, anchored
@@ -31,7 +32,7 @@ from coordd.protocol import (
     Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
     CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
     GetJob, Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, MetricsResult,
-    PruneResult, Readings, ReapResult,
+    Readings, ReapResult,
     Renew, RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
     HUB_PARAMS,
 )
@@ -44,7 +45,7 @@ from coordd.metrics import Metrics, tree_bytes
 from coordd.readers import Coalesced, ReadPool
 from coordd.names import check_name
 from coordd.store import workers as wkstore
-from coordd.times import check_duration, fmt_time
+from coordd.times import check_duration
 from coordd.store import workflows as wstore
 from coordd.workflows import Workflows
 from coordd.writer import Writer
@@ -52,8 +53,6 @@ from coordd.writer import Writer
 logger = logging.getLogger(__name__)
 
 LIST_LIMIT_MAX = 1000
-ARTIFACT_GRACE_S = 3600.0  # an unreferenced artifact file younger than this is kept
-MAINTENANCE_PAUSE_MAX_S = 0.1  # the longest pause after one maintenance step
 
 
 class Coordinator:
@@ -93,7 +92,8 @@ class Coordinator:
         self.governor = governor.Governor(config, self._policies, self.meters, self._read)
         self.flows = Workflows(self)
         self._status = Coalesced(self._status_now)  # many pollers share one read
-        self._maintenance_pause = asyncio.Event()  # never set: pauses run to their end
+        self.maintenance = Maintenance(self)
+        self.prune = self.maintenance.prune  # the `prune` method (coordd.maintenance)
         self.hub = Hub(self.writer, self._read, config, self.clock)
         for method in HUB_PARAMS:  # the hub's RPC methods are served by coordd.hub
             setattr(self, method, getattr(self.hub, method))
@@ -340,63 +340,6 @@ class Coordinator:
         self.meters.set_status(st, self.writer.queue_depth, self.artifact_bytes)
         return MetricsResult(text=self.meters.render())
 
-    async def prune(self, p: Empty | None = None, now: float | None = None) -> PruneResult:
-        """Delete terminal jobs finished more than `retention_s` before `now` (default:
-        coordd's clock at each batch) with their events and unreferenced artifact rows,
-        in batches of `store.PRUNE_BATCH` (one transaction each), then hand the free
-        pages back to the file system (`incremental_vacuum`, bounded per transaction)
-        and checkpoint the WAL so the file shrinks. Expired hub messages, and processed
-        ones and broadcasts past `message_retention_s`, go first too (Hub.purge), and agents
-        not heard from for `message_retention_s` are forgotten (Hub.purge_agents). Then
-        delete the artifact files nothing refers to any more and that are older than
-        ARTIFACT_GRACE_S (coordd.cas.sweep): a file a worker has stored but not yet
-        recorded is fresh, and kept. An ended workflow's row goes once its last job has.
-        """
-        retention = self.config.retention_s
-        pruned = artifacts = 0
-        while True:
-            n, a = await self._maintenance_step(lambda conn, wall: store.prune_batch(
-                conn, (wall if now is None else now) - retention, store.PRUNE_BATCH))
-            pruned, artifacts = pruned + n, artifacts + a
-            if n < store.PRUNE_BATCH:
-                break
-        while await self._maintenance_step(lambda conn, wall: wstore.prune_workflows(
-                conn, (wall if now is None else now) - retention)) == wstore.PRUNE_BATCH:
-            pass  # ended workflows whose last job just went
-        messages = await self.hub.purge(now)
-        agents = await self.hub.purge_agents(now)
-        free = await self._maintenance_step(lambda conn, _now: store.vacuum_step(conn))
-        while free:
-            left = await self._maintenance_step(lambda conn, _now: store.vacuum_step(conn))
-            if left >= free:
-                break  # nothing more comes free
-            free = left
-        if pruned or messages or agents:
-            await self.writer.checkpoint()
-            logger.info("pruned %d terminal job(s) past retention, %d message(s) and %d "
-                        "agent(s)", pruned, messages, agents, extra={
-                            "action": "prune", "n": pruned, "messages": messages,
-                            "agents": agents})
-        await self.writer.run(lambda conn, _now: store.optimize(conn))
-        refs = await self._read_heavy(views.artifact_refs)
-        before = (self.clock.wall() if now is None else now) - ARTIFACT_GRACE_S
-        files = await asyncio.to_thread(cas.sweep, self.artifact_dir, set(refs), before)
-        self.artifact_bytes = await asyncio.to_thread(tree_bytes, self.artifact_dir)
-        return PruneResult(pruned=pruned, artifacts=artifacts, free_pages=free,
-                           db_bytes=_file_size(self.db_path), artifact_files=files,
-                           messages=messages, agents=agents)
-
-    async def _maintenance_step(self, op: Any) -> Any:
-        """Run one short maintenance transaction, then pause as long as it took (coordd's
-        monotonic clock): a long prune takes at most about half of the writer's time,
-        and most claims meet no maintenance step in their batch."""
-        started = self.clock.mono()
-        result = await self.writer.run(op)
-        took = self.clock.mono() - started
-        if took > 0:
-            await self.clock.wait(self._maintenance_pause, min(took, MAINTENANCE_PAUSE_MAX_S))
-        return result
-
     # ------------------------------------------------------------ reads
 
     async def status(self, p: Empty | None = None) -> StatusReply:
@@ -413,7 +356,7 @@ class Coordinator:
         workers, live, leases, jobs, waiting, oldest = await self._read(
             views.status_counts, now, self.config.heartbeat_stale_s)
         prunable = await self._read(views.prunable, now - self.config.retention_s)
-        db_bytes, wal_bytes = _file_size(self.db_path), _file_size(self.db_path + "-wal")
+        db_bytes, wal_bytes = file_size(self.db_path), file_size(self.db_path + "-wal")
         warnings = []
         if db_bytes > self.config.warn_db_bytes:
             warnings.append(f"database is {db_bytes} bytes (> warn_db_bytes "
@@ -514,7 +457,17 @@ class Coordinator:
         return await self.flows.submit(p)
 
     async def workflow_get(self, p: WorkflowId) -> WorkflowView:
-        return await self.flows.get(p)
+        """The workflow (coordd.workflows); a waiting node's `reason` says why it is not
+        running, as `show` does for a job."""
+        wf = await self.flows.get(p)
+        waiting = [n for n in wf.nodes if n.status == "waiting"]
+        if waiting:
+            now = self.clock.wall()
+            workers, states = await self._read(views.list_workers), await self.lifecycle.states()
+            for n in waiting:
+                job = await self._read(views.get_job, now, n.job_id, self.config.aging_interval_s)
+                n.reason = self._explain_with(job, now, workers, states)
+        return wf
 
     async def workflow_list(self, p: ListWorkflows) -> WorkflowList:
         return await self.flows.list(p)
@@ -545,33 +498,8 @@ class Coordinator:
 
     def _explain_with(self, job: JobView, now: float, workers: list[Any],
                       states: dict[str, wkstore.WorkerState]) -> str:
-        """Say why a waiting job is not running: backoff, no live worker with its role or
-        its kind, or which gate (with the job's own gate overrides) refuses on which
-        worker, with the reading."""
-        if job.run_at > now:
-            what = "backoff" if job.attempts else "scheduled"
-            return f"{what} until {fmt_time(job.run_at)}"
-        live = [w for w in workers if job.required_role in w[1]
-                and now - w[3] <= self.config.heartbeat_stale_s
-                and (w[0] not in states or states[w[0]].offline_at is None)]
-        if not live:
-            return f"no live worker with role {job.required_role}"
-        runners = [w for w in live if runs_kind(states.get(w[0]), job.kind)]
-        if not runners:
-            return kind_absent_reason(job.kind, [w[0] for w in live], states)
-        live = runners
-        try:
-            policy = gates.merge(self._policies[job.priority], job.gates)
-        except msgspec.ValidationError:
-            policy = self._policies[job.priority]
-        refused = []
-        for worker_id, _roles, readings, hb_at, _n in live:
-            refusals = gates.evaluate(policy, readings)
-            if not refusals:
-                return "runnable: waiting for a worker to claim it"
-            detail = "; ".join(d for _, d in refusals)
-            refused.append(f"gate {detail} on {worker_id} (checked {fmt_time(hb_at)})")
-        return "; ".join(refused)
+        return explain.why_waiting(job, now, workers, states, self._policies,
+                                   self.config.heartbeat_stale_s)
 
 
 def _truncate(text: str, limit: int) -> str:
@@ -580,10 +508,3 @@ def _truncate(text: str, limit: int) -> str:
     if len(text) > limit:
         text = text[:limit] + f"... [truncated {len(text) - limit} chars]"
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _file_size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0

@@ -325,8 +325,8 @@ async def test_schedule_slots_start_once_across_sigkill(daemon_factory):
 
 
 def test_workflow_show_and_cancel_take_a_unique_prefix(daemon):
-    """As `show` does for jobs: the shortest unique start of an id names the workflow; a
-    start shared by several is refused naming them."""
+    """As `show` does for jobs: the shortest unique start of an id names the workflow (and
+    a waiting node says why it waits); a start shared by several is refused naming them."""
     ids = [json.loads(coordctl(daemon.socket, "--json", "workflow", "submit",
                                str(EXAMPLE)).stdout)["workflow_id"] for _ in range(3)]
     for wf_id in ids:
@@ -334,6 +334,11 @@ def test_workflow_show_and_cancel_take_a_unique_prefix(daemon):
                  if sum(i.startswith(wf_id[:n]) for i in ids) == 1)
         shown = coordctl(daemon.socket, "--json", "workflow", "show", wf_id[:n])
         assert shown.returncode == 0 and json.loads(shown.stdout)["workflow_id"] == wf_id
+        waiting = [n for n in json.loads(shown.stdout)["nodes"] if n["status"] == "waiting"]
+        assert waiting and all(n["reason"] == f"no live worker with role {n['required_role']}"
+                               for n in waiting)  # why a waiting node is not running
+    assert "no live worker with role" in coordctl(daemon.socket, "workflow", "show",
+                                                  ids[0]).stdout
     common = os.path.commonprefix(ids)
     amb = coordctl(daemon.socket, "workflow", "cancel", common)
     assert amb.returncode == 1 and "bad_request" in amb.stderr and "ambiguous" in amb.stderr

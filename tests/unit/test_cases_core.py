@@ -16,7 +16,7 @@ from coordd.protocol import (
     ADMIN_METHODS, PARAMS, Complete, Empty, Enqueue, Fail, JobId, ListJobs, Renew,
 )
 from coordd.reaper import Reaper
-from coordd.service import fmt_time
+from coordd.times import fmt_time
 
 KiB = 1024
 MiB = 1024 * KiB

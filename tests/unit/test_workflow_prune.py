@@ -105,4 +105,5 @@ async def test_summary_reasons_for_cancel_and_no_stale_reason_after_retry(bundle
                                  error="boom", retryable=False))
     assert (await bundle.coord.retry(JobId(job_id=sub.jobs["a"]))).status == "waiting"
     wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
-    assert [(n.name, n.status, n.reason) for n in wf.nodes][0] == ("a", "waiting", None)
+    assert [(n.name, n.status, n.reason) for n in wf.nodes][0] == (  # why it waits, not "boom"
+        "a", "waiting", "runnable: waiting for a worker to claim it")

@@ -1,0 +1,55 @@
+"""Why a waiting job is not running, in plain words: the one explainer behind `show`,
+`list`, `workflow show` (and any other view that says why a job waits).
+
+The claim decides with the same rules (coordd.gates, coordd.lifecycle); this module only
+words them for a person.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from coordd import gates
+from coordd.lifecycle import kind_absent_reason, runs_kind
+from coordd.protocol import JobView
+from coordd.store import workers as wkstore
+from coordd.times import fmt_time
+
+
+def why_waiting(job: JobView, now: float, workers: list[Any],
+                states: dict[str, wkstore.WorkerState], policies: dict[int, Any],
+                stale_s: float) -> str:
+    """Say why waiting `job` is not running at `now` (Unix s): backoff or a later run_at, no
+    live worker with its role or its kind, or which gate (with the job's own gate
+    overrides) refuses on which worker, with the reading.
+
+    `workers`: rows (worker_id, roles, readings, heartbeat_at, n) as
+    coordd.views.list_workers returns them; `states`: the workers' lifecycle states;
+    `policies`: the gate policy per priority; `stale_s`: a heartbeat older than this is not
+    live.
+    """
+    if job.run_at > now:
+        what = "backoff" if job.attempts else "scheduled"
+        return f"{what} until {fmt_time(job.run_at)}"
+    live = [w for w in workers if job.required_role in w[1]
+            and now - w[3] <= stale_s
+            and (w[0] not in states or states[w[0]].offline_at is None)]
+    if not live:
+        return f"no live worker with role {job.required_role}"
+    runners = [w for w in live if runs_kind(states.get(w[0]), job.kind)]
+    if not runners:
+        return kind_absent_reason(job.kind, [w[0] for w in live], states)
+    try:
+        policy = gates.merge(policies[job.priority], job.gates)
+    except msgspec.ValidationError:
+        policy = policies[job.priority]
+    refused = []
+    for worker_id, _roles, readings, hb_at, _n in runners:
+        refusals = gates.evaluate(policy, readings)
+        if not refusals:
+            return "runnable: waiting for a worker to claim it"
+        detail = "; ".join(d for _, d in refusals)
+        refused.append(f"gate {detail} on {worker_id} (checked {fmt_time(hb_at)})")
+    return "; ".join(refused)
