@@ -45,6 +45,8 @@ from coordd.metrics import Metrics, tree_bytes
 from coordd.readers import Coalesced, ReadPool
 from coordd.names import check_name
 from coordd.store import workers as wkstore
+from coordd import resources
+from coordd.store import resources as resstore
 from coordd.times import check_duration
 from coordd.store import workflows as wstore
 from coordd.workflows import Workflows
@@ -123,6 +125,12 @@ class Coordinator:
         except BaseException:
             await self.close()
             raise
+        if await self._read(resstore.any_request):
+            self.resources_seen()
+
+    def resources_seen(self) -> None:
+        """A job asked for resources: claims check requests from now on (coordd.admission)."""
+        self._claim_policy.resources_seen = True
 
     async def close(self) -> None:
         """Close the readers, then drain and close the writer (whose close folds the WAL
@@ -420,6 +428,7 @@ class Coordinator:
         now = self.clock.wall()
         out = []
         states, gov = await self.lifecycle.states(), await self.governor.worker_notes()
+        grants, reserved = await self.governor.resource_books()
         for worker_id, roles, readings, hb_at, n in await self._read(views.list_workers):
             age = now - hb_at
             state = states.get(worker_id, wkstore.WorkerState())
@@ -433,7 +442,9 @@ class Coordinator:
                                   verdicts=verdicts, notes=views.reading_notes(readings) + gov[worker_id],
                                   active_leases=n, kinds=state.kinds,
                                   broken_kinds=state.broken_kinds,
-                                  incarnation=state.incarnation, offline_at=state.offline_at))
+                                  incarnation=state.incarnation, offline_at=state.offline_at,
+                                  resources=resources.summary(readings, grants.get(worker_id, ()),
+                                                              reserved.get(worker_id, ()))))
         return WorkersResult(workers=out)
 
     async def check(self, p: Empty | None = None) -> dict[str, Any]:
