@@ -291,9 +291,9 @@ class Supervisor:
                 run.finished.set()
                 renewer.cancel()
                 self._runs.pop(run.job_id, None)
-                if resources.holds_gpu(run.job):  # coordd must see the freed VRAM first
-                    self._last_heartbeat = None
                 self._wake.set()
+        if resources.holds_gpu(run.job) and not self._stop.is_set():
+            await self.heartbeat_once()  # the freed VRAM, seen now: a parked claim wakes
 
     async def _kill(self, run: JobRun) -> None:
         if run.proc is not None:

@@ -34,7 +34,7 @@ MODEL = textwrap.dedent("""
 @pytest.fixture
 async def gpu_box(daemon_factory, tmp_path):
     """A coordd, a client, the fake NVML's state setter and a worker starter."""
-    daemon = daemon_factory("reaper_interval_s = 0.3\nheartbeat_stale_s = 5\n")
+    daemon = daemon_factory("reaper_interval_s = 0.3\nheartbeat_stale_s = 10\n")
     daemon.start()
     state = tmp_path / "nvml.json"
     readings = tmp_path / "readings.json"
@@ -47,11 +47,11 @@ async def gpu_box(daemon_factory, tmp_path):
         state.write_text(json.dumps({"gpus": [{"total_mb": t, "used_mb": u, "temp": 50}
                                               for t, u in gpus]}))
 
-    def start_worker(slots: int = 2, extra: str = "") -> WorkerProc:
+    def start_worker(slots: int = 2, extra: str = "", heartbeat_s: float = 0.3) -> WorkerProc:
         work_dir = tmp_path / "work"
         cfg = tmp_path / "w1.toml"
         cfg.write_text(
-            f"lease_s = 5\nheartbeat_interval_s = 0.3\ngrace_s = 0.5\nstop_timeout_s = 5\n"
+            f"lease_s = 5\nheartbeat_interval_s = {heartbeat_s}\ngrace_s = 0.5\nstop_timeout_s = 5\n"
             f"claim_interval_s = 0.1\nwork_dir = {json.dumps(str(work_dir))}\n{extra}\n"
             f"[kinds.g]\nargv = {json.dumps([sys.executable, str(model)])}\nslots = {slots}\n")
         env = {**os.environ, "FAKE_NVML_STATE": str(state),
@@ -120,7 +120,7 @@ async def test_two_jobs_whose_requests_exceed_the_box_never_run_at_once(gpu_box,
     start_worker(slots=2, extra="[resources]\nram_mb = 3000\n")  # two slots of the kind
     log = tmp / "runs.log"
     need = {"vram_mb": 10000} if what == "vram" else {"ram_mb": 2000}
-    jobs = [await enqueue(client, log, 0.6, **need) for _ in range(3)]
+    jobs = [await enqueue(client, log, 0.4, **need) for _ in range(3)]
 
     async def all_done() -> Any:
         return all([(await client.get_job(j)).status == "succeeded" for j in jobs])
@@ -143,3 +143,18 @@ async def test_without_nvidia_the_worker_advertises_zero_gpus_with_the_reason(gp
     await until(refused, what="the no-GPU refusal")
     w = (await client.workers()).workers[0]
     assert w.readings["gpus"] == 0 and "Driver Not Loaded" in w.readings["gpu_reason"]
+
+
+async def test_the_next_gpu_job_starts_when_one_ends_not_at_the_next_heartbeat(gpu_box):
+    client, set_gpus, start_worker, tmp = gpu_box
+    set_gpus((16000, 0))
+    start_worker(slots=2, heartbeat_s=4.0)  # its parked claim would wait for a heartbeat
+    log = tmp / "runs.log"
+    jobs = [await enqueue(client, log, 0.3, vram_mb=10000) for _ in range(3)]
+
+    async def all_done() -> Any:
+        return all([(await client.get_job(j)).status == "succeeded" for j in jobs])
+    await until(all_done, timeout=30, what="all three jobs")
+    runs = sorted(json.loads(line)[:2] for line in log.read_text().splitlines())
+    gaps = [b_start - a_end for (_, a_end), (b_start, _) in zip(runs, runs[1:])]
+    assert all(0 <= g < 1.5 for g in gaps), gaps  # the heartbeat after a GPU job's end
