@@ -75,27 +75,27 @@ class Governor:
                 "gpu_ids": list(grant.gpu_ids), "vram_mb": grant.vram_mb, "ram_mb": grant.ram_mb}
         if job.status != "waiting":
             return
-        if req is not None and (job.waiting_reason or "").startswith("runnable"):
-            job.waiting_reason = await self._short_of(job, req)
         held = await self._read(govstore.reservation_of, job.job_id)
         if held is not None and held[3] > now:
             job.waiting_reason = (f"reserved on {held[0]}: waiting for P{held[2]} job "
                                   f"{held[1]} to vacate (until {fmt_time(held[3])})")
+        elif req is not None:
+            await self.explain_resources([job], await self._read(views.list_workers))
 
-    async def _short_of(self, job: JobView, req: Any) -> str:
-        """What a runnable job with a request waits for: each worker of its role's
-        shortfall (`vram: need 8000 MiB, 3100 free on gpu1 of W`)."""
+    async def explain_resources(self, jobs: list[JobView], workers: list[Any]) -> None:
+        """For the waiting jobs the gates call runnable that ask for resources, say which
+        resource is short on which worker (coordd.resources.shortfall)."""
+        runnable = [j for j in jobs if (j.waiting_reason or "").startswith("runnable")]
+        if not runnable:
+            return
+        reqs = await self._read(resstore.requests_of, [j.job_id for j in runnable])
+        if not reqs:
+            return
         grants = await self._read(resstore.all_grants)
-        short = []
-        for worker_id, roles, readings, _at, _n in await self._read(views.list_workers):
-            if job.required_role not in roles:
-                continue
-            got = resources.fit(readings, req, grants.get(worker_id, ()))
-            if not isinstance(got, str):
-                return "runnable: waiting for a worker to claim it (its resources fit)"
-            short.append(f"{got} on {worker_id}")
-        return "waiting for resources: " + "; ".join(short) if short else \
-            "runnable: waiting for a worker to claim it"
+        for j in runnable:
+            if j.job_id in reqs:
+                why = resources.shortfall(j.required_role, reqs[j.job_id], workers, grants)
+                j.waiting_reason = why or j.waiting_reason
 
     async def resource_books(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
         """(worker_id -> grants of its leases, worker_id -> requests its reservations

@@ -131,6 +131,23 @@ def fit(readings: dict[str, Any], need: Request, held: Iterable[Grant]) -> Grant
                  ram_mb=need.ram_mb)
 
 
+def shortfall(role: str, need: Request, workers: Iterable[tuple[Any, ...]],
+              grants: dict[str, list[Grant]]) -> str | None:
+    """Why a runnable job of `role` needing `need` waits: each such worker's shortfall
+    (`waiting for resources: vram: need 8000 MiB, 3100 free on gpu1 on W`), or None when
+    one has room. `workers` are (worker_id, roles, readings, ...) rows."""
+    short = []
+    for worker_id, roles, readings, *_ in workers:
+        if role not in roles:
+            continue
+        got = fit(readings if isinstance(readings, dict) else {}, need,
+                  grants.get(worker_id, ()))
+        if not isinstance(got, str):
+            return None
+        short.append(f"{got} on {worker_id}")
+    return "waiting for resources: " + "; ".join(short) if short else None
+
+
 def _free(gpu: Gpu, held: list[Grant]) -> float:
     """VRAM free on `gpu`: its total less what leases were granted there, and no more than
     its live reading shows."""

@@ -421,6 +421,7 @@ class Coordinator:
             for j in jobs:
                 if j.status == "waiting":
                     j.waiting_reason = self._explain_with(j, now, workers, states)
+            await self.governor.explain_resources(jobs, workers)  # vram: need ... on W
         return JobList(jobs=jobs, next_after=jobs[-1].job_id if len(jobs) == limit else None)
 
     async def workers(self, p: Empty | None = None) -> WorkersResult:

@@ -31,6 +31,10 @@ SQL_INSERT_REQUEST = (
     "INSERT OR REPLACE INTO job_resources (job_id, gpus, vram_mb, ram_mb) VALUES (?, ?, ?, ?)"
 )
 SQL_REQUEST_OF = "SELECT gpus, vram_mb, ram_mb FROM job_resources WHERE job_id = ?"
+SQL_REQUESTS_OF = (  # ?1: a JSON list of job ids
+    "SELECT job_id, gpus, vram_mb, ram_mb FROM job_resources "
+    "WHERE job_id IN (SELECT value FROM json_each(?1))"
+)
 SQL_ANY_REQUEST = "SELECT 1 FROM job_resources LIMIT 1"
 SQL_KIND_OF = "SELECT kind FROM jobs WHERE job_id = ?"
 SQL_SET_GRANT = "UPDATE leases SET gpu_ids = ?, vram_mb = ?, ram_mb = ? WHERE job_id = ?"
@@ -55,6 +59,13 @@ def request_of(conn: sqlite3.Connection, job_id: str) -> Request | None:
     """The job's own request, or None."""
     row = conn.execute(SQL_REQUEST_OF, (job_id,)).fetchone()
     return None if row is None else Request(gpus=row[0], vram_mb=row[1], ram_mb=row[2])
+
+
+def requests_of(conn: sqlite3.Connection, job_ids: list[str]) -> dict[str, Request]:
+    """job_id -> request, for those of `job_ids` that have one."""
+    text = msgspec.json.encode(job_ids).decode()
+    return {job_id: Request(gpus=g, vram_mb=v, ram_mb=r)
+            for job_id, g, v, r in conn.execute(SQL_REQUESTS_OF, (text,))}
 
 
 def any_request(conn: sqlite3.Connection) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from coordd import errors, resources
-from coordd.protocol import Heartbeat, JobId
+from coordd.protocol import Heartbeat, JobId, ListJobs
 from coordd.resources import Grant, Request
 from tests.conftest import COOL
 
@@ -101,6 +101,8 @@ async def test_a_job_needing_more_vram_than_is_free_waits_with_the_reason(bundle
     assert view.resources == {"gpus": 1, "vram_mb": 8000, "ram_mb": 0}
     assert view.waiting_reason == ("waiting for resources: vram: need 8000 MiB, "
                                    "3100 free on gpu0 on w1")
+    listed = (await bundle.coord.list_jobs(ListJobs(status="waiting"))).jobs
+    assert [j.waiting_reason for j in listed] == [view.waiting_reason]
     await beat(bundle, **box(gpu(0, 16000, 7000)))  # the other process let go of VRAM
     got = await bundle.claim("w1")
     assert got.job.job_id == job and got.job.gpu_ids == [0]
