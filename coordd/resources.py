@@ -131,6 +131,23 @@ def fit(readings: dict[str, Any], need: Request, held: Iterable[Grant]) -> Grant
                  ram_mb=need.ram_mb)
 
 
+def fits_without(readings: dict[str, Any], need: Request, held: list[Grant],
+                 freed: Grant | None) -> bool:
+    """Whether `need` fits once the run holding `freed` is gone: its grant off the books
+    and its VRAM off the live reading (for preemption's victim choice)."""
+    if freed is not None and freed.gpu_ids:
+        devices = []
+        for d in readings.get("gpu_devices") or ():
+            if isinstance(d, dict) and d.get("index") in freed.gpu_ids:
+                used, total = _num(d.get("memory_used_mb")), _num(d.get("memory_total_mb"))
+                if used is not None and total is not None:
+                    d = {**d, "memory_used_mb": max(0.0, used - (freed.vram_mb or total))}
+            devices.append(d)
+        readings = {**readings, "gpu_devices": devices}
+    rest = [g for g in held if g is not freed]
+    return not isinstance(fit(readings, need, rest), str)
+
+
 def shortfall(role: str, need: Request, workers: Iterable[tuple[Any, ...]],
               grants: dict[str, list[Grant]]) -> str | None:
     """Why a runnable job of `role` needing `need` waits: each such worker's shortfall

@@ -42,6 +42,7 @@ SQL_GRANT_OF = "SELECT gpu_ids, vram_mb, ram_mb FROM leases WHERE job_id = ?"
 _GRANTED = "(gpu_ids IS NOT NULL OR ram_mb IS NOT NULL)"
 SQL_HELD_GRANTS = f"SELECT gpu_ids, vram_mb, ram_mb FROM leases WHERE worker_id = ? AND {_GRANTED}"
 SQL_ALL_GRANTS = f"SELECT worker_id, gpu_ids, vram_mb, ram_mb FROM leases WHERE {_GRANTED}"
+SQL_GRANTS_BY_JOB = f"SELECT job_id, gpu_ids, vram_mb, ram_mb FROM leases WHERE {_GRANTED}"
 SQL_RESERVED_REQUESTS = (  # what the reservations still promised ask for, by worker
     "SELECT r.worker_id, q.gpus, q.vram_mb, q.ram_mb FROM reservations r "
     "JOIN job_resources q ON q.job_id = r.job_id JOIN jobs j ON j.job_id = r.job_id "
@@ -107,6 +108,11 @@ def all_grants(conn: sqlite3.Connection) -> dict[str, list[Grant]]:
     for worker_id, *row in conn.execute(SQL_ALL_GRANTS):
         out.setdefault(worker_id, []).append(_grant(*row))
     return out
+
+
+def grants_by_job(conn: sqlite3.Connection) -> dict[str, Grant]:
+    """job_id -> what its lease holds, for every lease that holds something."""
+    return {job_id: _grant(*row) for job_id, *row in conn.execute(SQL_GRANTS_BY_JOB)}
 
 
 def reserved_requests(conn: sqlite3.Connection) -> dict[str, list[Request]]:

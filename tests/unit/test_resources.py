@@ -202,3 +202,28 @@ async def test_a_restarted_coordd_still_checks_stored_requests(make_bundle, tmp_
         assert coord._claim_policy.resources_seen is True
     finally:
         await coord.close()
+
+
+async def test_a_p0_needing_vram_preempts_the_p3_run_holding_it(make_bundle):
+    bundle = await make_bundle(preempt_min_runtime_s=30, reservation_s=60)
+    slots = {"slots_total": 4, "slots": {"k": 4}}  # room by slots: only the GPU is full
+    await beat(bundle, **box(gpu(0, 16000, 0)), **slots)
+    p3 = await bundle.enqueue(priority=3, resources={"vram_mb": 12000})
+    held = await bundle.claim("w1", lease_s=300)
+    assert held.job.job_id == p3
+    bundle.clock.advance(40)
+    p0 = await bundle.enqueue(priority=0, resources={"vram_mb": 8000})
+    cpu = await bundle.enqueue(priority=0)  # fits now: not a reason to preempt
+    reply = await beat(bundle, **box(gpu(0, 16000, 12500)), **slots)
+    act = {a.job_id: (a.action, a.reason) for a in reply.actions}[p3]
+    assert act[0] == "vacate" and act[1].startswith(f"preempted_by {p0}")
+    assert (await bundle.claim("w1")).detail.startswith(f"reserved for job {p0}: vram")
+    from coordd.protocol_workers import Release
+    await bundle.coord.release(Release(job_id=p3, worker_id="w1", token=held.lease.token,
+                                       reason="vacated"))
+    await beat(bundle, **box(gpu(0, 16000, 300)), **slots)  # its memory is free now
+    got = await bundle.claim("w1")
+    assert got.job.job_id == p0 and got.job.gpu_ids == [0]
+    assert (await bundle.claim("w1")).job.job_id == cpu
+    back = await bundle.coord.get_job(JobId(job_id=p3))
+    assert back.status == "waiting" and back.attempts == 0 and back.preemptions == 1
