@@ -97,3 +97,8 @@ def _optional(nvml: Any, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except nvml.NVMLError:
         return None
+
+
+if __name__ == "__main__":  # `python -m worker.gpu`: what this machine's heartbeat would say
+    import json
+    print(json.dumps(GpuProbe().read(), indent=2))
