@@ -227,3 +227,22 @@ async def test_a_p0_needing_vram_preempts_the_p3_run_holding_it(make_bundle):
     assert (await bundle.claim("w1")).job.job_id == cpu
     back = await bundle.coord.get_job(JobId(job_id=p3))
     assert back.status == "waiting" and back.attempts == 0 and back.preemptions == 1
+
+
+async def test_a_workflow_node_names_resources_like_a_job(bundle):
+    import msgspec
+    from coordd.protocol_workflows import WorkflowSubmit
+    spec = msgspec.convert({"name": "g", "nodes": [
+        {"name": "a", "kind": "k", "required_role": "cpu", "resources": {"vram_mb": 9000}}]},
+        WorkflowSubmit)
+    await beat(bundle, **box(gpu(0, 8000, 0)))
+    sub = await bundle.coord.workflow_submit(spec)
+    refused = await bundle.claim("w1")
+    assert refused.job is None and refused.detail == "vram: need 9000 MiB, 8000 free on gpu0"
+    await beat(bundle, **box(gpu(0, 16000, 0)))
+    assert (await bundle.claim("w1")).job.job_id == sub.jobs["a"]
+    bad = msgspec.convert({"name": "h", "nodes": [
+        {"name": "b", "kind": "k", "required_role": "cpu", "resources": {"vram_mb": -1}}]},
+        WorkflowSubmit)
+    with pytest.raises(errors.BadRequest, match=r"node 'b': resources\.vram_mb must be"):
+        await bundle.coord.workflow_submit(bad)
