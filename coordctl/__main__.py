@@ -144,6 +144,8 @@ def build_parser() -> Parser:
     e.add_argument("--max-runtime", type=_positive(float), metavar="S",
                    help="coordd refuses renewals past this many seconds of running")
     e.add_argument("--gates", metavar="JSON|@FILE", help="gate policy overrides for this job")
+    e.add_argument("--resources", metavar="JSON|@FILE",
+                   help='what the job needs, e.g. \'{"gpus": 1, "vram_mb": 8000, "ram_mb": 2000}\'')
     e.add_argument("--batch", metavar="FILE.jsonl",
                    help="one Enqueue object per line (kind, required_role, priority, payload,"
                         " ...); flags above fill fields a line omits; '-' = stdin")

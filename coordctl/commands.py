@@ -152,6 +152,8 @@ def _job_fields(args: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(gates, dict):
             raise UsageError("--gates must be a JSON object, e.g. '{\"max_memory_pct\": 70}'")
         fields["gates"] = gates
+    if args.resources is not None:
+        fields["resources"] = parse_json_arg(args.resources, "--resources")
     if args.run_at is not None:
         fields["run_at"] = parse_time_arg(args.run_at)
     elif args.delay is not None:  # coordd adds it to its own clock

@@ -236,6 +236,9 @@ def job(console: Console, j: JobView) -> None:
         when = left if left.startswith("EXPIRED") else f"expires in {left}"
         t.add_row("lease", f"worker {j.lease.worker_id}, token {j.lease.token}, "
                            f"granted {fmt_time(j.lease.granted_at)}, {when}")
+    if j.resources:
+        t.add_row("resources", fmt_request(j.resources)
+                  + (f" (granted: {fmt_request(j.granted)})" if j.granted else ""))
     gov = j.lease.governance if j.lease is not None else None
     if gov is not None:
         t.add_row("governance", f"vacating ({gov.vacate_reason})" if gov.vacate_reason
@@ -294,6 +297,44 @@ def workers(console: Console, res: WorkersResult) -> None:
         for note in w.notes:  # coordd.governance: suspended or vacating jobs
             if note.startswith("governance: "):
                 console.print(f"{w.worker_id}: job {note.removeprefix('governance: ')}")
+        for line in resource_lines(w.resources):
+            console.print(f"{w.worker_id}: {line}")
+
+
+def fmt_request(r: dict[str, Any]) -> str:
+    """`gpus 1 (gpu0), vram 8000 MiB each, ram 2000 MiB` for a request or a grant."""
+    gpus = r.get("gpus") or len(r.get("gpu_ids") or ())
+    ids = ",".join(f"gpu{i}" for i in r.get("gpu_ids") or ())
+    parts = [f"gpus {gpus}" + (f" ({ids})" if ids else "")] if gpus else []
+    if r.get("vram_mb"):
+        parts.append(f"vram {r['vram_mb']} MiB each")
+    elif gpus:
+        parts.append("whole")
+    if r.get("ram_mb"):
+        parts.append(f"ram {r['ram_mb']} MiB")
+    return ", ".join(parts) or "none"
+
+
+def resource_lines(res: dict[str, Any]) -> list[str]:
+    """`workers`' lines for a worker's GPUs, RAM and reservations (coordd.resources.summary)."""
+    def mib(v: Any) -> str:
+        return "?" if v is None else f"{v:.0f}"
+    out = []
+    for g in res.get("gpus", ()):
+        temp = g.get("temperature_c")
+        util = g.get("utilization_pct")
+        out.append(f"gpu{g['index']}: {mib(g.get('memory_used_mb'))}/"
+                   f"{mib(g.get('memory_total_mb'))} MiB used, {mib(g.get('held_mb'))} held, "
+                   f"{mib(g.get('free_mb'))} free"
+                   + ("" if temp is None else f", {temp:.0f}°C")
+                   + ("" if util is None else f", {util:.0f}% busy"))
+    ram = res.get("ram")
+    if ram:
+        out.append(f"ram: {mib(ram['capacity_mb'])} MiB, {mib(ram['held_mb'])} held, "
+                   f"{mib(ram['free_mb'])} free")
+    if res.get("reserved"):
+        out.append("reserved for a waiting job: " + fmt_request(res["reserved"]))
+    return out
 
 
 def workers_table(res: WorkersResult) -> Table:

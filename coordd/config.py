@@ -83,6 +83,7 @@ a fraction as each means."""
 GATE_RANGES: dict[str, ranges.Range] = {
     "max_memory_pct": ranges.PERCENT, "max_temperature_c": ranges.Range(-273.15),
     "min_battery_pct": ranges.PERCENT, "min_user_idle_s": _S0,
+    "max_gpu_temperature_c": ranges.Range(-273.15),
 }
 
 

@@ -17,6 +17,7 @@ MEMORY_HIGH = "memory_high"
 TOO_HOT = "too_hot"
 ON_BATTERY = "on_battery"
 USER_ACTIVE = "user_active"
+GPU_TOO_HOT = "gpu_too_hot"
 HEARTBEAT_STALE = "heartbeat_stale"
 NO_MATCHING_ROLE = "no_matching_role"
 PAYLOAD_DECODE_ERROR = "payload_decode_error"
@@ -45,6 +46,9 @@ class GatePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             below the limit that closed the gate.
         critical_temperature_c: above this a running job of any priority is suspended,
             whatever `on_close` says; None disables it.
+        max_gpu_temperature_c: refuse (and, with `on_close`, hold running jobs) when the
+            hottest GPU's `gpu_temperature_c` is above this (degrees C); a machine without
+            a GPU reading passes.
     """
 
     max_memory_pct: float | None = 85.0
@@ -61,6 +65,7 @@ class GatePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     resume_after_s: float = 60.0
     temperature_hysteresis_c: float = 5.0
     critical_temperature_c: float | None = 95.0
+    max_gpu_temperature_c: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_suspend_s", "resume_after_s", "temperature_hysteresis_c"):
@@ -70,12 +75,12 @@ class GatePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 def default_policies() -> dict[int, GatePolicy]:
     """The built-in policy per priority: P0..P2 gate on memory and heat; P3 idle work also
-    needs mains power and a user idle for 5 minutes, and is suspended while a gate is
-    closed (P0..P2 run on, unless above `critical_temperature_c`)."""
+    needs mains power, a user idle for 5 minutes and GPUs at most 83 C, and is suspended
+    while a gate is closed (P0..P2 run on, unless above `critical_temperature_c`)."""
     base = GatePolicy()
     idle = GatePolicy(
         max_temperature_c=80.0, require_mains=True, min_user_idle_s=300.0,
-        power_unknown="battery", on_close="suspend",
+        power_unknown="battery", on_close="suspend", max_gpu_temperature_c=83.0,
     )
     return {0: base, 1: base, 2: base, 3: idle}
 
@@ -115,6 +120,11 @@ def evaluate(policy: GatePolicy, readings: dict[str, Any]) -> list[tuple[str, st
                 out.append((TOO_HOT, f"temperature: unavailable ({why}); policy denies"))
         elif temp > policy.max_temperature_c:
             out.append((TOO_HOT, f"temperature {temp:g} > {policy.max_temperature_c:g}"))
+    gpu_temp = _num(readings.get("gpu_temperature_c"))
+    if policy.max_gpu_temperature_c is not None and gpu_temp is not None \
+            and gpu_temp > policy.max_gpu_temperature_c:
+        out.append((GPU_TOO_HOT, f"gpu temperature {gpu_temp:g} > "
+                                 f"{policy.max_gpu_temperature_c:g}"))
     on_battery = readings.get("on_battery")
     if not isinstance(on_battery, bool):
         on_battery = None

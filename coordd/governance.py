@@ -66,6 +66,9 @@ def closed_gates(policy: GatePolicy, readings: dict[str, Any],
         if drop and policy.max_temperature_c is not None:
             strict = msgspec.structs.replace(policy,
                                              max_temperature_c=policy.max_temperature_c - drop)
+        if drop and policy.max_gpu_temperature_c is not None:
+            strict = msgspec.structs.replace(
+                strict, max_gpu_temperature_c=policy.max_gpu_temperature_c - drop)
         out = gates.evaluate(strict, readings)
     crit = policy.critical_temperature_c
     temp = gates._num(readings.get("temperature_c"))

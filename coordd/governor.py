@@ -11,13 +11,14 @@ from typing import Any
 
 import msgspec
 
-from coordd import governance, leases, preemption
+from coordd import governance, leases, preemption, resources, views
 from coordd.config import Config
 from coordd.gates import GatePolicy
 from coordd.metrics import Metrics
 from coordd.protocol import JobView, Renew, RenewResult
 from coordd.protocol_governance import JobAction
 from coordd.store import governance as govstore
+from coordd.store import resources as resstore
 from coordd.times import fmt_time
 
 
@@ -65,14 +66,42 @@ class Governor:
     async def annotate(self, job: JobView, now: float) -> None:
         """Add to a `get_job` view its lease's suspension and, for a waiting job with a
         live reservation, what it waits for."""
+        req = await self._read(resstore.request_of, job.job_id)
+        job.resources = None if req is None else msgspec.structs.asdict(req)
         if job.lease is not None:
             job.lease.governance = await self._read(govstore.lease_state, job.job_id)
+            grant = await self._read(resstore.grant_of, job.job_id)
+            job.granted = None if grant is None else {
+                "gpu_ids": list(grant.gpu_ids), "vram_mb": grant.vram_mb, "ram_mb": grant.ram_mb}
         if job.status != "waiting":
             return
         held = await self._read(govstore.reservation_of, job.job_id)
         if held is not None and held[3] > now:
             job.waiting_reason = (f"reserved on {held[0]}: waiting for P{held[2]} job "
                                   f"{held[1]} to vacate (until {fmt_time(held[3])})")
+        elif req is not None:
+            await self.explain_resources([job], await self._read(views.list_workers))
+
+    async def explain_resources(self, jobs: list[JobView], workers: list[Any]) -> None:
+        """For the waiting jobs the gates call runnable that ask for resources, say which
+        resource is short on which worker (coordd.resources.shortfall)."""
+        runnable = [j for j in jobs if (j.waiting_reason or "").startswith("runnable")]
+        if not runnable:
+            return
+        reqs = await self._read(resstore.requests_of, [j.job_id for j in runnable])
+        if not reqs:
+            return
+        grants = await self._read(resstore.all_grants)
+        for j in runnable:
+            if j.job_id in reqs:
+                why = resources.shortfall(j.required_role, reqs[j.job_id], workers, grants)
+                j.waiting_reason = why or j.waiting_reason
+
+    async def resource_books(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+        """(worker_id -> grants of its leases, worker_id -> requests its reservations
+        wait for), for `workers` (coordd.resources.summary)."""
+        return (await self._read(resstore.all_grants),
+                await self._read(resstore.reserved_requests))
 
     async def worker_notes(self) -> defaultdict[str, list[str]]:
         """worker_id -> "governance: JOB suspended since T (reason)" notes for `workers`."""

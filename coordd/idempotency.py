@@ -25,4 +25,6 @@ def request_hash(p: Enqueue, max_attempts: int, result_schema: str | None) -> st
     the same request sends the same values (coordctl's `--delay` is sent as `delay_s`)."""
     fields: list[Any] = [p.kind, p.required_role, p.priority, p.payload, p.run_at, p.delay_s,
                          max_attempts, p.max_runtime_s, p.gates or None, result_schema]
+    if p.resources:  # after the others: hashes of requests without resources are unchanged
+        fields.append(p.resources)
     return hashlib.sha256(_encode_sorted(fields)).hexdigest()

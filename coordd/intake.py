@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from coordd import errors, results, store, values
+from coordd import errors, resources, results, store, values
 from coordd.idempotency import request_hash
 from coordd.names import check_name
 from coordd.protocol import PRIORITIES, Enqueue
@@ -49,6 +49,9 @@ def new_job(coord: "Coordinator", p: Enqueue) -> store.NewJob:
     if p.gates:
         coord.check_gates(p.priority, p.gates)
         gates_json = values.encode("gates", p.gates, cfg.max_payload_bytes)
+    request = resources.parse_request(p.resources)
+    if request is not None:
+        coord.resources_seen()  # claims look at requests from now on
     schema = p.result_schema or cfg.result_schemas.get(p.kind)
     if schema is not None and schema not in results.SCHEMAS:
         raise errors.BadRequest(f"unknown result_schema {schema!r}")
@@ -58,7 +61,7 @@ def new_job(coord: "Coordinator", p: Enqueue) -> store.NewJob:
         payload_json=values.encode("payload", p.payload, cfg.max_payload_bytes),
         run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
         max_runtime_s=p.max_runtime_s, gates_json=gates_json, result_schema=schema,
-        delay_s=p.delay_s,
+        delay_s=p.delay_s, resources=request,
         request_sha256=(None if p.idempotency_key is None
                         else request_hash(p, max_attempts, schema)))
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import errors, gates, preemption, results
+from coordd import admission, errors, gates, preemption, resources, results
 from coordd.protocol import (
     ArtifactRef, ClaimedJob, ClaimResult, CompleteResult, LeaseGrant, RenewResult, StatusResult,
 )
@@ -30,6 +30,7 @@ from coordd.store import (
 )
 from coordd.store import workers as wkstore
 from coordd.store.governance import SQL_DELETE_RESERVATION
+from coordd.store.resources import grant_of
 from coordd.store import workflows
 from coordd.times import fmt_time
 
@@ -43,6 +44,7 @@ class ClaimPolicy(msgspec.Struct, kw_only=True):
     policies: dict[int, Any]  # priority -> coordd.gates.GatePolicy
     heartbeat_stale_s: float
     aging_interval_s: float
+    resources_seen: bool = False  # a job asked for resources: claims check requests
     # (priority, the worker's stored heartbeat JSON) -> what that priority's own gates say
     _base: dict[tuple[int, str], list[tuple[str, str]]] = msgspec.field(default_factory=dict)
 
@@ -118,12 +120,16 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
         return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
                            detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
     roles_json, heartbeat_json = worker[0], worker[1]
+    judge = _Judge(policy, heartbeat_json, conn, worker_id)
     reserved = preemption.reserved_claim(conn, now, worker_id)
     if reserved is not None:  # capacity freed by a preemption: promised to this job
+        short = judge.admission.admit(reserved) if judge.admission is not None else None
+        if short is not None:  # the victim's GPU memory is not free yet: nobody else's
+            return ClaimResult(reasons=[resources.RESOURCES],
+                               detail=f"reserved for job {reserved}: {short}")
         conn.execute(SQL_DELETE_RESERVATION, (reserved,))
-        return _take(conn, now, worker_id, reserved, lease_s, claim_id)
+        return judge.record(_take(conn, now, worker_id, reserved, lease_s, claim_id))
     pairs = _pairs(conn, roles_json, kinds_json)
-    judge = _Judge(policy, heartbeat_json)
     if policy.aging_interval_s <= 0:
         best = _strict_walk(conn, now, judge, pairs)
     else:
@@ -136,7 +142,7 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
             reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's roles"
                                                + (" and kinds" if kinds_json else ""))
         return ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
-    return _take(conn, now, worker_id, best[2], lease_s, claim_id)
+    return judge.record(_take(conn, now, worker_id, best[2], lease_s, claim_id))
 
 
 def _take(conn: sqlite3.Connection, now: float, worker_id: str, job_id: str, lease_s: float,
@@ -172,11 +178,18 @@ class _Judge:
     `reasons` (first detail per code), jobs whose gate overrides do not decode in
     `undecodable` (dead-lettered by the caller once no cursor is open)."""
 
-    def __init__(self, policy: ClaimPolicy, heartbeat_json: str) -> None:
+    def __init__(self, policy: ClaimPolicy, heartbeat_json: str, conn: sqlite3.Connection,
+                 worker_id: str) -> None:
         self.policy, self.heartbeat_json = policy, heartbeat_json
         self._readings: dict[str, Any] | None = None
         self.reasons: dict[str, str] = {}
         self.undecodable: list[tuple[str, str]] = []
+        self.admission = (admission.Admission(conn, worker_id, self.readings())
+                          if admission.needed(policy.resources_seen, heartbeat_json) else None)
+
+    def record(self, result: ClaimResult | None) -> ClaimResult | None:
+        """The taken job's resource grant on its lease (coordd.admission), if any."""
+        return result if self.admission is None else self.admission.record(result)
 
     def readings(self) -> dict[str, Any]:
         """The worker's stored readings, decoded on first use (a remembered base-gate
@@ -198,7 +211,12 @@ class _Judge:
                 return False
         for code, detail in refusals:
             self.reasons.setdefault(code, detail)
-        return not refusals
+        if refusals or self.admission is None:
+            return not refusals
+        short = self.admission.admit(job_id)
+        if short is not None:
+            self.reasons.setdefault(resources.RESOURCES, short)
+        return short is None
 
 
 def _pairs(conn: sqlite3.Connection, roles_json: str, kinds_json: str | None
@@ -289,7 +307,9 @@ def _claimed(conn: sqlite3.Connection, job_id: str, lease: LeaseGrant) -> ClaimR
     return ClaimResult(
         job=ClaimedJob(job_id=job_id, kind=row[0], required_role=row[1], priority=row[2],
                        payload=json_decode(row[3]), attempts=row[4],
-                       checkpoint=maybe_json(row[5]), max_runtime_s=row[6]),
+                       checkpoint=maybe_json(row[5]), max_runtime_s=row[6],
+                       gpu_ids=list(grant.gpu_ids) or None
+                       if (grant := grant_of(conn, job_id)) is not None else None),
         lease=lease,
     )
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import msgspec
 
-from coordd import gates
+from coordd import gates, resources
 from coordd.gates import GatePolicy
 from coordd.store import event, lenient_json
+from coordd.store import resources as resstore
 from coordd.store.governance import (
     SQL_ALL_HELD, SQL_ANY_PREEMPTOR, SQL_DELETE_LAPSED_RESERVATIONS, SQL_DELETE_RESERVATION,
     SQL_INSERT_RESERVATION, SQL_LIVE_WORKERS, SQL_MARK_VACATE, SQL_PREEMPTING_CANDIDATES,
@@ -96,13 +97,20 @@ def _slots(readings: dict[str, Any]) -> tuple[int | None, dict[str, int]]:
 
 
 def _room(total: int | None, kinds: dict[str, int], held: list[Held], reserved: int,
-          kind: str, without: Held | None = None) -> bool:
-    """Whether a job of `kind` fits the worker with `held` running (less `without`)."""
-    if total is None:
-        return True  # no slots advertised: never counted full
+          kind: str, without: Held | None = None, need: Any = None) -> bool:
+    """Whether a job of `kind` fits the worker with `held` running (less `without`);
+    with `need` ((readings, request, job_id -> grant)), its resources must fit too."""
     runs = [h for h in held if h is not without]
-    cap = kinds.get(kind, total)
-    return len(runs) + reserved < total and sum(h.kind == kind for h in runs) < cap
+    if total is not None:  # no slots advertised: never counted full by slots
+        cap = kinds.get(kind, total)
+        if len(runs) + reserved >= total or sum(h.kind == kind for h in runs) >= cap:
+            return False
+    if need is None:
+        return True
+    readings, req, grants = need
+    books = [grants[h.job_id] for h in held if h.job_id in grants]
+    freed = grants.get(without.job_id) if without is not None else None
+    return resources.fits_without(readings, req, books, freed)
 
 
 def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy],
@@ -129,8 +137,11 @@ def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy
     reserved: dict[str, int] = {}
     for worker_id, *_ in conn.execute(SQL_RESERVATIONS):
         reserved[worker_id] = reserved.get(worker_id, 0) + 1
+    needs = resstore.requests_of(conn, [row[0] for row in waiting])
+    grants = resstore.grants_by_job(conn) if needs else {}
     done: list[tuple[str, str, str]] = []
     for job_id, kind, role, prio, gates_json in waiting:
+        req = needs.get(job_id)
         able = []
         for worker_id, roles_json, heartbeat_json, kinds_json in workers:
             readings = lenient_json(heartbeat_json, {})
@@ -140,12 +151,14 @@ def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy
                 continue
             if gates.evaluate(policies[prio], readings if isinstance(readings, dict) else {}):
                 continue  # its gates are closed there: room would not help
-            able.append((worker_id, *_slots(readings if isinstance(readings, dict) else {})))
-        if not able or any(_room(t, k, held.get(w, []), reserved.get(w, 0), kind)
-                           for w, t, k in able):
+            readings = readings if isinstance(readings, dict) else {}
+            able.append((worker_id, *_slots(readings),
+                         None if req is None else (readings, req, grants)))
+        if not able or any(_room(t, k, held.get(w, []), reserved.get(w, 0), kind, need=n)
+                           for w, t, k, n in able):
             continue  # no worker could run it, or one has room and will claim it
-        options = [h for w, t, k in able for h in held.get(w, [])
-                   if _room(t, k, held[w], reserved.get(w, 0), kind, without=h)]
+        options = [h for w, t, k, n in able for h in held.get(w, [])
+                   if _room(t, k, held[w], reserved.get(w, 0), kind, without=h, need=n)]
         victim = choose_victim(options, prio, now, policy)
         if victim is None:
             continue

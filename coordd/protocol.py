@@ -82,6 +82,11 @@ class Readings(msgspec.Struct, kw_only=True):
     on_battery: bool | None = None
     user_idle_s: float | None = None
     battery_pct: float | None = None
+    gpu_temperature_c: float | None = None  # the hottest GPU (worker.gpu)
+    gpus: int | None = None  # GPUs advertised; `gpu_devices` lists them (coordd.resources)
+    gpu_devices: list[dict[str, Any]] | None = None
+    ram_mb: float | None = None  # RAM offered to jobs (MiB)
+    kind_resources: dict[str, dict[str, int]] | None = None  # per-kind default requests
 
 
 class Heartbeat(msgspec.Struct, kw_only=True):
@@ -114,6 +119,7 @@ class Enqueue(msgspec.Struct, kw_only=True):
     gates: dict[str, Any] | None = None
     result_schema: str | None = None  # a name in coordd.results.SCHEMAS (checked at complete)
     delay_s: float | None = None  # not before coordd's now + this (instead of run_at)
+    resources: dict[str, Any] | None = None  # {gpus, vram_mb (per GPU), ram_mb}: coordd.resources
 
 
 class EnqueueBatch(msgspec.Struct, kw_only=True):
@@ -220,6 +226,7 @@ class ClaimedJob(msgspec.Struct, kw_only=True):
     attempts: int
     checkpoint: Any = None
     max_runtime_s: float | None = None
+    gpu_ids: list[int] | None = None  # the GPUs granted (coordd.resources): CUDA_VISIBLE_DEVICES
 
 
 class LeaseGrant(msgspec.Struct, kw_only=True):
@@ -346,6 +353,8 @@ class JobView(msgspec.Struct, kw_only=True):
     node: str | None = None
     result_schema: str | None = None
     preemptions: int = 0  # `get_job` only: hand-backs that spent no attempt (`release`)
+    resources: dict[str, int] | None = None  # `get_job` only: its request (coordd.resources)
+    granted: dict[str, Any] | None = None  # `get_job` only: what its lease holds
 
 
 class JobList(msgspec.Struct, kw_only=True):
@@ -371,6 +380,7 @@ class WorkerView(msgspec.Struct, kw_only=True):
     broken_kinds: dict[str, str] = {}  # kind -> why the worker cannot run it
     incarnation: str | None = None
     offline_at: float | None = None  # when it said goodbye (not live since)
+    resources: dict[str, Any] = {}  # GPUs, RAM: advertised, held, free (coordd.resources.summary)
 
 
 class WorkersResult(msgspec.Struct, kw_only=True):

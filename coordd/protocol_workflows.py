@@ -49,6 +49,7 @@ class WorkflowNode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_runtime_s: float | None = None
     result_schema: str | None = None
     gates: dict[str, Any] | None = None
+    resources: dict[str, Any] | None = None  # {gpus, vram_mb, ram_mb}, as for enqueue
 
 
 class WorkflowSubmit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

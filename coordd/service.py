@@ -45,6 +45,8 @@ from coordd.metrics import Metrics, tree_bytes
 from coordd.readers import Coalesced, ReadPool
 from coordd.names import check_name
 from coordd.store import workers as wkstore
+from coordd import resources
+from coordd.store import resources as resstore
 from coordd.times import check_duration
 from coordd.store import workflows as wstore
 from coordd.workflows import Workflows
@@ -123,6 +125,12 @@ class Coordinator:
         except BaseException:
             await self.close()
             raise
+        if await self._read(resstore.any_request):
+            self.resources_seen()
+
+    def resources_seen(self) -> None:
+        """A job asked for resources: claims check requests from now on (coordd.admission)."""
+        self._claim_policy.resources_seen = True
 
     async def close(self) -> None:
         """Close the readers, then drain and close the writer (whose close folds the WAL
@@ -413,6 +421,7 @@ class Coordinator:
             for j in jobs:
                 if j.status == "waiting":
                     j.waiting_reason = self._explain_with(j, now, workers, states)
+            await self.governor.explain_resources(jobs, workers)  # vram: need ... on W
         return JobList(jobs=jobs, next_after=jobs[-1].job_id if len(jobs) == limit else None)
 
     async def workers(self, p: Empty | None = None) -> WorkersResult:
@@ -420,6 +429,7 @@ class Coordinator:
         now = self.clock.wall()
         out = []
         states, gov = await self.lifecycle.states(), await self.governor.worker_notes()
+        grants, reserved = await self.governor.resource_books()
         for worker_id, roles, readings, hb_at, n in await self._read(views.list_workers):
             age = now - hb_at
             state = states.get(worker_id, wkstore.WorkerState())
@@ -433,7 +443,9 @@ class Coordinator:
                                   verdicts=verdicts, notes=views.reading_notes(readings) + gov[worker_id],
                                   active_leases=n, kinds=state.kinds,
                                   broken_kinds=state.broken_kinds,
-                                  incarnation=state.incarnation, offline_at=state.offline_at))
+                                  incarnation=state.incarnation, offline_at=state.offline_at,
+                                  resources=resources.summary(readings, grants.get(worker_id, ()),
+                                                              reserved.get(worker_id, ()))))
         return WorkersResult(workers=out)
 
     async def check(self, p: Empty | None = None) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from cronsim import CronSim, CronSimError
 
-from coordd import errors, results, values, views
+from coordd import errors, resources, results, values, views
 from coordd.names import check_duration, check_name
 from coordd.times import TIME_MIN_S
 from coordd.protocol import PRIORITIES
@@ -108,7 +108,10 @@ def spec_hash(p: WorkflowSubmit) -> str:
     nodes = sorted(
         (msgspec.structs.replace(n, needs=sorted(needs_of(n), key=lambda d: d.node))
          for n in p.nodes), key=lambda n: n.name)
-    return hashlib.sha256(msgspec.json.encode([p.name, nodes], order="sorted")).hexdigest()
+    # a node without resources hashes as before the field existed (stored graphs' keys)
+    shown = [n if n.resources else {k: v for k, v in msgspec.structs.asdict(n).items()
+                                    if k != "resources"} for n in nodes]
+    return hashlib.sha256(msgspec.json.encode([p.name, shown], order="sorted")).hexdigest()
 
 
 def cron_after(cron: str, t: float) -> float:
@@ -209,13 +212,16 @@ class Workflows:
                 self._coord.check_gates(n.priority, n.gates)
                 gates_json = values.encode(f"node {n.name!r}: gates", n.gates,
                                            cfg.max_payload_bytes)
+            request = resources.parse_request(n.resources, f"node {n.name!r}: resources")
+            if request is not None:
+                self._coord.resources_seen()
             # nesting depth, JSON types and size, as for any stored client value
             values.encode(f"node {n.name!r}: payload", n.payload, cfg.max_payload_bytes)
             nodes.append(wstore.NewNode(
                 job_id=self._coord.new_job_id(), name=n.name, kind=n.kind,
                 required_role=n.required_role, priority=n.priority, payload=n.payload,
                 max_attempts=attempts, max_runtime_s=n.max_runtime_s, gates_json=gates_json,
-                result_schema=schema,
+                result_schema=schema, resources=request,
                 needs=[(d.node, d.policy) for d in needs_of(n)]))
         return wstore.NewWorkflow(workflow_id=self._coord.new_job_id(), name=p.name,
                                   nodes=nodes, idempotency_key=key, schedule_id=schedule_id,

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from coordd import ranges
+from coordd.resources import Request
 
 LEASE_S_DEFAULT = 30.0
 HEARTBEAT_INTERVAL_S_DEFAULT = 5.0
@@ -72,6 +73,8 @@ class KindConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         max_result_bytes: a larger result file fails the job (permanent).
         result_json: the result file must be JSON (else it is stored as an opaque artifact).
         env: extra environment variables for the model process.
+        resources: what a job of this kind asks for when it names nothing itself
+            (`{gpus, vram_mb, ram_mb}`, coordd.resources), sent to coordd in the heartbeat.
     """
 
     argv: list[str]
@@ -80,6 +83,7 @@ class KindConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_result_bytes: int = MAX_RESULT_BYTES_DEFAULT
     result_json: bool = True
     env: dict[str, str] = {}
+    resources: Request | None = None
 
     def check(self, prefix: str = "") -> None:
         """Raise ValueError (`<prefix><key> ...`) if a value is bad; WorkerConfig calls it
@@ -101,6 +105,30 @@ def default_kinds() -> dict[str, KindConfig]:
     }
 
 
+RESOURCE_RANGES: dict[str, ranges.Range] = {
+    "gpus": ranges.Range(0, 64), "gpu_memory_mb": ranges.AT_LEAST_ONE,
+    "ram_mb": ranges.AT_LEAST_ONE,
+}
+
+
+class ResourcesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What this worker offers jobs where the probes cannot tell (None: as measured).
+
+    Attributes:
+        gpus: GPUs to advertise: fewer than NVML sees hides the rest; more (a machine NVML
+            cannot see) adds GPUs of `gpu_memory_mb` MiB without a live reading; 0: none.
+        gpu_memory_mb: MiB of each GPU that NVML does not see.
+        ram_mb: MiB of RAM jobs may ask for (default: the machine's total).
+    """
+
+    gpus: int | None = None
+    gpu_memory_mb: int | None = None
+    ram_mb: int | None = None
+
+    def __post_init__(self) -> None:
+        ranges.check(self, RESOURCE_RANGES, "resources.")
+
+
 class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The coord-worker settings (durations in seconds, sizes in bytes).
 
@@ -118,6 +146,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             and the control watch for a cancel or governance action (0 = poll instead).
         inline_result_bytes: larger results go to the artifact store, not the DB.
         kinds: one table per job kind this worker can run.
+        resources: overrides of the GPUs and RAM this worker advertises.
     """
 
     lease_s: float = LEASE_S_DEFAULT
@@ -129,6 +158,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     claim_wait_s: float = CLAIM_WAIT_S_DEFAULT
     inline_result_bytes: int = INLINE_RESULT_BYTES_DEFAULT
     kinds: dict[str, KindConfig] = msgspec.field(default_factory=default_kinds)
+    resources: ResourcesConfig = msgspec.field(default_factory=ResourcesConfig)
 
     def __post_init__(self) -> None:
         ranges.check(self, RANGES)
@@ -145,6 +175,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             if not name or name != name.strip():
                 raise ValueError(f"bad kind name {name!r}")
             kind.check(f"kinds.{name}.")
+        res = self.resources
+        if res.gpus and res.gpu_memory_mb is None:
+            raise ValueError("resources.gpu_memory_mb is needed with resources.gpus (the MiB of "
+                             "each GPU NVML does not see)")
 
     @property
     def total_slots(self) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from coordd.clock import SystemClock
+from worker.gpu import GPU_KEYS, GpuProbe, no_gpus
 from worker.idle import IdleSource, SourceUnknown, session_idle_source, tty_idle_source
 
 __all__ = ["READING_KEYS", "IdleSource", "Probes", "ReasonLog", "SourceUnknown",
@@ -36,6 +37,8 @@ READING_KEYS = (
     "battery_pct",
     "user_idle_s",
     "user_idle_reason",
+    "ram_mb",
+    *GPU_KEYS,
 )
 
 Clock = Callable[[], float]
@@ -95,6 +98,7 @@ class Probes:
         mono: Clock = _SYSTEM_CLOCK.mono,
         wall: Clock = _SYSTEM_CLOCK.wall,
         log_interval_s: float = LOG_INTERVAL_S_DEFAULT,
+        gpu: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         """Create the probes; defaults read the host through psutil, loginctl and /dev.
 
@@ -112,6 +116,8 @@ class Probes:
             mono: Monotonic clock, seconds (log rate limiting).
             wall: Wall clock, epoch seconds (idle computation).
             log_interval_s: Minimum seconds between two log lines for the same failure.
+            gpu: Returns the GPU readings (`worker.gpu.GPU_KEYS`); default: a
+                `worker.gpu.GpuProbe` over NVML.
         """
         self._virtual_memory = virtual_memory
         self._sensors_temperatures = sensors_temperatures
@@ -121,6 +127,7 @@ class Probes:
         self._idle_sources = tuple(idle_sources)
         self._override_path = override_path
         self._log = ReasonLog(mono, log_interval_s)
+        self._gpu = gpu or GpuProbe().read
 
     def read(self) -> dict[str, Any]:
         """Return one reading of every key in ``READING_KEYS``; never raises.
@@ -128,18 +135,32 @@ class Probes:
         Blocking (it may run ``loginctl`` and an idle query per graphical session, bounded at
         1 s a call): call it from a thread in async code.
         """
-        readings: dict[str, Any] = {"memory_used_pct": self._memory()}
+        readings: dict[str, Any] = dict(zip(("memory_used_pct", "ram_mb"), self._memory()))
         readings["temperature_c"], readings["temperature_reason"] = self._temperature()
         readings["on_battery"], readings["battery_pct"], readings["power_reason"] = self._power()
         readings["user_idle_s"], readings["user_idle_reason"] = self._idle()
+        readings.update(self._gpus())
         return apply_override(readings, self._override_path, self._log)
 
-    def _memory(self) -> float | None:
+    def _memory(self) -> tuple[float | None, float | None]:
+        """(percent used, total MiB: the RAM jobs may ask for, coordd.resources)."""
         try:
-            return float(self._virtual_memory().percent)
+            vm = self._virtual_memory()
+            pct = float(vm.percent)
         except Exception as exc:  # noqa: BLE001 - a provider must never crash the heartbeat
             self._log.warn("memory", _describe("virtual_memory", exc))
-            return None
+            return None, None
+        total = getattr(vm, "total", None)
+        ok = isinstance(total, int | float) and math.isfinite(total) and total > 0
+        return pct, (round(total / (1 << 20)) if ok else None)
+
+    def _gpus(self) -> dict[str, Any]:
+        try:
+            return self._gpu()
+        except Exception as exc:  # noqa: BLE001 - an injected provider's bug, not a crash
+            reason = _describe("gpu", exc)
+            self._log.warn("gpu", reason)
+            return no_gpus(reason)
 
     def _temperature(self) -> tuple[float | None, str | None]:
         if self._sensors_temperatures is None:

@@ -21,7 +21,7 @@ from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ClaimedJob
-from worker import artifacts, checkpoints, governance, orphans
+from worker import artifacts, checkpoints, governance, orphans, resources
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
 from worker.jobrun import CANCELLED, JobRun
 from worker.kinds import KindHealth
@@ -157,7 +157,8 @@ class Supervisor:
 
     async def heartbeat_once(self) -> bool:
         """Send one heartbeat; act on its cancel list. Returns False if coordd did not answer."""
-        readings = {**await asyncio.to_thread(self._probes.read), **governance.capacity(self.config)}
+        readings = resources.advertise(self.config, {**await asyncio.to_thread(self._probes.read),
+                                                     **governance.capacity(self.config)})
         sent = self._clock.mono()
         self.kinds.recheck(sent)
         try:
@@ -291,6 +292,8 @@ class Supervisor:
                 renewer.cancel()
                 self._runs.pop(run.job_id, None)
                 self._wake.set()
+        if resources.holds_gpu(run.job) and not self._stop.is_set():
+            await self.heartbeat_once()  # the freed VRAM, seen now: a parked claim wakes
 
     async def _kill(self, run: JobRun) -> None:
         if run.proc is not None:
@@ -336,7 +339,8 @@ class Supervisor:
             await self._release(run, f"kind {run.job.kind} broken on {self.worker_id}: "
                                      f"{self.kinds.broken()[run.job.kind]}")
             return
-        env = {**os.environ, **kind.env, **job_env(values), "COORD_WORKER_ID": self.worker_id}
+        env = {**os.environ, **kind.env, **job_env(values), "COORD_WORKER_ID": self.worker_id,
+               **resources.job_env(run.job)}
         out = {s: os.path.join(run.dir, f"{s}.log") for s in ("stdout", "stderr")}
         start = asyncio.ensure_future(ModelProcess.start(argv, env, run.dir, *out.values()))
         try:

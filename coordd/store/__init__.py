@@ -20,6 +20,7 @@ import msgspec
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
 from coordd.store import governance as _governance_schema
+from coordd.store import resources as _resources_schema
 from coordd.store import logs as _logs
 from coordd.store import job_requests as _job_requests
 from coordd.store import claim_index as _claim_index
@@ -32,7 +33,7 @@ from coordd.store.claim_index import (  # noqa: F401 (the claim's statements)
 )
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 50  # terminal jobs deleted per transaction by `prune_batch` (~2 ms)
 VACUUM_PAGES = 128  # free pages returned to the file system per transaction (~2 ms)
@@ -161,6 +162,7 @@ MIGRATIONS: tuple[str, ...] = (
     _claim_index.MIGRATION,
     # v12: a lease's suspension and vacate state, preemption reservations (issue 16)
     _governance_schema.MIGRATION_GOVERNANCE + ";" + _governance_schema.MIGRATION_RESERVATIONS,
+    _resources_schema.MIGRATION_RESOURCES,  # v13: resource requests, lease grants (issue 16)
 )
 
 json_encode = msgspec.json.encode
@@ -309,6 +311,7 @@ class NewJob(msgspec.Struct, kw_only=True):
     result_schema: str | None = None
     delay_s: float | None = None  # run_at is then now + delay_s (coordd's clock)
     request_sha256: str | None = None  # with an idempotency key: the request's hash
+    resources: Any = None  # a coordd.resources.Request (stored in coordd.store.resources)
 
 
 SQL_ENQUEUE = (
@@ -333,11 +336,11 @@ def enqueue(conn: sqlite3.Connection, now: float, job: NewJob) -> EnqueueResult:
         job.job_id, job.kind, job.required_role, job.priority, job.payload_json,
         job.max_attempts, run_at, now, now, now,
         job.idempotency_key, job.max_runtime_s, job.gates_json, job.result_schema,
-        job.request_sha256,
-    )).fetchone()
+        job.request_sha256)).fetchone()
     if row is None:
         existing = _job_requests.repeated(conn, job.idempotency_key, job.request_sha256)
         return EnqueueResult(job_id=existing, created=False)
+    _resources_schema.add_request(conn, job.job_id, job.resources)
     event(conn, job.job_id, now, None, None, "waiting", "enqueued")
     return EnqueueResult(job_id=job.job_id, created=True)
 

@@ -31,6 +31,7 @@ import msgspec
 
 from coordd import errors
 from coordd.store import cancel, dumps, event, lenient_json
+from coordd.store.resources import add_request
 
 # Statuses a node can end in; a workflow is over when every node is in one of them.
 NODE_TERMINAL = ("succeeded", "failed", "cancelled", "skipped")
@@ -53,6 +54,7 @@ class NewNode(msgspec.Struct, kw_only=True):
     gates_json: str | None = None
     result_schema: str | None = None
     needs: list[tuple[str, str]] = []  # (dependency node name, policy)
+    resources: Any = None  # a coordd.resources.Request (stored in coordd.store.resources)
 
 
 class NewWorkflow(msgspec.Struct, kw_only=True):
@@ -157,6 +159,7 @@ def insert_workflow(conn: sqlite3.Connection, now: float, wf: NewWorkflow
             n.job_id, n.kind, n.required_role, n.priority, dumps(n.payload), status,
             n.max_attempts, now, now, now, now,
             n.max_runtime_s, n.gates_json, wf.workflow_id, n.name, n.result_schema))
+        add_request(conn, n.job_id, n.resources)
         event(conn, n.job_id, now, None, None, status,
               f"workflow {wf.workflow_id} node {n.name}"
               + (f" (needs {', '.join(d for d, _ in n.needs)})" if n.needs else ""))

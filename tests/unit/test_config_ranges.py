@@ -28,7 +28,8 @@ def test_every_numeric_key_has_a_range():
     assert _numeric_fields(config.Config) == set(config.RANGES)
     assert _numeric_fields(wconfig.WorkerConfig) == set(wconfig.RANGES)
     assert _numeric_fields(wconfig.KindConfig) == set(wconfig.KIND_RANGES)
-    assert {"max_memory_pct", "max_temperature_c", "min_battery_pct", "min_user_idle_s"} == \
+    assert {"max_memory_pct", "max_temperature_c", "min_battery_pct", "min_user_idle_s",
+            "max_gpu_temperature_c"} == \
         set(config.GATE_RANGES)
 
 

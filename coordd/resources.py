@@ -1,0 +1,209 @@
+"""Resource admission: whether a worker has room for a job's `gpus`, `vram_mb`, `ram_mb`.
+
+Pure: readings, requests and grants in, a grant or a refusal out. A worker's capacity is
+what its heartbeat advertises (`gpu_devices`, `ram_mb`); what its held leases were granted
+is subtracted, and each GPU's live reading (`memory_used_mb`) must show the VRAM free too.
+`vram_mb` is per GPU; a job asking for GPUs without `vram_mb` takes them whole. The one
+rule: a claim that finds no room says which resource and how much.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from coordd import errors
+
+RESOURCES = "resources"  # the claim's refusal code
+MAX = {"gpus": 64, "vram_mb": 1 << 24, "ram_mb": 1 << 24}  # 16 TiB: past it is a typo
+"""The largest request per key (a count, MiB, MiB)."""
+
+
+class Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What one job asks for (0 = nothing): GPUs, MiB of VRAM on each, MiB of RAM."""
+
+    gpus: int = 0
+    vram_mb: int = 0
+    ram_mb: int = 0
+
+    def __post_init__(self) -> None:
+        for key, top in MAX.items():
+            value = getattr(self, key)
+            if not 0 <= value <= top:
+                raise ValueError(f"{key} must be 0..{top}, got {value}")
+        if self.vram_mb and not self.gpus:
+            self.gpus = 1  # VRAM means a GPU
+
+    @property
+    def empty(self) -> bool:
+        """True when it asks for nothing."""
+        return not (self.gpus or self.ram_mb)
+
+
+class Grant(msgspec.Struct, frozen=True):
+    """What a lease holds: GPU indexes, MiB of VRAM on each (0: the GPUs whole), RAM MiB."""
+
+    gpu_ids: tuple[int, ...] = ()
+    vram_mb: int = 0
+    ram_mb: int = 0
+
+
+class Gpu(msgspec.Struct, frozen=True):
+    """One advertised GPU (MiB); `used_mb` None where the worker cannot read it."""
+
+    index: int
+    total_mb: float
+    used_mb: float | None
+
+
+def parse_request(value: Any, where: str = "resources") -> Request | None:
+    """Check a request as sent (a map of gpus, vram_mb, ram_mb); None when it asks nothing.
+
+    Raises:
+        errors.BadRequest: an unknown key, a value not an integer, negative or absurd;
+            the message names the field (`resources.vram_mb must be 0..16777216, got -5`).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise errors.BadRequest(f"{where} must be a map of gpus, vram_mb, ram_mb")
+    for key, v in value.items():
+        if key not in MAX:
+            raise errors.BadRequest(f"{where}: unknown key {key!r} (known: gpus, vram_mb, "
+                                    "ram_mb)")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise errors.BadRequest(f"{where}.{key} must be an integer, got {v!r}")
+        if not 0 <= v <= MAX[key]:
+            raise errors.BadRequest(f"{where}.{key} must be 0..{MAX[key]}, got {v}")
+    req = Request(**value)
+    return None if req.empty else req
+
+
+def gpus_of(readings: dict[str, Any]) -> list[Gpu]:
+    """The GPUs a heartbeat advertises (`gpu_devices`); odd entries are skipped."""
+    out = []
+    devices = readings.get("gpu_devices")
+    for i, d in enumerate(devices if isinstance(devices, list) else ()):
+        if not isinstance(d, dict):
+            continue
+        total, used = _num(d.get("memory_total_mb")), _num(d.get("memory_used_mb"))
+        index = d.get("index", i)
+        if total is None or isinstance(index, bool) or not isinstance(index, int):
+            continue
+        out.append(Gpu(index=index, total_mb=total, used_mb=used))
+    return out
+
+
+def fit(readings: dict[str, Any], need: Request, held: Iterable[Grant]) -> Grant | str:
+    """The grant for `need` on a worker with `readings` holding `held`, or why not (one
+    line: `vram: need 8000 MiB, 3100 free on gpu1`). GPUs are chosen best fit: the ones
+    with the least VRAM free that still fits, by index among equals."""
+    held = list(held)
+    if need.ram_mb:
+        cap = _num(readings.get("ram_mb"))
+        if cap is None:
+            return f"ram: need {need.ram_mb} MiB, the worker advertises no ram_mb"
+        free = cap - sum(g.ram_mb for g in held)
+        if free < need.ram_mb:
+            return f"ram: need {need.ram_mb} MiB, {max(0.0, free):.0f} free of {cap:.0f}"
+    if not need.gpus:
+        return Grant(ram_mb=need.ram_mb)
+    gpus = gpus_of(readings)
+    if len(gpus) < need.gpus:
+        why = readings.get("gpu_reason")
+        return (f"gpus: need {need.gpus}, the worker has {len(gpus)}"
+                + (f" ({why})" if isinstance(why, str) and why else ""))
+    free = {g.index: _free(g, held) for g in gpus}
+    if need.vram_mb:
+        ok = sorted((f, i) for i, f in free.items() if f >= need.vram_mb)
+    else:  # whole GPUs: nothing granted on them
+        ok = sorted((0.0, g.index) for g in gpus if not any(g.index in h.gpu_ids for h in held))
+    if len(ok) < need.gpus:
+        if not need.vram_mb:
+            return f"gpus: need {need.gpus} whole, {len(ok)} of {len(gpus)} free"
+        best = max(free, key=lambda i: (free[i], -i))
+        more = f" ({len(ok)} of {len(gpus)} GPUs fit, need {need.gpus})" if len(gpus) > 1 else ""
+        return (f"vram: need {need.vram_mb} MiB, {max(0.0, free[best]):.0f} free on "
+                f"gpu{best}{more}")
+    return Grant(gpu_ids=tuple(sorted(i for _, i in ok[:need.gpus])), vram_mb=need.vram_mb,
+                 ram_mb=need.ram_mb)
+
+
+def fits_without(readings: dict[str, Any], need: Request, held: list[Grant],
+                 freed: Grant | None) -> bool:
+    """Whether `need` fits once the run holding `freed` is gone: its grant off the books
+    and its VRAM off the live reading (for preemption's victim choice)."""
+    if freed is not None and freed.gpu_ids:
+        devices = []
+        for d in readings.get("gpu_devices") or ():
+            if isinstance(d, dict) and d.get("index") in freed.gpu_ids:
+                used, total = _num(d.get("memory_used_mb")), _num(d.get("memory_total_mb"))
+                if used is not None and total is not None:
+                    d = {**d, "memory_used_mb": max(0.0, used - (freed.vram_mb or total))}
+            devices.append(d)
+        readings = {**readings, "gpu_devices": devices}
+    rest = [g for g in held if g is not freed]
+    return not isinstance(fit(readings, need, rest), str)
+
+
+def shortfall(role: str, need: Request, workers: Iterable[tuple[Any, ...]],
+              grants: dict[str, list[Grant]]) -> str | None:
+    """Why a runnable job of `role` needing `need` waits: each such worker's shortfall
+    (`waiting for resources: vram: need 8000 MiB, 3100 free on gpu1 on W`), or None when
+    one has room. `workers` are (worker_id, roles, readings, ...) rows."""
+    short = []
+    for worker_id, roles, readings, *_ in workers:
+        if role not in roles:
+            continue
+        got = fit(readings if isinstance(readings, dict) else {}, need,
+                  grants.get(worker_id, ()))
+        if not isinstance(got, str):
+            return None
+        short.append(f"{got} on {worker_id}")
+    return "waiting for resources: " + "; ".join(short) if short else None
+
+
+def _free(gpu: Gpu, held: list[Grant]) -> float:
+    """VRAM free on `gpu`: its total less what leases were granted there, and no more than
+    its live reading shows."""
+    booked = sum(gpu.total_mb if h.vram_mb == 0 else h.vram_mb
+                 for h in held if gpu.index in h.gpu_ids)
+    free = gpu.total_mb - booked
+    if gpu.used_mb is not None:
+        free = min(free, gpu.total_mb - gpu.used_mb)
+    return free
+
+
+def summary(readings: dict[str, Any], held: Iterable[Grant],
+            reserved: Iterable[Request] = ()) -> dict[str, Any]:
+    """For `coordctl workers`: per GPU total/used/held MiB and temperature, RAM
+    capacity/held, and what reservations ask for; {} for a worker advertising nothing."""
+    held, reserved = list(held), list(reserved)
+    gpus, ram = gpus_of(readings), _num(readings.get("ram_mb"))
+    if not gpus and ram is None:
+        return {}
+    devices = {d.get("index", i): d for i, d in enumerate(readings.get("gpu_devices") or ())
+               if isinstance(d, dict)}
+    out: dict[str, Any] = {"gpus": [{
+        "index": g.index, "memory_total_mb": g.total_mb, "memory_used_mb": g.used_mb,
+        "held_mb": g.total_mb - _free(Gpu(g.index, g.total_mb, None), held),
+        "free_mb": max(0.0, _free(g, held)),
+        "temperature_c": _num(devices.get(g.index, {}).get("gpu_temperature_c")),
+        "utilization_pct": _num(devices.get(g.index, {}).get("utilization_pct")),
+    } for g in gpus]}
+    if ram is not None:
+        used = sum(h.ram_mb for h in held)
+        out["ram"] = {"capacity_mb": ram, "held_mb": used, "free_mb": max(0.0, ram - used)}
+    if reserved:
+        out["reserved"] = {"gpus": sum(r.gpus for r in reserved),
+                           "vram_mb": sum(r.vram_mb for r in reserved),
+                           "ram_mb": sum(r.ram_mb for r in reserved)}
+    return out
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return float(value)

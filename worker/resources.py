@@ -1,0 +1,55 @@
+"""What the worker advertises for resource admission (coordd.resources), and a job's GPUs.
+
+The probes measure (worker.probes, worker.gpu); this module applies the config's
+`[resources]` overrides to that reading, adds the kinds' default requests
+(`kind_resources`), and gives a model the GPUs coordd granted its job
+(`CUDA_VISIBLE_DEVICES`). coordd decides; the worker only advertises and applies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from coordd.protocol import ClaimedJob
+from worker.config import WorkerConfig
+
+KIND_RESOURCES = "kind_resources"
+
+
+def advertise(config: WorkerConfig, readings: dict[str, Any]) -> dict[str, Any]:
+    """`readings` with the config's resource overrides and the kinds' defaults applied
+    (a new dict)."""
+    out = dict(readings)
+    res = config.resources
+    if res.ram_mb is not None:
+        out["ram_mb"] = res.ram_mb
+    if res.gpus is not None:
+        devices = [d for d in out.get("gpu_devices") or () if isinstance(d, dict)]
+        devices = devices[:res.gpus]
+        for i in range(len(devices), res.gpus):  # GPUs NVML cannot see: no live reading
+            devices.append({"index": i, "memory_total_mb": res.gpu_memory_mb,
+                            "memory_used_mb": None, "gpu_temperature_c": None,
+                            "utilization_pct": None, "source": "config"})
+        out["gpu_devices"], out["gpus"] = devices, len(devices)
+        if not devices:
+            out["gpu_reason"] = "resources.gpus = 0 in the worker config"
+    defaults = {name: msgspec.structs.asdict(k.resources) for name, k in config.kinds.items()
+                if k.resources is not None and not k.resources.empty}
+    if defaults:
+        out[KIND_RESOURCES] = defaults
+    return out
+
+
+def job_env(job: ClaimedJob) -> dict[str, str]:
+    """The environment that confines a model to the GPUs granted to its job: none granted
+    and the job asked for nothing -> {} (the machine's default)."""
+    if job.gpu_ids:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in job.gpu_ids)}
+    return {}
+
+
+def holds_gpu(job: ClaimedJob) -> bool:
+    """Whether the job was granted GPUs (its end frees VRAM coordd must see soon)."""
+    return bool(job.gpu_ids)
