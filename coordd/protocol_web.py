@@ -189,7 +189,13 @@ class WorkflowRef(msgspec.Struct, kw_only=True):
 
 
 class NoParams(msgspec.Struct):
-    """Params of `fleet` (none)."""
+    """Params of `fleet` and `feed_head` (none)."""
+
+
+class FeedHead(msgspec.Struct, kw_only=True):
+    """`feed_head` result: the event feed's newest id (where live updates start)."""
+
+    event_id: int
 
 
 WEB_PARAMS: dict[str, type[msgspec.Struct]] = {
@@ -198,5 +204,6 @@ WEB_PARAMS: dict[str, type[msgspec.Struct]] = {
     "fleet": NoParams,
     "workflow_runs": WorkflowRef,
     "message_log": MessageLog,
+    "feed_head": NoParams,
 }
 """The web view's read-only methods (served by coordd.web_reads)."""

@@ -18,7 +18,7 @@ from coordd import errors
 from coordd.names import check_name
 from coordd.protocol import JOB_STATUSES, Heartbeat, HeartbeatResult
 from coordd.protocol_web import (
-    COUNT_CAP, FIND_LIMIT_MAX, FIND_SCAN_MAX, WEB_PARAMS, Delivery, FindJobs, FleetResult,
+    COUNT_CAP, FIND_LIMIT_MAX, FeedHead, FIND_SCAN_MAX, WEB_PARAMS, Delivery, FindJobs, FleetResult,
     FoundJobs, HeldLease, JobRow, JobStats, JobStatsResult, LoggedMessage, MessageLog,
     MessageLogResult, NodeRun, NoParams, Reservation, WorkflowRef, WorkflowRuns,
 )
@@ -180,6 +180,10 @@ class WebReads:
         return FleetResult(now=now, held=held, reservations=res,
                            readings=self.readings.snapshot(),
                            head_event_id=await self._read(push_store.last_event))
+
+    async def feed_head(self, p: NoParams | None = None) -> FeedHead:
+        """The event feed's newest event id (0 when there is none)."""
+        return FeedHead(event_id=await self._read(push_store.last_event))
 
     async def workflow_runs(self, p: WorkflowRef) -> WorkflowRuns:
         """Every attempt of the workflow's nodes: from each claim to the event that ended

@@ -53,7 +53,7 @@ class Settings:
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters.update(time=shapes.fmt_time, age=shapes.fmt_age, blob=shapes.fmt_blob,
-                             gates=shapes.gate_words)
+                             gates=shapes.gate_words, item=shapes.summary_item)
 templates.env.globals.update(terminal=TERMINAL_STATUSES, retryable=RETRYABLE)
 
 

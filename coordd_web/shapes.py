@@ -64,6 +64,14 @@ def fmt_blob(value: Any) -> str:
     return text
 
 
+def summary_item(item: Any) -> str:
+    """One entry of a workflow summary list: a node name, or `node (reason)`."""
+    if isinstance(item, dict):
+        node = item.get("node", "?")
+        return f"{node} ({item['reason']})" if item.get("reason") else str(node)
+    return str(item)
+
+
 def gate_words(codes: list[str]) -> str:
     """Gate refusal codes in plain words ("ok" for none)."""
     return "; ".join(GATE_WORDS.get(c, c) for c in codes) if codes else "ok"
@@ -106,6 +114,8 @@ def _words(ev: Any, job: Any, last: bool) -> str:
         if last and job.status == "waiting" and job.run_at > ev.at:
             words += f"; backoff until {fmt_time(job.run_at)}"
         return words
+    if frm == "running" and to in ("succeeded", "failed", "cancelled", "skipped"):
+        return to + reason
     if frm == "blocked" and to == "waiting":
         return "dependencies done: waiting" + reason
     return f"{frm or 'new'} → {to}{reason}"
@@ -137,9 +147,10 @@ def spark_points(values: list[float], w: int = SPARK_W, h: int = SPARK_H) -> str
     if not values:
         return ""
     lo, hi = min(values), max(values)
-    span = (hi - lo) or 1.0
     step = w / max(1, len(values) - 1)
-    return " ".join(f"{i * step:.1f},{h - 2 - (v - lo) / span * (h - 4):.1f}"
+    if hi == lo:  # a steady reading: a line across the middle
+        return " ".join(f"{i * step:.1f},{h / 2:.1f}" for i in range(len(values)))
+    return " ".join(f"{i * step:.1f},{h - 2 - (v - lo) / (hi - lo) * (h - 4):.1f}"
                     for i, v in enumerate(values))
 
 

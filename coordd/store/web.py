@@ -62,8 +62,8 @@ SQL_RATES = (  # finished jobs per bucket of ?2 s since ?1, among the newest ?3 
     "WHERE at >= ?1 AND to_status IN ('succeeded', 'failed', 'skipped') GROUP BY 1, 2"
 )
 SQL_RATES_SCANNED = (
-    "SELECT count(*) FROM (SELECT 1 FROM job_events WHERE at >= ?1 "
-    "ORDER BY event_id DESC LIMIT ?2)"
+    "SELECT count(*) FROM (SELECT at FROM job_events ORDER BY event_id DESC LIMIT ?2) "
+    "WHERE at >= ?1"
 )
 SQL_HELD = (
     "SELECT l.worker_id, l.job_id, j.kind, j.priority, l.granted_at, l.expires_at "
