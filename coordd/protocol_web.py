@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 FIND_LIMIT_MAX = 200      # rows one `find_jobs` page carries at most
-FIND_SCAN_DEFAULT = 20000  # jobs one `find_jobs` page looks at, newest first
+FIND_SCAN_DEFAULT = 10000  # jobs one `find_jobs` page looks at, newest first
 FIND_SCAN_MAX = 200000
 COUNT_CAP = 1000          # `find_jobs` counts matches up to this
 

@@ -115,21 +115,28 @@ class WebReads:
             before = await self._read(web_store.rowid_of, p.before)
             if before is None:
                 raise errors.NotFound(f"job {p.before} not found (the page's `before`)")
-        rows = await self._read(web_store.find_jobs, filters, before, p.scan, p.limit)
+        counting = any(f is not None for i, f in enumerate(filters) if i not in STATUS_ONLY)
+        found = await self._read(web_store.matches, filters, before, p.scan,
+                                 COUNT_CAP + 1 if counting else p.limit)
+        page_ids = found[:p.limit]
+        rows = await self._read(web_store.rows, page_ids) if page_ids else []
         jobs = [JobRow(job_id=r[0], kind=r[1], required_role=r[2], priority=r[3],
                        status=r[4], attempts=r[5], max_attempts=r[6], created_at=r[7],
                        updated_at=r[8], run_at=r[9], last_error=r[10], worker_id=r[11],
                        lease_expires_at=r[12], workflow_id=r[13], node=r[14]) for r in rows]
+        full = len(found) > p.limit or (not counting and len(found) == p.limit)
         if p.workflow_id is not None:  # by its index, not a window
-            nxt = jobs[-1].job_id if len(jobs) == p.limit else None
-            return FoundJobs(jobs=jobs, next_before=nxt, scanned=len(jobs),
-                             count=len(jobs), exact=nxt is None and before is None)
-        if len(jobs) == p.limit:
+            nxt = jobs[-1].job_id if full else None
+            return FoundJobs(jobs=jobs, next_before=nxt, scanned=len(found),
+                             count=min(len(found), COUNT_CAP),
+                             count_capped=len(found) > COUNT_CAP,
+                             exact=not full and before is None)
+        if full:
             nxt: str | None = jobs[-1].job_id
         else:
             nxt = await self._read(web_store.window_end, before, p.scan)
         res = FoundJobs(jobs=jobs, next_before=nxt, scanned=p.scan)
-        if all(f is None for i, f in enumerate(filters) if i not in STATUS_ONLY):
+        if not counting:  # status / priority only: the counters are exact
             total = 0
             for status, prio, n in await self._read(web_store.counts):
                 if (p.status is None or status == p.status) \
@@ -137,9 +144,7 @@ class WebReads:
                     total += n
             res.count, res.exact = total, True
         else:
-            n = await self._read(web_store.count_found, filters, before, p.scan,
-                                 COUNT_CAP + 1)
-            res.count, res.count_capped = min(n, COUNT_CAP), n > COUNT_CAP
+            res.count, res.count_capped = min(len(found), COUNT_CAP), len(found) > COUNT_CAP
         return res
 
     async def job_stats(self, p: JobStats) -> JobStatsResult:

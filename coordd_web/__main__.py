@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coordd-web: cannot listen on {args.host}:{args.port}: {exc.strerror}",
               file=sys.stderr)
         return 1
+    sock.listen(128)  # connections wait in the backlog until uvicorn serves them
     port = sock.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{shown}:{port}/"

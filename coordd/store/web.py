@@ -36,19 +36,17 @@ _WINDOW = (
     "(SELECT rowid AS r FROM jobs WHERE (?8 IS NULL OR rowid < ?8) "
     "ORDER BY rowid DESC LIMIT ?9) w JOIN jobs j ON j.rowid = w.r "
 )
-SQL_FIND_JOBS = (
-    f"SELECT {_ROW_COLUMNS}, j.rowid FROM {_WINDOW}"
-    f"LEFT JOIN leases l ON l.job_id = j.job_id WHERE {_FILTERS} "
-    "ORDER BY j.rowid DESC LIMIT ?10"
+SQL_MATCHES = (  # rowids of up to ?10 matches in the window, newest first (one scan)
+    f"SELECT j.rowid FROM {_WINDOW}WHERE {_FILTERS} ORDER BY j.rowid DESC LIMIT ?10"
 )
 # one workflow's jobs by the jobs_workflow index (no window: a workflow is small)
-SQL_FIND_WORKFLOW_JOBS = (
-    f"SELECT {_ROW_COLUMNS}, j.rowid FROM jobs j "
-    f"LEFT JOIN leases l ON l.job_id = j.job_id WHERE j.workflow_id = ?6 AND {_FILTERS} "
-    "AND (?8 IS NULL OR j.rowid < ?8) ORDER BY j.rowid DESC LIMIT ?10"
+SQL_WORKFLOW_MATCHES = (
+    f"SELECT j.rowid FROM jobs j WHERE j.workflow_id = ?6 AND {_FILTERS} "
+    "AND (?8 IS NULL OR j.rowid < ?8) AND ?9 > 0 ORDER BY j.rowid DESC LIMIT ?10"
 )
-SQL_COUNT_FOUND = (  # matches in the window, up to ?10
-    f"SELECT count(*) FROM (SELECT 1 FROM {_WINDOW} WHERE {_FILTERS} LIMIT ?10)"
+SQL_ROWS = (  # the page's rows, by rowid (a JSON array), newest first
+    f"SELECT {_ROW_COLUMNS} FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id "
+    "WHERE j.rowid IN (SELECT value FROM json_each(?)) ORDER BY j.rowid DESC"
 )
 SQL_WINDOW_END = (  # the oldest job of the window (None: the window reaches the first job)
     "SELECT job_id FROM jobs WHERE (?1 IS NULL OR rowid < ?1) ORDER BY rowid DESC "
@@ -97,19 +95,19 @@ def rowid_of(conn: sqlite3.Connection, job_id: str) -> int | None:
     return None if row is None else row[0]
 
 
-def find_jobs(conn: sqlite3.Connection, filters: tuple[Any, ...], before: int | None,
-              scan: int, limit: int) -> list[tuple[Any, ...]]:
-    """Rows (JobRow's fields, then the rowid) of up to `limit` jobs matching `filters`
-    (status, kind, role, priority, worker, workflow_id, lower-cased text) among the
-    `scan` newest jobs before rowid `before`, newest first."""
-    sql = SQL_FIND_WORKFLOW_JOBS if filters[5] is not None else SQL_FIND_JOBS
-    return conn.execute(sql, (*filters, before, scan, limit)).fetchall()
+def matches(conn: sqlite3.Connection, filters: tuple[Any, ...], before: int | None,
+            scan: int, cap: int) -> list[int]:
+    """Rowids of up to `cap` jobs matching `filters` (status, kind, role, priority,
+    worker, workflow_id, lower-cased text) among the `scan` newest jobs before rowid
+    `before` (a workflow's jobs by its index instead), newest first: one pass that both
+    pages and counts."""
+    sql = SQL_WORKFLOW_MATCHES if filters[5] is not None else SQL_MATCHES
+    return [r[0] for r in conn.execute(sql, (*filters, before, scan, cap))]
 
 
-def count_found(conn: sqlite3.Connection, filters: tuple[Any, ...], before: int | None,
-                scan: int, cap: int) -> int:
-    """Matches of `filters` among the window `find_jobs` looks at, counted up to `cap`."""
-    return conn.execute(SQL_COUNT_FOUND, (*filters, before, scan, cap)).fetchone()[0]
+def rows(conn: sqlite3.Connection, rowids: list[int]) -> list[tuple[Any, ...]]:
+    """JobRow's fields of these jobs, newest first."""
+    return conn.execute(SQL_ROWS, (json.dumps(rowids),)).fetchall()
 
 
 def window_end(conn: sqlite3.Connection, before: int | None, scan: int) -> str | None:
