@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import logging
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -28,7 +29,7 @@ def _answer(text: str, status: int = 200) -> Response:
                         f'role="status">{html.escape(text)}</p>', status)
 
 
-async def _run(request: Request, what: str, call) -> Response:  # noqa: ANN001
+async def _run(request: Request, what: str, call: Any) -> Response:
     settings = request.app.state.settings
     why = action_refusal(request, settings.token)
     if why is not None:
@@ -50,6 +51,7 @@ async def _run(request: Request, what: str, call) -> Response:  # noqa: ANN001
 
 
 async def cancel(request: Request) -> Response:
+    """POST /actions/cancel/ID."""
     job_id = request.path_params["job_id"]
 
     async def call(c: Client) -> str:
@@ -58,6 +60,7 @@ async def cancel(request: Request) -> Response:
 
 
 async def retry(request: Request) -> Response:
+    """POST /actions/retry/ID."""
     job_id = request.path_params["job_id"]
 
     async def call(c: Client) -> str:
@@ -66,12 +69,14 @@ async def retry(request: Request) -> Response:
 
 
 async def reap(request: Request) -> Response:
+    """POST /actions/reap."""
     async def call(c: Client) -> str:
         return f"reaped {(await c.reap()).reaped} expired lease(s)"
     return await _run(request, "reap", call)
 
 
 async def retry_matching(request: Request) -> Response:
+    """POST /actions/retry-matching?FILTERS: retry up to RETRY_MATCHING_MAX matching jobs."""
     from coordd_web.app import RETRYABLE, job_filters
     filters = job_filters(request)
     if filters.get("status") not in RETRYABLE:

@@ -103,6 +103,7 @@ def job_filters(request: Request) -> dict[str, Any]:
 
 
 async def overview(request: Request) -> Response:
+    """GET /: counts, rates, warnings, the newest jobs."""
     async with coordd(request) as c:
         st = await c.status()
         stats = await c.call("job_stats", {"window_s": 3600, "bucket_s": 60})
@@ -113,6 +114,7 @@ async def overview(request: Request) -> Response:
 
 
 async def workers_page(request: Request) -> Response:
+    """GET /workers: readings sparklines, verdicts, held jobs, reservations."""
     async with coordd(request) as c:
         res = await c.workers()
         fleet = await c.call("fleet", {})
@@ -132,6 +134,7 @@ async def workers_page(request: Request) -> Response:
 
 
 async def jobs_page(request: Request) -> Response:
+    """GET /jobs?FILTERS[&before=JOB]: one keyset page of jobs."""
     filters = job_filters(request)
     before = request.query_params.get("before") or None
     async with coordd(request) as c:
@@ -149,6 +152,7 @@ async def jobs_page(request: Request) -> Response:
 
 
 async def job_page(request: Request) -> Response:
+    """GET /jobs/ID (or an id prefix): the job, its attempts, why it waits."""
     async with coordd(request) as c:
         job = await c.get_job(request.path_params["job_id"], prefix=True)
         now = (await c.status()).now
@@ -160,6 +164,7 @@ async def job_page(request: Request) -> Response:
 
 
 async def workflows_page(request: Request) -> Response:
+    """GET /workflows: the newest workflows."""
     async with coordd(request) as c:
         flows = await c.workflow_list(limit=100)
         head = (await c.call("feed_head", {}))["event_id"]
@@ -167,6 +172,7 @@ async def workflows_page(request: Request) -> Response:
 
 
 async def workflow_page(request: Request) -> Response:
+    """GET /workflows/ID: graph, summary, nodes, Gantt of node runs."""
     wf_id = request.path_params["workflow_id"]
     async with coordd(request) as c:
         wf = await c.workflow_get(wf_id)
@@ -187,6 +193,7 @@ async def workflow_page(request: Request) -> Response:
 
 
 async def agents_page(request: Request) -> Response:
+    """GET /agents[?before=MSG]: agents, messages with their deliveries."""
     async with coordd(request) as c:
         agents = await c.get_agent_status(limit=200)
         log = await c.call("message_log", {"limit": 50,
@@ -197,14 +204,16 @@ async def agents_page(request: Request) -> Response:
 
 
 async def robots(request: Request) -> Response:
+    """GET /robots.txt: keep crawlers out."""
     return Response("User-agent: *\nDisallow: /\n", media_type="text/plain")
 
 
 async def favicon(request: Request) -> Response:
+    """GET /favicon.ico: none (204)."""
     return Response(status_code=204)
 
 
-async def take_token(request: Request, call_next: Any = None) -> Response | None:
+async def take_token(request: Request) -> Response | None:
     """`?token=` on any page: set the cookie and redirect to the same URL without it."""
     settings: Settings = request.app.state.settings
     given = request.query_params.get("token")
@@ -219,12 +228,14 @@ async def take_token(request: Request, call_next: Any = None) -> Response | None
 
 
 def with_token(handler: Any) -> Any:
+    """`handler`, after `take_token`."""
     async def wrapped(request: Request) -> Response:
         return await take_token(request) or await handler(request)
     return wrapped
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
+    """An HTTPException as an error page (plain text under /static)."""
     assert isinstance(exc, HTTPException)
     if request.url.path.startswith("/static/"):
         return Response(exc.detail, exc.status_code, media_type="text/plain")
