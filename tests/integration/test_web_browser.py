@@ -136,7 +136,20 @@ def test_overview_shows_a_job_appear_and_finish_live(browser, site, shots):
     page.wait_for_selector(f'{row}[data-status="succeeded"]', timeout=WAIT_MS)
     assert page.evaluate("window.__notReloaded") is True  # swapped in place, no reload
     page.screenshot(path=str(shots / "overview.png"), full_page=True)
-    page.evaluate("document.dispatchEvent(new Event('visibilitychange'))")
+    # a hidden tab closes its stream: nothing is swapped in until it shows again
+    hide = ("Object.defineProperty(document, 'hidden', {value: %s, configurable: true});"
+            "document.dispatchEvent(new Event('visibilitychange'))")
+    page.evaluate(hide % "true")
+    assert page.evaluate("window.coorddLive.state()") == "closed"
+    assert "paused" in page.inner_text("#live")
+    later = rpc(d.socket, "enqueue", kind="m", required_role="cpu", priority=0,
+                payload={"sleep": 0}).job_id
+    rpc(d.socket, "wait_for", later, 20)
+    page.wait_for_timeout(1000)
+    assert page.locator(f'tr[data-job="{later}"]').count() == 0
+    page.evaluate(hide % "false")
+    page.wait_for_selector(f'tr[data-job="{later}"][data-status="succeeded"]', timeout=WAIT_MS)
+    assert page.evaluate("window.coorddLive.state()") == "open"
     assert errors == []
     page.context.close()
     dark, _ = page_of(browser, dark=True)
