@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.daemon import pct
+from bench.daemon import Daemon, pct
 from bench.pressure import fresh_daemon, preload
 
 GOAL_MS = 200.0
@@ -68,14 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.web")
     ap.add_argument("--jobs", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--keep", help="work in this folder (kept) instead of a temp one")
+    ap.add_argument("--keep", help="work in this folder (kept; a database built there by "
+                    "an earlier run is used again) instead of a temp one")
     args = ap.parse_args(argv)
     tmp = None if args.keep else tempfile.TemporaryDirectory(prefix="bench-web-")
     workdir = Path(args.keep or tmp.name)
-    d = fresh_daemon(workdir, "web")
-    t0 = time.time() - args.jobs * 1e-3
-    took = preload(d.db, groups(args.jobs), t0)
-    print(f"preloaded {args.jobs:,} jobs in {took:.1f}s ({Path(d.db).stat().st_size >> 20} MiB)")
+    if args.keep and (workdir / "web" / "coordd.db").exists():  # built by an earlier run
+        d = Daemon(workdir / "web", probe=False)
+        print(f"reusing {d.db}")
+    else:
+        d = fresh_daemon(workdir, "web")
+        t0 = time.time() - args.jobs * 1e-3
+        took = preload(d.db, groups(args.jobs), t0)
+        print(f"preloaded {args.jobs:,} jobs in {took:.1f}s "
+              f"({Path(d.db).stat().st_size >> 20} MiB)")
     d.start()
     web, host, port = start_web(d.socket)
     try:

@@ -16,6 +16,7 @@ from typing import Any
 from coordd.store.counters import SQL_COUNTS
 
 EVENTS_SCAN_MAX = 100000  # newest events `job_stats` looks at
+ROWID_END = (1 << 63) - 1  # past every rowid: `rowid < coalesce(?, END)` stays a range seek
 
 _ROW_COLUMNS = (
     "j.job_id, j.kind, j.required_role, j.priority, j.status, j.attempts, j.max_attempts, "
@@ -33,7 +34,7 @@ _FILTERS = (
 )
 # the window: at most ?9 jobs, newest first, before rowid ?8 (None: from the newest)
 _WINDOW = (
-    "(SELECT rowid AS r FROM jobs WHERE (?8 IS NULL OR rowid < ?8) "
+    f"(SELECT rowid AS r FROM jobs WHERE rowid < coalesce(?8, {ROWID_END}) "
     "ORDER BY rowid DESC LIMIT ?9) w JOIN jobs j ON j.rowid = w.r "
 )
 SQL_MATCHES = (  # rowids of up to ?10 matches in the window, newest first (one scan)
@@ -42,14 +43,14 @@ SQL_MATCHES = (  # rowids of up to ?10 matches in the window, newest first (one 
 # one workflow's jobs by the jobs_workflow index (no window: a workflow is small)
 SQL_WORKFLOW_MATCHES = (
     f"SELECT j.rowid FROM jobs j WHERE j.workflow_id = ?6 AND {_FILTERS} "
-    "AND (?8 IS NULL OR j.rowid < ?8) AND ?9 > 0 ORDER BY j.rowid DESC LIMIT ?10"
+    f"AND j.rowid < coalesce(?8, {ROWID_END}) AND ?9 > 0 ORDER BY j.rowid DESC LIMIT ?10"
 )
 SQL_ROWS = (  # the page's rows, by rowid (a JSON array), newest first
     f"SELECT {_ROW_COLUMNS} FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id "
     "WHERE j.rowid IN (SELECT value FROM json_each(?)) ORDER BY j.rowid DESC"
 )
 SQL_WINDOW_END = (  # the oldest job of the window (None: the window reaches the first job)
-    "SELECT job_id FROM jobs WHERE (?1 IS NULL OR rowid < ?1) ORDER BY rowid DESC "
+    f"SELECT job_id FROM jobs WHERE rowid < coalesce(?1, {ROWID_END}) ORDER BY rowid DESC "
     "LIMIT 1 OFFSET ?2"
 )
 SQL_ROWID_OF = "SELECT rowid FROM jobs WHERE job_id = ?"
