@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             ("jobs page", "/jobs"),
             ("jobs, status=failed", "/jobs?status=failed"),
             ("jobs, status=waiting P3", "/jobs?status=waiting&priority=3"),
+            ("jobs, status=failed kind=rare", "/jobs?status=failed&kind=rare"),
             ("jobs, kind=rare (no match in the window)", "/jobs?kind=rare"),
             ("jobs, text search", "/jobs?q=%22i%22%3A+999"),
             ("jobs, worker=w9 (event log)", "/jobs?worker=w9"),

@@ -17,10 +17,11 @@ COUNT_CAP = 1000          # `find_jobs` counts matches up to this
 class FindJobs(msgspec.Struct, kw_only=True):
     """`find_jobs`: jobs newest first, every given filter matching; keyset-paged.
 
+    Newest by enqueue; with a `status`, by last change (the most recently failed first).
     `worker`: jobs a worker ever held (from the event log); `text`: a substring of the
-    payload or the last error. A page looks at no more than `scan` jobs (newest first,
-    before the job `before`): `next_before` continues where it stopped, whether or not
-    it filled the page, so each page costs at most `scan` rows however rare the match.
+    payload or the last error, any case. A page looks at no more than `scan` jobs after
+    the job `before`: `next_before` continues where it stopped, whether or not it filled
+    the page, so each page costs at most `scan` rows however rare the match.
     """
 
     status: str | None = None

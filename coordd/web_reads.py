@@ -112,7 +112,7 @@ class WebReads:
         filters = (p.status, p.kind, p.role, p.priority, p.worker, p.workflow_id, text)
         before = None
         if p.before is not None:
-            before = await self._read(web_store.rowid_of, p.before)
+            before = await self._read(web_store.cursor_of, p.before)
             if before is None:
                 raise errors.NotFound(f"job {p.before} not found (the page's `before`)")
         counting = any(f is not None for i, f in enumerate(filters) if i not in STATUS_ONLY)
@@ -134,7 +134,7 @@ class WebReads:
         if full:
             nxt: str | None = jobs[-1].job_id
         else:
-            nxt = await self._read(web_store.window_end, before, p.scan)
+            nxt = await self._read(web_store.window_end, p.status, before, p.scan)
         res = FoundJobs(jobs=jobs, next_before=nxt, scanned=p.scan)
         if not counting:  # status / priority only: the counters are exact
             total = 0

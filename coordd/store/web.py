@@ -17,6 +17,7 @@ from coordd.store.counters import SQL_COUNTS
 
 EVENTS_SCAN_MAX = 100000  # newest events `job_stats` looks at
 ROWID_END = (1 << 63) - 1  # past every rowid: `rowid < coalesce(?, END)` stays a range seek
+TIME_END = "9e18"  # past every updated_at, likewise
 
 _ROW_COLUMNS = (
     "j.job_id, j.kind, j.required_role, j.priority, j.status, j.attempts, j.max_attempts, "
@@ -37,6 +38,23 @@ _WINDOW = (
     f"(SELECT rowid AS r FROM jobs WHERE rowid < coalesce(?8, {ROWID_END}) "
     "ORDER BY rowid DESC LIMIT ?9) w JOIN jobs j ON j.rowid = w.r "
 )
+# with a status: at most ?9 jobs of status ?1 by last change, newest first, before the
+# cursor (updated_at ?11, rowid ?8): the jobs_status index, (status, updated_at, rowid)
+_STATUS_WINDOW = (
+    "(SELECT rowid AS r, updated_at AS u FROM jobs INDEXED BY jobs_status WHERE status = ?1 "
+    f"AND (updated_at, rowid) < (coalesce(?11, {TIME_END}), coalesce(?8, {ROWID_END})) "
+    "ORDER BY updated_at DESC, rowid DESC LIMIT ?9) w JOIN jobs j ON j.rowid = w.r "
+)
+SQL_STATUS_MATCHES = (
+    f"SELECT j.rowid FROM {_STATUS_WINDOW}WHERE {_FILTERS} "
+    "ORDER BY w.u DESC, w.r DESC LIMIT ?10"
+)
+SQL_STATUS_WINDOW_END = (
+    "SELECT job_id FROM jobs INDEXED BY jobs_status WHERE status = ?1 "
+    f"AND (updated_at, rowid) < (coalesce(?2, {TIME_END}), coalesce(?3, {ROWID_END})) "
+    "ORDER BY updated_at DESC, rowid DESC LIMIT 1 OFFSET ?4"
+)
+SQL_CURSOR_OF = "SELECT rowid, updated_at FROM jobs WHERE job_id = ?"
 SQL_MATCHES = (  # rowids of up to ?10 matches in the window, newest first (one scan)
     f"SELECT j.rowid FROM {_WINDOW}WHERE {_FILTERS} ORDER BY j.rowid DESC LIMIT ?10"
 )
@@ -45,15 +63,14 @@ SQL_WORKFLOW_MATCHES = (
     f"SELECT j.rowid FROM jobs j WHERE j.workflow_id = ?6 AND {_FILTERS} "
     f"AND j.rowid < coalesce(?8, {ROWID_END}) AND ?9 > 0 ORDER BY j.rowid DESC LIMIT ?10"
 )
-SQL_ROWS = (  # the page's rows, by rowid (a JSON array), newest first
-    f"SELECT {_ROW_COLUMNS} FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id "
-    "WHERE j.rowid IN (SELECT value FROM json_each(?)) ORDER BY j.rowid DESC"
+SQL_ROWS = (  # the page's rows, by rowid (a JSON array), then the rowid
+    f"SELECT {_ROW_COLUMNS}, j.rowid FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id "
+    "WHERE j.rowid IN (SELECT value FROM json_each(?))"
 )
 SQL_WINDOW_END = (  # the oldest job of the window (None: the window reaches the first job)
     f"SELECT job_id FROM jobs WHERE rowid < coalesce(?1, {ROWID_END}) ORDER BY rowid DESC "
     "LIMIT 1 OFFSET ?2"
 )
-SQL_ROWID_OF = "SELECT rowid FROM jobs WHERE job_id = ?"
 
 SQL_RATES = (  # finished jobs per bucket of ?2 s since ?1, among the newest ?3 events
     "SELECT CAST((at - ?1) / ?2 AS INTEGER), to_status, count(*) FROM "
@@ -90,35 +107,51 @@ SQL_DELIVERIES = (
 )
 
 
-def rowid_of(conn: sqlite3.Connection, job_id: str) -> int | None:
-    """The rowid of a job (None: no such job)."""
-    row = conn.execute(SQL_ROWID_OF, (job_id,)).fetchone()
-    return None if row is None else row[0]
+Cursor = tuple[int, float]  # (rowid, updated_at) of the job a page continues after
 
 
-def matches(conn: sqlite3.Connection, filters: tuple[Any, ...], before: int | None,
+def cursor_of(conn: sqlite3.Connection, job_id: str) -> Cursor | None:
+    """The page cursor of a job (None: no such job)."""
+    row = conn.execute(SQL_CURSOR_OF, (job_id,)).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def matches(conn: sqlite3.Connection, filters: tuple[Any, ...], cursor: Cursor | None,
             scan: int, cap: int) -> list[int]:
     """Rowids of up to `cap` jobs matching `filters` (status, kind, role, priority,
-    worker, workflow_id, lower-cased text) among the `scan` newest jobs before rowid
-    `before` (a workflow's jobs by its index instead), newest first: one pass that both
-    pages and counts."""
-    sql = SQL_WORKFLOW_MATCHES if filters[5] is not None else SQL_MATCHES
-    return [r[0] for r in conn.execute(sql, (*filters, before, scan, cap))]
+    worker, workflow_id, lower-cased text) in one pass over a window of `scan` jobs
+    after `cursor`: with a status, that status's jobs by last change (the jobs_status
+    index); without one, every job by enqueue order; a workflow's jobs by its index.
+    Newest first: the same pass pages and counts."""
+    rowid, updated = cursor if cursor is not None else (None, None)
+    args = (*filters, rowid, scan, cap, updated)
+    if filters[5] is not None:
+        return [r[0] for r in conn.execute(SQL_WORKFLOW_MATCHES, args[:10])]
+    if filters[0] is not None:
+        return [r[0] for r in conn.execute(SQL_STATUS_MATCHES, args)]
+    return [r[0] for r in conn.execute(SQL_MATCHES, args[:10])]
 
 
 def rows(conn: sqlite3.Connection, rowids: list[int]) -> list[tuple[Any, ...]]:
-    """JobRow's fields of these jobs, newest first."""
-    return conn.execute(SQL_ROWS, (json.dumps(rowids),)).fetchall()
+    """JobRow's fields of these jobs, in the order of `rowids`."""
+    got = {r[-1]: r[:-1] for r in conn.execute(SQL_ROWS, (json.dumps(rowids),))}
+    return [got[r] for r in rowids if r in got]
 
 
-def window_end(conn: sqlite3.Connection, before: int | None, scan: int) -> str | None:
-    """The job id where a window of `scan` jobs before `before` stops (None: it reaches
+def window_end(conn: sqlite3.Connection, status: str | None, cursor: Cursor | None,
+               scan: int) -> str | None:
+    """The job id where a window of `scan` jobs after `cursor` stops (None: it reaches
     the oldest job, so there is no further page)."""
-    row = conn.execute(SQL_WINDOW_END, (before, scan - 1)).fetchone()
+    def at(cur: Cursor | None, offset: int) -> Any:
+        rowid, updated = cur if cur is not None else (None, None)
+        if status is not None:
+            return conn.execute(SQL_STATUS_WINDOW_END, (status, updated, rowid, offset)
+                                ).fetchone()
+        return conn.execute(SQL_WINDOW_END, (rowid, offset)).fetchone()
+    row = at(cursor, scan - 1)
     if row is None:
         return None
-    older = conn.execute(SQL_WINDOW_END, (rowid_of(conn, row[0]), 0)).fetchone()
-    return row[0] if older is not None else None
+    return row[0] if at(cursor_of(conn, row[0]), 0) is not None else None
 
 
 def counts(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:

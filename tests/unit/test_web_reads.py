@@ -94,3 +94,28 @@ async def test_workflow_runs_and_message_log(bundle):
     assert runs[0].end - runs[0].start == 5
     log = await bundle.coord.message_log(MessageLog())
     assert log.messages == [] and log.next_before is None
+
+
+async def test_find_jobs_with_a_status_lists_the_latest_change_first(bundle):
+    """The dead letter reads most recently failed first (the jobs_status index), and a
+    status page continues by that order too."""
+    a, b, c = await bundle.enqueue(), await bundle.enqueue(), await bundle.enqueue()
+    await bundle.worker("w1")
+    leases = {}
+    for _ in range(3):
+        got = await bundle.claim("w1")
+        leases[got.job.job_id] = got.lease.token
+    for job_id in (b, c, a):  # a fails last
+        bundle.clock.advance(1)
+        await bundle.coord.fail(Fail(job_id=job_id, worker_id="w1", token=leases[job_id],
+                                     error="x", retryable=False))
+    by_change = await bundle.coord.find_jobs(FindJobs(status="failed", limit=2))
+    assert [j.job_id for j in by_change.jobs] == [a, c] and by_change.exact
+    rest = await bundle.coord.find_jobs(FindJobs(status="failed", before=by_change.next_before))
+    assert [j.job_id for j in rest.jobs] == [b] and rest.next_before is None
+    assert [j.job_id for j in (await bundle.coord.find_jobs(FindJobs())).jobs] == [c, b, a]
+    window = await bundle.coord.find_jobs(FindJobs(status="failed", kind="k", scan=2))
+    assert [j.job_id for j in window.jobs] == [a, c] and window.next_before == c
+    last = await bundle.coord.find_jobs(FindJobs(status="failed", kind="k", scan=2,
+                                                 before=window.next_before))
+    assert [j.job_id for j in last.jobs] == [b] and last.next_before is None
