@@ -36,6 +36,7 @@ HERE = Path(__file__).parent
 CALL_TIMEOUT_S = 10.0
 JOBS_PAGE = 50
 RECENT_JOBS = 15
+LOG_BYTES_SHOWN = 64 << 10  # a job page shows this much of the captured output
 FILTERS = ("status", "kind", "role", "priority", "worker", "workflow", "q")
 RETRYABLE = ("failed", "cancelled", "skipped")
 
@@ -157,8 +158,14 @@ async def job_page(request: Request) -> Response:
         job = await c.get_job(request.path_params["job_id"], prefix=True)
         now = (await c.status()).now
         head = (await c.call("feed_head", {}))["event_id"]
+        try:
+            logs = await c.job_logs(job.job_id, limit_bytes=LOG_BYTES_SHOWN)
+        except errors.UnknownMethod:  # an older coordd keeps no output
+            logs = None
     tries = shapes.attempts(job)
     return render(request, "job.html", job=job, attempts=tries, now=now, head=head,
+                  output=shapes.output(logs.chunks) if logs else [],
+                  output_more=bool(logs and logs.more),
                   bars=shapes.timeline_bars(tries, job, now),
                   feed=f"/events?{urlencode({'job': job.job_id})}")
 

@@ -205,3 +205,15 @@ def timeline_bars(attempt_list: list[Attempt], job: Any, now: float,
              "y": 4 + i * 26, "ty": 21 + i * 26,
              "dur": (a.end if a.end is not None else now) - a.start}
             for i, a in enumerate(real)]
+
+
+def output(chunks: list[Any]) -> list[dict[str, Any]]:
+    """Captured model output grouped by lease (one run): attempt, worker, token, and the
+    text of each stream, decoded leniently."""
+    runs: dict[int, dict[str, Any]] = {}
+    for ch in chunks:
+        run = runs.setdefault(ch.token, {"attempt": ch.attempt, "worker": ch.worker_id,
+                                         "token": ch.token, "streams": {}, "at": ch.at})
+        run["streams"][ch.stream] = run["streams"].get(ch.stream, "") + \
+            bytes(ch.data).decode("utf-8", "replace")
+    return sorted(runs.values(), key=lambda r: r["token"])

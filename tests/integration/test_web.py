@@ -54,6 +54,7 @@ def test_every_page_renders_real_data(filled):
         assert "&#34;ok&#34;: true" in done  # the result
         running = web.get(f"/jobs/{ids['running']}").text
         assert "Held by <b>w1</b>" in running
+        assert "loading the model" in running and "lease token 1" in running  # its output
         flows = web.get("/workflows").text
         assert ids["workflow"] in flows
         wf = web.get(f"/workflows/{ids['workflow']}").text

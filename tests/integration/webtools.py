@@ -80,6 +80,8 @@ def fill(socket: str) -> dict[str, Any]:
         bad = c.claim("w1", lease_s=60)
         c.fail(bad.job.job_id, "w1", bad.lease.token, "it broke", retryable=False)
         held = c.claim("w1", lease_s=60)
+        c.log_append(held.job.job_id, "w1", held.lease.token, "stderr", 0,
+                     b"loading the model\n")
         out.update(succeeded=done.job.job_id, failed=bad.job.job_id, running=held.job.job_id)
         wf = c.workflow_submit({"name": "pair", "nodes": [
             {"name": "first", "kind": "k1", "required_role": "gpu"},
