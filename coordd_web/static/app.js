@@ -55,3 +55,21 @@
   if (!feed) { say("", ""); } else if (!document.hidden) { open(); }
   window.coorddLive = { state: function () { return es ? "open" : "closed"; }, head: function () { return head; } };
 })();
+
+// Keyboard: g then o/w/j/f/a goes to a page; "/" focuses the jobs filter's text box.
+(function () {
+  "use strict";
+  var pages = { o: "/", w: "/workers", j: "/jobs", f: "/workflows", a: "/agents" };
+  var g = false;
+  document.addEventListener("keydown", function (e) {
+    var t = e.target;
+    if (e.ctrlKey || e.metaKey || e.altKey || (t && (t.isContentEditable || /^(INPUT|SELECT|TEXTAREA)$/.test(t.tagName)))) { return; }
+    if (e.key === "/") {
+      var q = document.querySelector("input[name=q]");
+      if (q) { e.preventDefault(); q.focus(); }
+      return;
+    }
+    if (g && pages[e.key]) { location.href = pages[e.key]; }
+    g = e.key === "g";
+  });
+})();

@@ -150,6 +150,11 @@ def test_overview_shows_a_job_appear_and_finish_live(browser, site, shots):
     page.evaluate(hide % "false")
     page.wait_for_selector(f'tr[data-job="{later}"][data-status="succeeded"]', timeout=WAIT_MS)
     assert page.evaluate("window.coorddLive.state()") == "open"
+    page.keyboard.press("g")
+    page.keyboard.press("j")  # keyboard: g j -> the jobs page, "/" -> its text filter
+    page.wait_for_url("**/jobs")
+    page.keyboard.press("/")
+    assert page.evaluate("document.activeElement.name") == "q"
     assert errors == []
     page.context.close()
     dark, _ = page_of(browser, dark=True)
