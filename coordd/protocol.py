@@ -491,4 +491,5 @@ ADMIN_METHODS = ADMIN_METHODS | WORKER_ADMIN_METHODS
 # ---------------------------------------------------------------- output (issue 14), push (15)
 from coordd.protocol_logs import LOG_PARAMS  # noqa: E402
 from coordd.protocol_push import PUSH_PARAMS  # noqa: E402
-PARAMS.update(LOG_PARAMS | PUSH_PARAMS)
+from coordd.protocol_web import WEB_PARAMS  # noqa: E402  (the web view's reads, issue 19)
+PARAMS.update(LOG_PARAMS | PUSH_PARAMS | WEB_PARAMS)

@@ -19,6 +19,7 @@ import msgspec
 
 from coordd import (
     backup, errors, fdlimit, gates, governor, intake, leases, store, values, views, waits,
+    web_reads,
 )
 from coordd import explain
 from coordd.maintenance import Maintenance, file_size
@@ -106,6 +107,7 @@ class Coordinator:
         for method in LOG_PARAMS:  # a job's captured output: coordd.logs
             setattr(self, method, getattr(self.logs, method))
         waits.Waits.serve(self)  # self.push: claim wait_s, wait_job, watch_* (coordd.push)
+        web_reads.WebReads.serve(self)  # find_jobs, job_stats, fleet, ... (the web view)
 
     async def start(self) -> None:
         """Open the writer (creating and migrating the DB) and the read-only connections.

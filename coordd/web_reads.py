@@ -1,0 +1,230 @@
+"""The web view's read-only methods (issue 19): `find_jobs`, `job_stats`, `fleet`,
+`workflow_runs`, `message_log` (coordd.protocol_web).
+
+All run on the read connections (SQL in coordd.store.web); none writes. The one thing kept
+in memory is each worker's last READINGS_KEPT heartbeats' numeric readings, for the
+workers page's sparklines: recorded after the heartbeat's commit, never stored, so the
+heartbeat's transaction and the claim path are untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from coordd import errors
+from coordd.names import check_name
+from coordd.protocol import JOB_STATUSES, Heartbeat, HeartbeatResult
+from coordd.protocol_web import (
+    COUNT_CAP, FIND_LIMIT_MAX, FeedHead, FIND_SCAN_MAX, WEB_PARAMS, Delivery, FindJobs, FleetResult,
+    FoundJobs, HeldLease, JobRow, JobStats, JobStatsResult, LoggedMessage, MessageLog,
+    MessageLogResult, NodeRun, NoParams, Reservation, WorkflowRef, WorkflowRuns,
+)
+from coordd.store import push as push_store
+from coordd.store import web as web_store
+
+READINGS_KEPT = 120     # heartbeats kept per worker (at 5 s: the last 10 minutes)
+READING_KEYS_MAX = 16   # numeric readings kept per heartbeat
+WORKERS_KEPT = 1000     # workers whose readings are kept (the least recently heard go)
+BUCKETS_MAX = 1440
+STATUS_ONLY = (0, 3)    # filter positions (status, priority) the status counters can count exactly
+
+
+class ReadingsLog:
+    """Each worker's recent numeric readings, oldest first, in memory only."""
+
+    def __init__(self, kept: int = READINGS_KEPT, workers: int = WORKERS_KEPT) -> None:
+        self._kept = kept
+        self._workers = workers
+        self._log: OrderedDict[str, deque[tuple[float, dict[str, float]]]] = OrderedDict()
+
+    def add(self, worker_id: str, at: float, readings: dict[str, Any]) -> None:
+        """Keep the finite numeric readings (bools left out) of one heartbeat."""
+        kept: dict[str, float] = {}
+        for key, value in readings.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and math.isfinite(value):
+                kept[key] = float(value)
+                if len(kept) == READING_KEYS_MAX:
+                    break
+        ring = self._log.pop(worker_id, None) or deque(maxlen=self._kept)
+        ring.append((at, kept))
+        self._log[worker_id] = ring
+        while len(self._log) > self._workers:
+            self._log.popitem(last=False)
+
+    def snapshot(self) -> dict[str, list[tuple[float, dict[str, float]]]]:
+        """worker_id -> [(at, readings)], oldest first."""
+        return {w: list(ring) for w, ring in self._log.items()}
+
+
+class WebReads:
+    """The web view's methods over one Coordinator's read connections.
+
+    Args:
+        read: `await read(fn, *args)` runs `fn(conn, *args)` on a read connection.
+        clock_wall: coordd's wall clock.
+    """
+
+    def __init__(self, read: Callable[..., Awaitable[Any]],
+                 clock_wall: Callable[[], float]) -> None:
+        self._read = read
+        self._wall = clock_wall
+        self.readings = ReadingsLog()
+
+    @classmethod
+    def serve(cls, coord: Any) -> "WebReads":
+        """Give a Coordinator the web methods, and record each heartbeat's readings after
+        it committed (around the Coordinator's own `heartbeat`)."""
+        reads = coord.web_reads = cls(coord.read, coord.clock.wall)
+        beat = coord.heartbeat
+
+        async def heartbeat(p: Heartbeat) -> HeartbeatResult:
+            res: HeartbeatResult = await beat(p)
+            reads.readings.add(p.worker_id, res.now, p.readings)
+            return res
+        coord.heartbeat = heartbeat
+        for method in WEB_PARAMS:
+            setattr(coord, method, getattr(reads, method))
+        return reads
+
+    async def find_jobs(self, p: FindJobs) -> FoundJobs:
+        """A page of jobs, newest first, matching every given filter (FindJobs).
+
+        Raises: BadRequest (a bad status, priority, limit or scan), NotFound (`before`
+        names no job).
+        """
+        if p.status is not None and p.status not in JOB_STATUSES:
+            raise errors.BadRequest(f"status must be one of {', '.join(JOB_STATUSES)}")
+        if p.priority is not None and p.priority not in (0, 1, 2, 3):
+            raise errors.BadRequest(f"priority must be 0..3, got {p.priority}")
+        if not 1 <= p.limit <= FIND_LIMIT_MAX:
+            raise errors.BadRequest(f"limit must be 1..{FIND_LIMIT_MAX}, got {p.limit}")
+        if not 1 <= p.scan <= FIND_SCAN_MAX:
+            raise errors.BadRequest(f"scan must be 1..{FIND_SCAN_MAX}, got {p.scan}")
+        for name in ("kind", "role", "worker", "workflow_id"):
+            value = getattr(p, name)
+            if value is not None:
+                check_name(name, value)
+        text = p.text.lower() if p.text else None
+        filters = (p.status, p.kind, p.role, p.priority, p.worker, p.workflow_id, text)
+        before = None
+        if p.before is not None:
+            before = await self._read(web_store.cursor_of, p.before)
+            if before is None:
+                raise errors.NotFound(f"job {p.before} not found (the page's `before`)")
+        counting = any(f is not None for i, f in enumerate(filters) if i not in STATUS_ONLY)
+        found = await self._read(web_store.matches, filters, before, p.scan,
+                                 COUNT_CAP + 1 if counting else p.limit)
+        page_ids = found[:p.limit]
+        rows = await self._read(web_store.rows, page_ids) if page_ids else []
+        jobs = [JobRow(job_id=r[0], kind=r[1], required_role=r[2], priority=r[3],
+                       status=r[4], attempts=r[5], max_attempts=r[6], created_at=r[7],
+                       updated_at=r[8], run_at=r[9], last_error=r[10], worker_id=r[11],
+                       lease_expires_at=r[12], workflow_id=r[13], node=r[14]) for r in rows]
+        full = len(found) > p.limit or (not counting and len(found) == p.limit)
+        if p.workflow_id is not None:  # by its index, not a window
+            nxt = jobs[-1].job_id if full else None
+            return FoundJobs(jobs=jobs, next_before=nxt, scanned=len(found),
+                             count=min(len(found), COUNT_CAP),
+                             count_capped=len(found) > COUNT_CAP,
+                             exact=not full and before is None)
+        if full:
+            nxt: str | None = jobs[-1].job_id
+        else:
+            nxt = await self._read(web_store.window_end, p.status, before, p.scan)
+        res = FoundJobs(jobs=jobs, next_before=nxt, scanned=p.scan)
+        if not counting:  # status / priority only: the counters are exact
+            total = 0
+            for status, prio, n in await self._read(web_store.counts):
+                if (p.status is None or status == p.status) \
+                        and (p.priority is None or prio == p.priority):
+                    total += n
+            res.count, res.exact = total, True
+        else:
+            res.count, res.count_capped = min(len(found), COUNT_CAP), len(found) > COUNT_CAP
+        return res
+
+    async def job_stats(self, p: JobStats) -> JobStatsResult:
+        """Counts by status and priority, finished jobs per bucket, the feed's head.
+
+        Raises: BadRequest (window or bucket not positive, too many buckets).
+        """
+        if not (p.window_s > 0 and p.bucket_s > 0 and math.isfinite(p.window_s)
+                and math.isfinite(p.bucket_s)):
+            raise errors.BadRequest("window_s and bucket_s must be finite and > 0")
+        n = math.ceil(p.window_s / p.bucket_s)
+        if n > BUCKETS_MAX:
+            raise errors.BadRequest(f"window_s / bucket_s must be at most {BUCKETS_MAX}")
+        now = self._wall()
+        start = now - n * p.bucket_s
+        counts = {s: [0, 0, 0, 0] for s in JOB_STATUSES}
+        for status, prio, k in await self._read(web_store.counts):
+            counts.setdefault(status, [0, 0, 0, 0])[prio] += k
+        rows, scanned = await self._read(web_store.rates, start, p.bucket_s)
+        ok, bad = [0] * n, [0] * n
+        for b, status, k in rows:
+            b = min(b, n - 1)  # an event at `now` itself: the last bucket
+            if 0 <= b:
+                (ok if status == "succeeded" else bad)[b] += k
+        return JobStatsResult(now=now, counts=counts,
+                              bucket_starts=[start + i * p.bucket_s for i in range(n)],
+                              succeeded=ok, failed=bad, events_scanned=scanned,
+                              head_event_id=await self._read(push_store.last_event))
+
+    async def fleet(self, p: NoParams | None = None) -> FleetResult:
+        """Live leases, reservations and each worker's recent readings."""
+        now = self._wall()
+        held = [HeldLease(worker_id=r[0], job_id=r[1], kind=r[2], priority=r[3],
+                          granted_at=r[4], expires_at=r[5])
+                for r in await self._read(web_store.held)]
+        res = [Reservation(worker_id=r[0], job_id=r[1], victim_job_id=r[2], expires_at=r[3])
+               for r in await self._read(web_store.reservations, now)]
+        return FleetResult(now=now, held=held, reservations=res,
+                           readings=self.readings.snapshot(),
+                           head_event_id=await self._read(push_store.last_event))
+
+    async def feed_head(self, p: NoParams | None = None) -> FeedHead:
+        """The event feed's newest event id (0 when there is none)."""
+        return FeedHead(event_id=await self._read(push_store.last_event))
+
+    async def workflow_runs(self, p: WorkflowRef) -> WorkflowRuns:
+        """Every attempt of the workflow's nodes: from each claim to the event that ended
+        it (None while it runs). Raises: BadRequest (empty id)."""
+        check_name("workflow_id", p.workflow_id)
+        runs: list[NodeRun] = []
+        open_runs: dict[str, NodeRun] = {}
+        for node, job_id, at, worker_id, from_status, to_status in await self._read(
+                web_store.workflow_events, p.workflow_id):
+            run = open_runs.get(job_id)
+            if run is not None and from_status == "running" and to_status != "running":
+                run.end, run.outcome = at, to_status
+                del open_runs[job_id]
+            if to_status == "running" and from_status != "running":
+                run = NodeRun(node=node or job_id, job_id=job_id, worker_id=worker_id,
+                              start=at)
+                runs.append(run)
+                open_runs[job_id] = run
+        return WorkflowRuns(runs=runs)
+
+    async def message_log(self, p: MessageLog) -> MessageLogResult:
+        """Hub messages newest first, with each reader's delivery state.
+
+        Raises: BadRequest (limit outside 1..FIND_LIMIT_MAX).
+        """
+        if not 1 <= p.limit <= FIND_LIMIT_MAX:
+            raise errors.BadRequest(f"limit must be 1..{FIND_LIMIT_MAX}, got {p.limit}")
+        rows, deliveries = await self._read(web_store.messages, p.before, p.limit)
+        by_id: dict[str, list[Delivery]] = {}
+        for mid, reader, n, at, visible, done in deliveries:
+            by_id.setdefault(mid, []).append(Delivery(reader=reader, deliveries=n,
+                                                      delivered_at=at, visible_at=visible,
+                                                      processed_at=done))
+        out = [LoggedMessage(message_id=r[0], sender=r[1], recipient=r[2], message_type=r[3],
+                             priority=r[4], status=r[5], created_at=r[6], processed_at=r[7],
+                             expires_at=r[8], preview=r[9] or "",
+                             deliveries=by_id.get(r[0], [])) for r in rows]
+        nxt = out[-1].message_id if len(out) == p.limit else None
+        return MessageLogResult(messages=out, next_before=nxt)

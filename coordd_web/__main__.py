@@ -1,0 +1,77 @@
+"""coordd-web: serve the web view on a loopback address.
+
+    coordd-web [--socket PATH] [--port 8787] [--host 127.0.0.1] [--actions]
+               [--allow-host NAME ...]
+
+With `--actions` a random token is printed at start; the browser opens the printed URL
+once (`?token=` becomes a same-site cookie) and every action sends it back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from coordd_web.security import LOOPBACK_HOSTS, new_token
+
+PORT_DEFAULT = 8787
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="coordd-web", description=__doc__.split("\n")[0])
+    ap.add_argument("--socket", help="coordd's socket (default: $COORDD_SOCKET or the per-user one)")
+    ap.add_argument("--host", default="127.0.0.1", help="loopback address to bind (127.0.0.1, ::1)")
+    ap.add_argument("--port", type=int, default=PORT_DEFAULT, help="TCP port (0: any free one)")
+    ap.add_argument("--actions", action="store_true",
+                    help="enable cancel/retry/reap (off by default; needs the printed token)")
+    ap.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                    help="another Host header name to accept (e.g. behind an SSH tunnel)")
+    ap.add_argument("--log-level", default="info")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run coordd-web until SIGINT/SIGTERM; exit 2 on a usage error."""
+    args = parse(argv)
+    if args.host not in LOOPBACK_HOSTS:
+        print(f"coordd-web: --host must be a loopback address (127.0.0.1, ::1), got "
+              f"{args.host!r}", file=sys.stderr)
+        return 2
+    if not 0 <= args.port <= 65535:
+        print(f"coordd-web: --port must be 0..65535, got {args.port}", file=sys.stderr)
+        return 2
+    import socket
+
+    import uvicorn
+
+    from coordd_web.app import Settings, build_app
+    token = new_token() if args.actions else None
+    app = build_app(Settings(socket=args.socket, actions=args.actions, token=token,
+                             allow_hosts=tuple(args.allow_host)))
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        print(f"coordd-web: cannot listen on {args.host}:{args.port}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
+    sock.listen(128)  # connections wait in the backlog until uvicorn serves them
+    port = sock.getsockname()[1]
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{shown}:{port}/"
+    if token:
+        print(f"coordd-web: actions are ON; open {url}?token={token}", flush=True)
+    else:
+        print(f"coordd-web: read-only view at {url}", flush=True)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=2)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
