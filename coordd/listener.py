@@ -96,9 +96,10 @@ class Listener:
                 logger.error("accept failed: %s", exc, extra={"action": "accept_failed"})
                 self._pause()
                 return
-            fdlimit.note_ok()
             if self._reserve is None:
                 self._open_reserve()
+            if self._reserve is not None:  # headroom again: this accept and the reserve
+                fdlimit.note_ok()
             conn.setblocking(False)
             task = loop.create_task(self._serve(conn))
             self._pending.add(task)
