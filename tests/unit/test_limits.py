@@ -17,7 +17,7 @@ from coordd.clock import FakeClock
 from coordd.protocol import Claim, Complete, Fail, JobId, ListJobs
 from coordd.protocol_limits import LimitReset, LimitSet, LimitsQuery, LimitUse
 from coordd.protocol_workers import Goodbye, Release
-from coordd.protocol_workflows import WorkflowNode, WorkflowSubmit
+from coordd.protocol_workflows import WorkflowId, WorkflowNode, WorkflowSubmit
 from coordd.service import Coordinator
 from coordd.store import CLAIM_SCAN
 from coordd.store import limits as limit_store
@@ -220,11 +220,14 @@ async def test_enqueue_checks_the_limits_it_names(make_bundle):
 async def test_workflow_nodes_consume_their_limits(make_bundle):
     b = await make_bundle(limits={"openai": {"concurrency": 1}})
     await b.worker("w")
-    await b.coord.workflow_submit(WorkflowSubmit(name="wf", nodes=[
+    sub = await b.coord.workflow_submit(WorkflowSubmit(name="wf", nodes=[
         WorkflowNode(name=n, kind="k", required_role="cpu", limits=["openai"])
         for n in ("a", "b")]))
     assert (await b.claim("w")).job is not None
     assert (await b.claim("w")).reasons == ["limit"]
+    wf = await b.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
+    waiting = [n for n in wf.nodes if n.status == "waiting"]
+    assert [n.reason for n in waiting] == ["limit openai: 1/1 running"]
 
 
 async def test_kind_default_limits(make_bundle):
