@@ -26,6 +26,7 @@ from coordd.maintenance import Maintenance, file_size
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle
 from coordd.limit_service import FleetLimits
+from coordd.protocol_limits import LimitsQuery
 from coordd.logs import JobLogStore
 from coordd.ids import JobIds
 from coordd.clock import Clock, anchored
@@ -353,6 +354,7 @@ class Coordinator:
         st = await self.status()
         self.artifact_bytes = await asyncio.to_thread(tree_bytes, self.artifact_dir)
         self.meters.set_status(st, self.writer.queue_depth, self.artifact_bytes)
+        self.meters.set_limits((await self.limits(LimitsQuery(holders=False))).limits)
         return MetricsResult(text=self.meters.render())
 
     # ------------------------------------------------------------ reads

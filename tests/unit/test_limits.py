@@ -370,3 +370,21 @@ def test_config_refuses_bad_limits():
             config_mod.load(None, limits=bad)
     with pytest.raises(errors.ConfigError, match="kind_limits.chat: unknown limit"):
         config_mod.load(None, kind_limits={"chat": ["openai"]})
+
+
+async def test_limit_gauges_in_metrics(make_bundle):
+    b = await make_bundle(limits={"openai": {"concurrency": 8, "rate": "120/min",
+                                             "reserve": {"p0": 3, "p1": 1}}})
+    await b.worker("w")
+    for _ in range(3):
+        await b.enqueue(priority=3, limits=["openai"])
+    await b.claim("w")
+    text = (await b.coord.metrics()).text
+    for line in ('coordd_limit_units{limit="openai",state="used"} 1.0',
+                 'coordd_limit_units{limit="openai",state="max"} 8.0',
+                 'coordd_limit_rate_units{limit="openai",state="used"} 1.0',
+                 'coordd_limit_rate_units{limit="openai",state="max"} 120.0',
+                 'coordd_limit_usable{limit="openai",priority="0"} 7.0',
+                 'coordd_limit_usable{limit="openai",priority="3"} 3.0',
+                 'coordd_limit_waiting_jobs{limit="openai"} 2.0'):
+        assert line in text, line
