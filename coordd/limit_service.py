@@ -184,9 +184,8 @@ def _views(conn: sqlite3.Connection, now: float, book: LimitBook, names: list[st
     for name in names:
         limit = book.defs[name]
         used = limit_store.held(conn, name)
-        window = limit_store.window(conn, name, now, limit.rate_window_s) \
-            if limit.rate_n else []
-        rate_used = sum(u for _, u in window)
+        rate_used = limit_store.window_used(conn, name, now, limit.rate_window_s) \
+            if limit.rate_n else 0
         usable: dict[str, int | None] = {}
         for prio in range(4):
             room = [] if limit.concurrency is None else \
@@ -195,8 +194,10 @@ def _views(conn: sqlite3.Connection, now: float, book: LimitBook, names: list[st
                 room.append(limit.rate_n - limit.held_back(prio) - rate_used)
             usable[f"p{prio}"] = max(0, min(room)) if room else None
         next_slot = None
-        if limit.rate_n and window and rate_used >= limit.rate_n:
-            next_slot = max(0.0, window[0][0] + limit.rate_window_s - now)
+        if limit.rate_n and rate_used >= limit.rate_n:  # full: when its oldest unit frees
+            frees = limit_store.window_frees(conn, name, now, limit.rate_window_s,
+                                             rate_used - limit.rate_n + 1)
+            next_slot = None if frees is None else max(0.0, frees - now)
         budget_used = {m: limit_store.usage(conn, name, m, now, b[1])
                        for m, b in limit.budget.items()}
         settings = limit.settings()

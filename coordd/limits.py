@@ -302,31 +302,27 @@ def concurrency_refusal(limit: Limit, used: int, units: int, priority: int) -> s
     return text
 
 
-def rate_refusal(limit: Limit, window: list[tuple[float, int]], units: int, priority: int,
-                 now: float) -> tuple[str | None, float | None]:
-    """Whether `units` more claims fit `limit`'s rate at `now`, given the claims of its
-    window [(at, units)] oldest first: (why not, when enough frees) or (None, None).
-
-    A claim at `at` holds its units until `at + window` (then the slot is free again)."""
+def rate_excess(limit: Limit, used: int, units: int, priority: int) -> int:
+    """Units of the rate window's claims that must leave it before `units` more may be
+    claimed by a job of `priority` (0: they may now). `used`: units claimed in the
+    window. A claim at `at` holds its units until `at + window` (then they are free)."""
     if not limit.rate_n:
-        return None, None
+        return 0
     allowed = limit.rate_n - limit.held_back(priority)
-    used = sum(u for _, u in window)
-    if used + units <= allowed:
-        return None, None
-    free_at = None
-    for at, u in window:  # the oldest claims leave the window first
-        used -= u
-        if used + units <= allowed:
-            free_at = at + limit.rate_window_s
-            break
+    if units > allowed:
+        return max(1, used + units - allowed)  # never, for this priority: reported as full
+    return max(0, used + units - allowed)
+
+
+def rate_refusal_text(limit: Limit, priority: int, free_at: float | None, now: float) -> str:
+    """`rate 120/min, next slot in 14 s` (with the units kept for better priorities)."""
     kept = limit.held_back(priority)
     text = f"rate {limit.rate}"
     if kept:
         text += f" ({kept} kept for {limit.kept_for(priority)})"
     if free_at is not None:
         text += f", next slot in {max(0, math.ceil(free_at - now - 1e-9)):d} s"
-    return text, free_at
+    return text
 
 
 def budget_refusal(limit: Limit, metric: str, used: float, priority: int) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from coordd.limits import (
-    LimitBook, budget_refusal, concurrency_refusal, rate_refusal,
+    LimitBook, budget_refusal, concurrency_refusal, rate_excess, rate_refusal_text,
 )
 
 # The limits migration (issue 17): its own step, so the lead can renumber it at merge.
@@ -71,7 +71,13 @@ SQL_INSERT_HOLD = (
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
 SQL_PRUNE_CLAIMS = "DELETE FROM limit_claims WHERE name = ? AND at <= ?"
-SQL_WINDOW = "SELECT at, units FROM limit_claims WHERE name = ? AND at > ? ORDER BY at"
+SQL_WINDOW_USED = "SELECT coalesce(sum(units), 0) FROM limit_claims WHERE name = ? AND at > ?"
+# When the oldest claims of the window (?1 name, after ?2) holding ?3 units have left it:
+# the time of the claim at which their running sum reaches ?3, plus the window.
+SQL_WINDOW_FREES = (
+    "SELECT at FROM (SELECT at, sum(units) OVER (ORDER BY at ROWS UNBOUNDED PRECEDING) "
+    "AS run FROM limit_claims WHERE name = ?1 AND at > ?2) WHERE run >= ?3 ORDER BY at LIMIT 1"
+)
 SQL_INSERT_CLAIM = "INSERT INTO limit_claims (name, at, units) VALUES (?, ?, ?)"
 SQL_PRUNE_USAGE = "DELETE FROM limit_usage WHERE name = ? AND metric = ? AND at <= ?"
 SQL_USAGE = ("SELECT coalesce(sum(amount), 0) FROM limit_usage "
@@ -109,10 +115,16 @@ def job_limits(conn: sqlite3.Connection, job_id: str) -> list[tuple[str, int]]:
     return sorted(conn.execute(SQL_JOB_LIMITS, (job_id,)).fetchall())
 
 
-def window(conn: sqlite3.Connection, name: str, now: float, window_s: float
-           ) -> list[tuple[float, int]]:
-    """The claims [(at, units)] in the rate window ending at `now`, oldest first."""
-    return conn.execute(SQL_WINDOW, (name, now - window_s)).fetchall()
+def window_used(conn: sqlite3.Connection, name: str, now: float, window_s: float) -> int:
+    """Units claimed in the rate window ending at `now`."""
+    return conn.execute(SQL_WINDOW_USED, (name, now - window_s)).fetchone()[0]
+
+
+def window_frees(conn: sqlite3.Connection, name: str, now: float, window_s: float,
+                 units: int) -> float | None:
+    """When `units` of the window's oldest claims have left it (None: it holds fewer)."""
+    row = conn.execute(SQL_WINDOW_FREES, (name, now - window_s, units)).fetchone()
+    return None if row is None else row[0] + window_s
 
 
 def held(conn: sqlite3.Connection, name: str) -> int:
@@ -140,7 +152,7 @@ class ClaimLimits:
         self.next_slot_at: float | None = None
         self._uses: dict[str, list[tuple[str, int]]] = {}
         self._held: dict[str, int] = {}
-        self._window: dict[str, list[tuple[float, int]]] = {}
+        self._window: dict[str, int] = {}
         self._usage: dict[tuple[str, str], float] = {}
 
     def admits(self, priority: int, job_id: str) -> bool:
@@ -160,10 +172,12 @@ class ClaimLimits:
                 if c is not None:
                     why.append(c)
             if limit.rate_n:
-                r, free_at = rate_refusal(limit, self._rate_window(name, limit.rate_window_s),
-                                          units, priority, self.now)
-                if r is not None:
-                    why.append(r)
+                excess = rate_excess(limit, self._rate_used(name, limit.rate_window_s), units,
+                                     priority)
+                if excess:
+                    free_at = window_frees(self.conn, name, self.now, limit.rate_window_s,
+                                           excess)
+                    why.append(rate_refusal_text(limit, priority, free_at, self.now))
                     if free_at is not None and (self.next_slot_at is None
                                                 or free_at < self.next_slot_at):
                         self.next_slot_at = free_at
@@ -195,12 +209,12 @@ class ClaimLimits:
             got = self._held[name] = held(self.conn, name)
         return got
 
-    def _rate_window(self, name: str, window_s: float) -> list[tuple[float, int]]:
+    def _rate_used(self, name: str, window_s: float) -> int:
         got = self._window.get(name)
         if got is None:
             if self._prune:
                 self.conn.execute(SQL_PRUNE_CLAIMS, (name, self.now - window_s))
-            got = self._window[name] = window(self.conn, name, self.now, window_s)
+            got = self._window[name] = window_used(self.conn, name, self.now, window_s)
         return got
 
     def _used(self, name: str, metric: str, window_s: float) -> float:
