@@ -65,6 +65,11 @@ MIGRATION_LIMITS = """
 
 SQL_ATTACH = "INSERT INTO job_limits (job_id, name, units) VALUES (?, ?, ?)"
 SQL_JOB_LIMITS = "SELECT name, units FROM job_limits WHERE job_id = ?"
+# The claim's look at a candidate: its limits, with the units of each held now (one step).
+SQL_CANDIDATE_LIMITS = (
+    "SELECT jl.name, jl.units, (SELECT coalesce(sum(h.units), 0) FROM limit_holds h "
+    "WHERE h.name = jl.name) FROM job_limits jl WHERE jl.job_id = ?"
+)
 SQL_HELD = "SELECT coalesce(sum(units), 0) FROM limit_holds WHERE name = ?"
 SQL_INSERT_HOLD = (
     "INSERT OR REPLACE INTO limit_holds (name, job_id, units, priority, worker_id, since) "
@@ -151,24 +156,23 @@ class ClaimLimits:
         self.detail: str | None = None
         self.next_slot_at: float | None = None
         self._uses: dict[str, list[tuple[str, int]]] = {}
-        self._held: dict[str, int] = {}
         self._window: dict[str, int] = {}
         self._usage: dict[tuple[str, str], float] = {}
 
     def admits(self, priority: int, job_id: str) -> bool:
         """True when every limit the job names has room for a job of `priority`; a
         limit no longer defined holds nothing back."""
-        uses = self.conn.execute(SQL_JOB_LIMITS, (job_id,)).fetchall()
-        if not uses:
+        rows = self.conn.execute(SQL_CANDIDATE_LIMITS, (job_id,)).fetchall()
+        if not rows:
             return True
         parts = []
-        for name, units in uses:
+        for name, units, held_now in rows:
             limit = self.book.defs.get(name)
             if limit is None:
                 continue
             why = []
             if limit.concurrency is not None:
-                c = concurrency_refusal(limit, self._held_units(name), units, priority)
+                c = concurrency_refusal(limit, held_now, units, priority)
                 if c is not None:
                     why.append(c)
             if limit.rate_n:
@@ -191,7 +195,7 @@ class ClaimLimits:
             if self.detail is None:
                 self.detail = "; ".join(parts)
             return False
-        self._uses[job_id] = uses
+        self._uses[job_id] = [(name, units) for name, units, _ in rows]
         return True
 
     def take(self, job_id: str, worker_id: str, priority: int) -> None:
@@ -202,12 +206,6 @@ class ClaimLimits:
             limit = self.book.defs.get(name)
             if limit is not None and limit.rate_n:
                 self.conn.execute(SQL_INSERT_CLAIM, (name, self.now, units))
-
-    def _held_units(self, name: str) -> int:
-        got = self._held.get(name)
-        if got is None:
-            got = self._held[name] = held(self.conn, name)
-        return got
 
     def _rate_used(self, name: str, window_s: float) -> int:
         got = self._window.get(name)
