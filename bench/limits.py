@@ -7,7 +7,8 @@ limit work itself: the candidate's limits looked up, the units held summed, the 
 written with the lease and freed by the lease-end trigger) and every job naming it. The
 two alternate within a round (same machine state), with a third: the limit configured
 and no job naming it (the cost a job naming none pays); the ratio of medians is the figure
-(issue 17: >= 0.9x). bench/README.md has the method.
+(issue 17: >= 0.9x). Then the claim's own cost without the RPC around it
+(bench/limits_store.py). bench/README.md has the method.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench import coordd_bench, daemon, load
+from bench.limits_store import store_costs
 
 LIMIT_CONFIG = "[limits.bench]\nconcurrency = {concurrency}\n{rate}"
 
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=1000,
                    help="the limit's concurrency (default 1000: never reached)")
     p.add_argument("--rate", default=None, help="also a rate on the limit, e.g. 1000000/min")
+    p.add_argument("--store-jobs", type=int, default=4000,
+                   help="jobs per in-process store measurement (0: skip it)")
     p.add_argument("--out", help="write the figures as JSON here")
     args = p.parse_args(argv)
     rate = f'rate = "{args.rate}"\n' if args.rate else ""
@@ -75,9 +79,14 @@ def main(argv: list[str] | None = None) -> int:
           f" = {ratio:.2f}x (target >= 0.9x); the limit configured, jobs naming none "
           f"{med['unnamed']:.0f} jobs/s = {med['unnamed'] / med['plain']:.2f}x; coordd CPU "
           f"per job {cpu['plain']:.0f} / {cpu['limited']:.0f} / {cpu['unnamed']:.0f} us")
+    store = store_costs(args.store_jobs, max(3, args.rounds)) if args.store_jobs else {}
+    if store:
+        print("in-process claim+complete (store only, no RPC), CPU us per job, median: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in store.items()))
     if args.out:
         Path(args.out).write_text(json.dumps({"runs": runs, "median_jobs_s": med,
                                               "coordd_cpu_us_per_job": cpu, "ratio": ratio,
+                                              "store_cpu_us_per_job": store,
                                               "args": vars(args)}, indent=2))
     return 0 if ratio >= 0.9 else 1
 

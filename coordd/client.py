@@ -298,11 +298,14 @@ class Client:
                                JobLogs)
 
     async def complete(self, job_id: str, worker_id: str, token: int, result: Any,
-                       artifact: dict[str, Any] | None = None) -> CompleteResult:
-        """Report a result."""
-        return await self.call("complete", {"job_id": job_id, "worker_id": worker_id,
-                                            "token": token, "result": result,
-                                            "artifact": artifact}, CompleteResult)
+                       artifact: dict[str, Any] | None = None,
+                       usage: dict[str, float] | None = None) -> CompleteResult:
+        """Report a result (`usage`: counted against the job's limit budgets)."""
+        params = {"job_id": job_id, "worker_id": worker_id, "token": token, "result": result,
+                  "artifact": artifact}
+        if usage:
+            params["usage"] = usage
+        return await self.call("complete", params, CompleteResult)
 
     async def fail(self, job_id: str, worker_id: str, token: int, error: str,
                    retryable: bool) -> StatusResult:

@@ -72,7 +72,7 @@ SQL_CANDIDATE_LIMITS = (
 )
 SQL_HELD = "SELECT coalesce(sum(units), 0) FROM limit_holds WHERE name = ?"
 SQL_INSERT_HOLD = (
-    "INSERT OR REPLACE INTO limit_holds (name, job_id, units, priority, worker_id, since) "
+    "INSERT INTO limit_holds (name, job_id, units, priority, worker_id, since) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
 SQL_PRUNE_CLAIMS = "DELETE FROM limit_claims WHERE name = ? AND at <= ?"

@@ -27,8 +27,10 @@ concurrency = 3
 [limits.api]
 concurrency = 3
 reserve = {{ p0 = 1 }}
+[limits.llm]
+budget = {{ tokens = "100/day" }}
 """
-FAST_MODEL = ["/bin/sh", "-c", 'sleep {sleep}; echo 1 > "$COORD_RESULT"']
+FAST_MODEL = ["/bin/sh", "-c", 'sleep {sleep}; {usage}echo 1 > "$COORD_RESULT"']
 
 
 @pytest.fixture
@@ -41,8 +43,9 @@ async def fleet(daemon_factory, tmp_path):
     override.write_text(json.dumps(COOL))
     started: list[WorkerProc] = []
 
-    def start(worker_id: str, sleep: float, slots: int = 1) -> WorkerProc:
-        argv = [FAST_MODEL[0], FAST_MODEL[1], FAST_MODEL[2].format(sleep=sleep)]
+    def start(worker_id: str, sleep: float, slots: int = 1, usage: str = "") -> WorkerProc:
+        report = f"echo '{usage}' > \"$COORD_USAGE\"; " if usage else ""
+        argv = [FAST_MODEL[0], FAST_MODEL[1], FAST_MODEL[2].format(sleep=sleep, usage=report)]
         work_dir = tmp_path / f"work-{worker_id}"
         cfg = tmp_path / f"{worker_id}.toml"
         cfg.write_text(worker_toml(work_dir, {"m": {"argv": argv, "slots": slots}},
@@ -172,3 +175,21 @@ async def test_coordctl_limits_show_set_reset(fleet):
     out = coordctl(daemon.socket, "limits", "reset", "lic")
     assert out.returncode == 0 and "0/3" in out.stdout, out.stderr
     assert job
+
+
+async def test_usage_the_model_reports_counts_against_the_budget(fleet):
+    daemon, client, start = fleet
+    first = (await client.enqueue(kind="m", required_role="cpu", priority=3,
+                                  limits=["llm"])).job_id
+    start("w0", 0.01, usage='{"tokens": 120}')
+
+    async def done() -> bool:
+        return (await client.get_job(first)).status == "succeeded"
+    await until(done, 20.0, "the first job done")
+    view = (await client.limits("llm")).limits[0]
+    assert view.budget_used == {"tokens": 120.0}
+    second = (await client.enqueue(kind="m", required_role="cpu", priority=3,
+                                   limits=["llm"])).job_id
+    job = await client.get_job(second)
+    assert job.status == "waiting"
+    assert job.waiting_reason == "limit llm: budget tokens 120/100/day used"

@@ -388,3 +388,20 @@ async def test_limit_gauges_in_metrics(make_bundle):
                  'coordd_limit_usable{limit="openai",priority="3"} 3.0',
                  'coordd_limit_waiting_jobs{limit="openai"} 2.0'):
         assert line in text, line
+
+
+@pytest.mark.parametrize("step", [-3600.0, 40.0])
+async def test_rate_window_keeps_its_length_over_a_clock_step(make_bundle, step):
+    b = await make_bundle(limits={"api": {"rate": "1/min"}})
+    await b.worker("w")
+    await b.enqueue(limits=["api"])
+    await b.enqueue(limits=["api"])
+    assert (await b.claim("w")).job is not None  # t=100
+    b.clock.jump_wall(step)  # NTP: the claim's time moves with coordd's clock
+    b.clock.advance(30)
+    await b.worker("w")
+    refused = await b.claim("w")  # 30 s of real time since the claim: still in the window
+    assert refused.job is None and refused.next_slot_s == 30.0
+    b.clock.advance(30)
+    await b.worker("w")
+    assert (await b.claim("w")).job is not None
