@@ -142,9 +142,14 @@ class FleetLimits:
         return counted
 
     async def annotate(self, job: Any, now: float) -> None:
-        """A `get_job` view: the limits it consumes, and a full one in its reason."""
-        job.limits = await self.uses_of(job.job_id)
-        await self.explain([job], now)
+        """A `get_job` view: the limits it consumes, and a full one in its reason (one
+        read)."""
+        waiting = job.status == "waiting" and self.book.active
+        uses, why = await self._read(_annotation, now, self.book, job.job_id, job.priority,
+                                     waiting)
+        job.limits = [LimitUse(name=n, units=u) for n, u in uses]
+        if why is not None:
+            _put_reason(job, why)
 
     async def explain(self, jobs: list[Any], now: float) -> None:
         """Put the limit that holds each waiting job back into its `waiting_reason` (in
@@ -155,16 +160,22 @@ class FleetLimits:
         why = await self._read(_limit_reasons, now, self.book, waiting)
         for j in jobs:
             reason = why.get(j.job_id)
-            if reason is None:
-                continue
-            old = j.waiting_reason
-            j.waiting_reason = reason if not old or old.startswith("runnable") \
-                else f"{reason}; {old}"
+            if reason is not None:
+                _put_reason(j, reason)
 
-    async def uses_of(self, job_id: str) -> list[LimitUse]:
-        """The limits a job consumes."""
-        rows = await self._read(limit_store.job_limits, job_id)
-        return [LimitUse(name=n, units=u) for n, u in rows]
+
+
+def _put_reason(job: Any, reason: str) -> None:
+    old = job.waiting_reason
+    job.waiting_reason = reason if not old or old.startswith("runnable") else f"{reason}; {old}"
+
+
+def _annotation(conn: sqlite3.Connection, now: float, book: LimitBook, job_id: str,
+                priority: int, waiting: bool) -> tuple[list[tuple[str, int]], str | None]:
+    uses = limit_store.job_limits(conn, job_id)
+    if not (uses and waiting):
+        return uses, None
+    return uses, _limit_reasons(conn, now, book, [(job_id, priority)]).get(job_id)
 
 
 def _limit_reasons(conn: sqlite3.Connection, now: float, book: LimitBook,

@@ -405,3 +405,18 @@ async def test_rate_window_keeps_its_length_over_a_clock_step(make_bundle, step)
     b.clock.advance(30)
     await b.worker("w")
     assert (await b.claim("w")).job is not None
+
+
+async def test_a_stored_override_that_no_longer_fits_the_config_is_skipped(make_bundle, caplog):
+    b = await make_bundle(limits={"openai": {"concurrency": 4}})
+    await b.coord.limits_set(LimitSet(name="openai", settings={"reserve": {"p0": 3}}))
+    await b.coord.close()
+    cfg = config_mod.load(None, limits={"openai": {"concurrency": 2}})  # edited file
+    again = Coordinator(b.db_path, cfg, FakeClock(T0), rng=random.Random(1))
+    await again.start()
+    try:
+        view = (await again.limits(LimitsQuery(name="openai"))).limits[0]
+        assert (view.concurrency, view.reserve, view.source) == (2, {}, "config")
+        assert "runtime override of limit openai ignored" in caplog.text
+    finally:
+        await again.close()
