@@ -16,6 +16,7 @@ from typing import Any
 from coordctl.commands import Outcome, UsageError
 from coordctl.render import safe
 from coordd.protocol_limits import LimitView
+from coordd.times import fmt_time
 
 AddCommand = Callable[[str, str], argparse.ArgumentParser]
 TABLES = ("reserve", "budget", "budget_reserve")
@@ -124,7 +125,6 @@ def render(con: Any, views: list[LimitView]) -> None:
         for col in ("job", "worker", "priority", "units", "since"):
             h.add_column(col)
         for x in v.holders:
-            from coordd.times import fmt_time
             h.add_row(x.job_id, safe(x.worker_id), f"P{x.priority}", str(x.units),
                       fmt_time(x.since))
         con.print(h)

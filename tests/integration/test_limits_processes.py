@@ -168,6 +168,8 @@ async def test_coordctl_limits_show_set_reset(fleet):
     assert ok.returncode == 0, ok.stderr
     shown = json.loads(coordctl(daemon.socket, "--json", "show", ok.stdout.strip()).stdout)
     assert shown["limits"] == [{"name": "api", "units": 1}, {"name": "lic", "units": 2}]
+    human = coordctl(daemon.socket, "show", ok.stdout.strip()).stdout
+    assert "api, lic x2" in human
     daemon.stop()  # the runtime setting is kept over a restart
     daemon.start()
     doc = json.loads(coordctl(daemon.socket, "--json", "limits", "lic").stdout)
