@@ -420,3 +420,23 @@ async def test_a_stored_override_that_no_longer_fits_the_config_is_skipped(make_
         assert "runtime override of limit openai ignored" in caplog.text
     finally:
         await again.close()
+
+
+async def test_a_preemption_reservation_does_not_pass_a_full_limit(make_bundle):
+    from coordd.store.governance import SQL_INSERT_RESERVATION
+    b = await make_bundle(limits={"openai": {"concurrency": 1}})
+    await b.worker("w1")
+    await b.worker("w2")
+    await b.enqueue(priority=0, limits=["openai"])
+    held = await b.claim("w1")
+    promised = await b.enqueue(priority=0, limits=["openai"])
+    free = await b.enqueue(priority=3)
+    await b.coord.writer.run(lambda conn, now: conn.execute(
+        SQL_INSERT_RESERVATION, (promised, "w2", held.job.job_id, now, now + 60)))
+    got = await b.claim("w2")  # the promised job's limit is full: the claim goes on
+    assert got.job is not None and got.job.job_id == free
+    assert await used(b, "openai") == 1
+    await b.coord.complete(Complete(job_id=held.job.job_id, worker_id="w1",
+                                    token=held.lease.token))
+    await b.worker("w2")
+    assert (await b.claim("w2")).job.job_id == promised  # still reserved, now with room
