@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from coordctl import logs, workflow
+from coordctl import limits, logs, workflow
 from coordctl.commands import COMMANDS, Outcome, UsageError
 from coordctl.msg import MSG_COMMANDS, add_parsers as add_msg_parsers
 from coordd import ranges
@@ -38,6 +38,7 @@ EPILOG = """examples:
   coordctl workflow submit examples/workflow.toml && coordctl workflow show WORKFLOW_ID
   coordctl msg send --from lead --to coder 'review PR 7' && coordctl msg read --as coder
   coordctl agents
+  coordctl limits && coordctl limits set openai concurrency=8 rate=120/min reserve.p0=3
 """
 
 
@@ -146,6 +147,9 @@ def build_parser() -> Parser:
     e.add_argument("--gates", metavar="JSON|@FILE", help="gate policy overrides for this job")
     e.add_argument("--resources", metavar="JSON|@FILE",
                    help='what the job needs, e.g. \'{"gpus": 1, "vram_mb": 8000, "ram_mb": 2000}\'')
+    e.add_argument("--limit", action="append", metavar="NAME[:UNITS]",
+                   help="a fleet-wide limit the job consumes (repeat for more; "
+                        "`--limit none`: not its kind's default)")
     e.add_argument("--batch", metavar="FILE.jsonl",
                    help="one Enqueue object per line (kind, required_role, priority, payload,"
                         " ...); flags above fill fields a line omits; '-' = stdin")
@@ -190,6 +194,7 @@ def build_parser() -> Parser:
     workflow.add_parsers(cmd, lambda sp: _common(sp, suppress=True))
     add_msg_parsers(cmd, _common)
     logs.add_parsers(cmd)
+    limits.add_parsers(cmd)
     return p
 
 
@@ -244,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     path = client.path
     try:
         outcome = {**COMMANDS, **MSG_COMMANDS, **workflow.COMMANDS,
-                   **logs.COMMANDS}[args.command](client, args)
+                   **logs.COMMANDS, **limits.COMMANDS}[args.command](client, args)
         _print(outcome, args.json)
         if outcome.after is not None:
             outcome.after()

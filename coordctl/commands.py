@@ -154,6 +154,8 @@ def _job_fields(args: argparse.Namespace) -> dict[str, Any]:
         fields["gates"] = gates
     if args.resources is not None:
         fields["resources"] = parse_json_arg(args.resources, "--resources")
+    if getattr(args, "limit", None):
+        fields["limits"] = _limit_uses(args.limit)
     if args.run_at is not None:
         fields["run_at"] = parse_time_arg(args.run_at)
     elif args.delay is not None:  # coordd adds it to its own clock
@@ -163,6 +165,20 @@ def _job_fields(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(exc.message) from None
         fields["delay_s"] = args.delay
     return fields
+
+
+def _limit_uses(words: list[str]) -> list[dict[str, Any]]:
+    """`--limit openai --limit nas:2` -> [{name, units}]; `--limit none` -> []."""
+    if words == ["none"]:
+        return []
+    out = []
+    for word in words:
+        name, _, units = word.partition(":")
+        try:
+            out.append({"name": name, "units": int(units) if units else 1})
+        except ValueError:
+            raise UsageError(f"--limit NAME[:UNITS], got {word!r}") from None
+    return out
 
 
 def _to_enqueue(obj: Any, where: str) -> Enqueue:

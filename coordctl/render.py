@@ -231,6 +231,9 @@ def job(console: Console, j: JobView) -> None:
         t.add_row("result schema", j.result_schema)
     if j.max_runtime_s is not None:
         t.add_row("max runtime", fmt_age(j.max_runtime_s))
+    if j.limits:
+        t.add_row("limits", ", ".join(u.name + (f" x{u.units}" if u.units != 1 else "")
+                                      for u in j.limits))
     if j.lease is not None:
         left = lease_left(j)
         when = left if left.startswith("EXPIRED") else f"expires in {left}"

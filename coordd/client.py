@@ -31,6 +31,7 @@ from coordd.protocol import (
     EnqueueBatchResult, EnqueueResult, HeartbeatResult, JobList, JobView, MetricsResult,
     ReapResult, RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
 )
+from coordd.protocol_limits import LimitsResult, LimitView
 from coordd.protocol_logs import JobLogs, LogAppendResult
 from coordd.protocol_push import EventFilter, EventsResult, WaitJobResult, WorkerActions
 from coordd.protocol_workflows import (
@@ -297,11 +298,14 @@ class Client:
                                JobLogs)
 
     async def complete(self, job_id: str, worker_id: str, token: int, result: Any,
-                       artifact: dict[str, Any] | None = None) -> CompleteResult:
-        """Report a result."""
-        return await self.call("complete", {"job_id": job_id, "worker_id": worker_id,
-                                            "token": token, "result": result,
-                                            "artifact": artifact}, CompleteResult)
+                       artifact: dict[str, Any] | None = None,
+                       usage: dict[str, float] | None = None) -> CompleteResult:
+        """Report a result (`usage`: counted against the job's limit budgets)."""
+        params = {"job_id": job_id, "worker_id": worker_id, "token": token, "result": result,
+                  "artifact": artifact}
+        if usage:
+            params["usage"] = usage
+        return await self.call("complete", params, CompleteResult)
 
     async def fail(self, job_id: str, worker_id: str, token: int, error: str,
                    retryable: bool) -> StatusResult:
@@ -353,6 +357,18 @@ class Client:
     async def metrics(self) -> MetricsResult:
         """Every metric series, as Prometheus text."""
         return await self.call("metrics", {}, MetricsResult)
+
+    async def limits(self, name: str | None = None) -> LimitsResult:
+        """Fleet-wide limits (or one) with their use now and who holds units."""
+        return await self.call("limits", {"name": name}, LimitsResult)
+
+    async def limits_set(self, name: str, settings: dict[str, Any]) -> LimitView:
+        """Change (or create) a limit at runtime (admin); kept over a restart."""
+        return await self.call("limits_set", {"name": name, "settings": settings}, LimitView)
+
+    async def limits_reset(self, name: str) -> LimitsResult:
+        """Drop a limit's runtime override (admin): back to the config."""
+        return await self.call("limits_reset", {"name": name}, LimitsResult)
 
     async def workflow_submit(self, spec: WorkflowSubmit | dict[str, Any]) -> WorkflowSubmitResult:
         """Submit a whole graph (protocol.WorkflowSubmit) in one transaction."""

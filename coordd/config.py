@@ -16,8 +16,11 @@ from typing import Any
 import msgspec
 
 from coordd import ranges
-from coordd.errors import ConfigError
+from coordd.errors import BadRequest, ConfigError
 from coordd.gates import GatePolicy, default_policies, merge
+from coordd.limits import LimitBook, LimitSpec
+from coordd.names import check_name
+from coordd.protocol_limits import LimitUse
 from coordd.protocol import MAX_FRAME_DEFAULT
 from coordd.results import SCHEMAS
 
@@ -158,6 +161,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             wait_job, watch_worker, watch_events) allowed per connection / in all; one
             more is refused `overloaded`.
         park_wait_max_s: the longest a call may stay parked (longer asks are cut to it).
+        limits: fleet-wide limits by name (`[limits.NAME]`: concurrency, rate, reserve,
+            budget, budget_reserve; coordd.limits); `coordctl limits set` overrides them
+            at runtime (kept in the database, over this file's values).
+        kind_limits: kind -> the limits its jobs consume when enqueue names none
+            (names or {name, units}).
     """
 
     db: str = ""
@@ -214,6 +222,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     park_max_per_connection: int = PARK_MAX_PER_CONNECTION
     park_max_total: int = PARK_MAX_TOTAL
     park_wait_max_s: float = PARK_WAIT_MAX_S
+    limits: dict[str, LimitSpec] = {}
+    kind_limits: dict[str, list[str | LimitUse]] = {}
 
     def __post_init__(self) -> None:
         ranges.check(self, RANGES)
@@ -268,6 +278,20 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"gates: unknown priority table(s) {sorted(bad)}; use p0..p3")
         for prio, policy in self.policies().items():  # gate keys now, not at the first claim
             ranges.check(policy, GATE_RANGES, prefix=f"gates.p{prio}.")
+        self.limit_book()  # [limits.NAME] and kind_limits now, not at the first enqueue
+
+    def limit_book(self) -> LimitBook:
+        """A fresh LimitBook of the `[limits.NAME]` tables and `kind_limits`.
+
+        Raises:
+            ValueError: a bad limit setting or name, or a kind naming an unknown limit.
+        """
+        for name in self.limits:
+            try:
+                check_name("limits: a limit name", name)
+            except BadRequest as exc:
+                raise ValueError(exc.message) from exc
+        return LimitBook(self.limits, self.kind_limits)
 
     def policies(self) -> dict[int, GatePolicy]:
         """Return the effective GatePolicy per priority 0..3 (defaults plus overrides).

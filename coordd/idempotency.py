@@ -18,7 +18,8 @@ from coordd.protocol import Enqueue
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 
 
-def request_hash(p: Enqueue, max_attempts: int, result_schema: str | None) -> str:
+def request_hash(p: Enqueue, max_attempts: int, result_schema: str | None,
+                 limits: list[tuple[str, int]] | None = None) -> str:
     """sha256 of what makes the job: every field of `p` but its key, with the defaults
     coordd filled in (`max_attempts`, `result_schema`), object keys in sorted order and
     empty gates read as none. `run_at` and `delay_s` count as sent: a client resending
@@ -27,4 +28,6 @@ def request_hash(p: Enqueue, max_attempts: int, result_schema: str | None) -> st
                          max_attempts, p.max_runtime_s, p.gates or None, result_schema]
     if p.resources:  # after the others: hashes of requests without resources are unchanged
         fields.append(p.resources)
+    if limits:  # only then: a key stored before limits existed keeps its hash
+        fields.append([list(u) for u in limits])
     return hashlib.sha256(_encode_sorted(fields)).hexdigest()

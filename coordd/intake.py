@@ -52,6 +52,7 @@ def new_job(coord: "Coordinator", p: Enqueue) -> store.NewJob:
     request = resources.parse_request(p.resources)
     if request is not None:
         coord.resources_seen()  # claims look at requests from now on
+    uses = coord.limit_book.for_job("limits", p.kind, p.limits)  # fleet-wide limits
     schema = p.result_schema or cfg.result_schemas.get(p.kind)
     if schema is not None and schema not in results.SCHEMAS:
         raise errors.BadRequest(f"unknown result_schema {schema!r}")
@@ -61,9 +62,10 @@ def new_job(coord: "Coordinator", p: Enqueue) -> store.NewJob:
         payload_json=values.encode("payload", p.payload, cfg.max_payload_bytes),
         run_at=p.run_at, max_attempts=max_attempts, idempotency_key=p.idempotency_key,
         max_runtime_s=p.max_runtime_s, gates_json=gates_json, result_schema=schema,
-        delay_s=p.delay_s, resources=request,
+        delay_s=p.delay_s, resources=request, limits=uses,
         request_sha256=(None if p.idempotency_key is None
-                        else request_hash(p, max_attempts, schema)))
+                        else request_hash(p, max_attempts, schema,
+                                     uses if p.limits is not None else None)))
 
 
 def batch_item(index: int, exc: errors.CoordError) -> errors.CoordError:

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from coordd import admission, errors, gates, preemption, resources, results
+from coordd.limits import LIMIT_REFUSED
 from coordd.protocol import (
     ArtifactRef, ClaimedJob, ClaimResult, CompleteResult, LeaseGrant, RenewResult, StatusResult,
 )
@@ -28,6 +29,7 @@ from coordd.store import (
     SQL_WORKER, end_job, event, json_decode, lenient_json, requeue,
     maybe_json,
 )
+from coordd.store import limits as limit_store
 from coordd.store import workers as wkstore
 from coordd.store.governance import SQL_DELETE_RESERVATION
 from coordd.store.resources import grant_of
@@ -36,6 +38,7 @@ from coordd.times import fmt_time
 
 
 BASE_REFUSALS_CACHED = 4096  # (priority, heartbeat text) pairs kept before starting over
+LIMIT_SCAN = 256  # candidates a claim may skip for their limits beyond CLAIM_SCAN
 
 
 class ClaimPolicy(msgspec.Struct, kw_only=True):
@@ -45,6 +48,7 @@ class ClaimPolicy(msgspec.Struct, kw_only=True):
     heartbeat_stale_s: float
     aging_interval_s: float
     resources_seen: bool = False  # a job asked for resources: claims check requests
+    limits: Any = None  # coordd.limits.LimitBook (None or none defined: no limit work)
     # (priority, the worker's stored heartbeat JSON) -> what that priority's own gates say
     _base: dict[tuple[int, str], list[tuple[str, str]]] = msgspec.field(default_factory=dict)
 
@@ -120,15 +124,17 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
         return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
                            detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
     roles_json, heartbeat_json = worker[0], worker[1]
-    judge = _Judge(policy, heartbeat_json, conn, worker_id)
+    judge = _Judge(policy, heartbeat_json, conn, worker_id, now)
     reserved = preemption.reserved_claim(conn, now, worker_id)
-    if reserved is not None:  # capacity freed by a preemption: promised to this job
+    # capacity freed by a preemption: promised to this job (while its limits have room)
+    if reserved is not None and judge.admits_limits(reserved):
         short = judge.admission.admit(reserved) if judge.admission is not None else None
         if short is not None:  # the victim's GPU memory is not free yet: nobody else's
             return ClaimResult(reasons=[resources.RESOURCES],
                                detail=f"reserved for job {reserved}: {short}")
         conn.execute(SQL_DELETE_RESERVATION, (reserved,))
-        return judge.record(_take(conn, now, worker_id, reserved, lease_s, claim_id))
+        return judge.took(judge.record(_take(conn, now, worker_id, reserved, lease_s,
+                                             claim_id)), worker_id)
     pairs = _pairs(conn, roles_json, kinds_json)
     if policy.aging_interval_s <= 0:
         best = _strict_walk(conn, now, judge, pairs)
@@ -141,8 +147,10 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
         if not reasons and conn.execute(SQL_ANY_RUNNABLE, (now,)).fetchone() is not None:
             reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's roles"
                                                + (" and kinds" if kinds_json else ""))
-        return ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
-    return judge.record(_take(conn, now, worker_id, best[2], lease_s, claim_id))
+        return judge.refused(ClaimResult(reasons=list(reasons),
+                                         detail="; ".join(reasons.values())))
+    return judge.took(judge.record(_take(conn, now, worker_id, best[2], lease_s, claim_id)),
+                      worker_id)
 
 
 def _take(conn: sqlite3.Connection, now: float, worker_id: str, job_id: str, lease_s: float,
@@ -174,18 +182,50 @@ def _take(conn: sqlite3.Connection, now: float, worker_id: str, job_id: str, lea
 
 
 class _Judge:
-    """Whether one candidate passes its gates for this worker; refusals are gathered in
-    `reasons` (first detail per code), jobs whose gate overrides do not decode in
-    `undecodable` (dead-lettered by the caller once no cursor is open)."""
+    """Whether one candidate passes its gates and its limits for this worker; refusals are
+    gathered in `reasons` (first detail per code), jobs whose gate overrides do not decode
+    in `undecodable` (dead-lettered by the caller once no cursor is open). `free_skip`:
+    the last candidate was refused by its limits only, within LIMIT_SCAN of them, so it
+    does not count against CLAIM_SCAN (no head-of-line blocking behind a full limit)."""
 
     def __init__(self, policy: ClaimPolicy, heartbeat_json: str, conn: sqlite3.Connection,
-                 worker_id: str) -> None:
+                 worker_id: str, now: float) -> None:
         self.policy, self.heartbeat_json = policy, heartbeat_json
         self._readings: dict[str, Any] | None = None
         self.reasons: dict[str, str] = {}
         self.undecodable: list[tuple[str, str]] = []
         self.admission = (admission.Admission(conn, worker_id, self.readings())
                           if admission.needed(policy.resources_seen, heartbeat_json) else None)
+        book = policy.limits
+        self.limits = limit_store.ClaimLimits(conn, now, book) \
+            if book is not None and book.active else None
+        self.free_skip = False
+        self._limit_skips = 0
+
+    def admits_limits(self, job_id: str, prio: int | None = None) -> bool:
+        """True when the job's limits have room (always, with no limits defined)."""
+        lim = self.limits
+        if lim is None:
+            return True
+        if prio is None:
+            prio = lim.conn.execute(SQL_CLAIMED_JOB, (job_id,)).fetchone()[2]
+        if lim.admits(prio, job_id):
+            return True
+        self.reasons.setdefault(LIMIT_REFUSED, lim.detail or "limit")
+        return False
+
+    def took(self, result: ClaimResult | None, worker_id: str) -> ClaimResult | None:
+        """Hold the limit units of the job just taken (a lease was granted)."""
+        if self.limits is not None and result is not None and result.job is not None:
+            self.limits.take(result.job.job_id, worker_id, result.job.priority)
+        return result
+
+    def refused(self, result: ClaimResult) -> ClaimResult:
+        """A refusal; with a rate in the way, `next_slot_s` says when a unit frees."""
+        lim = self.limits
+        if lim is not None and lim.next_slot_at is not None:
+            result.next_slot_s = max(0.0, lim.next_slot_at - lim.now)
+        return result
 
     def record(self, result: ClaimResult | None) -> ClaimResult | None:
         """The taken job's resource grant on its lease (coordd.admission), if any."""
@@ -211,12 +251,19 @@ class _Judge:
                 return False
         for code, detail in refusals:
             self.reasons.setdefault(code, detail)
-        if refusals or self.admission is None:
-            return not refusals
-        short = self.admission.admit(job_id)
-        if short is not None:
-            self.reasons.setdefault(resources.RESOURCES, short)
-        return short is None
+        self.free_skip = False
+        if refusals:
+            return False
+        if self.admission is not None:
+            short = self.admission.admit(job_id)
+            if short is not None:
+                self.reasons.setdefault(resources.RESOURCES, short)
+                return False
+        if self.limits is None or self.admits_limits(job_id, prio):
+            return True
+        self._limit_skips += 1
+        self.free_skip = self._limit_skips <= LIMIT_SCAN
+        return False
 
 
 def _pairs(conn: sqlite3.Connection, roles_json: str, kinds_json: str | None
@@ -257,6 +304,8 @@ def _strict_walk(conn: sqlite3.Connection, now: float, judge: _Judge,
                 seen += 1
                 if judge.passes(prio, job_id, gates_json):
                     return prio, queued_at, job_id
+                if judge.free_skip:
+                    seen -= 1
         finally:
             for cur in cursors:
                 cur.close()
@@ -278,12 +327,16 @@ def _aging_walk(conn: sqlite3.Connection, now: float, judge: _Judge,
         if best is not None:
             # a job here reaches effective priority best[0] only after (prio - best) steps
             oldest = now - (prio - best[0]) * aging_s + 1e-6  # the slack: float rounding
-        cursors = [conn.execute(SQL_PAIR_LEVEL, (role, kind, prio, oldest, now, CLAIM_SCAN))
+        scan = CLAIM_SCAN + (LIMIT_SCAN if judge.limits is not None else 0)
+        cursors = [conn.execute(SQL_PAIR_LEVEL, (role, kind, prio, oldest, now, scan))
                    for role, kind in pairs]
         try:
-            for _p, queued_at, job_id, gates_json in itertools.islice(_merged(cursors),
-                                                                      CLAIM_SCAN):
+            seen = 0
+            for _p, queued_at, job_id, gates_json in itertools.islice(_merged(cursors), scan):
                 if not judge.passes(prio, job_id, gates_json):
+                    seen += not judge.free_skip
+                    if seen == CLAIM_SCAN:
+                        break
                     continue
                 eff = effective_priority(prio, queued_at, now, aging_s)
                 if best is None or (eff, queued_at) < (best[0], best[1]):

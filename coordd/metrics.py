@@ -10,7 +10,12 @@ Series:
 - `coordd_storage_bytes{file="db"|"wal"|"artifacts"}`;
 - `coordd_governance_actions_total{action, reason}`: suspends, resumes, vacates of running
   jobs (coordd.governance), by the first reason code (`preempted_by` for preemptions);
-- `coordd_preemptions_total`: victims chosen by coordd.preemption (reservations made).
+- `coordd_preemptions_total`: victims chosen by coordd.preemption (reservations made);
+- `coordd_limit_units{limit, state="used"|"max"}`, `coordd_limit_rate_units{limit,
+  state="used"|"max"}` (units claimed in the current rate window), `coordd_limit_usable{limit,
+  priority}` (units a job of that priority may still take), `coordd_limit_waiting_jobs{limit}`,
+  `coordd_limit_budget_used{limit, metric}`: fleet-wide limits (coordd.limits); claims a
+  limit refused count in `coordd_claim_refusals_total{reason="limit"}`.
 Served by the `metrics` RPC (`coordctl metrics`) and, when `metrics_port` is set, over HTTP
 on 127.0.0.1.
 """
@@ -23,6 +28,7 @@ import os
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from coordd.protocol import StatusReply
+from coordd.protocol_limits import LimitView
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +70,39 @@ class Metrics:
         self.preemptions = Counter("coordd_preemptions",
                                    "Running jobs chosen to vacate for a waiting job of a "
                                    "higher priority (a reservation made)", registry=r)
+
+        self.limit_units = Gauge("coordd_limit_units", "Units of a fleet-wide limit held by "
+                                 "running jobs (used) and its concurrency (max)",
+                                 ["limit", "state"], registry=r)
+        self.limit_rate = Gauge("coordd_limit_rate_units", "Units claimed in a limit's rate "
+                                "window (used) and its rate (max)", ["limit", "state"],
+                                registry=r)
+        self.limit_usable = Gauge("coordd_limit_usable", "Units a job of this priority may "
+                                  "still take (reserves held back)", ["limit", "priority"],
+                                  registry=r)
+        self.limit_waiting = Gauge("coordd_limit_waiting_jobs", "Waiting jobs naming a limit",
+                                   ["limit"], registry=r)
+        self.limit_budget = Gauge("coordd_limit_budget_used", "Reported usage in a limit's "
+                                  "budget window", ["limit", "metric"], registry=r)
+
+    def set_limits(self, views: list[LimitView]) -> None:
+        """Set the limit gauges from a `limits` reply (a limit gone loses its series)."""
+        for g in (self.limit_units, self.limit_rate, self.limit_usable, self.limit_waiting,
+                  self.limit_budget):
+            g.clear()
+        for v in views:
+            self.limit_units.labels(v.name, "used").set(v.used)
+            if v.concurrency is not None:
+                self.limit_units.labels(v.name, "max").set(v.concurrency)
+            if v.rate is not None:
+                self.limit_rate.labels(v.name, "used").set(v.rate_used)
+                self.limit_rate.labels(v.name, "max").set(float(v.rate.split("/")[0]))
+            for prio, n in v.usable.items():
+                if n is not None:
+                    self.limit_usable.labels(v.name, prio.removeprefix("p")).set(n)
+            self.limit_waiting.labels(v.name).set(v.waiting)
+            for metric, amount in v.budget_used.items():
+                self.limit_budget.labels(v.name, metric).set(amount)
 
     def observe_batch(self, size: int, commit_s: float, waits_s: list[float]) -> None:
         """Record one group commit: its size, its duration and each request's wait (seconds)."""

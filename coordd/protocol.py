@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from coordd.protocol_governance import JobAction, Suspension
+from coordd.protocol_limits import LimitUse
 
 MAX_FRAME_DEFAULT = 16 << 20  # 16 MiB; client and server both enforce an explicit cap
 PRIORITIES = (0, 1, 2, 3)
@@ -120,6 +121,9 @@ class Enqueue(msgspec.Struct, kw_only=True):
     result_schema: str | None = None  # a name in coordd.results.SCHEMAS (checked at complete)
     delay_s: float | None = None  # not before coordd's now + this (instead of run_at)
     resources: dict[str, Any] | None = None  # {gpus, vram_mb (per GPU), ram_mb}: coordd.resources
+    # fleet-wide limits it consumes (coordd.limits): names or {name, units}; None = the
+    # kind's default from coordd's config, [] = none
+    limits: list[str | LimitUse] | None = None
 
 
 class EnqueueBatch(msgspec.Struct, kw_only=True):
@@ -165,6 +169,7 @@ class Complete(LeaseRef, kw_only=True):
 
     result: Any = None
     artifact: "ArtifactRef | None" = None
+    usage: dict[str, float] | None = None  # e.g. {"tokens": 1234}: counted by limit budgets
 
 
 class Fail(LeaseRef, kw_only=True):
@@ -245,6 +250,7 @@ class ClaimResult(msgspec.Struct, kw_only=True):
     reasons: list[str] = []
     detail: str = ""
     waited_s: float = 0.0  # seconds the claim was parked before the claim that answered it
+    next_slot_s: float | None = None  # refused by a limit's rate: seconds until a unit frees
 
 
 class HeartbeatResult(msgspec.Struct, kw_only=True):
@@ -355,6 +361,7 @@ class JobView(msgspec.Struct, kw_only=True):
     preemptions: int = 0  # `get_job` only: hand-backs that spent no attempt (`release`)
     resources: dict[str, int] | None = None  # `get_job` only: its request (coordd.resources)
     granted: dict[str, Any] | None = None  # `get_job` only: what its lease holds
+    limits: list[LimitUse] = []  # `get_job` only: the fleet-wide limits it consumes
 
 
 class JobList(msgspec.Struct, kw_only=True):
@@ -493,3 +500,8 @@ from coordd.protocol_logs import LOG_PARAMS  # noqa: E402
 from coordd.protocol_push import PUSH_PARAMS  # noqa: E402
 from coordd.protocol_web import WEB_PARAMS  # noqa: E402  (the web view's reads, issue 19)
 PARAMS.update(LOG_PARAMS | PUSH_PARAMS | WEB_PARAMS)
+# ---------------------------------------------------------------- fleet-wide limits (17)
+from coordd.protocol_limits import LIMIT_ADMIN_METHODS, LIMIT_PARAMS  # noqa: E402
+
+PARAMS.update(LIMIT_PARAMS)
+ADMIN_METHODS = ADMIN_METHODS | LIMIT_ADMIN_METHODS

@@ -19,6 +19,8 @@ from typing import Any
 
 import msgspec
 
+from coordd.protocol_limits import LimitUse
+
 
 WORKFLOW_STATUSES = ("running", "succeeded", "partial", "failed", "cancelled")
 LIST_LIMIT_MAX = 1000  # `workflow_list`: limit is 1..this
@@ -50,6 +52,7 @@ class WorkflowNode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     result_schema: str | None = None
     gates: dict[str, Any] | None = None
     resources: dict[str, Any] | None = None  # {gpus, vram_mb, ram_mb}, as for enqueue
+    limits: list[str | LimitUse] | None = None  # fleet-wide limits (None: the kind's)
 
 
 class WorkflowSubmit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -16,7 +16,10 @@ idle parked claim whose worker may hold its role and kind; a woken claim that fi
 nothing although something was refused (gates, roles) passes its credit on to the next
 one; a claim in flight is marked to look again. A `run_at` in the future goes on one
 timer heap (one task waits for the earliest due job). A heartbeat wakes that worker's
-parked claims when their last answer was a gate or staleness refusal.
+parked claims when their last answer was a gate or staleness refusal. Units of a
+fleet-wide limit that free (a lease ends) or a limit changed at runtime wake the parked
+claims whose last answer was a limit refusal; one refused by a rate looks again when its
+next slot frees (`next_slot_s` of its answer).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 from coordd import errors
 from coordd.clock import Clock
 from coordd.gates import NO_MATCHING_ROLE
+from coordd.limits import LIMIT_REFUSED
 from coordd.store import push as push_store
 
 logger = logging.getLogger(__name__)
@@ -93,7 +97,7 @@ class _Waiter:
 
 
 class _ClaimWaiter(_Waiter):
-    __slots__ = ("seq", "worker_id", "kinds", "idle", "credits", "gated")
+    __slots__ = ("seq", "worker_id", "kinds", "idle", "credits", "gated", "limited")
 
     def __init__(self, scope: ParkScope | None, seq: int, worker_id: str,
                  kinds: frozenset[str] | None) -> None:
@@ -104,6 +108,7 @@ class _ClaimWaiter(_Waiter):
         self.idle = False                         # parked (True) or looking (False)
         self.credits: list[tuple[str, str]] = []  # (role, kind) of jobs it was woken for
         self.gated = False  # its last look met refusals a heartbeat may lift (gates, stale)
+        self.limited = False  # its last look met a fleet-wide limit (units freeing lift it)
 
 
 ClaimAttempt = Callable[[float], Awaitable[Any]]  # waited_s -> a ClaimResult
@@ -231,6 +236,7 @@ class Push:
     def _dispatch(self, notes: list[tuple[str, str, Any, Any, Any]]) -> None:
         now = self._clock.wall()
         ready: dict[tuple[str, str], int] = {}  # (role, kind) -> jobs now claimable
+        limits_freed = False
         for what, job_id, a, b, c in notes:
             if what == "w":
                 if isinstance(c, (int, float)) and c > now:
@@ -247,8 +253,12 @@ class Push:
                     w.wake()
             elif what == "h":  # a heartbeat (job_id is the worker id, a its roles JSON)
                 self.heartbeat(job_id, frozenset(_roles(a)))
+            elif what == "l":  # units of limit `a` freed
+                limits_freed = True
         for (role, kind), n in ready.items():  # one pass per (role, kind), not per job
             self.job_ready(role, kind, n)
+        if limits_freed:
+            self.limits_changed()
 
     # ------------------------------------------------------------ caps
 
@@ -345,6 +355,13 @@ class Push:
             if w.worker_id == worker_id and (w.gated or changed):
                 w.wake()
 
+    def limits_changed(self) -> None:
+        """Units of a fleet-wide limit freed, or a limit changed: the parked claims a
+        limit refused look again."""
+        for w in self._claims.values():
+            if w.limited:
+                w.wake()
+
     async def claim(self, worker_id: str, kinds: list[str] | None, wait_s: float,
                     attempt: ClaimAttempt) -> Any:
         """Claim for up to `wait_s` seconds: `attempt(waited_s)` until it hands out a job,
@@ -376,6 +393,8 @@ class Push:
                         return res
                     reasons = getattr(res, "reasons", None) or ()
                     w.gated = any(r != NO_MATCHING_ROLE for r in reasons)
+                    w.limited = LIMIT_REFUSED in reasons
+                    slot = getattr(res, "next_slot_s", None)  # a rate frees a unit then
                     if used and reasons:
                         self._forward(used, w.seq)
                     if w.dropped or self.closing:
@@ -383,10 +402,14 @@ class Push:
                     if w.dirty or w.credits:
                         continue
                     w.idle = True
+                    until = deadline if slot is None else \
+                        min(deadline, self._clock.mono() + slot + DUE_SLACK_S)
                     try:
-                        woken = await self._sleep(w, deadline)
+                        woken = await self._sleep(w, until)
                     finally:
                         w.idle = False
+                    if not woken and until < deadline and not (w.dropped or self.closing):
+                        continue  # a rate slot came free: look again
                     if not woken or w.dropped or self.closing:
                         if hasattr(res, "waited_s"):  # the whole wait, not the last look's
                             res.waited_s = self._clock.mono() - start

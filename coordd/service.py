@@ -25,6 +25,8 @@ from coordd import explain
 from coordd.maintenance import Maintenance, file_size
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle
+from coordd.limit_service import FleetLimits
+from coordd.protocol_limits import LimitsQuery
 from coordd.logs import JobLogStore
 from coordd.ids import JobIds
 from coordd.clock import Clock, anchored
@@ -89,9 +91,10 @@ class Coordinator:
         self.readers = ReadPool(db_path, config.read_connections, config.read_queue_max,
                                 config.busy_timeout_ms)
         self._policies = config.policies()
+        self.limit_book = config.limit_book()  # fleet-wide limits (coordd.limits)
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
-            aging_interval_s=config.aging_interval_s)
+            aging_interval_s=config.aging_interval_s, limits=self.limit_book)
         self.governor = governor.Governor(config, self._policies, self.meters, self._read)
         self.flows = Workflows(self)
         self._status = Coalesced(self._status_now)  # many pollers share one read
@@ -108,6 +111,7 @@ class Coordinator:
             setattr(self, method, getattr(self.logs, method))
         waits.Waits.serve(self)  # self.push: claim wait_s, wait_job, watch_* (coordd.push)
         web_reads.WebReads.serve(self)  # find_jobs, job_stats, fleet, ... (the web view)
+        FleetLimits.serve(self)  # self.fleet_limits: limits, limits_set, limits_reset
 
     async def start(self) -> None:
         """Open the writer (creating and migrating the DB) and the read-only connections.
@@ -121,6 +125,7 @@ class Coordinator:
             raise errors.StoreError(f"{self.db_path}: {exc}") from exc
         try:
             await self.readers.start()
+            await self.fleet_limits.load()  # runtime overrides kept in the database
         except sqlite3.Error as exc:
             await self.close()
             raise errors.StoreError(f"{self.db_path}: {exc}") from exc
@@ -228,9 +233,10 @@ class Coordinator:
         success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound."""
         text = values.encode("result", p.result, self.config.max_result_bytes)
         backoff = self._backoff()
-        return await self.writer.run(
-            lambda conn, now: leases.complete(conn, now, p.job_id, p.worker_id, p.token, text,
-                                              p.artifact, backoff), urgent=True)
+        return await self.writer.run(self.fleet_limits.counting(  # usage against budgets
+            p.job_id, p.usage, lambda conn, now: leases.complete(
+                conn, now, p.job_id, p.worker_id, p.token, text, p.artifact, backoff)),
+            urgent=True)
 
     async def fail(self, p: Fail) -> StatusResult:
         """Record a failure; the error text is truncated to `max_error_chars`.
@@ -348,6 +354,7 @@ class Coordinator:
         st = await self.status()
         self.artifact_bytes = await asyncio.to_thread(tree_bytes, self.artifact_dir)
         self.meters.set_status(st, self.writer.queue_depth, self.artifact_bytes)
+        self.meters.set_limits((await self.limits(LimitsQuery(holders=False))).limits)
         return MetricsResult(text=self.meters.render())
 
     # ------------------------------------------------------------ reads
@@ -405,6 +412,7 @@ class Coordinator:
                 f"{name} ({status})" for name, status, _ in deps if status in
                 ("blocked", "waiting", "running"))
         await self.governor.annotate(job, now)  # suspended since, reserved for
+        await self.fleet_limits.annotate(job, now)  # its limits; a full one, first
         return job
 
     async def list_jobs(self, p: ListJobs) -> JobList:
@@ -424,6 +432,7 @@ class Coordinator:
                 if j.status == "waiting":
                     j.waiting_reason = self._explain_with(j, now, workers, states)
             await self.governor.explain_resources(jobs, workers)  # vram: need ... on W
+            await self.fleet_limits.explain(jobs, now)
         return JobList(jobs=jobs, next_after=jobs[-1].job_id if len(jobs) == limit else None)
 
     async def workers(self, p: Empty | None = None) -> WorkersResult:
@@ -478,9 +487,13 @@ class Coordinator:
         if waiting:
             now = self.clock.wall()
             workers, states = await self._read(views.list_workers), await self.lifecycle.states()
-            for n in waiting:
-                job = await self._read(views.get_job, now, n.job_id, self.config.aging_interval_s)
-                n.reason = self._explain_with(job, now, workers, states)
+            jobs = [await self._read(views.get_job, now, n.job_id, self.config.aging_interval_s)
+                    for n in waiting]
+            for job in jobs:
+                job.waiting_reason = self._explain_with(job, now, workers, states)
+            await self.fleet_limits.explain(jobs, now)  # a full limit, first
+            for n, job in zip(waiting, jobs):
+                n.reason = job.waiting_reason
         return wf
 
     async def workflow_list(self, p: ListWorkflows) -> WorkflowList:

@@ -108,9 +108,11 @@ def spec_hash(p: WorkflowSubmit) -> str:
     nodes = sorted(
         (msgspec.structs.replace(n, needs=sorted(needs_of(n), key=lambda d: d.node))
          for n in p.nodes), key=lambda n: n.name)
-    # a node without resources hashes as before the field existed (stored graphs' keys)
-    shown = [n if n.resources else {k: v for k, v in msgspec.structs.asdict(n).items()
-                                    if k != "resources"} for n in nodes]
+    # a node without resources, or naming no limits, hashes as before the field existed
+    # (stored graphs' keys)
+    shown = [{k: v for k, v in msgspec.structs.asdict(n).items()
+              if not (k == "resources" and not n.resources)
+              and not (k == "limits" and n.limits is None)} for n in nodes]
     return hashlib.sha256(msgspec.json.encode([p.name, shown], order="sorted")).hexdigest()
 
 
@@ -222,7 +224,9 @@ class Workflows:
                 required_role=n.required_role, priority=n.priority, payload=n.payload,
                 max_attempts=attempts, max_runtime_s=n.max_runtime_s, gates_json=gates_json,
                 result_schema=schema, resources=request,
-                needs=[(d.node, d.policy) for d in needs_of(n)]))
+                needs=[(d.node, d.policy) for d in needs_of(n)],
+                limits=self._coord.limit_book.for_job(f"node {n.name!r}: limits", n.kind,
+                                                      n.limits)))
         return wstore.NewWorkflow(workflow_id=self._coord.new_job_id(), name=p.name,
                                   nodes=nodes, idempotency_key=key, schedule_id=schedule_id,
                                   spec_sha256=spec_hash(p))

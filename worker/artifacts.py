@@ -9,6 +9,7 @@ told about it (DESIGN.md, "The single writer": nothing slow inside a transaction
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 from typing import Any
@@ -46,7 +47,29 @@ def prepare_job_dir(job_dir: str, job_id: str, payload: Any) -> dict[str, str]:
         fh.write(msgspec.json.encode(payload))
     return {"job_id": job_id, "payload": payload_path,
             "result": os.path.join(job_dir, "result.json"), "checkpoint_dir": ckpt_dir,
-            "resume_from": ""}
+            "resume_from": "", "usage": os.path.join(job_dir, "usage.json")}
+
+
+USAGE_MAX_BYTES = 4096
+
+
+def read_usage(path: str) -> tuple[dict[str, float] | None, str | None]:
+    """The usage the model reported in `path` (a JSON object of finite numbers >= 0):
+    (usage, None), (None, None) when it wrote none, or (None, why it is ignored)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(USAGE_MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None, None
+    if len(data) > USAGE_MAX_BYTES:
+        return None, f"usage file over {USAGE_MAX_BYTES} bytes"
+    try:
+        value = msgspec.json.decode(data, type=dict[str, float])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return None, f"usage is not a JSON object of numbers: {exc}"
+    if not all(math.isfinite(v) and v >= 0 for v in value.values()):
+        return None, "usage numbers must be finite and >= 0"
+    return value or None, None
 
 
 def read_result(path: str, store: str, *, max_bytes: int, as_json: bool, inline_bytes: int

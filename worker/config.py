@@ -32,8 +32,10 @@ TIMEOUT_S_DEFAULT = 3600.0
 SLOTS_DEFAULT = 1
 MAX_RESULT_BYTES_DEFAULT = 1 << 20
 
-PLACEHOLDERS = ("job_id", "payload", "result", "checkpoint_dir", "resume_from")
-"""The argv tokens replaced per job; each is also in the environment as COORD_<NAME>."""
+PLACEHOLDERS = ("job_id", "payload", "result", "checkpoint_dir", "resume_from", "usage")
+"""The argv tokens replaced per job; each is also in the environment as COORD_<NAME>.
+`usage`: a file the model may write, a JSON object of usage numbers (`{"tokens": 1234}`),
+sent with `complete` for coordd's limit budgets."""
 _PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r"|python)\}")
 
 

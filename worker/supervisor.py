@@ -418,7 +418,11 @@ class Supervisor:
         if isinstance(outcome, str):
             await self._report_fail(run, outcome, False)
             return
-        await self._complete(run, outcome)
+        usage, why = await asyncio.to_thread(artifacts.read_usage, values["usage"])
+        if why is not None:  # usage is for coordd's limit budgets; it never fails the job
+            logger.warning("job %s: %s; not reported", run.job_id, why,
+                           extra={"action": "usage_ignored", "job_id": run.job_id})
+        await self._complete(run, outcome, usage)
         if not run.lease_gone:
             await asyncio.to_thread(shutil.rmtree, run.dir, True)
 
@@ -557,10 +561,13 @@ class Supervisor:
                         extra={"action": "fail", "job_id": run.job_id, "status": res.status,
                                "retryable": retryable})
 
-    async def _complete(self, run: JobRun, outcome: Any) -> None:
+    async def _complete(self, run: JobRun, outcome: Any,
+                        usage: dict[str, float] | None = None) -> None:
         result, artifact = outcome
+        extra = {"usage": usage} if usage else {}
         try:
-            res = await self._report(run, "complete", result=result, artifact=artifact)
+            res = await self._report(run, "complete", result=result, artifact=artifact,
+                                     **extra)
         except errors.AlreadyCompleted:
             logger.info("job %s: result already stored", run.job_id,
                         extra={"action": "complete", "job_id": run.job_id})

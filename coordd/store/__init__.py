@@ -5,9 +5,8 @@ seconds from coordd's clock: no SQL reads the time itself). Write functions are 
 called by `coordd.writer.Writer`, inside its `BEGIN IMMEDIATE` transaction; raising a
 `CoordError` rolls back that request alone (see the writer for how).
 
-Every SQL string lives here. Claims and the fenced lease-holder calls are in
-`coordd.leases`, row -> view conversion for reads in `coordd.views`; both run the
-statements named here.
+Every SQL string lives here or in a submodule (coordd.store.*). Claims and the fenced
+lease-holder calls are in `coordd.leases`, row -> view conversion in `coordd.views`.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ import msgspec
 
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
-from coordd.store import governance as _governance_schema
-from coordd.store import resources as _resources_schema
+from coordd.store import governance as _governance_schema, limits as _limits, resources as _resources_schema
 from coordd.store import logs as _logs
 from coordd.store import job_requests as _job_requests
 from coordd.store import claim_index as _claim_index
@@ -33,7 +31,7 @@ from coordd.store.claim_index import (  # noqa: F401 (the claim's statements)
 )
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 50  # terminal jobs deleted per transaction by `prune_batch` (~2 ms)
 VACUUM_PAGES = 128  # free pages returned to the file system per transaction (~2 ms)
@@ -157,12 +155,12 @@ MIGRATIONS: tuple[str, ...] = (
     _job_requests.MIGRATION_JOB_REQUEST_SHA256,
     # v10: job counters by (status, priority), kept by triggers (`status` in O(1))
     _counters.MIGRATION,
-    # v11: the claim index led by (required_role, kind): claims flat in the jobs they
-    # cannot take
+    # v11: the claim index led by (required_role, kind): flat in jobs a worker cannot take
     _claim_index.MIGRATION,
     # v12: a lease's suspension and vacate state, preemption reservations (issue 16)
     _governance_schema.MIGRATION_GOVERNANCE + ";" + _governance_schema.MIGRATION_RESERVATIONS,
     _resources_schema.MIGRATION_RESOURCES,  # v13: resource requests, lease grants (issue 16)
+    _limits.MIGRATION_LIMITS,  # v14: fleet-wide limits (issue 17, coordd.store.limits)
 )
 
 json_encode = msgspec.json.encode
@@ -312,6 +310,7 @@ class NewJob(msgspec.Struct, kw_only=True):
     delay_s: float | None = None  # run_at is then now + delay_s (coordd's clock)
     request_sha256: str | None = None  # with an idempotency key: the request's hash
     resources: Any = None  # a coordd.resources.Request (stored in coordd.store.resources)
+    limits: list[tuple[str, int]] = []  # fleet-wide limits it consumes (name, units)
 
 
 SQL_ENQUEUE = (
@@ -341,6 +340,7 @@ def enqueue(conn: sqlite3.Connection, now: float, job: NewJob) -> EnqueueResult:
         existing = _job_requests.repeated(conn, job.idempotency_key, job.request_sha256)
         return EnqueueResult(job_id=existing, created=False)
     _resources_schema.add_request(conn, job.job_id, job.resources)
+    _limits.attach(conn, job.job_id, job.limits)  # the fleet-wide limits it names, if any
     event(conn, job.job_id, now, None, None, "waiting", "enqueued")
     return EnqueueResult(job_id=job.job_id, created=True)
 

@@ -10,7 +10,8 @@ measured from or to:
 - `workers.heartbeat_at`, `agents.heartbeat_at` (heartbeat_stale_s, agent_stale_s);
 - waiting jobs' `queued_at` (claim order, aging, workflow_absent_wait_s), and `run_at`
   where coordd chose it as a delay (backoff: a job with attempts spent);
-- hub messages' `expires_at` (ttl) and unacked reads' `visible_at` (visibility timeout).
+- hub messages' `expires_at` (ttl) and unacked reads' `visible_at` (visibility timeout);
+- fleet-wide limits' rate-window claims and budget usage times (coordd.store.limits).
 
 Calendar times stay: a `run_at` a client sent (a job never attempted) and schedule slots
 (cron, UTC) mean a time of day, reached earlier or later by the step; only a job that was
@@ -21,6 +22,8 @@ finished_at) is not rewritten.
 from __future__ import annotations
 
 import sqlite3
+
+from coordd.store import limits as limit_windows
 
 # ?1 step, ?2 coordd's time before the step, ?3 its time at the last look before (the
 # suspend grace applies to leases live then), ?4 grant the grace (a jump past clock_jump_s)
@@ -69,4 +72,5 @@ def shift_times(conn: sqlite3.Connection, before: float, step: float, seen_at: f
         "waiting": conn.execute(SQL_SHIFT_WAITING, (step, before, low)).rowcount,
         "messages": conn.execute(SQL_SHIFT_MESSAGES, (step, low)).rowcount,
         "reads": conn.execute(SQL_SHIFT_READS, (step, low)).rowcount,
+        "limit windows": limit_windows.shift_times(conn, step),
     }

@@ -10,7 +10,9 @@ the writer registers (coordd.push.Push.note), for every row that may wake a park
 - `t` a job `wait_job` waits for reached a terminal status;
 - `c` a running job's cancel was requested, or coordd's governance suspended or told it to
   vacate (a = the lease holder, for `watch_worker`);
-- `h` a worker's heartbeat, while claims are parked (job_id = the worker, a = its roles).
+- `h` a worker's heartbeat, while claims are parked (job_id = the worker, a = its roles);
+- `l` units of a fleet-wide limit freed (a lease that held them ended), while claims are
+  parked (a = the limit).
 
 New job events (`watch_events`) need no trigger: the highest event id after a commit says.
 The TEMP tables and their statements run on the writer's connection from the event loop,
@@ -54,6 +56,9 @@ TRIGGERS = (
     "CREATE TEMP TRIGGER IF NOT EXISTS push_heartbeat_update AFTER UPDATE ON main.workers "
     "WHEN EXISTS (SELECT 1 FROM temp.push_on WHERE what = 'claims') BEGIN "
     "SELECT coordd_push('h', NEW.worker_id, NEW.roles_json, NULL, NULL); END",
+    "CREATE TEMP TRIGGER IF NOT EXISTS push_limit_freed AFTER DELETE ON main.limit_holds "
+    "WHEN EXISTS (SELECT 1 FROM temp.push_on WHERE what = 'claims') BEGIN "
+    "SELECT coordd_push('l', OLD.job_id, OLD.name, NULL, NULL); END",
     "CREATE TEMP TRIGGER IF NOT EXISTS push_cancel AFTER UPDATE OF cancel_requested "
     "ON main.jobs WHEN NEW.cancel_requested = 1 AND OLD.cancel_requested = 0 BEGIN "
     "SELECT coordd_push('c', NEW.job_id, "

@@ -32,6 +32,7 @@ import msgspec
 from coordd import errors
 from coordd.store import cancel, dumps, event, lenient_json
 from coordd.store.resources import add_request
+from coordd.store import limits as limit_store
 
 # Statuses a node can end in; a workflow is over when every node is in one of them.
 NODE_TERMINAL = ("succeeded", "failed", "cancelled", "skipped")
@@ -55,6 +56,7 @@ class NewNode(msgspec.Struct, kw_only=True):
     result_schema: str | None = None
     needs: list[tuple[str, str]] = []  # (dependency node name, policy)
     resources: Any = None  # a coordd.resources.Request (stored in coordd.store.resources)
+    limits: list[tuple[str, int]] = []  # fleet-wide limits it consumes (name, units)
 
 
 class NewWorkflow(msgspec.Struct, kw_only=True):
@@ -160,6 +162,8 @@ def insert_workflow(conn: sqlite3.Connection, now: float, wf: NewWorkflow
             n.max_attempts, now, now, now, now,
             n.max_runtime_s, n.gates_json, wf.workflow_id, n.name, n.result_schema))
         add_request(conn, n.job_id, n.resources)
+        if n.limits:
+            limit_store.attach(conn, n.job_id, n.limits)
         event(conn, n.job_id, now, None, None, status,
               f"workflow {wf.workflow_id} node {n.name}"
               + (f" (needs {', '.join(d for d, _ in n.needs)})" if n.needs else ""))

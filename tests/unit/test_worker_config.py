@@ -74,7 +74,8 @@ def test_missing_file_is_an_error(tmp_path):
 
 def test_argv_placeholders_expand_once_and_leave_other_braces():
     values = {"job_id": "j1", "payload": "/w/j1/payload.json", "result": "/w/j1/{result}",
-              "checkpoint_dir": "/w/j1/checkpoints", "resume_from": ""}
+              "checkpoint_dir": "/w/j1/checkpoints", "resume_from": "",
+              "usage": "/w/j1/usage.json"}
     argv = ["python", "-c", "print({'a': 1})", "--in={payload}", "{result}", "{checkpoint_dir}",
             "{resume_from}", "{job_id}-{job_id}", "{unknown}"]
     assert expand_argv(argv, values) == [
@@ -83,8 +84,8 @@ def test_argv_placeholders_expand_once_and_leave_other_braces():
     env = job_env(values)
     assert env == {"COORD_JOB_ID": "j1", "COORD_PAYLOAD": "/w/j1/payload.json",
                    "COORD_RESULT": "/w/j1/{result}", "COORD_CHECKPOINT_DIR": "/w/j1/checkpoints",
-                   "COORD_RESUME_FROM": ""}
-    assert len(PLACEHOLDERS) == 5
+                   "COORD_RESUME_FROM": "", "COORD_USAGE": "/w/j1/usage.json"}
+    assert len(PLACEHOLDERS) == 6
 
 
 def test_struct_validates_directly():
