@@ -203,10 +203,20 @@ class Supervisor:
 
     # ------------------------------------------------------------ claiming
 
+    def _claimable(self) -> list[str]:
+        """The usable kinds with a free slot: a claim names only these, so a job of a full
+        kind stays waiting at coordd (where preemption can see it) instead of being held
+        here until a slot of its kind frees."""
+        held: dict[str, int] = {}
+        for r in self._runs.values():
+            held[r.job.kind] = held.get(r.job.kind, 0) + 1
+        return [k for k in self.kinds.usable()
+                if k not in self.config.kinds or held.get(k, 0) < self.config.kinds[k].slots]
+
     def _can_claim(self) -> bool:
         if any(r.waiting_for_slot for r in self._runs.values()):
             return False  # a job already waits for a slot of its kind: take no more
-        return len(self._runs) < self.config.total_slots and bool(self.kinds.usable())
+        return len(self._runs) < self.config.total_slots and bool(self._claimable())
 
     async def _claim_loop(self) -> None:
         interval = self.config.claim_interval_s
@@ -221,7 +231,11 @@ class Supervisor:
                 await self._clock.wait(self._wake, self._link.delay(interval))
                 continue
             asked = self._clock.mono()
-            got = await until(self._stop, self.claim_once(self.config.claim_wait_s))
+            # some kinds full: park no longer than the idle poll, so a slot that frees is
+            # claimed for within about claim_interval_s (a parked claim keeps its kinds)
+            full = len(self._claimable()) < len(self.kinds.usable())
+            wait_s = min(self.config.claim_wait_s, interval) if full else self.config.claim_wait_s
+            got = await until(self._stop, self.claim_once(wait_s))
             if got is None:  # answered early (an older coordd, an error): poll's pause
                 if early(self._clock.mono() - asked, self.config.claim_wait_s):
                     await self._clock.wait(self._wake, interval)
@@ -242,7 +256,7 @@ class Supervisor:
         for attempt in (1, 2):
             try:
                 res = await self._watch.client.claim(self.worker_id, self.config.lease_s, claim_id,
-                                               kinds=self.kinds.usable(), wait_s=wait_s)
+                                               kinds=self._claimable(), wait_s=wait_s)
                 break
             except (Disconnected, CallTimeout) as exc:
                 if attempt == 2 or self._stop.is_set():

@@ -83,8 +83,10 @@ async def gov(daemon_factory, tmp_path):
         clients.append(client)
 
         def start_worker(worker_id: str = "w1", kind: dict[str, Any] | None = None,
+                         extra_kinds: dict[str, dict[str, Any]] | None = None,
                          **settings: Any) -> WorkerProc:
-            kinds = {"count": {"argv": [sys.executable, str(model)], "slots": 1, **(kind or {})}}
+            kinds = {"count": {"argv": [sys.executable, str(model)], "slots": 1, **(kind or {})},
+                     **(extra_kinds or {})}
             work_dir = tmp_path / f"work-{worker_id}"
             cfg = tmp_path / f"{worker_id}.toml"
             cfg.write_text(worker_toml(work_dir, kinds, **{"heartbeat_interval_s": HEARTBEAT_S,
@@ -208,11 +210,15 @@ async def test_supervisor_killed_while_suspended_leaves_no_stopped_process(gov):
     assert final.attempts == 2  # the lost run spent its attempt (worker_lost)
 
 
-async def test_p0_on_a_one_slot_worker_busy_with_p3_starts_within_grace_plus_1s(gov):
+@pytest.mark.parametrize("other_kind", [False, True], ids=["one_kind", "kind_full_slots_free"])
+async def test_p0_on_a_one_slot_worker_busy_with_p3_starts_within_grace_plus_1s(gov, other_kind):
+    """Also with a free slot of another kind: the worker must not claim the P0 job of its
+    full kind and hold it (coordd would call it running and never preempt)."""
     bench, _ = await gov(preempt_min_runtime_s=0.0)
     job, progress, pidfile = await enqueue_counter(bench, steps=200, dt=0.01)
     grace_s = 0.5
-    w = bench.start_worker(grace_s=grace_s)
+    other = {"other": {"argv": [sys.executable, "-c", "pass"], "slots": 1}}
+    w = bench.start_worker(grace_s=grace_s, extra_kinds=other if other_kind else None)
 
     async def checkpointed() -> Any:
         return (await bench.client.get_job(job)).checkpoint
