@@ -195,3 +195,21 @@ def test_embed_real_model(tmp_path: Path) -> None:
         return math.fsum(x * y for x, y in zip(a, b, strict=True))
 
     assert cos(vecs[0], vecs[1]) > 0.5 > cos(vecs[0], vecs[2])
+
+
+def test_fast_checkpoints_live_long_enough_for_the_supervisor_to_take_one(tmp_path: Path) -> None:
+    """At ~100 steps/s a checkpoint every 10 steps lived 0.3 s with only the newest three
+    kept, never the 1 s the supervisor needs to see it still (worker.checkpoints.SETTLE_S):
+    no checkpoint was ever recorded. Files younger than KEEP_YOUNGER_S stay."""
+    from worker.checkpoints import SETTLE_S
+    from worker.models import train as tm
+    assert tm.KEEP_YOUNGER_S > 2 * SETTLE_S
+    cfg, model = tm.Config({"steps": 100}), tm.Model(tm.ORDER_DEFAULT)
+    for step in range(10, 70, 10):
+        tm.save_checkpoint(str(tmp_path), step, cfg, "sha", model)
+    assert len(checkpoints(tmp_path)) == 6  # all young: kept
+    for old in checkpoints(tmp_path)[:4]:
+        os.utime(old, (time.time() - 10, time.time() - 10))
+    tm.save_checkpoint(str(tmp_path), 70, cfg, "sha", model)
+    assert [p.name for p in checkpoints(tmp_path)] == [  # old ones past the newest 3 go
+        "ckpt-00000050.json", "ckpt-00000060.json", "ckpt-00000070.json"]

@@ -22,6 +22,7 @@ import random
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from coordd.cas import write_atomic
@@ -44,6 +45,10 @@ ADD_K = 0.1
 SAMPLE_CHARS = 80
 SAMPLE_PROMPT = "Return the "
 KEEP_CHECKPOINTS = 3
+KEEP_YOUNGER_S = 3.0
+"""A checkpoint younger than this is kept even past KEEP_CHECKPOINTS: the supervisor takes a
+file only once it held still for worker.checkpoints.SETTLE_S (1 s), so a fast model that
+deleted its files sooner would never have one recorded."""
 CHECKPOINT_VERSION = 1
 BOS = "\x02"
 """Pads the context at the start of each chunk."""
@@ -195,7 +200,8 @@ def chunk_schedule(train_text: str, steps: int, seed: int) -> list[int]:
 
 
 def save_checkpoint(directory: str, step: int, cfg: Config, corpus_sha: str, model: Model) -> str:
-    """Write ``ckpt-<step>.json`` atomically, prune old ones, and return its path."""
+    """Write ``ckpt-<step>.json`` atomically, prune old ones (beyond the newest
+    KEEP_CHECKPOINTS, once KEEP_YOUNGER_S old), and return its path."""
     state = {
         "version": CHECKPOINT_VERSION,
         "step": step,
@@ -208,9 +214,11 @@ def save_checkpoint(directory: str, step: int, cfg: Config, corpus_sha: str, mod
     path = os.path.join(directory, f"ckpt-{step:08d}.json")
     write_atomic(path, json.dumps(state, sort_keys=True, ensure_ascii=False).encode())
     old = sorted(n for n in os.listdir(directory) if n.startswith("ckpt-") and n.endswith(".json"))
+    now = time.time()
     for name in old[:-KEEP_CHECKPOINTS]:
         with contextlib.suppress(OSError):
-            os.unlink(os.path.join(directory, name))
+            if now - os.stat(os.path.join(directory, name)).st_mtime >= KEEP_YOUNGER_S:
+                os.unlink(os.path.join(directory, name))
     return path
 
 
