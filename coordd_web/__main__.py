@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 
-from coordd_web.security import LOOPBACK_HOSTS, new_token
+WEB_MODULES = frozenset({"starlette", "uvicorn", "jinja2", "markupsafe"})  # the `web` extra
 
 PORT_DEFAULT = 8787
 
@@ -34,6 +34,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run coordd-web until SIGINT/SIGTERM; exit 2 on a usage error."""
     args = parse(argv)
+    try:
+        import uvicorn
+
+        from coordd_web.app import Settings, build_app
+        from coordd_web.security import LOOPBACK_HOSTS, new_token
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in WEB_MODULES:
+            raise
+        print(f"coordd-web: the web view needs the `web` extra ({exc.name} is missing): "
+              "pip install 'coordd[web]' (in a checkout: .venv/bin/pip install -e '.[web]')",
+              file=sys.stderr)
+        return 2
     if args.host not in LOOPBACK_HOSTS:
         print(f"coordd-web: --host must be a loopback address (127.0.0.1, ::1), got "
               f"{args.host!r}", file=sys.stderr)
@@ -42,10 +54,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coordd-web: --port must be 0..65535, got {args.port}", file=sys.stderr)
         return 2
     import socket
-
-    import uvicorn
-
-    from coordd_web.app import Settings, build_app
     token = new_token() if args.actions else None
     app = build_app(Settings(socket=args.socket, actions=args.actions, token=token,
                              allow_hosts=tuple(args.allow_host)))
