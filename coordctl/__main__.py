@@ -131,9 +131,10 @@ def build_parser() -> Parser:
     cmd("status", "counts, sizes, warnings and the oldest waiting jobs")
 
     e = cmd("enqueue", "add a job (prints its id) or a batch from a JSON-lines file")
+    e.epilog = "--kind, --role, --priority and --payload are required unless --batch is given."
     e.add_argument("--kind", type=_name, help="job kind (selects the model command on the worker)")
     e.add_argument("--role", type=_name, help="the worker role the job needs")
-    e.add_argument("--priority", type=PRIORITY, metavar="P", help="0 (user waiting) .. 3 (idle)")
+    e.add_argument("--priority", type=PRIORITY, metavar="P", help="0 (user waiting) .. 3 (idle); required")
     e.add_argument("--payload", metavar="JSON|@FILE", help="the payload: inline JSON, @FILE, @-")
     when = e.add_mutually_exclusive_group()
     when.add_argument("--run-at", metavar="TS", help="not before: Unix seconds or ISO-8601")

@@ -319,11 +319,12 @@ def show(client: Any, args: argparse.Namespace) -> Outcome:
 
 def cancel(client: Any, args: argparse.Namespace) -> Outcome:
     """`cancel ID`: print the job's status afterwards; a running job is told to stop
-    ("cancel requested": it ends at its holder's next renew or heartbeat)."""
+    ("cancel requested": its holder is told at once by its control watch, else at its next
+    renew or heartbeat)."""
     res = client.cancel(args.job_id)
     if res.status == "running":
-        return Outcome(res, f"{args.job_id}: cancel requested (running: its worker stops it "
-                            f"at the next renew or heartbeat)")
+        return Outcome(res, f"{args.job_id}: cancel requested (running: its worker is told "
+                            f"at once and stops it)")
     return Outcome(res, f"{args.job_id}: {res.status}")
 
 
