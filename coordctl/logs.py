@@ -45,7 +45,7 @@ class _Printer:
     def __init__(self, stream: str | None, raw: bool) -> None:
         self.only, self.raw = stream, raw
         self.token: int | None = None
-        self.runs: dict[int, int] = {}  # attempt number -> runs seen with it (retry resets)
+        self.runs: dict[int, int] = {}  # attempt number -> runs seen with it
         self.ends: dict[tuple[int, str], int] = {}
         self.decoders: dict[tuple[int, str], Any] = {}
         self.chunks = 0
@@ -61,7 +61,7 @@ class _Printer:
             self.token = c.token
             sys.stdout.flush()
             seen = self.runs[c.attempt] = self.runs.get(c.attempt, 0) + 1
-            again = "" if seen == 1 else " again, after a retry"
+            again = "" if seen == 1 else f", run {seen}"  # handed back, vacated or retried
             print(f"--- attempt {c.attempt}{again} (worker {safe(c.worker_id)}, lease token "
                   f"{c.token}) ---", file=sys.stderr, flush=True)
         key = (c.token, c.stream)

@@ -1,5 +1,6 @@
 """coordctl logs' marks: each run of a job gets its own mark, and a run whose attempt
-number repeats (an operator's retry starts the count again) says so."""
+number repeats (a hand-back or vacate spends no attempt; a retry starts the count again)
+is numbered as another run of it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ def chunk(seq: int, attempt: int, token: int, data: bytes, pos: int = 0) -> LogC
                     pos=pos, data=data, at=0.0)
 
 
-def test_a_retried_jobs_second_first_attempt_is_marked_as_another_run(capsys):
+def test_a_repeated_attempt_number_is_marked_as_another_run(capsys):
     p = _Printer(None, raw=False)
     for c in [chunk(1, 1, 10, b"a\n"), chunk(2, 1, 10, b"b\n", pos=2), chunk(3, 2, 11, b"c\n"),
               chunk(4, 1, 12, b"d\n")]:
@@ -23,5 +24,5 @@ def test_a_retried_jobs_second_first_attempt_is_marked_as_another_run(capsys):
     assert marks == [
         "--- attempt 1 (worker w1, lease token 10) ---",
         "--- attempt 2 (worker w1, lease token 11) ---",
-        "--- attempt 1 again, after a retry (worker w1, lease token 12) ---",
+        "--- attempt 1, run 2 (worker w1, lease token 12) ---",
     ]
