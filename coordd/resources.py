@@ -238,6 +238,27 @@ def fits_without(readings: dict[str, Any], need: Request, held: list[Grant],
     return not isinstance(fit(readings, need, rest), str)
 
 
+def hold_back(readings: dict[str, Any], need: Request, held: list[Grant],
+              shadows: Iterable[Grant] = ()) -> Grant | None:
+    """The grant `need` would get once the worker's running jobs (`held`) end, their
+    VRAM off the live reading, beside the capacity already held back (`shadows`); None
+    when it would not fit even then (it waits for something else: another program's
+    VRAM, a smaller worker). The claim keeps that grant from lower priorities."""
+    if not held:
+        return None  # nothing of ours to wait for: the refusal stands on its own
+    devices = []
+    for index, d in _devices(readings):
+        d = {**d, "index": index}
+        used, total = _num(d.get("memory_used_mb")), _num(d.get("memory_total_mb"))
+        if used is not None and total is not None:
+            booked = sum(total if h.vram_mb == 0 else h.vram_mb
+                         for h in held if index in h.gpu_ids)
+            d["memory_used_mb"] = max(0.0, used - booked)
+        devices.append(d)
+    got = fit({**readings, "gpu_devices": devices}, need, list(shadows))
+    return None if isinstance(got, str) else got
+
+
 def shortfall(role: str, need: Request, workers: Iterable[tuple[Any, ...]],
               grants: dict[str, list[Grant]]) -> str | None:
     """Why a runnable job of `role` needing `need` waits: each such worker's shortfall
