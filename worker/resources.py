@@ -38,6 +38,8 @@ def advertise(config: WorkerConfig, readings: dict[str, Any]) -> dict[str, Any]:
         out["gpu_devices"], out["gpus"] = devices, len(devices)
         if not devices:
             out["gpu_reason"] = "resources.gpus = 0 in the worker config"
+    if isinstance(out.get("gpu_devices"), list):  # a readings override may name only the list
+        out["gpus"] = len(out["gpu_devices"])
     defaults = {name: msgspec.structs.asdict(k.resources) for name, k in config.kinds.items()
                 if k.resources is not None and not k.resources.empty}
     if defaults:

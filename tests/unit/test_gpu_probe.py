@@ -141,3 +141,6 @@ def test_config_gpus_beside_a_confined_probe_take_unused_indexes():
                                         "memory_used_mb": 10}]}
     out = resources.advertise(cfg, seen)
     assert [d["index"] for d in out["gpu_devices"]] == [1, 0]  # never index 1 twice
+    drill = resources.advertise(wconfig.parse(""), {"gpus": 0, "gpu_devices": [
+        {"index": 0, "memory_total_mb": 8000, "memory_used_mb": 0}]})  # --readings-override
+    assert drill["gpus"] == 1  # coordd refuses a count that disagrees with the list
