@@ -4,6 +4,9 @@ One `Admission` per claim: the worker's held grants are read once, on the first 
 that asks for anything; a candidate without a request (its own, or its kind's default in
 the worker's heartbeat `kind_resources`) costs one lookup in a small table, and nothing
 at all while no job ever asked for resources and the worker names no kind defaults.
+A job refused for resources that would fit once this worker's running jobs end holds
+that capacity back from lower priorities for the rest of the claim (`hold_back`): a big
+job is not starved by a stream of small ones; they backfill only what it cannot use.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Admission:
                  readings: dict[str, Any]) -> None:
         self._conn, self._worker_id, self._readings = conn, worker_id, readings
         self._held: list[Grant] | None = None
+        self._shadows: list[tuple[int, str, Grant]] = []  # (priority, job_id, held back)
         self.grants: dict[str, Grant] = {}
         defaults = readings.get(KIND_RESOURCES)
         self._defaults: dict[str, Request] = {}
@@ -52,15 +56,26 @@ class Admission:
             req = self._defaults.get(resstore.kind_of(self._conn, job_id) or "")
         return req
 
-    def admit(self, job_id: str) -> str | None:
-        """None when the job fits (its grant kept in `grants`), else why not."""
+    def admit(self, job_id: str, prio: int | None = None) -> str | None:
+        """None when the job fits (its grant kept in `grants`), else why not. With its
+        `prio`, capacity held back for higher priorities counts as taken, and a refused
+        job that would fit once the running jobs end holds its share back."""
         req = self.request(job_id)
         if req is None:
             return None
         if self._held is None:
             self._held = resstore.held_by_worker(self._conn, self._worker_id)
-        got = resources.fit(self._readings, req, self._held)
+        ahead = [s for s in self._shadows if prio is not None and s[0] < prio]
+        got = resources.fit(self._readings, req, self._held + [g for _, _, g in ahead])
         if isinstance(got, str):
+            if ahead and not isinstance(resources.fit(self._readings, req, self._held), str):
+                p, j, _ = ahead[0]
+                return f"{got} (held back for P{p} job {j}, waiting for running jobs to end)"
+            if prio is not None:
+                shadow = resources.hold_back(self._readings, req, self._held,
+                                             [g for _, _, g in self._shadows])
+                if shadow is not None:
+                    self._shadows.append((prio, job_id, shadow))
             return got
         self.grants[job_id] = got
         return None

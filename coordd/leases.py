@@ -255,7 +255,7 @@ class _Judge:
         if refusals:
             return False
         if self.admission is not None:
-            short = self.admission.admit(job_id)
+            short = self.admission.admit(job_id, prio)
             if short is not None:
                 self.reasons.setdefault(resources.RESOURCES, short)
                 return False

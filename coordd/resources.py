@@ -3,12 +3,15 @@
 Pure: readings, requests and grants in, a grant or a refusal out. A worker's capacity is
 what its heartbeat advertises (`gpu_devices`, `ram_mb`); what its held leases were granted
 is subtracted, and each GPU's live reading (`memory_used_mb`) must show the VRAM free too.
-`vram_mb` is per GPU; a job asking for GPUs without `vram_mb` takes them whole. The one
-rule: a claim that finds no room says which resource and how much.
+`vram_mb` is per GPU; a job asking for GPUs without `vram_mb` takes them whole, and only
+GPUs whose live reading shows them idle (WHOLE_GPU_USED_MAX_MB). A device's index is its
+`index`, else its list position (`device_index`): one rule everywhere. The one rule: a
+claim that finds no room says which resource and how much.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +22,11 @@ from coordd import errors
 RESOURCES = "resources"  # the claim's refusal code
 MAX = {"gpus": 64, "vram_mb": 1 << 24, "ram_mb": 1 << 24}  # 16 TiB: past it is a typo
 """The largest request per key (a count, MiB, MiB)."""
+GPU_DEVICES_MAX = 64  # devices a heartbeat may list; indexes are 0..GPU_DEVICES_MAX-1
+GPU_MEMORY_MAX_MB = 1 << 24  # a GPU's memory_total_mb past this (16 TiB) is not a reading
+WHOLE_GPU_USED_MAX_MB = 1024
+"""A whole-GPU grant needs the GPU's live `memory_used_mb` at most this (MiB): a driver or
+display context, not another program's model."""
 
 
 class Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -81,19 +89,93 @@ def parse_request(value: Any, where: str = "resources") -> Request | None:
     return None if req.empty else req
 
 
-def gpus_of(readings: dict[str, Any]) -> list[Gpu]:
-    """The GPUs a heartbeat advertises (`gpu_devices`); odd entries are skipped."""
-    out = []
+def device_index(device: dict[str, Any], position: int) -> Any:
+    """A device's index: its `index` key, else its position in `gpu_devices`."""
+    return device.get("index", position)
+
+
+def _devices(readings: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(index, device) for each well-formed entry of `gpu_devices`: an int index in range,
+    the first of duplicates only (stored heartbeats predate `check_readings`)."""
+    out: list[tuple[int, dict[str, Any]]] = []
+    seen: set[int] = set()
     devices = readings.get("gpu_devices")
     for i, d in enumerate(devices if isinstance(devices, list) else ()):
         if not isinstance(d, dict):
             continue
+        index = device_index(d, i)
+        if (isinstance(index, bool) or not isinstance(index, int)
+                or not 0 <= index < GPU_DEVICES_MAX or index in seen):
+            continue
+        seen.add(index)
+        out.append((index, d))
+    return out
+
+
+def gpus_of(readings: dict[str, Any]) -> list[Gpu]:
+    """The GPUs a heartbeat advertises (`gpu_devices`); odd entries are skipped."""
+    out = []
+    for index, d in _devices(readings):
         total, used = _num(d.get("memory_total_mb")), _num(d.get("memory_used_mb"))
-        index = d.get("index", i)
-        if total is None or isinstance(index, bool) or not isinstance(index, int):
+        if total is None or total <= 0:
             continue
         out.append(Gpu(index=index, total_mb=total, used_mb=used))
     return out
+
+
+def check_readings(readings: dict[str, Any]) -> None:
+    """Refuse a heartbeat's GPU readings that admission cannot trust.
+
+    `gpu_devices`: at most GPU_DEVICES_MAX maps, each index (its `index`, else its
+    position) an integer 0..GPU_DEVICES_MAX-1 and unique, `memory_total_mb` a finite
+    number in (0, GPU_MEMORY_MAX_MB], `memory_used_mb` null or 0..total,
+    `gpu_temperature_c` / `utilization_pct` null or finite; `gpus`, when sent beside the
+    list, equals its length.
+
+    Raises:
+        errors.BadRequest: the message names the field
+            (`readings.gpu_devices[1].index: 0 is listed twice`).
+    """
+    devices = readings.get("gpu_devices")
+    gpus = readings.get("gpus")
+    if devices is None:
+        if gpus:
+            raise errors.BadRequest(f"readings.gpus: {gpus} but no gpu_devices list them")
+        return
+    if not isinstance(devices, list):
+        raise errors.BadRequest("readings.gpu_devices must be a list")
+    if len(devices) > GPU_DEVICES_MAX:
+        raise errors.BadRequest(f"readings.gpu_devices: at most {GPU_DEVICES_MAX} devices, "
+                                f"got {len(devices)}")
+    if gpus is not None and gpus != len(devices):
+        raise errors.BadRequest(f"readings.gpus: {gpus} but gpu_devices lists {len(devices)}")
+    seen: set[int] = set()
+    for i, d in enumerate(devices):
+        where = f"readings.gpu_devices[{i}]"
+        if not isinstance(d, dict):
+            raise errors.BadRequest(f"{where} must be a map")
+        index = device_index(d, i)
+        if isinstance(index, bool) or not isinstance(index, int) \
+                or not 0 <= index < GPU_DEVICES_MAX:
+            raise errors.BadRequest(f"{where}.index must be an integer "
+                                    f"0..{GPU_DEVICES_MAX - 1}, got {index!r}")
+        if index in seen:
+            raise errors.BadRequest(f"{where}.index: {index} is listed twice")
+        seen.add(index)
+        total = d.get("memory_total_mb")
+        if not _finite(total) or not 0 < total <= GPU_MEMORY_MAX_MB:
+            raise errors.BadRequest(f"{where}.memory_total_mb must be a finite number in "
+                                    f"(0, {GPU_MEMORY_MAX_MB}], got "
+                                    f"{d.get('memory_total_mb')!r}")
+        used = d.get("memory_used_mb")
+        if used is not None and not (_finite(used) and 0 <= used <= total):
+            raise errors.BadRequest(f"{where}.memory_used_mb must be null or 0..{total:g}, "
+                                    f"got {used!r}")
+        for key in ("gpu_temperature_c", "utilization_pct"):
+            value = d.get(key)
+            if value is not None and not _finite(value):
+                raise errors.BadRequest(f"{where}.{key} must be null or a finite number, "
+                                        f"got {value!r}")
 
 
 def fit(readings: dict[str, Any], need: Request, held: Iterable[Grant]) -> Grant | str:
@@ -118,17 +200,24 @@ def fit(readings: dict[str, Any], need: Request, held: Iterable[Grant]) -> Grant
     free = {g.index: _free(g, held) for g in gpus}
     if need.vram_mb:
         ok = sorted((f, i) for i, f in free.items() if f >= need.vram_mb)
-    else:  # whole GPUs: nothing granted on them
-        ok = sorted((0.0, g.index) for g in gpus if not any(g.index in h.gpu_ids for h in held))
+    else:  # whole GPUs: nothing granted on them, and idle by the live reading
+        unbooked = [g for g in gpus if not any(g.index in h.gpu_ids for h in held)]
+        ok = sorted((0.0, g.index) for g in unbooked
+                    if g.used_mb is None or g.used_mb <= WHOLE_GPU_USED_MAX_MB)
     if len(ok) < need.gpus:
         if not need.vram_mb:
-            return f"gpus: need {need.gpus} whole, {len(ok)} of {len(gpus)} free"
+            busy = [g for g in unbooked if (g.used_mb or 0) > WHOLE_GPU_USED_MAX_MB]
+            return (f"gpus: need {need.gpus} whole, {len(ok)} of {len(gpus)} free"
+                    + "".join(f"; gpu{g.index} shows {g.used_mb:.0f} MiB in use (a whole GPU "
+                              f"needs <= {WHOLE_GPU_USED_MAX_MB})" for g in busy[:2]))
         best = max(free, key=lambda i: (free[i], -i))
         more = f" ({len(ok)} of {len(gpus)} GPUs fit, need {need.gpus})" if len(gpus) > 1 else ""
         return (f"vram: need {need.vram_mb} MiB, {max(0.0, free[best]):.0f} free on "
                 f"gpu{best}{more}")
-    return Grant(gpu_ids=tuple(sorted(i for _, i in ok[:need.gpus])), vram_mb=need.vram_mb,
-                 ram_mb=need.ram_mb)
+    ids = tuple(sorted({i for _, i in ok[:need.gpus]}))
+    if len(ids) != need.gpus:  # gpus_of lists each index once; never grant one twice
+        return f"gpus: need {need.gpus}, the worker lists {len(ids)} distinct"
+    return Grant(gpu_ids=ids, vram_mb=need.vram_mb, ram_mb=need.ram_mb)
 
 
 def fits_without(readings: dict[str, Any], need: Request, held: list[Grant],
@@ -137,15 +226,37 @@ def fits_without(readings: dict[str, Any], need: Request, held: list[Grant],
     and its VRAM off the live reading (for preemption's victim choice)."""
     if freed is not None and freed.gpu_ids:
         devices = []
-        for d in readings.get("gpu_devices") or ():
-            if isinstance(d, dict) and d.get("index") in freed.gpu_ids:
+        for index, d in _devices(readings):
+            d = {**d, "index": index}
+            if index in freed.gpu_ids:
                 used, total = _num(d.get("memory_used_mb")), _num(d.get("memory_total_mb"))
                 if used is not None and total is not None:
-                    d = {**d, "memory_used_mb": max(0.0, used - (freed.vram_mb or total))}
+                    d["memory_used_mb"] = max(0.0, used - (freed.vram_mb or total))
             devices.append(d)
         readings = {**readings, "gpu_devices": devices}
     rest = [g for g in held if g is not freed]
     return not isinstance(fit(readings, need, rest), str)
+
+
+def hold_back(readings: dict[str, Any], need: Request, held: list[Grant],
+              shadows: Iterable[Grant] = ()) -> Grant | None:
+    """The grant `need` would get once the worker's running jobs (`held`) end, their
+    VRAM off the live reading, beside the capacity already held back (`shadows`); None
+    when it would not fit even then (it waits for something else: another program's
+    VRAM, a smaller worker). The claim keeps that grant from lower priorities."""
+    if not held:
+        return None  # nothing of ours to wait for: the refusal stands on its own
+    devices = []
+    for index, d in _devices(readings):
+        d = {**d, "index": index}
+        used, total = _num(d.get("memory_used_mb")), _num(d.get("memory_total_mb"))
+        if used is not None and total is not None:
+            booked = sum(total if h.vram_mb == 0 else h.vram_mb
+                         for h in held if index in h.gpu_ids)
+            d["memory_used_mb"] = max(0.0, used - booked)
+        devices.append(d)
+    got = fit({**readings, "gpu_devices": devices}, need, list(shadows))
+    return None if isinstance(got, str) else got
 
 
 def shortfall(role: str, need: Request, workers: Iterable[tuple[Any, ...]],
@@ -184,8 +295,7 @@ def summary(readings: dict[str, Any], held: Iterable[Grant],
     gpus, ram = gpus_of(readings), _num(readings.get("ram_mb"))
     if not gpus and ram is None:
         return {}
-    devices = {d.get("index", i): d for i, d in enumerate(readings.get("gpu_devices") or ())
-               if isinstance(d, dict)}
+    devices = dict(_devices(readings))
     out: dict[str, Any] = {"gpus": [{
         "index": g.index, "memory_total_mb": g.total_mb, "memory_used_mb": g.used_mb,
         "held_mb": g.total_mb - _free(Gpu(g.index, g.total_mb, None), held),
@@ -207,3 +317,7 @@ def _num(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return None
     return float(value)
+
+
+def _finite(value: Any) -> bool:
+    return _num(value) is not None and math.isfinite(value)

@@ -171,7 +171,7 @@ class Coordinator:
         `incarnation` first ends the leases of the worker's predecessor (`worker_lost`).
         A gate reading that is NaN or infinite is stored as unknown, with its reason.
         Raises: errors.BadRequest (empty id, bad readings types, bad kinds, a non-finite
-        extra reading).
+        extra reading, GPU devices coordd.resources.check_readings refuses).
         """
         check_name("worker_id", p.worker_id)
         for role in p.roles:
@@ -180,6 +180,7 @@ class Coordinator:
             msgspec.convert(p.readings, Readings)
         except msgspec.ValidationError as exc:
             raise errors.BadRequest(f"readings: {exc}") from exc
+        resources.check_readings(p.readings)  # GPU devices: bounded, unique, in range
         roles_json = store.dumps(sorted(set(p.roles)))
         readings = values.unknown_if_not_finite(p.readings)  # a NaN gate reading: unknown
         readings_json = values.encode("readings", readings, self.config.max_payload_bytes)

@@ -22,6 +22,7 @@ from coordd.client import Client
 from coordd.config import MESSAGE_VISIBILITY_MAX_S
 from coordd.protocol import JOB_STATUSES, TERMINAL_STATUSES
 from coordd.protocol_workflows import EDGE_POLICIES
+from coordd.resources import MAX as RESOURCES_MAX
 from coordd.times import DELAY_MAX_S, DURATION_MAX_S, TIME_MAX_S, TIME_MIN_S
 
 WAIT_MAX_S = 300.0  # wait_for_job never holds a call longer (MCP clients time out calls)
@@ -45,6 +46,11 @@ _MESSAGE_FIELDS = {
               "description": "never delivered after this many seconds"},
     "message_id": {**_NAME, "description": "your own id: a resend with it is stored once"},
 }
+_RESOURCES = {  # coordd.resources.Request: what a job asks of its worker
+    "type": "object", "additionalProperties": False,
+    "description": "GPUs, MiB of VRAM on each (implies 1 GPU), MiB of RAM the job needs",
+    "properties": {key: {"type": "integer", "minimum": 0, "maximum": top}
+                   for key, top in RESOURCES_MAX.items()}}
 _WORKFLOW_ID = {"type": "object", "required": ["workflow_id"], "additionalProperties": False,
                 "properties": {"workflow_id": {**_NAME, "description": "the workflow's id"}}}
 _NODE = {  # protocol_workflows.WorkflowNode: a node of a graph (README "Workflows")
@@ -192,7 +198,8 @@ TOOLS: tuple[Tool, ...] = (
                "idempotency_key": {**_NAME, "description": "a repeat returns the same job"},
                "max_runtime_s": {"type": "number", "exclusiveMinimum": 0,
                                  "maximum": DURATION_MAX_S,
-                                 "description": "coordd refuses renewals past this"}},
+                                 "description": "coordd refuses renewals past this"},
+               "resources": _RESOURCES},
               ("kind", "required_role", "priority")), enqueue_job),
     Tool("get_job", "Show one job: status, attempts, lease, result, error and event log.",
          _JOB_ID, get_job, read_only=True),

@@ -2,7 +2,7 @@
 
 Its GPUs come from the JSON file named by FAKE_NVML_STATE, re-read on every call so a
 test can change the free memory live: {"gpus": [{"total_mb", "used_mb", "temp",
-"util", "name"}], "init_error": "LibraryNotFound" | "DriverNotLoaded" | null}. Put this
+"util", "name", "uuid"}], "init_error": "LibraryNotFound" | "DriverNotLoaded" | null}. Put this
 folder on PYTHONPATH (a real worker process) or load the module and inject it
 (worker.gpu.GpuProbe(load=...)).
 """
@@ -90,3 +90,7 @@ def nvmlDeviceGetUtilizationRates(h):
 
 def nvmlDeviceGetName(h):
     return _gpu(h).get("name", "Fake GPU").encode()
+
+
+def nvmlDeviceGetUUID(h):
+    return _gpu(h).get("uuid", f"GPU-{h:08x}-fake-0000-0000-000000000000")

@@ -285,3 +285,18 @@ async def test_retry_job_list_workers_submit_and_get_workflow(daemon):
         text = await tool_error(s, "get_workflow", workflow_id="nosuch")
         assert text.startswith("not_found:"), text
     assert _counts(daemon.db)[0] == 3
+
+
+async def test_enqueue_job_takes_resources_as_enqueue_does(daemon):
+    async with mcp_session(daemon.socket) as s:
+        job = await ok(s, "enqueue_job", kind="embed", required_role="gpu", priority=1,
+                       resources={"vram_mb": 8000, "ram_mb": 2000})
+        view = await ok(s, "get_job", job_id=job["job_id"])
+        assert view["resources"] == {"gpus": 1, "vram_mb": 8000, "ram_mb": 2000}
+        text = await tool_error(s, "enqueue_job", kind="k", required_role="gpu", priority=1,
+                                resources={"vram": 1})
+        assert text.startswith("bad_request: enqueue_job: resources: Additional properties"), text
+        text = await tool_error(s, "enqueue_job", kind="k", required_role="gpu", priority=1,
+                                resources={"gpus": 65})
+        assert "resources.gpus: 65 is greater than the maximum of 64" in text, text
+    assert _counts(daemon.db)[0] == 1  # the refused ones stored nothing

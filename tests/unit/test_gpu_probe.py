@@ -42,7 +42,8 @@ def test_reads_memory_temperature_and_utilization_per_gpu(nvml):
     assert r["gpus"] == 2 and r["gpu_reason"] is None
     assert r["gpu_devices"][0] == {"index": 0, "name": "A", "memory_total_mb": 16384,
                                    "memory_used_mb": 1000, "gpu_temperature_c": 61.0,
-                                   "utilization_pct": 35.0}
+                                   "utilization_pct": 35.0,
+                                   "uuid": "GPU-00000000-fake-0000-0000-000000000000"}
     assert r["gpu_devices"][1]["gpu_temperature_c"] is None  # NotSupported: that field only
     assert r["gpu_temperature_c"] == 61.0
     set_state([{"total_mb": 16384, "used_mb": 9000, "temp": 70}])  # re-read each time
@@ -98,6 +99,48 @@ def test_config_overrides_kind_defaults_and_the_jobs_gpus():
     assert off["gpus"] == 0 and "resources.gpus = 0" in off["gpu_reason"]
     job = ClaimedJob(job_id="j", kind="embed", required_role="r", priority=0, payload=None,
                      attempts=1, gpu_ids=[1, 3])
-    assert resources.job_env(job) == {"CUDA_VISIBLE_DEVICES": "1,3"}
+    assert resources.job_env(job) == {"CUDA_VISIBLE_DEVICES": "1,3",
+                                      "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     with pytest.raises(wconfig.WorkerConfigError, match="unknown field `vram`"):
         wconfig.parse('[kinds.e]\nargv = ["x"]\nresources = {vram = 1}\n')
+
+
+TWO = [{"total_mb": 81920, "used_mb": 0, "temp": 40, "name": "H100", "uuid": "GPU-aaaa-1111"},
+       {"total_mb": 24576, "used_mb": 0, "temp": 40, "name": "4090", "uuid": "GPU-bbbb-2222"}]
+
+
+@pytest.mark.parametrize("visible,indexes,reason", [
+    (None, [0, 1], None),
+    ("1", [1], None),
+    ("1,0", [1, 0], None),
+    (" GPU-bbbb ", [1], None),  # a UUID prefix, as CUDA takes it
+    ("GPU-aaaa-1111,1", [0, 1], None),
+    ("", [], "CUDA_VISIBLE_DEVICES names no GPU"),
+    ("0,7,1", [0], "'7' names no NVML device"),  # CUDA stops at the first bad entry
+    ("MIG-1234", [], "MIG ids are not supported"),
+    ("-1", [], "'-1' names no NVML device"),
+])
+def test_an_inherited_cuda_visible_devices_confines_what_the_worker_advertises(
+        nvml, monkeypatch, visible, indexes, reason):
+    module, set_state = nvml
+    set_state(TWO)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    r = GpuProbe(load=lambda: module).read()
+    assert [d["index"] for d in r["gpu_devices"]] == indexes  # NVML's index kept
+    assert r["gpus"] == len(indexes)
+    assert [d["uuid"] for d in r["gpu_devices"]] == [TWO[i]["uuid"] for i in indexes]
+    assert (reason is None and r["gpu_reason"] is None) or reason in r["gpu_reason"]
+
+
+def test_config_gpus_beside_a_confined_probe_take_unused_indexes():
+    cfg = wconfig.parse("[resources]\ngpus = 2\ngpu_memory_mb = 8000\n")
+    seen = {"gpus": 1, "gpu_devices": [{"index": 0 + 1, "memory_total_mb": 24000,
+                                        "memory_used_mb": 10}]}
+    out = resources.advertise(cfg, seen)
+    assert [d["index"] for d in out["gpu_devices"]] == [1, 0]  # never index 1 twice
+    drill = resources.advertise(wconfig.parse(""), {"gpus": 0, "gpu_devices": [
+        {"index": 0, "memory_total_mb": 8000, "memory_used_mb": 0}]})  # --readings-override
+    assert drill["gpus"] == 1  # coordd refuses a count that disagrees with the list
