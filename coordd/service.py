@@ -94,7 +94,8 @@ class Coordinator:
         self.limit_book = config.limit_book()  # fleet-wide limits (coordd.limits)
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
-            aging_interval_s=config.aging_interval_s, limits=self.limit_book)
+            aging_interval_s=config.aging_interval_s, limits=self.limit_book,
+            role_kinds=self.writer.changes.role_kinds)
         self.governor = governor.Governor(config, self._policies, self.meters, self._read)
         self.flows = Workflows(self)
         self._status = Coalesced(self._status_now)  # many pollers share one read

@@ -71,6 +71,7 @@ from typing import Any
 from coordd import errors, store
 from coordd.checkpointer import WalCheckpointer
 from coordd.clock import Clock, anchored
+from coordd.job_changes import JobChanges
 from coordd.store.clock_steps import shift_times
 from coordd.metrics import Metrics
 from coordd.storage_health import StorageHealth, storage_reason
@@ -152,6 +153,7 @@ class Writer:
         self._last_seen: float | None = None  # coordd's time at the last COMMIT
         self.stats = WriterStats()
         self.health = StorageHealth()  # disk full / I/O errors: `unavailable`, logged once
+        self.changes = JobChanges()  # status counters, waiting kinds, wake-up rows
         # Commit hooks (coordd.push): `on_open(conn)` once the schema is migrated; after
         # each batch `on_commit()` once its COMMIT is done, or `on_rollback()`;
         # `on_clock_step(step_s)` after a batch whose COMMIT moved the stored times by a
@@ -219,6 +221,7 @@ class Writer:
             conn.execute(store.PRAGMA_JOURNAL_SIZE_LIMIT.format(self._wal_size_limit))
             conn.execute(store.PRAGMA_WAL_AUTOCHECKPOINT.format(self._wal_autocheckpoint_pages))
             store.migrate(conn)
+            self.changes.open(conn)
             conn.execute("PRAGMA busy_timeout = 0")  # from now on `_begin` waits, not SQLite
         except sqlite3.DatabaseError as exc:
             raise errors.StoreError(f"{self._path}: {exc}") from exc
@@ -383,17 +386,21 @@ class Writer:
         t0 = self._clock.mono()
         now = self._clock.wall()
         try:
+            self.changes.begin(conn)
             step = self._check_clock_step(conn, now)
             now += step
             outcomes = self._run_ops(conn, batch, now)
             if outcomes is None:
                 self.stats.reruns += 1
                 outcomes = self._run_ops_one_savepoint_each(conn, batch, now)
+            self.changes.flush(conn)
             conn.execute("COMMIT")
         except BaseException:
+            self.changes.discard()
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self.changes.committed()
         if step:  # after the COMMIT: a step seen in a rolled-back batch is seen again
             self._clock.shift(step)
             if self.on_clock_step is not None:
@@ -415,8 +422,9 @@ class Writer:
         raised after changing rows."""
         conn.execute("SAVEPOINT batch")
         outcomes: list[tuple[bool, Any]] = []
+        journal = self.changes.journal
         for op, _, _ in batch:
-            changes = conn.total_changes
+            changes, mark = conn.total_changes, len(journal)
             try:
                 outcomes.append((True, op(conn, now)))
             except Exception as exc:
@@ -424,7 +432,9 @@ class Writer:
                 if conn.total_changes != changes:
                     conn.execute("ROLLBACK TO batch")
                     conn.execute("RELEASE batch")
+                    self.changes.undo(0)
                     return None
+                self.changes.undo(mark)  # a statement that failed midway undid its rows
                 outcomes.append((False, self._op_error(exc)))
         conn.execute("RELEASE batch")
         return outcomes
@@ -433,8 +443,10 @@ class Writer:
                                     batch: list[tuple[WriteOp, asyncio.Future[Any], float]],
                                     now: float) -> list[tuple[bool, Any]]:
         outcomes: list[tuple[bool, Any]] = []
+        journal = self.changes.journal
         for op, _, _ in batch:
             conn.execute("SAVEPOINT op")
+            mark = len(journal)
             try:
                 outcomes.append((True, op(conn, now)))
                 conn.execute("RELEASE op")
@@ -442,6 +454,7 @@ class Writer:
                 _check_still_in_transaction(conn, exc)
                 conn.execute("ROLLBACK TO op")
                 conn.execute("RELEASE op")
+                self.changes.undo(mark)
                 outcomes.append((False, self._op_error(exc)))
         return outcomes
 

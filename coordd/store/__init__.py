@@ -23,6 +23,7 @@ from coordd.store import logs as _logs
 from coordd.store import job_requests as _job_requests
 from coordd.store import claim_index as _claim_index
 from coordd.store import counters as _counters
+from coordd.store import job_changes as _job_changes
 from coordd.store import messages as _messages
 from coordd.store import worker_schema as _worker_schema
 from coordd.store import workflow_schema as _workflow_schema
@@ -31,7 +32,7 @@ from coordd.store.claim_index import (  # noqa: F401 (the claim's statements)
 )
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 50  # terminal jobs deleted per transaction by `prune_batch` (~2 ms)
 VACUUM_PAGES = 128  # free pages returned to the file system per transaction (~2 ms)
@@ -161,6 +162,8 @@ MIGRATIONS: tuple[str, ...] = (
     _governance_schema.MIGRATION_GOVERNANCE + ";" + _governance_schema.MIGRATION_RESERVATIONS,
     _resources_schema.MIGRATION_RESOURCES,  # v13: resource requests, lease grants (issue 16)
     _limits.MIGRATION_LIMITS,  # v14: fleet-wide limits (issue 17, coordd.store.limits)
+    # v15: job_counts kept by the writer (coordd.job_changes), its triggers dropped
+    _job_changes.MIGRATION_COUNTERS_BY_WRITER,
 )
 
 json_encode = msgspec.json.encode
