@@ -75,7 +75,11 @@ class JobChanges:
         self.journal: list[tuple[Any, Any, Any, Any]] = []  # (old status, prio, new, prio)
         self.role_kinds = RoleKinds()
         self.listener: Listener | None = None
+        # committed counts by (status, priority): what `status` answers, no read needed
+        self.counts: dict[tuple[str, int], int] = {}
+        self._delta: dict[tuple[Any, Any], int] = {}  # the batch's, applied at commit
         self._data_version: int | None = None
+        self._version_seen: int | None = None  # a batch's recount, until it commits
 
     def open(self, conn: sqlite3.Connection) -> None:
         """Recount `job_counts` from the jobs (rows written while coordd was down, by
@@ -83,11 +87,11 @@ class JobChanges:
         writer's connection, outside any transaction."""
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for stmt in sql.SQL_RECOUNT:
-                conn.execute(stmt)
+            self._recount(conn)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
+            self.counts = {}
             raise
         conn.create_function(sql.JOB_FUNCTION, sql.JOB_FUNCTION_ARGS, self.row)
         for stmt in sql.TRIGGERS:
@@ -110,15 +114,22 @@ class JobChanges:
     def begin(self, conn: sqlite3.Connection) -> None:
         """At the start of a batch (inside its transaction, the write lock held): if
         another connection committed since the last batch, recount and forget the kinds."""
+        self._delta = {}
         version = conn.execute(sql.SQL_DATA_VERSION).fetchone()[0]
         if version != self._data_version:
             if self._data_version is not None:
                 logger.warning("another connection wrote to the database; job counters "
                                "recounted", extra={"action": "counters_recount"})
-            self._data_version = version
-            for stmt in sql.SQL_RECOUNT:
-                conn.execute(stmt)
+            self._data_version = None  # until the recount commits (see `committed`)
+            self._recount(conn)
+            self._version_seen = version
             self.role_kinds.clear()
+
+    def _recount(self, conn: sqlite3.Connection) -> None:
+        """Count the jobs into `job_counts` and `counts` (inside a transaction)."""
+        for stmt in sql.SQL_RECOUNT:
+            conn.execute(stmt)
+        self.counts = {(s, p): n for s, p, n in conn.execute(sql.SQL_COUNTS_ALL)}
 
     def undo(self, mark: int) -> None:
         """The ops since `len(journal)` was `mark` were rolled back: forget their rows."""
@@ -139,12 +150,21 @@ class JobChanges:
         rows = [(s, p, n) for (s, p), n in delta.items() if n]
         if rows:
             conn.executemany(sql.SQL_COUNT_ADD, rows)
+        self._delta = delta
 
     def committed(self) -> None:
-        """The batch committed."""
+        """The batch committed: its counts are now what `status` answers."""
         self.journal.clear()
+        if self._version_seen is not None:
+            self._data_version, self._version_seen = self._version_seen, None
+        counts = self.counts
+        for key, n in self._delta.items():
+            counts[key] = counts.get(key, 0) + n
+        self._delta = {}
 
     def discard(self) -> None:
         """The batch's transaction failed: nothing it changed happened."""
         self.journal.clear()
+        self._delta = {}
+        self._version_seen = None  # a recount rolled back: the next batch counts again
         self.role_kinds.clear()

@@ -372,9 +372,9 @@ class Coordinator:
 
     async def _status_now(self) -> StatusReply:
         now = self.clock.wall()
-        workers, live, leases, jobs, waiting, oldest = await self._read(
-            views.status_counts, now, self.config.heartbeat_stale_s)
-        prunable = await self._read(views.prunable, now - self.config.retention_s)
+        jobs, waiting = views.counts_view(self.writer.changes.counts)  # committed counts
+        workers, live, leases, oldest, prunable = await self._read(
+            views.status_live, now, self.config.heartbeat_stale_s, now - self.config.retention_s)
         db_bytes, wal_bytes = file_size(self.db_path), file_size(self.db_path + "-wal")
         warnings = []
         if db_bytes > self.config.warn_db_bytes:

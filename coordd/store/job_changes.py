@@ -48,4 +48,5 @@ SQL_RECOUNT = (
     "INSERT INTO job_counts (status, priority, n) "
     "SELECT status, priority, count(*) FROM jobs GROUP BY status, priority",
 )
+SQL_COUNTS_ALL = "SELECT status, priority, n FROM job_counts"
 SQL_DATA_VERSION = "PRAGMA data_version"

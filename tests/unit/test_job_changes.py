@@ -128,3 +128,21 @@ async def test_a_claim_naming_no_kinds_reads_its_kinds_once_per_refresh(bundle):
         assert sum(s.startswith(KINDS_READ) for s in seen) == 2  # read again: gone kinds drop
     finally:
         bundle.coord.writer._conn.set_trace_callback(None)
+
+
+async def test_status_takes_its_job_counts_from_the_writer_and_reads_once(bundle, monkeypatch):
+    """`status` (16 dashboards poll it) costs one trip to a read connection; the job
+    counts are the writer's committed counters, exact right after a write."""
+    reads = []
+    real = bundle.coord.readers.run
+
+    async def run(fn, *args, **kw):
+        reads.append(getattr(fn, "__name__", fn))
+        return await real(fn, *args, **kw)
+
+    monkeypatch.setattr(bundle.coord.readers, "run", run)
+    await bundle.enqueue(priority=1)
+    st = await bundle.coord.status()
+    assert len(reads) == 1, reads
+    assert st.jobs["waiting"] == 1 and st.waiting_by_priority["p1"] == 1
+    await _counts_exact(bundle)
