@@ -8,7 +8,9 @@ only once its transaction commits. The writer marks the journal before each op, 
 back when the op is rolled back, writes the batch's counter deltas in the batch's own
 transaction just before COMMIT (`flush`), and drops them when the batch fails: a crash
 loses the batch and its delta together. Rows changed by another connection are not seen:
-the counters are recounted at open and whenever another connection has committed.
+at open the counters' totals by status are checked against the jobs (one index scan) and
+recounted if they differ; while coordd runs, a commit by another connection (PRAGMA
+data_version) makes the next batch recount.
 """
 
 from __future__ import annotations
@@ -82,12 +84,18 @@ class JobChanges:
         self._version_seen: int | None = None  # a batch's recount, until it commits
 
     def open(self, conn: sqlite3.Connection) -> None:
-        """Recount `job_counts` from the jobs (rows written while coordd was down, by
-        another program, are counted too) and install the triggers on `conn`, the
-        writer's connection, outside any transaction."""
+        """Load the counters, recounted first if their totals by status differ from the
+        jobs' (rows another program wrote while coordd was down), and install the
+        triggers on `conn`, the writer's connection, outside any transaction."""
         conn.execute("BEGIN IMMEDIATE")
         try:
-            self._recount(conn)
+            if dict(conn.execute(sql.SQL_STATUS_TOTALS)) != dict(
+                    conn.execute(sql.SQL_COUNTED_TOTALS)):
+                logger.warning("job counters differ from the jobs table (written by another "
+                               "program?); recounted", extra={"action": "counters_recount"})
+                self._recount(conn)
+            else:
+                self.counts = {(s, p): n for s, p, n in conn.execute(sql.SQL_COUNTS_ALL)}
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
