@@ -218,14 +218,16 @@ def flood(src: Path, producers: int = 16, seconds: float = 5.0,
     return out
 
 
-def disk_full(src: Path, jobs: int = 3000, workers: int = 4, size_mb: int = 24,
-              full_s: float = 3.0) -> dict[str, Any]:
-    """A full disk in the middle of a drain (see the module doc)."""
+def disk_full(src: Path, jobs: int = 3000, workers: int = 4, size_mb: int = 48,
+              full_s: float = 3.0, wal_limit_mb: int = 1) -> dict[str, Any]:
+    """A full disk in the middle of a drain (see the module doc). The WAL is cut back to
+    `wal_limit_mb` (the default 64 MiB would not fit such a disk: a WAL that grew while
+    checkpoints were refused then keeps the disk full by itself)."""
     mnt = Path(tempfile.mkdtemp(prefix="coordd-diskfull-"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "tmpfs",
                     str(mnt)], check=True, capture_output=True)
     try:
-        d = Coordd(src, folder=mnt)
+        d = Coordd(src, f"wal_size_limit_bytes = {wal_limit_mb << 20}\n", folder=mnt)
         try:
             out = asyncio.run(_disk_full(d, mnt / "filler", jobs, workers, full_s))
             out["coordd_up"] = d.proc.poll() is None and d.answers()
@@ -297,13 +299,20 @@ async def _disk_full(d: Coordd, filler: Path, jobs: int, workers: int,
     t_free = loop.time()
     at_free = len(sent)
     while len(sent) == at_free and not all(t.done() for t in tasks):
+        if loop.time() - t_free > RECOVER_WAIT_S:
+            break
         await asyncio.sleep(0.005)
     first_after = loop.time() - t_free
-    await asyncio.gather(*tasks)
+    _done, pending = await asyncio.wait(tasks, timeout=RECOVER_WAIT_S)
+    for t in pending:
+        t.cancel()
     return {"jobs": jobs, "done_before_full": before, "done_while_full": during,
             "full_s": round(t_free - t_full, 2), "refused_by_code": refused,
             "first_complete_after_space_returned_s": round(first_after, 3),
-            "drain_s": round(loop.time() - t0, 2), "_sent": sent}
+            "drain_s": round(loop.time() - t0, 2), "recovered": not pending, "_sent": sent}
+
+
+RECOVER_WAIT_S = 60.0  # after space returns, the drain must end within this
 
 
 def _fill(filler: Path) -> None:
