@@ -13,6 +13,11 @@ Scenarios (each a function returning a dict of figures, for bench/pressure.py's 
   read: RSS while they hang, `status` latency for another client, RSS after they close.
 - flood: 16 connections pipelining enqueues (64 in flight each) against a small writer
   queue while one worker heartbeats and renews its leases: holder calls refused.
+- disk_full: coordd's database on a small tmpfs (needs root for the mount); 4 workers
+  drain N jobs (claim -> complete with a 2 KiB result, retrying `unavailable` as the
+  supervisor does); a filler takes every free byte mid-drain, holds it, then frees it:
+  refusals by code, whether coordd stayed up, and after space returns every job
+  succeeded exactly once with the result its worker sent.
 Figures are taken on this machine, now; compare the two columns of one run, not runs.
 """
 
@@ -47,8 +52,9 @@ def _frame(obj: Any) -> bytes:
 class Coordd:
     """A coordd process from `src` (a tree holding coordd/) on a fresh folder."""
 
-    def __init__(self, src: Path, config: str = "", nofile: int | None = None) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="coordd-pressure-"))
+    def __init__(self, src: Path, config: str = "", nofile: int | None = None,
+                 folder: Path | None = None) -> None:
+        self.dir = folder or Path(tempfile.mkdtemp(prefix="coordd-pressure-"))
         self.sock = str(self.dir / "c.sock")
         (self.dir / "c.toml").write_text("heartbeat_stale_s = 86400.0\n" + config)
         env = {**os.environ, "PYTHONPATH": str(src)}
@@ -212,6 +218,112 @@ def flood(src: Path, producers: int = 16, seconds: float = 5.0,
     return out
 
 
+def disk_full(src: Path, jobs: int = 3000, workers: int = 4, size_mb: int = 48,
+              full_s: float = 3.0, wal_limit_mb: int = 1) -> dict[str, Any]:
+    """A full disk in the middle of a drain (see the module doc). The WAL is cut back to
+    `wal_limit_mb` (the default 64 MiB would not fit such a disk: a WAL that grew while
+    checkpoints were refused then keeps the disk full by itself)."""
+    mnt = Path(tempfile.mkdtemp(prefix="coordd-diskfull-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "tmpfs",
+                    str(mnt)], check=True, capture_output=True)
+    try:
+        d = Coordd(src, f"wal_size_limit_bytes = {wal_limit_mb << 20}\n", folder=mnt)
+        try:
+            out = asyncio.run(_disk_full(d, mnt / "filler", jobs, workers, full_s))
+            out["coordd_up"] = d.proc.poll() is None and d.answers()
+            out["error_lines_logged"] = d.log_text().count(" ERROR ")
+            conn = __import__("sqlite3").connect(str(mnt / "c.db"))
+            try:
+                rows = dict(conn.execute("SELECT job_id, result_json FROM jobs "
+                                         "WHERE status = 'succeeded'").fetchall())
+                out["quick_check"] = conn.execute("PRAGMA quick_check").fetchone()[0]
+                events = conn.execute("SELECT count(*) FROM job_events WHERE "
+                                      "to_status = 'succeeded'").fetchone()[0]
+            finally:
+                conn.close()
+            sent = out.pop("_sent")
+            out["succeeded"] = len(rows)
+            out["stored_once_as_sent"] = (events == len(rows) == len(sent) and all(
+                json.loads(rows[j]) == r for j, r in sent.items()))
+        finally:
+            d.proc.terminate()
+            d.proc.wait(20)
+            d.log.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    return out
+
+
+async def _disk_full(d: Coordd, filler: Path, jobs: int, workers: int,
+                     full_s: float) -> dict[str, Any]:
+    from coordd import errors
+    from coordd.client import Client
+    refused: dict[str, int] = {}
+    sent: dict[str, Any] = {}
+    async with Client(d.sock, timeout=60) as c:
+        for i in range(0, jobs, 500):
+            await c.enqueue_batch([{"kind": "k", "required_role": "cpu", "priority": 1,
+                                    "payload": {"i": j}} for j in range(i, min(jobs, i + 500))])
+
+    async def call(fn: Any) -> Any:
+        while True:
+            try:
+                return await fn()
+            except (errors.Unavailable, errors.Overloaded) as exc:
+                refused[exc.code] = refused.get(exc.code, 0) + 1
+                await asyncio.sleep(0.05)
+
+    async def worker(k: int) -> None:
+        wid = f"w{k}"
+        async with Client(d.sock, timeout=60) as c:
+            await call(lambda: c.heartbeat(wid, ["cpu"], {"memory_used_pct": 10.0}))
+            while True:
+                got = await call(lambda: c.claim(wid, lease_s=600))
+                if got.job is None:
+                    return
+                result = {"by": wid, "pad": "r" * 2048, "job": got.job.job_id}
+                await call(lambda: c.complete(got.job.job_id, wid, got.lease.token, result))
+                sent[got.job.job_id] = result
+
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    tasks = [asyncio.create_task(worker(k)) for k in range(workers)]
+    while len(sent) < jobs // 3:
+        await asyncio.sleep(0.01)
+    before = len(sent)
+    await asyncio.to_thread(_fill, filler)
+    t_full = loop.time()
+    await asyncio.sleep(full_s)
+    during = len(sent) - before
+    filler.unlink()
+    t_free = loop.time()
+    at_free = len(sent)
+    while len(sent) == at_free and not all(t.done() for t in tasks):
+        if loop.time() - t_free > RECOVER_WAIT_S:
+            break
+        await asyncio.sleep(0.005)
+    first_after = loop.time() - t_free
+    _done, pending = await asyncio.wait(tasks, timeout=RECOVER_WAIT_S)
+    for t in pending:
+        t.cancel()
+    return {"jobs": jobs, "done_before_full": before, "done_while_full": during,
+            "full_s": round(t_free - t_full, 2), "refused_by_code": refused,
+            "first_complete_after_space_returned_s": round(first_after, 3),
+            "drain_s": round(loop.time() - t0, 2), "recovered": not pending, "_sent": sent}
+
+
+RECOVER_WAIT_S = 60.0  # after space returns, the drain must end within this
+
+
+def _fill(filler: Path) -> None:
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError:
+            pass
+
+
 # ---------------------------------------------------------------- helpers
 
 
@@ -286,10 +398,12 @@ async def _flood(sock: str, producers: int, seconds: float) -> dict[str, Any]:
     return counts
 
 
-SCENARIOS = {"fds": fds, "trickle": trickle, "slow_readers": slow_readers, "flood": flood}
+SCENARIOS = {"fds": fds, "trickle": trickle, "slow_readers": slow_readers, "flood": flood,
+             "disk_full": disk_full}
 QUICK = {"fds": {"limit": 256, "idle": 252}, "trickle": {"conns": 60, "frame_mb": 4,
                                                          "budget_mb": 64, "seconds": 4.0},
-         "slow_readers": {"result_mb": 2, "hang_s": 3.0}, "flood": {"seconds": 3.0}}
+         "slow_readers": {"result_mb": 2, "hang_s": 3.0}, "flood": {"seconds": 3.0},
+         "disk_full": {"jobs": 1200, "full_s": 2.0}}
 
 
 def _snapshot(rev: str) -> Path:

@@ -17,6 +17,7 @@ database. Anything that does not verify refuses the whole restore.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -27,11 +28,12 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
-from coordd import cas, errors, views
+from coordd import cas, errors, fdlimit, views
 from coordd.clock import SystemClock
 from coordd.dblock import DbLock
 from coordd.store import reads
 from coordd.protocol import BackupResult
+from coordd.storage_health import storage_reason
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +95,39 @@ def backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
 
     Raises:
         errors.BadRequest: `dest` exists or its folder does not.
+        errors.Unavailable: the host refused (out of file descriptors, disk full, I/O
+            error); nothing is left at `dest`: retry later.
         errors.CoordError: the copy failed or did not pass `quick_check` (it is removed).
     """
+    try:
+        return _backup(db_path, artifact_dir, dest)
+    except (OSError, sqlite3.Error) as exc:
+        dest = os.path.abspath(dest)
+        with contextlib.suppress(OSError):
+            os.unlink(dest)
+        shutil.rmtree(dest + ARTIFACTS_SUFFIX, ignore_errors=True)
+        raise _refusal(exc) from exc
+
+
+def _refusal(exc: BaseException) -> errors.CoordError:
+    """The error a failed backup answers: `unavailable` with the reason when the host
+    refused (out of descriptors, disk full, I/O), else `internal` naming the error."""
+    if fdlimit.is_exhaustion(exc) or fdlimit.out_of_fds():
+        fdlimit.note_exhaustion(exc if fdlimit.is_exhaustion(exc) else
+                                OSError(errno.EMFILE, str(exc)), "backup")
+        return errors.Unavailable(f"backup refused: {fdlimit.OUT_OF_FDS} (limit "
+                                  f"{fdlimit.current_limit()}); nothing was written, retry "
+                                  "once clients have closed connections")
+    reason = storage_reason(exc)
+    if reason is None and isinstance(exc, OSError) and exc.errno in (errno.ENOSPC,
+                                                                      errno.EDQUOT):
+        reason = "disk full"
+    if reason is not None:
+        return errors.Unavailable(f"{reason}: backup failed, nothing was written ({exc})")
+    return errors.CoordError(f"backup failed: {exc}")
+
+
+def _backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
     dest = os.path.abspath(dest)
     dest_dir = os.path.dirname(dest)
     if not os.path.isdir(dest_dir):
@@ -117,10 +150,10 @@ def backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
             os.fsync(f.fileno())
         os.rename(tmp, dest)
         cas.fsync_dir(dest_dir)
-    except (OSError, sqlite3.Error) as exc:
+    except (OSError, sqlite3.Error):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise errors.CoordError(f"backup failed: {exc}") from exc
+        raise
     check = sqlite3.connect(f"file:{dest}?mode=ro", uri=True)
     try:
         qc = views.integrity(check)[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import resource
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,16 @@ def warning() -> str | None:
         return None
     return f"out of file descriptors (limit {current_limit()}): {_episode.failures} " \
            "accept/open failure(s); new clients are refused"
+
+
+def out_of_fds() -> bool:
+    """True when this process cannot open one more descriptor now (EMFILE/ENFILE): what
+    an SQLite "unable to open database file" means then."""
+    try:
+        os.close(os.open(os.devnull, os.O_RDONLY))
+    except OSError as exc:
+        return is_exhaustion(exc)
+    return False
 
 
 def current_limit() -> int:

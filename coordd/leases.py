@@ -49,6 +49,9 @@ class ClaimPolicy(msgspec.Struct, kw_only=True):
     aging_interval_s: float
     resources_seen: bool = False  # a job asked for resources: claims check requests
     limits: Any = None  # coordd.limits.LimitBook (None or none defined: no limit work)
+    # the kinds waiting per role, kept by the writer (coordd.job_changes.RoleKinds); None:
+    # read them from the claim index at each claim
+    role_kinds: Any = None
     # (priority, the worker's stored heartbeat JSON) -> what that priority's own gates say
     _base: dict[tuple[int, str], list[tuple[str, str]]] = msgspec.field(default_factory=dict)
 
@@ -135,7 +138,7 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
         conn.execute(SQL_DELETE_RESERVATION, (reserved,))
         return judge.took(judge.record(_take(conn, now, worker_id, reserved, lease_s,
                                              claim_id)), worker_id)
-    pairs = _pairs(conn, roles_json, kinds_json)
+    pairs = _pairs(conn, now, roles_json, kinds_json, policy.role_kinds)
     if policy.aging_interval_s <= 0:
         best = _strict_walk(conn, now, judge, pairs)
     else:
@@ -266,15 +269,18 @@ class _Judge:
         return False
 
 
-def _pairs(conn: sqlite3.Connection, roles_json: str, kinds_json: str | None
-           ) -> list[tuple[str, str]]:
+def _pairs(conn: sqlite3.Connection, now: float, roles_json: str, kinds_json: str | None,
+           role_kinds: Any) -> list[tuple[str, str]]:
     """The (role, kind) pairs a worker can take: its roles times its kinds, or, when it
-    names no kinds, times the kinds waiting for each role (one index seek per kind)."""
+    names no kinds, times the kinds waiting for each role (`role_kinds`, else one index
+    seek per kind)."""
     roles = lenient_json(roles_json, [])
     roles = sorted({r for r in roles if isinstance(r, str)}) if isinstance(roles, list) else []
     if kinds_json is not None:
         kinds = sorted({k for k in json_decode(kinds_json) if isinstance(k, str)})
         return [(r, k) for r in roles for k in kinds]
+    if role_kinds is not None:
+        return [(r, k) for r in roles for k in role_kinds.kinds(conn, r, now)]
     return [(r, k) for r in roles for (k,) in conn.execute(SQL_ROLE_KINDS, (r,))]
 
 

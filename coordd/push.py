@@ -2,8 +2,9 @@
 wake-ups that answer them (issue 15).
 
 The rule not to break: a wake-up is issued only after the COMMIT that makes its change
-visible, and never lost. The writer's TEMP triggers (coordd.store.push) call `note`
-inside the transaction; the writer calls `committed()` after each COMMIT (or
+visible, and never lost. The writer's job hook (coordd.job_changes: `job_waiting`,
+`job_ended`) and TEMP triggers (coordd.store.push) call `note` inside the transaction;
+the writer calls `committed()` after each COMMIT (or
 `rolled_back()`), and only then are waiters woken (new job events: the highest event id
 after the commit says). Every parked call registers before
 it looks (claim attempt, job read, feed read), so a commit that lands while it looks
@@ -212,6 +213,17 @@ class Push:
     def note(self, what: str, job_id: str, a: Any, b: Any, c: Any) -> None:
         """Record one trigger row (coordd.store.push); called inside the transaction."""
         self._notes.append((what, job_id, a, b, c))
+
+    def job_waiting(self, job_id: str, role: str, kind: str, run_at: float | None) -> None:
+        """A job entered waiting (coordd.job_changes; `run_at` when still ahead): noted
+        while claims are parked or looking, and always for the run_at timer."""
+        if run_at is not None or self._claims:
+            self._notes.append(("w", job_id, role, kind, run_at))
+
+    def job_ended(self, job_id: str) -> None:
+        """A job reached a terminal status (coordd.job_changes): noted if waited for."""
+        if job_id in self._jobs:
+            self._notes.append(("t", job_id, None, None, None))
 
     def rolled_back(self) -> None:
         """The batch's transaction failed: nothing it noted happened."""
@@ -442,8 +454,6 @@ class Push:
         with self._slot(w):
             if group != "events":
                 registry = table.setdefault(key, set())
-                if group == "job" and not registry:
-                    self._flag(push_store.job_waited, key, True)
             registry.add(w)
             try:
                 while True:
@@ -459,8 +469,6 @@ class Push:
                 registry.discard(w)
                 if group != "events" and not registry:
                     table.pop(key, None)  # type: ignore[arg-type]
-                    if group == "job":
-                        self._flag(push_store.job_waited, key, False)
 
     # ------------------------------------------------------------ run_at timer
 

@@ -94,7 +94,8 @@ class Coordinator:
         self.limit_book = config.limit_book()  # fleet-wide limits (coordd.limits)
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
-            aging_interval_s=config.aging_interval_s, limits=self.limit_book)
+            aging_interval_s=config.aging_interval_s, limits=self.limit_book,
+            role_kinds=self.writer.changes.role_kinds)
         self.governor = governor.Governor(config, self._policies, self.meters, self._read)
         self.flows = Workflows(self)
         self._status = Coalesced(self._status_now)  # many pollers share one read
@@ -371,9 +372,9 @@ class Coordinator:
 
     async def _status_now(self) -> StatusReply:
         now = self.clock.wall()
-        workers, live, leases, jobs, waiting, oldest = await self._read(
-            views.status_counts, now, self.config.heartbeat_stale_s)
-        prunable = await self._read(views.prunable, now - self.config.retention_s)
+        jobs, waiting = views.counts_view(self.writer.changes.counts)  # committed counts
+        workers, live, leases, oldest, prunable = await self._read(
+            views.status_live, now, self.config.heartbeat_stale_s, now - self.config.retention_s)
         db_bytes, wal_bytes = file_size(self.db_path), file_size(self.db_path + "-wal")
         warnings = []
         if db_bytes > self.config.warn_db_bytes:

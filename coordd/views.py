@@ -205,6 +205,24 @@ def status_counts(conn: sqlite3.Connection, now: float, stale_s: float
     return workers, live, leases, jobs, waiting, (None if oldest is None else now - oldest)
 
 
+def counts_view(counts: dict[tuple[str, int], int]
+                ) -> tuple[dict[str, int], dict[str, int]]:
+    """(jobs by status, waiting by priority) from counters by (status, priority)."""
+    return _by_status((s, p, n) for (s, p), n in counts.items())
+
+
+def status_live(conn: sqlite3.Connection, now: float, stale_s: float, cutoff: float
+                ) -> tuple[int, int, int, float | None, int]:
+    """What `status` reads beside the job counters, in one read: (workers, workers_live,
+    active_leases, age in seconds of the longest-waiting job or None, prunable jobs
+    finished before `cutoff`, counted up to PRUNABLE_COUNTED_MAX)."""
+    oldest = _num_or_none(conn.execute(SQL_OLDEST_WAITING).fetchone()[0])
+    workers, live = conn.execute(SQL_COUNT_WORKERS, (now - stale_s,)).fetchone()
+    leases = conn.execute(SQL_COUNT_LEASES).fetchone()[0]
+    return (workers, live, leases, None if oldest is None else now - oldest,
+            prunable(conn, cutoff))
+
+
 def reading_notes(readings: dict[str, Any]) -> list[str]:
     """The notes `workers` prints for each gate reading a worker could not give (its reason)."""
     notes = []

@@ -54,6 +54,7 @@ class Waits:
         push = coord.push = Push(coord.clock, per_connection_max=cfg.park_max_per_connection,
                                  total_max=cfg.park_max_total, wait_max_s=cfg.park_wait_max_s)
         coord.writer.on_open = push.attach
+        coord.writer.changes.listener = push  # jobs entering waiting or ending
         coord.writer.on_commit = push.committed
         coord.writer.on_rollback = push.rolled_back
         coord.writer.on_clock_step = push.clock_stepped

@@ -1,60 +1,26 @@
 """The single writer: one task owns the write connection and group-commits requests.
 
 Callers `submit(op)` an operation `op(conn, now) -> result` and await its future. The
-writer drains what is queued (up to `batch_max`), opens `BEGIN IMMEDIATE`, runs the ops
-(an op that raises rolls back alone and fails only its own future), `COMMIT`s once, and
-only then resolves the futures: no reply reports a state that is not yet durable
-(DESIGN.md, "The single writer").
+writer drains what is queued (up to `batch_max`, the urgent lane first: coordd.lanes),
+opens `BEGIN IMMEDIATE`, runs the ops (an op that raises rolls back alone and fails only
+its own future), `COMMIT`s once, and only then resolves the futures: no reply reports a
+state that is not yet durable (DESIGN.md, "The single writer").
 
 How an op rolls back alone: the batch runs under one SAVEPOINT. An op that raises having
 changed no row (`Connection.total_changes` unchanged: the usual refusal, a fence check or
 a constraint hit by its first write, which SQLite undoes itself) needs nothing undone. An
 op that raises after changing rows sends the batch back to that savepoint, and the batch
-runs again with a SAVEPOINT per op, the old way. Ops are functions of (connection, now)
-only, so running them again gives the same results. A SAVEPOINT and RELEASE per op cost
-~4 us per request, ~5% of a claim + complete (issue 6). An op error that made SQLite
-cancel the whole transaction (SQLITE_FULL, IOERR, NOMEM, INTERRUPT can) ends the batch at
-once: the ops after it must not run in autocommit mode.
+runs again with a SAVEPOINT per op. Ops are functions of (connection, now) only, so
+running them again gives the same results. An op error that made SQLite cancel the whole
+transaction (SQLITE_FULL, IOERR, NOMEM, INTERRUPT can) ends the batch at once.
 
-Where the batch runs (issue 6, decided by measurement): on the event loop's own thread,
-with a plain `sqlite3` connection. A batch is a few hundred microseconds of SQLite work
-(claims, completes: index seeks and row updates; no fsync at COMMIT in WAL mode with
-synchronous=NORMAL), which is less than what handing it to another thread costs on a
-2-core machine: with aiosqlite's thread (one `_execute` hand-off per batch) the 16-client
-drain ran ~10-15% slower and each request waited ~1.3 ms (p50) for the database thread
-against ~0.2 ms here (`python -m bench.run --jobs 4000 --rounds 3 --clients 16`). Also
-measured and dropped: a writer thread of our own with a plain connection (the GIL goes
-back and forth around every statement: coordd stayed at one core, 0.95x) and only the
-COMMIT on a thread (a hand-off per batch: ~0.7x). The two
-things that could stall the loop are kept off it: a write lock held by another process
-(BEGIN IMMEDIATE is tried without SQLite's busy handler and retried with asyncio sleeps
-until `busy_timeout_ms`, so the loop keeps serving), and WAL checkpoints (the fsyncs),
-which `coordd.checkpointer.WalCheckpointer` runs on its own thread and connection. The
-writer's own auto-checkpoint is only the safety net that lets the WAL restart.
-
-How a batch is gathered (group commit linger, issue 6): when the writer wakes with requests
-queued, it first yields to the loop for up to `linger_rounds` iterations, for as long as
-each one brings more requests (sockets read, requests decoded and submitted), and only
-then runs what is queued. A lone request waits one loop iteration (microseconds); under
-load the batch takes in the requests that were already on their way, so one COMMIT (~90
-us of WAL writes) serves more of them: at 16 clients requests per commit went 4 -> 8-10 and
-the drain +20-25% (`python -m bench.run --jobs 8000 --rounds 3 --clients 1,16 --no-huey`,
-linger 0 / 3 / 6 / 12 rounds measured; more than ~4 gained nothing).
-
-Overload by class (issue 21): ops come in two lanes, each with its own bound of
-`queue_max`. Holder calls (heartbeat, renew, checkpoint, complete, fail, release) and
-coordd's own maintenance go in the urgent lane, submitted with `urgent=True` or from a
-task that has entered `Writer.maintenance()`; everything else (enqueues, claims, admin
-writes) in the new-work lane. A batch takes the urgent lane first, so an enqueue flood
-that fills its lane neither refuses nor delays a renewal.
-
-`now` for every op in a batch is read once, here, from coordd's clock, which is anchored
-on the monotonic clock (coordd.clock.AnchoredClock). Here too, and only here, that clock
-is re-anchored when the wall clock has stepped more than `clock_step_s` away from it
-(either way: NTP, a manual change, a suspend): the batch first moves the stored times
-that measure durations by the step (coordd.store.clock_steps), and the clock takes the
-step after the COMMIT. A jump ahead past `clock_jump_s` (a suspend) also gives live leases
-a whole lease from the resume, so frozen holders are not expired en masse.
+The batch runs on the event loop's own thread with a plain `sqlite3` connection; a write
+lock held by another process is waited for with asyncio sleeps, and WAL checkpoints run
+on coordd.checkpointer's thread. A batch lingers up to `linger_rounds` loop iterations
+while requests keep arriving (group commit). `now` for every op of a batch is read once,
+here; wall-clock steps are taken here too (coordd.clock_steps). What each batch changes in
+jobs is seen by coordd.job_changes (counters, kinds, wake-ups). Why each of these, with
+the measurements: docs/decisions.md, "writer".
 """
 
 from __future__ import annotations
@@ -62,16 +28,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import contextvars
 import logging
 import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from coordd import errors, store
+from coordd import errors, lanes, store
 from coordd.checkpointer import WalCheckpointer
 from coordd.clock import Clock, anchored
-from coordd.store.clock_steps import shift_times
+from coordd.clock_steps import ClockSteps
+from coordd.job_changes import JobChanges
 from coordd.metrics import Metrics
 from coordd.storage_health import StorageHealth, storage_reason
 
@@ -79,8 +45,6 @@ logger = logging.getLogger(__name__)
 
 WriteOp = Callable[[sqlite3.Connection, float], Any]
 LINGER_ROUNDS = 4  # loop iterations a batch may wait for more requests (see above)
-_MAINTENANCE: contextvars.ContextVar[bool] = contextvars.ContextVar("coordd_maintenance",
-                                                                    default=False)
 
 
 class WriterStats:
@@ -130,28 +94,22 @@ class Writer:
                  linger_rounds: int = LINGER_ROUNDS) -> None:
         self._path = path
         self._clock = anchored(clock)
-        self._queue_max = queue_max
         self._batch_max = batch_max
         self._busy_timeout_ms = busy_timeout_ms
-        self._clock_jump_s = clock_jump_s
-        self._clock_step_s = clock_step_s
+        self._steps = ClockSteps(self._clock, clock_step_s, clock_jump_s)
         self._metrics = metrics
         self._wal_size_limit = wal_size_limit
         self._wal_autocheckpoint_pages = wal_autocheckpoint_pages
         self._linger_rounds = linger_rounds
-        # (op, its future, when it was submitted: monotonic seconds); new work / urgent
-        self._queue: collections.deque[tuple[WriteOp, asyncio.Future[Any], float]] = \
-            collections.deque()
-        self._urgent: collections.deque[tuple[WriteOp, asyncio.Future[Any], float]] = \
-            collections.deque()
+        self._lanes = lanes.Lanes(queue_max)  # (op, future, submitted at): new / urgent
         self._wakeup = asyncio.Event()
         self._conn: sqlite3.Connection | None = None
         self._checkpointer = WalCheckpointer(path, checkpoint_interval_s)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._last_seen: float | None = None  # coordd's time at the last COMMIT
         self.stats = WriterStats()
         self.health = StorageHealth()  # disk full / I/O errors: `unavailable`, logged once
+        self.changes = JobChanges()  # status counters, waiting kinds, wake-up rows
         # Commit hooks (coordd.push): `on_open(conn)` once the schema is migrated; after
         # each batch `on_commit()` once its COMMIT is done, or `on_rollback()`;
         # `on_clock_step(step_s)` after a batch whose COMMIT moved the stored times by a
@@ -164,18 +122,15 @@ class Writer:
     @property
     def queue_depth(self) -> int:
         """Requests accepted and not yet committed (both lanes)."""
-        return len(self._queue) + len(self._urgent)
+        return len(self._lanes)
 
     @staticmethod
     @contextlib.contextmanager
     def maintenance() -> Iterator[None]:
         """Within this block (and the tasks it starts), this task's submits go in the
         urgent lane: coordd's own rounds are not refused with the producers' work."""
-        token = _MAINTENANCE.set(True)
-        try:
+        with lanes.maintenance():
             yield
-        finally:
-            _MAINTENANCE.reset(token)
 
     async def start(self) -> None:
         """Open the connection (WAL, synchronous=NORMAL, foreign keys, busy timeout),
@@ -219,6 +174,7 @@ class Writer:
             conn.execute(store.PRAGMA_JOURNAL_SIZE_LIMIT.format(self._wal_size_limit))
             conn.execute(store.PRAGMA_WAL_AUTOCHECKPOINT.format(self._wal_autocheckpoint_pages))
             store.migrate(conn)
+            self.changes.open(conn)
             conn.execute("PRAGMA busy_timeout = 0")  # from now on `_begin` waits, not SQLite
         except sqlite3.DatabaseError as exc:
             raise errors.StoreError(f"{self._path}: {exc}") from exc
@@ -234,12 +190,8 @@ class Writer:
         """
         if self._closing or self._task is None:
             raise errors.Overloaded("writer is not accepting requests (shutting down)")
-        lane = self._urgent if urgent or _MAINTENANCE.get() else self._queue
-        if len(lane) >= self._queue_max:
-            what = "holder and maintenance" if lane is self._urgent else "new work"
-            raise errors.Overloaded(f"writer queue full ({self._queue_max} {what} requests)")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        lane.append((op, fut, self._clock.mono()))
+        self._lanes.add((op, fut, self._clock.mono()), urgent)
         self._wakeup.set()
         return fut
 
@@ -299,19 +251,16 @@ class Writer:
     async def _run(self) -> None:
         conn = self._conn
         assert conn is not None
-        urgent, queue = self._urgent, self._queue
+        queued = self._lanes
         while True:
-            if not queue and not urgent:
+            if not queued:
                 if self._closing:
                     return
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             await self._linger()
-            batch = [urgent.popleft() for _ in range(min(self._batch_max, len(urgent)))]
-            if len(batch) < self._batch_max:
-                batch += [queue.popleft()
-                          for _ in range(min(self._batch_max - len(batch), len(queue)))]
+            batch = queued.take(self._batch_max)
             started = self._clock.mono()
             try:
                 await self._begin(conn)
@@ -349,12 +298,13 @@ class Writer:
     async def _linger(self) -> None:
         """Yield to the loop while each iteration brings more requests, at most
         `linger_rounds` times or until a full batch is queued (see the module docstring)."""
+        queued = self._lanes
         for _ in range(self._linger_rounds):
-            n = len(self._queue) + len(self._urgent)
+            n = len(queued)
             if n >= self._batch_max:
                 return
             await asyncio.sleep(0)
-            if len(self._queue) + len(self._urgent) == n:
+            if len(queued) == n:
                 return
 
     async def _begin(self, conn: sqlite3.Connection) -> None:
@@ -383,22 +333,26 @@ class Writer:
         t0 = self._clock.mono()
         now = self._clock.wall()
         try:
-            step = self._check_clock_step(conn, now)
+            self.changes.begin(conn)
+            step = self._steps.check(conn, now)
             now += step
             outcomes = self._run_ops(conn, batch, now)
             if outcomes is None:
                 self.stats.reruns += 1
                 outcomes = self._run_ops_one_savepoint_each(conn, batch, now)
+            self.changes.flush(conn)
             conn.execute("COMMIT")
         except BaseException:
+            self.changes.discard()
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self.changes.committed()
         if step:  # after the COMMIT: a step seen in a rolled-back batch is seen again
             self._clock.shift(step)
             if self.on_clock_step is not None:
                 self.on_clock_step(step)
-        self._last_seen = now
+        self._steps.last_seen = now
         dt = self._clock.mono() - t0
         st = self.stats
         st.batches += 1
@@ -415,8 +369,9 @@ class Writer:
         raised after changing rows."""
         conn.execute("SAVEPOINT batch")
         outcomes: list[tuple[bool, Any]] = []
+        journal = self.changes.journal
         for op, _, _ in batch:
-            changes = conn.total_changes
+            changes, mark = conn.total_changes, len(journal)
             try:
                 outcomes.append((True, op(conn, now)))
             except Exception as exc:
@@ -424,7 +379,9 @@ class Writer:
                 if conn.total_changes != changes:
                     conn.execute("ROLLBACK TO batch")
                     conn.execute("RELEASE batch")
+                    self.changes.undo(0)
                     return None
+                self.changes.undo(mark)  # a statement that failed midway undid its rows
                 outcomes.append((False, self._op_error(exc)))
         conn.execute("RELEASE batch")
         return outcomes
@@ -433,8 +390,10 @@ class Writer:
                                     batch: list[tuple[WriteOp, asyncio.Future[Any], float]],
                                     now: float) -> list[tuple[bool, Any]]:
         outcomes: list[tuple[bool, Any]] = []
+        journal = self.changes.journal
         for op, _, _ in batch:
             conn.execute("SAVEPOINT op")
+            mark = len(journal)
             try:
                 outcomes.append((True, op(conn, now)))
                 conn.execute("RELEASE op")
@@ -442,6 +401,7 @@ class Writer:
                 _check_still_in_transaction(conn, exc)
                 conn.execute("ROLLBACK TO op")
                 conn.execute("RELEASE op")
+                self.changes.undo(mark)
                 outcomes.append((False, self._op_error(exc)))
         return outcomes
 
@@ -455,21 +415,6 @@ class Writer:
             return self.health.refuse(exc, reason, 1, self._clock.wall(), self._clock.mono())
         logger.error("write op failed", exc_info=exc, extra={"action": "op_failed"})
         return errors.CoordError(f"internal error: {type(exc).__name__}: {exc}")
-
-    def _check_clock_step(self, conn: sqlite3.Connection, now: float) -> float:
-        """Move the stored times by a wall-clock step past `clock_step_s`; return the step
-        the clock takes after the COMMIT (0.0: none)."""
-        step = self._clock.step()
-        if not abs(step) > self._clock_step_s:
-            return 0.0
-        grace = 0 < self._clock_jump_s < step
-        seen_at = now if self._last_seen is None else self._last_seen
-        moved = shift_times(conn, now, step, seen_at, grace)
-        logger.warning("wall clock stepped %+.1fs from coordd's clock (%s); moved the stored "
-                       "times by it: %s", step, "suspend?" if grace else "NTP or a manual "
-                       "change?", ", ".join(f"{n} {k}" for k, n in moved.items() if n) or "none",
-                       extra={"action": "clock_step", "step_s": step, **moved})
-        return step
 
 
 def _check_still_in_transaction(conn: sqlite3.Connection, exc: Exception) -> None:

@@ -1,4 +1,5 @@
-"""The schema and every SQL statement coordd runs, with the job transitions around them.
+"""Every SQL statement coordd runs on jobs and leases, with the job transitions around
+them; the schema (migrations, PRAGMAs) is coordd.store.schema, re-exported here.
 
 Functions here are synchronous and take an open `sqlite3.Connection` plus `now` (Unix
 seconds from coordd's clock: no SQL reads the time itself). Write functions are only
@@ -18,150 +19,33 @@ import msgspec
 
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
-from coordd.store import governance as _governance_schema, limits as _limits, resources as _resources_schema
-from coordd.store import logs as _logs
+from coordd.store import limits as _limits, resources as _resources_schema
 from coordd.store import job_requests as _job_requests
-from coordd.store import claim_index as _claim_index
-from coordd.store import counters as _counters
-from coordd.store import messages as _messages
-from coordd.store import worker_schema as _worker_schema
-from coordd.store import workflow_schema as _workflow_schema
 from coordd.store.claim_index import (  # noqa: F401 (the claim's statements)
     SQL_ANY_RUNNABLE, SQL_PAIR_LEVEL, SQL_PAIR_WALK, SQL_ROLE_KINDS,
 )
-from coordd.store.workflow_schema import FK_OFF_MARKER
+from coordd.store import schema as _schema
+from coordd.store.schema import (  # noqa: F401 (the schema, as coordd.store has always named it)
+    MIGRATIONS, PRAGMA_AUTO_VACUUM, PRAGMA_CHECKPOINT_TRUNCATE,
+    PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_JOURNAL_SIZE_LIMIT, PRAGMA_QUICK_CHECK,
+    PRAGMA_WAL_AUTOCHECKPOINT, PRAGMAS_WRITER, SCHEMA_VERSION, SQL_COUNT_TABLES,
+    _split, prepare_new_file,
+)
 
-SCHEMA_VERSION = 14
 CLAIM_SCAN = 16  # candidates looked at per priority level before giving up on that level
 PRUNE_BATCH = 50  # terminal jobs deleted per transaction by `prune_batch` (~2 ms)
 VACUUM_PAGES = 128  # free pages returned to the file system per transaction (~2 ms)
 ANALYSIS_LIMIT = 400  # index rows ANALYZE samples per index (SQLite's advice for optimize)
 
-PRAGMA_AUTO_VACUUM = "PRAGMA auto_vacuum = INCREMENTAL"
-PRAGMAS_WRITER = (
-    "PRAGMA journal_mode=WAL",
-    "PRAGMA synchronous=NORMAL",
-    "PRAGMA foreign_keys=ON",
-    # The writer's SAVEPOINTs keep a sub-journal of the pages each request
-    # changes; in memory, not in a temp file (enqueue_batch 37k -> 57k jobs/s, issue 6).
-    "PRAGMA temp_store=MEMORY",
-)
-PRAGMA_CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
-PRAGMA_JOURNAL_SIZE_LIMIT = "PRAGMA journal_size_limit = {:d}"  # a burst's WAL shrinks back
-PRAGMA_WAL_AUTOCHECKPOINT = "PRAGMA wal_autocheckpoint = {:d}"  # pages of WAL per checkpoint
-PRAGMA_QUICK_CHECK = "PRAGMA quick_check"
-PRAGMA_FOREIGN_KEY_CHECK = "PRAGMA foreign_key_check"
 
-MIGRATIONS: tuple[str, ...] = (
-    # v1
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring the schema to SCHEMA_VERSION (coordd.store.schema.migrate); return it.
+
+    Raises:
+        errors.StoreError: the file is from a newer coordd, or is not a coordd database.
     """
-    CREATE TABLE workers (
-        worker_id      TEXT PRIMARY KEY,
-        roles_json     TEXT NOT NULL,
-        heartbeat_json TEXT NOT NULL,
-        heartbeat_at   REAL NOT NULL,
-        first_seen_at  REAL NOT NULL
-    );
-    CREATE TABLE jobs (
-        job_id           TEXT PRIMARY KEY,
-        kind             TEXT NOT NULL,
-        required_role    TEXT NOT NULL,
-        priority         INTEGER NOT NULL CHECK (priority BETWEEN 0 AND 3),
-        payload_json     TEXT NOT NULL,
-        status           TEXT NOT NULL CHECK (status IN
-                           ('waiting','running','succeeded','failed','cancelled')),
-        attempts         INTEGER NOT NULL DEFAULT 0,
-        max_attempts     INTEGER NOT NULL CHECK (max_attempts >= 1),
-        run_at           REAL NOT NULL,
-        queued_at        REAL NOT NULL,
-        created_at       REAL NOT NULL,
-        updated_at       REAL NOT NULL,
-        finished_at      REAL,
-        result_json      TEXT,
-        artifact_sha256  TEXT REFERENCES artifacts(sha256),
-        last_error       TEXT,
-        checkpoint_json  TEXT,
-        cancel_requested INTEGER NOT NULL DEFAULT 0,
-        idempotency_key  TEXT UNIQUE,
-        max_runtime_s    REAL,
-        gates_json       TEXT,
-        last_token       INTEGER NOT NULL DEFAULT 0
-    );
-    CREATE INDEX jobs_claim ON jobs (priority, queued_at) WHERE status = 'waiting';
-    CREATE INDEX jobs_status ON jobs (status, updated_at);
-    CREATE TABLE leases (
-        job_id     TEXT PRIMARY KEY REFERENCES jobs(job_id) ON DELETE CASCADE,
-        worker_id  TEXT NOT NULL,
-        token      INTEGER NOT NULL,
-        claim_id   TEXT,
-        granted_at REAL NOT NULL,
-        expires_at REAL NOT NULL,
-        lease_s    REAL NOT NULL
-    );
-    CREATE INDEX leases_expiry ON leases (expires_at);
-    CREATE INDEX leases_worker ON leases (worker_id);
-    CREATE UNIQUE INDEX leases_claim_id ON leases (worker_id, claim_id)
-        WHERE claim_id IS NOT NULL;
-    CREATE TABLE job_events (
-        event_id    INTEGER PRIMARY KEY,
-        job_id      TEXT NOT NULL,
-        at          REAL NOT NULL,
-        worker_id   TEXT,
-        from_status TEXT,
-        to_status   TEXT NOT NULL,
-        reason      TEXT
-    );
-    CREATE INDEX job_events_job ON job_events (job_id, event_id);
-    CREATE TABLE artifacts (
-        sha256     TEXT PRIMARY KEY,
-        path       TEXT NOT NULL,
-        size       INTEGER NOT NULL,
-        created_at REAL NOT NULL
-    );
-    """,
-    # v2: the claim index covers every column candidate selection reads, so a claim never
-    # touches a job row (nor walks the overflow pages of a large payload) until it takes
-    # the job; terminal jobs are found for pruning by their finish time; artifact rows by
-    # the jobs that reference them (the foreign key check on delete needs that index too).
-    """
-    DROP INDEX jobs_claim;
-    CREATE INDEX jobs_claim ON jobs (priority, queued_at, run_at, required_role, kind,
-        status, job_id, gates_json) WHERE status = 'waiting';
-    CREATE INDEX jobs_finished ON jobs (finished_at, status, job_id)
-        WHERE finished_at IS NOT NULL;
-    CREATE INDEX jobs_artifact ON jobs (artifact_sha256) WHERE artifact_sha256 IS NOT NULL;
-    """,
-    # v3: FIFO among jobs queued at the same instant (one enqueue_batch, one fake-clock
-    # second) is by job id, which is time-ordered (see `coordd.ids.JobIds`); with the
-    # id right after queued_at the claim walk is the index order and never sorts ties
-    # (v2 ordered ties by rowid: a temp B-tree over every tie, 500 rows per claim after
-    # a 500-job batch).
-    """
-    DROP INDEX jobs_claim;
-    CREATE INDEX jobs_claim ON jobs (priority, queued_at, job_id, run_at, required_role,
-        kind, status, gates_json) WHERE status = 'waiting';
-    """,
-    # v4: the agent message hub (messages, per-reader delivery state, agent status)
-    _messages.MIGRATION,
-    # v5: workflows, edges, schedules; jobs gain `blocked` and `skipped` (a table rebuild)
-    _workflow_schema.MIGRATION,
-    # v6: workflows.spec_sha256 (a repeated idempotency key must bring the same graph)
-    _workflow_schema.MIGRATION_V6,
-    # v7: worker incarnations, kinds, goodbyes; jobs.preemptions (issue 14)
-    _worker_schema.MIGRATION_WORKER_STATE,
-    # v8: job_logs, a job's captured model output (coordd.store.logs)
-    _logs.MIGRATION,
-    # v9: jobs.request_sha256 (a repeated idempotency key must bring the same request)
-    _job_requests.MIGRATION_JOB_REQUEST_SHA256,
-    # v10: job counters by (status, priority), kept by triggers (`status` in O(1))
-    _counters.MIGRATION,
-    # v11: the claim index led by (required_role, kind): flat in jobs a worker cannot take
-    _claim_index.MIGRATION,
-    # v12: a lease's suspension and vacate state, preemption reservations (issue 16)
-    _governance_schema.MIGRATION_GOVERNANCE + ";" + _governance_schema.MIGRATION_RESERVATIONS,
-    _resources_schema.MIGRATION_RESOURCES,  # v13: resource requests, lease grants (issue 16)
-    _limits.MIGRATION_LIMITS,  # v14: fleet-wide limits (issue 17, coordd.store.limits)
-)
+    return _schema.migrate(conn, SCHEMA_VERSION)
+
 
 json_encode = msgspec.json.encode
 json_decode = msgspec.json.decode
@@ -169,74 +53,6 @@ json_decode = msgspec.json.decode
 def dumps(value: Any) -> str:
     """Encode a JSON-compatible value as compact JSON text."""
     return json_encode(value).decode()
-
-
-# ---------------------------------------------------------------- schema
-
-
-SQL_COUNT_TABLES = "SELECT count(*) FROM sqlite_master WHERE type='table'"
-
-
-def migrate(conn: sqlite3.Connection) -> int:
-    """Bring the schema to SCHEMA_VERSION (keyed on PRAGMA user_version); return it.
-
-    Raises:
-        errors.StoreError: the file is from a newer coordd, or is not a coordd database.
-    """
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise errors.StoreError(
-            f"database schema v{version} is newer than this coordd (v{SCHEMA_VERSION})")
-    if version == 0:
-        tables = conn.execute(SQL_COUNT_TABLES).fetchone()[0]
-        if tables:
-            raise errors.StoreError("database has tables but no coordd schema version")
-    for v in range(version, SCHEMA_VERSION):
-        rebuild = MIGRATIONS[v].lstrip().startswith(FK_OFF_MARKER)  # no cascade on DROP
-        fk_was = conn.execute("PRAGMA foreign_keys").fetchone()[0]
-        conn.execute(f"PRAGMA foreign_keys={0 if rebuild else fk_was}")  # outside the txn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for stmt in _split(MIGRATIONS[v]):
-                conn.execute(stmt)
-            if rebuild and conn.execute(PRAGMA_FOREIGN_KEY_CHECK).fetchone() is not None:
-                raise errors.StoreError(f"migration to v{v + 1} broke a foreign key")
-            conn.execute(f"PRAGMA user_version = {v + 1}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        finally:
-            conn.execute(f"PRAGMA foreign_keys={fk_was}")
-    return SCHEMA_VERSION
-
-
-def prepare_new_file(conn: sqlite3.Connection) -> bool:
-    """Give a file without tables incremental auto-vacuum; return True if it was new.
-
-    Must run before `PRAGMA journal_mode=WAL` and before the first table: SQLite fixes
-    the auto-vacuum mode then. An older file keeps its mode (`vacuum_step` frees nothing
-    there; a one-off `VACUUM` converts it).
-    """
-    if conn.execute(SQL_COUNT_TABLES).fetchone()[0]:
-        return False
-    conn.execute(PRAGMA_AUTO_VACUUM)
-    return True
-
-
-def _split(script: str) -> list[str]:
-    """The statements of `script`; a `;` inside a statement (a trigger's body) stays."""
-    out: list[str] = []
-    buf = ""
-    for piece in script.split(";"):
-        buf += piece + ";"
-        if sqlite3.complete_statement(buf):
-            if buf.strip(" \n\t;"):
-                out.append(buf.strip()[:-1].strip())
-            buf = ""
-    if buf.strip(" \n\t;"):
-        out.append(buf.strip().rstrip(";").strip())
-    return out
 
 
 # ---------------------------------------------------------------- events

@@ -1,10 +1,9 @@
-"""Job counters by (status, priority), kept by triggers in the writer's own transactions.
+"""Job counters by (status, priority): the `job_counts` table and its reads.
 
-`status` reads these rows instead of counting the jobs table (O(1) at any size). The
-triggers fire on every insert, delete and status/priority change of a job, whatever code
-path makes it (enqueue, claim, complete, reap, workflows, retry, prune, a migration), so
-no path can forget to count. A migration that rebuilds the jobs table drops these
-triggers with it and must create them again (`TRIGGERS`).
+`status` reads these rows instead of counting the jobs table (O(1) at any size). Since
+v13 the writer keeps them (coordd.job_changes: one hook per job row change, one upsert
+per changed counter per batch, in the batch's transaction); the triggers below are only
+the v10 migration's, which v13 drops.
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@ The triggers are TEMP: they live only on the writer's own connection (nothing in
 file changes, no migration) and call `coordd_push(what, job_id, a, b, c)`, a function
 the writer registers (coordd.push.Push.note), for every row that may wake a parked call:
 
-- `w` a job entered `waiting` (a = role, b = kind, c = run_at): any way in, now or later
-  (enqueue, requeue, retry, reap, a workflow node unblocked, a release);
-- `t` a job `wait_job` waits for reached a terminal status;
 - `c` a running job's cancel was requested, or coordd's governance suspended or told it to
   vacate (a = the lease holder, for `watch_worker`);
 - `h` a worker's heartbeat, while claims are parked (job_id = the worker, a = its roles);
 - `l` units of a fleet-wide limit freed (a lease that held them ended), while claims are
   parked (a = the limit).
+
+Jobs entering `waiting` (`w`) or a terminal status (`t`) come from the writer's own job
+hook instead (coordd.job_changes), which sees every job row change anyway.
 
 New job events (`watch_events`) need no trigger: the highest event id after a commit says.
 The TEMP tables and their statements run on the writer's connection from the event loop,
@@ -26,30 +26,13 @@ from collections.abc import Callable
 from typing import Any
 
 PUSH_FUNCTION = "coordd_push"
-TERMINAL_SQL = "('succeeded', 'failed', 'cancelled', 'skipped')"
 
-# What the triggers look at to decide whether to call at all, so a drain with nothing
-# parked pays a WHEN check per row, not a Python call: `push_on` holds 'claims' while a
-# claim is parked (or looking), `push_waited` the job ids `wait_job` waits for.
+# What the heartbeat triggers look at to decide whether to call at all: `push_on` holds
+# 'claims' while a claim is parked (or looking).
 TEMP_TABLES = (
     "CREATE TEMP TABLE IF NOT EXISTS push_on (what TEXT PRIMARY KEY)",
-    "CREATE TEMP TABLE IF NOT EXISTS push_waited (job_id TEXT PRIMARY KEY)",
 )
-# A job entering `waiting`: noted while claims are parked, and always when its run_at is
-# still ahead (`run_at > updated_at`: the timer heap needs it whether or not anyone waits).
-_WAITING_WHEN = ("(NEW.run_at > NEW.updated_at "
-                 "OR EXISTS (SELECT 1 FROM temp.push_on WHERE what = 'claims'))")
 TRIGGERS = (
-    "CREATE TEMP TRIGGER IF NOT EXISTS push_waiting_insert AFTER INSERT ON main.jobs "
-    f"WHEN NEW.status = 'waiting' AND {_WAITING_WHEN} BEGIN "
-    "SELECT coordd_push('w', NEW.job_id, NEW.required_role, NEW.kind, NEW.run_at); END",
-    "CREATE TEMP TRIGGER IF NOT EXISTS push_waiting_update AFTER UPDATE OF status ON main.jobs "
-    f"WHEN NEW.status = 'waiting' AND OLD.status <> 'waiting' AND {_WAITING_WHEN} BEGIN "
-    "SELECT coordd_push('w', NEW.job_id, NEW.required_role, NEW.kind, NEW.run_at); END",
-    "CREATE TEMP TRIGGER IF NOT EXISTS push_terminal AFTER UPDATE OF status ON main.jobs "
-    f"WHEN NEW.status IN {TERMINAL_SQL} AND OLD.status <> NEW.status "
-    "AND NEW.job_id IN (SELECT job_id FROM temp.push_waited) BEGIN "
-    "SELECT coordd_push('t', NEW.job_id, NULL, NULL, NULL); END",
     "CREATE TEMP TRIGGER IF NOT EXISTS push_heartbeat_insert AFTER INSERT ON main.workers "
     "WHEN EXISTS (SELECT 1 FROM temp.push_on WHERE what = 'claims') BEGIN "
     "SELECT coordd_push('h', NEW.worker_id, NEW.roles_json, NULL, NULL); END",
@@ -70,8 +53,6 @@ TRIGGERS = (
 )
 SQL_CLAIMS_ON = "INSERT OR IGNORE INTO temp.push_on (what) VALUES ('claims')"
 SQL_CLAIMS_OFF = "DELETE FROM temp.push_on WHERE what = 'claims'"
-SQL_WAITED_ADD = "INSERT OR IGNORE INTO temp.push_waited (job_id) VALUES (?)"
-SQL_WAITED_DROP = "DELETE FROM temp.push_waited WHERE job_id = ?"
 
 SQL_SCHEDULED = (
     "SELECT run_at, required_role, kind FROM jobs INDEXED BY jobs_claim "
@@ -112,11 +93,6 @@ def install(conn: sqlite3.Connection, note: Callable[[str, str, Any, Any, Any], 
 def claims_parked(conn: sqlite3.Connection, on: bool) -> None:
     """Tell the `waiting` triggers whether a claim is parked (they note every job then)."""
     conn.execute(SQL_CLAIMS_ON if on else SQL_CLAIMS_OFF)
-
-
-def job_waited(conn: sqlite3.Connection, job_id: str, on: bool) -> None:
-    """Add (on) or drop `job_id` from the jobs the terminal trigger reports."""
-    conn.execute(SQL_WAITED_ADD if on else SQL_WAITED_DROP, (job_id,))
 
 
 def scheduled(conn: sqlite3.Connection, now: float) -> list[tuple[float, str, str]]:

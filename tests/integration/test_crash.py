@@ -96,6 +96,13 @@ def check_file(db: str, acked: Acked) -> dict[str, int]:
             "SELECT job_id, status, result_json, last_token, idempotency_key, finished_at "
             "FROM jobs")}
         leases = conn.execute("SELECT job_id, token FROM leases").fetchall()
+        # the counters the writer keeps went into each batch's own transaction: the killed
+        # file's job_counts equal a full count (coordd.job_changes)
+        stored = sorted(r for r in conn.execute("SELECT status, priority, n FROM job_counts")
+                        if r[2])
+        full = sorted(conn.execute(
+            "SELECT status, priority, count(*) FROM jobs GROUP BY status, priority"))
+        assert stored == full, f"job_counts {stored} != a full count {full}"
     finally:
         conn.close()
 

@@ -3,11 +3,15 @@ RLIMIT_NOFILE, and idle clients holding every descriptor it has."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import time
 
+import pytest
+
+from coordd import errors
 from coordd.client import SyncClient
 
 LOW = 64  # coordd itself uses ~25 descriptors idle
@@ -77,3 +81,38 @@ def test_out_of_fds_coordd_stays_up_refuses_explicitly_and_recovers(daemon_facto
     assert "maintenance step prune failed" not in log or "Traceback" not in log, log
     assert "file descriptors available again" in log, log
     assert d.stop() == 0, d.log()
+
+
+def test_backup_out_of_fds_is_unavailable_not_internal(daemon_factory, tmp_path):
+    """A backup asked for while coordd has no descriptor left answers `unavailable` with
+    the reason, leaves nothing at DEST, and works once descriptors are free again."""
+    d = daemon_factory()
+    d.nofile = (LOW, LOW)
+    d.start()
+    dest = str(tmp_path / "b.db")
+    idle: list[socket.socket] = []
+    with SyncClient(d.socket, timeout=10) as c:
+        c.status()
+        try:
+            for _ in range(LOW):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(d.socket)
+                idle.append(s)
+            time.sleep(0.5)  # coordd accepts them all (and refuses the ones past its limit)
+            with pytest.raises(errors.Unavailable) as got:
+                c.backup(dest)
+            assert "out of file descriptors" in str(got.value), got.value
+            assert not os.path.exists(dest) and not os.path.exists(dest + ".artifacts")
+        finally:
+            for s in idle:
+                s.close()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert c.backup(dest).quick_check == "ok"
+                break
+            except errors.Unavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    assert "backup failed" not in d.log() and "Traceback" not in d.log(), d.log()

@@ -410,15 +410,15 @@ async def test_enqueue_rolled_back_wakes_nobody_for_good(bundle):
 
 
 async def test_nothing_parked_a_drain_makes_no_wake_up_call(bundle):
-    """The triggers' WHEN checks keep the claim/complete path free of Python calls while
-    nothing is parked; a job scheduled ahead is still noted (the run_at timer needs it)."""
+    """While nothing is parked the claim/complete path notes nothing to wake; a job
+    scheduled ahead is still noted (the run_at timer needs it)."""
     calls: list[str] = []
     push = bundle.coord.push
-    real = push.note
-    def note(*a):
-        calls.append(a[0])
-        real(*a)
-    bundle.coord.writer._conn.create_function("coordd_push", 5, note)
+    real = push._dispatch
+    def dispatch(notes):
+        calls.extend(n[0] for n in notes)
+        real(notes)
+    push._dispatch = dispatch
     await bundle.worker("w1")
     for _ in range(3):
         await bundle.enqueue()

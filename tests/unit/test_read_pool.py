@@ -108,17 +108,17 @@ async def test_status_pollers_share_reads_and_still_see_earlier_writes(make_bund
     res = await asyncio.gather(*(b.coord.status() for _ in range(16)))
     assert b.coord._status.runs == 2 and all(r.jobs == res[0].jobs for r in res)
     release, started = threading.Event(), threading.Event()
-    real = views.status_counts
+    real = views.status_live
     calls = []
 
-    def counts(conn, now, stale_s):
+    def live(conn, now, stale_s, cutoff):
         calls.append(now)
         if len(calls) == 1:
             started.set()
             release.wait(10)
-        return real(conn, now, stale_s)
+        return real(conn, now, stale_s, cutoff)
 
-    monkeypatch.setattr(views, "status_counts", counts)
+    monkeypatch.setattr(views, "status_live", live)
     old = asyncio.create_task(b.coord.status())  # its read started before the enqueue
     await _wait_for(started)
     await b.enqueue()

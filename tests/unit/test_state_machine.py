@@ -25,6 +25,7 @@ from hypothesis.stateful import (
 )
 
 from coordd import errors, gates, leases, store, views
+from coordd.job_changes import JobChanges
 
 WORKERS = ("w1", "w2", "w3")
 POLICY = leases.ClaimPolicy(policies=gates.default_policies(), heartbeat_stale_s=30.0,
@@ -47,6 +48,8 @@ class CoordMachine(RuleBasedStateMachine):
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA foreign_keys=ON")
         store.migrate(self.conn)
+        self.changes = JobChanges()  # the counters, kept as the writer keeps them
+        self.changes.open(self.conn)
         self.now = 1000.0
         self.seq = 0
         self.jobs: list[str] = []
@@ -61,14 +64,18 @@ class CoordMachine(RuleBasedStateMachine):
 
     def run(self, op):
         self.conn.execute("BEGIN IMMEDIATE")
+        self.changes.begin(self.conn)
         self.conn.execute("SAVEPOINT op")
         try:
             out = op(self.conn, self.now)
         except errors.CoordError as exc:
             self.conn.execute("ROLLBACK TO op")
+            self.changes.undo(0)
             out = exc
         self.conn.execute("RELEASE op")
+        self.changes.flush(self.conn)
         self.conn.execute("COMMIT")
+        self.changes.committed()
         return out
 
     def lease_row(self, job_id: str):

@@ -1,0 +1,148 @@
+"""The writer's job hook (coordd.job_changes): the status counters it keeps are exact
+through op rollbacks, failed batches and writes by other connections; no trigger program
+of the file runs per job row; a claim that names no kinds reads its role's kinds once per
+refresh, not once per claim, and still sees a kind the moment a job of it waits."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from coordd import job_changes, store, views
+from coordd.protocol import Complete
+from coordd.store.claim_index import SQL_ROLE_KINDS
+
+from tests.conftest import T0
+
+KINDS_READ = SQL_ROLE_KINDS.split("(", 1)[0]  # traced with its parameters bound
+
+
+async def _counts_exact(b) -> None:
+    jobs, waiting = await b.coord.read(views.full_counts)
+    st = await b.coord.status()
+    assert st.jobs == jobs and st.waiting_by_priority == waiting
+    stored = await b.coord.read(lambda conn: sorted(
+        r for r in conn.execute("SELECT status, priority, n FROM job_counts") if r[2]))
+    full = await b.coord.read(lambda conn: sorted(conn.execute(
+        "SELECT status, priority, count(*) FROM jobs GROUP BY status, priority")))
+    assert stored == full
+
+
+def test_the_file_has_no_trigger_on_jobs(tmp_path):
+    """Counting is the writer's (TEMP triggers on its own connection): no trigger program
+    of the file runs for each job row a claim or complete changes."""
+    conn = sqlite3.connect(str(tmp_path / "x.db"), isolation_level=None)
+    store.migrate(conn)
+    assert conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' "
+                        "AND tbl_name = 'jobs'").fetchall() == []
+
+
+async def test_an_op_that_fails_after_changing_jobs_counts_nothing(bundle):
+    await bundle.worker("w1")
+    jobs = [await bundle.enqueue() for _ in range(3)]
+
+    def take_then_fail(conn: sqlite3.Connection, now: float) -> None:
+        conn.execute("UPDATE jobs SET status = 'cancelled', finished_at = ? WHERE job_id = ?",
+                     (now, jobs[0]))
+        raise RuntimeError("boom after a write")  # the writer reruns the batch
+
+    def half_done(conn: sqlite3.Connection, now: float) -> None:
+        # the second row breaks the CHECK: SQLite undoes the statement's first row too,
+        # total_changes does not move, and the hook saw that first row
+        conn.execute("UPDATE jobs SET status = CASE job_id WHEN ? THEN 'failed' ELSE 'nope' "
+                     "END WHERE job_id IN (?, ?)", (jobs[1], jobs[1], jobs[2]))
+
+    futs = [bundle.coord.writer.submit(take_then_fail), bundle.coord.writer.submit(half_done),
+            bundle.coord.writer.submit(lambda conn, now: None)]
+    for fut in futs[:2]:
+        with pytest.raises(Exception):
+            await fut
+    await futs[2]
+    await _counts_exact(bundle)
+    assert (await bundle.coord.status()).jobs["waiting"] == 3
+
+
+async def test_a_failed_batch_counts_nothing(bundle, monkeypatch):
+    await bundle.enqueue()
+    writer = bundle.coord.writer
+
+    def broken_flush(conn: sqlite3.Connection) -> None:
+        job_changes.JobChanges.flush(writer.changes, conn)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(writer.changes, "flush", broken_flush)
+    with pytest.raises(Exception):
+        await bundle.enqueue()
+    monkeypatch.undo()
+    await bundle.enqueue()
+    await _counts_exact(bundle)
+    assert (await bundle.coord.status()).jobs["waiting"] == 2
+
+
+async def test_another_connections_writes_are_recounted_and_their_kinds_claimed(bundle):
+    await bundle.worker("w1")
+    await bundle.enqueue(kind="a")
+    assert (await bundle.claim("w1")).job is not None  # the role's kinds are cached now
+    other = sqlite3.connect(bundle.db_path, isolation_level=None)
+    other.execute("INSERT INTO jobs (job_id, kind, required_role, priority, payload_json, "
+                  "status, max_attempts, run_at, queued_at, created_at, updated_at) VALUES "
+                  "('outside', 'z', 'cpu', 1, '{}', 'waiting', 1, ?1, ?1, ?1, ?1)", (T0,))
+    other.close()
+    got = await bundle.claim("w1")  # same instant: no refresh by time
+    assert got.job is not None and got.job.job_id == "outside"
+    await _counts_exact(bundle)
+
+
+async def test_counts_are_recounted_at_open(make_bundle):
+    b = await make_bundle()
+    await b.enqueue()
+    await b.coord.close()
+    conn = sqlite3.connect(b.db_path, isolation_level=None)
+    conn.execute("UPDATE job_counts SET n = 99")  # edited while coordd was down
+    conn.close()
+    await b.coord.start()
+    await _counts_exact(b)
+
+
+async def test_a_claim_naming_no_kinds_reads_its_kinds_once_per_refresh(bundle):
+    await bundle.worker("w1")
+    for _ in range(5):
+        await bundle.enqueue(kind="a")
+    seen: list[str] = []
+    bundle.coord.writer._conn.set_trace_callback(seen.append)
+    try:
+        for i in range(5):
+            got = await bundle.claim("w1")
+            assert got.job is not None
+            await bundle.coord.complete(Complete(job_id=got.job.job_id, worker_id="w1",
+                                                 token=got.lease.token, result={}))
+            if i == 2:  # a kind the cache has not seen: claimable at once
+                await bundle.enqueue(kind="b", priority=0)
+                nxt = await bundle.claim("w1")
+                assert nxt.job is not None and nxt.job.kind == "b"
+        assert sum(s.startswith(KINDS_READ) for s in seen) == 1
+        bundle.clock.advance(job_changes.KINDS_REFRESH_S + 0.5)
+        await bundle.worker("w1")
+        assert (await bundle.claim("w1")).job is None
+        assert sum(s.startswith(KINDS_READ) for s in seen) == 2  # read again: gone kinds drop
+    finally:
+        bundle.coord.writer._conn.set_trace_callback(None)
+
+
+async def test_status_takes_its_job_counts_from_the_writer_and_reads_once(bundle, monkeypatch):
+    """`status` (16 dashboards poll it) costs one trip to a read connection; the job
+    counts are the writer's committed counters, exact right after a write."""
+    reads = []
+    real = bundle.coord.readers.run
+
+    async def run(fn, *args, **kw):
+        reads.append(getattr(fn, "__name__", fn))
+        return await real(fn, *args, **kw)
+
+    monkeypatch.setattr(bundle.coord.readers, "run", run)
+    await bundle.enqueue(priority=1)
+    st = await bundle.coord.status()
+    assert len(reads) == 1, reads
+    assert st.jobs["waiting"] == 1 and st.waiting_by_priority["p1"] == 1
+    await _counts_exact(bundle)
