@@ -72,10 +72,16 @@ SQL_WINDOW_END = (  # the oldest job of the window (None: the window reaches the
     "LIMIT 1 OFFSET ?2"
 )
 
-SQL_RATES = (  # finished jobs per bucket of ?2 s since ?1, among the newest ?3 events
+# jobs that ended, per bucket of ?2 s since ?1, among the newest ?3 events: each job once,
+# at its last terminal event (a job retried and failed again is one failed job, not two;
+# a retry's failed attempts are running -> waiting and never counted)
+SQL_RATES = (
     "SELECT CAST((at - ?1) / ?2 AS INTEGER), to_status, count(*) FROM "
-    "(SELECT at, to_status FROM job_events ORDER BY event_id DESC LIMIT ?3) "
-    "WHERE at >= ?1 AND to_status IN ('succeeded', 'failed', 'skipped') GROUP BY 1, 2"
+    "(SELECT at, to_status, row_number() OVER (PARTITION BY job_id ORDER BY event_id DESC) "
+    "AS nth FROM (SELECT event_id, job_id, at, to_status FROM job_events "
+    "ORDER BY event_id DESC LIMIT ?3) WHERE at >= ?1 "
+    "AND to_status IN ('succeeded', 'failed', 'cancelled', 'skipped')) "
+    "WHERE nth = 1 GROUP BY 1, 2"
 )
 SQL_RATES_SCANNED = (
     "SELECT count(*) FROM (SELECT at FROM job_events ORDER BY event_id DESC LIMIT ?2) "
@@ -161,7 +167,8 @@ def counts(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:
 
 def rates(conn: sqlite3.Connection, since: float, bucket_s: float
           ) -> tuple[list[tuple[int, str, int]], int]:
-    """((bucket index, to_status, n) of finished jobs since `since`, events looked at)."""
+    """((bucket index, terminal to_status, n) of the jobs that ended since `since`, each
+    job at its last terminal event; events looked at)."""
     rows = conn.execute(SQL_RATES, (since, bucket_s, EVENTS_SCAN_MAX)).fetchall()
     scanned = conn.execute(SQL_RATES_SCANNED, (since, EVENTS_SCAN_MAX)).fetchone()[0]
     return rows, scanned
