@@ -138,18 +138,15 @@ async def workers_page(request: Request) -> Response:
 
 
 async def jobs_page(request: Request) -> Response:
-    """GET /jobs?FILTERS[&before=JOB]: one keyset page of jobs."""
+    """GET /jobs?FILTERS[&before=JOB[&trail=JOB,...]]: one keyset page of jobs."""
     filters = job_filters(request)
     before = request.query_params.get("before") or None
     async with coordd(request) as c:
         page = await c.call("find_jobs", {**filters, "limit": JOBS_PAGE, "before": before})
         head = (await c.call("feed_head", {}))["event_id"]
     shown = {k: request.query_params.get(k, "") for k in FILTERS}
-    older = None
-    if page["next_before"]:
-        older = "/jobs?" + urlencode({**{k: v for k, v in shown.items() if v},
-                                      "before": page["next_before"]})
-    return render(request, "jobs.html", page=page, f=shown, older=older, first=before is None,
+    links = shapes.pager(shown, before, request.query_params.get("trail"), page["next_before"])
+    return render(request, "jobs.html", page=page, f=shown, first=before is None, **links,
                   query=urlencode({k: v for k, v in shown.items() if v}), head=head,
                   statuses=("waiting", "running", "succeeded", "failed", "cancelled",
                             "blocked", "skipped"))

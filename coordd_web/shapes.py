@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import urlencode
 
 from coordctl.render import resource_lines
 
 BLOB_CHARS_MAX = 20000
+TRAIL_MAX = 50  # newer-page cursors a jobs URL carries (about 850 characters)
+CURSOR = re.compile(r"[0-9A-Za-z_.-]{1,64}")
 SPARK_W, SPARK_H = 120, 24
 GANTT_W = 900
 SPARK_KEYS = ("memory_used_pct", "temperature_c", "gpu_memory_used_pct", "gpu_temperature_c",
@@ -266,3 +270,26 @@ def output(chunks: list[Any]) -> list[dict[str, Any]]:
         run["streams"][ch.stream] = run["streams"].get(ch.stream, "") + \
             bytes(ch.data).decode("utf-8", "replace")
     return sorted(runs.values(), key=lambda r: r["token"])
+
+
+def pager(filters: dict[str, str], before: str | None, trail: str | None,
+          next_before: str | None) -> dict[str, str | None]:
+    """The jobs list's `older` and `newer` links (keyset, stateless): an older link
+    carries the page's own cursor on its `trail`, so its newer link goes back to exactly
+    this page; past TRAIL_MAX pages (or on a trail cut short) newer is the first page."""
+    base = {k: v for k, v in filters.items() if v}
+    steps = [t for t in (trail or "").split(",") if CURSOR.fullmatch(t)][-TRAIL_MAX:]
+    older = None
+    if next_before:
+        up = [*steps, before][-TRAIL_MAX:] if before else []
+        older = "/jobs?" + urlencode({**base, "before": next_before,
+                                      **({"trail": ",".join(up)} if up else {})})
+    newer = None
+    if before is not None:
+        back = dict(base)
+        if steps:
+            back["before"] = steps[-1]
+            if steps[:-1]:
+                back["trail"] = ",".join(steps[:-1])
+        newer = "/jobs?" + urlencode(back)
+    return {"older": older, "newer": newer}

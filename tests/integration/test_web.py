@@ -88,15 +88,24 @@ def test_jobs_filters_pages_and_capped_counts(filled):
     old, app_mod.JOBS_PAGE = app_mod.JOBS_PAGE, 5
     try:
         with client(d.socket) as web:
-            seen, url = [], "/jobs?role=cpu"
+            seen, url, pages = [], "/jobs?role=cpu", []
             while url:
                 page = web.get(url).text
-                seen += re.findall(r'data-job="([^"]+)"', page)
+                pages.append(re.findall(r'data-job="([^"]+)"', page))
+                seen += pages[-1]
                 m = re.search(r'id="older" href="([^"]+)"', page)
                 url = m.group(1).replace("&amp;", "&") if m else None
                 if url:
                     assert parse_qs(urlparse(url).query)["role"] == ["cpu"]  # bookmarkable
-        assert seen == ids["jobs"][::-1]
+            assert seen == ids["jobs"][::-1] and len(pages) == 3
+            assert 'id="newer"' not in web.get("/jobs?role=cpu").text  # the first page
+            back = []  # from the last page, "newer" walks back through the same pages
+            while m := re.search(r'id="newer" href="([^"]+)"', page):
+                url = m.group(1).replace("&amp;", "&")
+                assert parse_qs(urlparse(url).query)["role"] == ["cpu"]
+                page = web.get(url).text
+                back.append(re.findall(r'data-job="([^"]+)"', page))
+            assert back == pages[-2::-1]
     finally:
         app_mod.JOBS_PAGE = old
 
