@@ -31,6 +31,7 @@
     };
     var zeros = d.t.map(function () { return 0; });
     plot = new window.uPlot(opts, [d.t, d.ok, d.bad, d.skip || zeros, d.gone || zeros, rate], el);
+    window.coorddChart = plot;  // for the browser test: the axes' tick labels
   }
   document.addEventListener("DOMContentLoaded", draw);
   document.addEventListener("coordd:refreshed", draw);
