@@ -73,15 +73,16 @@ SQL_WINDOW_END = (  # the oldest job of the window (None: the window reaches the
 )
 
 # jobs that ended, per bucket of ?2 s since ?1, among the newest ?3 events: each job once,
-# at its last terminal event (a job retried and failed again is one failed job, not two;
-# a retry's failed attempts are running -> waiting and never counted)
+# at its last terminal event (an end a later event left again, a retry, is not counted: a
+# job retried by hand and failed again is one failed job; a retryable failure is running
+# -> waiting and never an end). The probe is the job_events_job index, per terminal event.
 SQL_RATES = (
-    "SELECT CAST((at - ?1) / ?2 AS INTEGER), to_status, count(*) FROM "
-    "(SELECT at, to_status, row_number() OVER (PARTITION BY job_id ORDER BY event_id DESC) "
-    "AS nth FROM (SELECT event_id, job_id, at, to_status FROM job_events "
-    "ORDER BY event_id DESC LIMIT ?3) WHERE at >= ?1 "
-    "AND to_status IN ('succeeded', 'failed', 'cancelled', 'skipped')) "
-    "WHERE nth = 1 GROUP BY 1, 2"
+    "SELECT CAST((e.at - ?1) / ?2 AS INTEGER), e.to_status, count(*) FROM "
+    "(SELECT event_id, job_id, at, to_status FROM job_events ORDER BY event_id DESC "
+    "LIMIT ?3) e WHERE e.at >= ?1 "
+    "AND e.to_status IN ('succeeded', 'failed', 'cancelled', 'skipped') "
+    "AND NOT EXISTS (SELECT 1 FROM job_events r WHERE r.job_id = e.job_id "
+    "AND r.event_id > e.event_id AND r.from_status = e.to_status) GROUP BY 1, 2"
 )
 SQL_RATES_SCANNED = (
     "SELECT count(*) FROM (SELECT at FROM job_events ORDER BY event_id DESC LIMIT ?2) "
