@@ -239,9 +239,8 @@ def job(console: Console, j: JobView) -> None:
         when = left if left.startswith("EXPIRED") else f"expires in {left}"
         t.add_row("lease", f"worker {j.lease.worker_id}, token {j.lease.token}, "
                            f"granted {fmt_time(j.lease.granted_at)}, {when}")
-    if j.resources:
-        t.add_row("resources", fmt_request(j.resources)
-                  + (f" (granted: {fmt_request(j.granted)})" if j.granted else ""))
+    if j.resources or j.granted:
+        t.add_row("resources", job_resources(j))
     gov = j.lease.governance if j.lease is not None else None
     if gov is not None:
         t.add_row("governance", f"vacating ({gov.vacate_reason})" if gov.vacate_reason
@@ -316,6 +315,19 @@ def fmt_request(r: dict[str, Any]) -> str:
     if r.get("ram_mb"):
         parts.append(f"ram {r['ram_mb']} MiB")
     return ", ".join(parts) or "none"
+
+
+def job_resources(j: JobView) -> str:
+    """A job's resource request and what its lease was granted: `gpus 1, vram 8000 MiB
+    each (granted: gpus 1 (gpu0), ...)`; a grant from the kind's default (no request of
+    its own) says so. "" for neither."""
+    if not (j.resources or j.granted):
+        return ""
+    asked = fmt_request(j.resources) if j.resources else "none asked"
+    if not j.granted:
+        return asked
+    whence = "granted" if j.resources else "granted by the kind's default"
+    return f"{asked} ({whence}: {fmt_request(j.granted)})"
 
 
 def resource_lines(res: dict[str, Any]) -> list[str]:

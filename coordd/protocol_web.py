@@ -54,6 +54,7 @@ class JobRow(msgspec.Struct, kw_only=True):
     lease_expires_at: float | None = None
     workflow_id: str | None = None
     node: str | None = None
+    waiting_reason: str | None = None  # a waiting job: why it is not running (as `list`)
 
 
 class FoundJobs(msgspec.Struct, kw_only=True):
@@ -80,9 +81,11 @@ class JobStats(msgspec.Struct, kw_only=True):
 
 class JobStatsResult(msgspec.Struct, kw_only=True):
     """`job_stats` result. `counts`: status -> [P0, P1, P2, P3]; `bucket_starts`: Unix
-    times; `succeeded` / `failed` (failed, cancelled, skipped and retryable failures) per
-    bucket; `events_scanned`: events looked at (the newest EVENTS_SCAN_MAX at most);
-    `head_event_id`: the feed's newest event id (the cursor live updates start from)."""
+    times, whole multiples of `bucket_s` (the last bucket holds `now`); `succeeded`,
+    `failed`, `cancelled`, `skipped`: jobs that ended so per bucket, each job once at its
+    last terminal event (a retried attempt is not an end); `events_scanned`: events looked
+    at (the newest EVENTS_SCAN_MAX at most); `head_event_id`: the feed's newest event id
+    (the cursor live updates start from)."""
 
     now: float
     counts: dict[str, list[int]]
@@ -91,6 +94,8 @@ class JobStatsResult(msgspec.Struct, kw_only=True):
     failed: list[int]
     events_scanned: int = 0
     head_event_id: int = 0
+    cancelled: list[int] = []
+    skipped: list[int] = []
 
 
 class HeldLease(msgspec.Struct, kw_only=True):

@@ -427,15 +427,21 @@ class Coordinator:
             views.list_jobs, now=now, status=p.status, kind=p.kind, role=p.role,
             priority=p.priority, limit=limit, after=p.after,
             aging_s=self.config.aging_interval_s, newest_first=p.newest_first))
-        if any(j.status == "waiting" for j in jobs):
-            workers = await self._read(views.list_workers)
-            states = await self.lifecycle.states()
-            for j in jobs:
-                if j.status == "waiting":
-                    j.waiting_reason = self._explain_with(j, now, workers, states)
-            await self.governor.explain_resources(jobs, workers)  # vram: need ... on W
-            await self.fleet_limits.explain(jobs, now)
+        await self.explain_waiting(jobs, now)
         return JobList(jobs=jobs, next_after=jobs[-1].job_id if len(jobs) == limit else None)
+
+    async def explain_waiting(self, jobs: list[JobView], now: float) -> None:
+        """Put why each waiting job of `jobs` is not running at `now` into its
+        `waiting_reason` (`list`, and the web view's job lists)."""
+        if not any(j.status == "waiting" for j in jobs):
+            return
+        workers = await self._read(views.list_workers)
+        states = await self.lifecycle.states()
+        for j in jobs:
+            if j.status == "waiting":
+                j.waiting_reason = self._explain_with(j, now, workers, states)
+        await self.governor.explain_resources(jobs, workers)  # vram: need ... on W
+        await self.fleet_limits.explain(jobs, now)
 
     async def workers(self, p: Empty | None = None) -> WorkersResult:
         """Every known worker with its readings, heartbeat age and per-priority gate verdicts."""

@@ -14,9 +14,9 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from coordd import errors
+from coordd import errors, views
 from coordd.names import check_name
-from coordd.protocol import JOB_STATUSES, Heartbeat, HeartbeatResult
+from coordd.protocol import JOB_STATUSES, Heartbeat, HeartbeatResult, JobView
 from coordd.protocol_web import (
     COUNT_CAP, FIND_LIMIT_MAX, FeedHead, FIND_SCAN_MAX, WEB_PARAMS, Delivery, FindJobs, FleetResult,
     FoundJobs, HeldLease, JobRow, JobStats, JobStatsResult, LoggedMessage, MessageLog,
@@ -73,12 +73,16 @@ class WebReads:
         self._read = read
         self._wall = clock_wall
         self.readings = ReadingsLog()
+        # set by `serve`: the Coordinator's waiting-reason explainer and aging interval
+        self._explain: Callable[[list[JobView], float], Awaitable[None]] | None = None
+        self._aging_s = 0.0
 
     @classmethod
     def serve(cls, coord: Any) -> "WebReads":
         """Give a Coordinator the web methods, and record each heartbeat's readings after
         it committed (around the Coordinator's own `heartbeat`)."""
         reads = coord.web_reads = cls(coord.read, coord.clock.wall)
+        reads._explain, reads._aging_s = coord.explain_waiting, coord.config.aging_interval_s
         beat = coord.heartbeat
 
         async def heartbeat(p: Heartbeat) -> HeartbeatResult:
@@ -124,6 +128,7 @@ class WebReads:
                        status=r[4], attempts=r[5], max_attempts=r[6], created_at=r[7],
                        updated_at=r[8], run_at=r[9], last_error=r[10], worker_id=r[11],
                        lease_expires_at=r[12], workflow_id=r[13], node=r[14]) for r in rows]
+        await self._waiting_reasons(jobs)
         full = len(found) > p.limit or (not counting and len(found) == p.limit)
         if p.workflow_id is not None:  # by its index, not a window
             nxt = jobs[-1].job_id if full else None
@@ -147,6 +152,18 @@ class WebReads:
             res.count, res.count_capped = min(len(found), COUNT_CAP), len(found) > COUNT_CAP
         return res
 
+    async def _waiting_reasons(self, jobs: list[JobRow]) -> None:
+        """Fill in the waiting jobs' `waiting_reason` (as `list` explains them)."""
+        ids = [j.job_id for j in jobs if j.status == "waiting"]
+        if not ids or self._explain is None:
+            return
+        now = self._wall()
+        views_ = await self._read(_job_views, now, ids, self._aging_s)
+        await self._explain(views_, now)
+        why = {v.job_id: v.waiting_reason for v in views_}
+        for j in jobs:
+            j.waiting_reason = why.get(j.job_id, j.waiting_reason)
+
     async def job_stats(self, p: JobStats) -> JobStatsResult:
         """Counts by status and priority, finished jobs per bucket, the feed's head.
 
@@ -159,19 +176,19 @@ class WebReads:
         if n > BUCKETS_MAX:
             raise errors.BadRequest(f"window_s / bucket_s must be at most {BUCKETS_MAX}")
         now = self._wall()
-        start = now - n * p.bucket_s
+        # whole buckets on the epoch's grid, so a refresh never moves a job between them
+        start = (math.floor(now / p.bucket_s) - (n - 1)) * p.bucket_s
         counts = {s: [0, 0, 0, 0] for s in JOB_STATUSES}
         for status, prio, k in await self._read(web_store.counts):
             counts.setdefault(status, [0, 0, 0, 0])[prio] += k
         rows, scanned = await self._read(web_store.rates, start, p.bucket_s)
-        ok, bad = [0] * n, [0] * n
+        ended = {s: [0] * n for s in ("succeeded", "failed", "cancelled", "skipped")}
         for b, status, k in rows:
-            b = min(b, n - 1)  # an event at `now` itself: the last bucket
-            if 0 <= b:
-                (ok if status == "succeeded" else bad)[b] += k
+            if 0 <= b < n and status in ended:
+                ended[status][b] += k
         return JobStatsResult(now=now, counts=counts,
                               bucket_starts=[start + i * p.bucket_s for i in range(n)],
-                              succeeded=ok, failed=bad, events_scanned=scanned,
+                              events_scanned=scanned, **ended,
                               head_event_id=await self._read(push_store.last_event))
 
     async def fleet(self, p: NoParams | None = None) -> FleetResult:
@@ -228,3 +245,14 @@ class WebReads:
                              deliveries=by_id.get(r[0], [])) for r in rows]
         nxt = out[-1].message_id if len(out) == p.limit else None
         return MessageLogResult(messages=out, next_before=nxt)
+
+
+def _job_views(conn: Any, now: float, job_ids: list[str], aging_s: float) -> list[JobView]:
+    """The JobViews of `job_ids` (one gone since its page was read is left out)."""
+    out = []
+    for job_id in job_ids:
+        try:
+            out.append(views.get_job(conn, now, job_id, aging_s))
+        except errors.NotFound:
+            continue
+    return out

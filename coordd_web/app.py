@@ -24,6 +24,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from coordctl import render
 from coordd import errors
 from coordd.client import Client, Disconnected
 from coordd.protocol import TERMINAL_STATUSES
@@ -56,6 +57,8 @@ templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters.update(time=shapes.fmt_time, age=shapes.fmt_age, blob=shapes.fmt_blob,
                              gates=shapes.gate_words, item=shapes.summary_item)
 templates.env.globals.update(terminal=TERMINAL_STATUSES, retryable=RETRYABLE)
+templates.env.filters.update(request=render.job_resources)  # as `coordctl show` says it
+templates.env.globals.update(error_explains=render.ERROR_EXPLAINS)
 
 
 @contextlib.asynccontextmanager
@@ -109,7 +112,8 @@ async def overview(request: Request) -> Response:
         st = await c.status()
         stats = await c.call("job_stats", {"window_s": 3600, "bucket_s": 60})
         recent = await c.call("find_jobs", {"limit": RECENT_JOBS})
-    rates = {"t": stats["bucket_starts"], "ok": stats["succeeded"], "bad": stats["failed"]}
+    rates = {"t": stats["bucket_starts"], "ok": stats["succeeded"], "bad": stats["failed"],
+             "skip": stats.get("skipped", []), "gone": stats.get("cancelled", [])}
     return render(request, "overview.html", st=st, stats=stats, recent=recent["jobs"],
                   rates=rates, head=stats["head_event_id"], now=st.now)
 
@@ -127,26 +131,22 @@ async def workers_page(request: Request) -> Response:
         reserved.setdefault(r["worker_id"], []).append(r)
     rows = [{"w": w, "sparks": shapes.sparklines(fleet["readings"].get(w.worker_id, [])),
              "held": held.get(w.worker_id, []), "reserved": reserved.get(w.worker_id, []),
-             "resources": {k: v for k, v in w.readings.items()
-                           if k.startswith(("slots", "gpu", "vram", "ram"))}}
+             "resources": shapes.resource_words(w), "verdicts": shapes.verdict_cells(w.verdicts)}
             for w in res.workers]
     return render(request, "workers.html", rows=rows, now=fleet["now"],
                   head=fleet["head_event_id"])
 
 
 async def jobs_page(request: Request) -> Response:
-    """GET /jobs?FILTERS[&before=JOB]: one keyset page of jobs."""
+    """GET /jobs?FILTERS[&before=JOB[&trail=JOB,...]]: one keyset page of jobs."""
     filters = job_filters(request)
     before = request.query_params.get("before") or None
     async with coordd(request) as c:
         page = await c.call("find_jobs", {**filters, "limit": JOBS_PAGE, "before": before})
         head = (await c.call("feed_head", {}))["event_id"]
     shown = {k: request.query_params.get(k, "") for k in FILTERS}
-    older = None
-    if page["next_before"]:
-        older = "/jobs?" + urlencode({**{k: v for k, v in shown.items() if v},
-                                      "before": page["next_before"]})
-    return render(request, "jobs.html", page=page, f=shown, older=older, first=before is None,
+    links = shapes.pager(shown, before, request.query_params.get("trail"), page["next_before"])
+    return render(request, "jobs.html", page=page, f=shown, first=before is None, **links,
                   query=urlencode({k: v for k, v in shown.items() if v}), head=head,
                   statuses=("waiting", "running", "succeeded", "failed", "cancelled",
                             "blocked", "skipped"))

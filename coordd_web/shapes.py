@@ -7,18 +7,27 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import urlencode
+
+from coordctl.render import resource_lines
 
 BLOB_CHARS_MAX = 20000
+TRAIL_MAX = 50  # newer-page cursors a jobs URL carries (about 850 characters)
+CURSOR = re.compile(r"[0-9A-Za-z_.-]{1,64}")
 SPARK_W, SPARK_H = 120, 24
 GANTT_W = 900
 SPARK_KEYS = ("memory_used_pct", "temperature_c", "gpu_memory_used_pct", "gpu_temperature_c",
               "user_idle_s", "power_w", "battery_pct")
 SPARK_LABELS = {"memory_used_pct": "memory %", "temperature_c": "temp °C",
                 "gpu_memory_used_pct": "GPU mem %", "gpu_temperature_c": "GPU °C",
-                "user_idle_s": "user idle s", "power_w": "power W", "battery_pct": "battery %"}
+                "user_idle_s": "user idle", "power_w": "power W", "battery_pct": "battery %"}
+SPARK_DURATIONS = ("user_idle_s",)  # shown as durations (17h43m), not raw seconds
+# capacities and counts a heartbeat carries: not readings worth a sparkline
+NOT_SPARKS = ("gpus", "slots_total", "ram_mb")
 GATE_WORDS = {
     "memory_high": "memory above the limit", "too_hot": "too hot",
     "on_battery": "on battery", "user_active": "the user is active",
@@ -154,19 +163,63 @@ def spark_points(values: list[float], w: int = SPARK_W, h: int = SPARK_H) -> str
                     for i, v in enumerate(values))
 
 
+def _spark_value(key: str, v: float) -> str:
+    return fmt_age(v) if key in SPARK_DURATIONS else f"{v:.1f}"
+
+
 def sparklines(history: list[tuple[float, dict[str, float]]]) -> list[dict[str, Any]]:
-    """The sparklines of one worker: SPARK_KEYS first, then other numeric keys, six at most."""
+    """The sparklines of one worker: SPARK_KEYS first, then other GPU and power readings
+    that change (a constant extra series, or a count like `gpus`, says nothing), six at
+    most; `last` and `range` as text (durations in words)."""
     keys: list[str] = [k for k in SPARK_KEYS if any(k in r for _, r in history)]
     for _, r in history:
         for k in r:
-            if k not in keys and len(keys) < 6 and ("gpu" in k or "power" in k):
+            if k not in keys and k not in NOT_SPARKS and ("gpu" in k or "power" in k) \
+                    and len({h[k] for _, h in history if k in h}) > 1:
                 keys.append(k)
     out = []
     for k in keys[:6]:
         vals = [r[k] for _, r in history if k in r]
+        lo, hi = min(vals), max(vals)
+        rng = (f"{fmt_age(lo)}–{fmt_age(hi)}" if k in SPARK_DURATIONS
+               else f"{lo:.0f}–{hi:.0f}")
         out.append({"key": k, "label": SPARK_LABELS.get(k, k), "points": spark_points(vals),
-                    "last": vals[-1], "min": min(vals), "max": max(vals), "n": len(vals)})
+                    "last": _spark_value(k, vals[-1]), "range": rng, "min": lo, "max": hi,
+                    "n": len(vals)})
     return out
+
+
+def resource_words(w: Any) -> list[str]:
+    """A worker's resources in plain words, as `coordctl workers` says them (per GPU
+    used/total, held, free, temperature; RAM; reservations), then its slots by kind and,
+    with no GPU, why (the probe's reason)."""
+    out = resource_lines(w.resources or {})
+    r = w.readings or {}
+    reason = r.get("gpu_reason")
+    if not (w.resources or {}).get("gpus") and isinstance(reason, str) and reason:
+        out.append(f"no GPUs: {reason}")
+    slots = r.get("slots")
+    total = r.get("slots_total")
+    if isinstance(slots, dict) and slots:
+        each = ", ".join(f"{k} {v}" for k, v in sorted(slots.items()))
+        out.append(f"slots: {total} in all; by kind {each}" if total is not None
+                   else f"slots by kind: {each}")
+    elif total is not None:
+        out.append(f"slots: {total}")
+    return out
+
+
+def verdict_cells(verdicts: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The gate verdicts P0..P3 as cells, neighbours with the same verdict merged into
+    one (`span` columns): four "no fresh heartbeat" are one cell, not four."""
+    cells: list[dict[str, Any]] = []
+    for p in ("p0", "p1", "p2", "p3"):
+        codes = list(verdicts.get(p, []))
+        if cells and cells[-1]["codes"] == codes:
+            cells[-1]["span"] += 1
+        else:
+            cells.append({"codes": codes, "span": 1, "words": gate_words(codes)})
+    return cells
 
 
 def gantt(runs: list[Any], now: float, w: int = GANTT_W) -> dict[str, Any]:
@@ -217,3 +270,26 @@ def output(chunks: list[Any]) -> list[dict[str, Any]]:
         run["streams"][ch.stream] = run["streams"].get(ch.stream, "") + \
             bytes(ch.data).decode("utf-8", "replace")
     return sorted(runs.values(), key=lambda r: r["token"])
+
+
+def pager(filters: dict[str, str], before: str | None, trail: str | None,
+          next_before: str | None) -> dict[str, str | None]:
+    """The jobs list's `older` and `newer` links (keyset, stateless): an older link
+    carries the page's own cursor on its `trail`, so its newer link goes back to exactly
+    this page; past TRAIL_MAX pages (or on a trail cut short) newer is the first page."""
+    base = {k: v for k, v in filters.items() if v}
+    steps = [t for t in (trail or "").split(",") if CURSOR.fullmatch(t)][-TRAIL_MAX:]
+    older = None
+    if next_before:
+        up = [*steps, before][-TRAIL_MAX:] if before else []
+        older = "/jobs?" + urlencode({**base, "before": next_before,
+                                      **({"trail": ",".join(up)} if up else {})})
+    newer = None
+    if before is not None:
+        back = dict(base)
+        if steps:
+            back["before"] = steps[-1]
+            if steps[:-1]:
+                back["trail"] = ",".join(steps[:-1])
+        newer = "/jobs?" + urlencode(back)
+    return {"older": older, "newer": newer}

@@ -72,10 +72,17 @@ SQL_WINDOW_END = (  # the oldest job of the window (None: the window reaches the
     "LIMIT 1 OFFSET ?2"
 )
 
-SQL_RATES = (  # finished jobs per bucket of ?2 s since ?1, among the newest ?3 events
-    "SELECT CAST((at - ?1) / ?2 AS INTEGER), to_status, count(*) FROM "
-    "(SELECT at, to_status FROM job_events ORDER BY event_id DESC LIMIT ?3) "
-    "WHERE at >= ?1 AND to_status IN ('succeeded', 'failed', 'skipped') GROUP BY 1, 2"
+# jobs that ended, per bucket of ?2 s since ?1, among the newest ?3 events: each job once,
+# at its last terminal event (an end a later event left again, a retry, is not counted: a
+# job retried by hand and failed again is one failed job; a retryable failure is running
+# -> waiting and never an end). The probe is the job_events_job index, per terminal event.
+SQL_RATES = (
+    "SELECT CAST((e.at - ?1) / ?2 AS INTEGER), e.to_status, count(*) FROM "
+    "(SELECT event_id, job_id, at, to_status FROM job_events ORDER BY event_id DESC "
+    "LIMIT ?3) e WHERE e.at >= ?1 "
+    "AND e.to_status IN ('succeeded', 'failed', 'cancelled', 'skipped') "
+    "AND NOT EXISTS (SELECT 1 FROM job_events r WHERE r.job_id = e.job_id "
+    "AND r.event_id > e.event_id AND r.from_status = e.to_status) GROUP BY 1, 2"
 )
 SQL_RATES_SCANNED = (
     "SELECT count(*) FROM (SELECT at FROM job_events ORDER BY event_id DESC LIMIT ?2) "
@@ -161,7 +168,8 @@ def counts(conn: sqlite3.Connection) -> list[tuple[str, int, int]]:
 
 def rates(conn: sqlite3.Connection, since: float, bucket_s: float
           ) -> tuple[list[tuple[int, str, int]], int]:
-    """((bucket index, to_status, n) of finished jobs since `since`, events looked at)."""
+    """((bucket index, terminal to_status, n) of the jobs that ended since `since`, each
+    job at its last terminal event; events looked at)."""
     rows = conn.execute(SQL_RATES, (since, bucket_s, EVENTS_SCAN_MAX)).fetchall()
     scanned = conn.execute(SQL_RATES_SCANNED, (since, EVENTS_SCAN_MAX)).fetchone()[0]
     return rows, scanned

@@ -1,8 +1,12 @@
-// The overview's chart: finished jobs per minute (uPlot), redrawn after a live refresh.
+// The overview's chart: jobs that ended per minute (uPlot), redrawn after a live refresh.
+// Times on the x axis and in the legend are 24-hour UTC, as everywhere on the site.
 (function () {
   "use strict";
   var plot = null;
   function css(name) { return getComputedStyle(document.body).getPropertyValue(name).trim() || "#888"; }
+  function two(n) { return (n < 10 ? "0" : "") + n; }
+  function hhmm(ts) { var d = new Date(ts * 1000); return two(d.getUTCHours()) + ":" + two(d.getUTCMinutes()); }
+  function width(el) { return Math.max(280, el.clientWidth); }
   function draw() {
     var el = document.getElementById("rates-chart");
     var src = document.getElementById("rates-data");
@@ -12,17 +16,24 @@
     if (plot) { plot.destroy(); plot = null; }
     el.textContent = "";
     var opts = {
-      width: Math.max(280, el.clientWidth), height: 200,
-      axes: [{ stroke: css("--fg") }, { stroke: css("--fg"), label: "jobs/min" },
+      width: width(el), height: 200,
+      tzDate: function (ts) { return window.uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"); },
+      axes: [{ stroke: css("--fg"), values: function (u, ticks) { return ticks.map(hhmm); } },
+             { stroke: css("--fg"), label: "jobs/min" },
              { side: 1, stroke: css("--fg"), label: "failed %", scale: "%", grid: { show: false } }],
       scales: { "%": { range: [0, 100] } },
-      series: [{}, { label: "succeeded", stroke: css("--ok"), width: 2 },
+      series: [{ label: "UTC", value: function (u, v) { return v == null ? "--" : hhmm(v); } },
+               { label: "succeeded", stroke: css("--ok"), width: 2 },
                { label: "failed", stroke: css("--bad"), width: 2 },
+               { label: "skipped", stroke: css("--warn"), width: 1 },
+               { label: "cancelled", stroke: css("--muted"), width: 1, dash: [2, 3] },
                { label: "failed %", stroke: css("--warn"), scale: "%", dash: [4, 4] }]
     };
-    plot = new window.uPlot(opts, [d.t, d.ok, d.bad, rate], el);
+    var zeros = d.t.map(function () { return 0; });
+    plot = new window.uPlot(opts, [d.t, d.ok, d.bad, d.skip || zeros, d.gone || zeros, rate], el);
+    window.coorddChart = plot;  // for the browser test: the axes' tick labels
   }
   document.addEventListener("DOMContentLoaded", draw);
   document.addEventListener("coordd:refreshed", draw);
-  window.addEventListener("resize", function () { if (plot) { var el = document.getElementById("rates-chart"); plot.setSize({ width: Math.max(280, el.clientWidth), height: 200 }); } });
+  window.addEventListener("resize", function () { if (plot) { plot.setSize({ width: width(document.getElementById("rates-chart")), height: 200 }); } });
 })();

@@ -41,7 +41,7 @@ def test_every_page_renders_real_data(filled):
         workers = web.get("/workers").text
         assert "w1" in workers and ids["running"] in workers and "lease" in workers
         assert "memory %" in workers and "<polyline" in workers  # the readings sparkline
-        assert "slots_total=2" in workers
+        assert "<li>slots: 2</li>" in workers and "slots_total" not in workers
         jobs = web.get("/jobs").text
         assert all(j in jobs for j in ids["jobs"])
         job = web.get(f"/jobs/{ids['failed']}")
@@ -88,15 +88,24 @@ def test_jobs_filters_pages_and_capped_counts(filled):
     old, app_mod.JOBS_PAGE = app_mod.JOBS_PAGE, 5
     try:
         with client(d.socket) as web:
-            seen, url = [], "/jobs?role=cpu"
+            seen, url, pages = [], "/jobs?role=cpu", []
             while url:
                 page = web.get(url).text
-                seen += re.findall(r'data-job="([^"]+)"', page)
+                pages.append(re.findall(r'data-job="([^"]+)"', page))
+                seen += pages[-1]
                 m = re.search(r'id="older" href="([^"]+)"', page)
                 url = m.group(1).replace("&amp;", "&") if m else None
                 if url:
                     assert parse_qs(urlparse(url).query)["role"] == ["cpu"]  # bookmarkable
-        assert seen == ids["jobs"][::-1]
+            assert seen == ids["jobs"][::-1] and len(pages) == 3
+            assert 'id="newer"' not in web.get("/jobs?role=cpu").text  # the first page
+            back = []  # from the last page, "newer" walks back through the same pages
+            while m := re.search(r'id="newer" href="([^"]+)"', page):
+                url = m.group(1).replace("&amp;", "&")
+                assert parse_qs(urlparse(url).query)["role"] == ["cpu"]
+                page = web.get(url).text
+                back.append(re.findall(r'data-job="([^"]+)"', page))
+            assert back == pages[-2::-1]
     finally:
         app_mod.JOBS_PAGE = old
 
@@ -206,3 +215,51 @@ def test_cli_refuses_a_non_loopback_host():
     out = subprocess.run([sys.executable, "-m", "coordd_web", "--host", "0.0.0.0"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "loopback" in out.stderr
+
+
+def test_pages_say_resources_reasons_and_ends_in_words(daemon):
+    """Issue 19's trial: the workers page words a worker's resources as `coordctl workers`
+    does (no raw readings), shows user idle as a duration and no flat count series, and
+    merges equal gate verdicts; a job page shows its request and grant (a kind default's
+    too); the jobs list says why a waiting job waits, on its own row for phones; the
+    overview counts cancelled apart from failed."""
+    gpu0 = {"index": 0, "memory_total_mb": 8192, "memory_used_mb": 1024,
+            "gpu_temperature_c": 61.0, "utilization_pct": 5.0}
+    with SyncClient(daemon.socket, timeout=10) as c:
+        for idle in (600.0, 7200.0, 63_780.0):
+            c.heartbeat("g1", ["gpu"], {"memory_used_pct": 30.0, "temperature_c": 40.0,
+                                        "on_battery": False, "user_idle_s": idle, "gpus": 1,
+                                        "gpu_devices": [gpu0], "ram_mb": 16000,
+                                        "kind_resources": {"embed": {"vram_mb": 3000}},
+                                        "slots_total": 3, "slots": {"embed": 2, "train": 1}})
+            c.heartbeat("c1", ["cpu"], {"memory_used_pct": 30.0, "gpus": 0,
+                                        "gpu_devices": [], "gpu_reason": "nvidia-ml-py "
+                                        "not installed (pip install 'coordd[gpu]')"})
+        embed = c.enqueue(kind="embed", required_role="gpu", priority=1).job_id
+        got = c.claim("g1", lease_s=60)
+        assert got.job.job_id == embed
+        lonely = c.enqueue(kind="k", required_role="nobody", priority=2).job_id
+        gone = c.enqueue(kind="k", required_role="nobody", priority=3).job_id
+        c.cancel(gone)
+    with client(daemon.socket) as web:
+        workers = web.get("/workers").text
+        assert "gpu0: 1024/8192 MiB used, 3000 held, 5192 free, 61°C, 5% busy" in workers
+        assert "ram: 16000 MiB, 0 held, 16000 free" in workers
+        assert "slots: 3 in all; by kind embed 2, train 1" in workers
+        assert "no GPUs: nvidia-ml-py not installed (pip install &#39;coordd[gpu]&#39;)" \
+            in workers
+        assert "gpu_devices" not in workers and "\\u0027" not in workers
+        assert "user idle <b>17h43m</b>" in workers and "10m00s–17h43m" in workers
+        assert ">gpus <b>" not in workers  # a count is no sparkline
+        assert '<td colspan="4" class="ok span">ok</td>' in workers  # P0..P3 alike: one cell
+        job = web.get(f"/jobs/{embed}").text
+        assert re.search(r'<td id="resources">none asked \(granted by the kind&#39;s '
+                         r"default: gpus 1 \(gpu0\), vram 3000 MiB each\)</td>", job)
+        jobs = web.get("/jobs").text
+        row = re.search(rf'<tr class="narrow note-row" data-note-of="{lonely}">(.*?)</tr>',
+                        jobs, re.S)
+        assert row and "no live worker with role nobody" in row.group(1)
+        assert f'data-note-of="{embed}"' in jobs  # the lease holder, under the row too
+        home = web.get("/").text
+        assert re.search(r"0 succeeded, 0 failed \(dead letter\), 0 skipped, 1 cancelled",
+                         home)

@@ -7,6 +7,7 @@ Playwright is absent. Screenshots go to the test's tmp dir (README's come from t
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -239,3 +240,47 @@ def test_cancel_a_job_from_the_page_with_actions_on(browser, site, shots):
     assert rpc(d.socket, "get_job", job).status == "cancelled"
     assert errors == []
     page.context.close()
+
+
+def test_phone_width_pages_keep_notes_and_verdicts_readable(browser, site, shots):
+    """At 390 px a job's note (a long error, a waiting reason) sits on its own full-width
+    row under the job, and nothing is cut off at the right: the jobs table and a worker's
+    gate table fit the screen. The overview's time axis is 24-hour."""
+    d, _workers, web = site
+    w = web()
+    rpc(d.socket, "heartbeat", "w-ok", ["cpu"], COOL)
+    rpc(d.socket, "heartbeat", "hot", ["gpu"], {**COOL, "memory_used_pct": 99.0,
+                                                "temperature_c": 97.0, "on_battery": True,
+                                                "user_idle_s": 0.0})
+    bad = rpc(d.socket, "enqueue", kind="embed", required_role="cpu", priority=0).job_id
+    got = rpc(d.socket, "claim", "w-ok", lease_s=60)
+    assert got.job.job_id == bad
+    rpc(d.socket, "fail", bad, "w-ok", got.lease.token, "permanent: exit 1: embed model not "
+        "installed (missing: the embed extra (all-MiniLM-L6-v2)); install it from the "
+        "coordd checkout", retryable=False)
+    lonely = rpc(d.socket, "enqueue", kind="k", required_role="nobody", priority=2).job_id
+    page, errors = page_of(browser, width=390)
+    for path in ("/jobs", "/"):
+        page.goto(w.url + path)
+        for job in (bad, lonely):
+            note = page.locator(f'tr.note-row[data-note-of="{job}"] td')
+            assert note.is_visible() and note.bounding_box()["width"] > 300, (path, job)
+        assert page.locator("td.note").first.is_hidden()  # the column folds away
+        fits = page.evaluate("[...document.querySelectorAll('table.jobs')].every("
+                             "t => t.parentElement.scrollWidth <= t.parentElement.clientWidth)")
+        assert fits, path
+    assert "no live worker with role nobody" in page.inner_text(f'[data-note-of="{lonely}"]')
+    page.screenshot(path=str(shots / "overview-phone.png"), full_page=True)
+    page.goto(w.url + "/workers")
+    fits = page.evaluate("[...document.querySelectorAll('table.verdicts')].every("
+                         "t => t.parentElement.scrollWidth <= t.parentElement.clientWidth)")
+    assert fits and "on battery" in page.inner_text("#w-hot table.verdicts")
+    page.screenshot(path=str(shots / "workers-phone.png"), full_page=True)
+    page.context.close()
+    wide, wide_errors = page_of(browser)
+    wide.goto(w.url + "/")
+    wide.wait_for_function("window.coorddChart && window.coorddChart.axes[0]._values")
+    ticks = wide.evaluate("window.coorddChart.axes[0]._values")
+    assert ticks and all(re.fullmatch(r"[0-2]\d:[0-5]\d", t) for t in ticks), ticks
+    wide.close()
+    assert errors == [] and wide_errors == []

@@ -50,3 +50,17 @@ def test_show_labels_an_earlier_attempts_error_as_such():
     assert "earlier attempt's error" in _text(render.job, _job("running"))
     text = _text(render.job, _job("failed"))
     assert "last error" in text and "earlier" not in text
+
+
+def test_show_prints_the_request_and_a_grant_from_the_kinds_default():
+    job = _job("running", last_error=None)
+    assert "resources" not in _text(render.job, job)
+    job.granted = {"gpu_ids": [0], "vram_mb": 6000}  # the kind's default: no own request
+    assert render.job_resources(job) == \
+        "none asked (granted by the kind's default: gpus 1 (gpu0), vram 6000 MiB each)"
+    assert "granted by the kind's default: gpus 1 (gpu0)" in _text(render.job, job)
+    job.resources = {"gpus": 1, "vram_mb": 6000}
+    assert render.job_resources(job) == \
+        "gpus 1, vram 6000 MiB each (granted: gpus 1 (gpu0), vram 6000 MiB each)"
+    job.granted = None  # waiting: the request only
+    assert render.job_resources(job) == "gpus 1, vram 6000 MiB each"

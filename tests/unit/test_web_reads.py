@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coordd import errors
-from coordd.protocol import Complete, Fail
+from coordd.protocol import Complete, Fail, JobId
 from coordd.protocol_web import FindJobs, JobStats, MessageLog, WorkflowRef
 from coordd.protocol_workflows import WorkflowNode, WorkflowSubmit
 
@@ -79,6 +79,57 @@ async def test_job_stats_buckets_finished_jobs_and_fleet_keeps_readings(bundle):
     assert fleet.held == []
     with pytest.raises(errors.BadRequest):
         await bundle.coord.job_stats(JobStats(window_s=10**9, bucket_s=1))
+
+
+async def test_job_stats_buckets_sit_on_whole_minutes_and_count_each_ended_job_once(bundle):
+    """Buckets are epoch multiples of bucket_s, so a refresh 25 s later keeps every job in
+    its bucket; each job counts once, at its last end (a retried attempt is no end, a job
+    retried by hand and failed again is one failed job); cancelled and skipped apart."""
+    c = bundle.coord
+    bundle.clock.advance(3600 * 10 + 17)  # not on a minute
+    await bundle.worker("w1")
+    twice, gone = await bundle.enqueue(max_attempts=1), await bundle.enqueue(role="nobody")
+
+    async def fail(job_id, retryable):
+        got = await bundle.claim("w1")
+        assert got.job.job_id == job_id
+        bundle.clock.advance(5)
+        await c.fail(Fail(job_id=job_id, worker_id="w1", token=got.lease.token,
+                          error="boom", retryable=retryable))
+    await fail(twice, False)
+    await c.retry(JobId(job_id=twice))
+    bundle.clock.advance(1)
+    await fail(twice, False)  # failed again: still one failed job
+    flaky = await bundle.enqueue()
+    await fail(flaky, True)  # a failed attempt, back to waiting after backoff
+    bundle.clock.advance(120)
+    await bundle.worker("w1")  # a fresh heartbeat after the backoff
+    got = await bundle.claim("w1")
+    await c.complete(Complete(job_id=flaky, worker_id="w1", token=got.lease.token, result={}))
+    await c.cancel(JobId(job_id=gone))
+    stats = await c.job_stats(JobStats(window_s=600, bucket_s=60))
+    assert all(t % 60 == 0 for t in stats.bucket_starts)
+    assert stats.bucket_starts[-1] <= stats.now < stats.bucket_starts[-1] + 60
+    assert (sum(stats.succeeded), sum(stats.failed), sum(stats.cancelled),
+            sum(stats.skipped)) == (1, 1, 1, 0)
+    where = {k: [(t, n) for t, n in zip(stats.bucket_starts, getattr(stats, k)) if n]
+             for k in ("succeeded", "failed", "cancelled")}
+    bundle.clock.advance(25)
+    later = await c.job_stats(JobStats(window_s=600, bucket_s=60))
+    assert {k: [(t, n) for t, n in zip(later.bucket_starts, getattr(later, k)) if n]
+            for k in where} == where
+
+
+async def test_find_jobs_says_why_a_waiting_job_waits(bundle):
+    await bundle.worker("w1")
+    held = await bundle.enqueue()
+    lonely = await bundle.enqueue(role="nobody")
+    assert (await bundle.claim("w1")).job.job_id == held
+    later = await bundle.enqueue(delay_s=600)
+    rows = {j.job_id: j for j in (await bundle.coord.find_jobs(FindJobs())).jobs}
+    assert rows[lonely].waiting_reason == "no live worker with role nobody"
+    assert rows[later].waiting_reason.startswith("scheduled until ")
+    assert rows[held].waiting_reason is None and rows[held].worker_id == "w1"
 
 
 async def test_workflow_runs_and_message_log(bundle):
