@@ -57,6 +57,7 @@ _decode_request = msgspec.msgpack.Decoder(Request).decode
 _param_decoders = {m: msgspec.msgpack.Decoder(t) for m, t in PARAMS.items()}
 
 Handler = Callable[[str, Any], Awaitable[Any]]
+PeerOf = Callable[[asyncio.BaseTransport], PeerCred]
 
 
 class Dispatcher:
@@ -86,9 +87,10 @@ class Dispatcher:
         self.outbound_bytes = 0  # unsent reply bytes of connections over the high-water mark
         self.large_bytes = 0     # large frames and replies handled since the last trim
 
-    def accept(self) -> Connection:
-        """Make the Protocol for one new connection (the server's protocol factory)."""
-        return Connection(self)
+    def accept(self, peer_of: PeerOf | None = None) -> Connection:
+        """Make the Protocol for one new connection (the server's protocol factory);
+        `peer_of(transport)` says who a TCP peer is (coordd.tls), else SO_PEERCRED."""
+        return Connection(self, peer_of)
 
     async def _one(self, req: Request, conn: Connection) -> None:
         """Answer one request on `conn` (a task of its own; replies go out in any order)."""
@@ -100,13 +102,18 @@ class Dispatcher:
                 raise errors.UnknownMethod(f"unknown method {req.method!r}")
             if req.method in ADMIN_METHODS and not self._is_admin(peer):
                 raise errors.PermissionDenied(
-                    f"{req.method} is an admin method; uid {peer.uid} is not in the admin set")
+                    f"{req.method} is an admin method; {peer!r} is not in the admin set")
             try:
                 params = decoder.decode(req.params)
             except msgspec.DecodeError as exc:
                 raise errors.BadRequest(f"{req.method}: {exc}") from exc
             except RecursionError as exc:
                 raise errors.BadRequest(f"{req.method}: params nested too deep") from exc
+            if peer.worker_id is not None and getattr(params, "worker_id", None) not in (
+                    None, peer.worker_id):  # a TLS peer acts only as its certificate's id
+                raise errors.PermissionDenied(
+                    f"{req.method}: this connection's certificate is worker {peer.worker_id};"
+                    f" it may not act as worker {params.worker_id}")  # type: ignore[attr-defined]
             result = await self._handler(req.method, params)
         except errors.CoordError as exc:
             if exc.code in ("bad_request", "unknown_method", "permission_denied",
@@ -119,6 +126,10 @@ class Dispatcher:
             conn.send_error(req.id, errors.CoordError(f"internal error: {type(exc).__name__}"))
         else:
             conn.send_result(req.id, result, req.method)
+
+    def connections(self) -> list[Connection]:
+        """The open connections (a copy)."""
+        return list(self._conns)
 
     def _closed(self, conn: Connection) -> None:
         self._conns.discard(conn)
@@ -189,8 +200,9 @@ class Connection(Budgets, asyncio.Protocol):
     peer: PeerCred
     _transport: asyncio.Transport
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, peer_of: PeerOf | None = None) -> None:
         self._d = dispatcher
+        self._peer_of = peer_of
         self._loop = asyncio.get_running_loop()
         self._buf = bytearray()  # bytes received that are not yet a whole frame (or wait)
         self._need = 0           # len(_buf) that makes the next frame whole
@@ -212,8 +224,18 @@ class Connection(Budgets, asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
-        self.peer = PeerCred.of(transport.get_extra_info("socket"))
         self._d._conns.add(self)
+        if self._peer_of is None:
+            self.peer = PeerCred.of(transport.get_extra_info("socket"))
+            return
+        try:
+            self.peer = self._peer_of(transport)
+        except errors.PermissionDenied as exc:  # a TLS peer without a usable identity
+            self.peer = PeerCred(0, -1, -1)
+            logger.warning("refused a TCP peer: %s", exc.message,
+                           extra={"action": "peer_refused"})
+            self.send_error(None, exc)
+            self._finish()
 
     def data_received(self, data: bytes) -> None:
         if self._finishing:

@@ -253,10 +253,15 @@ class Supervisor:
         """
         claim_id = uuid.uuid4().hex
         sent = self._clock.mono()
+
+        def stamp() -> None:  # the frame is written: the lease runs from here (a reconnect
+            nonlocal sent     # before it does not eat into it)
+            sent = self._clock.mono()
         for attempt in (1, 2):
             try:
                 res = await self._watch.client.claim(self.worker_id, self.config.lease_s, claim_id,
-                                               kinds=self._claimable(), wait_s=wait_s)
+                                               kinds=self._claimable(), wait_s=wait_s,
+                                               on_sent=stamp)
                 break
             except (Disconnected, CallTimeout) as exc:
                 if attempt == 2 or self._stop.is_set():
@@ -452,9 +457,11 @@ class Supervisor:
                     self._lose_lease(run, "local lease deadline passed")
                     return
                 timeout = min(RENEW_CALL_TIMEOUT_MAX_S, max(0.05, run.deadline - now))
+                sent = [now]  # stamped again when the frame is written (after a reconnect)
                 try:
                     r = await asyncio.wait_for(self._client.renew(
-                        run.job_id, self.worker_id, run.token, self.config.lease_s), timeout)
+                        run.job_id, self.worker_id, run.token, self.config.lease_s,
+                        on_sent=lambda: sent.__setitem__(0, self._clock.mono())), timeout)
                 except LEASE_GONE as exc:
                     self._lose_lease(run, f"{exc.code}: {exc}")
                     return
@@ -466,7 +473,7 @@ class Supervisor:
                     if await self._clock.wait(run.finished, RETRY_S):
                         return
                     continue
-                run.deadline = now + r.lease_s
+                run.deadline = sent[0] + r.lease_s
                 if r.cancel_requested:
                     run.request_cancel()
                 if r.action is not None:
