@@ -241,6 +241,19 @@ def sign_csr(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, csr_
     return cert_pem(cert)
 
 
+def cert_identity(pem: bytes) -> tuple[str | None, str | None]:
+    """(worker id, admin name) named by a certificate's URI SANs (None where absent)."""
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        uris = cert.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value.get_values_for_type(x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        return None, None
+    worker = next((u[len(WORKER_SCHEME):] for u in uris if u.startswith(WORKER_SCHEME)), None)
+    admin = next((u[len(ADMIN_SCHEME):] for u in uris if u.startswith(ADMIN_SCHEME)), None)
+    return worker, admin
+
+
 def make_csr(key: ec.EllipticCurvePrivateKey, worker_id: str) -> bytes:
     """A CSR for `key` naming `worker_id` (the worker's side of enrolment)."""
     csr = (x509.CertificateSigningRequestBuilder()

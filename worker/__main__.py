@@ -72,9 +72,23 @@ def client_factory(args: argparse.Namespace, cfg: config_mod.WorkerConfig) -> Ca
             raise ValueError(f"{url} needs {', '.join(missing)} (or tls_cert, tls_key, tls_ca "
                              "in the config)")
         files = TlsFiles(cert=cert, key=key, ca=ca)
+        named = _cert_worker_id(cert)
+        if named != args.worker_id:
+            raise ValueError(f"{cert} is the certificate of worker {named or '(none)'}, not "
+                             f"{args.worker_id}: coordd would refuse every request")
     Connector(url, files)  # bad URL or files: refused now, not at the first call
     return lambda: Client(connector=Connector(url, files, connect_timeout_s=cfg.connect_timeout_s),
                           timeout=CALL_TIMEOUT_S)
+
+
+def _cert_worker_id(path: str) -> str | None:
+    from coordd import pki
+    with open(path, "rb") as fh:
+        pem = fh.read()
+    try:
+        return pki.cert_identity(pem)[0]
+    except ValueError as exc:
+        raise ValueError(f"{path} is not a PEM certificate: {exc}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:
