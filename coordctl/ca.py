@@ -1,6 +1,7 @@
 """`coordctl ca init DIR` and `coordctl ca issue (--worker ID | --admin NAME | --server NAME
-[--ip ADDR] [--dns NAME]) DIR`: the fleet's private CA (coordd.pki), files 0600. These run
-here, on files; they never talk to coordd."""
+[--ip ADDR] [--dns NAME]) DIR`: the fleet's private CA (coordd.pki), files 0600; these run
+here, on files, and never talk to coordd. `coordctl token create --worker ID [--ttl 1h]`
+asks coordd for a one-time enrolment token (coordd.enrol)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,36 @@ def add_parsers(cmd: AddCommand) -> None:
     issue.add_argument("--days", type=float, default=pki.LEAF_DAYS,
                        help=f"validity in days (default {pki.LEAF_DAYS})")
     issue.add_argument("dir", metavar="DIR")
+    tok = cmd("token", "one-time enrolment tokens (coord-worker enroll)")
+    tsub = tok.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    create = tsub.add_parser("create", help="a token with which worker ID gets its certificate")
+    create.add_argument("--worker", required=True, metavar="ID")
+    create.add_argument("--ttl", type=duration, default=3600.0, metavar="DURATION",
+                        help="how long the token is good: 90s, 30m, 1h, 2d (default 1h)")
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration(text: str) -> float:
+    """An argparse type: seconds, or a number with s/m/h/d, > 0."""
+    unit = _UNITS.get(text[-1:], None)
+    try:
+        value = float(text[:-1] if unit else text) * (unit or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90s, 30m, 1h)") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def token(client: Any, args: argparse.Namespace) -> Outcome:
+    """`token create`: print the token once, with the CA pin a worker enrols with."""
+    from coordd.protocol_enrol import TokenCreated
+    got = client.call("token_create", {"worker_id": args.worker, "ttl_s": args.ttl}, TokenCreated)
+    return Outcome(got, f"{got.token}\n(worker {got.worker_id}; single use; expires at "
+                        f"{got.expires_at:.0f}; enrol with: coord-worker enroll --server "
+                        f"HOST:PORT --token {got.token} --ca-sha256 {got.ca_sha256})")
 
 
 def ca(_client: Any, args: argparse.Namespace) -> Outcome:
@@ -59,4 +90,4 @@ def ca(_client: Any, args: argparse.Namespace) -> Outcome:
     return Outcome(data, f"issued {made.cert} (key {made.key}, 0600; serial {made.serial})")
 
 
-COMMANDS = {"ca": ca}
+COMMANDS = {"ca": ca, "token": token}

@@ -179,6 +179,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         tcp_user_timeout_s: TCP_USER_TIMEOUT (with keepalive) of accepted TCP sockets: a
             peer behind a partition is dropped about this long after data stops being
             acknowledged.
+        listen_enroll: "HOST:PORT" of the enrolment listener ("" = off): TLS 1.3 without
+            a client certificate, serving only `ca_bundle` and `enroll` (coordd.enrol).
+        tls_ca_key: the fleet CA's private key, with which `enroll` signs CSRs (the CA
+            certificate is the first one in tls_client_ca); needed by listen_enroll.
         restart_grace: at start, every lease still in the database runs at least one more
             of its `lease_s` from then, so workers that reconnect keep their jobs.
     """
@@ -248,6 +252,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tls_deny_serials: list[str] = []
     tls_handshake_timeout_s: float = 10.0
     tcp_user_timeout_s: float = 10.0
+    listen_enroll: str = ""
+    tls_ca_key: str = ""
     restart_grace: bool = True
 
     def __post_init__(self) -> None:
@@ -322,6 +328,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def _check_tcp(self) -> None:
         """The TCP listener needs TLS files, or the plaintext test mode on loopback."""
         from coordd.tls import is_loopback, split_host_port
+        if self.listen_enroll:
+            split_host_port(self.listen_enroll)
+            if not (self.tls_ca_key and self.tls_cert and self.tls_key and self.tls_client_ca):
+                raise ValueError("listen_enroll needs tls_ca_key, tls_cert, tls_key and "
+                                 "tls_client_ca (it signs with the CA key)")
         if not self.listen_tcp:
             if self.tcp_insecure_plaintext:
                 raise ValueError("tcp_insecure_plaintext needs listen_tcp")

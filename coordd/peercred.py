@@ -12,6 +12,7 @@ class PeerCred:
     a TCP peer (coordd.tls.TlsPeer) carries its certificate's worker id."""
 
     worker_id: str | None = None
+    methods: frozenset[str] | None = None  # None: every method (the admin rule aside)
 
     def __init__(self, pid: int, uid: int, gid: int) -> None:
         self.pid, self.uid, self.gid = pid, uid, gid

@@ -241,6 +241,11 @@ def sign_csr(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, csr_
     return cert_pem(cert)
 
 
+def serial_of(pem: bytes) -> str:
+    """A certificate's serial number, lowercase hex."""
+    return format(x509.load_pem_x509_certificate(pem).serial_number, "x")
+
+
 def cert_identity(pem: bytes) -> tuple[str | None, str | None]:
     """(worker id, admin name) named by a certificate's URI SANs (None where absent)."""
     cert = x509.load_pem_x509_certificate(pem)

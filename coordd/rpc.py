@@ -100,6 +100,9 @@ class Dispatcher:
             decoder = _param_decoders.get(req.method)
             if decoder is None:
                 raise errors.UnknownMethod(f"unknown method {req.method!r}")
+            if peer.methods is not None and req.method not in peer.methods:
+                raise errors.PermissionDenied(
+                    f"{req.method} is not served here (only {', '.join(sorted(peer.methods))})")
             if req.method in ADMIN_METHODS and not self._is_admin(peer):
                 raise errors.PermissionDenied(
                     f"{req.method} is an admin method; {peer!r} is not in the admin set")

@@ -159,6 +159,7 @@ class Daemon:
         self.config = config
         self.config_path = config_path
         self.tcp: Any = None  # coordd.tcp.TcpListener while serving TCP
+        self.enrol: Any = None  # and the enrolment listener
         self.clock = clock or SystemClock()
         # the file's real path: SQLite names the -wal/-shm files after it
         self.coord = Coordinator(real_db_path(config.db), config, self.clock)
@@ -269,10 +270,19 @@ class Daemon:
         try:
             self.tcp = TcpListener(self.config, self.dispatcher)
             self.tcp.start()
+            if self.config.listen_enroll:
+                self.enrol = TcpListener(self.config, self.dispatcher, enrol=True)
+                self.enrol.start()
         except (OSError, ValueError) as exc:
-            raise StartupError(f"cannot listen on {self.config.listen_tcp}: "
+            raise StartupError(f"cannot listen on TCP: "
                                f"{getattr(exc, 'strerror', None) or exc}") from exc
-        loop.add_signal_handler(signal.SIGHUP, self.tcp.reload, self.config_path)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_tls)
+
+    def _reload_tls(self) -> None:
+        """SIGHUP: the TCP listeners' certificates and deny-lists (coordd.tcp)."""
+        for tcp in (self.tcp, self.enrol):
+            if tcp is not None:
+                tcp.reload(self.config_path)
 
     async def _watch_writer(self) -> None:
         """End coordd (through the TaskGroup) if the writer task dies: nothing else does."""
@@ -281,8 +291,9 @@ class Daemon:
     async def _shutdown(self, server: Listener) -> None:
         """Stop intake, finish what is in flight, commit, close the DB, then every peer."""
         server.close()
-        if self.tcp is not None:
-            self.tcp.close()
+        for tcp in (self.tcp, self.enrol):
+            if tcp is not None:
+                tcp.close()
         self.dispatcher.stop_intake()
         await self.coord.push.close()  # every parked call answers now, before the drain
         await self.dispatcher.drain(DRAIN_TIMEOUT_S)
@@ -290,9 +301,10 @@ class Daemon:
         await self.dispatcher.close_connections(CLOSE_TIMEOUT_S)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(server.wait_closed(), CLOSE_TIMEOUT_S)
-        if self.tcp is not None:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.tcp.wait_closed(), CLOSE_TIMEOUT_S)
+        for tcp in (self.tcp, self.enrol):
+            if tcp is not None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(tcp.wait_closed(), CLOSE_TIMEOUT_S)
 
     async def _metrics_http(self) -> None:
         """Serve Prometheus metrics on 127.0.0.1:`metrics_port` (if set) until stop,

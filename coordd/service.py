@@ -23,6 +23,7 @@ from coordd import (
 )
 from coordd import explain
 from coordd.maintenance import Maintenance, file_size
+from coordd.enrol import ENROL_METHODS, Enrolment
 from coordd.hub import Hub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle
 from coordd.limit_service import FleetLimits
@@ -110,6 +111,9 @@ class Coordinator:
         self.logs = JobLogStore(self.writer, self._read)
         for method in LOG_PARAMS:  # a job's captured output: coordd.logs
             setattr(self, method, getattr(self.logs, method))
+        self.enrolment = Enrolment(self.writer, self._read, config, self.clock)
+        for method in ENROL_METHODS:  # token_create, ca_bundle, enroll: coordd.enrol
+            setattr(self, method, getattr(self.enrolment, method))
         waits.Waits.serve(self)  # self.push: claim wait_s, wait_job, watch_* (coordd.push)
         web_reads.WebReads.serve(self)  # find_jobs, job_stats, fleet, ... (the web view)
         FleetLimits.serve(self)  # self.fleet_limits: limits, limits_set, limits_reset

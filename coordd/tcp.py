@@ -14,6 +14,7 @@ from pathlib import Path
 from coordd import tls
 from coordd.config import Config
 from coordd.listener import Listener
+from coordd.protocol_enrol import ENROL_OPEN_METHODS
 from coordd.rpc import Dispatcher
 
 logger = logging.getLogger(__name__)
@@ -28,14 +29,16 @@ class TcpListener:
     Raises (start): ValueError (bad address or TLS files), OSError (cannot bind).
     """
 
-    def __init__(self, config: Config, dispatcher: Dispatcher) -> None:
+    def __init__(self, config: Config, dispatcher: Dispatcher, enrol: bool = False) -> None:
         self.config = config
         self._dispatcher = dispatcher
-        files = None if config.tcp_insecure_plaintext else (
-            config.tls_cert, config.tls_key, config.tls_client_ca)
+        self._listen = config.listen_enroll if enrol else config.listen_tcp
+        files: tuple[str, str, str | None] | None = None if config.tcp_insecure_plaintext \
+            else (config.tls_cert, config.tls_key, None if enrol else config.tls_client_ca)
         try:
             self.tls = tls.TlsServer(files, tls.DenyList.of(config.tls_deny_workers,
-                                                            config.tls_deny_serials))
+                                                            config.tls_deny_serials),
+                                     ENROL_OPEN_METHODS if enrol else None)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             raise ValueError(f"TLS files ({', '.join(files or ())}): {exc}") from exc
         self._listener: Listener | None = None
@@ -43,7 +46,7 @@ class TcpListener:
 
     def start(self) -> str:
         """Bind and start accepting; return the bound "host:port"."""
-        host, port = tls.split_host_port(self.config.listen_tcp)
+        host, port = tls.split_host_port(self._listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.create_server((host, port), family=family, backlog=512)
         bound = sock.getsockname()
@@ -55,8 +58,9 @@ class TcpListener:
             tls=self.tls.current, tune=lambda s: tls.tune_tcp(s, user_timeout),
             handshake_timeout_s=self.config.tls_handshake_timeout_s)
         self._listener.start()
-        logger.info("serving workers on %s://%s", "tcp" if self.tls.files is None else "tls",
-                    self.address, extra={"action": "listen_tcp", "address": self.address})
+        logger.info("serving %s on %s://%s", "enrolment" if self.tls.open_methods else "workers",
+                    "tcp" if self.tls.files is None else "tls", self.address,
+                    extra={"action": "listen_tcp", "address": self.address})
         if self.tls.files is None:
             logger.warning("the TCP listener is PLAINTEXT with no identities "
                            "(tcp_insecure_plaintext, a test mode)",

@@ -47,15 +47,17 @@ class LoggingSSLObject(ssl.SSLObject):
             raise
 
 
-def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
-    """A TLS 1.3-only server context that requires a client certificate from `client_ca`.
+def server_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
+    """A TLS 1.3-only server context that requires a client certificate from `client_ca`
+    (None: no client certificate asked, the enrolment listener).
 
     Raises: OSError / ssl.SSLError (a file is missing or not a certificate / key).
     """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    ctx.load_verify_locations(cafile=client_ca)
+    if client_ca is not None:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(cafile=client_ca)
     ctx.load_cert_chain(cert, key)
     ctx.sslobject_class = LoggingSSLObject
     return ctx
@@ -73,9 +75,10 @@ class TlsPeer(PeerCred):
     """
 
     def __init__(self, address: str, worker_id: str | None = None, admin: str | None = None,
-                 serial: str = "") -> None:
+                 serial: str = "", methods: frozenset[str] | None = None) -> None:
         super().__init__(0, -1, -1)
         self.address, self.worker_id, self.admin, self.serial = address, worker_id, admin, serial
+        self.methods = methods
 
     def __repr__(self) -> str:
         who = (f"worker {self.worker_id}" if self.worker_id else
@@ -139,9 +142,11 @@ class TlsServer:
         deny: refused worker ids and serials.
     """
 
-    def __init__(self, files: tuple[str, str, str] | None, deny: DenyList | None = None) -> None:
+    def __init__(self, files: tuple[str, str, str | None] | None,
+                 deny: DenyList | None = None, open_methods: frozenset[str] | None = None) -> None:
         self.files = files
         self.deny = deny or DenyList()
+        self.open_methods = open_methods  # set: no client certificate, only these methods
         self.context: ssl.SSLContext | None = server_context(*files) if files else None
 
     def current(self) -> ssl.SSLContext | None:
@@ -172,6 +177,8 @@ class TlsServer:
         Raises: errors.PermissionDenied (no coordd identity in the certificate, or denied).
         """
         address = _address(transport)
+        if self.open_methods is not None:  # the enrolment listener: nobody, a few methods
+            return TlsPeer(address, methods=self.open_methods)
         ssl_obj = transport.get_extra_info("ssl_object")
         if ssl_obj is None:  # the loopback plaintext test mode: anyone, no admin
             return TlsPeer(address)

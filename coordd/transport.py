@@ -61,6 +61,7 @@ class Connector:
         connect_timeout_s: one connect (TCP + TLS handshake) must finish within this.
         backoff_base_s / backoff_cap_s: the full-jitter backoff between failed connects.
         rng / clock: injectable for tests.
+        context: an SSLContext to use instead of one made from `files` (enrolment).
     Raises: ValueError (a bad endpoint, or tls:// without files).
     """
 
@@ -69,16 +70,16 @@ class Connector:
                  backoff_base_s: float = BACKOFF_BASE_S, backoff_cap_s: float = BACKOFF_CAP_S,
                  user_timeout_s: float = tls.TCP_USER_TIMEOUT_S,
                  rng: random.Random | None = None, clock: Clock | None = None,
-                 server_name: str = SERVER_NAME) -> None:
+                 server_name: str = SERVER_NAME, context: ssl.SSLContext | None = None) -> None:
         self.endpoint = endpoint
         self.scheme, _, rest = endpoint.partition("://") if "://" in endpoint else ("unix", "", endpoint)
         if self.scheme not in ("unix", "tls", "tcp"):
             raise ValueError(f"{endpoint!r}: use a socket path, tls://HOST:PORT or tcp://HOST:PORT")
         self.path = rest if self.scheme == "unix" else ""
         self.host, self.port = ("", 0) if self.scheme == "unix" else tls.split_host_port(rest)
-        if self.scheme == "tls" and files is None:
+        if self.scheme == "tls" and files is None and context is None:
             raise ValueError(f"{endpoint}: tls:// needs a certificate, key and CA (--cert, --key, --ca)")
-        self._ctx = client_context(files) if self.scheme == "tls" and files else None
+        self._ctx = context or (client_context(files) if self.scheme == "tls" and files else None)
         self.connect_timeout_s = connect_timeout_s
         self._base, self._cap = backoff_base_s, backoff_cap_s
         self._user_timeout_s = user_timeout_s

@@ -92,7 +92,11 @@ def _cert_worker_id(path: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `coord-worker` command."""
+    """Entry point of the `coord-worker` command (`coord-worker enroll ...`: worker.enroll)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["enroll"]:
+        from worker.enroll import main as enroll_main
+        return enroll_main(argv[1:])
     args = parse_args(argv)
     roles = [r.strip() for r in args.roles.split(",") if r.strip()]
     if not args.worker_id.strip() or not roles:
