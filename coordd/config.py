@@ -80,7 +80,7 @@ RANGES: dict[str, ranges.Range] = {
     "preempt_gap": ranges.Range(0, 3), "preempt_min_runtime_s": _S0, "reservation_s": _S,
     "park_max_per_connection": _N0, "park_max_total": _N0,
     "park_wait_max_s": ranges.Range(0, 86400),
-    "tls_handshake_timeout_s": _S, "tcp_user_timeout_s": _S,
+    "tls_handshake_timeout_s": _S, "tcp_user_timeout_s": _S, "max_upload_bytes": _N1,
 }
 """The range of every numeric key (coordd.ranges.check): finite, and > 0, >= 0, >= 1 or
 a fraction as each means."""
@@ -183,6 +183,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             a client certificate, serving only `ca_bundle` and `enroll` (coordd.enrol).
         tls_ca_key: the fleet CA's private key, with which `enroll` signs CSRs (the CA
             certificate is the first one in tls_client_ca); needed by listen_enroll.
+        max_upload_bytes: the largest file a remote worker may upload into the artifact
+            store (`artifact_put`: a result or checkpoint).
         restart_grace: at start, every lease still in the database runs at least one more
             of its `lease_s` from then, so workers that reconnect keep their jobs.
     """
@@ -254,6 +256,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tcp_user_timeout_s: float = 10.0
     listen_enroll: str = ""
     tls_ca_key: str = ""
+    max_upload_bytes: int = 64 << 30
     restart_grace: bool = True
 
     def __post_init__(self) -> None:

@@ -41,6 +41,8 @@ def digest(token: str) -> str:
 class Enrolment:
     """The enrolment methods over the Coordinator's writer (see coordd.service)."""
 
+    METHODS = ENROL_METHODS
+
     def __init__(self, writer: Writer, read: Any, config: Config, clock: Clock) -> None:
         self._writer = writer
         self._read = read

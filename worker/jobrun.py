@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from coordd.protocol import ClaimedJob
 from worker.checkpoints import CheckpointRecorder
@@ -37,6 +38,7 @@ class JobRun:
     checkpoints: CheckpointRecorder | None = None
     logs: LogShipper | None = None
     group_record: str | None = None  # worker.orphans: the model's group, while it lives
+    files: Any = None  # worker.remote_files.RemoteFiles for a coordd on another host
 
     @property
     def job_id(self) -> str:

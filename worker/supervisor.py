@@ -29,6 +29,7 @@ from worker.link import Link
 from worker.logs import LogShipper
 from worker.control import ControlWatch, early, until
 from worker.probes import Probes
+from worker.remote_files import RemoteFiles
 from worker.process import ModelProcess, classify_exit
 from worker.waits import signame as _signame, wait_any as _wait_any
 
@@ -197,9 +198,21 @@ class Supervisor:
             logger.info("goodbye not delivered: %s", exc, extra={"action": "goodbye_lost"})
 
     @property
+    def remote(self) -> bool:
+        """coordd is on another host (tls:// or tcp://): files travel over the connection."""
+        connector = getattr(self._client, "connector", None)
+        return connector is not None and connector.scheme != "unix"
+
+    @property
     def artifact_dir(self) -> str:
-        """coordd's content-addressed store (from the heartbeat), else one beside work_dir."""
-        return self._artifact_dir or os.path.join(os.path.dirname(self.config.work_dir), "artifacts")
+        """coordd's content-addressed store (from the heartbeat), else (or for a remote
+        coordd) this host's own beside work_dir."""
+        local = os.path.join(os.path.dirname(self.config.work_dir), "artifacts")
+        return local if self.remote else self._artifact_dir or local
+
+    def _remote_files(self, run: JobRun) -> RemoteFiles | None:
+        return RemoteFiles(self._client, self.artifact_dir, run.job_id, self.worker_id,
+                           run.token) if self.remote else None
 
     # ------------------------------------------------------------ claiming
 
@@ -325,8 +338,10 @@ class Supervisor:
                                     False)
             return
         values = await asyncio.to_thread(artifacts.prepare_job_dir, run.dir, job.job_id, job.payload)
+        run.files = self._remote_files(run)
         run.checkpoints, values["resume_from"] = await checkpoints.start(
-            values["checkpoint_dir"], self.artifact_dir, run.dir, job.job_id, job.checkpoint)
+            values["checkpoint_dir"], self.artifact_dir, run.dir, job.job_id, job.checkpoint,
+            run.files)
         if not await self._acquire_slot(run, kind):
             await self._after_abort(run)
             return
@@ -437,6 +452,12 @@ class Supervisor:
         if isinstance(outcome, str):
             await self._report_fail(run, outcome, False)
             return
+        if run.files is not None and outcome[1] is not None:  # into coordd's store first
+            try:
+                outcome[1]["path"] = await run.files.upload(**outcome[1])
+            except (errors.CoordError, OSError) as exc:
+                await self._report_fail(run, f"cannot upload the result: {exc}", True)
+                return
         usage, why = await asyncio.to_thread(artifacts.read_usage, values["usage"])
         if why is not None:  # usage is for coordd's limit budgets; it never fails the job
             logger.warning("job %s: %s; not reported", run.job_id, why,
