@@ -205,14 +205,10 @@ class Supervisor:
 
     @property
     def artifact_dir(self) -> str:
-        """coordd's content-addressed store (from the heartbeat), else (or for a remote
-        coordd) this host's own beside work_dir."""
+        """coordd's store (from the heartbeat), else (a remote coordd) this host's own."""
         local = os.path.join(os.path.dirname(self.config.work_dir), "artifacts")
         return local if self.remote else self._artifact_dir or local
 
-    def _remote_files(self, run: JobRun) -> RemoteFiles | None:
-        return RemoteFiles(self._client, self.artifact_dir, run.job_id, self.worker_id,
-                           run.token) if self.remote else None
 
     # ------------------------------------------------------------ claiming
 
@@ -338,7 +334,8 @@ class Supervisor:
                                     False)
             return
         values = await asyncio.to_thread(artifacts.prepare_job_dir, run.dir, job.job_id, job.payload)
-        run.files = self._remote_files(run)
+        run.files = RemoteFiles(self._client, self.artifact_dir, run.job_id, self.worker_id,
+                                run.token) if self.remote else None
         run.checkpoints, values["resume_from"] = await checkpoints.start(
             values["checkpoint_dir"], self.artifact_dir, run.dir, job.job_id, job.checkpoint,
             run.files)
@@ -474,10 +471,11 @@ class Supervisor:
             failures = 0
             while True:
                 now = self._clock.mono()
-                if now >= run.deadline:
+                stop_at = run.deadline - self._stop_margin()  # the tree is gone by the deadline
+                if now >= stop_at:
                     self._lose_lease(run, "local lease deadline passed")
                     return
-                timeout = min(RENEW_CALL_TIMEOUT_MAX_S, max(0.05, run.deadline - now))
+                timeout = min(RENEW_CALL_TIMEOUT_MAX_S, max(0.05, stop_at - now))
                 sent = [now]  # stamped again when the frame is written (after a reconnect)
                 try:
                     r = await asyncio.wait_for(self._client.renew(
@@ -500,6 +498,10 @@ class Supervisor:
                 if r.action is not None:
                     governance.act(run, r.action.action, r.action.reason, self._clock.mono())
                 break
+
+    def _stop_margin(self) -> float:
+        """Stop an unrenewed tree this long before the deadline: grace + 0.1 % drift."""
+        return min(self.config.grace_s + self.config.lease_s * 0.001, self.config.lease_s / 4)
 
     def _lose_lease(self, run: JobRun, why: str) -> None:
         if run.finished.is_set():
