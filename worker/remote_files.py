@@ -23,6 +23,19 @@ CHUNK_BYTES = 1 << 20
 CALL_TIMEOUT_S = 30.0
 
 
+def is_remote(client: Any) -> bool:
+    """coordd is on another host (tls:// or tcp://): files travel over the connection."""
+    connector = getattr(client, "connector", None)
+    return connector is not None and connector.scheme != "unix"
+
+
+def store_dir(client: Any, coordd_store: str | None, work_dir: str) -> str:
+    """Where this worker stores files: coordd's store (its heartbeat names it) on coordd's
+    host, else (or for a remote coordd) this host's own beside `work_dir`."""
+    local = os.path.join(os.path.dirname(work_dir), "artifacts")
+    return local if is_remote(client) else coordd_store or local
+
+
 class RemoteFiles:
     """Transfers for one job's lease (job_id, worker_id, token) through `client`.
 

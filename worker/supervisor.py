@@ -21,7 +21,7 @@ from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ClaimedJob
-from worker import artifacts, checkpoints, governance, orphans, resources
+from worker import artifacts, checkpoints, governance, orphans, remote_files, resources
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
 from worker.jobrun import CANCELLED, JobRun
 from worker.kinds import KindHealth
@@ -29,7 +29,6 @@ from worker.link import Link
 from worker.logs import LogShipper
 from worker.control import ControlWatch, early, until
 from worker.probes import Probes
-from worker.remote_files import RemoteFiles
 from worker.process import ModelProcess, classify_exit
 from worker.waits import signame as _signame, wait_any as _wait_any
 
@@ -198,17 +197,9 @@ class Supervisor:
             logger.info("goodbye not delivered: %s", exc, extra={"action": "goodbye_lost"})
 
     @property
-    def remote(self) -> bool:
-        """coordd is on another host (tls:// or tcp://): files travel over the connection."""
-        connector = getattr(self._client, "connector", None)
-        return connector is not None and connector.scheme != "unix"
-
-    @property
     def artifact_dir(self) -> str:
         """coordd's store (from the heartbeat), else (a remote coordd) this host's own."""
-        local = os.path.join(os.path.dirname(self.config.work_dir), "artifacts")
-        return local if self.remote else self._artifact_dir or local
-
+        return remote_files.store_dir(self._client, self._artifact_dir, self.config.work_dir)
 
     # ------------------------------------------------------------ claiming
 
@@ -334,8 +325,9 @@ class Supervisor:
                                     False)
             return
         values = await asyncio.to_thread(artifacts.prepare_job_dir, run.dir, job.job_id, job.payload)
-        run.files = RemoteFiles(self._client, self.artifact_dir, run.job_id, self.worker_id,
-                                run.token) if self.remote else None
+        run.files = remote_files.RemoteFiles(self._client, self.artifact_dir, run.job_id,
+                                             self.worker_id, run.token) \
+            if remote_files.is_remote(self._client) else None
         run.checkpoints, values["resume_from"] = await checkpoints.start(
             values["checkpoint_dir"], self.artifact_dir, run.dir, job.job_id, job.checkpoint,
             run.files)
