@@ -481,7 +481,8 @@ class Supervisor:
                     logger.log(logging.WARNING if failures == 1 else logging.DEBUG,
                                "job %s: renew failed, retrying until the lease ends: %s",
                                run.job_id, exc, extra={"action": "renew_retry", "job_id": run.job_id})
-                    if await self._clock.wait(run.finished, RETRY_S):
+                    left = stop_at - self._clock.mono()  # a retry never delays the stop
+                    if await self._clock.wait(run.finished, max(0.0, min(RETRY_S, left))):
                         return
                     continue
                 run.deadline = sent[0] + r.lease_s

@@ -226,9 +226,14 @@ STALE = textwrap.dedent("""
 
 
 async def _stale_calls_fenced(lab, fleet, files, job: str, token: int) -> None:
-    out = subprocess.run(["ip", "netns", "exec", lab.wrk, sys.executable, "-c", STALE,
-                          f"tls://{lab.s_ip}:{fleet.port}", files.cert, files.key, files.ca,
-                          job, str(token)], capture_output=True, text=True, timeout=30)
+    for _ in range(20):  # a link just set up may refuse connects for a moment
+        out = subprocess.run(["ip", "netns", "exec", lab.wrk, sys.executable, "-c", STALE,
+                              f"tls://{lab.s_ip}:{fleet.port}", files.cert, files.key,
+                              files.ca, job, str(token)], capture_output=True, text=True,
+                             timeout=30)
+        if out.stdout or "cannot connect" not in out.stderr:
+            break
+        await asyncio.sleep(0.5)
     codes = out.stdout.split()
     assert len(codes) == 2 and "accepted" not in codes, (out.stdout, out.stderr)
     assert set(codes) <= {"lease_lost", "already_completed", "lease_expired"}, codes
