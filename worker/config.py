@@ -193,6 +193,12 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                              "each GPU NVML does not see)")
 
     @property
+    def stop_margin_s(self) -> float:
+        """How long before its local deadline an unrenewed lease's tree is stopped: the
+        SIGTERM grace plus 0.1 % clock-rate drift (FLEET.md A5), at most a quarter lease."""
+        return min(self.grace_s + self.lease_s * 0.001, self.lease_s / 4)
+
+    @property
     def total_slots(self) -> int:
         """Jobs this worker runs at once, over all kinds."""
         return sum(k.slots for k in self.kinds.values())

@@ -15,6 +15,18 @@ from worker.process import ModelProcess
 
 logger = logging.getLogger("worker.supervisor")
 
+class SendStamp:
+    """The monotonic time a request frame was written: a lease runs from there (DESIGN.md,
+    "Wire protocol"); pass it as the client's `on_sent`, which re-stamps it."""
+
+    def __init__(self, clock: Any) -> None:
+        self._clock = clock
+        self.at: float = clock.mono()
+
+    def __call__(self) -> None:
+        self.at = self._clock.mono()
+
+
 CANCELLED = "cancelled"
 """The abort reason of a job whose cancel coordd asked for."""
 

@@ -36,6 +36,24 @@ def store_dir(client: Any, coordd_store: str | None, work_dir: str) -> str:
     return local if is_remote(client) else coordd_store or local
 
 
+def for_job(client: Any, store: str, run: Any, worker_id: str) -> "RemoteFiles | None":
+    """The transfers of `run` (a JobRun) when coordd is remote, else None."""
+    return RemoteFiles(client, store, run.job_id, worker_id, run.token) \
+        if is_remote(client) else None
+
+
+async def upload_result(files: "RemoteFiles | None", artifact: dict[str, Any] | None) -> str | None:
+    """Put a result artifact into coordd's store and point it there (in place); the reason
+    it could not be, or None (done, or nothing to do: local coordd, an inline result)."""
+    if files is None or artifact is None:
+        return None
+    try:
+        artifact["path"] = await files.upload(**artifact)
+    except Exception as exc:  # CoordError, OSError: the attempt fails retryably
+        return f"cannot upload the result: {exc}"
+    return None
+
+
 class RemoteFiles:
     """Transfers for one job's lease (job_id, worker_id, token) through `client`.
 
