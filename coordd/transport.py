@@ -11,7 +11,6 @@ TCP_USER_TIMEOUT (coordd.tls.tune_tcp), so a partition is noticed in seconds.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import ssl
 from dataclasses import dataclass
@@ -24,8 +23,6 @@ CONNECT_TIMEOUT_S = 5.0
 BACKOFF_BASE_S = 0.2
 BACKOFF_CAP_S = 5.0
 READ_LIMIT = 1 << 20
-REFUSED_HINT = ("coordd refused this worker's certificate? check that it was issued by the "
-                "fleet CA, that it is valid now, and this host's clock")
 
 
 class ConnectFailed(errors.CoordError):
@@ -136,18 +133,3 @@ class Connector:
             return f"coordd is not running at {where}: {exc.strerror}"
         text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         return f"cannot connect to coordd at {where}: {text}"
-
-
-def refused_hint(exc: BaseException) -> str:
-    """A hint for a TLS connection reset right after the handshake (TLS 1.3: coordd checks
-    our certificate after we finished ours, so its refusal reads as a reset)."""
-    return REFUSED_HINT if isinstance(exc, (ConnectionResetError, asyncio.IncompleteReadError)) else ""
-
-
-def default_endpoint() -> str:
-    """`$COORDD_CONNECT`, else the default socket path."""
-    env = os.environ.get("COORDD_CONNECT")
-    if env:
-        return env
-    from coordd.config import default_socket_path
-    return str(default_socket_path())
