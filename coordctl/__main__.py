@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from coordctl import limits, logs, workflow
+from coordctl import ca, limits, logs, workflow
 from coordctl.commands import COMMANDS, Outcome, UsageError
 from coordctl.msg import MSG_COMMANDS, add_parsers as add_msg_parsers
 from coordd import ranges
@@ -196,6 +196,7 @@ def build_parser() -> Parser:
     add_msg_parsers(cmd, _common)
     logs.add_parsers(cmd)
     limits.add_parsers(cmd)
+    ca.add_parsers(cmd)
     return p
 
 
@@ -250,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
     path = client.path
     try:
         outcome = {**COMMANDS, **MSG_COMMANDS, **workflow.COMMANDS,
-                   **logs.COMMANDS, **limits.COMMANDS}[args.command](client, args)
+                   **logs.COMMANDS, **limits.COMMANDS, **ca.COMMANDS}[args.command](client, args)
         _print(outcome, args.json)
         if outcome.after is not None:
             outcome.after()

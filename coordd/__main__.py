@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
     cfg = msgspec.structs.replace(cfg, db=db, socket=sock)
     try:
-        uvloop.run(Daemon(cfg).run())
+        uvloop.run(Daemon(cfg, config_path=args.config).run())
     except StartupError as exc:  # one line on stderr (the journal under systemd), no log twin
         print(f"coordd: {exc}", file=sys.stderr)
         return 1

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -38,7 +39,10 @@ from coordd.protocol_workflows import (
     ScheduleList, ScheduleView, WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 from coordd.protocol_workers import ReleasedResult
-from coordd.rpc import encode_frame, read_frame
+from coordd.frames import encode_frame, read_frame
+
+if TYPE_CHECKING:
+    from coordd.transport import Connector
 
 T = TypeVar("T")
 CALL_TIMEOUT_DEFAULT = 30.0
@@ -88,17 +92,27 @@ class Client:
     """An asyncio connection to coordd; many calls may be in flight at once.
 
     Args:
-        path: the socket path (default: $COORDD_SOCKET or the per-user default).
+        path: the socket path (default: $COORDD_SOCKET or the per-user default), or
+            `tcp://HOST:PORT` (coordd's loopback plaintext test mode).
         timeout: seconds to wait for each reply.
         max_frame: frame cap in bytes for replies.
+        connector: how to connect (coordd.transport.Connector: `tls://`, timeouts,
+            backoff); default: the Unix socket at `path`.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *,
-                 timeout: float = CALL_TIMEOUT_DEFAULT, max_frame: int = MAX_FRAME_DEFAULT) -> None:
+                 timeout: float = CALL_TIMEOUT_DEFAULT, max_frame: int = MAX_FRAME_DEFAULT,
+                 connector: Connector | None = None) -> None:
+        if connector is not None:
+            path = connector.endpoint
         if path is None:
             from coordd.config import default_socket_path
             path = default_socket_path()
         self.path = str(path)
+        if connector is None and "://" in self.path:
+            from coordd.transport import Connector
+            connector = Connector(self.path)
+        self.connector = connector
         self.timeout = timeout
         self.max_frame = max_frame
         self._ids = itertools.count(1)
@@ -123,6 +137,13 @@ class Client:
         """
         async with self._lock:
             if self._writer is not None and not self._writer.is_closing():
+                return
+            if self.connector is not None:
+                try:
+                    self._reader, self._writer = await self.connector.open()
+                except errors.CoordError as exc:  # transport.ConnectFailed
+                    raise Disconnected(exc.message) from exc
+                self._read_task = asyncio.create_task(self._read_loop(self._reader))
                 return
             try:
                 self._reader, self._writer = await asyncio.open_unix_connection(
@@ -180,7 +201,8 @@ class Client:
         self._fail_pending(refusal or Disconnected("coordd closed the connection"))
 
     async def call(self, method: str, params: Any = None, result_type: type[T] | None = None,
-                   timeout: float | None = None) -> T | Any:
+                   timeout: float | None = None,
+                   on_sent: Callable[[], None] | None = None) -> T | Any:
         """Send one request and return its decoded result.
 
         Args:
@@ -188,6 +210,8 @@ class Client:
             params: a params Struct or a dict (None = no params).
             result_type: decode the result into this type (None = plain msgpack objects).
             timeout: seconds to wait for this reply (default: the client's `timeout`).
+            on_sent: called when the request frame is written (after any reconnect): a
+                lease holder stamps its send time there.
         Raises:
             errors.CoordError subclass with the server's code; Disconnected; CallTimeout;
             errors.PayloadTooLarge if the request frame is over the cap, Unencodable
@@ -209,6 +233,8 @@ class Client:
         self._pending[req_id] = fut
         try:
             self._writer.write(frame)
+            if on_sent is not None:
+                on_sent()
             await self._writer.drain()
             header = await asyncio.wait_for(fut, timeout or self.timeout)
         except asyncio.TimeoutError:
@@ -261,7 +287,7 @@ class Client:
 
     async def claim(self, worker_id: str, lease_s: float | None = None,
                     claim_id: str | None = None, kinds: list[str] | None = None,
-                    wait_s: float = 0.0) -> ClaimResult:
+                    wait_s: float = 0.0, on_sent: Callable[[], None] | None = None) -> ClaimResult:
         """Claim a job (see protocol.Claim); `kinds` limits it to kinds this worker runs;
         `wait_s` > 0 parks the claim at coordd up to that long while nothing is claimable
         (an older coordd answers at once)."""
@@ -269,14 +295,17 @@ class Client:
                   "kinds": kinds}
         if wait_s > 0:
             params["wait_s"] = wait_s
-            return await self.call("claim", params, ClaimResult, timeout=self.timeout + wait_s)
-        return await self.call("claim", params, ClaimResult)
+            return await self.call("claim", params, ClaimResult, timeout=self.timeout + wait_s,
+                                   on_sent=on_sent)
+        return await self.call("claim", params, ClaimResult, on_sent=on_sent)
 
     async def renew(self, job_id: str, worker_id: str, token: int,
-                    lease_s: float | None = None) -> RenewResult:
-        """Renew a lease."""
+                    lease_s: float | None = None,
+                    on_sent: Callable[[], None] | None = None) -> RenewResult:
+        """Renew a lease (`on_sent`: see `call`)."""
         return await self.call("renew", {"job_id": job_id, "worker_id": worker_id,
-                                         "token": token, "lease_s": lease_s}, RenewResult)
+                                         "token": token, "lease_s": lease_s}, RenewResult,
+                               on_sent=on_sent)
 
     async def checkpoint(self, job_id: str, worker_id: str, token: int, checkpoint: Any) -> None:
         """Record a checkpoint."""

@@ -80,6 +80,7 @@ RANGES: dict[str, ranges.Range] = {
     "preempt_gap": ranges.Range(0, 3), "preempt_min_runtime_s": _S0, "reservation_s": _S,
     "park_max_per_connection": _N0, "park_max_total": _N0,
     "park_wait_max_s": ranges.Range(0, 86400),
+    "tls_handshake_timeout_s": _S, "tcp_user_timeout_s": _S, "max_upload_bytes": _N1,
 }
 """The range of every numeric key (coordd.ranges.check): finite, and > 0, >= 0, >= 1 or
 a fraction as each means."""
@@ -166,6 +167,26 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             at runtime (kept in the database, over this file's values).
         kind_limits: kind -> the limits its jobs consume when enqueue names none
             (names or {name, units}).
+        listen_tcp: "HOST:PORT" of the TCP listener for workers on other hosts ("" = off);
+            TLS 1.3 with a required client certificate (coordd.tls).
+        tls_cert / tls_key / tls_client_ca: coordd's certificate and key (PEM) and the CA
+            that client certificates must chain to; all three are needed with listen_tcp.
+        tcp_insecure_plaintext: the TCP listener speaks plaintext, no identities; only for
+            tests, and refused unless listen_tcp's host is a loopback address.
+        tls_deny_workers / tls_deny_serials: worker ids and certificate serials (hex)
+            refused on the TCP listener (re-read from the config file on SIGHUP).
+        tls_handshake_timeout_s: a TLS handshake must finish within this.
+        tcp_user_timeout_s: TCP_USER_TIMEOUT (with keepalive) of accepted TCP sockets: a
+            peer behind a partition is dropped about this long after data stops being
+            acknowledged.
+        listen_enroll: "HOST:PORT" of the enrolment listener ("" = off): TLS 1.3 without
+            a client certificate, serving only `ca_bundle` and `enroll` (coordd.enrol).
+        tls_ca_key: the fleet CA's private key, with which `enroll` signs CSRs (the CA
+            certificate is the first one in tls_client_ca); needed by listen_enroll.
+        max_upload_bytes: the largest file a remote worker may upload into the artifact
+            store (`artifact_put`: a result or checkpoint).
+        restart_grace: at start, every lease still in the database runs at least one more
+            of its `lease_s` from then, so workers that reconnect keep their jobs.
     """
 
     db: str = ""
@@ -224,6 +245,19 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     park_wait_max_s: float = PARK_WAIT_MAX_S
     limits: dict[str, LimitSpec] = {}
     kind_limits: dict[str, list[str | LimitUse]] = {}
+    listen_tcp: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    tcp_insecure_plaintext: bool = False
+    tls_deny_workers: list[str] = []
+    tls_deny_serials: list[str] = []
+    tls_handshake_timeout_s: float = 10.0
+    tcp_user_timeout_s: float = 10.0
+    listen_enroll: str = ""
+    tls_ca_key: str = ""
+    max_upload_bytes: int = 64 << 30
+    restart_grace: bool = True
 
     def __post_init__(self) -> None:
         ranges.check(self, RANGES)
@@ -273,6 +307,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if not 0 < self.message_visibility_s <= MESSAGE_VISIBILITY_MAX_S:  # refuses NaN too
             raise ValueError(f"message_visibility_s must be > 0 and <= "
                              f"{MESSAGE_VISIBILITY_MAX_S:g}, got {self.message_visibility_s}")
+        self._check_tcp()
         bad = set(self.gates) - {"p0", "p1", "p2", "p3"}
         if bad:
             raise ValueError(f"gates: unknown priority table(s) {sorted(bad)}; use p0..p3")
@@ -292,6 +327,31 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             except BadRequest as exc:
                 raise ValueError(exc.message) from exc
         return LimitBook(self.limits, self.kind_limits)
+
+    def _check_tcp(self) -> None:
+        """The TCP listener needs TLS files, or the plaintext test mode on loopback."""
+        from coordd.tls import is_loopback, split_host_port
+        if self.listen_enroll:
+            split_host_port(self.listen_enroll)
+            if not (self.tls_ca_key and self.tls_cert and self.tls_key and self.tls_client_ca):
+                raise ValueError("listen_enroll needs tls_ca_key, tls_cert, tls_key and "
+                                 "tls_client_ca (it signs with the CA key)")
+        if not self.listen_tcp:
+            if self.tcp_insecure_plaintext:
+                raise ValueError("tcp_insecure_plaintext needs listen_tcp")
+            return
+        host, _port = split_host_port(self.listen_tcp)
+        files = {"tls_cert": self.tls_cert, "tls_key": self.tls_key,
+                 "tls_client_ca": self.tls_client_ca}
+        if self.tcp_insecure_plaintext:
+            if not is_loopback(host):
+                raise ValueError(f"tcp_insecure_plaintext is a test mode for loopback only; "
+                                 f"listen_tcp {self.listen_tcp!r} is not a loopback address")
+            return
+        missing = [k for k, v in files.items() if not v]
+        if missing:
+            raise ValueError(f"listen_tcp {self.listen_tcp!r} needs TLS: set "
+                             f"{', '.join(missing)} (coordd never serves TCP in plaintext)")
 
     def policies(self) -> dict[int, GatePolicy]:
         """Return the effective GatePolicy per priority 0..3 (defaults plus overrides).

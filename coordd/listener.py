@@ -5,7 +5,9 @@ The rule not to break: a client that reaches the socket gets a connection or an 
 that says why not, never a silent reset. A reserve descriptor is held for that: when
 accept() fails with EMFILE/ENFILE it is closed, the waiting client is accepted on the
 freed number, sent `overloaded` ("coordd is out of file descriptors") and closed, and the
-reserve is opened again. The episode is logged once (coordd.fdlimit).
+reserve is opened again. The episode is logged once (coordd.fdlimit). On a TLS listener
+(the TCP one) each accepted socket is tuned (keepalive, TCP_USER_TIMEOUT) and wrapped in
+the context current at accept time; a refused client there is closed without a frame.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 from collections.abc import Callable
 
 from coordd import fdlimit
@@ -34,12 +37,21 @@ class Listener:
     Args:
         sock: the listening socket (closed by `close()`).
         protocol_factory: makes the asyncio.Protocol of one connection.
+        tls: returns the SSLContext for a new connection (None: plaintext).
+        tune: called on each accepted socket (e.g. coordd.tls.tune_tcp).
+        handshake_timeout_s: a TLS handshake must finish within this.
     """
 
     def __init__(self, sock: socket.socket,
-                 protocol_factory: Callable[[], asyncio.Protocol]) -> None:
+                 protocol_factory: Callable[[], asyncio.Protocol], *,
+                 tls: Callable[[], ssl.SSLContext | None] | None = None,
+                 tune: Callable[[socket.socket], None] | None = None,
+                 handshake_timeout_s: float = 10.0) -> None:
         self._sock = sock
         self._factory = protocol_factory
+        self._tls = tls
+        self._tune = tune
+        self._handshake_timeout_s = handshake_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reserve: int | None = None
         self._retry: asyncio.TimerHandle | None = None
@@ -101,6 +113,8 @@ class Listener:
             if self._reserve is not None:  # headroom again: this accept and the reserve
                 fdlimit.note_ok()
             conn.setblocking(False)
+            if self._tune is not None:
+                self._tune(conn)
             task = loop.create_task(self._serve(conn))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
@@ -108,10 +122,15 @@ class Listener:
     async def _serve(self, conn: socket.socket) -> None:
         loop = self._loop
         assert loop is not None
+        ctx = self._tls() if self._tls is not None else None
         try:
-            await loop.connect_accepted_socket(self._factory, conn)
-        except OSError as exc:  # e.g. no descriptor for the transport's own needs
-            fdlimit.note_exhaustion(exc, "connection setup")
+            if ctx is None:
+                await loop.connect_accepted_socket(self._factory, conn)
+            else:
+                await loop.connect_accepted_socket(
+                    self._factory, conn, ssl=ctx, ssl_handshake_timeout=self._handshake_timeout_s)
+        except OSError as exc:  # no descriptor for the transport's needs; a refused handshake
+            fdlimit.note_exhaustion(exc, "connection setup")  # (logged by coordd.tls)
             conn.close()
 
     def _refuse(self) -> None:
@@ -130,6 +149,10 @@ class Listener:
             self._pause()
             return
         self.refused += 1
+        if self._tls is not None:  # a TLS client could not read a plaintext frame
+            conn.close()
+            self._open_reserve()
+            return
         try:
             conn.setblocking(False)
             conn.send(encode_frame(Reply(id=0, error=ErrorBody(

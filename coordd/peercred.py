@@ -8,10 +8,17 @@ import struct
 
 
 class PeerCred:
-    """The connecting process's pid/uid/gid, from SO_PEERCRED."""
+    """The connecting process's pid/uid/gid, from SO_PEERCRED. `worker_id` is None here;
+    a TCP peer (coordd.tls.TlsPeer) carries its certificate's worker id."""
+
+    worker_id: str | None = None
+    methods: frozenset[str] | None = None  # None: every method (the admin rule aside)
 
     def __init__(self, pid: int, uid: int, gid: int) -> None:
         self.pid, self.uid, self.gid = pid, uid, gid
+
+    def __repr__(self) -> str:
+        return f"uid {self.uid}"
 
     @classmethod
     def of(cls, sock: socket.socket | None) -> "PeerCred":

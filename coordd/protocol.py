@@ -505,3 +505,8 @@ from coordd.protocol_limits import LIMIT_ADMIN_METHODS, LIMIT_PARAMS  # noqa: E4
 
 PARAMS.update(LIMIT_PARAMS)
 ADMIN_METHODS = ADMIN_METHODS | LIMIT_ADMIN_METHODS
+# ---------------------------------------------------------------- enrolment (issue 18)
+from coordd.protocol_enrol import ENROL_ADMIN_METHODS, ENROL_PARAMS  # noqa: E402
+from coordd.protocol_transfers import TRANSFER_PARAMS  # noqa: E402
+PARAMS.update(ENROL_PARAMS | TRANSFER_PARAMS)
+ADMIN_METHODS = ADMIN_METHODS | ENROL_ADMIN_METHODS

@@ -20,14 +20,7 @@ cut off after FLUSH_TIMEOUT_S). At shutdown, `stop_intake()` answers new request
 `overloaded` ("shutting down"), `drain()` lets the ones in flight finish, and
 `close_connections()` closes every peer.
 
-Budgets (`Limits`, issue 21): a frame must arrive whole within `frame_timeout_s` of its
-first byte; a frame over SMALL_FRAME_BYTES reserves its announced length from a global
-budget of buffered inbound bytes while it arrives, and past the budget it is refused
-`overloaded` and the connection closed. Replies held unsent for a peer that does not read
-are bounded per connection and in total (past either, a reply over SMALL_FRAME_BYTES
-becomes an `overloaded` error for its id), and a peer that takes none of its unsent bytes
-for `write_stall_timeout_s` is dropped. `Dispatcher.sweep(now)` enforces the two
-deadlines; `Dispatcher.run_sweeper` calls it every SWEEP_INTERVAL_S.
+Budgets (`Limits`, issue 21): coordd.budgets.
 Connection-closed hook: `Connection.on_close` callbacks run once in `connection_lost`.
 A connection's parked calls (coordd.push: a claim with `wait_s`, `wait_job`, ...) count
 against its cap and are answered at its EOF.
@@ -37,9 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import msgspec
@@ -49,77 +40,24 @@ from coordd.clock import Clock, SystemClock
 from coordd.protocol import ADMIN_METHODS, PARAMS, ErrorBody, Reply, Request
 from coordd.peercred import PeerCred  # noqa: F401  (re-exported: server, tests)
 from coordd.push import PARK_SCOPE, ParkScope
+from coordd.budgets import SMALL_FRAME_BYTES, Budgets, Limits  # noqa: F401  (re-exported)
+from coordd.frames import (  # noqa: F401  (re-exported: client, listener, tests)
+    HEADER, FrameTooLarge, encode_frame, read_frame,
+)
 
 logger = logging.getLogger(__name__)
 
-HEADER = struct.Struct(">I")
 INFLIGHT_PER_CONNECTION = 64
 FLUSH_TIMEOUT_S = 5.0
 READ_AHEAD_BYTES = 64 * 1024  # unparsed bytes read on from a peer whose requests wait
-SMALL_FRAME_BYTES = 64 * 1024  # frames up to this size pass the byte budgets unchecked
 SWEEP_INTERVAL_S = 1.0
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Per-connection and global budgets of the RPC layer. Bytes and seconds.
-
-    Attributes:
-        max_inbound_bytes: partial frames buffered, all connections together (each frame
-            over SMALL_FRAME_BYTES counts its announced length while it arrives).
-        frame_timeout_s: a frame must be whole this long after its first byte.
-        max_unsent_bytes: reply bytes held unsent for one connection.
-        max_outbound_bytes: reply bytes held unsent, all connections together.
-        write_stall_timeout_s: a peer that takes none of its unsent bytes this long is
-            dropped.
-    """
-
-    max_inbound_bytes: int = 256 << 20
-    frame_timeout_s: float = 60.0
-    max_unsent_bytes: int = 32 << 20
-    max_outbound_bytes: int = 256 << 20
-    write_stall_timeout_s: float = 30.0
-
 _decode_request = msgspec.msgpack.Decoder(Request).decode
-_encoder = msgspec.msgpack.Encoder()
 _param_decoders = {m: msgspec.msgpack.Decoder(t) for m, t in PARAMS.items()}
 
 Handler = Callable[[str, Any], Awaitable[Any]]
-
-
-class FrameTooLarge(errors.PayloadTooLarge):
-    """A frame's length prefix is over the cap."""
-
-
-def encode_frame(obj: Any, max_frame: int | None = None, what: str = "frame") -> bytes:
-    """Encode `obj` as msgpack with its 4-byte big-endian length prefix.
-
-    Raises:
-        FrameTooLarge: `max_frame` is given and the body is over it.
-    """
-    body = _encoder.encode(obj)
-    if max_frame is not None and len(body) > max_frame:
-        raise FrameTooLarge(f"{what} of {len(body)} bytes is over the {max_frame}-byte frame cap")
-    return HEADER.pack(len(body)) + body
-
-
-async def read_frame(reader: asyncio.StreamReader, max_frame: int) -> bytes | None:
-    """Read one frame body; None on a clean EOF between frames.
-
-    Raises:
-        FrameTooLarge: the length prefix is over `max_frame` (the body is not read).
-        asyncio.IncompleteReadError: the peer went away mid-frame.
-    """
-    try:
-        head = await reader.readexactly(HEADER.size)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise
-    (length,) = HEADER.unpack(head)
-    if length > max_frame:
-        raise FrameTooLarge(f"frame of {length} bytes is over the {max_frame}-byte cap")
-    return await reader.readexactly(length)
+PeerOf = Callable[[asyncio.BaseTransport], PeerCred]
 
 
 class Dispatcher:
@@ -149,9 +87,10 @@ class Dispatcher:
         self.outbound_bytes = 0  # unsent reply bytes of connections over the high-water mark
         self.large_bytes = 0     # large frames and replies handled since the last trim
 
-    def accept(self) -> Connection:
-        """Make the Protocol for one new connection (the server's protocol factory)."""
-        return Connection(self)
+    def accept(self, peer_of: PeerOf | None = None) -> Connection:
+        """Make the Protocol for one new connection (the server's protocol factory);
+        `peer_of(transport)` says who a TCP peer is (coordd.tls), else SO_PEERCRED."""
+        return Connection(self, peer_of)
 
     async def _one(self, req: Request, conn: Connection) -> None:
         """Answer one request on `conn` (a task of its own; replies go out in any order)."""
@@ -161,15 +100,23 @@ class Dispatcher:
             decoder = _param_decoders.get(req.method)
             if decoder is None:
                 raise errors.UnknownMethod(f"unknown method {req.method!r}")
+            if peer.methods is not None and req.method not in peer.methods:
+                raise errors.PermissionDenied(
+                    f"{req.method} is not served here (only {', '.join(sorted(peer.methods))})")
             if req.method in ADMIN_METHODS and not self._is_admin(peer):
                 raise errors.PermissionDenied(
-                    f"{req.method} is an admin method; uid {peer.uid} is not in the admin set")
+                    f"{req.method} is an admin method; {peer!r} is not in the admin set")
             try:
                 params = decoder.decode(req.params)
             except msgspec.DecodeError as exc:
                 raise errors.BadRequest(f"{req.method}: {exc}") from exc
             except RecursionError as exc:
                 raise errors.BadRequest(f"{req.method}: params nested too deep") from exc
+            if peer.worker_id is not None and getattr(params, "worker_id", None) not in (
+                    None, peer.worker_id):  # a TLS peer acts only as its certificate's id
+                raise errors.PermissionDenied(
+                    f"{req.method}: this connection's certificate is worker {peer.worker_id};"
+                    f" it may not act as worker {params.worker_id}")  # type: ignore[attr-defined]
             result = await self._handler(req.method, params)
         except errors.CoordError as exc:
             if exc.code in ("bad_request", "unknown_method", "permission_denied",
@@ -182,6 +129,10 @@ class Dispatcher:
             conn.send_error(req.id, errors.CoordError(f"internal error: {type(exc).__name__}"))
         else:
             conn.send_result(req.id, result, req.method)
+
+    def connections(self) -> list[Connection]:
+        """The open connections (a copy)."""
+        return list(self._conns)
 
     def _closed(self, conn: Connection) -> None:
         self._conns.discard(conn)
@@ -238,7 +189,7 @@ class Dispatcher:
             await asyncio.wait([self._all_closed], timeout=timeout)  # next loop iteration
 
 
-class Connection(asyncio.Protocol):
+class Connection(Budgets, asyncio.Protocol):
     """One peer: cut frames out of the received bytes, run each request as a task, reply.
 
     While the write buffer is over its high-water mark (`pause_writing`) or
@@ -252,8 +203,9 @@ class Connection(asyncio.Protocol):
     peer: PeerCred
     _transport: asyncio.Transport
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, peer_of: PeerOf | None = None) -> None:
         self._d = dispatcher
+        self._peer_of = peer_of
         self._loop = asyncio.get_running_loop()
         self._buf = bytearray()  # bytes received that are not yet a whole frame (or wait)
         self._need = 0           # len(_buf) that makes the next frame whole
@@ -275,8 +227,18 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
-        self.peer = PeerCred.of(transport.get_extra_info("socket"))
         self._d._conns.add(self)
+        if self._peer_of is None:
+            self.peer = PeerCred.of(transport.get_extra_info("socket"))
+            return
+        try:
+            self.peer = self._peer_of(transport)
+        except errors.PermissionDenied as exc:  # a TLS peer without a usable identity
+            self.peer = PeerCred(0, -1, -1)
+            logger.warning("refused a TCP peer: %s", exc.message,
+                           extra={"action": "peer_refused"})
+            self.send_error(None, exc)
+            self._finish()
 
     def data_received(self, data: bytes) -> None:
         if self._finishing:
@@ -331,71 +293,6 @@ class Connection(asyncio.Protocol):
                 hook()
             except Exception:
                 logger.exception("connection-closed hook failed", extra={"action": "internal"})
-
-    # -------------------------------------------------------------- budgets
-
-    def _count_unsent(self) -> int:
-        """Bring this connection's share of the dispatcher's outbound bytes up to date."""
-        size = self._transport.get_write_buffer_size()
-        self._d.outbound_bytes += size - self._unsent
-        self._unsent = size
-        return size
-
-    def _release_inbound(self) -> None:
-        if self._reserved:
-            self._d.inbound_bytes -= self._reserved
-            self._reserved = 0
-
-    def _reserve_inbound(self, length: int) -> bool:
-        """Reserve a large frame's announced length; refuse it (and finish) past the budget."""
-        d = self._d
-        if d.inbound_bytes + length > d.limits.max_inbound_bytes:
-            logger.warning("refused a %d-byte frame from uid %s: %d bytes of partial frames "
-                           "buffered (max_inbound_bytes %d); closing", length, self.peer.uid,
-                           d.inbound_bytes, d.limits.max_inbound_bytes,
-                           extra={"action": "inbound_budget", "uid": self.peer.uid})
-            self.send_error(None, errors.Overloaded(
-                f"frame of {length} bytes refused: coordd's inbound budget is spent "
-                f"({d.inbound_bytes} of max_inbound_bytes {d.limits.max_inbound_bytes} "
-                "bytes buffered); retry later"))
-            self._finish()
-            return False
-        d.inbound_bytes += length
-        d.large_bytes += length
-        self._reserved = length
-        return True
-
-    def sweep(self, now: float) -> bool:
-        """Enforce the frame and write-stall deadlines at `now` (monotonic); True if closed."""
-        if self._transport.is_closing():
-            return False
-        limits = self._d.limits
-        if self._partial_since is not None and not self._finishing:
-            if self._blocked():
-                self._partial_since = now  # we are not reading: not the peer's delay
-            elif now - self._partial_since > limits.frame_timeout_s:
-                logger.warning("peer uid %s sent %d byte(s) of a frame in %.0fs "
-                               "(frame_timeout_s %g); closing", self.peer.uid, len(self._buf),
-                               now - self._partial_since, limits.frame_timeout_s,
-                               extra={"action": "frame_timeout", "uid": self.peer.uid})
-                self.send_error(None, errors.BadRequest(
-                    f"frame not complete within frame_timeout_s {limits.frame_timeout_s:g}"))
-                self._finish()
-                return True
-        if self._write_paused:
-            size = self._count_unsent()
-            if size < self._stall_size:
-                self._stall_since, self._stall_size = now, size
-            elif now - self._stall_since > limits.write_stall_timeout_s:
-                logger.warning("peer uid %s read none of %d unsent reply byte(s) in %.0fs "
-                               "(write_stall_timeout_s %g); dropping it", self.peer.uid, size,
-                               now - self._stall_since, limits.write_stall_timeout_s,
-                               extra={"action": "write_stall", "uid": self.peer.uid})
-                self._finishing = True
-                self._buf.clear()
-                self._transport.abort()
-                return True
-        return False
 
     # -------------------------------------------------------------- frames in
 
@@ -529,28 +426,6 @@ class Connection(asyncio.Protocol):
             self._write_budgeted(req_id, frame, method)
         else:
             self._transport.write(frame)
-
-    def _write_budgeted(self, req_id: int, frame: bytes, method: str) -> None:
-        """Write a large reply, or one to a peer behind on reading, if the unsent budgets
-        allow; otherwise answer `overloaded` for its id."""
-        limits = self._d.limits
-        unsent = self._count_unsent()
-        self._d.large_bytes += len(frame)
-        if len(frame) > SMALL_FRAME_BYTES and (
-                (unsent and unsent + len(frame) > limits.max_unsent_bytes)
-                or self._d.outbound_bytes + len(frame) > limits.max_outbound_bytes):
-            logger.warning("reply to %s (%d bytes) not sent to uid %s: %d bytes unsent to "
-                           "it, %d in all", method, len(frame), self.peer.uid, unsent,
-                           self._d.outbound_bytes, extra={"action": "outbound_budget"})
-            frame = encode_frame(Reply(id=req_id, error=ErrorBody(
-                code="overloaded", message=(
-                    f"reply of {len(frame)} bytes not sent: {unsent} bytes of replies wait "
-                    f"unread on this connection (max_unsent_bytes {limits.max_unsent_bytes})"
-                    f", {self._d.outbound_bytes} on all (max_outbound_bytes "
-                    f"{limits.max_outbound_bytes}); read your replies, then ask again"))))
-        self._transport.write(frame)
-        if self._write_paused:
-            self._count_unsent()
 
     def send_error(self, req_id: int | None, error: errors.CoordError) -> None:
         """Write the reply `{id, error: {code, message}}` (id 0 when the request had none)."""

@@ -7,7 +7,9 @@ through LISTEN_FDS is accepted, and such a socket is never unlinked.
 Shutdown on SIGTERM/SIGINT: tell systemd STOPPING=1, stop accepting, answer new requests
 `overloaded`, let in-flight requests finish (bounded), drain the writer and commit, close
 the database connections and every peer, remove the socket file (not an activated one),
-exit 0.
+exit 0. With `listen_tcp`, a TCP listener (coordd.tcp, TLS) serves the same dispatcher;
+SIGHUP reloads its certificates and deny-lists. With `restart_grace`, stored leases get one
+more lease period before the reaper's first round (coordd.grace).
 
 Admin methods (protocol.ADMIN_METHODS): when both `admin_uids` and `admin_gids` are
 empty (the default), root and coordd's own uid are admins; once either list is set,
@@ -30,7 +32,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from coordd import cas, errors, fdlimit
+from coordd import cas, errors, fdlimit, grace
 from coordd.clock import Clock, SystemClock
 from coordd.config import Config
 from coordd.dblock import DbLock, real_db_path
@@ -149,10 +151,15 @@ class Daemon:
     Args:
         config: settings; `config.db` and `config.socket` must be set.
         clock: the clock (SystemClock in production).
+        config_path: the config file, re-read on SIGHUP for the TLS deny-lists.
     """
 
-    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+    def __init__(self, config: Config, clock: Clock | None = None,
+                 config_path: str | None = None) -> None:
         self.config = config
+        self.config_path = config_path
+        self.tcp: Any = None  # coordd.tcp.TcpListener while serving TCP
+        self.enrol: Any = None  # and the enrolment listener
         self.clock = clock or SystemClock()
         # the file's real path: SQLite names the -wal/-shm files after it
         self.coord = Coordinator(real_db_path(config.db), config, self.clock)
@@ -172,6 +179,8 @@ class Daemon:
                                      clock=self.clock)
 
     def _is_admin(self, peer: PeerCred) -> bool:
+        if peer.uid < 0:  # a TCP peer: only a `coordd-admin://` certificate (coordd.tls)
+            return getattr(peer, "admin", None) is not None
         return peer.uid in self._admin_uids or peer.gid in self._admin_gids
 
     def _handle(self, method: str, params: Any) -> Awaitable[Any]:
@@ -196,8 +205,11 @@ class Daemon:
             sock, lock_fd = bind_socket(sock_path)
         try:
             await self._open_db()
+            if self.config.restart_grace:
+                await grace.grant_restart_grace(self.coord.writer)
             server = Listener(sock, self.dispatcher.accept)
             server.start()
+            self._start_tcp(loop)
             reaper = Reaper(self.coord, self.clock)
             logger.info("coordd serving on %s (db %s; file descriptor limit %d)", sock_path,
                         self.config.db, nofile, extra={"action": "ready", "nofile": nofile})
@@ -222,7 +234,7 @@ class Daemon:
                     if stat.S_ISSOCK(os.lstat(sock_path).st_mode):
                         os.unlink(sock_path)
                 os.close(lock_fd)
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
         logger.info("coordd stopped", extra={"action": "stopped"})
 
@@ -250,6 +262,28 @@ class Daemon:
         with contextlib.suppress(OSError):  # workers (group coordd) write into it too
             cas.make_dir(self.coord.artifact_dir)  # setgid, group-writable (cas.STORE_DIR_MODE)
 
+    def _start_tcp(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve `listen_tcp` (coordd.tcp) if set; SIGHUP reloads its TLS files."""
+        if not self.config.listen_tcp:
+            return
+        from coordd.tcp import TcpListener
+        try:
+            self.tcp = TcpListener(self.config, self.dispatcher)
+            self.tcp.start()
+            if self.config.listen_enroll:
+                self.enrol = TcpListener(self.config, self.dispatcher, enrol=True)
+                self.enrol.start()
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"cannot listen on TCP: "
+                               f"{getattr(exc, 'strerror', None) or exc}") from exc
+        loop.add_signal_handler(signal.SIGHUP, self._reload_tls)
+
+    def _reload_tls(self) -> None:
+        """SIGHUP: the TCP listeners' certificates and deny-lists (coordd.tcp)."""
+        for tcp in (self.tcp, self.enrol):
+            if tcp is not None:
+                tcp.reload(self.config_path)
+
     async def _watch_writer(self) -> None:
         """End coordd (through the TaskGroup) if the writer task dies: nothing else does."""
         await self.coord.writer.wait_dead(self.stop_event)
@@ -257,6 +291,9 @@ class Daemon:
     async def _shutdown(self, server: Listener) -> None:
         """Stop intake, finish what is in flight, commit, close the DB, then every peer."""
         server.close()
+        for tcp in (self.tcp, self.enrol):
+            if tcp is not None:
+                tcp.close()
         self.dispatcher.stop_intake()
         await self.coord.push.close()  # every parked call answers now, before the drain
         await self.dispatcher.drain(DRAIN_TIMEOUT_S)
@@ -264,6 +301,10 @@ class Daemon:
         await self.dispatcher.close_connections(CLOSE_TIMEOUT_S)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(server.wait_closed(), CLOSE_TIMEOUT_S)
+        for tcp in (self.tcp, self.enrol):
+            if tcp is not None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(tcp.wait_closed(), CLOSE_TIMEOUT_S)
 
     async def _metrics_http(self) -> None:
         """Serve Prometheus metrics on 127.0.0.1:`metrics_port` (if set) until stop,

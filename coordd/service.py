@@ -18,8 +18,8 @@ from typing import Any
 import msgspec
 
 from coordd import (
-    backup, errors, fdlimit, gates, governor, intake, leases, store, values, views, waits,
-    web_reads,
+    backup, enrol, errors, fdlimit, gates, governor, intake, leases, store, transfers,
+    values, views, waits, web_reads,
 )
 from coordd import explain
 from coordd.maintenance import Maintenance, file_size
@@ -110,6 +110,10 @@ class Coordinator:
         self.logs = JobLogStore(self.writer, self._read)
         for method in LOG_PARAMS:  # a job's captured output: coordd.logs
             setattr(self, method, getattr(self.logs, method))
+        for part in (enrol.Enrolment(self.writer, self._read, config, self.clock),  # issue 18
+                     transfers.Transfers(self.artifact_dir, self._read, self.clock, config)):
+            for method in part.METHODS:  # token_create, ca_bundle, enroll, artifact_put/get
+                setattr(self, method, getattr(part, method))
         waits.Waits.serve(self)  # self.push: claim wait_s, wait_job, watch_* (coordd.push)
         web_reads.WebReads.serve(self)  # find_jobs, job_stats, fleet, ... (the web view)
         FleetLimits.serve(self)  # self.fleet_limits: limits, limits_set, limits_reset

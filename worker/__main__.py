@@ -1,5 +1,6 @@
-"""`coord-worker --worker-id ID --roles R[,R...] [--socket PATH] [--config FILE]
-[--readings-override FILE] [--log-json]`: run the worker supervisor.
+"""`coord-worker --worker-id ID --roles R[,R...] [--socket PATH | --connect tls://HOST:PORT
+--cert PEM --key PEM --ca PEM] [--config FILE] [--readings-override FILE] [--log-json]`:
+run the worker supervisor.
 
 Exit codes: 0 clean stop (SIGTERM/SIGINT), 2 usage or config error (also: no configured
 kind can run here, or this worker id already runs on this work_dir).
@@ -13,11 +14,13 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 import uvloop
 
 from coordd.__main__ import setup_logging
 from coordd.client import Client
+from coordd.transport import Connector, TlsFiles
 from worker import config as config_mod
 from worker import orphans
 from worker.supervisor import CALL_TIMEOUT_S, Supervisor
@@ -31,6 +34,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--roles", required=True, help="comma-separated roles, e.g. cpu,gpu")
     p.add_argument("--socket", help="coordd socket (env COORDD_SOCKET; default "
                                     "$XDG_RUNTIME_DIR/coordd/coordd.sock)")
+    p.add_argument("--connect", metavar="URL",
+                   help="coordd on another host: tls://HOST:PORT (mutual TLS; config `connect`)")
+    p.add_argument("--cert", help="this worker's certificate (PEM) for tls:// (config tls_cert)")
+    p.add_argument("--key", help="its private key (PEM) (config tls_key)")
+    p.add_argument("--ca", help="the fleet CA (PEM) coordd's certificate chains to (config tls_ca)")
     p.add_argument("--config", help="worker TOML config (default: built-in kinds)")
     p.add_argument("--readings-override", metavar="FILE",
                    help="a JSON file holding an object whose keys replace probe readings "
@@ -47,8 +55,48 @@ async def _run(sup: Supervisor) -> None:
     logger.info("worker %s stopped", sup.worker_id, extra={"action": "worker_exit"})
 
 
+def client_factory(args: argparse.Namespace, cfg: config_mod.WorkerConfig) -> Callable[[], Client]:
+    """Make the supervisor's Client factory: the Unix socket, or `--connect tls://...`
+    (each Client its own Connector: timeouts, backoff, pinned server name).
+
+    Raises: ValueError (a bad URL, tls:// without files), OSError (unreadable TLS files).
+    """
+    url = args.connect or cfg.connect
+    if not url:
+        return lambda: Client(args.socket, timeout=CALL_TIMEOUT_S)
+    files = None
+    if url.startswith("tls://"):
+        cert, key, ca = args.cert or cfg.tls_cert, args.key or cfg.tls_key, args.ca or cfg.tls_ca
+        missing = [n for n, v in (("--cert", cert), ("--key", key), ("--ca", ca)) if not v]
+        if missing:
+            raise ValueError(f"{url} needs {', '.join(missing)} (or tls_cert, tls_key, tls_ca "
+                             "in the config)")
+        files = TlsFiles(cert=cert, key=key, ca=ca)
+        named = _cert_worker_id(cert)
+        if named != args.worker_id:
+            raise ValueError(f"{cert} is the certificate of worker {named or '(none)'}, not "
+                             f"{args.worker_id}: coordd would refuse every request")
+    Connector(url, files)  # bad URL or files: refused now, not at the first call
+    return lambda: Client(connector=Connector(url, files, connect_timeout_s=cfg.connect_timeout_s),
+                          timeout=CALL_TIMEOUT_S)
+
+
+def _cert_worker_id(path: str) -> str | None:
+    from coordd import pki
+    with open(path, "rb") as fh:
+        pem = fh.read()
+    try:
+        return pki.cert_identity(pem)[0]
+    except ValueError as exc:
+        raise ValueError(f"{path} is not a PEM certificate: {exc}") from exc
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `coord-worker` command."""
+    """Entry point of the `coord-worker` command (`coord-worker enroll ...`: worker.enroll)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["enroll"]:
+        from worker.enroll import main as enroll_main
+        return enroll_main(argv[1:])
     args = parse_args(argv)
     roles = [r.strip() for r in args.roles.split(",") if r.strip()]
     if not args.worker_id.strip() or not roles:
@@ -66,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coord-worker: cannot create work_dir {cfg.work_dir}: {exc.strerror} (set "
               "work_dir in the config, or give the unit a StateDirectory=)", file=sys.stderr)
         return 2
-    sup = Supervisor(lambda: Client(args.socket, timeout=CALL_TIMEOUT_S), args.worker_id, roles, cfg,
-                     override_path=args.readings_override)
+    try:
+        factory = client_factory(args, cfg)
+    except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
+        print(f"coord-worker: {exc}", file=sys.stderr)
+        return 2
+    sup = Supervisor(factory, args.worker_id, roles, cfg, override_path=args.readings_override)
     if not sup.kinds.usable():
         print("coord-worker: no configured kind can run here: " + "; ".join(
             f"{k}: {why}" for k, why in sup.kinds.broken().items()), file=sys.stderr)

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,11 +57,16 @@ def end_mode(proc: Any) -> str:
     return EXITED if proc is not None and proc.returncode == 0 else CRASHED
 
 
-async def start(directory: str, store: str, job_dir: str, job_id: str, checkpoint: Any
-                ) -> tuple[CheckpointRecorder, str]:
+async def start(directory: str, store: str, job_dir: str, job_id: str, checkpoint: Any,
+                remote: Any = None) -> tuple[CheckpointRecorder, str]:
     """The recorder of a new attempt, and what its model resumes from: the verified copy of
-    the job's `checkpoint` record (`CheckpointRecorder.resume`), or ""."""
+    the job's `checkpoint` record (`CheckpointRecorder.resume`), or "". With `remote`
+    (worker.remote_files.RemoteFiles: a worker on another host) the record's files are
+    fetched from coordd first, and each new record's file is uploaded before it is sent."""
     rec = CheckpointRecorder(directory, store, job_id)
+    if remote is not None:
+        rec.push = remote.remote_record
+        checkpoint = await remote.localize(checkpoint)
     if checkpoint is None:
         return rec, ""
     return rec, await asyncio.to_thread(rec.resume, job_dir, checkpoint)
@@ -146,6 +151,8 @@ class CheckpointRecorder:
     _whole: dict[str, FileState] = field(default_factory=dict)
     _done: dict[str, FileState] = field(default_factory=dict)
     _pending: tuple[str, FileState, dict[str, Any]] | None = None
+    push: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    """Uploads a record's file to coordd and points it there (a remote worker), or None."""
 
     def resume(self, job_dir: str, checkpoint: Any) -> str:
         """Copy the newest recorded checkpoint whose copy verifies into `job_dir/resume/`;
@@ -187,8 +194,14 @@ class CheckpointRecorder:
             if ref is None or not holds():
                 return None
             try:
+                if self.push is not None:
+                    await self.push(ref)  # the file into coordd's store first
                 await asyncio.wait_for(client.checkpoint(self.job_id, worker_id, token, ref),
                                        CALL_TIMEOUT_S)
+            except OSError as exc:
+                logger.warning("job %s: checkpoint file unreadable: %s", self.job_id, exc,
+                               extra={"action": "checkpoint_retry", "job_id": self.job_id})
+                return None
             except (errors.CoordError, TimeoutError) as exc:
                 if not isinstance(exc, (Disconnected, CallTimeout, TimeoutError, errors.LeaseLost,
                                         errors.LeaseExpired, errors.NotFound,

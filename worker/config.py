@@ -55,7 +55,7 @@ RANGES: dict[str, ranges.Range] = {
     "lease_s": ranges.POSITIVE_S, "heartbeat_interval_s": ranges.POSITIVE_S,
     "grace_s": ranges.NON_NEGATIVE_S, "stop_timeout_s": ranges.POSITIVE_S,
     "claim_interval_s": ranges.POSITIVE_S, "inline_result_bytes": ranges.NON_NEGATIVE,
-    "claim_wait_s": ranges.Range(0, CLAIM_WAIT_S_MAX),
+    "claim_wait_s": ranges.Range(0, CLAIM_WAIT_S_MAX), "connect_timeout_s": ranges.POSITIVE_S,
 }
 """The range of every numeric top-level key of the worker's config."""
 
@@ -149,6 +149,11 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         inline_result_bytes: larger results go to the artifact store, not the DB.
         kinds: one table per job kind this worker can run.
         resources: overrides of the GPUs and RAM this worker advertises.
+        connect: coordd's address: a socket path, or `tls://HOST:PORT` for a coordd on
+            another host ("" = `--socket` / the default socket); `--connect` wins.
+        tls_cert / tls_key / tls_ca: this worker's certificate and key and the fleet CA
+            (PEM files) for `tls://`; `--cert`, `--key`, `--ca` win.
+        connect_timeout_s: one connect (TCP + TLS handshake) must finish within this.
     """
 
     lease_s: float = LEASE_S_DEFAULT
@@ -161,6 +166,11 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     inline_result_bytes: int = INLINE_RESULT_BYTES_DEFAULT
     kinds: dict[str, KindConfig] = msgspec.field(default_factory=default_kinds)
     resources: ResourcesConfig = msgspec.field(default_factory=ResourcesConfig)
+    connect: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    connect_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         ranges.check(self, RANGES)
@@ -181,6 +191,12 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if res.gpus and res.gpu_memory_mb is None:
             raise ValueError("resources.gpu_memory_mb is needed with resources.gpus (the MiB of "
                              "each GPU NVML does not see)")
+
+    @property
+    def stop_margin_s(self) -> float:
+        """How long before its local deadline an unrenewed lease's tree is stopped: the
+        SIGTERM grace plus 0.1 % clock-rate drift (FLEET.md A5), at most a quarter lease."""
+        return min(self.grace_s + self.lease_s * 0.001, self.lease_s / 4)
 
     @property
     def total_slots(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from coordd.protocol import ClaimedJob
 from worker.checkpoints import CheckpointRecorder
@@ -13,6 +14,18 @@ from worker.logs import LogShipper
 from worker.process import ModelProcess
 
 logger = logging.getLogger("worker.supervisor")
+
+class SendStamp:
+    """The monotonic time a request frame was written: a lease runs from there (DESIGN.md,
+    "Wire protocol"); pass it as the client's `on_sent`, which re-stamps it."""
+
+    def __init__(self, clock: Any) -> None:
+        self._clock = clock
+        self.at: float = clock.mono()
+
+    def __call__(self) -> None:
+        self.at = self._clock.mono()
+
 
 CANCELLED = "cancelled"
 """The abort reason of a job whose cancel coordd asked for."""
@@ -37,6 +50,7 @@ class JobRun:
     checkpoints: CheckpointRecorder | None = None
     logs: LogShipper | None = None
     group_record: str | None = None  # worker.orphans: the model's group, while it lives
+    files: Any = None  # worker.remote_files.RemoteFiles for a coordd on another host
 
     @property
     def job_id(self) -> str:

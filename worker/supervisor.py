@@ -21,9 +21,9 @@ from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ClaimedJob
-from worker import artifacts, checkpoints, governance, orphans, resources
+from worker import artifacts, checkpoints, governance, orphans, remote_files, resources
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
-from worker.jobrun import CANCELLED, JobRun
+from worker.jobrun import CANCELLED, JobRun, SendStamp
 from worker.kinds import KindHealth
 from worker.link import Link
 from worker.logs import LogShipper
@@ -198,8 +198,8 @@ class Supervisor:
 
     @property
     def artifact_dir(self) -> str:
-        """coordd's content-addressed store (from the heartbeat), else one beside work_dir."""
-        return self._artifact_dir or os.path.join(os.path.dirname(self.config.work_dir), "artifacts")
+        """coordd's store (from the heartbeat), else (a remote coordd) this host's own."""
+        return remote_files.store_dir(self._client, self._artifact_dir, self.config.work_dir)
 
     # ------------------------------------------------------------ claiming
 
@@ -252,11 +252,11 @@ class Supervisor:
         orphan lease. `wait_s` > 0 parks it at coordd; the lease runs from send + waited_s.
         """
         claim_id = uuid.uuid4().hex
-        sent = self._clock.mono()
+        sent = SendStamp(self._clock)  # re-stamped when the frame is written (a reconnect first)
         for attempt in (1, 2):
             try:
                 res = await self._watch.client.claim(self.worker_id, self.config.lease_s, claim_id,
-                                               kinds=self._claimable(), wait_s=wait_s)
+                                               kinds=self._claimable(), wait_s=wait_s, on_sent=sent)
                 break
             except (Disconnected, CallTimeout) as exc:
                 if attempt == 2 or self._stop.is_set():
@@ -274,7 +274,7 @@ class Supervisor:
         logger.info("claimed %s (%s, P%d, attempt %d)", res.job.job_id, res.job.kind,
                     res.job.priority, res.job.attempts,
                     extra={"action": "claim", "job_id": res.job.job_id, "token": res.lease.token})
-        return res.job, res.lease.token, sent + res.waited_s + res.lease.lease_s
+        return res.job, res.lease.token, sent.at + res.waited_s + res.lease.lease_s
 
     def _start_job(self, run: JobRun) -> None:
         assert self._tg is not None
@@ -320,8 +320,9 @@ class Supervisor:
                                     False)
             return
         values = await asyncio.to_thread(artifacts.prepare_job_dir, run.dir, job.job_id, job.payload)
+        run.files = remote_files.for_job(self._client, self.artifact_dir, run, self.worker_id)
         run.checkpoints, values["resume_from"] = await checkpoints.start(
-            values["checkpoint_dir"], self.artifact_dir, run.dir, job.job_id, job.checkpoint)
+            values["checkpoint_dir"], self.artifact_dir, run.dir, job.job_id, job.checkpoint, run.files)
         if not await self._acquire_slot(run, kind):
             await self._after_abort(run)
             return
@@ -432,6 +433,9 @@ class Supervisor:
         if isinstance(outcome, str):
             await self._report_fail(run, outcome, False)
             return
+        if (why := await remote_files.upload_result(run.files, outcome[1])) is not None:
+            await self._report_fail(run, why, True)  # (a remote worker: into coordd's store)
+            return
         usage, why = await asyncio.to_thread(artifacts.read_usage, values["usage"])
         if why is not None:  # usage is for coordd's limit budgets; it never fails the job
             logger.warning("job %s: %s; not reported", run.job_id, why,
@@ -448,13 +452,14 @@ class Supervisor:
             failures = 0
             while True:
                 now = self._clock.mono()
-                if now >= run.deadline:
+                if now >= (stop_at := run.deadline - self.config.stop_margin_s):  # gone by then
                     self._lose_lease(run, "local lease deadline passed")
                     return
-                timeout = min(RENEW_CALL_TIMEOUT_MAX_S, max(0.05, run.deadline - now))
+                timeout = min(RENEW_CALL_TIMEOUT_MAX_S, max(0.05, stop_at - now))
+                sent = SendStamp(self._clock)  # re-stamped when the frame is written
                 try:
                     r = await asyncio.wait_for(self._client.renew(
-                        run.job_id, self.worker_id, run.token, self.config.lease_s), timeout)
+                        run.job_id, self.worker_id, run.token, self.config.lease_s, on_sent=sent), timeout)
                 except LEASE_GONE as exc:
                     self._lose_lease(run, f"{exc.code}: {exc}")
                     return
@@ -463,10 +468,10 @@ class Supervisor:
                     logger.log(logging.WARNING if failures == 1 else logging.DEBUG,
                                "job %s: renew failed, retrying until the lease ends: %s",
                                run.job_id, exc, extra={"action": "renew_retry", "job_id": run.job_id})
-                    if await self._clock.wait(run.finished, RETRY_S):
+                    if await self._clock.wait(run.finished, max(0.0, min(RETRY_S, stop_at - self._clock.mono()))):
                         return
                     continue
-                run.deadline = now + r.lease_s
+                run.deadline = sent.at + r.lease_s
                 if r.cancel_requested:
                     run.request_cancel()
                 if r.action is not None:

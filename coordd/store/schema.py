@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 from coordd import errors
+from coordd.store import enrol as _enrol
 from coordd.store import governance as _governance_schema
 from coordd.store import limits as _limits
 from coordd.store import resources as _resources_schema
@@ -23,7 +24,7 @@ from coordd.store import worker_schema as _worker_schema
 from coordd.store import workflow_schema as _workflow_schema
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 PRAGMA_AUTO_VACUUM = "PRAGMA auto_vacuum = INCREMENTAL"
 PRAGMAS_WRITER = (
     "PRAGMA journal_mode=WAL",
@@ -150,6 +151,7 @@ MIGRATIONS: tuple[str, ...] = (
     _limits.MIGRATION_LIMITS,  # v14: fleet-wide limits (issue 17, coordd.store.limits)
     # v15: job_counts kept by the writer (coordd.job_changes), its triggers dropped
     _job_changes.MIGRATION_COUNTERS_BY_WRITER,
+    _enrol.MIGRATION_ENROL_TOKENS,  # v16: one-time enrolment tokens, hashed (issue 18)
 )
 
 

@@ -1,0 +1,130 @@
+"""Enrolment: a new worker gets its mTLS certificate without a key ever being copied.
+
+`coordctl token create --worker ID --ttl 1h` asks coordd (admin) for a one-time token;
+coordd keeps only its SHA-256. `coord-worker enroll` makes its key, fetches the CA from the
+enrolment listener (`ca_bundle`), checks it against the pinned `--ca-sha256`, and only then,
+over a connection that verifies coordd against that CA, sends the token and a CSR
+(`enroll`). coordd burns the token in the writer's transaction and signs the CSR with the
+CA key (`tls_ca_key`) as `coordd-worker://<the token's worker id>`. The rule: a token is
+good for one certificate; a replay, an unknown or an expired token is `permission_denied`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from typing import Any
+
+from coordd import errors, pki
+from coordd.clock import Clock
+from coordd.config import Config
+from coordd.names import check_name
+from coordd.protocol_enrol import CaBundle, Enroll, Enrolled, TokenCreate, TokenCreated
+from coordd.store import enrol as estore
+from coordd.times import fmt_time
+from coordd.writer import Writer
+
+logger = logging.getLogger(__name__)
+
+ENROL_METHODS = ("token_create", "ca_bundle", "enroll")
+TOKEN_PREFIX = "cdt_"
+TTL_MAX_S = 7 * 86400.0
+CSR_MAX_CHARS = 16384
+
+
+def digest(token: str) -> str:
+    """What is stored for a token: its SHA-256, hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Enrolment:
+    """The enrolment methods over the Coordinator's writer (see coordd.service)."""
+
+    METHODS = ENROL_METHODS
+
+    def __init__(self, writer: Writer, read: Any, config: Config, clock: Clock) -> None:
+        self._writer = writer
+        self._read = read
+        self._config = config
+        self._clock = clock
+        self._ca: Any = None  # (certificate, key), loaded at the first use
+
+    def _load_ca(self) -> Any:
+        if not self._config.tls_ca_key or not self._config.tls_client_ca:
+            raise errors.InvalidState("enrolment is off: coordd has no CA key (set tls_ca_key "
+                                      "and tls_client_ca)")
+        if self._ca is None:
+            from cryptography import x509
+            from cryptography.hazmat.primitives import serialization
+            try:
+                with open(self._config.tls_client_ca, "rb") as fh:
+                    ca_pem = fh.read()
+                with open(self._config.tls_ca_key, "rb") as fh:
+                    key = serialization.load_pem_private_key(fh.read(), None)
+                cert = x509.load_pem_x509_certificate(ca_pem)
+            except (OSError, ValueError) as exc:
+                raise errors.InvalidState(f"enrolment: cannot read the CA: {exc}") from exc
+            self._ca = (cert, key, ca_pem.decode())
+        return self._ca
+
+    async def token_create(self, p: TokenCreate) -> TokenCreated:
+        """Make a one-time token for `p.worker_id` valid `p.ttl_s` seconds (admin)."""
+        check_name("worker_id", p.worker_id)
+        if not 0 < p.ttl_s <= TTL_MAX_S:
+            raise errors.BadRequest(f"ttl_s must be > 0 and <= {TTL_MAX_S:g}, got {p.ttl_s}")
+        _cert, _key, ca_pem = self._load_ca()
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+        def op(conn: Any, now: float) -> float:
+            estore.add_token(conn, now, digest(token), p.worker_id, now + p.ttl_s)
+            return now + p.ttl_s
+        expires = await self._writer.run(op)
+        logger.info("enrolment token made for worker %s (expires %s)", p.worker_id,
+                    fmt_time(expires), extra={"action": "token_create", "worker_id": p.worker_id})
+        return TokenCreated(token=token, worker_id=p.worker_id, expires_at=expires,
+                            ca_sha256=pki.fingerprint(ca_pem.encode()))
+
+    async def ca_bundle(self, p: Any = None) -> CaBundle:
+        """The fleet CA certificate (public), for the worker to check against its pin."""
+        return CaBundle(ca_pem=self._load_ca()[2])
+
+    async def enroll(self, p: Enroll) -> Enrolled:
+        """Burn the token and sign the CSR as the token's worker id.
+
+        Raises: PermissionDenied (unknown, used or expired token), BadRequest (bad CSR).
+        """
+        cert, key, ca_pem = self._load_ca()
+        if len(p.csr_pem) > CSR_MAX_CHARS:
+            raise errors.BadRequest(f"csr_pem is over {CSR_MAX_CHARS} characters")
+        try:  # checked before the token is spent: a bad CSR costs the worker nothing
+            pki.sign_csr(cert, key, p.csr_pem.encode(), "probe")
+        except pki.PkiError as exc:
+            raise errors.BadRequest(f"enroll: {exc}") from exc
+        h = digest(p.token)
+        state = await self._read(estore.token_state, h)  # who the token is for
+        worker_id = self._check(state, self._clock.wall())
+        pem = pki.sign_csr(cert, key, p.csr_pem.encode(), worker_id)  # outside any transaction
+        serial = pki.serial_of(pem)
+
+        def op(conn: Any, now: float) -> None:  # burn it: at most one enrolment wins
+            self._check(estore.token_state(conn, h), now)
+            if not estore.use_token(conn, now, h, serial):
+                raise errors.PermissionDenied("enroll: this token was already used")
+        await self._writer.run(op)
+        logger.info("enrolled worker %s (certificate serial %s)", worker_id, serial,
+                    extra={"action": "enrolled", "worker_id": worker_id})
+        return Enrolled(worker_id=worker_id, cert_pem=pem.decode(), ca_pem=ca_pem, serial=serial)
+
+    @staticmethod
+    def _check(state: tuple[str, float, float | None] | None, now: float) -> str:
+        """The token's worker id, if the token is usable at `now`. Raises: PermissionDenied."""
+        if state is None:
+            raise errors.PermissionDenied("enroll: unknown token")
+        worker_id, expires_at, used_at = state
+        if used_at is not None:
+            raise errors.PermissionDenied(f"enroll: this token was already used "
+                                          f"({fmt_time(used_at)}); ask for a new one")
+        if now >= expires_at:
+            raise errors.PermissionDenied(f"enroll: this token expired {fmt_time(expires_at)}")
+        return worker_id

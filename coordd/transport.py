@@ -1,0 +1,135 @@
+"""How a client reaches coordd: a Unix socket path, or `tls://HOST:PORT` with mutual TLS
+(`tcp://HOST:PORT` only for coordd's loopback plaintext test mode).
+
+The rules not to break: the server name is pinned (`coordd`, pki.SERVER_NAME) whatever
+address is dialled; every connect has a timeout; after a failed connect the next one waits
+a capped exponential backoff with full jitter (`uniform(0, min(cap, base * 2**n))`), so a
+fleet that lost coordd does not reconnect in lockstep; TCP sockets get keepalive and
+TCP_USER_TIMEOUT (coordd.tls.tune_tcp), so a partition is noticed in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import ssl
+from dataclasses import dataclass
+
+from coordd import errors, tls
+from coordd.clock import Clock, SystemClock
+
+SERVER_NAME = "coordd"
+CONNECT_TIMEOUT_S = 5.0
+BACKOFF_BASE_S = 0.2
+BACKOFF_CAP_S = 5.0
+READ_LIMIT = 1 << 20
+
+
+class ConnectFailed(errors.CoordError):
+    """coordd could not be reached (the code is the client's `disconnected`)."""
+
+    code = "disconnected"
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The worker's certificate and key, and the fleet CA that coordd's certificate chains to."""
+
+    cert: str
+    key: str
+    ca: str
+
+
+def client_context(files: TlsFiles) -> ssl.SSLContext:
+    """A TLS 1.3 client context: coordd's certificate must chain to `files.ca` and name
+    SERVER_NAME; ours is presented. Raises: OSError / ssl.SSLError (bad files)."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=files.ca)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_cert_chain(files.cert, files.key)
+    return ctx
+
+
+class Connector:
+    """Open connections to one coordd endpoint.
+
+    Args:
+        endpoint: a Unix socket path, `tls://HOST:PORT` or `tcp://HOST:PORT`.
+        files: the TLS files (required for tls://).
+        connect_timeout_s: one connect (TCP + TLS handshake) must finish within this.
+        backoff_base_s / backoff_cap_s: the full-jitter backoff between failed connects.
+        rng / clock: injectable for tests.
+        context: an SSLContext to use instead of one made from `files` (enrolment).
+    Raises: ValueError (a bad endpoint, or tls:// without files).
+    """
+
+    def __init__(self, endpoint: str, files: TlsFiles | None = None, *,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 backoff_base_s: float = BACKOFF_BASE_S, backoff_cap_s: float = BACKOFF_CAP_S,
+                 user_timeout_s: float = tls.TCP_USER_TIMEOUT_S,
+                 rng: random.Random | None = None, clock: Clock | None = None,
+                 server_name: str = SERVER_NAME, context: ssl.SSLContext | None = None) -> None:
+        self.endpoint = endpoint
+        self.scheme, _, rest = endpoint.partition("://") if "://" in endpoint else ("unix", "", endpoint)
+        if self.scheme not in ("unix", "tls", "tcp"):
+            raise ValueError(f"{endpoint!r}: use a socket path, tls://HOST:PORT or tcp://HOST:PORT")
+        self.path = rest if self.scheme == "unix" else ""
+        self.host, self.port = ("", 0) if self.scheme == "unix" else tls.split_host_port(rest)
+        if self.scheme == "tls" and files is None and context is None:
+            raise ValueError(f"{endpoint}: tls:// needs a certificate, key and CA (--cert, --key, --ca)")
+        self._ctx = context or (client_context(files) if self.scheme == "tls" and files else None)
+        self.connect_timeout_s = connect_timeout_s
+        self._base, self._cap = backoff_base_s, backoff_cap_s
+        self._user_timeout_s = user_timeout_s
+        self._rng = rng or random.Random()
+        self._clock = clock or SystemClock()
+        self._server_name = server_name
+        self.failures = 0
+        self._next_try = 0.0  # monotonic: no connect before this (backoff)
+
+    def backoff_s(self) -> float:
+        """The wait before the next connect after `failures` failed ones (full jitter)."""
+        if not self.failures:
+            return 0.0
+        return self._rng.uniform(0.0, min(self._cap, self._base * 2.0 ** min(self.failures - 1, 30)))
+
+    async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect (after the backoff's wait, if the last connect failed).
+
+        Raises: ConnectFailed (nothing answers, timeout, a refused handshake: with a hint).
+        """
+        wait = self._next_try - self._clock.mono()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        try:
+            pair = await asyncio.wait_for(self._open(), self.connect_timeout_s)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+            self.failures += 1
+            self._next_try = self._clock.mono() + self.backoff_s()
+            raise ConnectFailed(self._why(exc)) from exc
+        self.failures = 0
+        self._next_try = 0.0
+        return pair
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.scheme == "unix":
+            return await asyncio.open_unix_connection(self.path, limit=READ_LIMIT)
+        reader, writer = await asyncio.open_connection(
+            self.host, self.port, limit=READ_LIMIT, ssl=self._ctx,
+            server_hostname=self._server_name if self._ctx else None,
+            ssl_handshake_timeout=self.connect_timeout_s if self._ctx else None)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            tls.tune_tcp(sock, self._user_timeout_s)  # type: ignore[arg-type]
+        return reader, writer
+
+    def _why(self, exc: BaseException) -> str:
+        where = self.path if self.scheme == "unix" else f"{self.scheme}://{self.host}:{self.port}"
+        if isinstance(exc, asyncio.TimeoutError):
+            return f"cannot connect to coordd at {where}: no answer within {self.connect_timeout_s:g}s"
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return (f"cannot connect to coordd at {where}: its certificate does not verify "
+                    f"against the fleet CA or name {self._server_name!r}: {exc.verify_message}")
+        if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)) and self.scheme == "unix":
+            return f"coordd is not running at {where}: {exc.strerror}"
+        text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        return f"cannot connect to coordd at {where}: {text}"

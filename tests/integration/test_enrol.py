@@ -1,0 +1,85 @@
+"""Enrolment (issue 18): a one-time token, a key made on the worker, a CSR signed by
+coordd; a replayed token is refused. Real coordd, coordctl and coord-worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from coordd import errors, pki
+from coordd.client import Client
+from coordd.transport import Connector, TlsFiles
+from tests.integration.fleet_certs import free_port, make_fleet
+
+COOL = {"memory_used_pct": 10.0, "temperature_c": 40.0, "on_battery": False, "user_idle_s": 9999.0}
+
+
+def run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.fixture
+def enrolling(daemon_factory, tmp_path):
+    fleet = make_fleet(tmp_path, time.time())
+    eport = free_port()
+    d = daemon_factory(fleet.config(f'listen_enroll = "127.0.0.1:{eport}"\n'
+                                    f'tls_ca_key = "{fleet.ca_dir / "ca.key"}"\n'))
+    d.start()
+    return fleet, d, eport
+
+
+async def test_enrolment_token_works_once(enrolling, tmp_path):
+    fleet, d, eport = enrolling
+    made = run("coordctl", "--socket", d.socket, "--json", "token", "create", "--worker", "gpu3",
+               "--ttl", "1h")
+    assert made.returncode == 0, made.stderr
+    tok = json.loads(made.stdout)
+    fp = pki.fingerprint((fleet.ca_dir / "ca.pem").read_bytes())
+    assert tok["ca_sha256"] == fp and tok["worker_id"] == "gpu3"
+    # a wrong pin: nothing is sent, the token stays good
+    bad = run("worker", "enroll", "--server", f"127.0.0.1:{eport}", "--token", tok["token"],
+              "--ca-sha256", "00" * 32, "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 1 and "not sending the token" in bad.stderr
+    out = tmp_path / "tls"
+    ok = run("worker", "enroll", "--server", f"127.0.0.1:{eport}", "--token", tok["token"],
+             "--ca-sha256", fp, "--out", str(out))
+    assert ok.returncode == 0, ok.stderr
+    assert "enrolled as worker gpu3" in ok.stdout
+    for name in ("worker.key", "worker.pem", "ca.pem"):
+        assert stat.S_IMODE(os.stat(out / name).st_mode) == 0o600
+    assert pki.cert_identity((out / "worker.pem").read_bytes()) == ("gpu3", None)
+    files = TlsFiles(cert=str(out / "worker.pem"), key=str(out / "worker.key"),
+                     ca=str(out / "ca.pem"))
+    async with Client(connector=Connector(f"tls://127.0.0.1:{fleet.port}", files), timeout=5) as c:
+        assert (await c.heartbeat("gpu3", ["gpu"], COOL)).now > 0
+        with pytest.raises(errors.PermissionDenied):
+            await c.heartbeat("gpu4", ["gpu"], COOL)
+    again = run("worker", "enroll", "--server", f"127.0.0.1:{eport}", "--token", tok["token"],
+                "--ca-sha256", fp, "--out", str(tmp_path / "again"))
+    assert again.returncode == 1 and "already used" in again.stderr
+    assert "enrolled worker gpu3" in d.log()
+
+
+async def test_enrolment_listener_serves_only_enrolment(enrolling):
+    fleet, d, eport = enrolling
+    from worker.enroll import _unverified
+    async with Client(connector=Connector(f"tls://127.0.0.1:{eport}", context=_unverified()),
+                      timeout=5) as c:
+        with pytest.raises(errors.PermissionDenied, match="not served here"):
+            await c.status()
+        with pytest.raises(errors.PermissionDenied, match="not served here"):
+            await c.heartbeat("wa", ["cpu"], COOL)
+        with pytest.raises(errors.PermissionDenied, match="unknown token"):
+            await c.call("enroll", {"token": "cdt_nope", "csr_pem": pki.make_csr(
+                pki.new_key(), "x").decode()})
+    # token_create is an admin method: not for a worker certificate over TCP
+    async with Client(connector=fleet.connector("worker-wa"), timeout=5) as c:
+        with pytest.raises(errors.PermissionDenied, match="admin"):
+            await c.call("token_create", {"worker_id": "wa"})
