@@ -29,7 +29,10 @@ from coordd import errors
 from coordd.client import Client, Disconnected
 from coordd.protocol import TERMINAL_STATUSES
 from coordd_web import live, shapes
-from coordd_web.security import HostGuard, cookie_args, session_token, token_ok
+from coordd_web.peer import tcp_peer_uid
+from coordd_web.security import (
+    HostGuard, PeerGuard, PeerLookup, cookie_args, session_token, token_ok,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +48,14 @@ RETRYABLE = ("failed", "cancelled", "skipped")
 @dataclass
 class Settings:
     """How one coordd-web process runs: coordd's socket, whether actions are on, the
-    per-start token (None with actions off), extra allowed Host names."""
+    per-start token (None with actions off), extra allowed Host names, and how a
+    request's peer uid is found (security.PeerGuard)."""
 
     socket: str | None
     actions: bool = False
     token: str | None = None
     allow_hosts: tuple[str, ...] = ()
+    peer_uid: PeerLookup = tcp_peer_uid
 
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -251,7 +256,8 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 
 def build_app(settings: Settings) -> Any:
-    """The ASGI app for `settings` (wrapped in the Host allowlist and security headers)."""
+    """The ASGI app for `settings` (wrapped in the peer uid check, the Host allowlist and
+    the security headers)."""
     routes = [
         Route("/", with_token(overview)),
         Route("/workers", with_token(workers_page)),
@@ -270,4 +276,4 @@ def build_app(settings: Settings) -> Any:
         routes += actions.ROUTES
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.settings = settings
-    return HostGuard(app, settings.allow_hosts)
+    return HostGuard(PeerGuard(app, settings.peer_uid), settings.allow_hosts)

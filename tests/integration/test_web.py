@@ -4,6 +4,7 @@ CSP, and the action checks (token, same origin; with actions off no action answe
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from urllib.parse import parse_qs, urlparse
@@ -27,7 +28,13 @@ def filled(daemon):
     return daemon, fill(daemon.socket)
 
 
+def same_uid(client, server) -> int:
+    """TestClient's requests have no TCP peer: stand in for /proc (coordd_web.peer)."""
+    return os.getuid()
+
+
 def client(socket: str, **kw) -> TestClient:
+    kw.setdefault("peer_uid", same_uid)
     return TestClient(build_app(Settings(socket=socket, **kw)), base_url=BASE)
 
 
