@@ -284,4 +284,5 @@ def build_app(settings: Settings) -> Any:
         routes += actions.ROUTES
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.settings = settings
+    app.state.feed = live.Feed(settings.socket)
     return HostGuard(PeerGuard(app, settings.peer_uid), settings.allow_hosts)
