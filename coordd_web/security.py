@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import re
 import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -47,12 +48,17 @@ def new_token() -> str:
     return secrets.token_urlsafe(TOKEN_BYTES)
 
 
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9.-]+))(?::[0-9]{1,5})?")
+
+
 def host_name(host_header: str) -> str:
-    """The host part of a Host header: `[::1]:8787` -> `::1`, `Example:80` -> `example`."""
-    h = host_header.strip().lower()
-    if h.startswith("["):
-        return h[1:h.find("]")] if "]" in h else h
-    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+    """The host part of a Host header: `[::1]:8787` -> `::1`, `Example:80` -> `example`;
+    "" for anything that is not exactly a name or [IPv6] with an optional port
+    (`127.0.0.1:1@evil`, `[::1]evil.com`)."""
+    m = _HOST.fullmatch(host_header.strip().lower())
+    if m is None:
+        return ""
+    return m.group("v6") or m.group("name")
 
 
 class HostGuard:
@@ -61,7 +67,7 @@ class HostGuard:
 
     def __init__(self, app: ASGIApp, extra: Iterable[str] = ()) -> None:
         self.app = app
-        self.allowed = LOOPBACK_HOSTS | {host_name(h) for h in extra}
+        self.allowed = LOOPBACK_HOSTS | ({host_name(h) for h in extra} - {""})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
