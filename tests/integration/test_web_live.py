@@ -89,3 +89,12 @@ def test_a_stream_hears_a_new_job_and_bad_cursors_restart_at_the_head(daemon):
                 if b'"n": 1' in got:
                     break
         assert job.encode() in got
+
+
+def test_streams_past_the_cap_get_503(daemon, monkeypatch):
+    import coordd_web.live as live
+    monkeypatch.setattr(live, "STREAMS_MAX", 0)
+    app = build_app(Settings(socket=daemon.socket, peer_uid=same_uid))
+    with TestClient(app, base_url=BASE) as web:
+        r = web.get("/events")
+    assert r.status_code == 503 and "too many live streams" in r.text
