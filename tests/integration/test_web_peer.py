@@ -35,9 +35,18 @@ def connected(family: int, host: str):
     return lst, cli, srv
 
 
+@pytest.fixture(params=["sock_diag", "proc"])
+def lookup_path(request, monkeypatch):
+    """Each test below runs on both ways of finding the owner: the kernel's sock_diag
+    and the /proc/net/tcp* scan (what is left when the kernel does not say)."""
+    if request.param == "proc":
+        monkeypatch.setattr(peer, "diag_uid", lambda client, server: None)
+    return request.param
+
+
 @pytest.mark.parametrize("family,host", [(socket.AF_INET, "127.0.0.1"),
                                          (socket.AF_INET6, "::1")])
-def test_peer_uid_of_a_real_connection(family, host):
+def test_peer_uid_of_a_real_connection(family, host, lookup_path):
     try:
         socks = connected(family, host)
     except OSError as exc:
@@ -53,7 +62,32 @@ def test_peer_uid_of_a_real_connection(family, host):
             s.close()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv")
+def test_peer_uid_of_another_users_socket(lookup_path):
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen()
+    port = lst.getsockname()[1]
+    code = ("import socket, sys, time; s = socket.create_connection(('127.0.0.1', %d)); "
+            "print(s.getsockname()[1], flush=True); sys.stdin.read()" % port)
+    proc = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                             "--clear-groups", "/usr/bin/python3", "-c", code],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        their_port = int(proc.stdout.readline())
+        srv, _ = lst.accept()
+        assert peer.tcp_peer_uid(("127.0.0.1", their_port), ("127.0.0.1", port)) == NOBODY
+        srv.close()
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+        proc.stdout.close()
+        lst.close()
+
+
 def test_unreadable_table_refuses(monkeypatch, tmp_path):
+    monkeypatch.setattr(peer, "diag_uid", lambda client, server: None)
     lst, cli, srv = connected(socket.AF_INET, "127.0.0.1")
     monkeypatch.setattr(peer, "PROC_TCP", str(tmp_path / "absent"))
     try:
