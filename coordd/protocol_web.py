@@ -19,7 +19,8 @@ class FindJobs(msgspec.Struct, kw_only=True):
 
     Newest by enqueue; with a `status`, by last change (the most recently failed first).
     `worker`: jobs a worker ever held (from the event log); `text`: a substring of the
-    payload or the last error, any case. A page looks at no more than `scan` jobs after
+    payload or the last error, any case of ASCII letters (other letters match as typed:
+    SQLite's lower() folds ASCII only). A page looks at no more than `scan` jobs after
     the job `before`: `next_before` continues where it stopped, whether or not it filled
     the page, so each page costs at most `scan` rows however rare the match.
     """

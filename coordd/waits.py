@@ -135,6 +135,9 @@ class Waits:
         """Job events with id > `after` that pass `filter`, in id order (at most `limit`),
         parked up to `wait_s` while there are none. `next_after` is past every event
         looked at, so a reader that resumes from it misses nothing and sees nothing twice.
+        A cursor past the newest event (one from another database: a restore, a new
+        file) is answered at once with no events and `next_after` = the newest event's
+        id, below `after`: the reader goes on from there.
 
         Raises: BadRequest (negative cursor, limit outside 1..1000, bad wait), Overloaded.
         """
@@ -166,6 +169,10 @@ class Waits:
                         if len(out) == p.limit:
                             break
                 full = len(rows) == FEED_SCAN
+                if not rows and cursor == p.after and cursor > 0:
+                    head = await self._read(push_store.last_event)
+                    if head < cursor:  # past the head: not this database's cursor
+                        return True, EventsResult(events=[], next_after=head)
                 if out or not full:
                     break
             # more left unscanned: answer now (perhaps with no event), the reader goes on

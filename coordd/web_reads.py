@@ -29,6 +29,7 @@ READINGS_KEPT = 120     # heartbeats kept per worker (at 5 s: the last 10 minute
 READING_KEYS_MAX = 16   # numeric readings kept per heartbeat
 WORKERS_KEPT = 1000     # workers whose readings are kept (the least recently heard go)
 BUCKETS_MAX = 1440
+ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 STATUS_ONLY = (0, 3)    # filter positions (status, priority) the status counters can count exactly
 
 
@@ -112,7 +113,7 @@ class WebReads:
             value = getattr(p, name)
             if value is not None:
                 check_name(name, value)
-        text = p.text.lower() if p.text else None
+        text = p.text.translate(ASCII_LOWER) if p.text else None  # as SQLite's lower()
         filters = (p.status, p.kind, p.role, p.priority, p.worker, p.workflow_id, text)
         before = None
         if p.before is not None:
@@ -172,9 +173,10 @@ class WebReads:
         if not (p.window_s > 0 and p.bucket_s > 0 and math.isfinite(p.window_s)
                 and math.isfinite(p.bucket_s)):
             raise errors.BadRequest("window_s and bucket_s must be finite and > 0")
-        n = math.ceil(p.window_s / p.bucket_s)
-        if n > BUCKETS_MAX:
+        ratio = p.window_s / p.bucket_s  # inf for a subnormal bucket
+        if not ratio <= BUCKETS_MAX:
             raise errors.BadRequest(f"window_s / bucket_s must be at most {BUCKETS_MAX}")
+        n = math.ceil(ratio)
         now = self._wall()
         # whole buckets on the epoch's grid, so a refresh never moves a job between them
         start = (math.floor(now / p.bucket_s) - (n - 1)) * p.bucket_s
@@ -229,10 +231,14 @@ class WebReads:
     async def message_log(self, p: MessageLog) -> MessageLogResult:
         """Hub messages newest first, with each reader's delivery state.
 
-        Raises: BadRequest (limit outside 1..FIND_LIMIT_MAX).
+        Raises: BadRequest (limit outside 1..FIND_LIMIT_MAX), NotFound (`before` names no
+        message).
         """
         if not 1 <= p.limit <= FIND_LIMIT_MAX:
             raise errors.BadRequest(f"limit must be 1..{FIND_LIMIT_MAX}, got {p.limit}")
+        if p.before is not None and not await self._read(web_store.message_exists,
+                                                           p.before):
+            raise errors.NotFound(f"message {p.before} not found (the page's `before`)")
         rows, deliveries = await self._read(web_store.messages, p.before, p.limit)
         by_id: dict[str, list[Delivery]] = {}
         for mid, reader, n, at, visible, done in deliveries:

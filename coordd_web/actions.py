@@ -15,7 +15,8 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from coordd import errors
-from coordd.client import Client, Disconnected
+from coordd.client import Client
+from coordd_web import failures
 from coordd_web.security import action_refusal
 
 logger = logging.getLogger(__name__)
@@ -38,12 +39,13 @@ async def _run(request: Request, what: str, call: Any) -> Response:
     client = Client(settings.socket, timeout=CALL_TIMEOUT_S)
     try:
         text = await call(client)
-    except errors.PermissionDenied as exc:
-        return _answer(f"coordd refused {what}: {exc}", 403)
     except (errors.NotFound, errors.InvalidState, errors.BadRequest) as exc:
         return _answer(f"{what}: {exc.code}: {exc}", 409)
-    except Disconnected as exc:
-        return _answer(f"coordd is not reachable: {exc}", 503)
+    except errors.CoordError as exc:  # timeout 504, unreachable 503, refused 403, else 502
+        status = failures.status_of(exc)
+        logger.warning("%s: %s: %s", what, exc.code, exc,
+                       extra={"action": "web_coordd_error", "code": exc.code})
+        return _answer(f"{what}: {failures.words_of(exc)}", status)
     finally:
         await client.close()
     logger.info("%s: %s", what, text, extra={"action": "web_action"})

@@ -8,6 +8,7 @@ actions); live updates come from coordd's event feed (coordd_web.live).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -26,15 +27,19 @@ from starlette.templating import Jinja2Templates
 
 from coordctl import render
 from coordd import errors
-from coordd.client import Client, Disconnected
+from coordd.client import Client
 from coordd.protocol import TERMINAL_STATUSES
-from coordd_web import live, shapes
-from coordd_web.security import HostGuard, cookie_args, session_token, token_ok
+from coordd_web import failures, live, shapes
+from coordd_web.peer import tcp_peer_uid
+from coordd_web.security import (
+    HostGuard, PeerGuard, PeerLookup, cookie_args, session_token, token_ok,
+)
 
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-CALL_TIMEOUT_S = 10.0
+CALL_TIMEOUT_S = 10.0  # one call to coordd
+PAGE_DEADLINE_S = 15.0  # every call of one page together
 JOBS_PAGE = 50
 RECENT_JOBS = 15
 LOG_BYTES_SHOWN = 64 << 10  # a job page shows this much of the captured output
@@ -45,12 +50,14 @@ RETRYABLE = ("failed", "cancelled", "skipped")
 @dataclass
 class Settings:
     """How one coordd-web process runs: coordd's socket, whether actions are on, the
-    per-start token (None with actions off), extra allowed Host names."""
+    per-start token (None with actions off), extra allowed Host names, and how a
+    request's peer uid is found (security.PeerGuard)."""
 
     socket: str | None
     actions: bool = False
     token: str | None = None
     allow_hosts: tuple[str, ...] = ()
+    peer_uid: PeerLookup = tcp_peer_uid
 
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -63,19 +70,25 @@ templates.env.globals.update(error_explains=render.ERROR_EXPLAINS)
 
 @contextlib.asynccontextmanager
 async def coordd(request: Request) -> AsyncIterator[Client]:
-    """A connection to coordd for this request only; errors become HTTP answers."""
+    """A connection to coordd for this request only, for at most PAGE_DEADLINE_S; coordd's
+    errors become HTTP answers (coordd_web.failures: 504 timeout, 503 unreachable or
+    overloaded, 403 refused, 404, 400, 502 for the rest)."""
     settings: Settings = request.app.state.settings
     client = Client(settings.socket, timeout=CALL_TIMEOUT_S)
     try:
-        yield client
-    except errors.NotFound as exc:
-        raise HTTPException(404, str(exc)) from exc
-    except errors.BadRequest as exc:
-        raise HTTPException(400, str(exc)) from exc
-    except Disconnected as exc:
-        raise HTTPException(503, f"coordd is not reachable: {exc}") from exc
-    except errors.Overloaded as exc:
-        raise HTTPException(503, f"coordd is overloaded: {exc}") from exc
+        async with asyncio.timeout(PAGE_DEADLINE_S):
+            yield client
+    except TimeoutError as exc:
+        logger.warning("%s: no page within %gs", request.url.path, PAGE_DEADLINE_S,
+                       extra={"action": "web_coordd_error", "code": "timeout"})
+        raise HTTPException(504, f"coordd did not answer within {PAGE_DEADLINE_S:g}s") \
+            from exc
+    except errors.CoordError as exc:
+        status = failures.status_of(exc)
+        if status >= 500:
+            logger.warning("%s: %s: %s", request.url.path, exc.code, exc,
+                           extra={"action": "web_coordd_error", "code": exc.code})
+        raise HTTPException(status, failures.words_of(exc)) from exc
     finally:
         await client.close()
 
@@ -251,7 +264,8 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 
 def build_app(settings: Settings) -> Any:
-    """The ASGI app for `settings` (wrapped in the Host allowlist and security headers)."""
+    """The ASGI app for `settings` (wrapped in the peer uid check, the Host allowlist and
+    the security headers)."""
     routes = [
         Route("/", with_token(overview)),
         Route("/workers", with_token(workers_page)),
@@ -270,4 +284,5 @@ def build_app(settings: Settings) -> Any:
         routes += actions.ROUTES
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.settings = settings
-    return HostGuard(app, settings.allow_hosts)
+    app.state.feed = live.Feed(settings.socket)
+    return HostGuard(PeerGuard(app, settings.peer_uid), settings.allow_hosts)

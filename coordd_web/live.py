@@ -1,11 +1,11 @@
 """Live updates: Server-Sent Events driven by coordd's event feed (`watch_events`).
 
-One stream per browser tab, one coordd connection per stream, nothing kept here: the
-cursor is the browser's (`after`, or `Last-Event-ID` when it reconnects), so a resumed
-stream misses nothing. Each SSE message sums one feed reply (how many events, the newest
-id, a few job ids), and a stream asks coordd at most every PACE_S: however busy coordd is,
-a tab costs it a couple of reads a second. The page re-renders its live parts on a
-message; no page polls.
+Every stream reads the process's one shared follower (coordd_web.feed), so a tab costs
+coordd no parked call; the cursor is the browser's (`after`, or `Last-Event-ID` when it
+reconnects), so a resumed stream misses nothing. Each SSE message sums one or more feed
+replies (how many events, the newest id, a few job ids); a cursor coordd does not know
+(past the head: another database) starts again at the head. The page re-renders its
+live parts on a message; no page polls.
 """
 
 from __future__ import annotations
@@ -17,24 +17,27 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
 from coordd import errors
-from coordd.client import CallTimeout, Client, Disconnected
+from coordd.client import Client
+from coordd.protocol_push import FeedEvent
+from coordd.waits import FEED_CURSOR_MAX
+from coordd_web.feed import DOWN_CODES, DOWN_RETRY_S, FEED_LIMIT, PACE_S, Feed
 
 logger = logging.getLogger(__name__)
 
-WAIT_S = 15.0        # a feed call parks this long at most (then a keep-alive comment)
-PACE_S = 0.5         # the least time between two feed calls of one stream
+KEEPALIVE_S = 15.0   # a comment this often while nothing happens
 RETRY_MS = 2000      # the browser's reconnect delay
-DOWN_RETRY_S = 2.0   # coordd unreachable: try again after this
+CALL_TIMEOUT_S = 10.0
 IDS_SHOWN = 20
+STREAMS_MAX = 256    # open streams per coordd-web process (503 past it)
 
 
 def _cursor(request: Request) -> int:
     raw = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
     try:
-        return max(0, int(raw))
+        return min(max(0, int(raw)), FEED_CURSOR_MAX)
     except ValueError:
         return 0
 
@@ -44,48 +47,88 @@ def _message(event: str, data: Any, event_id: int | None = None) -> bytes:
     return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-async def stream(socket: str | None, after: int, flt: dict[str, Any]) -> AsyncIterator[bytes]:
+def _jobs(events: list[FeedEvent], cursor: int) -> bytes:
+    statuses: dict[str, int] = {}
+    for ev in events:
+        statuses[ev.to_status] = statuses.get(ev.to_status, 0) + 1
+    return _message("jobs", {"n": len(events), "statuses": statuses,
+                             "jobs": [e.job_id for e in events[-IDS_SHOWN:]]}, cursor)
+
+
+async def _catch_up(socket: str | None, after: int, flt: dict[str, Any]
+                    ) -> tuple[list[FeedEvent], int]:
+    """One one-shot feed call (never parked) from the stream's own cursor: (events,
+    next cursor). A cursor coordd refuses or does not know restarts at the head."""
+    async with Client(socket, timeout=CALL_TIMEOUT_S) as c:
+        try:
+            res = await c.watch_events(after=after, wait_s=0.0, limit=FEED_LIMIT, filter=flt)
+        except errors.BadRequest:
+            return [], (await c.call("feed_head", {}))["event_id"]
+    return res.events, res.next_after
+
+
+async def stream(feed: Feed, socket: str | None, after: int, flt: dict[str, Any]
+                 ) -> AsyncIterator[bytes]:
     """SSE frames from coordd's feed after `after` (matching `flt`), forever."""
     yield f"retry: {RETRY_MS}\n\n".encode()
-    client = Client(socket, timeout=WAIT_S + 10)
-    up = None
-    try:
+    async with feed.subscribe():
+        up: bool | None = None
+        checked = False  # the stream's cursor looked at by coordd once
+        epoch = feed.epoch
         while True:
-            try:  # the first look answers at once, so the page knows coordd is up
-                res = await client.watch_events(after=after, wait_s=WAIT_S if up else 0.0,
-                                                limit=1000, filter=flt)
-            except (Disconnected, CallTimeout, errors.Overloaded) as exc:
-                if up is not False:
-                    yield _message("coordd", {"up": False, "why": str(exc)})
-                up = False
-                await asyncio.sleep(DOWN_RETRY_S)
+            seen = feed.seq
+            if feed.epoch != epoch and feed.cursor is not None:  # another database
+                epoch, after = feed.epoch, feed.cursor
+                yield _jobs([], after)
+            events = None if not checked else feed.since(after, flt)
+            if events is None:  # behind what the follower keeps: on its own, paced
+                try:
+                    events, nxt = await _catch_up(socket, after, flt)
+                except errors.CoordError as exc:
+                    if exc.code not in DOWN_CODES:
+                        logger.warning("live stream: %s: %s", exc.code, exc,
+                                       extra={"action": "web_feed_error"})
+                    if up is not False:
+                        yield _message("coordd", {"up": False, "why": str(exc)})
+                    up = False
+                    await asyncio.sleep(DOWN_RETRY_S)
+                    continue
+                checked = True
+                if up is not True:
+                    yield _message("coordd", {"up": True})
+                    up = True
+                reset = nxt < after  # past coordd's head: it gave the head
+                after = nxt
+                if events or reset:
+                    yield _jobs(events, after)
+                await asyncio.sleep(PACE_S)
                 continue
-            if up is not True:
-                yield _message("coordd", {"up": True})
-                up = True
-            after = res.next_after
-            if res.events:
-                statuses: dict[str, int] = {}
-                for ev in res.events:
-                    statuses[ev.to_status] = statuses.get(ev.to_status, 0) + 1
-                yield _message("jobs", {"n": len(res.events), "statuses": statuses,
-                                        "jobs": [e.job_id for e in res.events[-IDS_SHOWN:]]},
-                               after)
-            else:
+            if feed.up is not None and feed.up != up:
+                yield _message("coordd", {"up": feed.up, **({} if feed.up else
+                                                           {"why": feed.why})})
+                up = feed.up
+            assert feed.cursor is not None
+            after = max(after, feed.cursor)
+            if events:
+                yield _jobs(events, after)
+            if not await feed.changed(seen, KEEPALIVE_S):
                 yield b": keep-alive\n\n"
-            await asyncio.sleep(PACE_S)
-    finally:
-        await client.close()
 
 
 async def events(request: Request) -> Response:
-    """GET /events[?after=N][&job=ID][&workflow=ID]: the SSE stream."""
+    """GET /events[?after=N][&job=ID][&workflow=ID]: the SSE stream (503 past
+    STREAMS_MAX open streams)."""
     flt: dict[str, Any] = {}
     if request.query_params.get("job"):
         flt["job_id"] = request.query_params["job"]
     if request.query_params.get("workflow"):
         flt["workflow_id"] = request.query_params["workflow"]
     settings = request.app.state.settings
-    return StreamingResponse(stream(settings.socket, _cursor(request), flt),
+    feed: Feed = request.app.state.feed
+    if feed.streams >= STREAMS_MAX:
+        logger.warning("refused a live stream: %d open", feed.streams,
+                       extra={"action": "web_streams_full"})
+        return PlainTextResponse(f"too many live streams ({STREAMS_MAX} open)", 503)
+    return StreamingResponse(stream(feed, settings.socket, _cursor(request), flt),
                              media_type="text/event-stream",
                              headers={"cache-control": "no-store", "x-accel-buffering": "no"})

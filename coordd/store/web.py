@@ -107,6 +107,7 @@ SQL_MESSAGES = (
     "WHERE (?1 IS NULL OR rowid < (SELECT rowid FROM messages WHERE message_id = ?1)) "
     "ORDER BY rowid DESC LIMIT ?2"
 )
+SQL_MESSAGE_EXISTS = "SELECT 1 FROM messages WHERE message_id = ?"
 SQL_DELIVERIES = (
     "SELECT message_id, reader, deliveries, delivered_at, visible_at, processed_at "
     "FROM message_reads WHERE message_id IN (SELECT value FROM json_each(?)) "
@@ -196,3 +197,8 @@ def messages(conn: sqlite3.Connection, before: str | None, limit: int
     rows = conn.execute(SQL_MESSAGES, (before, limit)).fetchall()
     ids = json.dumps([r[0] for r in rows])
     return rows, conn.execute(SQL_DELIVERIES, (ids,)).fetchall()
+
+
+def message_exists(conn: sqlite3.Connection, message_id: str) -> bool:
+    """Whether a hub message with this id is stored."""
+    return conn.execute(SQL_MESSAGE_EXISTS, (message_id,)).fetchone() is not None

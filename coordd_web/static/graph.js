@@ -1,5 +1,7 @@
 // The workflow graph: laid out by dagre, drawn as SVG; nodes coloured by state (CSS
 // classes st-STATUS), edges labelled with their policy; a node links to its job.
+// dagre keys nodes in plain objects: ids are prefixed ("n:" + name), so a node named
+// __proto__ or constructor is a node like any other.
 (function () {
   "use strict";
   var NS = "http://www.w3.org/2000/svg";
@@ -9,6 +11,7 @@
     if (parent) { parent.appendChild(e); }
     return e;
   }
+  function key(name) { return "n:" + name; }
   function draw() {
     var box = document.getElementById("graph");
     var src = document.getElementById("graph-data");
@@ -17,8 +20,8 @@
     var g = new window.dagre.graphlib.Graph();
     g.setGraph({ rankdir: "LR", nodesep: 30, ranksep: 70, marginx: 10, marginy: 10 });
     g.setDefaultEdgeLabel(function () { return {}; });
-    data.nodes.forEach(function (n) { g.setNode(n.id, { width: 130, height: 44, n: n }); });
-    data.edges.forEach(function (e) { g.setEdge(e.from, e.to, { label: e.policy, width: 40, height: 14, labelpos: "c" }); });
+    data.nodes.forEach(function (n) { g.setNode(key(n.id), { width: 130, height: 44, n: n }); });
+    data.edges.forEach(function (e) { g.setEdge(key(e.from), key(e.to), { label: e.policy, width: 40, height: 14, labelpos: "c" }); });
     window.dagre.layout(g);
     var gg = g.graph();
     box.textContent = "";
@@ -35,10 +38,10 @@
     });
     g.nodes().forEach(function (id) {
       var nd = g.node(id);
-      var a = el("a", { href: nd.n.href, "data-node": id, "data-status": nd.n.status }, svg);
+      var a = el("a", { href: nd.n.href, "data-node": nd.n.id, "data-status": nd.n.status }, svg);
       el("rect", { x: nd.x - nd.width / 2, y: nd.y - nd.height / 2, width: nd.width, height: nd.height, rx: 6, "class": "node st-" + nd.n.status }, a);
       var t1 = el("text", { x: nd.x, y: nd.y - 3, "text-anchor": "middle", "class": "node-name" }, a);
-      t1.textContent = id;
+      t1.textContent = nd.n.id;
       var t2 = el("text", { x: nd.x, y: nd.y + 13, "text-anchor": "middle", "class": "node-status" }, a);
       t2.textContent = nd.n.status;
     });

@@ -114,7 +114,8 @@ async def test_sigterm_answers_every_parked_call_at_once(daemon):
                                payload={})).job_id
         calls = [asyncio.ensure_future(c.claim("w1", wait_s=60)),
                  asyncio.ensure_future(d.wait_job(job, 60)),
-                 asyncio.ensure_future(d.watch_events(after=10**9, wait_s=60)),
+                 asyncio.ensure_future(d.watch_events(after=0, wait_s=60,
+                                                      filter={"job_id": "no-such-job"})),
                  asyncio.ensure_future(c.watch_worker("w1", 60))]
         await asyncio.sleep(0.3)
         assert not any(x.done() for x in calls)

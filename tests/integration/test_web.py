@@ -4,6 +4,7 @@ CSP, and the action checks (token, same origin; with actions off no action answe
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from urllib.parse import parse_qs, urlparse
@@ -27,7 +28,13 @@ def filled(daemon):
     return daemon, fill(daemon.socket)
 
 
+def same_uid(client, server) -> int:
+    """TestClient's requests have no TCP peer: stand in for /proc (coordd_web.peer)."""
+    return os.getuid()
+
+
 def client(socket: str, **kw) -> TestClient:
+    kw.setdefault("peer_uid", same_uid)
     return TestClient(build_app(Settings(socket=socket, **kw)), base_url=BASE)
 
 
@@ -115,6 +122,9 @@ def test_host_allowlist_and_security_headers(filled):
     with client(d.socket, allow_hosts=("box.example",)) as web:
         assert web.get("/", headers={"host": "evil.example"}).status_code == 403
         assert web.get("/", headers={"host": "127.0.0.1.evil.example:8787"}).status_code == 403
+        for bad in ("127.0.0.1:1@evil.example", "[::1]evil.example", "localhost:80:80",
+                    "127.0.0.1 evil", "[::1", ""):
+            assert web.get("/robots.txt", headers={"host": bad}).status_code == 403, bad
         for host in ("localhost:8787", "[::1]:8787", "127.0.0.1", "box.example:1"):
             assert web.get("/robots.txt", headers={"host": host}).status_code == 200, host
         for path in ("/", "/workers", "/jobs", "/agents", "/workflows"):

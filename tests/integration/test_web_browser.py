@@ -284,3 +284,22 @@ def test_phone_width_pages_keep_notes_and_verdicts_readable(browser, site, shots
     assert ticks and all(re.fullmatch(r"[0-2]\d:[0-5]\d", t) for t in ticks), ticks
     wide.close()
     assert errors == [] and wide_errors == []
+
+
+def test_a_node_named_like_an_object_property_is_drawn(browser, site):
+    """dagre keys nodes in plain objects: nodes named __proto__ / constructor broke the
+    graph (a JS error, nothing drawn) until graph.js prefixed the ids."""
+    d, _workers, web = site
+    w = web()
+    wf = rpc(d.socket, "workflow_submit", {"name": "proto", "nodes": [
+        {"name": "__proto__", "kind": "k", "required_role": "cpu"},
+        {"name": "b", "kind": "k", "required_role": "cpu", "needs": ["__proto__"]},
+        {"name": "constructor", "kind": "k", "required_role": "cpu", "needs": ["b"]}]})
+    page, errors = page_of(browser)
+    page.goto(f"{w.url}/workflows/{wf.workflow_id}")
+    page.wait_for_selector('#graph a[data-node="constructor"]', timeout=WAIT_MS)
+    names = page.eval_on_selector_all("#graph a[data-node]",
+                                      "els => els.map(e => e.dataset.node).sort()")
+    assert names == ["__proto__", "b", "constructor"]
+    assert errors == []
+    page.context.close()

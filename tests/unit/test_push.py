@@ -287,8 +287,8 @@ async def test_closing_answers_every_parked_call_at_once(bundle):
     job = await bundle.enqueue(kind="other", role="none")
     calls = [parked_claim(bundle, "w1"),
              asyncio.ensure_future(bundle.coord.wait_job(WaitJob(job_id=job, timeout_s=60))),
-             asyncio.ensure_future(bundle.coord.watch_events(WatchEvents(after=10**6,
-                                                                         wait_s=60))),
+             asyncio.ensure_future(bundle.coord.watch_events(WatchEvents(
+                 after=0, wait_s=60, filter=EventFilter(job_id="no-such-job")))),
              asyncio.ensure_future(bundle.coord.watch_worker(WatchWorker(worker_id="w1",
                                                                          wait_s=60)))]
     await asleep(bundle, 4)

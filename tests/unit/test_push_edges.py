@@ -61,6 +61,21 @@ async def test_watch_events_refuses_a_cursor_past_any_event_id(bundle):
             await bundle.coord.watch_events(WatchEvents(after=bad))
 
 
+async def test_a_feed_cursor_past_the_head_is_answered_with_the_head(bundle):
+    """A cursor from another database (a restore, a new file under a running reader) is
+    past the head: answered at once with next_after = the head, so the reader goes on
+    instead of parking on ids that may never come."""
+    await bundle.enqueue()
+    head = (await bundle.coord.watch_events(WatchEvents(after=0))).next_after
+    assert head > 0
+    res = await asyncio.wait_for(bundle.coord.watch_events(
+        WatchEvents(after=head + 1000, wait_s=60)), 5)
+    assert res.events == [] and res.next_after == head
+    job = await bundle.enqueue()
+    nxt = await bundle.coord.watch_events(WatchEvents(after=res.next_after))
+    assert [e.job_id for e in nxt.events] == [job]
+
+
 async def test_a_feed_cursor_survives_a_prune_of_the_newest_events(make_bundle):
     """Event ids are rowids: a prune that deleted the newest events would hand their ids
     out again, and a reader resuming from its cursor would miss the new events."""
