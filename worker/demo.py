@@ -197,8 +197,9 @@ def report(views: list[Any], kind_of: dict[str, str], elapsed: float, run: Path,
     p0 = [v.finished_at for v in views if v.priority == 0 and v.finished_at]
     p3 = [v.finished_at for v in views if v.priority == 3 and v.finished_at]
     if p0 and p3:
-        console.print(f"last P0 request finished {max(p3) - max(p0):.1f}s before the last "
-                      f"P3 idle-learning job")
+        gap = max(p3) - max(p0)
+        console.print(f"last P0 request finished {abs(gap):.1f}s "
+                      f"{'before' if gap >= 0 else 'after'} the last P3 idle-learning job")
     for v in views:
         if v.kind == "train" and v.result:
             console.print(f"train {v.job_id}: {v.result.get('steps')} steps, perplexity "
