@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlencode
 
-from coordctl.render import resource_lines
+from coordctl.render import fmt_age, resource_lines  # one duration format for CLI and web
 
 BLOB_CHARS_MAX = 20000
 TRAIL_MAX = 50  # newer-page cursors a jobs URL carries (about 850 characters)
@@ -45,24 +45,6 @@ def fmt_time(ts: float | None) -> str:
         return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     except (OverflowError, OSError, ValueError):
         return f"{ts!r} (not a valid time)"
-
-
-def fmt_age(seconds: float | None) -> str:
-    """A duration compactly: 4.2s, 42s, 3m12s, 5h04m, 2d03h ("-" for None)."""
-    if seconds is None:
-        return "-"
-    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
-        return f"{seconds!r}s"
-    neg, s = seconds < 0, abs(seconds)
-    if s < 60:
-        out = f"{s:.1f}s" if s < 10 else f"{s:.0f}s"
-    elif s < 3600:
-        out = f"{int(s // 60)}m{int(s % 60):02d}s"
-    elif s < 86400:
-        out = f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-    else:
-        out = f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
-    return f"-{out}" if neg else out
 
 
 def fmt_blob(value: Any) -> str:
