@@ -56,6 +56,11 @@ class Disconnected(errors.CoordError):
     code = "disconnected"
 
 
+class Closed(Disconnected):
+    """This client closed the connection (its own `close()`) while the call was in flight:
+    not an outage of coordd."""
+
+
 class CallTimeout(errors.CoordError):
     """No reply within the call timeout (the call may still commit)."""
 
@@ -155,9 +160,10 @@ class Client:
             self._read_task = asyncio.create_task(self._read_loop(self._reader))
 
     async def close(self) -> None:
-        """Close the connection; calls in flight raise Disconnected. Idempotent."""
+        """Close the connection; calls in flight raise Closed (a Disconnected). Idempotent."""
         writer, self._writer = self._writer, None
-        if writer is not None:
+        self._fail_pending(Closed("connection closed by this client"))  # before the read
+        if writer is not None:                         # loop sees the end of the stream
             writer.close()
             try:
                 await writer.wait_closed()
@@ -170,7 +176,7 @@ class Client:
             except (asyncio.CancelledError, Exception):
                 pass
             self._read_task = None
-        self._fail_pending(Disconnected("connection closed"))
+        self._fail_pending(Closed("connection closed by this client"))
 
     def _fail_pending(self, exc: Exception) -> None:
         pending, self._pending = self._pending, {}
@@ -241,8 +247,10 @@ class Client:
             raise CallTimeout(f"{method}: no reply within {timeout or self.timeout:g}s") from None
         except (ConnectionError, OSError) as exc:
             self._pending.pop(req_id, None)  # ours is answered by this raise, not by close()
+            lost = Disconnected(f"{method}: connection to coordd lost: {exc}")
+            self._fail_pending(lost)  # the others too: an outage, not our own close
             await self.close()
-            raise Disconnected(f"{method}: connection to coordd lost: {exc}") from exc
+            raise lost from exc
         finally:
             self._pending.pop(req_id, None)
         if header.error is not None:
