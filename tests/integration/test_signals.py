@@ -64,3 +64,74 @@ async def test_a_call_cut_short_by_our_own_close_is_not_an_outage(daemon):
     assert not link.down
     link.failed(Disconnected("coordd closed the connection"))
     assert link.down
+
+
+async def test_sighup_to_coordd_without_tcp_reloads_nothing_and_keeps_serving(daemon_factory):
+    d = daemon_factory("reaper_interval_s = 5\n")
+    d.start()
+    from coordd.client import Client
+    async with Client(d.socket, timeout=10) as c:
+        job = (await c.enqueue(kind="k", required_role="cpu", priority=1)).job_id
+        d.proc.send_signal(signal.SIGHUP)
+        await _log_has(d.log, "SIGHUP: nothing to reload (no TCP listener)")
+        assert d.proc.poll() is None and (await c.status()).jobs["waiting"] == 1
+        with open(d.config, "w") as fh:  # an edit a reload cannot apply: said so
+            fh.write("reaper_interval_s = 7\nheartbeat_stale_s = 40\n")
+        d.proc.send_signal(signal.SIGHUP)
+        await _log_has(d.log, "applied at the next restart: heartbeat_stale_s, reaper_interval_s")
+        with open(d.config, "w") as fh:  # a file that no longer loads changes nothing
+            fh.write("reaper_interval_s = 0\n")
+        d.proc.send_signal(signal.SIGHUP)
+        await _log_has(d.log, "the running settings are unchanged")
+        assert (await c.get_job(job)).status == "waiting" and d.proc.poll() is None
+    assert d.stop() == 0 and "Traceback" not in d.log()
+
+
+async def test_sighup_to_a_worker_holding_a_job_is_logged_and_changes_nothing(bench):  # noqa: F811
+    w = bench.start_worker(lease_s=30, grace_s=0.5)
+    job = await bench.enqueue({"sleep": 60})
+    pids = await bench.model_pids(job, "w1")
+    w.proc.send_signal(signal.SIGHUP)
+    await _log_has(w.log, "SIGHUP: nothing to reload")
+    await asyncio.sleep(0.3)
+    assert w.proc.poll() is None and all(psutil_alive(p) for p in pids), w.log()
+    assert (await bench.client.get_job(job)).status == "running"
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(10) == 0
+    assert f"job {job}: handed back (worker_shutdown)" in w.log()
+
+
+def psutil_alive(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_sighup_stops_the_web_view_gracefully_and_the_mcp_server(daemon, tmp_path):
+    """coordd-web and coordd-mcp are session programs: a hangup ends them (the web view
+    through uvicorn's graceful shutdown, as SIGTERM does)."""
+    import subprocess
+    import sys
+    from tests.integration.webtools import start_web
+    web = start_web(tmp_path, daemon.socket)
+    try:
+        web.proc.send_signal(signal.SIGHUP)
+        assert web.proc.wait(10) in (0, -signal.SIGTERM)
+        assert "Traceback" not in web.log_path.read_text()
+    finally:
+        web.stop()
+    mcp = subprocess.Popen([sys.executable, "-m", "coordd_mcp", "--socket", daemon.socket],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.5)
+        mcp.send_signal(signal.SIGHUP)
+        assert mcp.wait(10) == -signal.SIGHUP
+    finally:
+        if mcp.poll() is None:
+            mcp.kill()
+            mcp.wait(5)
+        for f in (mcp.stdin, mcp.stdout, mcp.stderr):
+            f.close()
