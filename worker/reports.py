@@ -87,12 +87,15 @@ class Reporter:
                     return None
                 await self._clock.wait(self._never, RETRY_S)
 
-    async def release(self, run: JobRun, reason: str) -> None:
-        """Hand the job back without spending its attempt (`fail` on an older coordd)."""
+    async def release(self, run: JobRun, reason: str, routine: bool = False) -> None:
+        """Hand the job back without spending its attempt (`fail` on an older coordd).
+        `routine` (this worker's stop, a vacate coordd asked for) logs it at INFO, not as a
+        warning."""
         try:
             if await self.send(run, "release", reason=reason) is not None:
-                logger.warning("job %s: handed back (%s)", run.job_id, reason,
-                               extra={"action": "release", "job_id": run.job_id})
+                logger.log(logging.INFO if routine else logging.WARNING,
+                           "job %s: handed back (%s)", run.job_id, reason,
+                           extra={"action": "release", "job_id": run.job_id})
         except errors.UnknownMethod:
             await self.fail(run, reason, True)
         except errors.CoordError as exc:

@@ -404,7 +404,8 @@ class Supervisor:
         if reason == TIMEOUT:
             await self._reports.fail(run, f"timeout after {timeout_s:g}s", True)
         else:  # not the job's doing: its attempt is given back
-            await self._reports.release(run, reason if governance.is_vacate(reason) else "worker_shutdown")
+            await self._reports.release(run, reason if governance.is_vacate(reason)
+                                        else "worker_shutdown", routine=True)
 
     async def _after_exit(self, run: JobRun, kind: KindConfig, values: dict[str, str]) -> None:
         assert run.proc is not None and run.proc.returncode is not None

@@ -40,7 +40,8 @@ async def test_graceful_worker_stop_logs_the_stop_not_coordd_unreachable(bench, 
     assert w.proc.wait(10) == 0
     log = w.log()
     assert "stopping: handing back" in log and "stopped" in log, log
-    assert "unreachable" not in log and "WARNING coordd" not in log, log
+    stop = log[log.index("stopping: handing back"):]
+    assert "unreachable" not in log and "WARNING" not in stop, log  # a stop is routine
     assert "ERROR" not in log and "Traceback" not in log, log
     if job is not None:
         assert f"job {job}: handed back (worker_shutdown)" in log, log
