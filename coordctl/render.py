@@ -157,7 +157,7 @@ def status_table(st: StatusReply, warnings: list[str]) -> Table:
     by_prio = st.waiting_by_priority or {}
     t.add_row("waiting by priority",
               "  ".join(f"{p.upper()} {by_prio.get(p, 0)}" for p in PRIORITIES_SHOWN))
-    t.add_row("oldest waiting", fmt_age(st.oldest_waiting_age_s))
+    t.add_row("oldest runnable", fmt_age(st.oldest_waiting_age_s))  # since it became runnable
     t.add_row("database", f"{fmt_bytes(st.db_bytes)} (WAL {fmt_bytes(st.wal_bytes)})")
     t.add_row("warnings", "; ".join(warnings) if warnings else "none")
     return t

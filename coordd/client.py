@@ -1,6 +1,7 @@
 """The client library: how a program talks to coordd (workers, coordctl, scripts).
 
-`Client` is asyncio; `SyncClient` wraps it for scripts. Both:
+`Client` is asyncio (its workflow, hub and push calls are in coordd.client_areas);
+`SyncClient` wraps it for scripts. Both:
 - enforce the same explicit frame cap as the daemon (protocol.MAX_FRAME_DEFAULT);
 - time out each call (`timeout` seconds, `asyncio.TimeoutError` -> `CallTimeout`);
 - reconnect on the next call after a dropped connection (a call in flight when the
@@ -26,18 +27,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from coordd import errors
+from coordd.client_areas import HubCalls, PushCalls, WorkflowCalls
 from coordd.protocol import (
-    MAX_FRAME_DEFAULT, TERMINAL_STATUSES, AckResult, AgentsResult, AgentView, ReadResult,
-    SendResult, BackupResult, ClaimResult, CompleteResult, Enqueue,
+    MAX_FRAME_DEFAULT, TERMINAL_STATUSES, BackupResult, ClaimResult, CompleteResult, Enqueue,
     EnqueueBatchResult, EnqueueResult, HeartbeatResult, JobList, JobView, MetricsResult,
     ReapResult, RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
 )
 from coordd.protocol_limits import LimitsResult, LimitView
 from coordd.protocol_logs import JobLogs, LogAppendResult
-from coordd.protocol_push import EventFilter, EventsResult, WaitJobResult, WorkerActions
-from coordd.protocol_workflows import (
-    ScheduleList, ScheduleView, WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
-)
 from coordd.protocol_workers import ReleasedResult
 from coordd.frames import encode_frame, read_frame
 
@@ -54,6 +51,11 @@ class Disconnected(errors.CoordError):
     """The connection to coordd dropped before the reply came (the call may have committed)."""
 
     code = "disconnected"
+
+
+class Closed(Disconnected):
+    """This client closed the connection (its own `close()`) while the call was in flight:
+    not an outage of coordd."""
 
 
 class CallTimeout(errors.CoordError):
@@ -88,7 +90,7 @@ def _shown(bad: str) -> str:
         return f"characters {bad!r}"
 
 
-class Client:
+class Client(WorkflowCalls, HubCalls, PushCalls):
     """An asyncio connection to coordd; many calls may be in flight at once.
 
     Args:
@@ -155,9 +157,10 @@ class Client:
             self._read_task = asyncio.create_task(self._read_loop(self._reader))
 
     async def close(self) -> None:
-        """Close the connection; calls in flight raise Disconnected. Idempotent."""
+        """Close the connection; calls in flight raise Closed (a Disconnected). Idempotent."""
         writer, self._writer = self._writer, None
-        if writer is not None:
+        self._fail_pending(Closed("connection closed by this client"))  # before the read
+        if writer is not None:                         # loop sees the end of the stream
             writer.close()
             try:
                 await writer.wait_closed()
@@ -170,7 +173,7 @@ class Client:
             except (asyncio.CancelledError, Exception):
                 pass
             self._read_task = None
-        self._fail_pending(Disconnected("connection closed"))
+        self._fail_pending(Closed("connection closed by this client"))
 
     def _fail_pending(self, exc: Exception) -> None:
         pending, self._pending = self._pending, {}
@@ -241,8 +244,10 @@ class Client:
             raise CallTimeout(f"{method}: no reply within {timeout or self.timeout:g}s") from None
         except (ConnectionError, OSError) as exc:
             self._pending.pop(req_id, None)  # ours is answered by this raise, not by close()
+            lost = Disconnected(f"{method}: connection to coordd lost: {exc}")
+            self._fail_pending(lost)  # the others too: an outage, not our own close
             await self.close()
-            raise Disconnected(f"{method}: connection to coordd lost: {exc}") from exc
+            raise lost from exc
         finally:
             self._pending.pop(req_id, None)
         if header.error is not None:
@@ -398,102 +403,6 @@ class Client:
     async def limits_reset(self, name: str) -> LimitsResult:
         """Drop a limit's runtime override (admin): back to the config."""
         return await self.call("limits_reset", {"name": name}, LimitsResult)
-
-    async def workflow_submit(self, spec: WorkflowSubmit | dict[str, Any]) -> WorkflowSubmitResult:
-        """Submit a whole graph (protocol.WorkflowSubmit) in one transaction."""
-        return await self.call("workflow_submit", spec, WorkflowSubmitResult)
-
-    async def workflow_get(self, workflow_id: str, prefix: bool = False) -> WorkflowView:
-        """One workflow with every node's state (`prefix`: `workflow_id` may be the start of
-        one workflow's id)."""
-        return await self.call("workflow_get", {"workflow_id": workflow_id, "prefix": prefix},
-                               WorkflowView)
-
-    async def workflow_list(self, status: str | None = None, limit: int = 100) -> WorkflowList:
-        """Workflows, newest first."""
-        return await self.call("workflow_list", {"status": status, "limit": limit},
-                               WorkflowList)
-
-    async def workflow_cancel(self, workflow_id: str, prefix: bool = False) -> WorkflowView:
-        """Cancel every node of a workflow that has not ended (`prefix` as in workflow_get)."""
-        return await self.call("workflow_cancel", {"workflow_id": workflow_id, "prefix": prefix},
-                               WorkflowView)
-
-    async def schedule_add(self, name: str, cron: str,
-                           workflow: WorkflowSubmit | dict[str, Any],
-                           replace: bool = False) -> ScheduleView:
-        """Add a recurring schedule that starts `workflow` at each cron slot (UTC);
-        `replace` updates one of this name that has another cron or workflow."""
-        params = {"name": name, "cron": cron, "workflow": workflow}
-        if replace:  # sent only when set: a plain add still works with an older coordd
-            params["replace"] = True
-        return await self.call("schedule_add", params, ScheduleView)
-
-    async def schedule_list(self) -> ScheduleList:
-        """Every schedule."""
-        return await self.call("schedule_list", {}, ScheduleList)
-
-    async def schedule_remove(self, name: str) -> None:
-        """Delete a schedule by name or id."""
-        await self.call("schedule_remove", {"name": name})
-    # ------------------------------------------------------------ agent message hub
-
-    async def send_message(self, sender: str, recipient: str, content: Any,
-                           **fields: Any) -> SendResult:
-        """Send a message (fields: message_type, priority, metadata, ttl_s, message_id)."""
-        return await self.call("send_message", {"sender": sender, "recipient": recipient,
-                                                "content": content, **fields}, SendResult)
-
-    async def broadcast(self, sender: str, content: Any, **fields: Any) -> SendResult:
-        """Send a message every reader but `sender` gets once."""
-        return await self.call("broadcast", {"sender": sender, "content": content, **fields},
-                               SendResult)
-
-    async def read_messages(self, reader: str, **fields: Any) -> ReadResult:
-        """Read `reader`'s messages (fields: limit, visibility_s, ack, ack_on_read)."""
-        return await self.call("read_messages", {"reader": reader, **fields}, ReadResult)
-
-    async def ack_messages(self, reader: str, message_ids: list[str]) -> AckResult:
-        """Mark messages handled: they are not delivered to `reader` again."""
-        return await self.call("ack_messages", {"reader": reader, "message_ids": message_ids},
-                               AckResult)
-
-    async def update_agent_status(self, name: str, status: str,
-                                  metadata: dict[str, Any] | None = None) -> AgentView:
-        """Record an agent's status (its heartbeat)."""
-        return await self.call("update_agent_status", {"name": name, "status": status,
-                                                       "metadata": metadata}, AgentView)
-
-    async def get_agent_status(self, name: str | None = None, **page: Any) -> AgentsResult:
-        """One agent's status, or a page of agents (`limit`, `after`: see AgentQuery)."""
-        return await self.call("get_agent_status", {"name": name, **page}, AgentsResult)
-
-    async def wait_job(self, job_id: str, timeout_s: float) -> WaitJobResult:
-        """Wait at coordd up to `timeout_s` (coordd cuts it to its `park_wait_max_s`) for
-        the job to be terminal; `job` is a JobView, `terminal` False at the timeout.
-
-        Raises: NotFound, Overloaded (coordd's cap on parked calls), UnknownMethod (an
-        older coordd).
-        """
-        raw = await self.call("wait_job", {"job_id": job_id, "timeout_s": timeout_s},
-                              timeout=self.timeout + timeout_s)
-        return WaitJobResult(job=msgspec.convert(raw["job"], JobView), terminal=raw["terminal"])
-
-    async def watch_worker(self, worker_id: str, wait_s: float,
-                           seen: WorkerActions | None = None) -> WorkerActions:
-        """The actions coordd asks of `worker_id` for the jobs it holds, as soon as one is
-        not in `seen` (else after `wait_s`)."""
-        params = {"worker_id": worker_id, "wait_s": wait_s, "seen": seen or WorkerActions()}
-        return await self.call("watch_worker", params, WorkerActions,
-                               timeout=self.timeout + wait_s)
-
-    async def watch_events(self, after: int = 0, wait_s: float = 0.0, limit: int = 100,
-                           filter: EventFilter | dict[str, Any] | None = None) -> EventsResult:
-        """Job events after the cursor `after`, parked up to `wait_s` while there are none;
-        continue from the reply's `next_after`."""
-        params = {"after": after, "wait_s": wait_s, "limit": limit, "filter": filter or {}}
-        return await self.call("watch_events", params, EventsResult,
-                               timeout=self.timeout + wait_s)
 
     async def wait_for(self, job_id: str, timeout: float, poll_s: float = 0.2) -> JobView:
         """Wait until the job is terminal; return it. Waits at coordd (`wait_job`); against

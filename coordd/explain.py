@@ -33,18 +33,13 @@ def why_waiting(job: JobView, now: float, workers: list[Any],
     if job.run_at > now:
         what = "backoff" if job.attempts else "scheduled"
         return f"{what} until {fmt_time(job.run_at)}"
-    live = [w for w in workers if job.required_role in w[1]
-            and now - w[3] <= stale_s
-            and (w[0] not in states or states[w[0]].offline_at is None)]
+    live = live_workers(job.required_role, now, workers, states, stale_s)
     if not live:
         return f"no live worker with role {job.required_role}"
     runners = [w for w in live if runs_kind(states.get(w[0]), job.kind)]
     if not runners:
         return kind_absent_reason(job.kind, [w[0] for w in live], states)
-    try:
-        policy = gates.merge(policies[job.priority], job.gates)
-    except msgspec.ValidationError:
-        policy = policies[job.priority]
+    policy = _policy(job, policies)
     refused = []
     for worker_id, _roles, readings, hb_at, _n in runners:
         refusals = gates.evaluate(policy, readings)
@@ -53,3 +48,30 @@ def why_waiting(job: JobView, now: float, workers: list[Any],
         detail = "; ".join(d for _, d in refusals)
         refused.append(f"gate {detail} on {worker_id} (checked {fmt_time(hb_at)})")
     return "; ".join(refused)
+
+
+def live_workers(role: str, now: float, workers: list[Any],
+                 states: dict[str, wkstore.WorkerState], stale_s: float) -> list[Any]:
+    """The rows of `workers` with `role` whose heartbeat is fresh at `now` (within
+    `stale_s`) and that have not said goodbye."""
+    return [w for w in workers if role in w[1] and now - w[3] <= stale_s
+            and (w[0] not in states or states[w[0]].offline_at is None)]
+
+
+def open_runners(job: JobView, now: float, workers: list[Any],
+                 states: dict[str, wkstore.WorkerState], policies: dict[int, Any],
+                 stale_s: float) -> list[Any]:
+    """The live workers that take `job`'s role and kind and whose gates are open for it:
+    where only resources can keep it waiting (coordd.resources.shortfall words them)."""
+    policy = _policy(job, policies)
+    return [w for w in live_workers(job.required_role, now, workers, states, stale_s)
+            if runs_kind(states.get(w[0]), job.kind) and not gates.evaluate(policy, w[2])]
+
+
+def _policy(job: JobView, policies: dict[int, Any]) -> Any:
+    """The job's priority's gate policy with the job's own overrides (a bad override, as
+    stored before it was checked: the priority's policy)."""
+    try:
+        return gates.merge(policies[job.priority], job.gates)
+    except msgspec.ValidationError:
+        return policies[job.priority]

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import governance, leases, preemption, resources, views
+from coordd import explain, governance, leases, preemption, resources, views
 from coordd.config import Config
 from coordd.gates import GatePolicy
 from coordd.metrics import Metrics
@@ -19,6 +19,7 @@ from coordd.protocol import JobView, Renew, RenewResult
 from coordd.protocol_governance import JobAction
 from coordd.store import governance as govstore
 from coordd.store import resources as resstore
+from coordd.store import workers as wkstore
 from coordd.times import fmt_time
 
 
@@ -37,6 +38,7 @@ class Governor:
     def __init__(self, config: Config, policies: dict[int, GatePolicy], meters: Metrics,
                  read: Any) -> None:
         self._policies, self._meters, self._read = policies, meters, read
+        self._stale_s = config.heartbeat_stale_s
         self._preempt = preemption.Preemptor(preemption.PreemptPolicy(
             gap=config.preempt_gap, min_runtime_s=config.preempt_min_runtime_s,
             reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s))
@@ -80,11 +82,15 @@ class Governor:
             job.waiting_reason = (f"reserved on {held[0]}: waiting for P{held[2]} job "
                                   f"{held[1]} to vacate (until {fmt_time(held[3])})")
         elif req is not None:
-            await self.explain_resources([job], await self._read(views.list_workers))
+            await self.explain_resources([job], await self._read(views.list_workers),
+                                         await self._read(wkstore.worker_states), now)
 
-    async def explain_resources(self, jobs: list[JobView], workers: list[Any]) -> None:
+    async def explain_resources(self, jobs: list[JobView], workers: list[Any],
+                                states: dict[str, wkstore.WorkerState], now: float) -> None:
         """For the waiting jobs the gates call runnable that ask for resources, say which
-        resource is short on which worker (coordd.resources.shortfall)."""
+        resource is short on which live worker that could run them (coordd.resources.
+        shortfall); `workers` as views.list_workers returns them, `states` their
+        lifecycle states."""
         runnable = [j for j in jobs if (j.waiting_reason or "").startswith("runnable")]
         if not runnable:
             return
@@ -94,7 +100,8 @@ class Governor:
         grants = await self._read(resstore.all_grants)
         for j in runnable:
             if j.job_id in reqs:
-                why = resources.shortfall(j.required_role, reqs[j.job_id], workers, grants)
+                why = resources.shortfall(reqs[j.job_id], explain.open_runners(
+                    j, now, workers, states, self._policies, self._stale_s), grants)
                 j.waiting_reason = why or j.waiting_reason
 
     async def resource_books(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:

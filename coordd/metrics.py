@@ -2,6 +2,8 @@
 
 Series:
 - `coordd_jobs{status}`, `coordd_waiting_jobs{priority}`: queue depth (set at each scrape);
+- `coordd_queue_latency_seconds`: `status`'s oldest_waiting_age_s (coordd.store.latency), 0
+  when no due job waits;
 - `coordd_workers{state="known"|"live"}`, `coordd_active_leases`;
 - `coordd_claims_total`, `coordd_claim_refusals_total{reason}`, `coordd_lease_expiries_total`;
 - `coordd_writer_batch_size`, `coordd_writer_commit_seconds`,
@@ -59,6 +61,9 @@ class Metrics:
                                  "Requests accepted and not yet committed", registry=r)
         self.jobs = Gauge("coordd_jobs", "Jobs by status", ["status"], registry=r)
         self.waiting = Gauge("coordd_waiting_jobs", "Waiting jobs by priority", ["priority"],
+                             registry=r)
+        self.latency = Gauge("coordd_queue_latency_seconds", "Seconds the oldest runnable "
+                             "waiting job has waited since it became runnable (0: none)",
                              registry=r)
         self.workers = Gauge("coordd_workers", "Workers known, and live (fresh heartbeat)",
                              ["state"], registry=r)
@@ -136,6 +141,7 @@ class Metrics:
         self.workers.labels("known").set(st.workers)
         self.workers.labels("live").set(st.workers_live)
         self.active_leases.set(st.active_leases)
+        self.latency.set(st.oldest_waiting_age_s or 0.0)
         self.queue_depth.set(queue_depth)
         self.storage.labels("db").set(st.db_bytes)
         self.storage.labels("wal").set(st.wal_bytes)

@@ -406,6 +406,8 @@ class StatusReply(msgspec.Struct, kw_only=True):
     waiting_by_priority: dict[str, int] = {}
     db_bytes: int = 0
     wal_bytes: int = 0
+    # queue latency: now - when the oldest due waiting job became runnable (enqueued, or its
+    # backoff/schedule ended); jobs not yet due do not count; None: none (coordd.store.latency)
     oldest_waiting_age_s: float | None = None
     warnings: list[str] = []
     now: float = 0.0

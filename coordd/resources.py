@@ -178,25 +178,49 @@ def check_readings(readings: dict[str, Any]) -> None:
                                         f"got {value!r}")
 
 
+class Short(msgspec.Struct, frozen=True):
+    """Why one worker has no room for a request: `line` says it for that worker alone (a
+    claim's refusal); `resource`, `need`, `label`, `pieces` [(where on the worker or "",
+    amount)] and `note` (said after the worker's name) let `shortfall` word several
+    workers in one sentence."""
+
+    line: str
+    resource: str  # "ram" | "gpus" | "vram"
+    need: str      # "8000 MiB", "2", "1 whole"
+    label: str     # "free" | "has"
+    pieces: tuple[tuple[str, str], ...]
+    note: str = ""
+
+
 def fit(readings: dict[str, Any], need: Request, held: Iterable[Grant]) -> Grant | str:
     """The grant for `need` on a worker with `readings` holding `held`, or why not (one
     line: `vram: need 8000 MiB, 3100 free on gpu1`). GPUs are chosen best fit: the ones
     with the least VRAM free that still fits, by index among equals."""
+    got = check(readings, need, held)
+    return got.line if isinstance(got, Short) else got
+
+
+def check(readings: dict[str, Any], need: Request, held: Iterable[Grant]) -> Grant | Short:
+    """`fit`, with a refusal as a Short (see there)."""
     held = list(held)
     if need.ram_mb:
         cap = _num(readings.get("ram_mb"))
         if cap is None:
-            return f"ram: need {need.ram_mb} MiB, the worker advertises no ram_mb"
+            return Short(f"ram: need {need.ram_mb} MiB, the worker advertises no ram_mb",
+                         "ram", f"{need.ram_mb} MiB", "free", (("", "none advertised"),))
         free = cap - sum(g.ram_mb for g in held)
         if free < need.ram_mb:
-            return f"ram: need {need.ram_mb} MiB, {max(0.0, free):.0f} free of {cap:.0f}"
+            return Short(f"ram: need {need.ram_mb} MiB, {max(0.0, free):.0f} free of {cap:.0f}",
+                         "ram", f"{need.ram_mb} MiB", "free",
+                         (("", f"{max(0.0, free):.0f} of {cap:.0f}"),))
     if not need.gpus:
         return Grant(ram_mb=need.ram_mb)
     gpus = gpus_of(readings)
     if len(gpus) < need.gpus:
         why = readings.get("gpu_reason")
-        return (f"gpus: need {need.gpus}, the worker has {len(gpus)}"
-                + (f" ({why})" if isinstance(why, str) and why else ""))
+        why = f" ({why})" if isinstance(why, str) and why else ""
+        return Short(f"gpus: need {need.gpus}, the worker has {len(gpus)}{why}",
+                     "gpus", f"{need.gpus}", "has", (("", f"{len(gpus)}"),), why)
     free = {g.index: _free(g, held) for g in gpus}
     if need.vram_mb:
         ok = sorted((f, i) for i, f in free.items() if f >= need.vram_mb)
@@ -207,16 +231,24 @@ def fit(readings: dict[str, Any], need: Request, held: Iterable[Grant]) -> Grant
     if len(ok) < need.gpus:
         if not need.vram_mb:
             busy = [g for g in unbooked if (g.used_mb or 0) > WHOLE_GPU_USED_MAX_MB]
-            return (f"gpus: need {need.gpus} whole, {len(ok)} of {len(gpus)} free"
-                    + "".join(f"; gpu{g.index} shows {g.used_mb:.0f} MiB in use (a whole GPU "
-                              f"needs <= {WHOLE_GPU_USED_MAX_MB})" for g in busy[:2]))
+            said = "".join(f"; gpu{g.index} shows {g.used_mb:.0f} MiB in use (a whole GPU "
+                           f"needs <= {WHOLE_GPU_USED_MAX_MB})" for g in busy[:2])
+            return Short(f"gpus: need {need.gpus} whole, {len(ok)} of {len(gpus)} free{said}",
+                         "gpus", f"{need.gpus} whole", "free",
+                         (("", f"{len(ok)} of {len(gpus)}"),), "".join(
+                             f" (gpu{g.index} shows {g.used_mb:.0f} MiB in use)"
+                             for g in busy[:1]))
         best = max(free, key=lambda i: (free[i], -i))
         more = f" ({len(ok)} of {len(gpus)} GPUs fit, need {need.gpus})" if len(gpus) > 1 else ""
-        return (f"vram: need {need.vram_mb} MiB, {max(0.0, free[best]):.0f} free on "
-                f"gpu{best}{more}")
+        each = f" on each of {need.gpus} GPUs" if need.gpus > 1 else ""
+        return Short(f"vram: need {need.vram_mb} MiB, {max(0.0, free[best]):.0f} free on "
+                     f"gpu{best}{more}", "vram", f"{need.vram_mb} MiB{each}", "free",
+                     tuple((f"gpu{i}", f"{max(0.0, f):.0f}")
+                           for i, f in sorted(free.items(), key=lambda x: (-x[1], x[0]))))
     ids = tuple(sorted({i for _, i in ok[:need.gpus]}))
     if len(ids) != need.gpus:  # gpus_of lists each index once; never grant one twice
-        return f"gpus: need {need.gpus}, the worker lists {len(ids)} distinct"
+        line = f"gpus: need {need.gpus}, the worker lists {len(ids)} distinct"
+        return Short(line, "gpus", f"{need.gpus}", "has", (("", f"{len(ids)} distinct"),))
     return Grant(gpu_ids=ids, vram_mb=need.vram_mb, ram_mb=need.ram_mb)
 
 
@@ -259,21 +291,35 @@ def hold_back(readings: dict[str, Any], need: Request, held: list[Grant],
     return None if isinstance(got, str) else got
 
 
-def shortfall(role: str, need: Request, workers: Iterable[tuple[Any, ...]],
+SHORTFALL_PIECES_MAX = 8  # amounts named in one reason; the rest are counted
+
+
+def shortfall(need: Request, workers: Iterable[tuple[Any, ...]],
               grants: dict[str, list[Grant]]) -> str | None:
-    """Why a runnable job of `role` needing `need` waits: each such worker's shortfall
-    (`waiting for resources: vram: need 8000 MiB, 3100 free on gpu1 on W`), or None when
-    one has room. `workers` are (worker_id, roles, readings, ...) rows."""
-    short = []
-    for worker_id, roles, readings, *_ in workers:
-        if role not in roles:
-            continue
-        got = fit(readings if isinstance(readings, dict) else {}, need,
-                  grants.get(worker_id, ()))
-        if not isinstance(got, str):
+    """Why a runnable job needing `need` waits, over the workers that could otherwise run
+    it (live, its role and kind, gates open: the caller picks them), in one sentence per
+    resource short: `waiting for resources: vram: need 8000 MiB; free: 3100 on
+    box1/gpu0, 2000 on box1/gpu2`; None when one has room (or none is given).
+    `workers` are (worker_id, roles, readings, ...) rows."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for worker_id, _roles, readings, *_ in workers:
+        got = check(readings if isinstance(readings, dict) else {}, need,
+                    grants.get(worker_id, ()))
+        if not isinstance(got, Short):
             return None
-        short.append(f"{got} on {worker_id}")
-    return "waiting for resources: " + "; ".join(short) if short else None
+        pieces = [f"{amount} on {worker_id}/{where}" if where else f"{amount} on {worker_id}"
+                  for where, amount in got.pieces]
+        pieces[-1] += got.note
+        groups.setdefault((got.resource, got.need, got.label), []).extend(pieces)
+    if not groups:
+        return None
+    said = []
+    for (resource, asked, label), pieces in groups.items():
+        shown = ", ".join(pieces[:SHORTFALL_PIECES_MAX])
+        if len(pieces) > SHORTFALL_PIECES_MAX:
+            shown += f" and {len(pieces) - SHORTFALL_PIECES_MAX} more"
+        said.append(f"{resource}: need {asked}; {label}: {shown}")
+    return "waiting for resources: " + " | ".join(said)
 
 
 def _free(gpu: Gpu, held: list[Grant]) -> float:

@@ -7,9 +7,9 @@ through LISTEN_FDS is accepted, and such a socket is never unlinked.
 Shutdown on SIGTERM/SIGINT: tell systemd STOPPING=1, stop accepting, answer new requests
 `overloaded`, let in-flight requests finish (bounded), drain the writer and commit, close
 the database connections and every peer, remove the socket file (not an activated one),
-exit 0. With `listen_tcp`, a TCP listener (coordd.tcp, TLS) serves the same dispatcher;
-SIGHUP reloads its certificates and deny-lists. With `restart_grace`, stored leases get one
-more lease period before the reaper's first round (coordd.grace).
+exit 0. With `listen_tcp`, a TCP listener (coordd.tcp, TLS) serves the same dispatcher.
+SIGHUP never ends coordd: it reloads what applies (coordd.reload). With `restart_grace`,
+stored leases get one more lease period before the reaper's first round (coordd.grace).
 
 Admin methods (protocol.ADMIN_METHODS): when both `admin_uids` and `admin_gids` are
 empty (the default), root and coordd's own uid are admins; once either list is set,
@@ -32,7 +32,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from coordd import cas, errors, fdlimit, grace
+from coordd import cas, errors, fdlimit, grace, reload
 from coordd.clock import Clock, SystemClock
 from coordd.config import Config
 from coordd.dblock import DbLock, real_db_path
@@ -151,7 +151,7 @@ class Daemon:
     Args:
         config: settings; `config.db` and `config.socket` must be set.
         clock: the clock (SystemClock in production).
-        config_path: the config file, re-read on SIGHUP for the TLS deny-lists.
+        config_path: the config file, re-read on SIGHUP (coordd.reload).
     """
 
     def __init__(self, config: Config, clock: Clock | None = None,
@@ -195,6 +195,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
         nofile, _hard = fdlimit.raise_nofile_limit()
         sock_path = Path(self.config.socket)
         activated = activated_socket()
@@ -209,7 +210,7 @@ class Daemon:
                 await grace.grant_restart_grace(self.coord.writer)
             server = Listener(sock, self.dispatcher.accept)
             server.start()
-            self._start_tcp(loop)
+            self._start_tcp()
             reaper = Reaper(self.coord, self.clock)
             logger.info("coordd serving on %s (db %s; file descriptor limit %d)", sock_path,
                         self.config.db, nofile, extra={"action": "ready", "nofile": nofile})
@@ -262,8 +263,8 @@ class Daemon:
         with contextlib.suppress(OSError):  # workers (group coordd) write into it too
             cas.make_dir(self.coord.artifact_dir)  # setgid, group-writable (cas.STORE_DIR_MODE)
 
-    def _start_tcp(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Serve `listen_tcp` (coordd.tcp) if set; SIGHUP reloads its TLS files."""
+    def _start_tcp(self) -> None:
+        """Serve `listen_tcp` (coordd.tcp) if set."""
         if not self.config.listen_tcp:
             return
         from coordd.tcp import TcpListener
@@ -276,13 +277,13 @@ class Daemon:
         except (OSError, ValueError) as exc:
             raise StartupError(f"cannot listen on TCP: "
                                f"{getattr(exc, 'strerror', None) or exc}") from exc
-        loop.add_signal_handler(signal.SIGHUP, self._reload_tls)
 
-    def _reload_tls(self) -> None:
-        """SIGHUP: the TCP listeners' certificates and deny-lists (coordd.tcp)."""
-        for tcp in (self.tcp, self.enrol):
-            if tcp is not None:
-                tcp.reload(self.config_path)
+    def _reload(self) -> None:
+        """SIGHUP: what applies while running (coordd.reload); never ends coordd."""
+        try:
+            reload.reload(self.config, self.config_path, (self.tcp, self.enrol))
+        except Exception:  # a signal handler's error would only be logged by the loop
+            logger.exception("SIGHUP: reload failed", extra={"action": "reload_failed"})
 
     async def _watch_writer(self) -> None:
         """End coordd (through the TaskGroup) if the writer task dies: nothing else does."""

@@ -444,7 +444,7 @@ class Coordinator:
         for j in jobs:
             if j.status == "waiting":
                 j.waiting_reason = self._explain_with(j, now, workers, states)
-        await self.governor.explain_resources(jobs, workers)  # vram: need ... on W
+        await self.governor.explain_resources(jobs, workers, states, now)  # vram: need ...
         await self.fleet_limits.explain(jobs, now)
 
     async def workers(self, p: Empty | None = None) -> WorkersResult:

@@ -14,7 +14,8 @@ from coordd import errors
 from coordd.leases import effective_priority
 from coordd.protocol import JOB_STATUSES, ArtifactRef, EventView, JobView, LeaseView
 from coordd.store import PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, lenient_json
-from coordd.store.counters import SQL_COUNTS, SQL_FULL_COUNTS, SQL_OLDEST_WAITING
+from coordd.store.counters import SQL_COUNTS, SQL_FULL_COUNTS
+from coordd.store.latency import SQL_OLDEST_READY
 from coordd.store.reads import (
     SQL_ARTIFACT_REFS, SQL_CHECKPOINT_REFS, SQL_COUNT_JOBS, SQL_COUNT_LEASES,
     SQL_COUNT_WORKERS, SQL_EVENTS, SQL_GET_JOB, SQL_JOB_EXISTS, SQL_JOB_IDS_FROM,
@@ -193,13 +194,14 @@ def full_counts(conn: sqlite3.Connection) -> tuple[dict[str, int], dict[str, int
 def status_counts(conn: sqlite3.Connection, now: float, stale_s: float
                   ) -> tuple[int, int, int, dict[str, int], dict[str, int], float | None]:
     """Return (workers, workers_live, active_leases, jobs by status (every status present),
-    waiting by priority "p0".."p3", age in seconds of the longest-waiting job or None).
+    waiting by priority "p0".."p3", queue latency in seconds or None: how long the
+    oldest due waiting job has waited since it became runnable, coordd.store.latency).
 
     The job counts come from the counters the writer's triggers keep
     (coordd.store.counters), not from counting jobs: the cost does not grow with them.
     """
     jobs, waiting = _by_status(conn.execute(SQL_COUNTS))
-    oldest = _num_or_none(conn.execute(SQL_OLDEST_WAITING).fetchone()[0])
+    oldest = _num_or_none(conn.execute(SQL_OLDEST_READY, (now,)).fetchone()[0])
     workers, live = conn.execute(SQL_COUNT_WORKERS, (now - stale_s,)).fetchone()
     leases = conn.execute(SQL_COUNT_LEASES).fetchone()[0]
     return workers, live, leases, jobs, waiting, (None if oldest is None else now - oldest)
@@ -214,9 +216,9 @@ def counts_view(counts: dict[tuple[str, int], int]
 def status_live(conn: sqlite3.Connection, now: float, stale_s: float, cutoff: float
                 ) -> tuple[int, int, int, float | None, int]:
     """What `status` reads beside the job counters, in one read: (workers, workers_live,
-    active_leases, age in seconds of the longest-waiting job or None, prunable jobs
+    active_leases, queue latency in seconds or None (coordd.store.latency), prunable jobs
     finished before `cutoff`, counted up to PRUNABLE_COUNTED_MAX)."""
-    oldest = _num_or_none(conn.execute(SQL_OLDEST_WAITING).fetchone()[0])
+    oldest = _num_or_none(conn.execute(SQL_OLDEST_READY, (now,)).fetchone()[0])
     workers, live = conn.execute(SQL_COUNT_WORKERS, (now - stale_s,)).fetchone()
     leases = conn.execute(SQL_COUNT_LEASES).fetchone()[0]
     return (workers, live, leases, None if oldest is None else now - oldest,

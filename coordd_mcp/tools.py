@@ -20,6 +20,7 @@ import msgspec
 from coordd import errors
 from coordd.client import Client
 from coordd.config import MESSAGE_VISIBILITY_MAX_S
+from coordd.limits import UNITS_MAX as LIMIT_UNITS_MAX
 from coordd.protocol import JOB_STATUSES, TERMINAL_STATUSES
 from coordd.protocol_workflows import EDGE_POLICIES
 from coordd.resources import MAX as RESOURCES_MAX
@@ -51,6 +52,14 @@ _RESOURCES = {  # coordd.resources.Request: what a job asks of its worker
     "description": "GPUs, MiB of VRAM on each (implies 1 GPU), MiB of RAM the job needs",
     "properties": {key: {"type": "integer", "minimum": 0, "maximum": top}
                    for key, top in RESOURCES_MAX.items()}}
+_LIMITS = {  # protocol.Enqueue.limits: names or {name, units}; coordd checks the names
+    "type": "array",
+    "description": "fleet-wide limits the job consumes: names, or {name, units} (units "
+                   f"1..{LIMIT_UNITS_MAX}, default 1); [] = none; omit for its kind's default",
+    "items": {"anyOf": [_NAME, {
+        "type": "object", "additionalProperties": False, "required": ["name"],
+        "properties": {"name": _NAME, "units": {"type": "integer", "minimum": 1,
+                                                "maximum": LIMIT_UNITS_MAX, "default": 1}}}]}}
 _WORKFLOW_ID = {"type": "object", "required": ["workflow_id"], "additionalProperties": False,
                 "properties": {"workflow_id": {**_NAME, "description": "the workflow's id"}}}
 _NODE = {  # protocol_workflows.WorkflowNode: a node of a graph (README "Workflows")
@@ -68,7 +77,8 @@ _NODE = {  # protocol_workflows.WorkflowNode: a node of a graph (README "Workflo
         "max_attempts": {"type": "integer", "minimum": 1},
         "max_runtime_s": {"type": "number", "exclusiveMinimum": 0},
         "result_schema": {**_NAME, "description": "check the result against it, e.g. claims"},
-        "gates": {"type": "object", "description": "gate overrides, as for enqueue"}}}
+        "gates": {"type": "object", "description": "gate overrides, as for enqueue"},
+        "resources": _RESOURCES, "limits": _LIMITS}}
 
 
 @dataclass(frozen=True)
@@ -199,7 +209,13 @@ TOOLS: tuple[Tool, ...] = (
                "max_runtime_s": {"type": "number", "exclusiveMinimum": 0,
                                  "maximum": DURATION_MAX_S,
                                  "description": "coordd refuses renewals past this"},
-               "resources": _RESOURCES},
+               "gates": {"type": "object", "description": "gate overrides for this job "
+                         "(keys of coordd's [gates.pN] tables, e.g. max_memory_pct)"},
+               "result_schema": {**_NAME, "description": "check the result against it, "
+                                 "e.g. claims"},
+               "delay_s": {"type": "number", "minimum": 0, "maximum": DELAY_MAX_S,
+                           "description": "not before coordd's now + this (instead of run_at)"},
+               "resources": _RESOURCES, "limits": _LIMITS},
               ("kind", "required_role", "priority")), enqueue_job),
     Tool("get_job", "Show one job: status, attempts, lease, result, error and event log.",
          _JOB_ID, get_job, read_only=True),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 WEB_MODULES = frozenset({"starlette", "uvicorn", "jinja2", "markupsafe"})  # the `web` extra
@@ -32,7 +33,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run coordd-web until SIGINT/SIGTERM; exit 2 on a usage error."""
+    """Run coordd-web until SIGINT/SIGTERM/SIGHUP (graceful); exit 2 on a usage error."""
     args = parse(argv)
     try:
         import uvicorn
@@ -77,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="off",
                             timeout_graceful_shutdown=2)
-    uvicorn.Server(config).run(sockets=[sock])
+    server = uvicorn.Server(config)
+    # SIGHUP (the terminal closed) stops it as SIGTERM does: uvicorn's graceful shutdown
+    signal.signal(signal.SIGHUP, lambda _sig, frame: server.handle_exit(signal.SIGTERM, frame))
+    server.run(sockets=[sock])
     return 0
 
 

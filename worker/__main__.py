@@ -2,6 +2,7 @@
 --cert PEM --key PEM --ca PEM] [--config FILE] [--readings-override FILE] [--log-json]`:
 run the worker supervisor.
 
+SIGHUP is logged and changes nothing (a reload has nothing to re-read).
 Exit codes: 0 clean stop (SIGTERM/SIGINT), 2 usage or config error (also: no configured
 kind can run here, or this worker id already runs on this work_dir).
 """
@@ -51,8 +52,17 @@ async def _run(sup: Supervisor) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, sup.request_stop)
+    # never SIGHUP's default (exit at once): the model trees, in their own process groups,
+    # would run on unsupervised while their leases expire and the jobs run elsewhere
+    loop.add_signal_handler(signal.SIGHUP, _on_sighup)
     await sup.run()  # logs "started" once it holds this id's lock
     logger.info("worker %s stopped", sup.worker_id, extra={"action": "worker_exit"})
+
+
+def _on_sighup() -> None:
+    logger.info("SIGHUP: nothing to reload (the config is read at start: restart coord-worker "
+                "to apply changes; --readings-override is re-read every heartbeat)",
+                extra={"action": "reload"})
 
 
 def client_factory(args: argparse.Namespace, cfg: config_mod.WorkerConfig) -> Callable[[], Client]:

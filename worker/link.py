@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+from coordd.client import Closed
+
 logger = logging.getLogger(__name__)
 
 BACKOFF_BASE_S = 0.5
@@ -24,7 +26,10 @@ class Link:
         self._base_s, self._cap_s = base_s, cap_s
 
     def failed(self, exc: Exception) -> None:
-        """A call did not reach coordd: log the change to down once."""
+        """A call did not reach coordd: log the change to down once. A call this worker
+        cut short itself (its own client closed, at stop) says nothing about coordd."""
+        if isinstance(exc, Closed):
+            return
         if not self.down:
             logger.warning("coordd unreachable: %s (retrying with backoff)", exc,
                            extra={"action": "coordd_down"})

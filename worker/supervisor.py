@@ -15,13 +15,13 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ClaimedJob
-from worker import artifacts, checkpoints, governance, orphans, remote_files, resources
+from worker import (artifacts, checkpoints, governance, orphans, remote_files, renewal,
+                    resources)
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
 from worker.jobrun import CANCELLED, JobRun, SendStamp
 from worker.kinds import KindHealth
@@ -30,23 +30,17 @@ from worker.logs import LogShipper
 from worker.control import ControlWatch, early, until
 from worker.probes import Probes
 from worker.process import ModelProcess, classify_exit
+from worker.reports import LEASE_GONE, REPORT_TIMEOUT_S, SHUTDOWN_REPORT_TIMEOUT_S, Reporter
 from worker.waits import signame as _signame, wait_any as _wait_any
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_POLL_S = 0.5
-RETRY_S = 0.2
-"""Pause between quick retries of a renew or a report that failed transiently."""
-RENEW_CALL_TIMEOUT_MAX_S = 5.0
-REPORT_TIMEOUT_S = 5.0
-REPORT_RETRY_MAX_S = 60.0
-SHUTDOWN_REPORT_TIMEOUT_S = 2.0
 CALL_TIMEOUT_S = 10.0
 STDERR_TAIL_BYTES = 2000
 FORCE_MARGIN_S = 2.0
 """At stop, job tasks still running this long before `stop_timeout_s` are cancelled (SIGKILL)."""
 
-LEASE_GONE = (errors.LeaseLost, errors.LeaseExpired, errors.NotFound, errors.AlreadyCompleted)
 SHUTDOWN, TIMEOUT, LEASE_LOST = "shutdown", "timeout", "lease_lost"
 
 
@@ -77,6 +71,7 @@ class Supervisor:
         self._probes = probes or Probes(override_path=override_path, mono=self._clock.mono,
                                         wall=self._clock.wall)
         self._stop = asyncio.Event()
+        self._reports = Reporter(self._client, worker_id, self._clock, self._stop)
         self._wake = asyncio.Event()  # a slot freed, or stop
         self._never = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -289,14 +284,15 @@ class Supervisor:
     # ------------------------------------------------------------ one job
 
     async def _job_task(self, run: JobRun) -> None:
-        renewer = asyncio.create_task(self._renew_loop(run))
+        renewer = asyncio.create_task(renewal.renew_loop(
+            self._client, run, self.worker_id, self.config, self._clock, self._lose_lease))
         try:
             await self._run_job(run)
         except Exception as exc:  # a bug in one job must not stop the worker
             logger.exception("job %s: supervisor error", run.job_id,
                              extra={"action": "job_error", "job_id": run.job_id})
             await self._kill(run)
-            await self._report_fail(run, f"worker error: {type(exc).__name__}: {exc}", True)
+            await self._reports.fail(run, f"worker error: {type(exc).__name__}: {exc}", True)
         finally:
             try:
                 await self._kill(run)  # also when this task is cancelled: never leave a tree
@@ -316,7 +312,7 @@ class Supervisor:
     async def _run_job(self, run: JobRun) -> None:
         job, kind = run.job, run.kind
         if kind is None:
-            await self._report_fail(run, f"kind {job.kind} not configured on worker {self.worker_id}",
+            await self._reports.fail(run, f"kind {job.kind} not configured on worker {self.worker_id}",
                                     False)
             return
         values = await asyncio.to_thread(artifacts.prepare_job_dir, run.dir, job.job_id, job.payload)
@@ -351,7 +347,7 @@ class Supervisor:
     async def _execute(self, run: JobRun, kind: KindConfig, values: dict[str, str]) -> None:
         argv = expand_argv(kind.argv, values)
         if self.kinds.is_broken(run.job.kind):  # claimed before its spawn failed here
-            await self._release(run, f"kind {run.job.kind} broken on {self.worker_id}: "
+            await self._reports.release(run, f"kind {run.job.kind} broken on {self.worker_id}: "
                                      f"{self.kinds.broken()[run.job.kind]}")
             return
         env = {**os.environ, **kind.env, **job_env(values), "COORD_WORKER_ID": self.worker_id,
@@ -369,7 +365,7 @@ class Supervisor:
             raise
         except OSError as exc:  # the worker's fault, not the job's: no attempt spent
             self.kinds.set_broken(run.job.kind, f"cannot start {argv[0]}: {exc}")
-            await self._release(run, f"spawn_failed: cannot start {argv[0]}: {exc}")
+            await self._reports.release(run, f"spawn_failed: cannot start {argv[0]}: {exc}")
             return
         timeout_s = kind.timeout_s if run.job.max_runtime_s is None \
             else min(kind.timeout_s, run.job.max_runtime_s)
@@ -401,14 +397,15 @@ class Supervisor:
                            extra={"action": "lease_lost_drop", "job_id": run.job_id})
             return
         if reason == CANCELLED:
-            await self._report_fail(run, "cancelled", False)
+            await self._reports.fail(run, "cancelled", False)
             return
         if values is not None:
             await self._checkpoint_once(run, checkpoints.end_mode(run.proc))
         if reason == TIMEOUT:
-            await self._report_fail(run, f"timeout after {timeout_s:g}s", True)
+            await self._reports.fail(run, f"timeout after {timeout_s:g}s", True)
         else:  # not the job's doing: its attempt is given back
-            await self._release(run, reason if governance.is_vacate(reason) else "worker_shutdown")
+            await self._reports.release(run, reason if governance.is_vacate(reason)
+                                        else "worker_shutdown", routine=True)
 
     async def _after_exit(self, run: JobRun, kind: KindConfig, values: dict[str, str]) -> None:
         assert run.proc is not None and run.proc.returncode is not None
@@ -420,7 +417,7 @@ class Supervisor:
         logger.info("job %s: model %s (%s)", run.job_id, what, verdict,
                     extra={"action": "model_exit", "job_id": run.job_id, "rc": rc})
         if verdict != "success":
-            await self._report_fail(run, f"{what}: {tail}" if tail else what, verdict == "retryable")
+            await self._reports.fail(run, f"{what}: {tail}" if tail else what, verdict == "retryable")
             return
         try:
             outcome = await asyncio.to_thread(
@@ -428,55 +425,23 @@ class Supervisor:
                 max_bytes=kind.max_result_bytes, as_json=kind.result_json,
                 inline_bytes=self.config.inline_result_bytes)
         except OSError as exc:
-            await self._report_fail(run, f"cannot store result: {exc}", True)
+            await self._reports.fail(run, f"cannot store result: {exc}", True)
             return
         if isinstance(outcome, str):
-            await self._report_fail(run, outcome, False)
+            await self._reports.fail(run, outcome, False)
             return
         if (why := await remote_files.upload_result(run.files, outcome[1])) is not None:
-            await self._report_fail(run, why, True)  # (a remote worker: into coordd's store)
+            await self._reports.fail(run, why, True)  # (a remote worker: into coordd's store)
             return
         usage, why = await asyncio.to_thread(artifacts.read_usage, values["usage"])
         if why is not None:  # usage is for coordd's limit budgets; it never fails the job
             logger.warning("job %s: %s; not reported", run.job_id, why,
                            extra={"action": "usage_ignored", "job_id": run.job_id})
-        await self._complete(run, outcome, usage)
+        await self._reports.complete(run, outcome, usage)
         if not run.lease_gone:
             await asyncio.to_thread(shutil.rmtree, run.dir, True)
 
     # ------------------------------------------------------------ lease, timeout, checkpoints
-
-    async def _renew_loop(self, run: JobRun) -> None:
-        interval = self.config.lease_s / 3
-        while not await self._clock.wait(run.finished, interval):
-            failures = 0
-            while True:
-                now = self._clock.mono()
-                if now >= (stop_at := run.deadline - self.config.stop_margin_s):  # gone by then
-                    self._lose_lease(run, "local lease deadline passed")
-                    return
-                timeout = min(RENEW_CALL_TIMEOUT_MAX_S, max(0.05, stop_at - now))
-                sent = SendStamp(self._clock)  # re-stamped when the frame is written
-                try:
-                    r = await asyncio.wait_for(self._client.renew(
-                        run.job_id, self.worker_id, run.token, self.config.lease_s, on_sent=sent), timeout)
-                except LEASE_GONE as exc:
-                    self._lose_lease(run, f"{exc.code}: {exc}")
-                    return
-                except (errors.CoordError, TimeoutError) as exc:
-                    failures += 1
-                    logger.log(logging.WARNING if failures == 1 else logging.DEBUG,
-                               "job %s: renew failed, retrying until the lease ends: %s",
-                               run.job_id, exc, extra={"action": "renew_retry", "job_id": run.job_id})
-                    if await self._clock.wait(run.finished, max(0.0, min(RETRY_S, stop_at - self._clock.mono()))):
-                        return
-                    continue
-                run.deadline = sent.at + r.lease_s
-                if r.cancel_requested:
-                    run.request_cancel()
-                if r.action is not None:
-                    governance.act(run, r.action.action, r.action.reason, self._clock.mono())
-                break
 
     def _lose_lease(self, run: JobRun, why: str) -> None:
         if run.finished.is_set():
@@ -511,90 +476,3 @@ class Supervisor:
             self._lose_lease(run, f"{exc.code}: {exc}")
         elif isinstance(exc, (Disconnected, CallTimeout, TimeoutError)):
             self._note_down(exc)  # one line per outage; the loop backs off
-
-    # ------------------------------------------------------------ reporting
-
-    async def _report(self, run: JobRun, method: str, **params: Any) -> Any:
-        """Send complete/fail while we hold the lease; resend on a lost reply, and on
-        `unavailable` (coordd's storage refused it) until the lease ends. None if dropped."""
-        stopping = self._stop.is_set()
-        timeout = SHUTDOWN_REPORT_TIMEOUT_S if stopping else REPORT_TIMEOUT_S
-        give_up = self._clock.mono() + (timeout if stopping else REPORT_RETRY_MAX_S)
-        call = getattr(self._client, method)
-        unavailable = False
-        while True:
-            if not run.holds_lease(self._clock.mono()):
-                logger.warning("job %s: lease gone, %s not sent", run.job_id, method,
-                               extra={"action": "report_dropped", "job_id": run.job_id})
-                return None
-            try:
-                res = await asyncio.wait_for(
-                    call(run.job_id, self.worker_id, run.token, **params), timeout)
-                run.finished.set()  # the lease ends with this report: stop renewing it
-                return res
-            except errors.AlreadyCompleted:
-                run.finished.set()
-                raise
-            except LEASE_GONE as exc:
-                run.lease_gone = True
-                logger.warning("job %s: %s refused: %s", run.job_id, method, exc,
-                               extra={"action": "report_refused", "job_id": run.job_id})
-                return None
-            except errors.Unavailable as exc:  # coordd's disk is full: retry while we hold
-                if not unavailable:            # the lease (a stored result must not be lost)
-                    logger.warning("job %s: %s not stored yet, retrying until the lease "
-                                   "ends: %s", run.job_id, method, exc,
-                                   extra={"action": "report_retry", "job_id": run.job_id})
-                unavailable = True
-                if stopping and self._clock.mono() >= give_up:
-                    return None
-                await self._clock.wait(self._never, RETRY_S)
-            except (Disconnected, CallTimeout, errors.Overloaded, TimeoutError) as exc:
-                if self._clock.mono() >= give_up:
-                    logger.warning("job %s: %s not delivered: %s", run.job_id, method, exc,
-                                   extra={"action": "report_lost", "job_id": run.job_id})
-                    return None
-                await self._clock.wait(self._never, RETRY_S)
-
-    async def _release(self, run: JobRun, reason: str) -> None:
-        """Hand the job back without spending its attempt (`fail` on an older coordd)."""
-        try:
-            if await self._report(run, "release", reason=reason) is not None:
-                logger.warning("job %s: handed back (%s)", run.job_id, reason,
-                               extra={"action": "release", "job_id": run.job_id})
-        except errors.UnknownMethod:
-            await self._report_fail(run, reason, True)
-        except errors.CoordError as exc:
-            logger.error("job %s: release refused: %s", run.job_id, exc,
-                         extra={"action": "release_refused", "job_id": run.job_id})
-
-    async def _report_fail(self, run: JobRun, error: str, retryable: bool) -> None:
-        try:
-            res = await self._report(run, "fail", error=error, retryable=retryable)
-        except errors.CoordError as exc:
-            logger.error("job %s: fail refused: %s", run.job_id, exc,
-                         extra={"action": "fail_refused", "job_id": run.job_id})
-            return
-        if res is not None:
-            logger.info("job %s: failed (%s) -> %s", run.job_id, error[:200], res.status,
-                        extra={"action": "fail", "job_id": run.job_id, "status": res.status,
-                               "retryable": retryable})
-
-    async def _complete(self, run: JobRun, outcome: Any,
-                        usage: dict[str, float] | None = None) -> None:
-        result, artifact = outcome
-        extra = {"usage": usage} if usage else {}
-        try:
-            res = await self._report(run, "complete", result=result, artifact=artifact,
-                                     **extra)
-        except errors.AlreadyCompleted:
-            logger.info("job %s: result already stored", run.job_id,
-                        extra={"action": "complete", "job_id": run.job_id})
-            return
-        except errors.CoordError as exc:  # e.g. payload_too_large: the job cannot succeed as is
-            await self._report_fail(run, f"result refused by coordd: {exc.code}: {exc}", False)
-            return
-        if res is not None:  # `error`: coordd refused the result against the kind's schema
-            logger.info("job %s: %s%s", run.job_id, res.status,
-                        f" (result refused: {res.error})" if res.error else "",
-                        extra={"action": "complete", "job_id": run.job_id, "status": res.status})

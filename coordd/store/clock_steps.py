@@ -35,8 +35,8 @@ SQL_SHIFT_LEASES = (
 SQL_SHIFT_WORKERS = "UPDATE workers SET heartbeat_at = heartbeat_at + ?"
 SQL_SHIFT_AGENTS = "UPDATE agents SET heartbeat_at = heartbeat_at + ?"
 # ?1 step, ?2 before, ?3 min(before, after): rows at or below ?3 are due either way;
-# updated_at moves with queued_at: a waiting job's updated_at is its queued_at (`status`
-# reads the oldest wait off the jobs_status index, coordd.store.counters)
+# updated_at moves with queued_at: a waiting job's updated_at is its queued_at (the
+# jobs_ready index of `status` follows both times, coordd.store.latency)
 SQL_SHIFT_WAITING = (
     "UPDATE jobs SET queued_at = queued_at + ?1, updated_at = updated_at + ?1, run_at = CASE "
     "WHEN attempts > 0 AND run_at > ?3 THEN run_at + ?1 "

@@ -38,8 +38,3 @@ MIGRATION = """
 
 SQL_COUNTS = "SELECT status, priority, n FROM job_counts WHERE n <> 0"
 SQL_FULL_COUNTS = "SELECT status, priority, count(*) FROM jobs GROUP BY status, priority"
-# A waiting job's row changes only as it enters waiting (updated_at = queued_at then), so
-# the oldest `updated_at` among waiting jobs is the longest wait: one seek of jobs_status.
-SQL_OLDEST_WAITING = (
-    "SELECT min(updated_at) FROM jobs INDEXED BY jobs_status WHERE status = 'waiting'"
-)

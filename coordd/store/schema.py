@@ -19,12 +19,13 @@ from coordd.store import job_requests as _job_requests
 from coordd.store import claim_index as _claim_index
 from coordd.store import counters as _counters
 from coordd.store import job_changes as _job_changes
+from coordd.store import latency as _latency
 from coordd.store import messages as _messages
 from coordd.store import worker_schema as _worker_schema
 from coordd.store import workflow_schema as _workflow_schema
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 PRAGMA_AUTO_VACUUM = "PRAGMA auto_vacuum = INCREMENTAL"
 PRAGMAS_WRITER = (
     "PRAGMA journal_mode=WAL",
@@ -152,6 +153,8 @@ MIGRATIONS: tuple[str, ...] = (
     # v15: job_counts kept by the writer (coordd.job_changes), its triggers dropped
     _job_changes.MIGRATION_COUNTERS_BY_WRITER,
     _enrol.MIGRATION_ENROL_TOKENS,  # v16: one-time enrolment tokens, hashed (issue 18)
+    # v17: waiting jobs by ready time, max(queued_at, run_at): `status` queue latency
+    _latency.MIGRATION_READY_INDEX,
 )
 
 

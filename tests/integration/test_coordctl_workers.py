@@ -52,4 +52,4 @@ def test_workers_and_show_print_gpus_and_resources_free_held(daemon):
     shown = ok(ctl(daemon.socket, "show", job))
     assert "gpus 1, vram 9000 MiB each, ram 1000 MiB (granted: gpus 1 (gpu0)" in shown
     waiting = ok(ctl(daemon.socket, "show", big))
-    assert "vram: need 9000 MiB, 7000 free on gpu0 on w1" in waiting
+    assert "vram: need 9000 MiB; free: 7000 on w1/gpu0" in waiting

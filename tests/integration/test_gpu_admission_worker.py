@@ -99,7 +99,7 @@ async def test_a_job_needing_more_vram_than_is_free_waits_then_runs_once_freed(g
 
     async def refused() -> Any:
         view = await client.get_job(job)
-        return "vram: need 8000 MiB, 3100 free on gpu0" in (view.waiting_reason or "")
+        return "vram: need 8000 MiB; free: 3100 on " in (view.waiting_reason or "")
     await until(refused, what="the vram refusal in show")
     workers = (await client.workers()).workers
     assert workers[0].resources["gpus"][0]["memory_used_mb"] == 12900
@@ -138,7 +138,8 @@ async def test_without_nvidia_the_worker_advertises_zero_gpus_with_the_reason(gp
 
     async def refused() -> Any:
         view = await client.get_job(job)
-        return "gpus: need 1, the worker has 0 (NVML: " in (view.waiting_reason or "") \
+        return "gpus: need 1; has: 0 on " in (view.waiting_reason or "") \
+            and " (NVML: " in view.waiting_reason \
             and "Driver Not Loaded" in view.waiting_reason
     await until(refused, what="the no-GPU refusal")
     w = (await client.workers()).workers[0]

@@ -300,3 +300,41 @@ async def test_enqueue_job_takes_resources_as_enqueue_does(daemon):
                                 resources={"gpus": 65})
         assert "resources.gpus: 65 is greater than the maximum of 64" in text, text
     assert _counts(daemon.db)[0] == 1  # the refused ones stored nothing
+
+
+LIMIT_CASES = [  # (limits, accepted): what coordd's enqueue accepts, the tool accepts
+    (["openai"], True), ([{"name": "openai", "units": 3}], True), ([], True),
+    ([{"name": "openai"}], True),
+    ([{"name": "openai", "units": 0}], False), ([{"name": "openai", "units": 9}], False),
+    (["nosuch"], False), (["openai", {"name": "openai", "units": 2}], False),
+    ([{"name": "openai", "units": 1.5}], False), ([{"name": "openai", "units": True}], False),
+    ([{"units": 1}], False), ("openai", False), ([7], False),
+]
+
+
+async def test_enqueue_job_takes_limits_and_refuses_what_enqueue_refuses(daemon_factory):
+    d = daemon_factory("[limits.openai]\nconcurrency = 8\n")
+    d.start()
+    from coordd.client import Client
+    from coordd.errors import CoordError
+    async with mcp_session(d.socket) as s, Client(d.socket, timeout=10) as c:
+        for limits, accepted in LIMIT_CASES:
+            fields = {"kind": "chat", "required_role": "cpu", "priority": 1, "limits": limits}
+            try:
+                await c.call("enqueue", fields)
+                rpc_ok = True
+            except CoordError as exc:
+                rpc_ok = False
+                assert exc.code == "bad_request", exc
+            res = await s.call_tool("enqueue_job", fields)
+            assert (rpc_ok, not res.isError) == (accepted, accepted), (limits, res.content)
+            if res.isError:
+                assert res.content[0].text.startswith("bad_request: "), res.content[0].text
+            else:
+                view = await ok(s, "get_job", job_id=res.structuredContent["job_id"])
+                want = [{"name": x, "units": 1} if isinstance(x, str) else {"units": 1, **x}
+                        for x in limits]
+                assert view["limits"] == want, view["limits"]
+        text = await tool_error(s, "enqueue_job", kind="k", required_role="cpu", priority=1,
+                                limits=["nosuch"])
+        assert "unknown limit 'nosuch' (known: openai)" in text, text  # coordd's own words

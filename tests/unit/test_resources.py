@@ -8,6 +8,7 @@ import pytest
 
 from coordd import errors, resources
 from coordd.protocol import Heartbeat, JobId, ListJobs
+from coordd.protocol_workers import Goodbye
 from coordd.resources import Grant, Request
 from tests.conftest import COOL
 
@@ -99,8 +100,7 @@ async def test_a_job_needing_more_vram_than_is_free_waits_with_the_reason(bundle
     assert none.detail == "vram: need 8000 MiB, 3100 free on gpu0"
     view = await bundle.coord.get_job(JobId(job_id=job))
     assert view.resources == {"gpus": 1, "vram_mb": 8000, "ram_mb": 0}
-    assert view.waiting_reason == ("waiting for resources: vram: need 8000 MiB, "
-                                   "3100 free on gpu0 on w1")
+    assert view.waiting_reason == "waiting for resources: vram: need 8000 MiB; free: 3100 on w1/gpu0"
     listed = (await bundle.coord.list_jobs(ListJobs(status="waiting"))).jobs
     assert [j.waiting_reason for j in listed] == [view.waiting_reason]
     await beat(bundle, **box(gpu(0, 16000, 7000)))  # the other process let go of VRAM
@@ -246,3 +246,37 @@ async def test_a_workflow_node_names_resources_like_a_job(bundle):
         WorkflowSubmit)
     with pytest.raises(errors.BadRequest, match=r"node 'b': resources\.vram_mb must be"):
         await bundle.coord.workflow_submit(bad)
+
+
+# ---------------------------------------------------------------- the waiting reason's words
+
+
+async def test_the_resource_reason_names_each_live_workers_gpus_in_one_sentence(bundle):
+    await beat(bundle, "box1", **box(gpu(0, 16000, 12900), gpu(2, 16000, 14000), ram_mb=2000))
+    await beat(bundle, "box2", **box(gpu(0, 24000, 20000), ram_mb=1000))
+    job = await bundle.enqueue(resources={"vram_mb": 8000})
+    view = await bundle.coord.get_job(JobId(job_id=job))
+    assert view.waiting_reason == ("waiting for resources: vram: need 8000 MiB; free: "
+                                   "3100 on box1/gpu0, 2000 on box1/gpu2, 4000 on box2/gpu0")
+    ram = await bundle.enqueue(resources={"ram_mb": 4000})
+    shown = [j.waiting_reason for j in (await bundle.coord.list_jobs(
+        ListJobs(status="waiting"))).jobs if j.job_id == ram]
+    assert shown == ["waiting for resources: ram: need 4000 MiB; free: 2000 of 2000 on box1, "
+                     "1000 of 1000 on box2"]
+    mixed = await bundle.enqueue(resources={"gpus": 2})
+    view = await bundle.coord.get_job(JobId(job_id=mixed))
+    assert view.waiting_reason == ("waiting for resources: gpus: need 2 whole; free: 0 of 2 on "
+                                   "box1 (gpu0 shows 12900 MiB in use) | gpus: need 2; has: 1 "
+                                   "on box2")
+
+
+async def test_the_resource_reason_leaves_out_stale_departed_and_gated_workers(bundle):
+    await beat(bundle, "old", **box(gpu(0, 16000, 15000)))
+    bundle.clock.advance(bundle.coord.config.heartbeat_stale_s + 1)  # "old" goes stale
+    await beat(bundle, "live", **box(gpu(0, 16000, 12900)))
+    await beat(bundle, "gone", **box(gpu(0, 16000, 14000)))
+    await bundle.coord.goodbye(Goodbye(worker_id="gone"))
+    await beat(bundle, "hot", **{**box(gpu(0, 16000, 14000)), "temperature_c": 99.0})
+    job = await bundle.enqueue(resources={"vram_mb": 8000})
+    view = await bundle.coord.get_job(JobId(job_id=job))
+    assert view.waiting_reason == "waiting for resources: vram: need 8000 MiB; free: 3100 on live/gpu0"

@@ -2,7 +2,8 @@
 random operations of every kind that moves a job (enqueue, batches, claims, completes,
 retryable and permanent fails, expired leases, cancels, retries, workflows with their
 promotions and skips, prune, wall-clock steps), the counters equal a full count of the jobs table, and
-the oldest waiting age equals the oldest queued_at. The read costs the same at any size."""
+the queue latency equals a full scan's (now - the oldest ready time of a due waiting job).
+The read costs the same at any size."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import msgspec
 import pytest
 
 from coordd import store, views
-from coordd.protocol import Complete, Enqueue, EnqueueBatch, Fail, JobId
+from coordd.protocol import Complete, Enqueue, EnqueueBatch, Fail, JobId, ListJobs
 from coordd.protocol_workflows import WorkflowId, WorkflowSubmit
 
 ROLES = ("cpu", "gpu")
@@ -33,8 +34,9 @@ async def _check(b) -> None:
     jobs, waiting = await b.coord.read(views.full_counts)
     st = await b.coord.status()
     assert st.jobs == jobs and st.waiting_by_priority == waiting
-    oldest = await b.coord.read(lambda conn: conn.execute(
-        "SELECT min(queued_at) FROM jobs WHERE status = 'waiting'").fetchone()[0])
+    oldest = await b.coord.read(lambda conn: conn.execute(  # a full scan, by the definition
+        "SELECT min(max(queued_at, run_at)) FROM jobs NOT INDEXED WHERE status = 'waiting' "
+        "AND max(queued_at, run_at) <= ?", (st.now,)).fetchone()[0])
     want = None if oldest is None else st.now - oldest
     assert st.oldest_waiting_age_s == pytest.approx(want) if want is not None \
         else st.oldest_waiting_age_s is None
@@ -132,9 +134,40 @@ def test_status_reads_no_job_rows():
     jobs (120 ms at 1 M jobs before, issue 21)."""
     conn = sqlite3.connect(":memory:")
     store.migrate(conn)
-    from coordd.store.counters import SQL_COUNTS, SQL_OLDEST_WAITING
-    for sql in (SQL_COUNTS, SQL_OLDEST_WAITING):
-        plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql))
+    from coordd.store.counters import SQL_COUNTS
+    from coordd.store.latency import SQL_OLDEST_READY
+    for sql, args in ((SQL_COUNTS, ()), (SQL_OLDEST_READY, (0.0,))):
+        plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
         assert "SCAN jobs" not in plan, plan
-    plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + SQL_OLDEST_WAITING))
-    assert "SEARCH jobs USING COVERING INDEX jobs_status (status=?)" in plan, plan
+    plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + SQL_OLDEST_READY,
+                                                 (0.0,)))
+    assert "SEARCH jobs USING INDEX jobs_ready (<expr><?)" in plan, plan
+
+
+async def test_queue_latency_counts_runnable_jobs_since_they_became_runnable(make_bundle):
+    """`oldest_waiting_age_s` is Sidekiq's queue latency: jobs not yet due (scheduled, in
+    backoff) do not count, and a job counts from when it became runnable: enqueued, or
+    its backoff or schedule ended."""
+    b = await make_bundle(backoff_base_s=10.0, backoff_jitter=0.0)
+    t0 = b.clock.wall()
+    later = await b.enqueue(run_at=t0 + 100.0)
+    assert (await b.coord.status()).oldest_waiting_age_s is None  # nothing is due yet
+    b.clock.advance(5.0)
+    first = await b.enqueue()
+    b.clock.advance(20.0)
+    assert (await b.coord.status()).oldest_waiting_age_s == pytest.approx(20.0)
+    await b.worker("w1")
+    got = await b.claim("w1")
+    assert got.job.job_id == first
+    b.clock.advance(3.0)
+    await b.coord.fail(Fail(job_id=first, worker_id="w1", token=got.lease.token,
+                            error="flaky", retryable=True))  # backoff 10 s
+    assert (await b.coord.status()).oldest_waiting_age_s is None
+    b.clock.advance(14.0)  # due 4 s ago
+    assert (await b.coord.status()).oldest_waiting_age_s == pytest.approx(4.0)
+    b.clock.advance(70.0)  # `later` is due since 8 s; `first` since 74 s
+    st = await b.coord.status()
+    assert st.oldest_waiting_age_s == pytest.approx(74.0) and st.jobs["waiting"] == 2
+    assert later in {j.job_id for j in (await b.coord.list_jobs(
+        ListJobs(status="waiting"))).jobs}
+    assert "coordd_queue_latency_seconds 74.0" in (await b.coord.metrics()).text

@@ -1,0 +1,138 @@
+"""What each long-running program does with the signals operators and systemd send: real
+processes, real signals, their log output read back.
+
+coordd and coord-worker handle SIGHUP (systemctl reload, logrotate) and keep running;
+a graceful stop of a worker logs the stop and its hand-backs, never "coordd unreachable".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+
+from tests.integration.test_worker import bench  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _log_has(read, text: str, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while text not in (got := read()):
+        assert time.monotonic() < deadline, f"{text!r} not logged in {timeout}s: {got[-2000:]}"
+        await asyncio.sleep(0.05)
+    return got
+
+
+@pytest.mark.parametrize("holding", [True, False], ids=["holding_a_job", "idle"])
+async def test_graceful_worker_stop_logs_the_stop_not_coordd_unreachable(bench, holding):  # noqa: F811
+    w = bench.start_worker(lease_s=30, grace_s=0.5, claim_interval_s=0.2)
+    await _log_has(w.log, "started")
+    job = None
+    if holding:
+        job = await bench.enqueue({"sleep": 60})
+        await bench.model_pids(job, "w1")
+    else:
+        await asyncio.sleep(0.5)  # its claim parked at coordd
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(10) == 0
+    log = w.log()
+    assert "stopping: handing back" in log and "stopped" in log, log
+    stop = log[log.index("stopping: handing back"):]
+    assert "unreachable" not in log and "WARNING" not in stop, log  # a stop is routine
+    assert "ERROR" not in log and "Traceback" not in log, log
+    if job is not None:
+        assert f"job {job}: handed back (worker_shutdown)" in log, log
+        view = await bench.client.get_job(job)
+        assert view.status == "waiting" and view.last_error == "released: worker_shutdown"
+
+
+async def test_a_call_cut_short_by_our_own_close_is_not_an_outage(daemon):
+    """Client.close() fails its calls in flight with Closed, which worker.link ignores; a
+    connection coordd drops is still Disconnected (an outage)."""
+    from coordd.client import Client, Closed, Disconnected
+    from worker.link import Link
+    client = Client(daemon.socket, timeout=10)
+    parked = asyncio.ensure_future(client.claim("w9", 30, "c1", wait_s=5))
+    await asyncio.sleep(0.3)
+    await client.close()
+    with pytest.raises(Closed) as got:
+        await parked
+    link = Link()
+    link.failed(got.value)
+    assert not link.down
+    link.failed(Disconnected("coordd closed the connection"))
+    assert link.down
+
+
+async def test_sighup_to_coordd_without_tcp_reloads_nothing_and_keeps_serving(daemon_factory):
+    d = daemon_factory("reaper_interval_s = 5\n")
+    d.start()
+    from coordd.client import Client
+    async with Client(d.socket, timeout=10) as c:
+        job = (await c.enqueue(kind="k", required_role="cpu", priority=1)).job_id
+        d.proc.send_signal(signal.SIGHUP)
+        await _log_has(d.log, "SIGHUP: nothing to reload (no TCP listener)")
+        assert d.proc.poll() is None and (await c.status()).jobs["waiting"] == 1
+        with open(d.config, "w") as fh:  # an edit a reload cannot apply: said so
+            fh.write("reaper_interval_s = 7\nheartbeat_stale_s = 40\n")
+        d.proc.send_signal(signal.SIGHUP)
+        await _log_has(d.log, "applied at the next restart: heartbeat_stale_s, reaper_interval_s")
+        with open(d.config, "w") as fh:  # a file that no longer loads changes nothing
+            fh.write("reaper_interval_s = 0\n")
+        d.proc.send_signal(signal.SIGHUP)
+        await _log_has(d.log, "the running settings are unchanged")
+        assert (await c.get_job(job)).status == "waiting" and d.proc.poll() is None
+    assert d.stop() == 0 and "Traceback" not in d.log()
+
+
+async def test_sighup_to_a_worker_holding_a_job_is_logged_and_changes_nothing(bench):  # noqa: F811
+    w = bench.start_worker(lease_s=30, grace_s=0.5)
+    job = await bench.enqueue({"sleep": 60})
+    pids = await bench.model_pids(job, "w1")
+    w.proc.send_signal(signal.SIGHUP)
+    await _log_has(w.log, "SIGHUP: nothing to reload")
+    await asyncio.sleep(0.3)
+    assert w.proc.poll() is None and all(psutil_alive(p) for p in pids), w.log()
+    assert (await bench.client.get_job(job)).status == "running"
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(10) == 0
+    assert f"job {job}: handed back (worker_shutdown)" in w.log()
+
+
+def psutil_alive(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_sighup_stops_the_web_view_gracefully_and_the_mcp_server(daemon, tmp_path):
+    """coordd-web and coordd-mcp are session programs: a hangup ends them (the web view
+    through uvicorn's graceful shutdown, as SIGTERM does)."""
+    import subprocess
+    import sys
+    from tests.integration.webtools import start_web
+    web = start_web(tmp_path, daemon.socket)
+    try:
+        web.proc.send_signal(signal.SIGHUP)
+        assert web.proc.wait(10) in (0, -signal.SIGTERM)
+        assert "Traceback" not in web.log_path.read_text()
+    finally:
+        web.stop()
+    mcp = subprocess.Popen([sys.executable, "-m", "coordd_mcp", "--socket", daemon.socket],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.5)
+        mcp.send_signal(signal.SIGHUP)
+        assert mcp.wait(10) == -signal.SIGHUP
+    finally:
+        if mcp.poll() is None:
+            mcp.kill()
+            mcp.wait(5)
+        for f in (mcp.stdin, mcp.stdout, mcp.stderr):
+            f.close()
