@@ -17,24 +17,23 @@ from typing import Any
 
 import msgspec
 
-from coordd import admission, errors, gates, preemption, resources, results
+from coordd import admission, gates, preemption, resources, store
+from coordd import transitions as tr
 from coordd.limits import LIMIT_REFUSED
 from coordd.protocol import (
     ArtifactRef, ClaimedJob, ClaimResult, CompleteResult, LeaseGrant, RenewResult, StatusResult,
 )
 from coordd.store import (
-    CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CHECKPOINT, SQL_CLAIMED_JOB, SQL_DEAD_LETTER,
-    SQL_DELETE_LEASE, SQL_INSERT_ARTIFACT, SQL_INSERT_LEASE, SQL_PAIR_LEVEL, SQL_PAIR_WALK,
-    SQL_ROLE_KINDS, SQL_JOB_FOR_LEASE, SQL_LEASE_BY_CLAIM_ID, SQL_RENEW, SQL_SUCCEED, SQL_TAKE,
-    SQL_WORKER, end_job, event, json_decode, lenient_json, requeue,
-    maybe_json,
+    CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CHECKPOINT, SQL_CLAIMED_JOB,
+    SQL_INSERT_ARTIFACT, SQL_INSERT_LEASE, SQL_PAIR_LEVEL, SQL_PAIR_WALK,
+    SQL_ROLE_KINDS, SQL_JOB_FOR_LEASE, SQL_LEASE_BY_CLAIM_ID, SQL_RENEW, SQL_TAKE,
+    SQL_WORKER, event, json_decode, lenient_json, maybe_json,
 )
 from coordd.store import limits as limit_store
-from coordd.store import workers as wkstore
 from coordd.store.governance import SQL_DELETE_RESERVATION
 from coordd.store.resources import grant_of
 from coordd.store import workflows
-from coordd.times import fmt_time
+from coordd.transitions import Held, backoff_delay  # noqa: F401 (coordd.leases names)
 
 
 BASE_REFUSALS_CACHED = 4096  # (priority, heartbeat text) pairs kept before starting over
@@ -144,7 +143,7 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
     else:
         best = _aging_walk(conn, now, judge, pairs)
     for job_id, why in judge.undecodable:
-        _dead_letter(conn, now, job_id, worker_id, "waiting", 1, gates.GATES_DECODE_ERROR, why)
+        _dead_letter(conn, now, job_id, worker_id, "waiting", gates.GATES_DECODE_ERROR, why)
     reasons = judge.reasons
     if best is None:
         if not reasons and conn.execute(SQL_ANY_RUNNABLE, (now,)).fetchone() is not None:
@@ -164,18 +163,19 @@ def _take(conn: sqlite3.Connection, now: float, worker_id: str, job_id: str, lea
     try:
         payload = json_decode(payload_json)
     except msgspec.DecodeError as exc:
-        _dead_letter(conn, now, job_id, worker_id, "running", 0, gates.PAYLOAD_DECODE_ERROR,
+        _dead_letter(conn, now, job_id, worker_id, "running", gates.PAYLOAD_DECODE_ERROR,
                      str(exc))
         return None  # the claim goes on to the next candidate
     try:
         checkpoint_value = maybe_json(checkpoint_json)
     except msgspec.DecodeError as exc:
-        _dead_letter(conn, now, job_id, worker_id, "running", 0,
+        _dead_letter(conn, now, job_id, worker_id, "running",
                      gates.CHECKPOINT_DECODE_ERROR, str(exc))
         return None
     conn.execute(SQL_INSERT_LEASE, (job_id, worker_id, token, claim_id, now, now + lease_s,
                                     lease_s))
-    event(conn, job_id, now, worker_id, "waiting", "running", f"claimed (token {token})")
+    t = tr.CLAIMED
+    event(conn, job_id, now, worker_id, t.from_status, t.to_status, tr.claimed_reason(token))
     return ClaimResult(
         job=ClaimedJob(job_id=job_id, kind=kind, required_role=role, priority=prio,
                        payload=payload, attempts=attempts, checkpoint=checkpoint_value,
@@ -355,10 +355,10 @@ def _aging_walk(conn: sqlite3.Connection, now: float, judge: _Judge,
 
 
 def _dead_letter(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
-                 from_status: str, count_attempt: int, code: str, detail: str) -> None:
-    """End a job `failed` because its stored data does not decode (terminal: no retry)."""
-    conn.execute(SQL_DEAD_LETTER, (count_attempt, now, now, f"{code}: {detail}", job_id))
-    event(conn, job_id, now, worker_id, from_status, "failed", code)
+                 from_status: str, code: str, detail: str) -> None:
+    """End a job `failed` because its stored data does not decode (terminal: no retry;
+    coordd.transitions.dead_letter)."""
+    store.apply(conn, now, job_id, worker_id, tr.dead_letter(from_status, code, detail))
 
 
 def _claimed(conn: sqlite3.Connection, job_id: str, lease: LeaseGrant) -> ClaimResult:
@@ -373,42 +373,12 @@ def _claimed(conn: sqlite3.Connection, job_id: str, lease: LeaseGrant) -> ClaimR
     )
 
 
-class _Held(msgspec.Struct):
-    cancel_requested: bool
-    max_runtime_s: float | None
-    attempts: int
-    max_attempts: int
-    granted_at: float
-    result_schema: str | None = None
-    workflow_id: str | None = None
-
-
 def _check_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
-                 token: int) -> _Held:
-    """Fence a lease-holder call: the lease must be the job's current one and unexpired.
-
-    Raises:
-        errors.NotFound: no such job.
-        errors.AlreadyCompleted: the job succeeded under this very lease (a resend after a
-            lost reply: the stored result stands; treat as success).
-        errors.LeaseLost: the presented lease is not the job's current lease (including a
-            superseded lease of a job that later succeeded under another one).
-        errors.LeaseExpired: it is, but `now >= expires_at` (whether or not reaped yet).
-    """
+                 token: int) -> Held:
+    """Read the job's lease row and fence the call (coordd.transitions.fence: NotFound,
+    AlreadyCompleted, LeaseLost, LeaseExpired); return the row."""
     row = conn.execute(SQL_JOB_FOR_LEASE, (job_id,)).fetchone()
-    if row is None:
-        raise errors.NotFound(f"job {job_id} not found")
-    (status, cancel, max_runtime_s, attempts, max_attempts, last_token, l_worker, l_token,
-     granted, expires, result_schema, workflow_id) = row
-    if l_worker != worker_id or l_token != token:
-        if status == "succeeded" and token == last_token:
-            raise errors.AlreadyCompleted(f"job {job_id} already succeeded")
-        raise errors.LeaseLost(f"job {job_id}: lease token {token} of {worker_id} is not current "
-                               f"(job is {status})")
-    if now >= expires:
-        raise errors.LeaseExpired(f"job {job_id}: lease expired at {expires:.3f} (now {now:.3f})")
-    return _Held(bool(cancel), max_runtime_s, attempts, max_attempts, granted, result_schema,
-                 workflow_id)
+    return tr.fence(None if row is None else Held(*row), job_id, worker_id, token, now)
 
 
 def fence(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int) -> int:
@@ -426,11 +396,10 @@ def renew(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, tok
         errors.LeaseExpired, errors.NotFound, errors.AlreadyCompleted: as `_check_lease`.
     """
     held = _check_lease(conn, now, job_id, worker_id, token)
-    if held.max_runtime_s is not None and now > held.granted_at + held.max_runtime_s:
-        raise errors.LeaseLost(f"job {job_id}: max runtime {held.max_runtime_s:g}s exceeded")
-    conn.execute(SQL_RENEW, (now + lease_s, lease_s, job_id))
-    return RenewResult(expires_at=now + lease_s, lease_s=lease_s,
-                       cancel_requested=held.cancel_requested)
+    expires_at = tr.renew(held, job_id, now, lease_s)
+    conn.execute(SQL_RENEW, (expires_at, lease_s, job_id))
+    return RenewResult(expires_at=expires_at, lease_s=lease_s,
+                       cancel_requested=bool(held.cancel_requested))
 
 
 def checkpoint(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
@@ -443,56 +412,31 @@ def checkpoint(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str
 def complete(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
              result_json: str | None, artifact: ArtifactRef | None,
              backoff: Callable[[int], float] | None = None) -> CompleteResult:
-    """Store the result and end the job `succeeded`; a job whose cancel was requested ends
-    `cancelled` instead and the result is dropped. Fenced like `renew`.
-
-    A job with a `result_schema` has its result decoded strictly first (coordd.results):
-    a result that fails is not stored; the attempt is spent as a retryable failure with
-    the validation error (back to waiting after `backoff`, or `failed` once attempts are
-    exhausted) and the reply says so (`status`, `error`). Such jobs need an inline
-    result: an artifact cannot be checked inside the transaction, so it is refused too.
+    """Store the result and end the job `succeeded`, fenced like `renew`; what ends it
+    otherwise (a requested cancel, a result that fails its schema) is
+    coordd.transitions.complete. The reply has the status and the schema's error, if any.
     A workflow node's end moves its workflow on in the same transaction
     (coordd.store.workflows.settle): dependents whose last dependency this was are queued.
     """
     held = _check_lease(conn, now, job_id, worker_id, token)
-    conn.execute(SQL_DELETE_LEASE, (job_id,))
-    if held.cancel_requested:
-        end_job(conn, now, job_id, worker_id, "running", "cancelled",
-                "cancelled before completion", "cancel requested; result dropped")
-        _settle(conn, now, held)
-        return CompleteResult(status="cancelled")
-    if held.result_schema is not None:
-        try:
-            if artifact is not None:
-                raise results.ResultInvalid(f"result_invalid ({held.result_schema}): a checked "
-                                            "result must be inline, not an artifact")
-            result_json = results.check(held.result_schema, result_json or "null")
-        except results.ResultInvalid as exc:
-            status, _ = _spend_attempt(conn, now, job_id, worker_id, held, str(exc), True,
-                                       backoff or (lambda _n: 0.0))
-            return CompleteResult(status=status, error=str(exc))
-    if artifact is not None:
+    d = tr.complete(held, now, result_json, artifact is not None, backoff)
+    sha = None
+    if artifact is not None and d.t is tr.COMPLETED:
         conn.execute(SQL_INSERT_ARTIFACT, (artifact.sha256, artifact.path, artifact.size, now))
-    conn.execute(SQL_SUCCEED, (result_json, artifact.sha256 if artifact else None, now, now,
-                               job_id))
-    event(conn, job_id, now, worker_id, "running", "succeeded", None)
-    _settle(conn, now, held)
-    return CompleteResult(status="succeeded")
+        sha = artifact.sha256
+    _apply(conn, now, job_id, worker_id, held, d, sha)
+    return CompleteResult(status=d.t.to_status, error=d.invalid)
 
 
 def fail(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
          error: str, retryable: bool, backoff: Callable[[int], float]) -> StatusResult:
-    """Record a failure: back to waiting after `backoff(attempts)` seconds if retryable and
-    attempts remain, else `failed` (dead letter); `cancelled` if a cancel was requested."""
+    """Record a failure (coordd.transitions.fail): back to waiting after
+    `backoff(attempts)` seconds if retryable and attempts remain, else `failed` (dead
+    letter); `cancelled` if a cancel was requested."""
     held = _check_lease(conn, now, job_id, worker_id, token)
-    conn.execute(SQL_DELETE_LEASE, (job_id,))
-    if held.cancel_requested:
-        end_job(conn, now, job_id, worker_id, "running", "cancelled", error, error)
-        _settle(conn, now, held)
-        return StatusResult(status="cancelled")
-    status, run_at = _spend_attempt(conn, now, job_id, worker_id, held, error, retryable,
-                                    backoff)
-    return StatusResult(status=status, run_at=run_at)
+    d = tr.fail(held, now, error, retryable, backoff)
+    _apply(conn, now, job_id, worker_id, held, d)
+    return StatusResult(status=d.t.to_status, run_at=d.run_at)
 
 
 def release(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
@@ -501,44 +445,16 @@ def release(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, t
     the job is waiting and runnable at once (`preemptions` counts it), with
     `checkpoint_json` recorded first if given; `cancelled` if a cancel was requested."""
     held = _check_lease(conn, now, job_id, worker_id, token)
-    conn.execute(SQL_DELETE_LEASE, (job_id,))
+    d = tr.release(held, now, reason)
     if checkpoint_json is not None:
         conn.execute(SQL_CHECKPOINT, (checkpoint_json, now, job_id))
-    if held.cancel_requested:
-        end_job(conn, now, job_id, worker_id, "running", "cancelled", reason, reason)
-        _settle(conn, now, held)
-        return StatusResult(status="cancelled")
-    wkstore.release(conn, now, job_id, worker_id, reason)
-    event(conn, job_id, now, worker_id, "running", "waiting", f"released: {reason}")
-    return StatusResult(status="waiting", run_at=now)
+    _apply(conn, now, job_id, worker_id, held, d)
+    return StatusResult(status=d.t.to_status, run_at=d.run_at)
 
 
-def _spend_attempt(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
-                   held: _Held, error: str, retryable: bool,
-                   backoff: Callable[[int], float]) -> tuple[str, float | None]:
-    """End a running attempt that failed: requeue it after backoff, or dead-letter it."""
-    if not retryable or held.attempts >= held.max_attempts:
-        why = (f"permanent: {error}" if not retryable
-               else f"attempts exhausted (last: {error})")
-        end_job(conn, now, job_id, worker_id, "running", "failed", why, why)
-        _settle(conn, now, held)
-        return "failed", None
-    run_at = now + backoff(held.attempts)
-    requeue(conn, now, job_id, worker_id, error, run_at,
-            f"retryable: {error}; backoff until {fmt_time(run_at)}")
-    return "waiting", run_at
-
-
-def _settle(conn: sqlite3.Connection, now: float, held: _Held) -> None:
-    if held.workflow_id is not None:
+def _apply(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, held: Held,
+           d: tr.Decision, artifact_sha256: str | None = None) -> None:
+    """Write a holder call's decision, then settle the node's workflow if it ended."""
+    store.apply(conn, now, job_id, worker_id, d, artifact_sha256)
+    if d.settle:
         workflows.settle(conn, now, held.workflow_id)
-
-
-def backoff_delay(attempts: int, base_s: float, cap_s: float, jitter: float, u: float) -> float:
-    """Retry delay in seconds: min(cap, base * 2**(attempts-1)) * (1 + u * jitter), u in [0, 1).
-
-    The jitter only adds, so a retry never comes sooner than the un-jittered delay.
-    """
-    exp = min(cap_s, base_s * math.pow(2.0, min(max(0, attempts - 1), 62)))  # no overflow
-    return exp * (1.0 + u * jitter)
-
