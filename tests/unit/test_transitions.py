@@ -449,3 +449,15 @@ async def test_every_status_write_of_a_run_is_an_event_of_the_table(make_bundle)
                 and es[i][2].endswith("_decode_error"), (job_id, ws, es)
         assert i == len(es), (job_id, ws, es)
     assert tr.TABLE - seen == {tr.SKIPPED_ABSENT}  # (tests/unit/test_workflows.py has it)
+
+
+def test_transitions_is_pure():
+    """coordd.transitions imports no store, no sqlite3, no I/O: a second store can call it."""
+    import ast
+    tree = ast.parse(Path(tr.__file__).read_text())
+    mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {f"{n.module}.{a.name}" if n.module == "coordd" else n.module
+             for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert mods <= {"__future__", "math", "collections.abc", "typing", "msgspec",
+                    "coordd.errors", "coordd.results", "coordd.times"}, mods
+    assert "execute(" not in Path(tr.__file__).read_text()
