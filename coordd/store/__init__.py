@@ -78,10 +78,14 @@ def event(conn: sqlite3.Connection, job_id: str, now: float, worker_id: str | No
 
 def apply(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str | None,
           d: Decision, artifact_sha256: str | None = None) -> None:
-    """Write one decision of coordd.transitions (every job-status write but the claim's
-    take and the workflow node moves of coordd.store.workflows): the lease row goes if
-    `d.drop_lease`, the job row gets the statement of `d.t`, and the event is logged.
-    `artifact_sha256`: a succeeded job's artifact (its row inserted by the caller)."""
+    """Write one decision of coordd.transitions (every job-status write but the insert,
+    the claim's take and the workflow node moves of coordd.store.workflows): the lease
+    row goes if `d.drop_lease`, the job row gets the statement of `d.t`, and the event is
+    logged. `artifact_sha256`: a succeeded job's artifact (its row inserted by the caller).
+
+    Raises:
+        ValueError: `d.t` is a transition with its own statement elsewhere (a bug).
+    """
     t = d.t
     if d.drop_lease:
         conn.execute(SQL_DELETE_LEASE, (job_id,))
@@ -93,14 +97,18 @@ def apply(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str | No
             conn.execute(SQL_RELEASE, (d.last_error, d.run_at, now, now, job_id))
         elif cause == tr.RETRY:
             conn.execute(SQL_RETRY, (d.run_at, now, now, job_id))
-        else:
+        elif t.from_status == "running":  # fail, result_invalid, a lost lease: requeued
             conn.execute(SQL_TO_WAITING, (d.last_error, d.run_at, now, now, job_id))
+        else:
+            raise ValueError(f"store.apply does not write {t}")
     elif cause == tr.DEAD_LETTER:
         conn.execute(SQL_DEAD_LETTER, (int(d.count_attempt), now, now, d.last_error, job_id))
     elif t is tr.CANCEL_REQUEST:
         conn.execute(SQL_REQUEST_CANCEL, (now, job_id))
-    else:  # failed or cancelled: a terminal status, cancel request cleared
+    elif to in ("failed", "cancelled"):  # a terminal status, cancel request cleared
         conn.execute(SQL_TO_TERMINAL, (to, d.last_error, now, now, job_id))
+    else:  # the claim's take, enqueue and workflow node moves have their own statements
+        raise ValueError(f"store.apply does not write {t}")
     conn.execute(SQL_EVENT, (job_id, now, worker_id, t.from_status, to, d.reason))
 
 

@@ -461,3 +461,13 @@ def test_transitions_is_pure():
     assert mods <= {"__future__", "math", "collections.abc", "typing", "msgspec",
                     "coordd.errors", "coordd.results", "coordd.times"}, mods
     assert "execute(" not in Path(tr.__file__).read_text()
+
+
+def test_store_apply_refuses_transitions_it_does_not_write(tmp_path):
+    import sqlite3
+    conn = sqlite3.connect(str(tmp_path / "a.db"), isolation_level=None)
+    coordd.store.migrate(conn)
+    for t in (tr.CLAIMED, tr.ENQUEUED, tr.PROMOTED, tr.SKIPPED_DEP, tr.REBLOCKED):
+        with pytest.raises(ValueError, match="does not write"):
+            coordd.store.apply(conn, 1.0, "j", None, tr.Decision(t=t))
+    conn.close()
