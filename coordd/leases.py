@@ -1,414 +1,36 @@
-"""Claims and the fenced calls of a lease holder: claim, renew, checkpoint, complete, fail.
+"""The fenced calls of a lease holder: renew, checkpoint, complete, fail, release.
 
 Like everything in coordd.store, these run inside the writer's transaction and take
 `now` from coordd's clock. Each lease carries a token that only grows for its job;
-`renew`, `checkpoint`, `complete` and `fail` are refused unless the presented lease is
-the job's current one and `now < expires_at` (DESIGN.md, "Leases and fencing").
+`renew`, `checkpoint`, `complete`, `fail` and `release` are refused unless the presented
+lease is the job's current one and `now < expires_at` (DESIGN.md, "Leases and fencing";
+the check is coordd.transitions.fence, what each call does to the job is its decision
+there). Claims are coordd.claims (re-exported here under their old names).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import math
 import sqlite3
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
-import msgspec
-
-from coordd import admission, errors, gates, preemption, resources, results
-from coordd.limits import LIMIT_REFUSED
-from coordd.protocol import (
-    ArtifactRef, ClaimedJob, ClaimResult, CompleteResult, LeaseGrant, RenewResult, StatusResult,
+from coordd import store
+from coordd import transitions as tr
+from coordd.claims import (  # noqa: F401 (coordd.leases has always named them)
+    BASE_REFUSALS_CACHED, LIMIT_SCAN, ClaimPolicy, claim, effective_priority,
 )
-from coordd.store import (
-    CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CHECKPOINT, SQL_CLAIMED_JOB, SQL_DEAD_LETTER,
-    SQL_DELETE_LEASE, SQL_INSERT_ARTIFACT, SQL_INSERT_LEASE, SQL_PAIR_LEVEL, SQL_PAIR_WALK,
-    SQL_ROLE_KINDS, SQL_JOB_FOR_LEASE, SQL_LEASE_BY_CLAIM_ID, SQL_RENEW, SQL_SUCCEED, SQL_TAKE,
-    SQL_WORKER, end_job, event, json_decode, lenient_json, requeue,
-    maybe_json,
-)
-from coordd.store import limits as limit_store
-from coordd.store import workers as wkstore
-from coordd.store.governance import SQL_DELETE_RESERVATION
-from coordd.store.resources import grant_of
+from coordd.protocol import ArtifactRef, CompleteResult, RenewResult, StatusResult
+from coordd.store import SQL_CHECKPOINT, SQL_INSERT_ARTIFACT, SQL_JOB_FOR_LEASE, SQL_RENEW
+from coordd.store import limits as limit_store  # noqa: F401 (tests patch it here)
 from coordd.store import workflows
-from coordd.times import fmt_time
-
-
-BASE_REFUSALS_CACHED = 4096  # (priority, heartbeat text) pairs kept before starting over
-LIMIT_SCAN = 256  # candidates a claim may skip for their limits beyond CLAIM_SCAN
-
-
-class ClaimPolicy(msgspec.Struct, kw_only=True):
-    """What claim needs from the config: gate policies per priority and timing knobs."""
-
-    policies: dict[int, Any]  # priority -> coordd.gates.GatePolicy
-    heartbeat_stale_s: float
-    aging_interval_s: float
-    resources_seen: bool = False  # a job asked for resources: claims check requests
-    limits: Any = None  # coordd.limits.LimitBook (None or none defined: no limit work)
-    # the kinds waiting per role, kept by the writer (coordd.job_changes.RoleKinds); None:
-    # read them from the claim index at each claim
-    role_kinds: Any = None
-    # (priority, the worker's stored heartbeat JSON) -> what that priority's own gates say
-    _base: dict[tuple[int, str], list[tuple[str, str]]] = msgspec.field(default_factory=dict)
-
-    def base_refusals(self, prio: int, heartbeat_json: str,
-                      readings: Callable[[], dict[str, Any]]) -> list[tuple[str, str]]:
-        """`gates.evaluate(policies[prio], readings())`, remembered per stored heartbeat
-        text: a worker claims many times between two heartbeats, and the policies are
-        fixed for coordd's life. Do not change the returned list."""
-        key = (prio, heartbeat_json)
-        got = self._base.get(key)
-        if got is None:
-            if len(self._base) >= BASE_REFUSALS_CACHED:
-                self._base.clear()
-            got = self._base[key] = gates.evaluate(self.policies[prio], readings())
-        return got
-
-
-def effective_priority(priority: int, queued_at: float, now: float, aging_s: float) -> int:
-    """Priority after aging: one step better per `aging_s` seconds waited, never above P0."""
-    if aging_s <= 0:
-        return priority
-    steps = max(0.0, now - queued_at) // aging_s
-    return max(0, priority - int(steps)) if math.isfinite(steps) else 0
-
-
-def claim(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: float,
-          claim_id: str | None, policy: ClaimPolicy,
-          kinds_json: str | None = None) -> ClaimResult:
-    """Hand the best runnable job to `worker_id` under a new lease (see `_claim_once`).
-
-    Jobs whose stored data does not decode are dead-lettered on the way and skipped; each
-    round dead-letters one, so the loop ends. `kinds_json` (a JSON list, or None for any)
-    limits candidates to the kinds the worker can run.
-    """
-    while True:
-        result = _claim_once(conn, now, worker_id, lease_s, claim_id, policy, kinds_json)
-        if result is not None:
-            return result
-
-
-def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: float,
-                claim_id: str | None, policy: ClaimPolicy,
-                kinds_json: str | None) -> ClaimResult | None:
-    """Try once to hand out a job; None when the pick was dead-lettered (undecodable data).
-
-    Order: lowest effective priority first, then longest queued (FIFO among equals). A
-    job is a candidate when it is waiting, its `run_at` has come, the worker holds its
-    role, and the gates of the job's own priority (merged with the job's overrides) pass
-    on the worker's last readings. The claim index is led by (required_role, kind): one
-    cursor per (role, kind) pair the worker can take, merged in claim order, so jobs it
-    cannot take are never stepped over (`_pairs`). Without aging, one walk from P0
-    (`_strict_walk`); with aging on, one seek per priority level, a lower level only
-    searched for jobs old enough to reach the best effective priority found so far
-    (`_aging_walk`). Either way a level is given up after CLAIM_SCAN candidates.
-    Stored data that does not decode (payload, checkpoint, gate overrides) sends its job
-    to the dead letter state (`payload_decode_error`, ...) with the attempt counted, and
-    the search goes on: such a job is never handed out nor retried.
-
-    Returns a ClaimResult; with no job, `reasons` holds refusal codes (`heartbeat_stale`,
-    `no_matching_role`, gate codes), empty when nothing is runnable at all.
-    """
-    if claim_id is not None:
-        row = conn.execute(SQL_LEASE_BY_CLAIM_ID, (worker_id, claim_id, now)).fetchone()
-        if row is not None:
-            return _claimed(conn, row[0], LeaseGrant(token=row[1], expires_at=row[2],
-                                                     lease_s=row[3]))
-    worker = conn.execute(SQL_WORKER, (worker_id,)).fetchone()
-    if worker is None:
-        return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
-                           detail=f"worker {worker_id} never sent a heartbeat")
-    age = now - worker[2]
-    if age > policy.heartbeat_stale_s:
-        return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
-                           detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
-    roles_json, heartbeat_json = worker[0], worker[1]
-    judge = _Judge(policy, heartbeat_json, conn, worker_id, now)
-    reserved = preemption.reserved_claim(conn, now, worker_id)
-    # capacity freed by a preemption: promised to this job (while its limits have room)
-    if reserved is not None and judge.admits_limits(reserved):
-        short = judge.admission.admit(reserved) if judge.admission is not None else None
-        if short is not None:  # the victim's GPU memory is not free yet: nobody else's
-            return ClaimResult(reasons=[resources.RESOURCES],
-                               detail=f"reserved for job {reserved}: {short}")
-        conn.execute(SQL_DELETE_RESERVATION, (reserved,))
-        return judge.took(judge.record(_take(conn, now, worker_id, reserved, lease_s,
-                                             claim_id)), worker_id)
-    pairs = _pairs(conn, now, roles_json, kinds_json, policy.role_kinds)
-    if policy.aging_interval_s <= 0:
-        best = _strict_walk(conn, now, judge, pairs)
-    else:
-        best = _aging_walk(conn, now, judge, pairs)
-    for job_id, why in judge.undecodable:
-        _dead_letter(conn, now, job_id, worker_id, "waiting", 1, gates.GATES_DECODE_ERROR, why)
-    reasons = judge.reasons
-    if best is None:
-        if not reasons and conn.execute(SQL_ANY_RUNNABLE, (now,)).fetchone() is not None:
-            reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's roles"
-                                               + (" and kinds" if kinds_json else ""))
-        return judge.refused(ClaimResult(reasons=list(reasons),
-                                         detail="; ".join(reasons.values())))
-    return judge.took(judge.record(_take(conn, now, worker_id, best[2], lease_s, claim_id)),
-                      worker_id)
-
-
-def _take(conn: sqlite3.Connection, now: float, worker_id: str, job_id: str, lease_s: float,
-          claim_id: str | None) -> ClaimResult | None:
-    """Move the chosen job to running under a new lease (None: dead-lettered on the way)."""
-    row = conn.execute(SQL_TAKE, (now, job_id)).fetchone()
-    kind, role, prio, payload_json, attempts, checkpoint_json, max_runtime_s, token = row
-    try:
-        payload = json_decode(payload_json)
-    except msgspec.DecodeError as exc:
-        _dead_letter(conn, now, job_id, worker_id, "running", 0, gates.PAYLOAD_DECODE_ERROR,
-                     str(exc))
-        return None  # the claim goes on to the next candidate
-    try:
-        checkpoint_value = maybe_json(checkpoint_json)
-    except msgspec.DecodeError as exc:
-        _dead_letter(conn, now, job_id, worker_id, "running", 0,
-                     gates.CHECKPOINT_DECODE_ERROR, str(exc))
-        return None
-    conn.execute(SQL_INSERT_LEASE, (job_id, worker_id, token, claim_id, now, now + lease_s,
-                                    lease_s))
-    event(conn, job_id, now, worker_id, "waiting", "running", f"claimed (token {token})")
-    return ClaimResult(
-        job=ClaimedJob(job_id=job_id, kind=kind, required_role=role, priority=prio,
-                       payload=payload, attempts=attempts, checkpoint=checkpoint_value,
-                       max_runtime_s=max_runtime_s),
-        lease=LeaseGrant(token=token, expires_at=now + lease_s, lease_s=lease_s),
-    )
-
-
-class _Judge:
-    """Whether one candidate passes its gates and its limits for this worker; refusals are
-    gathered in `reasons` (first detail per code), jobs whose gate overrides do not decode
-    in `undecodable` (dead-lettered by the caller once no cursor is open). `free_skip`:
-    the last candidate was refused by its limits only, within LIMIT_SCAN of them, so it
-    does not count against CLAIM_SCAN (no head-of-line blocking behind a full limit)."""
-
-    def __init__(self, policy: ClaimPolicy, heartbeat_json: str, conn: sqlite3.Connection,
-                 worker_id: str, now: float) -> None:
-        self.policy, self.heartbeat_json = policy, heartbeat_json
-        self._readings: dict[str, Any] | None = None
-        self.reasons: dict[str, str] = {}
-        self.undecodable: list[tuple[str, str]] = []
-        self.admission = (admission.Admission(conn, worker_id, self.readings())
-                          if admission.needed(policy.resources_seen, heartbeat_json) else None)
-        book = policy.limits
-        self.limits = limit_store.ClaimLimits(conn, now, book) \
-            if book is not None and book.active else None
-        self.free_skip = False
-        self._limit_skips = 0
-
-    def admits_limits(self, job_id: str, prio: int | None = None) -> bool:
-        """True when the job's limits have room (always, with no limits defined)."""
-        lim = self.limits
-        if lim is None:
-            return True
-        if prio is None:
-            prio = lim.conn.execute(SQL_CLAIMED_JOB, (job_id,)).fetchone()[2]
-        if lim.admits(prio, job_id):
-            return True
-        self.reasons.setdefault(LIMIT_REFUSED, lim.detail or "limit")
-        return False
-
-    def took(self, result: ClaimResult | None, worker_id: str) -> ClaimResult | None:
-        """Hold the limit units of the job just taken (a lease was granted)."""
-        if self.limits is not None and result is not None and result.job is not None:
-            self.limits.take(result.job.job_id, worker_id, result.job.priority)
-        return result
-
-    def refused(self, result: ClaimResult) -> ClaimResult:
-        """A refusal; with a rate in the way, `next_slot_s` says when a unit frees."""
-        lim = self.limits
-        if lim is not None and lim.next_slot_at is not None:
-            result.next_slot_s = max(0.0, lim.next_slot_at - lim.now)
-        return result
-
-    def record(self, result: ClaimResult | None) -> ClaimResult | None:
-        """The taken job's resource grant on its lease (coordd.admission), if any."""
-        return result if self.admission is None else self.admission.record(result)
-
-    def readings(self) -> dict[str, Any]:
-        """The worker's stored readings, decoded on first use (a remembered base-gate
-        answer needs none)."""
-        if self._readings is None:
-            self._readings = lenient_json(self.heartbeat_json, {})
-        return self._readings
-
-    def passes(self, prio: int, job_id: str, gates_json: str | None) -> bool:
-        """True when the job's gates (its level's, merged with its own overrides) pass."""
-        policy = self.policy
-        refusals = policy.base_refusals(prio, self.heartbeat_json, self.readings)
-        if gates_json is not None:
-            try:
-                refusals = gates.evaluate(
-                    gates.merge(policy.policies[prio], json_decode(gates_json)), self.readings())
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                self.undecodable.append((job_id, str(exc)))
-                return False
-        for code, detail in refusals:
-            self.reasons.setdefault(code, detail)
-        self.free_skip = False
-        if refusals:
-            return False
-        if self.admission is not None:
-            short = self.admission.admit(job_id, prio)
-            if short is not None:
-                self.reasons.setdefault(resources.RESOURCES, short)
-                return False
-        if self.limits is None or self.admits_limits(job_id, prio):
-            return True
-        self._limit_skips += 1
-        self.free_skip = self._limit_skips <= LIMIT_SCAN
-        return False
-
-
-def _pairs(conn: sqlite3.Connection, now: float, roles_json: str, kinds_json: str | None,
-           role_kinds: Any) -> list[tuple[str, str]]:
-    """The (role, kind) pairs a worker can take: its roles times its kinds, or, when it
-    names no kinds, times the kinds waiting for each role (`role_kinds`, else one index
-    seek per kind)."""
-    roles = lenient_json(roles_json, [])
-    roles = sorted({r for r in roles if isinstance(r, str)}) if isinstance(roles, list) else []
-    if kinds_json is not None:
-        kinds = sorted({k for k in json_decode(kinds_json) if isinstance(k, str)})
-        return [(r, k) for r in roles for k in kinds]
-    if role_kinds is not None:
-        return [(r, k) for r in roles for k in role_kinds.kinds(conn, r, now)]
-    return [(r, k) for r in roles for (k,) in conn.execute(SQL_ROLE_KINDS, (r,))]
-
-
-def _merged(cursors: list[sqlite3.Cursor]) -> Iterable[tuple[int, float, str, str | None]]:
-    """Rows (priority, queued_at, job_id, gates_json) of ordered cursors, in claim order."""
-    return cursors[0] if len(cursors) == 1 else heapq.merge(*cursors)
-
-
-def _strict_walk(conn: sqlite3.Connection, now: float, judge: _Judge,
-                 pairs: list[tuple[str, str]]) -> tuple[int, float, str] | None:
-    """Strict priority: the first passing candidate in claim order, from P0 on; a level
-    is given up after CLAIM_SCAN candidates (the walk starts again at the next level).
-    Rows are stepped one at a time."""
-    start = 0
-    while pairs and start <= 3:
-        again = None
-        cursors = [conn.execute(SQL_PAIR_WALK, (role, kind, start, now))
-                   for role, kind in pairs]
-        try:
-            level, seen = -1, 0
-            for prio, queued_at, job_id, gates_json in _merged(cursors):
-                if prio != level:
-                    level, seen = prio, 0
-                if seen == CLAIM_SCAN:
-                    again = prio + 1
-                    break
-                seen += 1
-                if judge.passes(prio, job_id, gates_json):
-                    return prio, queued_at, job_id
-                if judge.free_skip:
-                    seen -= 1
-        finally:
-            for cur in cursors:
-                cur.close()
-        if again is None:
-            return None
-        start = again
-    return None
-
-
-def _aging_walk(conn: sqlite3.Connection, now: float, judge: _Judge,
-                pairs: list[tuple[str, str]]) -> tuple[int, float, str] | None:
-    """With aging: one seek per level (CLAIM_SCAN candidates at most); a lower level is
-    only searched for jobs old enough to reach the best effective priority found so far.
-    Returns (effective priority, queued_at, job_id) of the best."""
-    aging_s = judge.policy.aging_interval_s
-    best: tuple[int, float, str] | None = None
-    for prio in (0, 1, 2, 3) if pairs else ():
-        oldest = math.inf
-        if best is not None:
-            # a job here reaches effective priority best[0] only after (prio - best) steps
-            oldest = now - (prio - best[0]) * aging_s + 1e-6  # the slack: float rounding
-        scan = CLAIM_SCAN + (LIMIT_SCAN if judge.limits is not None else 0)
-        cursors = [conn.execute(SQL_PAIR_LEVEL, (role, kind, prio, oldest, now, scan))
-                   for role, kind in pairs]
-        try:
-            seen = 0
-            for _p, queued_at, job_id, gates_json in itertools.islice(_merged(cursors), scan):
-                if not judge.passes(prio, job_id, gates_json):
-                    seen += not judge.free_skip
-                    if seen == CLAIM_SCAN:
-                        break
-                    continue
-                eff = effective_priority(prio, queued_at, now, aging_s)
-                if best is None or (eff, queued_at) < (best[0], best[1]):
-                    best = (eff, queued_at, job_id)
-                break
-        finally:
-            for cur in cursors:
-                cur.close()
-    return best
-
-
-def _dead_letter(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
-                 from_status: str, count_attempt: int, code: str, detail: str) -> None:
-    """End a job `failed` because its stored data does not decode (terminal: no retry)."""
-    conn.execute(SQL_DEAD_LETTER, (count_attempt, now, now, f"{code}: {detail}", job_id))
-    event(conn, job_id, now, worker_id, from_status, "failed", code)
-
-
-def _claimed(conn: sqlite3.Connection, job_id: str, lease: LeaseGrant) -> ClaimResult:
-    row = conn.execute(SQL_CLAIMED_JOB, (job_id,)).fetchone()
-    return ClaimResult(
-        job=ClaimedJob(job_id=job_id, kind=row[0], required_role=row[1], priority=row[2],
-                       payload=json_decode(row[3]), attempts=row[4],
-                       checkpoint=maybe_json(row[5]), max_runtime_s=row[6],
-                       gpu_ids=list(grant.gpu_ids) or None
-                       if (grant := grant_of(conn, job_id)) is not None else None),
-        lease=lease,
-    )
-
-
-class _Held(msgspec.Struct):
-    cancel_requested: bool
-    max_runtime_s: float | None
-    attempts: int
-    max_attempts: int
-    granted_at: float
-    result_schema: str | None = None
-    workflow_id: str | None = None
+from coordd.transitions import Held, backoff_delay  # noqa: F401 (coordd.leases names)
 
 
 def _check_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
-                 token: int) -> _Held:
-    """Fence a lease-holder call: the lease must be the job's current one and unexpired.
-
-    Raises:
-        errors.NotFound: no such job.
-        errors.AlreadyCompleted: the job succeeded under this very lease (a resend after a
-            lost reply: the stored result stands; treat as success).
-        errors.LeaseLost: the presented lease is not the job's current lease (including a
-            superseded lease of a job that later succeeded under another one).
-        errors.LeaseExpired: it is, but `now >= expires_at` (whether or not reaped yet).
-    """
+                 token: int) -> Held:
+    """Read the job's lease row and fence the call (coordd.transitions.fence: NotFound,
+    AlreadyCompleted, LeaseLost, LeaseExpired); return the row."""
     row = conn.execute(SQL_JOB_FOR_LEASE, (job_id,)).fetchone()
-    if row is None:
-        raise errors.NotFound(f"job {job_id} not found")
-    (status, cancel, max_runtime_s, attempts, max_attempts, last_token, l_worker, l_token,
-     granted, expires, result_schema, workflow_id) = row
-    if l_worker != worker_id or l_token != token:
-        if status == "succeeded" and token == last_token:
-            raise errors.AlreadyCompleted(f"job {job_id} already succeeded")
-        raise errors.LeaseLost(f"job {job_id}: lease token {token} of {worker_id} is not current "
-                               f"(job is {status})")
-    if now >= expires:
-        raise errors.LeaseExpired(f"job {job_id}: lease expired at {expires:.3f} (now {now:.3f})")
-    return _Held(bool(cancel), max_runtime_s, attempts, max_attempts, granted, result_schema,
-                 workflow_id)
+    return tr.fence(None if row is None else Held(*row), job_id, worker_id, token, now)
 
 
 def fence(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int) -> int:
@@ -426,11 +48,10 @@ def renew(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, tok
         errors.LeaseExpired, errors.NotFound, errors.AlreadyCompleted: as `_check_lease`.
     """
     held = _check_lease(conn, now, job_id, worker_id, token)
-    if held.max_runtime_s is not None and now > held.granted_at + held.max_runtime_s:
-        raise errors.LeaseLost(f"job {job_id}: max runtime {held.max_runtime_s:g}s exceeded")
-    conn.execute(SQL_RENEW, (now + lease_s, lease_s, job_id))
-    return RenewResult(expires_at=now + lease_s, lease_s=lease_s,
-                       cancel_requested=held.cancel_requested)
+    expires_at = tr.renew(held, job_id, now, lease_s)
+    conn.execute(SQL_RENEW, (expires_at, lease_s, job_id))
+    return RenewResult(expires_at=expires_at, lease_s=lease_s,
+                       cancel_requested=bool(held.cancel_requested))
 
 
 def checkpoint(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
@@ -443,56 +64,31 @@ def checkpoint(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str
 def complete(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
              result_json: str | None, artifact: ArtifactRef | None,
              backoff: Callable[[int], float] | None = None) -> CompleteResult:
-    """Store the result and end the job `succeeded`; a job whose cancel was requested ends
-    `cancelled` instead and the result is dropped. Fenced like `renew`.
-
-    A job with a `result_schema` has its result decoded strictly first (coordd.results):
-    a result that fails is not stored; the attempt is spent as a retryable failure with
-    the validation error (back to waiting after `backoff`, or `failed` once attempts are
-    exhausted) and the reply says so (`status`, `error`). Such jobs need an inline
-    result: an artifact cannot be checked inside the transaction, so it is refused too.
+    """Store the result and end the job `succeeded`, fenced like `renew`; what ends it
+    otherwise (a requested cancel, a result that fails its schema) is
+    coordd.transitions.complete. The reply has the status and the schema's error, if any.
     A workflow node's end moves its workflow on in the same transaction
     (coordd.store.workflows.settle): dependents whose last dependency this was are queued.
     """
     held = _check_lease(conn, now, job_id, worker_id, token)
-    conn.execute(SQL_DELETE_LEASE, (job_id,))
-    if held.cancel_requested:
-        end_job(conn, now, job_id, worker_id, "running", "cancelled",
-                "cancelled before completion", "cancel requested; result dropped")
-        _settle(conn, now, held)
-        return CompleteResult(status="cancelled")
-    if held.result_schema is not None:
-        try:
-            if artifact is not None:
-                raise results.ResultInvalid(f"result_invalid ({held.result_schema}): a checked "
-                                            "result must be inline, not an artifact")
-            result_json = results.check(held.result_schema, result_json or "null")
-        except results.ResultInvalid as exc:
-            status, _ = _spend_attempt(conn, now, job_id, worker_id, held, str(exc), True,
-                                       backoff or (lambda _n: 0.0))
-            return CompleteResult(status=status, error=str(exc))
-    if artifact is not None:
+    d = tr.complete(held, now, result_json, artifact is not None, backoff)
+    sha = None
+    if artifact is not None and d.t is tr.COMPLETED:
         conn.execute(SQL_INSERT_ARTIFACT, (artifact.sha256, artifact.path, artifact.size, now))
-    conn.execute(SQL_SUCCEED, (result_json, artifact.sha256 if artifact else None, now, now,
-                               job_id))
-    event(conn, job_id, now, worker_id, "running", "succeeded", None)
-    _settle(conn, now, held)
-    return CompleteResult(status="succeeded")
+        sha = artifact.sha256
+    _apply(conn, now, job_id, worker_id, held, d, sha)
+    return CompleteResult(status=d.t.to_status, error=d.invalid)
 
 
 def fail(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
          error: str, retryable: bool, backoff: Callable[[int], float]) -> StatusResult:
-    """Record a failure: back to waiting after `backoff(attempts)` seconds if retryable and
-    attempts remain, else `failed` (dead letter); `cancelled` if a cancel was requested."""
+    """Record a failure (coordd.transitions.fail): back to waiting after
+    `backoff(attempts)` seconds if retryable and attempts remain, else `failed` (dead
+    letter); `cancelled` if a cancel was requested."""
     held = _check_lease(conn, now, job_id, worker_id, token)
-    conn.execute(SQL_DELETE_LEASE, (job_id,))
-    if held.cancel_requested:
-        end_job(conn, now, job_id, worker_id, "running", "cancelled", error, error)
-        _settle(conn, now, held)
-        return StatusResult(status="cancelled")
-    status, run_at = _spend_attempt(conn, now, job_id, worker_id, held, error, retryable,
-                                    backoff)
-    return StatusResult(status=status, run_at=run_at)
+    d = tr.fail(held, now, error, retryable, backoff)
+    _apply(conn, now, job_id, worker_id, held, d)
+    return StatusResult(status=d.t.to_status, run_at=d.run_at)
 
 
 def release(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, token: int,
@@ -501,44 +97,16 @@ def release(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, t
     the job is waiting and runnable at once (`preemptions` counts it), with
     `checkpoint_json` recorded first if given; `cancelled` if a cancel was requested."""
     held = _check_lease(conn, now, job_id, worker_id, token)
-    conn.execute(SQL_DELETE_LEASE, (job_id,))
+    d = tr.release(held, now, reason)
     if checkpoint_json is not None:
         conn.execute(SQL_CHECKPOINT, (checkpoint_json, now, job_id))
-    if held.cancel_requested:
-        end_job(conn, now, job_id, worker_id, "running", "cancelled", reason, reason)
-        _settle(conn, now, held)
-        return StatusResult(status="cancelled")
-    wkstore.release(conn, now, job_id, worker_id, reason)
-    event(conn, job_id, now, worker_id, "running", "waiting", f"released: {reason}")
-    return StatusResult(status="waiting", run_at=now)
+    _apply(conn, now, job_id, worker_id, held, d)
+    return StatusResult(status=d.t.to_status, run_at=d.run_at)
 
 
-def _spend_attempt(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
-                   held: _Held, error: str, retryable: bool,
-                   backoff: Callable[[int], float]) -> tuple[str, float | None]:
-    """End a running attempt that failed: requeue it after backoff, or dead-letter it."""
-    if not retryable or held.attempts >= held.max_attempts:
-        why = (f"permanent: {error}" if not retryable
-               else f"attempts exhausted (last: {error})")
-        end_job(conn, now, job_id, worker_id, "running", "failed", why, why)
-        _settle(conn, now, held)
-        return "failed", None
-    run_at = now + backoff(held.attempts)
-    requeue(conn, now, job_id, worker_id, error, run_at,
-            f"retryable: {error}; backoff until {fmt_time(run_at)}")
-    return "waiting", run_at
-
-
-def _settle(conn: sqlite3.Connection, now: float, held: _Held) -> None:
-    if held.workflow_id is not None:
+def _apply(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, held: Held,
+           d: tr.Decision, artifact_sha256: str | None = None) -> None:
+    """Write a holder call's decision, then settle the node's workflow if it ended."""
+    store.apply(conn, now, job_id, worker_id, d, artifact_sha256)
+    if d.settle:
         workflows.settle(conn, now, held.workflow_id)
-
-
-def backoff_delay(attempts: int, base_s: float, cap_s: float, jitter: float, u: float) -> float:
-    """Retry delay in seconds: min(cap, base * 2**(attempts-1)) * (1 + u * jitter), u in [0, 1).
-
-    The jitter only adds, so a retry never comes sooner than the un-jittered delay.
-    """
-    exp = min(cap_s, base_s * math.pow(2.0, min(max(0, attempts - 1), 62)))  # no overflow
-    return exp * (1.0 + u * jitter)
-

@@ -1,13 +1,16 @@
-"""Every SQL statement coordd runs on jobs and leases, with the job transitions around
-them; the schema (migrations, PRAGMAs) is coordd.store.schema, re-exported here.
+"""Every SQL statement coordd runs on jobs and leases, and `apply`, which writes the job
+transitions coordd.transitions decides; the schema (migrations, PRAGMAs) is
+coordd.store.schema, re-exported here.
 
 Functions here are synchronous and take an open `sqlite3.Connection` plus `now` (Unix
 seconds from coordd's clock: no SQL reads the time itself). Write functions are only
 called by `coordd.writer.Writer`, inside its `BEGIN IMMEDIATE` transaction; raising a
 `CoordError` rolls back that request alone (see the writer for how).
 
-Every SQL string lives here or in a submodule (coordd.store.*). Claims and the fenced
-lease-holder calls are in `coordd.leases`, row -> view conversion in `coordd.views`.
+Every SQL string lives here or in a submodule (coordd.store.*). Which transition a job
+takes is decided in `coordd.transitions` (pure); `apply` writes a decision. Claims and
+the fenced lease-holder calls are in `coordd.leases`, row -> view conversion in
+`coordd.views`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import msgspec
 
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
+from coordd import transitions as tr
+from coordd.transitions import CANCELLED_BY_ADMIN, Decision  # noqa: F401 (re-exported)
 from coordd.store import limits as _limits, resources as _resources_schema
 from coordd.store import job_requests as _job_requests
 from coordd.store.claim_index import (  # noqa: F401 (the claim's statements)
@@ -66,21 +71,45 @@ SQL_EVENT = (
 
 def event(conn: sqlite3.Connection, job_id: str, now: float, worker_id: str | None,
            from_status: str | None, to_status: str, reason: str | None) -> None:
+    """Log an event; a status change's event comes with its coordd.transitions row (a
+    same-status note, e.g. a governance action, names the status twice)."""
     conn.execute(SQL_EVENT, (job_id, now, worker_id, from_status, to_status, reason))
 
 
-def end_job(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str | None,
-            from_status: str, status: str, last_error: str | None, reason: str | None) -> None:
-    """Move a job to a terminal `status` (cancel request cleared) and log the transition."""
-    conn.execute(SQL_TO_TERMINAL, (status, last_error, now, now, job_id))
-    event(conn, job_id, now, worker_id, from_status, status, reason)
+def apply(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str | None,
+          d: Decision, artifact_sha256: str | None = None) -> None:
+    """Write one decision of coordd.transitions (every job-status write but the insert,
+    the claim's take and the workflow node moves of coordd.store.workflows): the lease
+    row goes if `d.drop_lease`, the job row gets the statement of `d.t`, and the event is
+    logged. `artifact_sha256`: a succeeded job's artifact (its row inserted by the caller).
 
-
-def requeue(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str | None,
-            last_error: str, run_at: float, reason: str) -> None:
-    """Put a running job back to waiting, at the back of its priority, runnable at `run_at`."""
-    conn.execute(SQL_TO_WAITING, (last_error, run_at, now, now, job_id))
-    event(conn, job_id, now, worker_id, "running", "waiting", reason)
+    Raises:
+        ValueError: `d.t` is a transition with its own statement elsewhere (a bug).
+    """
+    t = d.t
+    if d.drop_lease:
+        conn.execute(SQL_DELETE_LEASE, (job_id,))
+    to, cause = t.to_status, t.cause
+    if to == "succeeded":
+        conn.execute(SQL_SUCCEED, (d.result_json, artifact_sha256, now, now, job_id))
+    elif to == "waiting":
+        if cause == tr.RELEASE:
+            conn.execute(SQL_RELEASE, (d.last_error, d.run_at, now, now, job_id))
+        elif cause == tr.RETRY:
+            conn.execute(SQL_RETRY, (d.run_at, now, now, job_id))
+        elif t.from_status == "running":  # fail, result_invalid, a lost lease: requeued
+            conn.execute(SQL_TO_WAITING, (d.last_error, d.run_at, now, now, job_id))
+        else:
+            raise ValueError(f"store.apply does not write {t}")
+    elif cause == tr.DEAD_LETTER:
+        conn.execute(SQL_DEAD_LETTER, (int(d.count_attempt), now, now, d.last_error, job_id))
+    elif t is tr.CANCEL_REQUEST:
+        conn.execute(SQL_REQUEST_CANCEL, (now, job_id))
+    elif to in ("failed", "cancelled"):  # a terminal status, cancel request cleared
+        conn.execute(SQL_TO_TERMINAL, (to, d.last_error, now, now, job_id))
+    else:  # the claim's take, enqueue and workflow node moves have their own statements
+        raise ValueError(f"store.apply does not write {t}")
+    conn.execute(SQL_EVENT, (job_id, now, worker_id, t.from_status, to, d.reason))
 
 
 # ---------------------------------------------------------------- heartbeat
@@ -157,7 +186,8 @@ def enqueue(conn: sqlite3.Connection, now: float, job: NewJob) -> EnqueueResult:
         return EnqueueResult(job_id=existing, created=False)
     _resources_schema.add_request(conn, job.job_id, job.resources)
     _limits.attach(conn, job.job_id, job.limits)  # the fleet-wide limits it names, if any
-    event(conn, job.job_id, now, None, None, "waiting", "enqueued")
+    t = tr.ENQUEUED
+    event(conn, job.job_id, now, None, t.from_status, t.to_status, "enqueued")
     return EnqueueResult(job_id=job.job_id, created=True)
 
 
@@ -235,6 +265,11 @@ SQL_TO_WAITING = (
     "UPDATE jobs SET status = 'waiting', last_error = ?, run_at = ?, queued_at = ?, "
     "updated_at = ? WHERE job_id = ?"
 )
+SQL_RELEASE = (
+    "UPDATE jobs SET status = 'waiting', attempts = max(0, attempts - 1), "
+    "preemptions = preemptions + 1, last_error = ?, run_at = ?, queued_at = ?, "
+    "updated_at = ? WHERE job_id = ?"
+)
 
 
 # ---------------------------------------------------------------- admin transitions
@@ -249,9 +284,6 @@ SQL_RETRY = (
 )
 
 
-CANCELLED_BY_ADMIN = "cancelled by admin"  # the reason of a job cancelled before it ran
-
-
 def _status(conn: sqlite3.Connection, job_id: str) -> str:
     row = conn.execute(SQL_JOB_STATUS, (job_id,)).fetchone()
     if row is None:
@@ -260,39 +292,31 @@ def _status(conn: sqlite3.Connection, job_id: str) -> str:
 
 
 def cancel(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
-    """Cancel: waiting (or blocked) -> cancelled at once; running -> cancel requested (the
-    holder learns it from `renew`/`heartbeat` and ends it); cancelled stays cancelled.
+    """Cancel (coordd.transitions.cancel): waiting (or blocked) -> cancelled at once;
+    running -> cancel requested (the holder learns it from `renew`/`heartbeat` and ends
+    it); cancelled stays cancelled. Returns the status after.
 
     Raises:
         errors.NotFound: no such job.
         errors.InvalidState: the job already succeeded or failed.
     """
-    status = _status(conn, job_id)
-    if status in ("waiting", "blocked"):
-        end_job(conn, now, job_id, None, status, "cancelled", CANCELLED_BY_ADMIN,
-                CANCELLED_BY_ADMIN)
+    d = tr.cancel(_status(conn, job_id), job_id)
+    if d is None:
         return StatusResult(status="cancelled")
-    if status == "running":
-        conn.execute(SQL_REQUEST_CANCEL, (now, job_id))
-        event(conn, job_id, now, None, "running", "running", "cancel requested")
-        return StatusResult(status="running")
-    if status == "cancelled":
-        return StatusResult(status="cancelled")
-    raise errors.InvalidState(f"job {job_id} is {status}; only waiting/blocked/running cancel")
+    apply(conn, now, job_id, None, d)
+    return StatusResult(status=d.t.to_status)
 
 
 def retry(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
-    """Put a failed (dead letter), cancelled or skipped job back to waiting, attempts reset.
+    """Put a failed (dead letter), cancelled or skipped job back to waiting, attempts reset
+    (coordd.transitions.retry).
 
     Raises:
         errors.NotFound: no such job.
         errors.InvalidState: the job is waiting, running or succeeded.
     """
-    status = _status(conn, job_id)
-    if status not in ("failed", "cancelled", "skipped"):
-        raise errors.InvalidState(f"job {job_id} is {status}; only failed/cancelled/skipped retry")
-    conn.execute(SQL_RETRY, (now, now, now, job_id))
-    event(conn, job_id, now, None, status, "waiting", "retried by admin")
+    d = tr.retry(_status(conn, job_id), job_id, now)
+    apply(conn, now, job_id, None, d)
     return StatusResult(status="waiting", run_at=now)
 
 
@@ -320,19 +344,13 @@ def reap_expired(conn: sqlite3.Connection, now: float, limit: int = 1000) -> int
 
 def end_lost_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
                    attempts: int, max_attempts: int, cancel_requested: int, code: str) -> None:
-    """End a lease whose holder is gone (`code`: lease_expired, worker_lost): the job goes
-    back to waiting at once, at the back of its priority, or to `failed` once its attempts
-    are spent, or `cancelled` if a cancel was requested. The attempt counts (it was
-    counted at claim): a job that keeps killing its worker ends in the dead letter."""
-    conn.execute(SQL_DELETE_LEASE, (job_id,))
-    if cancel_requested:
-        end_job(conn, now, job_id, worker_id, "running", "cancelled",
-                f"{code} after cancel", code)
-    elif attempts >= max_attempts:
-        why = f"attempts exhausted (last: {code})"
-        end_job(conn, now, job_id, worker_id, "running", "failed", why, why)
-    else:
-        requeue(conn, now, job_id, worker_id, f"{code} (worker {worker_id} lost)", now, code)
+    """End a lease whose holder is gone (`code`: lease_expired, worker_lost), as
+    coordd.transitions.lost_lease decides: waiting at once, at the back of its priority,
+    `failed` once its attempts are spent, or `cancelled` if a cancel was requested. The
+    attempt counts (it was counted at claim): a job that keeps killing its worker ends in
+    the dead letter."""
+    apply(conn, now, job_id, worker_id,
+          tr.lost_lease(worker_id, attempts, max_attempts, cancel_requested, code, now))
 
 
 # ---------------------------------------------------------------- retention

@@ -13,7 +13,7 @@ import sqlite3
 import msgspec
 
 from coordd import errors
-from coordd.store import end_lost_lease, lenient_json
+from coordd.store import SQL_RELEASE, end_lost_lease, lenient_json  # noqa: F401
 
 WORKER_LOST = "worker_lost"
 
@@ -31,11 +31,6 @@ SQL_LEASES_OF_WORKER = (
 )
 SQL_WORKER_STATES = (
     "SELECT worker_id, incarnation, kinds_json, broken_kinds_json, offline_at FROM workers"
-)
-SQL_RELEASE = (
-    "UPDATE jobs SET status = 'waiting', attempts = max(0, attempts - 1), "
-    "preemptions = preemptions + 1, last_error = ?, run_at = ?, queued_at = ?, "
-    "updated_at = ? WHERE job_id = ?"
 )
 SQL_PREEMPTIONS = "SELECT preemptions FROM jobs WHERE job_id = ?"
 
@@ -118,13 +113,6 @@ def forget(conn: sqlite3.Connection, now: float, worker_id: str, stale_s: float,
     lost = release_worker(conn, now, worker_id)
     conn.execute(SQL_DELETE_WORKER, (worker_id,))
     return lost
-
-
-def release(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
-            reason: str) -> None:
-    """Put a running job (lease already checked and deleted) back to waiting without
-    spending its attempt: `attempts` goes back down, `preemptions` up, runnable now."""
-    conn.execute(SQL_RELEASE, (f"released: {reason}", now, now, now, job_id))
 
 
 def worker_states(conn: sqlite3.Connection) -> dict[str, WorkerState]:

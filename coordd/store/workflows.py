@@ -1,5 +1,6 @@
-"""Workflows and schedules in the store: their SQL and transitions (schema v5 is in
-coordd.store.workflow_schema).
+"""Workflows and schedules in the store: their SQL, applying the transitions
+coordd.transitions decides (settle, skip); schema v5 is in
+coordd.store.workflow_schema.
 
 A workflow is a row in `workflows` plus jobs (its nodes) that carry its `workflow_id` and
 their node `name`, and `workflow_edges` (dependent -> dependency, with a policy). A node
@@ -30,13 +31,15 @@ from typing import Any
 import msgspec
 
 from coordd import errors
+from coordd import transitions as tr
 from coordd.store import cancel, dumps, event, lenient_json
 from coordd.store.resources import add_request
 from coordd.store import limits as limit_store
 
 # Statuses a node can end in; a workflow is over when every node is in one of them.
-NODE_TERMINAL = ("succeeded", "failed", "cancelled", "skipped")
-WORKER_ABSENT = "worker_absent"
+NODE_TERMINAL = tr.NODE_TERMINAL
+WORKER_ABSENT = tr.WORKER_ABSENT
+summarize = tr.summarize  # the workflow's summary (coordd.transitions)
 SETTLE_SWEEP_LIMIT = 500  # running workflows settled per maintenance round
 PRUNE_BATCH = 100  # ended workflows deleted per transaction by `prune_workflows`
 
@@ -156,7 +159,8 @@ def insert_workflow(conn: sqlite3.Connection, now: float, wf: NewWorkflow
         return wid, False, dict(conn.execute(SQL_NODE_IDS, (wid,)).fetchall())
     ids = {n.name: n.job_id for n in wf.nodes}
     for n in wf.nodes:
-        status = "blocked" if n.needs else "waiting"
+        t = tr.ENQUEUED_BLOCKED if n.needs else tr.ENQUEUED
+        status = t.to_status
         conn.execute(SQL_INSERT_NODE, (
             n.job_id, n.kind, n.required_role, n.priority, dumps(n.payload), status,
             n.max_attempts, now, now, now, now,
@@ -164,7 +168,7 @@ def insert_workflow(conn: sqlite3.Connection, now: float, wf: NewWorkflow
         add_request(conn, n.job_id, n.resources)
         if n.limits:
             limit_store.attach(conn, n.job_id, n.limits)
-        event(conn, n.job_id, now, None, None, status,
+        event(conn, n.job_id, now, None, t.from_status, status,
               f"workflow {wf.workflow_id} node {n.name}"
               + (f" (needs {', '.join(d for d, _ in n.needs)})" if n.needs else ""))
         for dep, policy in n.needs:
@@ -172,118 +176,54 @@ def insert_workflow(conn: sqlite3.Connection, now: float, wf: NewWorkflow
     return wf.workflow_id, True, ids
 
 
-class _Node(msgspec.Struct):
-    job_id: str
-    name: str
-    status: str
-    role: str
-    last_error: str | None
-
-
 def settle(conn: sqlite3.Connection, now: float, workflow_id: str,
            touch: bool = True) -> str | None:
-    """Move a workflow forward as far as its nodes' states allow; return its status if it
-    ended now (else None). `touch` False (the backstop sweep): `updated_at` only moves
-    if something did.
+    """Move a workflow forward as far as its nodes' states allow (coordd.transitions.settle
+    decides; this applies: skips, promotions with the dependencies' results in the
+    payload, the workflow's end and summary); return its status if it ended now (else
+    None). `touch` False (the backstop sweep): `updated_at` only moves if something did.
 
-    Each blocked node whose dependencies have all ended is either skipped (a dependency
-    did not succeed and its edge's policy is `skip`; reason `dependency_<status>: <node>`)
-    or promoted to waiting, with the dependencies' results stored in its payload under
-    `inputs` (node name -> result), artifacts under `input_artifacts` (by reference:
-    sha256, size, path) and the names of failed `run`-policy dependencies under
-    `missing_inputs`. Skips cascade in the same call. When every node has ended the
-    workflow gets its status (`succeeded`: all nodes; `partial`: some; `cancelled`: every
-    node was cancelled; else `failed`) and summary.
+    A promoted node's payload gets the dependencies' results under `inputs` (node name
+    -> result), artifacts under `input_artifacts` (by reference: sha256, size, path) and
+    the names of failed `run`-policy dependencies under `missing_inputs`.
     """
     # states only: payloads and results are read for the nodes promoted now, not for all
-    nodes = {r[0]: _Node(*r) for r in conn.execute(SQL_SETTLE_NODES, (workflow_id,))}
-    deps: dict[str, list[tuple[str, str]]] = {}
-    for job_id, dep_id, policy in conn.execute(SQL_EDGES, (workflow_id,)):
-        deps.setdefault(job_id, []).append((dep_id, policy))
-    changed, moved = True, False
-    while changed:
-        changed = False
-        for n in nodes.values():
-            if n.status != "blocked":
-                continue
-            mine = deps.get(n.job_id, [])
-            if any(nodes[d].status not in NODE_TERMINAL for d, _ in mine):
-                continue
-            unmet = [(nodes[d], p) for d, p in mine if nodes[d].status != "succeeded"]
-            fatal = next((d for d, p in unmet if p == "skip"), None)
-            if fatal is not None:
-                reason = f"dependency_{fatal.status}: {fatal.name}"
-                skip(conn, now, n.job_id, "blocked", reason)
-                n.status, n.last_error = "skipped", reason
-            else:
-                _promote(conn, now, n, [nodes[d] for d, _ in mine], [d for d, _ in unmet])
-                n.status = "waiting"
-            changed = moved = True
-    if any(n.status not in NODE_TERMINAL for n in nodes.values()):
-        if touch or moved:
+    nodes = [tr.Node(*r) for r in conn.execute(SQL_SETTLE_NODES, (workflow_id,))]
+    plan = tr.settle(nodes, conn.execute(SQL_EDGES, (workflow_id,)).fetchall())
+    for step in plan.steps:
+        if step.t is tr.SKIPPED_DEP:
+            skip(conn, now, step.job_id, step.t, step.reason)
+        else:
+            _promote(conn, now, step)
+    if plan.status is None:
+        if touch or plan.steps:
             conn.execute(SQL_TOUCH_WORKFLOW, (now, workflow_id))
         return None
-    summary = summarize(list(nodes.values()))
-    ok = len(summary["succeeded"])
-    if ok == len(nodes):
-        status = "succeeded"
-    elif ok:
-        status = "partial"
-    else:  # nothing succeeded: cancelled if that is all that happened, else failed
-        status = "cancelled" if len(summary["cancelled"]) == len(nodes) else "failed"
-    n_done = conn.execute(SQL_FINISH_WORKFLOW, (status, dumps(summary), now, now,
+    n_done = conn.execute(SQL_FINISH_WORKFLOW, (plan.status, dumps(plan.summary), now, now,
                                                 workflow_id)).rowcount
-    return status if n_done else None
+    return plan.status if n_done else None
 
 
-def _promote(conn: sqlite3.Connection, now: float, n: _Node, deps: list[_Node],
-             missing: list[_Node]) -> None:
-    payload = lenient_json(conn.execute(SQL_NODE_PAYLOAD, (n.job_id,)).fetchone()[0], {})
-    if not isinstance(payload, dict):
-        payload = {"payload": payload}
-    inputs, arts = {}, {}
-    for d in deps:
-        if d.status != "succeeded":
-            continue
-        result_json, a_sha, a_size, a_path = conn.execute(SQL_DEP_RESULT,
-                                                          (d.job_id,)).fetchone()
-        inputs[d.name] = lenient_json(result_json)
-        if a_sha:
-            arts[d.name] = {"sha256": a_sha, "size": a_size, "path": a_path}
-    payload["inputs"] = inputs
-    if arts:
-        payload["input_artifacts"] = arts
-    if missing:
-        payload["missing_inputs"] = [d.name for d in missing]
-    conn.execute(SQL_PROMOTE, (dumps(payload), now, now, n.job_id))
-    why = "dependencies met" + (f"; running without {', '.join(d.name for d in missing)}"
-                                if missing else "")
-    event(conn, n.job_id, now, None, "blocked", "waiting", why)
+def _promote(conn: sqlite3.Connection, now: float, step: tr.NodeStep) -> None:
+    payload = lenient_json(conn.execute(SQL_NODE_PAYLOAD, (step.job_id,)).fetchone()[0], {})
+    inputs = []
+    for name, dep_id in step.inputs:
+        result_json, a_sha, a_size, a_path = conn.execute(SQL_DEP_RESULT, (dep_id,)).fetchone()
+        inputs.append((name, lenient_json(result_json),
+                       {"sha256": a_sha, "size": a_size, "path": a_path} if a_sha else None))
+    payload = tr.node_payload(payload, inputs, step.missing)
+    conn.execute(SQL_PROMOTE, (dumps(payload), now, now, step.job_id))
+    event(conn, step.job_id, now, None, step.t.from_status, step.t.to_status, step.reason)
 
 
-def skip(conn: sqlite3.Connection, now: float, job_id: str, from_status: str,
+def skip(conn: sqlite3.Connection, now: float, job_id: str, t: tr.Transition,
          reason: str) -> bool:
-    """End a blocked or waiting node `skipped` with `reason`; False if it had moved on."""
+    """End a blocked or waiting node `skipped` with `reason` (`t`: tr.SKIPPED_DEP or
+    tr.SKIPPED_ABSENT); False if it had moved on."""
     if conn.execute(SQL_SKIP, (reason, now, now, job_id)).rowcount == 0:
         return False
-    event(conn, job_id, now, None, from_status, "skipped", reason)
+    event(conn, job_id, now, None, t.from_status, t.to_status, reason)
     return True
-
-
-def summarize(nodes: list[Any]) -> dict[str, Any]:
-    """The operator's to-do list: what succeeded, failed (with errors), was skipped (with
-    reasons) or cancelled, and the roles no worker offered (`missing_roles`)."""
-    out: dict[str, Any] = {"succeeded": [], "failed": [], "skipped": [], "cancelled": [],
-                           "missing_roles": []}
-    for n in nodes:
-        if n.status == "succeeded":
-            out["succeeded"].append(n.name)
-        elif n.status in ("failed", "skipped", "cancelled"):
-            out[n.status].append({"node": n.name, "reason": n.last_error})
-            if n.status == "skipped" and (n.last_error or "").startswith(WORKER_ABSENT) \
-                    and n.role not in out["missing_roles"]:
-                out["missing_roles"].append(n.role)
-    return out
 
 
 def settle_running(conn: sqlite3.Connection, now: float) -> int:
@@ -300,9 +240,8 @@ def skip_absent(conn: sqlite3.Connection, now: float, wait_s: float, stale_s: fl
     rows = conn.execute(SQL_ABSENT, (now - wait_s, now - stale_s, limit)).fetchall()
     skipped, touched = [], set()
     for job_id, workflow_id, role, since in rows:
-        reason = (f"{WORKER_ABSENT}: no live worker with role {role} for "
-                  f"{now - since:.0f}s (wait {wait_s:g}s)")
-        if skip(conn, now, job_id, "waiting", reason):
+        reason = tr.absent_reason(role, now - since, wait_s)
+        if skip(conn, now, job_id, tr.SKIPPED_ABSENT, reason):
             skipped.append(job_id)
             touched.add(workflow_id)
     for wid in touched:
@@ -348,12 +287,16 @@ def reopen(conn: sqlite3.Connection, now: float, job_id: str) -> str | None:
         return None
     if conn.execute(SQL_HAS_DEPS, (job_id,)).fetchone() is not None \
             and conn.execute(SQL_REBLOCK, (job_id,)).rowcount:
-        event(conn, job_id, now, None, "waiting", "blocked", "retried: waits for its dependencies")
+        t = tr.REBLOCKED
+        event(conn, job_id, now, None, t.from_status, t.to_status,
+              "retried: waits for its dependencies")
     todo = [job_id]
     while todo:
         for (dep,) in conn.execute(SQL_SKIPPED_DEPENDENTS, (todo.pop(),)).fetchall():
             if conn.execute(SQL_UNSKIP, (now, dep)).rowcount:
-                event(conn, dep, now, None, "skipped", "blocked", f"dependency {job_id} retried")
+                t = tr.UNSKIPPED
+                event(conn, dep, now, None, t.from_status, t.to_status,
+                      f"dependency {job_id} retried")
                 todo.append(dep)
     conn.execute(SQL_REOPEN_WORKFLOW, (now, row[0]))
     settle(conn, now, row[0])

@@ -1,0 +1,473 @@
+"""The job state machine (coordd.transitions): its decisions as pure functions, every row
+of its table reached by a decision, and every status the SQLite store writes in a run
+over the real service explained by an event whose (from, to, cause) is a row of it."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import coordd.store
+from coordd import errors
+from coordd import transitions as tr
+from coordd.protocol import Complete, Empty, Enqueue, Fail, JobId
+from coordd.protocol_workers import Goodbye, Release
+from coordd.protocol_workflows import WorkflowSubmit
+from coordd.transitions import Held, Transition
+
+
+def held(**kw: Any) -> Held:
+    """A job running under lease token 1 of w1, granted at 102 for 45 s (DESIGN.md)."""
+    row = dict(status="running", cancel_requested=0, max_runtime_s=None, attempts=1,
+               max_attempts=3, last_token=1, lease_worker_id="w1", lease_token=1,
+               granted_at=102.0, expires_at=147.0, result_schema=None, workflow_id=None)
+    row.update(kw)
+    return Held(**row)
+
+
+def double(attempts: int) -> float:
+    return 10.0 * attempts
+
+
+# ---------------------------------------------------------------- fencing
+
+
+def test_reference_timeline_fencing():
+    """Lease of 45 s granted at 102 expires at 147: a call at 146.9 passes, one at 147 or
+    148 is refused lease_expired (before any reap), with today's message."""
+    h = held()
+    assert tr.fence(h, "j", "w1", 1, 146.9) is h
+    for now in (147.0, 148.0):
+        with pytest.raises(errors.LeaseExpired) as exc:
+            tr.fence(h, "j", "w1", 1, now)
+    assert str(exc.value) == "job j: lease expired at 147.000 (now 148.000)"
+    assert exc.value.code == "lease_expired"
+
+
+def test_fencing_refusals_and_their_messages():
+    with pytest.raises(errors.NotFound, match="^job j not found$"):
+        tr.fence(None, "j", "w1", 1, 110.0)
+    with pytest.raises(errors.LeaseLost,
+                       match=r"^job j: lease token 1 of w2 is not current \(job is running\)$"):
+        tr.fence(held(), "j", "w2", 1, 110.0)
+    with pytest.raises(errors.LeaseLost, match="token 0 of w1"):
+        tr.fence(held(), "j", "w1", 0, 110.0)  # a superseded lease of the same worker
+    done = held(status="succeeded", lease_worker_id=None, lease_token=None, expires_at=None)
+    with pytest.raises(errors.AlreadyCompleted, match="^job j already succeeded$"):
+        tr.fence(done, "j", "w1", 1, 200.0)  # a resend of the complete that stored it
+    with pytest.raises(errors.LeaseLost):  # an older lease of a job that succeeded later
+        tr.fence(msgspec.structs.replace(done, last_token=2), "j", "w1", 1, 200.0)
+    with pytest.raises(errors.LeaseLost, match=r"job is waiting"):  # reaped, not reclaimed
+        tr.fence(held(status="waiting", lease_worker_id=None, lease_token=None,
+                      expires_at=None), "j", "w1", 1, 149.0)
+
+
+def test_renew_extends_until_max_runtime():
+    assert tr.renew(held(), "j", 120.0, 45.0) == 165.0
+    capped = held(max_runtime_s=60.0)
+    assert tr.renew(capped, "j", 162.0, 30.0) == 192.0
+    with pytest.raises(errors.LeaseLost, match="^job j: max runtime 60s exceeded$"):
+        tr.renew(capped, "j", 162.5, 30.0)
+
+
+# ---------------------------------------------------------------- holder outcomes
+
+
+def test_complete_succeeds_and_settles_only_workflow_nodes():
+    d = tr.complete(held(), 120.0, '{"x": 1}', False)
+    assert (d.t, d.result_json, d.drop_lease, d.settle, d.invalid) == \
+        (tr.COMPLETED, '{"x": 1}', True, False, None)
+    assert tr.complete(held(workflow_id="wf"), 120.0, "1", True).settle is True
+
+
+def test_cancel_requested_wins_over_complete_fail_and_release():
+    h = held(cancel_requested=1, workflow_id="wf", result_schema="claims")
+    c = tr.complete(h, 120.0, '"not checked"', False)
+    assert (c.t, c.last_error, c.reason, c.result_json, c.settle) == (
+        tr.CANCEL_HONOURED, "cancelled before completion",
+        "cancel requested; result dropped", None, True)
+    f = tr.fail(h, 120.0, "boom", True, double)
+    assert (f.t, f.last_error, f.reason, f.run_at) == (tr.CANCEL_HONOURED, "boom", "boom", None)
+    r = tr.release(h, 120.0, "vacate")
+    assert (r.t, r.last_error, r.drop_lease) == (tr.CANCEL_HONOURED, "vacate", True)
+
+
+def test_fail_with_attempts_left_waits_out_the_backoff():
+    d = tr.fail(held(attempts=2), 120.0, "oom", True, double)
+    assert (d.t, d.run_at, d.last_error, d.drop_lease, d.settle) == (
+        tr.FAIL_RETRY, 140.0, "oom", True, False)
+    assert d.reason == "retryable: oom; backoff until 1970-01-01T00:02:20Z"
+
+
+def test_fail_exhausted_or_permanent_is_the_dead_letter():
+    d = tr.fail(held(attempts=3, workflow_id="wf"), 120.0, "oom", True, double)
+    assert (d.t, d.last_error, d.reason, d.run_at, d.settle) == (
+        tr.FAIL_FAILED, "attempts exhausted (last: oom)", "attempts exhausted (last: oom)",
+        None, True)
+    p = tr.fail(held(attempts=1), 120.0, "bad input", False, double)
+    assert (p.t, p.last_error) == (tr.FAIL_FAILED, "permanent: bad input")
+
+
+def test_complete_with_a_failing_result_schema_spends_the_attempt():
+    bad = '{"claims": [{"text": "t", "label": "fact"}], "evidence": []}'
+    d = tr.complete(held(result_schema="claims"), 120.0, bad, False, double)
+    assert d.t is tr.INVALID_RETRY and d.run_at == 130.0
+    assert d.invalid is not None and d.invalid.startswith("result_invalid (claims)")
+    assert d.result_json is None
+    last = tr.complete(held(result_schema="claims", attempts=3), 120.0, bad, False, double)
+    assert last.t is tr.INVALID_FAILED and last.last_error.startswith("attempts exhausted")
+    art = tr.complete(held(result_schema="claims"), 120.0, None, True)  # no backoff given
+    assert art.t is tr.INVALID_RETRY and art.run_at == 120.0 and "artifact" in art.invalid
+    good = '{"claims": [], "evidence": []}'
+    ok = tr.complete(held(result_schema="claims"), 120.0, good, False)
+    assert ok.t is tr.COMPLETED and ok.result_json is not None
+
+
+def test_release_gives_the_job_back_at_once():
+    d = tr.release(held(workflow_id="wf"), 120.0, "preempted")
+    assert (d.t, d.last_error, d.reason, d.run_at, d.drop_lease, d.settle) == (
+        tr.RELEASED, "released: preempted", "released: preempted", 120.0, True, False)
+
+
+@pytest.mark.parametrize("code", tr.LOST_LEASE_CODES)
+def test_lost_lease_requeues_dead_letters_or_honours_the_cancel(code):
+    d = tr.lost_lease("w1", 1, 3, 0, code, 149.0)
+    assert (d.t, d.run_at, d.last_error, d.reason) == (
+        tr.LOST[code][0], 149.0, f"{code} (worker w1 lost)", code)
+    d = tr.lost_lease("w1", 3, 3, 0, code, 149.0)
+    assert (d.t, d.last_error) == (tr.LOST[code][1], f"attempts exhausted (last: {code})")
+    d = tr.lost_lease("w1", 3, 3, 1, code, 149.0)
+    assert (d.t, d.last_error, d.reason) == (tr.CANCEL_HONOURED, f"{code} after cancel", code)
+    assert all(x.drop_lease and not x.settle for x in [d])
+    with pytest.raises(KeyError):
+        tr.lost_lease("w1", 1, 3, 0, "tired", 149.0)
+
+
+def test_dead_letter_counts_the_attempt_only_before_the_take():
+    w = tr.dead_letter("waiting", "gates_decode_error", "bad json")
+    assert (w.t, w.count_attempt, w.last_error, w.reason) == (
+        tr.DEAD_LETTERED["waiting"], True, "gates_decode_error: bad json", "gates_decode_error")
+    r = tr.dead_letter("running", "payload_decode_error", "x")
+    assert (r.t.from_status, r.t.to_status, r.count_attempt) == ("running", "failed", False)
+
+
+# ---------------------------------------------------------------- admin
+
+
+def test_cancel_by_status():
+    for status in ("waiting", "blocked"):
+        d = tr.cancel(status, "j")
+        assert (d.t.from_status, d.t.to_status, d.last_error) == (
+            status, "cancelled", "cancelled by admin")
+    assert tr.cancel("running", "j").t is tr.CANCEL_REQUEST
+    assert tr.cancel("cancelled", "j") is None
+    for status in ("succeeded", "failed", "skipped"):
+        with pytest.raises(errors.InvalidState, match=f"job j is {status}; only waiting"):
+            tr.cancel(status, "j")
+
+
+def test_retry_only_from_failed_cancelled_skipped():
+    for status in ("failed", "cancelled", "skipped"):
+        d = tr.retry(status, "j", 300.0)
+        assert (d.t.from_status, d.t.to_status, d.run_at, d.reason) == (
+            status, "waiting", 300.0, "retried by admin")
+    for status in ("waiting", "blocked", "running", "succeeded"):
+        with pytest.raises(errors.InvalidState, match=f"job j is {status}; only failed"):
+            tr.retry(status, "j", 300.0)
+
+
+# ---------------------------------------------------------------- workflows
+
+
+def nodes(*spec: tuple[str, str]) -> list[tr.Node]:
+    return [tr.Node(f"j{name}", name, status, f"r{name}", None) for name, status in spec]
+
+
+def test_settle_promotes_skips_cascades_and_ends():
+    ns = nodes(("a", "failed"), ("b", "blocked"), ("c", "blocked"), ("d", "blocked"),
+               ("e", "succeeded"))
+    edges = [("jb", "ja", "skip"), ("jc", "ja", "run"), ("jc", "je", "skip"),
+             ("jd", "jb", "skip")]
+    plan = tr.settle(ns, edges)
+    got = [(s.job_id, s.t, s.reason, s.inputs, s.missing) for s in plan.steps]
+    assert got == [
+        ("jb", tr.SKIPPED_DEP, "dependency_failed: a", (), ()),
+        ("jc", tr.PROMOTED, "dependencies met; running without a", (("e", "je"),), ("a",)),
+        ("jd", tr.SKIPPED_DEP, "dependency_skipped: b", (), ()),  # the cascade
+    ]
+    assert plan.status is None  # c waits
+    ns[2].status = "succeeded"
+    end = tr.settle(ns, edges)
+    assert end.steps == [] and end.status == "partial"
+    assert end.summary["skipped"] == [{"node": "b", "reason": "dependency_failed: a"},
+                                      {"node": "d", "reason": "dependency_skipped: b"}]
+
+
+@pytest.mark.parametrize("statuses,end", [
+    (("succeeded", "succeeded"), "succeeded"), (("cancelled", "cancelled"), "cancelled"),
+    (("cancelled", "failed"), "failed"), (("skipped", "succeeded"), "partial"),
+])
+def test_workflow_end_status(statuses, end):
+    plan = tr.settle(nodes(*zip("ab", statuses)), [])
+    assert plan.status == end and tr.Transition("running", end, tr.SETTLE) in tr.WORKFLOW_TABLE
+
+
+def test_node_payload_carries_inputs_by_name():
+    art = {"sha256": "s", "size": 1, "path": "p"}
+    assert tr.node_payload([1], [("a", {"r": 1}, None), ("b", 2, art)], ["c"]) == {
+        "payload": [1], "inputs": {"a": {"r": 1}, "b": 2}, "input_artifacts": {"b": art},
+        "missing_inputs": ["c"]}
+    assert tr.node_payload({"k": 1}, [], []) == {"k": 1, "inputs": {}}
+
+
+# ---------------------------------------------------------------- the table
+
+
+def every_decision() -> list[Transition]:
+    """The transition of every decision over its input space (and the constants the
+    stores use directly: enqueue, claim, the reopen moves)."""
+    out = [tr.ENQUEUED, tr.ENQUEUED_BLOCKED, tr.CLAIMED, tr.REBLOCKED, tr.UNSKIPPED,
+           tr.SKIPPED_ABSENT]
+    bad = '{"claims": 1}'
+    for cancel in (0, 1):
+        for attempts in (1, 3):
+            for schema in (None, "claims"):
+                h = held(cancel_requested=cancel, attempts=attempts, result_schema=schema)
+                out.append(tr.complete(h, 120.0, bad, False, double).t)
+                out.append(tr.complete(h, 120.0, None, True, double).t)
+                for retryable in (True, False):
+                    out.append(tr.fail(h, 120.0, "e", retryable, double).t)
+                out.append(tr.release(h, 120.0, "r").t)
+                for code in tr.LOST_LEASE_CODES:
+                    out.append(tr.lost_lease("w", attempts, 3, cancel, code, 149.0).t)
+    for status in tr.JOB_STATUSES:
+        for decide in (lambda: tr.cancel(status, "j"), lambda: tr.retry(status, "j", 1.0)):
+            try:
+                d = decide()
+            except errors.InvalidState:
+                continue
+            if d is not None:
+                out.append(d.t)
+    out += [tr.dead_letter(s, "c", "d").t for s in ("waiting", "running")]
+    plan = tr.settle(nodes(("a", "failed"), ("b", "blocked"), ("c", "blocked")),
+                     [("jb", "ja", "skip"), ("jc", "ja", "run")])
+    out += [s.t for s in plan.steps]
+    return out
+
+
+def test_every_decision_is_a_row_of_the_table_and_every_row_is_reached():
+    made = every_decision()
+    assert set(made) - tr.TABLE == set()
+    assert tr.TABLE - set(made) == set()
+    for t in tr.TABLE:
+        assert t.to_status in tr.JOB_STATUSES and t.from_status in (None, *tr.JOB_STATUSES)
+    doc = _table_doc()
+    for cause in {t.cause for t in tr.TABLE}:
+        assert f"- {cause}" in doc or f", {cause}:" in doc, f"cause {cause} has no line"
+
+
+def _table_doc() -> str:
+    """The docstring under TABLE in coordd/transitions.py (a module-level string)."""
+    text = Path(tr.__file__).read_text()
+    return text[text.index("TABLE: frozenset"):text.index("WORKFLOW_TABLE")]
+
+
+# SQL statements of coordd.store that write jobs.status, and the transitions they serve.
+STATUS_WRITES = {
+    "SQL_TAKE": "claim", "SQL_SUCCEED": "complete", "SQL_TO_WAITING": "fail/lost/invalid",
+    "SQL_RELEASE": "release", "SQL_RETRY": "retry", "SQL_DEAD_LETTER": "dead_letter",
+    "SQL_TO_TERMINAL": "failed/cancelled", "SQL_PROMOTE": "dependencies_met",
+    "SQL_SKIP": "dependency_ended/worker_absent", "SQL_UNSKIP": "reopen",
+    "SQL_REBLOCK": "reopen", "SQL_ENQUEUE": "enqueue", "SQL_INSERT_NODE": "enqueue",
+}
+WRITES_STATUS = re.compile(r"UPDATE jobs SET (?:(?!WHERE).)*\bstatus = |INSERT INTO jobs \(",
+                           re.S)  # status in the SET list (not the WHERE), or an insert
+
+
+def test_every_status_writing_statement_is_known():
+    """A new statement that writes jobs.status must serve a transition of the table (add
+    it here with its cause, and apply a decision of coordd.transitions with it)."""
+    found = set()
+    for info in pkgutil.iter_modules(coordd.store.__path__):
+        mod = importlib.import_module(f"coordd.store.{info.name}")
+        found |= {name for name, v in vars(mod).items()
+                  if name.startswith("SQL_") and isinstance(v, str) and WRITES_STATUS.search(v)}
+    found |= {name for name, v in vars(coordd.store).items()
+              if name.startswith("SQL_") and isinstance(v, str) and WRITES_STATUS.search(v)}
+    assert found == set(STATUS_WRITES)
+
+
+# ---------------------------------------------------------------- an integration run
+
+
+def cause_of(from_status: str | None, to: str, reason: str | None) -> str | None:
+    """Which cause an event's reason names (None: a same-status note, no transition)."""
+    r = reason or ""
+    if from_status is None:
+        return tr.ENQUEUE
+    if from_status == to:
+        return tr.CANCEL if r == "cancel requested" else None
+    if to == "cancelled":
+        return tr.CANCEL if r == "cancelled by admin" else tr.CANCEL_REQUESTED
+    for prefix, cause in (("claimed (token", tr.CLAIM), ("released: ", tr.RELEASE),
+                          ("retried by admin", tr.RETRY), ("dependencies met", tr.DEPENDENCIES_MET),
+                          ("dependency_", tr.DEPENDENCY_ENDED), ("worker_absent", tr.WORKER_ABSENT),
+                          ("retried: waits", tr.REOPEN), ("dependency ", tr.REOPEN),
+                          ("permanent: ", tr.FAIL)):
+        if r.startswith(prefix):
+            return cause
+    if r.endswith("_decode_error"):
+        return tr.DEAD_LETTER
+    if to == "succeeded":
+        return tr.COMPLETE
+    last = r.removeprefix("retryable: ").removeprefix("attempts exhausted (last: ")
+    if last.startswith("result_invalid"):
+        return tr.RESULT_INVALID
+    for code in tr.LOST_LEASE_CODES:
+        if last.startswith(code):
+            return code
+    return tr.FAIL
+
+
+TRACE = (
+    "CREATE TEMP TABLE IF NOT EXISTS status_writes (n INTEGER PRIMARY KEY, job_id TEXT, "
+    "old TEXT, new TEXT)",
+    "CREATE TEMP TRIGGER IF NOT EXISTS status_writes_u AFTER UPDATE OF status ON main.jobs "
+    "WHEN old.status IS NOT new.status BEGIN INSERT INTO status_writes (job_id, old, new) "
+    "VALUES (new.job_id, old.status, new.status); END",
+    "CREATE TEMP TRIGGER IF NOT EXISTS status_writes_i AFTER INSERT ON main.jobs BEGIN "
+    "INSERT INTO status_writes (job_id, old, new) VALUES (new.job_id, NULL, new.status); END",
+)
+
+
+async def test_every_status_write_of_a_run_is_an_event_of_the_table(make_bundle):
+    """A run over the service (the writer's own connection traced by a trigger) through
+    every holder, admin and reaper outcome and a workflow: each change of jobs.status has
+    its event, in order, and each event's (from, to, cause) is a row of TABLE."""
+    b = await make_bundle(max_attempts_default=2)
+    coord, clock = b.coord, b.clock
+    await coord.writer.run(lambda conn, now: [conn.execute(s) for s in TRACE] and None)
+    await b.worker("w1")
+
+    async def take(job_id: str, worker: str = "w1", lease_s: float = 30.0):
+        got = await b.claim(worker, lease_s=lease_s)
+        assert got.job is not None and got.job.job_id == job_id, got
+        return got.lease.token
+
+    def ref(job_id: str, token: int, worker: str = "w1") -> dict[str, Any]:
+        return dict(job_id=job_id, worker_id=worker, token=token)
+
+    j = await b.enqueue()  # complete
+    await coord.complete(Complete(**ref(j, await take(j)), result={"ok": 1}))
+    j = await b.enqueue()  # fail: retry after backoff, exhausted, retry, permanent
+    await coord.fail(Fail(**ref(j, await take(j)), error="oom"))
+    clock.advance(3600)
+    await b.worker("w1")
+    await coord.fail(Fail(**ref(j, await take(j)), error="oom"))
+    await coord.retry(JobId(job_id=j))
+    await coord.fail(Fail(**ref(j, await take(j)), error="bad", retryable=False))
+    j = await b.enqueue()  # release, then cancel requested + complete
+    await coord.release(Release(**ref(j, await take(j)), reason="preempted"))
+    t = await take(j)
+    await coord.cancel(JobId(job_id=j))
+    await coord.complete(Complete(**ref(j, t), result=1))
+    j = await b.enqueue()  # cancel waiting, retry, lease expired twice (exhausted)
+    await coord.cancel(JobId(job_id=j))
+    await coord.retry(JobId(job_id=j))
+    for _ in range(2):
+        await take(j, lease_s=10.0)
+        clock.advance(11)
+        await b.worker("w1")
+        await coord.reap(Empty())
+    j = await b.enqueue()  # worker lost: requeued, then exhausted
+    for _ in range(2):
+        await b.worker("w2")
+        await take(j, "w2")
+        await coord.goodbye(Goodbye(worker_id="w2"))
+    j = await b.enqueue(result_schema="claims")  # result_invalid, twice
+    for _ in range(2):
+        await coord.complete(Complete(**ref(j, await take(j)), result={"claims": 1}))
+        clock.advance(3600)
+        await b.worker("w1")
+    for column in ("payload_json", "gates_json"):  # dead letters
+        j = await b.enqueue()
+        await coord.writer.run(lambda conn, now: conn.execute(
+            f"UPDATE jobs SET {column} = '{{' WHERE job_id = ?", (j,)) and None)
+        assert (await b.claim("w1")).job is None
+    wf = await coord.workflow_submit(msgspec.convert({"name": "g", "nodes": [
+        {"name": "a", "kind": "k", "required_role": "cpu"},
+        {"name": "b", "kind": "k", "required_role": "cpu", "needs": ["a"]},
+        {"name": "c", "kind": "k", "required_role": "cpu",
+         "needs": [{"node": "a", "policy": "run"}]},
+        {"name": "d", "kind": "k", "required_role": "cpu", "needs": ["b"]},
+        {"name": "e", "kind": "k", "required_role": "cpu", "needs": ["a"]},
+    ]}, WorkflowSubmit))
+    node = wf.jobs
+    await coord.fail(Fail(**ref(node["a"], await take(node["a"])), error="no",
+                          retryable=False))  # b, d, e skipped; c queued without a
+    await coord.retry(JobId(job_id=node["a"]))  # b, d, e blocked again
+    await coord.cancel(JobId(job_id=node["b"]))  # d skipped
+    await coord.retry(JobId(job_id=node["d"]))  # d waits for b again: skipped at once
+
+    def read(conn, now):
+        writes = conn.execute("SELECT job_id, old, new FROM temp.status_writes "
+                              "ORDER BY n").fetchall()
+        events = conn.execute("SELECT job_id, from_status, to_status, reason FROM job_events "
+                              "ORDER BY event_id").fetchall()
+        return writes, events
+    writes, events = await coord.writer.run(read)
+    seen: set[Transition] = set()
+    moves: dict[str, list[tuple]] = {}
+    for job_id, frm, to, reason in events:
+        cause = cause_of(frm, to, reason)
+        if cause is None:
+            continue
+        t = Transition(frm, to, cause)
+        assert t in tr.TABLE, (job_id, t, reason)
+        seen.add(t)
+        if frm != to:
+            moves.setdefault(job_id, []).append((frm, to, reason))
+    per_job: dict[str, list[tuple]] = {}
+    for job_id, old, new in writes:
+        per_job.setdefault(job_id, []).append((old, new))
+    assert set(per_job) == set(moves)
+    for job_id, ws in per_job.items():
+        es = list(moves[job_id])
+        i = 0
+        for k, w in enumerate(ws):
+            if i < len(es) and es[i][:2] == w:
+                i += 1
+                continue
+            # a take whose payload did not decode: dead-lettered from running at once
+            assert w == ("waiting", "running") and ws[k + 1] == ("running", "failed") \
+                and es[i][2].endswith("_decode_error"), (job_id, ws, es)
+        assert i == len(es), (job_id, ws, es)
+    assert tr.TABLE - seen == {tr.SKIPPED_ABSENT}  # (tests/unit/test_workflows.py has it)
+
+
+def test_transitions_is_pure():
+    """coordd.transitions imports no store, no sqlite3, no I/O: a second store can call it."""
+    import ast
+    tree = ast.parse(Path(tr.__file__).read_text())
+    mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {f"{n.module}.{a.name}" if n.module == "coordd" else n.module
+             for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert mods <= {"__future__", "math", "collections.abc", "typing", "msgspec",
+                    "coordd.errors", "coordd.results", "coordd.times"}, mods
+    assert "execute(" not in Path(tr.__file__).read_text()
+
+
+def test_store_apply_refuses_transitions_it_does_not_write(tmp_path):
+    import sqlite3
+    conn = sqlite3.connect(str(tmp_path / "a.db"), isolation_level=None)
+    coordd.store.migrate(conn)
+    for t in (tr.CLAIMED, tr.ENQUEUED, tr.PROMOTED, tr.SKIPPED_DEP, tr.REBLOCKED):
+        with pytest.raises(ValueError, match="does not write"):
+            coordd.store.apply(conn, 1.0, "j", None, tr.Decision(t=t))
+    conn.close()
