@@ -1,0 +1,429 @@
+"""PostgresStore: the store interface (coordd.store.api) over asyncpg.
+
+Every invariant is in SQL on the database's clock (coordd.store.postgres.sql): claims
+with FOR UPDATE SKIP LOCKED, fences in the same statement as the write, an idempotent
+reaper. Renews and completes are batched per operation (coordd.store.postgres.batch).
+The rule not to break: never read the time in Python for a decision the database makes;
+pass the pinned `now` (None in production) through to the statement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
+
+import asyncpg
+import msgspec
+
+from coordd import errors, gate_decision, gates
+from coordd.leases import ClaimPolicy
+from coordd.protocol import (
+    ClaimedJob, ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList,
+    JobView, LeaseGrant, RenewResult, StatusResult,
+)
+from coordd.store import CANCELLED_BY_ADMIN, NewJob, dumps, json_decode, lenient_json, maybe_json
+from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
+from coordd.store.postgres import batch, coordination, fencing, reads, schema, sql
+from coordd.times import fmt_time
+
+POOL_MIN_DEFAULT = 2
+POOL_MAX_DEFAULT = 8
+_UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                asyncpg.CannotConnectNowError)
+
+
+class PostgresStore:
+    """The store over one PostgreSQL database (schema migrated on `start`).
+
+    Args:
+        dsn: a libpq connection string or URI (connect directly, not through a
+            transaction pooler: LISTEN and session advisory locks need a session).
+        pool_min, pool_max: the asyncpg pool's size.
+        batch_items, batch_in_flight: per-operation batching (coordd.store.postgres.batch).
+        aging_s: priority aging shown by the views (claims here are strict priority).
+
+    Not stored yet (BadRequest at enqueue): per-job gate overrides, resource requests,
+    fleet limits, result schemas, workflow nodes.
+    """
+
+    clock: Literal["app", "db"] = "db"
+
+    def __init__(self, dsn: str, *, pool_min: int = POOL_MIN_DEFAULT,
+                 pool_max: int = POOL_MAX_DEFAULT, batch_items: int = batch.MAX_ITEMS_DEFAULT,
+                 batch_in_flight: int = batch.MAX_IN_FLIGHT_DEFAULT, aging_s: float = 0.0) -> None:
+        self.dsn = dsn
+        self._pool_min, self._pool_max = pool_min, pool_max
+        self._aging_s = aging_s
+        self.pool: Any = None
+        self.renews = batch.Batcher(self._renew_batch, _job_of, max_items=batch_items,
+                                    max_in_flight=batch_in_flight)
+        self.completes = batch.Batcher(self._complete_batch, _job_of, max_items=batch_items,
+                                       max_in_flight=batch_in_flight)
+        self._listener = coordination.WorkListener(dsn)
+
+    async def start(self) -> None:
+        """Open the pool and migrate the schema.
+
+        Raises: errors.Unavailable (cannot connect), errors.StoreError (newer schema).
+        """
+        try:
+            self.pool = await asyncpg.create_pool(self.dsn, min_size=self._pool_min,
+                                                  max_size=self._pool_max)
+        except _UNAVAILABLE as exc:
+            raise errors.Unavailable(f"postgresql: {exc}") from exc
+        async with self._conn() as conn:
+            await schema.migrate(conn)
+
+    async def close(self) -> None:
+        """Run what is batched, then close the listener and the pool. Idempotent."""
+        await self.renews.drain()
+        await self.completes.drain()
+        await self._listener.close()
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            await pool.close()
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[Any]:
+        """A pool connection; a lost server is `unavailable`, a refused value `bad_request`."""
+        if self.pool is None:
+            raise errors.CoordError("store is not started")
+        try:
+            async with self.pool.acquire() as conn:
+                yield conn
+        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+            raise errors.BadRequest(f"postgresql refused the values: {exc}") from exc
+        except _UNAVAILABLE as exc:
+            raise errors.Unavailable(f"postgresql: {exc}") from exc
+
+    async def truncate(self) -> None:
+        """Empty every table (tests)."""
+        async with self._conn() as conn:
+            await conn.execute(schema.SQL_TRUNCATE)
+
+    # ------------------------------------------------------------ workers, producers
+
+    async def heartbeat(self, worker_id: str, roles: Sequence[str], readings: dict[str, Any],
+                        *, now: float | None = None) -> HeartbeatResult:
+        """Record the worker's roles and readings on the database's clock; return the jobs
+        it holds whose cancel was requested."""
+        async with self._conn() as conn:
+            t, cancel = await conn.fetchrow(sql.SQL_HEARTBEAT, now, worker_id,
+                                            dumps(sorted(set(roles))), dumps(readings))
+        return HeartbeatResult(now=t, cancel=list(cancel))
+
+    async def enqueue(self, jobs: Sequence[NewJob], *,
+                      now: float | None = None) -> list[EnqueueResult]:
+        """Insert the jobs in one transaction (one statement), all or none; a repeated
+        idempotency key returns the existing job (created=False).
+
+        Raises: errors.InvalidState (the key names a job of another request),
+        errors.BadRequest (a feature this store does not store yet).
+        """
+        for j in jobs:
+            _check_storable(j)
+        cols = [[getattr(j, f) for j in jobs] for f in (
+            "job_id", "kind", "required_role", "priority", "payload_json", "max_attempts",
+            "run_at", "delay_s", "idempotency_key", "max_runtime_s", "gates_json",
+            "result_schema", "request_sha256")]
+        async with self._conn() as conn, conn.transaction():
+            created = {r[0] for r in await conn.fetch(sql.SQL_ENQUEUE, now, *cols)}
+            repeats = [j for j in jobs if j.job_id not in created]
+            known = {}
+            if repeats:
+                known = {r[0]: (r[1], r[2]) for r in await conn.fetch(
+                    sql.SQL_BY_KEYS, [j.idempotency_key for j in repeats])}
+            out = []
+            for j in jobs:
+                if j.job_id in created:
+                    out.append(EnqueueResult(job_id=j.job_id, created=True))
+                    continue
+                existing, stored = known.get(j.idempotency_key, (None, None))
+                if existing is None:
+                    raise errors.InvalidState(f"job {j.job_id}: not stored (id taken)")
+                if stored is not None and stored != j.request_sha256:
+                    raise errors.InvalidState(
+                        f"idempotency key {j.idempotency_key!r} is taken by job {existing}, "
+                        "made by another request; a new job needs a new key")
+                out.append(EnqueueResult(job_id=existing, created=False))
+            if created:
+                await conn.execute(sql.SQL_NOTIFY)
+        return out
+
+    # ------------------------------------------------------------ claim
+
+    async def claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy, *,
+                    kinds: Sequence[str] | None = None, claim_id: str | None = None,
+                    now: float | None = None) -> ClaimResult:
+        """The best job for the worker under a new lease: strict priority, then queued_at,
+        then job id, among waiting jobs due by the database's clock whose role (and kind)
+        the worker takes, at the priorities its last readings pass (coordd.gate_decision).
+
+        A repeated `claim_id` returns the lease it granted while that lease lives. A job
+        whose stored payload or checkpoint does not decode is dead-lettered on the way.
+        """
+        kinds_list = None if kinds is None else sorted(set(kinds))
+        async with self._conn() as conn:
+            if claim_id is not None:
+                row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
+                if row is not None:
+                    return _claimed(row)
+            t, roles_json, hb_json, hb_at = await conn.fetchrow(sql.SQL_CLAIM_WORKER, now,
+                                                                worker_id)
+            decision = gate_decision.decide(policy, hb_json, hb_at, t)
+            if decision.stale is not None:
+                detail = (f"worker {worker_id} never sent a heartbeat" if hb_at is None
+                          else decision.stale)
+                return ClaimResult(reasons=[gates.HEARTBEAT_STALE], detail=detail)
+            roles = lenient_json(roles_json, [])
+            roles = sorted({r for r in roles if isinstance(r, str)}) if isinstance(roles, list) else []
+            while decision.allowed:
+                row = await conn.fetchrow(sql.SQL_CLAIM, now, worker_id, lease_s, claim_id,
+                                          decision.allowed, roles, kinds_list,
+                                          policy.heartbeat_stale_s)
+                if row is None:
+                    break
+                try:
+                    return _claimed(row)
+                except _Undecodable as bad:
+                    await conn.execute(sql.SQL_DEAD_LETTER_TAKEN, now, row[0], worker_id,
+                                       f"{bad.code}: {bad.detail}", bad.code)
+            refused = [p for (p,) in await conn.fetch(sql.SQL_GATED_PRIORITIES, now, roles,
+                                                      kinds_list, decision.allowed)] \
+                if decision.refused else []
+            reasons = decision.reasons(refused)
+            if not reasons and await conn.fetchval(sql.SQL_ANY_RUNNABLE, now) is not None:
+                reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's "
+                                                   "roles" + (" and kinds" if kinds else ""))
+        return ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
+
+    # ------------------------------------------------------------ lease holder calls
+
+    async def renew(self, ref: LeaseRef, lease_s: float, *,
+                    now: float | None = None) -> RenewResult:
+        """Extend the lease to now + lease_s (fenced; refused past the job's max runtime)."""
+        return await self.renews.submit(now, (ref, lease_s))
+
+    async def _renew_batch(self, now: float | None, items: list[Any]) -> list[Any]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(sql.SQL_RENEW_BATCH, now, *_refs(r for r, _ in items),
+                                    [s for _, s in items])
+            got = {r[0]: r for r in rows}
+            out: list[Any] = []
+            for ref, _ in items:
+                r = got.get(ref.job_id)
+                out.append(RenewResult(expires_at=r[1], lease_s=r[2], cancel_requested=r[3])
+                           if r is not None else await _refusal(conn, now, ref, renew=True))
+            return out
+
+    async def complete(self, ref: LeaseRef, result_json: str | None, *,
+                       now: float | None = None) -> CompleteResult:
+        """Store the result and end the job `succeeded` (`cancelled`, the result dropped,
+        when a cancel was requested). Fenced; a resend under the same lease after success
+        raises errors.AlreadyCompleted."""
+        return await self.completes.submit(now, (ref, result_json))
+
+    async def _complete_batch(self, now: float | None, items: list[Any]) -> list[Any]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(sql.SQL_COMPLETE_BATCH, now, *_refs(r for r, _ in items),
+                                    [res for _, res in items])
+            got = {r[0]: r[1] for r in rows}
+            out: list[Any] = []
+            for ref, _ in items:
+                status = got.get(ref.job_id)
+                out.append(CompleteResult(status=status) if status is not None
+                           else await _refusal(conn, now, ref))
+            return out
+
+    async def checkpoint(self, ref: LeaseRef, checkpoint_json: str, *,
+                         now: float | None = None) -> None:
+        """Store the job's latest checkpoint (fenced in the same UPDATE)."""
+        async with self._conn() as conn:
+            if await conn.fetchval(sql.SQL_CHECKPOINT, now, ref.job_id, ref.worker_id,
+                                   ref.token, checkpoint_json) is None:
+                raise await _refusal(conn, now, ref)
+
+    async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
+                   now: float | None = None) -> StatusResult:
+        """A failed attempt: back to waiting after `backoff(attempts)` when retryable with
+        attempts left, else `failed` (dead letter); `cancelled` if a cancel was requested."""
+        async with self._conn() as conn, conn.transaction():
+            attempts, max_attempts, cancel, t = await _end_lease(conn, now, ref)
+            if cancel:
+                await _to_terminal(conn, now, ref, "cancelled", error, error)
+                return StatusResult(status="cancelled")
+            if not retryable or attempts >= max_attempts:
+                why = (f"permanent: {error}" if not retryable
+                       else f"attempts exhausted (last: {error})")
+                await _to_terminal(conn, now, ref, "failed", why, why)
+                return StatusResult(status="failed")
+            run_at = t + backoff(attempts)
+            await conn.execute(sql.SQL_TO_WAITING, now, ref.job_id, error, run_at)
+            await conn.execute(sql.SQL_EVENT, now, ref.job_id, ref.worker_id, "running",
+                               "waiting", f"retryable: {error}; backoff until {fmt_time(run_at)}")
+            if run_at <= t:
+                await conn.execute(sql.SQL_NOTIFY)
+            return StatusResult(status="waiting", run_at=run_at)
+
+    async def release(self, ref: LeaseRef, reason: str, checkpoint_json: str | None = None,
+                      *, now: float | None = None) -> StatusResult:
+        """Hand the job back without spending its attempt (`preemptions` counts it),
+        recording `checkpoint_json` first if given; `cancelled` if a cancel was requested."""
+        async with self._conn() as conn, conn.transaction():
+            _a, _m, cancel, t = await _end_lease(conn, now, ref)
+            if cancel:
+                if checkpoint_json is not None:
+                    await conn.execute(sql.SQL_SET_CHECKPOINT, now, ref.job_id, checkpoint_json)
+                await _to_terminal(conn, now, ref, "cancelled", reason, reason)
+                return StatusResult(status="cancelled")
+            await conn.execute(sql.SQL_RELEASE_JOB, now, ref.job_id, f"released: {reason}",
+                               checkpoint_json)
+            await conn.execute(sql.SQL_EVENT, now, ref.job_id, ref.worker_id, "running",
+                               "waiting", f"released: {reason}")
+            await conn.execute(sql.SQL_NOTIFY)
+            return StatusResult(status="waiting", run_at=t)
+
+    # ------------------------------------------------------------ admin, reaper
+
+    async def reap(self, *, limit: int = 1000, now: float | None = None) -> int:
+        """End up to `limit` expired leases in one statement (see sql.SQL_REAP)."""
+        async with self._conn() as conn:
+            n, requeued = await conn.fetchrow(sql.SQL_REAP, now, limit)
+            if requeued:
+                await conn.execute(sql.SQL_NOTIFY)
+        return n
+
+    async def cancel(self, job_id: str, *, now: float | None = None) -> StatusResult:
+        """waiting/blocked -> cancelled; running -> cancel requested (renew and heartbeat
+        say so); cancelled stays. Raises: NotFound, InvalidState."""
+        async with self._conn() as conn, conn.transaction():
+            status = await _locked_status(conn, now, job_id)
+            if status in ("waiting", "blocked"):
+                await conn.execute(sql.SQL_TO_TERMINAL, now, job_id, "cancelled",
+                                   CANCELLED_BY_ADMIN)
+                await conn.execute(sql.SQL_EVENT, now, job_id, None, status, "cancelled",
+                                   CANCELLED_BY_ADMIN)
+                return StatusResult(status="cancelled")
+            if status == "running":
+                await conn.execute(sql.SQL_REQUEST_CANCEL, now, job_id)
+                await conn.execute(sql.SQL_EVENT, now, job_id, None, "running", "running",
+                                   "cancel requested")
+                return StatusResult(status="running")
+            if status == "cancelled":
+                return StatusResult(status="cancelled")
+            raise errors.InvalidState(
+                f"job {job_id} is {status}; only waiting/blocked/running cancel")
+
+    async def retry(self, job_id: str, *, now: float | None = None) -> StatusResult:
+        """failed/cancelled/skipped -> waiting, attempts reset. Raises: NotFound, InvalidState."""
+        async with self._conn() as conn, conn.transaction():
+            status = await _locked_status(conn, now, job_id)
+            if status not in ("failed", "cancelled", "skipped"):
+                raise errors.InvalidState(
+                    f"job {job_id} is {status}; only failed/cancelled/skipped retry")
+            run_at = await conn.fetchval(sql.SQL_RETRY, now, job_id)
+            await conn.execute(sql.SQL_EVENT, now, job_id, None, status, "waiting",
+                               "retried by admin")
+            await conn.execute(sql.SQL_NOTIFY)
+            return StatusResult(status="waiting", run_at=run_at)
+
+    # ------------------------------------------------------------ reads, coordination
+
+    async def get_job(self, job_id: str, *, now: float | None = None) -> JobView:
+        async with self._conn() as conn:
+            return await reads.get_job(conn, now, job_id, self._aging_s)
+
+    async def list_jobs(self, flt: JobFilter, *, now: float | None = None) -> JobList:
+        async with self._conn() as conn:
+            return await reads.list_jobs(conn, now, flt, self._aging_s)
+
+    async def status(self, stale_s: float, *, now: float | None = None) -> StoreStatus:
+        async with self._conn() as conn:
+            return await reads.status(conn, now, stale_s)
+
+    async def wait_for_work(self, timeout: float) -> bool:
+        """True on a NOTIFY (a job entered waiting), False at `timeout` (then poll)."""
+        return await self._listener.wait(timeout)
+
+    def leadership(self, key: str = "coordd") -> contextlib.AbstractAsyncContextManager[bool]:
+        """A session advisory lock on its own connection (coordination.leadership)."""
+        return coordination.leadership(self.dsn, key)
+
+
+class _Undecodable(Exception):
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
+
+def _job_of(item: tuple[LeaseRef, Any]) -> str:
+    return item[0].job_id
+
+
+def _refs(refs: Any) -> tuple[list[str], list[str], list[int]]:
+    refs = list(refs)
+    return [r.job_id for r in refs], [r.worker_id for r in refs], [r.token for r in refs]
+
+
+def _claimed(row: Any) -> ClaimResult:
+    """A ClaimResult from (job columns..., token, expires_at, lease_s).
+
+    Raises: _Undecodable (the stored payload or checkpoint is not JSON).
+    """
+    job_id, kind, role, prio, payload_json, attempts, checkpoint_json, max_runtime_s, \
+        token, expires_at, lease_s = row
+    try:
+        payload = json_decode(payload_json)
+    except msgspec.DecodeError as exc:
+        raise _Undecodable(gates.PAYLOAD_DECODE_ERROR, str(exc)) from exc
+    try:
+        checkpoint = maybe_json(checkpoint_json)
+    except msgspec.DecodeError as exc:
+        raise _Undecodable(gates.CHECKPOINT_DECODE_ERROR, str(exc)) from exc
+    return ClaimResult(
+        job=ClaimedJob(job_id=job_id, kind=kind, required_role=role, priority=prio,
+                       payload=payload, attempts=attempts, checkpoint=checkpoint,
+                       max_runtime_s=max_runtime_s),
+        lease=LeaseGrant(token=token, expires_at=expires_at, lease_s=lease_s))
+
+
+async def _refusal(conn: Any, now: float | None, ref: LeaseRef,
+                   renew: bool = False) -> errors.CoordError:
+    """The typed error for a fenced statement that matched nothing (coordd.store.postgres.fencing)."""
+    row = await conn.fetchrow(sql.SQL_FENCE_STATE, now, ref.job_id)
+    err = fencing.refusal(row, ref.job_id, ref.worker_id, ref.token, renew)
+    return err or errors.CoordError(f"job {ref.job_id}: fenced write raced; retry")
+
+
+async def _end_lease(conn: Any, now: float | None, ref: LeaseRef) -> tuple[int, int, bool, float]:
+    """Lock the job and end the presented lease, if live: (attempts, max_attempts,
+    cancel_requested, now). Raises the fencing errors."""
+    row = await conn.fetchrow(sql.SQL_END_LEASE, now, ref.job_id, ref.worker_id, ref.token)
+    if row is None:
+        raise await _refusal(conn, now, ref)
+    return row[0], row[1], row[2], row[3]
+
+
+async def _to_terminal(conn: Any, now: float | None, ref: LeaseRef, status: str,
+                       last_error: str, reason: str) -> None:
+    await conn.execute(sql.SQL_TO_TERMINAL, now, ref.job_id, status, last_error)
+    await conn.execute(sql.SQL_EVENT, now, ref.job_id, ref.worker_id, "running", status, reason)
+
+
+async def _locked_status(conn: Any, now: float | None, job_id: str) -> str:
+    row = await conn.fetchrow(sql.SQL_LOCK_STATUS, now, job_id)
+    if row is None:
+        raise errors.NotFound(f"job {job_id} not found")
+    return row[0]
+
+
+def _check_storable(job: NewJob) -> None:
+    """Raise BadRequest for what this store does not store yet (not silently dropped)."""
+    missing = [name for name, present in (
+        ("gates", job.gates_json is not None), ("resources", job.resources is not None),
+        ("limits", bool(job.limits)), ("result_schema", job.result_schema is not None))
+        if present]
+    if missing:
+        raise errors.BadRequest(f"the PostgreSQL store does not store {', '.join(missing)} "
+                                "yet (issue 20)")
