@@ -63,7 +63,6 @@ CREATE TABLE jobs (
     workflow_id      text
 );
 CREATE INDEX jobs_claim ON jobs (priority, queued_at, job_id) WHERE status = 'waiting';
-CREATE INDEX jobs_status ON jobs (status, priority);
 CREATE TABLE leases (
     job_id     text PRIMARY KEY REFERENCES jobs(job_id) ON DELETE CASCADE,
     worker_id  text NOT NULL,

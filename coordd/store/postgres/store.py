@@ -69,7 +69,7 @@ class PostgresStore:
         """
         try:
             self.pool = await asyncpg.create_pool(self.dsn, min_size=self._pool_min,
-                                                  max_size=self._pool_max)
+                                                  max_size=self._pool_max, reset=_no_reset)
         except _UNAVAILABLE as exc:
             raise errors.Unavailable(f"postgresql: {exc}") from exc
         async with self._conn() as conn:
@@ -349,6 +349,11 @@ class PostgresStore:
     def leadership(self, key: str = "coordd") -> contextlib.AbstractAsyncContextManager[bool]:
         """A session advisory lock on its own connection (coordination.leadership)."""
         return coordination.leadership(self.dsn, key)
+
+
+async def _no_reset(_conn: Any) -> None:
+    """Skip the pool's reset query on release (a round trip per acquire): these sessions
+    never LISTEN, SET or lock (asyncpg still ends an open transaction itself)."""
 
 
 class _Undecodable(Exception):

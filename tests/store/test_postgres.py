@@ -1,0 +1,141 @@
+"""PostgreSQL-only rules: concurrent claimers over real pool connections, the database's
+clock, migrations under the advisory lock, batching, LISTEN wake-ups, leadership."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coordd import errors
+from coordd.store.api import LeaseRef
+from tests.store.conftest import Bundle, open_store, policy
+
+asyncpg = pytest.importorskip("asyncpg", reason="asyncpg is not installed")
+
+
+@pytest.fixture
+async def pg(request, tmp_path):
+    st = await open_store("postgres", request, tmp_path, pool_max=20)
+    try:
+        yield Bundle(store=st, kind="postgres", policy=policy())
+    finally:
+        await st.close()
+
+
+async def _drain(b: Bundle, jobs: int, claimers: int) -> None:
+    """`claimers` tasks claim and complete until the queue is empty; then check that no
+    job was handed out twice and every job succeeded exactly once."""
+    for start in range(0, jobs, 1000):
+        await b.store.enqueue([b.job() for _ in range(min(1000, jobs - start))])
+    taken: list[str] = []
+
+    async def claimer(n: int) -> None:
+        worker = f"w{n}"
+        await b.store.heartbeat(worker, ["cpu"], {"memory_used_pct": 10.0})
+        while True:
+            got = await b.store.claim(worker, 60.0, b.policy)
+            if got.job is None:
+                return
+            taken.append(got.job.job_id)
+            await b.store.complete(LeaseRef(got.job.job_id, worker, got.lease.token), "1")
+    await asyncio.gather(*(claimer(n) for n in range(claimers)))
+    assert len(taken) == jobs and len(set(taken)) == jobs  # 0 double claims
+    st = await b.store.status(30.0)
+    assert st.jobs["succeeded"] == jobs and st.active_leases == 0
+    async with b.store.pool.acquire() as conn:  # every job ran, and ended, exactly once
+        assert await conn.fetchval(
+            "SELECT count(*) FROM (SELECT job_id FROM job_events WHERE to_status = 'succeeded' "
+            "GROUP BY job_id HAVING count(*) = 1) x") == jobs
+
+
+async def test_16_claimers_no_double_claims(pg):
+    await _drain(pg, 3000, 16)
+    # completes from 16 claimers shared statements (per-operation batching)
+    assert pg.store.completes.statements < pg.store.completes.items
+
+
+@pytest.mark.slow
+async def test_16_claimers_20000_jobs(pg):
+    await _drain(pg, 20_000, 16)
+
+
+async def test_times_come_from_the_database_clock(pg):
+    """now=None: the statement's own now() (not Python's clock) stamps and decides."""
+    async with pg.store.pool.acquire() as conn:
+        db_now = await conn.fetchval("SELECT extract(epoch FROM now())::float8")
+    await pg.store.enqueue([pg.job()])
+    hb = await pg.store.heartbeat("a", ["cpu"], {"memory_used_pct": 1.0})
+    got = await pg.store.claim("a", 5.0, pg.policy)
+    assert abs(hb.now - db_now) < 60 and got.lease.expires_at - hb.now == pytest.approx(5, abs=2)
+    view = await pg.store.get_job(got.job.job_id)
+    assert view.lease.expires_at - view.lease.granted_at == 5.0
+    # a pinned now far ahead expires the lease whatever Python's clock says
+    with pytest.raises(errors.LeaseExpired):
+        await pg.store.renew(LeaseRef(got.job.job_id, "a", 1), 5.0, now=hb.now + 3600)
+
+
+async def test_migrations_run_once_under_the_advisory_lock(pg):
+    from coordd.store.postgres import schema
+    conns = [await asyncpg.connect(pg.store.dsn) for _ in range(4)]
+    try:
+        got = await asyncio.gather(*(schema.migrate(c) for c in conns))
+        assert got == [schema.SCHEMA_VERSION] * 4
+        assert await conns[0].fetchval("SELECT count(*) FROM coordd_schema_version") \
+            == schema.SCHEMA_VERSION
+        with pytest.raises(errors.StoreError):
+            await schema.migrate(conns[0], target=0)  # the database is newer
+    finally:
+        for c in conns:
+            await c.close()
+
+
+async def test_batched_renews_keep_each_callers_answer(pg):
+    """Renews batched into one statement: each caller gets its own result or error."""
+    await pg.store.enqueue([pg.job() for _ in range(8)], now=100.0)
+    await pg.store.heartbeat("a", ["cpu"], {}, now=100.0)
+    got = [await pg.store.claim("a", 30.0, pg.policy, now=100.0) for _ in range(8)]
+    refs = [LeaseRef(g.job.job_id, "a", g.lease.token) for g in got]
+    refs[3] = LeaseRef(refs[3].job_id, "a", 99)  # a stale token among them
+    before = pg.store.renews.statements
+    res = await asyncio.gather(*(pg.store.renew(r, 40.0, now=110.0) for r in refs),
+                               return_exceptions=True)
+    assert isinstance(res[3], errors.LeaseLost)
+    assert all(r.expires_at == 150.0 for i, r in enumerate(res) if i != 3)
+    assert pg.store.renews.statements - before < len(refs)
+
+
+async def test_enqueue_refuses_what_it_does_not_store_yet(pg):
+    for extra in ({"gates_json": '{"min_user_idle_s": 0}'}, {"result_schema": "claims"},
+                  {"limits": [("gpu", 1)]}):
+        job = pg.job()
+        for k, v in extra.items():
+            setattr(job, k, v)
+        with pytest.raises(errors.BadRequest, match="does not store"):
+            await pg.store.enqueue([job])
+    assert (await pg.store.status(30.0)).jobs["waiting"] == 0
+
+
+async def test_wait_for_work_wakes_on_notify(pg):
+    assert await pg.store.wait_for_work(0.05) is False  # nothing: the poll backstop
+    waiter = asyncio.ensure_future(pg.store.wait_for_work(10.0))
+    await asyncio.sleep(0.1)  # real time: the listener connection is set up
+    await pg.store.enqueue([pg.job()])
+    assert await asyncio.wait_for(waiter, 5.0) is True
+
+
+async def test_leadership_is_one_session_at_a_time(pg):
+    async with pg.store.leadership("coordd-test") as first:
+        assert first is True
+        async with pg.store.leadership("coordd-test") as second:
+            assert second is False
+    async with pg.store.leadership("coordd-test") as after:
+        assert after is True  # the leader's session ended: the lock went with it
+
+
+async def test_a_killed_server_is_unavailable_not_a_crash(pg, pg_dsn):
+    """A connection that cannot be made is `unavailable` (retryable), typed."""
+    from coordd.store.postgres import PostgresStore
+    dead = PostgresStore(pg_dsn.replace("port=", "port=1"))  # nobody listens there
+    with pytest.raises(errors.Unavailable):
+        await dead.start()
