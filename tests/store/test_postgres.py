@@ -139,3 +139,36 @@ async def test_a_killed_server_is_unavailable_not_a_crash(pg, pg_dsn):
     dead = PostgresStore(pg_dsn.replace("port=", "port=1"))  # nobody listens there
     with pytest.raises(errors.Unavailable):
         await dead.start()
+
+
+async def test_transactional_enqueue_commits_with_the_callers_rows(pg):
+    """The job exists iff the caller's transaction commits (issue 20, item 4)."""
+    from coordd.store.postgres import enqueue_tx
+    async with pg.store.pool.acquire() as conn:
+        await conn.execute("CREATE TABLE IF NOT EXISTS app_orders (id int PRIMARY KEY)")
+        await conn.execute("TRUNCATE app_orders")
+        with pytest.raises(errors.BadRequest, match="transaction"):
+            await enqueue_tx.enqueue(conn, kind="k", required_role="cpu")
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                await conn.execute("INSERT INTO app_orders VALUES (1)")
+                lost, _ = await enqueue_tx.enqueue(conn, kind="k", required_role="cpu")
+                raise RuntimeError("the application's transaction fails")
+        async with conn.transaction():
+            await conn.execute("INSERT INTO app_orders VALUES (2)")
+            kept, created = await enqueue_tx.enqueue(
+                conn, kind="k", required_role="cpu", payload={"order": 2}, priority=1,
+                idempotency_key="order-2")
+        async with conn.transaction():
+            again, created_again = await enqueue_tx.enqueue(
+                conn, kind="k", required_role="cpu", payload={"order": 2}, priority=1,
+                idempotency_key="order-2")
+            with pytest.raises(errors.InvalidState):
+                await enqueue_tx.enqueue(conn, kind="k", required_role="cpu",
+                                         payload={"order": 3}, idempotency_key="order-2")
+    assert created and not created_again and again == kept
+    with pytest.raises(errors.NotFound):
+        await pg.store.get_job(lost)
+    await pg.store.heartbeat("a", ["cpu"], {"memory_used_pct": 1.0})
+    got = await pg.store.claim("a", 30.0, pg.policy)
+    assert got.job.job_id == kept and got.job.payload == {"order": 2}
