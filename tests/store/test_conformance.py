@@ -201,6 +201,21 @@ async def test_gates_refuse_by_priority_on_the_readings(bundle):
     assert (await bundle.claim("a", now=T0 + 2)).job.job_id == p3
 
 
+async def test_a_new_heartbeat_is_judged_at_the_next_claim(bundle):
+    """Readings sent at the same instant as the last ones still count for the next claim
+    (PostgresStore remembers a decision only for the very heartbeat it was made from)."""
+    p0 = await bundle.enqueue(priority=0)
+    await bundle.enqueue(priority=3)
+    await bundle.worker("a")
+    assert (await bundle.claim("a", now=T0)).job.job_id == p0
+    await bundle.worker("a", on_battery=True)  # same now, other readings
+    res = await bundle.claim("a", now=T0)
+    assert res.job is None and res.reasons == [gates.ON_BATTERY]
+    await bundle.worker("a", roles=["gpu"], on_battery=True)  # same readings, other roles
+    res = await bundle.claim("a", now=T0)
+    assert res.job is None and res.reasons == [gates.NO_MATCHING_ROLE]
+
+
 async def test_stale_or_unknown_worker_gets_nothing(bundle):
     await bundle.enqueue()
     res = await bundle.claim("ghost", now=T0)

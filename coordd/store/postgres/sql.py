@@ -63,7 +63,8 @@ SQL_CLAIM_REPLAY = (
     f"AND l.expires_at > {NOW}"
 )
 # $2 worker, $3 lease_s, $4 claim_id, $5 allowed priorities, $6 roles, $7 kinds (NULL:
-# any), $8 heartbeat_stale_s. The MATERIALIZED CTE is Oban's fence: the planner may not
+# any), $8 heartbeat_stale_s; $9..$11 (or NULL): the heartbeat (at, readings, roles) the
+# gate decision was made from, which must still be the worker's last. The MATERIALIZED CTE is Oban's fence: the planner may not
 # turn the LIMIT 1 subquery into a loop that updates more rows than it locked. Jobs with
 # per-job gate overrides are never candidates here (PostgresStore refuses them at enqueue).
 SQL_CLAIM = (
@@ -71,7 +72,8 @@ SQL_CLAIM = (
     f"AND run_at <= {NOW} AND priority = ANY($5::int[]) AND required_role = ANY($6::text[]) "
     "AND ($7::text[] IS NULL OR kind = ANY($7::text[])) AND gates_json IS NULL "
     "AND EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = $2 "
-    f"AND w.heartbeat_at >= {NOW} - $8::float8) "
+    f"AND w.heartbeat_at >= {NOW} - $8::float8 AND ($9::float8 IS NULL OR "
+    "(w.heartbeat_at = $9 AND w.heartbeat_json = $10 AND w.roles_json = $11))) "
     "ORDER BY priority, queued_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED), "
     f"j AS (UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, "
     f"last_token = jobs.last_token + 1, updated_at = {NOW} FROM c "

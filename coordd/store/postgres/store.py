@@ -29,6 +29,7 @@ from coordd.times import fmt_time
 
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
+SEEN_WORKERS_MAX = 4096  # gate decisions remembered (one per worker) before starting over
 _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
                 asyncpg.CannotConnectNowError)
 
@@ -61,6 +62,7 @@ class PostgresStore:
         self.completes = batch.Batcher(self._complete_batch, _job_of, max_items=batch_items,
                                        max_in_flight=batch_in_flight)
         self._listener = coordination.WorkListener(dsn)
+        self._seen: dict[str, _Seen] = {}  # worker -> its last gate decision (claim)
 
     async def start(self) -> None:
         """Open the pool and migrate the schema.
@@ -169,6 +171,16 @@ class PostgresStore:
                 row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
                 if row is not None:
                     return _claimed(row)
+            seen = self._seen.get(worker_id)
+            if seen is not None and seen.policy is policy and seen.decision.allowed:
+                # the decision made from the worker's last heartbeat, if still its last
+                row = await conn.fetchrow(sql.SQL_CLAIM, now, worker_id, lease_s, claim_id,
+                                          seen.decision.allowed, seen.roles, kinds_list,
+                                          policy.heartbeat_stale_s, *seen.heartbeat)
+                if row is not None:
+                    with contextlib.suppress(_Undecodable):  # else the full path below
+                        return _claimed(row)
+                    await _dead_letter(conn, now, row, worker_id)
             t, roles_json, hb_json, hb_at = await conn.fetchrow(sql.SQL_CLAIM_WORKER, now,
                                                                 worker_id)
             decision = gate_decision.decide(policy, hb_json, hb_at, t)
@@ -178,17 +190,18 @@ class PostgresStore:
                 return ClaimResult(reasons=[gates.HEARTBEAT_STALE], detail=detail)
             roles = lenient_json(roles_json, [])
             roles = sorted({r for r in roles if isinstance(r, str)}) if isinstance(roles, list) else []
+            if len(self._seen) >= SEEN_WORKERS_MAX:
+                self._seen.clear()
+            self._seen[worker_id] = _Seen(policy, decision, roles, (hb_at, hb_json, roles_json))
             while decision.allowed:
                 row = await conn.fetchrow(sql.SQL_CLAIM, now, worker_id, lease_s, claim_id,
                                           decision.allowed, roles, kinds_list,
-                                          policy.heartbeat_stale_s)
+                                          policy.heartbeat_stale_s, None, None, None)
                 if row is None:
                     break
-                try:
+                with contextlib.suppress(_Undecodable):
                     return _claimed(row)
-                except _Undecodable as bad:
-                    await conn.execute(sql.SQL_DEAD_LETTER_TAKEN, now, row[0], worker_id,
-                                       f"{bad.code}: {bad.detail}", bad.code)
+                await _dead_letter(conn, now, row, worker_id)
             refused = [p for (p,) in await conn.fetch(sql.SQL_GATED_PRIORITIES, now, roles,
                                                       kinds_list, decision.allowed)] \
                 if decision.refused else []
@@ -356,6 +369,17 @@ async def _no_reset(_conn: Any) -> None:
     never LISTEN, SET or lock (asyncpg still ends an open transaction itself)."""
 
 
+class _Seen(msgspec.Struct):
+    """A claim's gate decision and the heartbeat (at, readings JSON, roles JSON) it was
+    made from: the next claim passes that heartbeat to its statement, which takes a job
+    only if it is still the worker's last (one round trip instead of two)."""
+
+    policy: ClaimPolicy
+    decision: gate_decision.GateDecision
+    roles: list[str]
+    heartbeat: tuple[float, str, str]
+
+
 class _Undecodable(Exception):
     def __init__(self, code: str, detail: str) -> None:
         super().__init__(detail)
@@ -391,6 +415,15 @@ def _claimed(row: Any) -> ClaimResult:
                        payload=payload, attempts=attempts, checkpoint=checkpoint,
                        max_runtime_s=max_runtime_s),
         lease=LeaseGrant(token=token, expires_at=expires_at, lease_s=lease_s))
+
+
+async def _dead_letter(conn: Any, now: float | None, row: Any, worker_id: str) -> None:
+    """End `failed` a job just taken whose payload or checkpoint does not decode."""
+    try:
+        _claimed(row)
+    except _Undecodable as bad:
+        await conn.execute(sql.SQL_DEAD_LETTER_TAKEN, now, row[0], worker_id,
+                           f"{bad.code}: {bad.detail}", bad.code)
 
 
 async def _refusal(conn: Any, now: float | None, ref: LeaseRef,
