@@ -6,7 +6,8 @@ In one run, on the same N jobs: SQLiteStore (the single writer), PostgresStore (
 and with batching off), and the bare asyncpg SKIP LOCKED loop (coordd.store.postgres.bare)
 as PostgreSQL's baseline. PostgreSQL runs in a throwaway cluster with fsync on (or at
 --dsn). Clients are asyncio tasks in this process, each its own worker. Prints one table
-(medians over rounds) with the command that made it. See bench/README.md.
+(medians over rounds; ratios to the bare loop are medians of each round's ratio) with
+the command that made it. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -150,8 +151,8 @@ async def run(args: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
 
 def render(rows: dict[str, dict[int, list[float]]], clients: list[int], argv: list[str]) -> str:
     """The table: jobs/s (median over rounds) per client count, PostgreSQL rows also as a
-    ratio to the bare loop of the same run."""
-    bare = {c: statistics.median(rows["bare asyncpg SKIP LOCKED loop"][c]) for c in clients}
+    ratio to the bare loop (the median of the per-round ratios)."""
+    bare = rows["bare asyncpg SKIP LOCKED loop"]
     head = "| store | " + " | ".join(f"{c} client(s) jobs/s" for c in clients) + " |"
     out = [f"$ python -m bench.store {' '.join(argv)}".rstrip(), "", head,
            "|---|" + "---:|" * len(clients)]
@@ -159,7 +160,8 @@ def render(rows: dict[str, dict[int, list[float]]], clients: list[int], argv: li
         cells = []
         for c in clients:
             v = statistics.median(per[c])
-            ratio = f" ({v / bare[c]:.2f}x bare)" if "Postgres" in label else ""
+            ratio = statistics.median(x / b for x, b in zip(per[c], bare[c]))
+            ratio = f" ({ratio:.2f}x bare)" if "Postgres" in label else ""
             cells.append(f"{v:,.0f}{ratio}")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(out)

@@ -51,8 +51,9 @@ async def _drain(b: Bundle, jobs: int, claimers: int) -> None:
 
 async def test_16_claimers_no_double_claims(pg):
     await _drain(pg, 3000, 16)
-    # completes from 16 claimers shared statements (per-operation batching)
+    # claims and completes from 16 claimers shared statements (per-operation batching)
     assert pg.store.completes.statements < pg.store.completes.items
+    assert pg.store.claims.batcher.statements < pg.store.claims.batcher.items
 
 
 @pytest.mark.slow

@@ -4,13 +4,14 @@ Callers `submit(now, item)` and await its result. While fewer than `max_in_fligh
 statements run, an item is sent at once (a lone caller waits for nothing); past that,
 items queue, and the next statement takes up to `max_items` of them (one `unnest()`
 statement for the lot). Items of one statement share their `now` (pinned or None) and
-never name the same job twice (a second call on a job goes in a later statement).
+their `group` (the statement's other parameters), and never share a key (a second call
+on a job goes in a later statement).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 MAX_ITEMS_DEFAULT = 64
@@ -20,22 +21,28 @@ MAX_IN_FLIGHT_DEFAULT = 2
 Flush = Callable[[float | None, list[Any]], Awaitable[list[Any]]]
 
 
+def _no_group(_item: Any) -> None:
+    return None
+
+
 class Batcher:
     """Collect calls of one operation into statements of up to `max_items` items.
 
     Args:
         flush: runs one statement for a list of items (see Flush).
         key: an item's job id (two items of one job never share a statement).
+        group: what items of one statement must share besides `now` (None: nothing).
         max_items: items per statement at most.
         max_in_flight: statements running at once; more calls wait and batch.
     """
 
     def __init__(self, flush: Flush, key: Callable[[Any], str], *,
+                 group: Callable[[Any], Hashable] | None = None,
                  max_items: int = MAX_ITEMS_DEFAULT,
                  max_in_flight: int = MAX_IN_FLIGHT_DEFAULT) -> None:
         if max_items < 1 or max_in_flight < 1:
             raise ValueError("max_items and max_in_flight must be >= 1")
-        self._flush, self._key = flush, key
+        self._flush, self._key, self._group = flush, key, group or _no_group
         self._max_items, self._max_in_flight = max_items, max_in_flight
         self._pending: list[tuple[float | None, Any, asyncio.Future[Any]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -53,11 +60,12 @@ class Batcher:
     def _start(self) -> None:
         if not self._pending:
             return
-        now = self._pending[0][0]
+        now, group = self._pending[0][0], self._group(self._pending[0][1])
         batch, rest, seen = [], [], set()
         for entry in self._pending:
             key = self._key(entry[1])
-            if (len(batch) < self._max_items and entry[0] == now and key not in seen):
+            if (len(batch) < self._max_items and entry[0] == now and key not in seen
+                    and self._group(entry[1]) == group):
                 batch.append(entry)
                 seen.add(key)
             else:
@@ -78,13 +86,15 @@ class Batcher:
         self.items += len(batch)
         try:
             results = await self._flush(now, [item for _, item, _ in batch])
-        except BaseException as exc:  # the statement failed: every item of it did
+        except Exception as exc:  # the statement failed: every item of it did
             for _, _, fut in batch:
                 if not fut.done():
                     fut.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
             return
+        except BaseException:  # cancelled (the store is closing): so are its callers
+            for _, _, fut in batch:
+                fut.cancel()
+            raise
         for (_, _, fut), res in zip(batch, results):
             if fut.done():
                 continue  # its caller went away; the write stands all the same

@@ -240,3 +240,33 @@ SQL_GATED_PRIORITIES = (
     "AND required_role = ANY($2::text[]) AND ($3::text[] IS NULL OR kind = ANY($3::text[])) "
     "AND NOT (priority = ANY($4::int[]))"
 )
+# Claims of several workers that share their parameters ($3 lease_s, $5 priorities, $6
+# roles, $7 kinds, $8 heartbeat_stale_s), each with the heartbeat its decision was made
+# from ($2 workers, $4 claim ids, $9 at, $10 readings, $11 roles): the jobs are handed
+# out in claim order to the workers whose heartbeat still holds, in the order they asked.
+SQL_CLAIM_BATCH = (
+    "WITH w AS (SELECT r.worker_id, r.claim_id, r.n FROM unnest($2::text[], $4::text[], "
+    "$9::float8[], $10::text[], $11::text[]) WITH ORDINALITY AS r(worker_id, claim_id, "
+    "hb_at, hb_json, roles_json, n) JOIN workers x ON x.worker_id = r.worker_id "
+    f"AND x.heartbeat_at >= {NOW} - $8::float8 AND x.heartbeat_at = r.hb_at "
+    "AND x.heartbeat_json = r.hb_json AND x.roles_json = r.roles_json), "
+    "c AS MATERIALIZED (SELECT job_id, priority, queued_at FROM jobs WHERE status = 'waiting' "
+    f"AND run_at <= {NOW} AND priority = ANY($5::int[]) AND required_role = ANY($6::text[]) "
+    "AND ($7::text[] IS NULL OR kind = ANY($7::text[])) AND gates_json IS NULL "
+    "ORDER BY priority, queued_at, job_id LIMIT (SELECT count(*) FROM w) "
+    "FOR UPDATE SKIP LOCKED), "
+    "p AS (SELECT cn.job_id, wn.worker_id, wn.claim_id FROM (SELECT job_id, row_number() "
+    "OVER (ORDER BY priority, queued_at, job_id) AS k FROM c) cn JOIN (SELECT worker_id, "
+    "claim_id, row_number() OVER (ORDER BY n) AS k FROM w) wn USING (k)), "
+    "j AS (UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, "
+    f"last_token = jobs.last_token + 1, updated_at = {NOW} FROM p "
+    "WHERE jobs.job_id = p.job_id RETURNING jobs.*, p.worker_id AS holder, "
+    "p.claim_id AS holder_claim_id), "
+    "l AS (INSERT INTO leases (job_id, worker_id, token, claim_id, granted_at, expires_at, "
+    f"lease_s) SELECT job_id, holder, last_token, holder_claim_id, {NOW}, {NOW} + $3::float8, "
+    "$3::float8 FROM j), "
+    "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
+    f"SELECT job_id, {NOW}, holder, 'waiting', 'running', 'claimed (token ' || last_token "
+    "|| ')' FROM j) "
+    f"SELECT {_CLAIMED_COLS}, j.last_token, {NOW} + $3::float8, $3::float8, j.holder FROM j"
+)

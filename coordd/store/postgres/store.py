@@ -14,22 +14,20 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 import asyncpg
-import msgspec
 
-from coordd import errors, gate_decision, gates
+from coordd import errors
 from coordd.leases import ClaimPolicy
 from coordd.protocol import (
-    ClaimedJob, ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList,
-    JobView, LeaseGrant, RenewResult, StatusResult,
+    ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList, JobView,
+    RenewResult, StatusResult,
 )
-from coordd.store import CANCELLED_BY_ADMIN, NewJob, dumps, json_decode, lenient_json, maybe_json
+from coordd.store import CANCELLED_BY_ADMIN, NewJob, dumps
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
-from coordd.store.postgres import batch, coordination, fencing, reads, schema, sql
+from coordd.store.postgres import batch, claims, coordination, fencing, reads, schema, sql
 from coordd.times import fmt_time
 
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
-SEEN_WORKERS_MAX = 4096  # gate decisions remembered (one per worker) before starting over
 _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
                 asyncpg.CannotConnectNowError)
 
@@ -62,7 +60,8 @@ class PostgresStore:
         self.completes = batch.Batcher(self._complete_batch, _job_of, max_items=batch_items,
                                        max_in_flight=batch_in_flight)
         self._listener = coordination.WorkListener(dsn)
-        self._seen: dict[str, _Seen] = {}  # worker -> its last gate decision (claim)
+        self.claims = claims.Claims(self._conn, max_items=batch_items,
+                                    max_in_flight=batch_in_flight)
 
     async def start(self) -> None:
         """Open the pool and migrate the schema.
@@ -79,8 +78,8 @@ class PostgresStore:
 
     async def close(self) -> None:
         """Run what is batched, then close the listener and the pool. Idempotent."""
-        await self.renews.drain()
-        await self.completes.drain()
+        for batcher in (self.claims.batcher, self.renews, self.completes):
+            await batcher.drain()
         await self._listener.close()
         if self.pool is not None:
             pool, self.pool = self.pool, None
@@ -165,51 +164,7 @@ class PostgresStore:
         A repeated `claim_id` returns the lease it granted while that lease lives. A job
         whose stored payload or checkpoint does not decode is dead-lettered on the way.
         """
-        kinds_list = None if kinds is None else sorted(set(kinds))
-        async with self._conn() as conn:
-            if claim_id is not None:
-                row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
-                if row is not None:
-                    return _claimed(row)
-            seen = self._seen.get(worker_id)
-            if seen is not None and seen.policy is policy and seen.decision.allowed:
-                # the decision made from the worker's last heartbeat, if still its last
-                row = await conn.fetchrow(sql.SQL_CLAIM, now, worker_id, lease_s, claim_id,
-                                          seen.decision.allowed, seen.roles, kinds_list,
-                                          policy.heartbeat_stale_s, *seen.heartbeat)
-                if row is not None:
-                    with contextlib.suppress(_Undecodable):  # else the full path below
-                        return _claimed(row)
-                    await _dead_letter(conn, now, row, worker_id)
-            t, roles_json, hb_json, hb_at = await conn.fetchrow(sql.SQL_CLAIM_WORKER, now,
-                                                                worker_id)
-            decision = gate_decision.decide(policy, hb_json, hb_at, t)
-            if decision.stale is not None:
-                detail = (f"worker {worker_id} never sent a heartbeat" if hb_at is None
-                          else decision.stale)
-                return ClaimResult(reasons=[gates.HEARTBEAT_STALE], detail=detail)
-            roles = lenient_json(roles_json, [])
-            roles = sorted({r for r in roles if isinstance(r, str)}) if isinstance(roles, list) else []
-            if len(self._seen) >= SEEN_WORKERS_MAX:
-                self._seen.clear()
-            self._seen[worker_id] = _Seen(policy, decision, roles, (hb_at, hb_json, roles_json))
-            while decision.allowed:
-                row = await conn.fetchrow(sql.SQL_CLAIM, now, worker_id, lease_s, claim_id,
-                                          decision.allowed, roles, kinds_list,
-                                          policy.heartbeat_stale_s, None, None, None)
-                if row is None:
-                    break
-                with contextlib.suppress(_Undecodable):
-                    return _claimed(row)
-                await _dead_letter(conn, now, row, worker_id)
-            refused = [p for (p,) in await conn.fetch(sql.SQL_GATED_PRIORITIES, now, roles,
-                                                      kinds_list, decision.allowed)] \
-                if decision.refused else []
-            reasons = decision.reasons(refused)
-            if not reasons and await conn.fetchval(sql.SQL_ANY_RUNNABLE, now) is not None:
-                reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's "
-                                                   "roles" + (" and kinds" if kinds else ""))
-        return ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
+        return await self.claims.claim(worker_id, lease_s, policy, kinds, claim_id, now)
 
     # ------------------------------------------------------------ lease holder calls
 
@@ -369,23 +324,6 @@ async def _no_reset(_conn: Any) -> None:
     never LISTEN, SET or lock (asyncpg still ends an open transaction itself)."""
 
 
-class _Seen(msgspec.Struct):
-    """A claim's gate decision and the heartbeat (at, readings JSON, roles JSON) it was
-    made from: the next claim passes that heartbeat to its statement, which takes a job
-    only if it is still the worker's last (one round trip instead of two)."""
-
-    policy: ClaimPolicy
-    decision: gate_decision.GateDecision
-    roles: list[str]
-    heartbeat: tuple[float, str, str]
-
-
-class _Undecodable(Exception):
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code, self.detail = code, detail
-
-
 def _job_of(item: tuple[LeaseRef, Any]) -> str:
     return item[0].job_id
 
@@ -393,37 +331,6 @@ def _job_of(item: tuple[LeaseRef, Any]) -> str:
 def _refs(refs: Any) -> tuple[list[str], list[str], list[int]]:
     refs = list(refs)
     return [r.job_id for r in refs], [r.worker_id for r in refs], [r.token for r in refs]
-
-
-def _claimed(row: Any) -> ClaimResult:
-    """A ClaimResult from (job columns..., token, expires_at, lease_s).
-
-    Raises: _Undecodable (the stored payload or checkpoint is not JSON).
-    """
-    job_id, kind, role, prio, payload_json, attempts, checkpoint_json, max_runtime_s, \
-        token, expires_at, lease_s = row
-    try:
-        payload = json_decode(payload_json)
-    except msgspec.DecodeError as exc:
-        raise _Undecodable(gates.PAYLOAD_DECODE_ERROR, str(exc)) from exc
-    try:
-        checkpoint = maybe_json(checkpoint_json)
-    except msgspec.DecodeError as exc:
-        raise _Undecodable(gates.CHECKPOINT_DECODE_ERROR, str(exc)) from exc
-    return ClaimResult(
-        job=ClaimedJob(job_id=job_id, kind=kind, required_role=role, priority=prio,
-                       payload=payload, attempts=attempts, checkpoint=checkpoint,
-                       max_runtime_s=max_runtime_s),
-        lease=LeaseGrant(token=token, expires_at=expires_at, lease_s=lease_s))
-
-
-async def _dead_letter(conn: Any, now: float | None, row: Any, worker_id: str) -> None:
-    """End `failed` a job just taken whose payload or checkpoint does not decode."""
-    try:
-        _claimed(row)
-    except _Undecodable as bad:
-        await conn.execute(sql.SQL_DEAD_LETTER_TAKEN, now, row[0], worker_id,
-                           f"{bad.code}: {bad.detail}", bad.code)
 
 
 async def _refusal(conn: Any, now: float | None, ref: LeaseRef,
