@@ -127,6 +127,11 @@ async def test_retries_with_backoff_then_dead_letter(bundle):
     view = await bundle.store.get_job(job_id, now=T0 + 12)
     assert view.status == "failed" and view.last_error == "attempts exhausted (last: flaky)"
     assert view.finished_at == T0 + 12
+    res = await bundle.store.retry(job_id, now=T0 + 13)  # out of the dead letter
+    assert (res.status, res.run_at) == ("waiting", T0 + 13)
+    view = await bundle.store.get_job(job_id, now=T0 + 13)
+    assert (view.status, view.attempts, view.last_error, view.finished_at) == (
+        "waiting", 0, None, None)
 
 
 async def test_permanent_failure_and_expiry_exhaust_attempts(bundle):

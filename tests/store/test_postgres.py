@@ -134,7 +134,7 @@ async def test_leadership_is_one_session_at_a_time(pg):
         assert after is True  # the leader's session ended: the lock went with it
 
 
-async def test_a_killed_server_is_unavailable_not_a_crash(pg, pg_dsn):
+async def test_an_unreachable_server_is_unavailable(pg, pg_dsn):
     """A connection that cannot be made is `unavailable` (retryable), typed."""
     from coordd.store.postgres import PostgresStore
     dead = PostgresStore(pg_dsn.replace("port=", "port=1"))  # nobody listens there
@@ -173,3 +173,24 @@ async def test_transactional_enqueue_commits_with_the_callers_rows(pg):
     await pg.store.heartbeat("a", ["cpu"], {"memory_used_pct": 1.0})
     got = await pg.store.claim("a", 30.0, pg.policy)
     assert got.job.job_id == kept and got.job.payload == {"order": 2}
+
+
+async def test_a_bad_item_fails_alone_in_a_batch(request, tmp_path):
+    """Only the caller whose claim id collides is refused (typed), the others are served,
+    whichever statements their claims share (tests/store/test_batch.py: the rerun)."""
+    st = await open_store("postgres", request, tmp_path, batch_in_flight=1)
+    b = Bundle(store=st, kind="postgres", policy=policy())
+    try:
+        await st.enqueue([b.job() for _ in range(6)], now=100.0)
+        for w in ("a", "b", "c"):
+            await st.heartbeat(w, ["cpu"], {}, now=100.0)
+            await st.claim(w, 30.0, b.policy, now=100.0)  # decisions remembered
+        await st.claim("a", 5.0, b.policy, claim_id="dup", now=100.0)
+        # a's lease "dup" expired unreaped: a second lease with that id cannot be stored
+        res = await asyncio.gather(*(st.claim(w, 30.0, b.policy, claim_id=c, now=110.0)
+                                     for w, c in (("b", "x"), ("a", "dup"), ("c", "y"))),
+                                   return_exceptions=True)
+        assert res[0].job is not None and res[2].job is not None
+        assert isinstance(res[1], errors.BadRequest)
+    finally:
+        await st.close()

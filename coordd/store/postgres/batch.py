@@ -5,7 +5,8 @@ statements run, an item is sent at once (a lone caller waits for nothing); past 
 items queue, and the next statement takes up to `max_items` of them (one `unnest()`
 statement for the lot). Items of one statement share their `now` (pinned or None) and
 their `group` (the statement's other parameters), and never share a key (a second call
-on a job goes in a later statement).
+on a job goes in a later statement). A statement that fails is run again item by item
+(it changed nothing: one statement is atomic), so one bad item fails only its caller.
 """
 
 from __future__ import annotations
@@ -86,11 +87,16 @@ class Batcher:
         self.items += len(batch)
         try:
             results = await self._flush(now, [item for _, item, _ in batch])
-        except Exception as exc:  # the statement failed: every item of it did
-            for _, _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
-            return
+        except Exception as exc:
+            if len(batch) == 1:
+                results = [exc]
+            else:  # one statement is all or nothing: run each alone, so a bad item fails alone
+                results = []
+                for _, item, _ in batch:
+                    try:
+                        results += await self._flush(now, [item])
+                    except Exception as one:
+                        results.append(one)
         except BaseException:  # cancelled (the store is closing): so are its callers
             for _, _, fut in batch:
                 fut.cancel()
