@@ -169,5 +169,6 @@ class SQLiteStore:
 
     @contextlib.asynccontextmanager
     async def leadership(self, key: str = "coordd") -> AsyncIterator[bool]:
-        """Always won: the writer's open file is the one coordinator (coordd.dblock)."""
+        """Always won: one SQLite file has one writer, and coordd takes the file's lock at
+        start (coordd.dblock), so a second coordd on it never gets this far."""
         yield True

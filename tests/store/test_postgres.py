@@ -118,11 +118,11 @@ async def test_enqueue_refuses_what_it_does_not_store_yet(pg):
 
 
 async def test_wait_for_work_wakes_on_notify(pg):
-    assert await pg.store.wait_for_work(0.05) is False  # nothing: the poll backstop
-    waiter = asyncio.ensure_future(pg.store.wait_for_work(10.0))
-    await asyncio.sleep(0.1)  # real time: the listener connection is set up
+    assert await pg.store.wait_for_work(0.01) is False  # nothing: the poll backstop
+    waiter = asyncio.ensure_future(pg.store.wait_for_work(30.0))  # listening since above
     await pg.store.enqueue([pg.job()])
-    assert await asyncio.wait_for(waiter, 5.0) is True
+    assert await asyncio.wait_for(waiter, 10.0) is True
+    assert await pg.store.wait_for_work(0.01) is False  # the hint was taken
 
 
 async def test_leadership_is_one_session_at_a_time(pg):
@@ -132,6 +132,41 @@ async def test_leadership_is_one_session_at_a_time(pg):
             assert second is False
     async with pg.store.leadership("coordd-test") as after:
         assert after is True  # the leader's session ended: the lock went with it
+
+
+LEADER = """
+import asyncio, sys
+from coordd.store.postgres import coordination
+async def main():
+    async with coordination.leadership(sys.argv[1], "coordd-kill") as won:
+        print("won" if won else "lost", flush=True)
+        await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+async def test_a_sigkilled_leaders_lock_goes_with_its_session(pg):
+    """A leader process killed with SIGKILL: its session ends, and another takes over."""
+    import signal
+    import sys
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", LEADER, pg.store.dsn,
+                                                stdout=asyncio.subprocess.PIPE)
+    try:
+        assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"won"
+        async with pg.store.leadership("coordd-kill") as won:
+            assert won is False
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        for _ in range(200):  # the server ends the session once it reads the EOF
+            async with pg.store.leadership("coordd-kill") as won:
+                if won:
+                    break
+            await asyncio.sleep(0.025)
+        assert won is True
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 async def test_an_unreachable_server_is_unavailable(pg, pg_dsn):
