@@ -229,3 +229,14 @@ async def test_a_bad_item_fails_alone_in_a_batch(request, tmp_path):
         assert isinstance(res[1], errors.BadRequest)
     finally:
         await st.close()
+
+
+async def test_a_value_postgresql_cannot_store_is_bad_request(pg):
+    """A raw NUL in text is refused by PostgreSQL: bad_request, the lease still held."""
+    await pg.store.enqueue([pg.job()], now=100.0)
+    await pg.store.heartbeat("a", ["cpu"], {}, now=100.0)
+    got = await pg.store.claim("a", 30.0, pg.policy, now=100.0)
+    r = LeaseRef(got.job.job_id, "a", got.lease.token)
+    with pytest.raises(errors.BadRequest):
+        await pg.store.fail(r, "nul \x00 inside", True, lambda n: 0.0, now=101.0)
+    assert (await pg.store.renew(r, 30.0, now=102.0)).expires_at == 132.0
