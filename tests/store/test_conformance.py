@@ -299,6 +299,15 @@ async def test_reads_list_page_and_status(bundle):
         await bundle.store.get_job("nope")
 
 
+async def test_status_queue_latency_counts_from_when_a_job_became_runnable(bundle):
+    assert (await bundle.store.status(30.0, now=T0)).oldest_waiting_age_s is None
+    await bundle.enqueue(now=T0 + 5, run_at=T0 + 50)  # due later
+    assert (await bundle.store.status(30.0, now=T0 + 10)).oldest_waiting_age_s is None
+    await bundle.enqueue(now=T0 + 8)
+    assert (await bundle.store.status(30.0, now=T0 + 10)).oldest_waiting_age_s == 2.0
+    assert (await bundle.store.status(30.0, now=T0 + 60)).oldest_waiting_age_s == 52.0
+
+
 async def test_undecodable_payload_is_dead_lettered_on_claim(bundle):
     bad = await bundle.enqueue(priority=0, payload_json="{not json")
     good = await bundle.enqueue(priority=1)
