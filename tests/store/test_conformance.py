@@ -221,6 +221,21 @@ async def test_a_new_heartbeat_is_judged_at_the_next_claim(bundle):
     assert res.job is None and res.reasons == [gates.NO_MATCHING_ROLE]
 
 
+async def test_unknown_and_bad_readings_follow_the_explicit_policy(bundle):
+    """An unknown user-idle reading is denied at P3 (idle_unknown = deny); a reading of
+    the wrong type counts as unknown (memory: allowed), never a crash."""
+    p3 = await bundle.enqueue(priority=3)
+    await bundle.store.heartbeat("a", ["cpu"], {"memory_used_pct": "lots", "user_idle_s": None,
+                                                "on_battery": False}, now=T0)
+    res = await bundle.claim("a", now=T0)
+    assert res.job is None and res.reasons == [gates.USER_ACTIVE]
+    p1 = await bundle.enqueue(priority=1)
+    assert (await bundle.claim("a", now=T0)).job.job_id == p1
+    await bundle.store.heartbeat("a", ["cpu"], {"user_idle_s": 1e4, "on_battery": False},
+                                 now=T0 + 1)
+    assert (await bundle.claim("a", now=T0 + 1)).job.job_id == p3
+
+
 async def test_stale_or_unknown_worker_gets_nothing(bundle):
     await bundle.enqueue()
     res = await bundle.claim("ghost", now=T0)

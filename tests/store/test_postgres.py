@@ -117,6 +117,13 @@ async def test_enqueue_refuses_what_it_does_not_store_yet(pg):
     assert (await pg.store.status(30.0)).jobs["waiting"] == 0
 
 
+async def test_claims_refuse_priority_aging_rather_than_ignore_it(pg):
+    aging = policy()
+    aging.aging_interval_s = 60.0
+    with pytest.raises(errors.BadRequest, match="aging"):
+        await pg.store.claim("a", 30.0, aging)
+
+
 async def test_wait_for_work_wakes_on_notify(pg):
     assert await pg.store.wait_for_work(0.01) is False  # nothing: the poll backstop
     waiter = asyncio.ensure_future(pg.store.wait_for_work(30.0))  # listening since above

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import gate_decision, gates
+from coordd import errors, gate_decision, gates
 from coordd.leases import ClaimPolicy
 from coordd.protocol import ClaimedJob, ClaimResult, LeaseGrant
 from coordd.store import json_decode, lenient_json, maybe_json
@@ -53,7 +53,11 @@ class Claims:
     async def claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy,
                     kinds: Sequence[str] | None, claim_id: str | None,
                     now: float | None) -> ClaimResult:
-        """See PostgresStore.claim."""
+        """See PostgresStore.claim. Raises: errors.BadRequest (priority aging is on: these
+        claims are strict priority for now)."""
+        if policy.aging_interval_s > 0:
+            raise errors.BadRequest("the PostgreSQL store does not age priorities yet "
+                                    "(aging_interval_s must be 0; issue 20)")
         kinds_list = None if kinds is None else sorted(set(kinds))
         if claim_id is not None:
             async with self._conn() as conn:
