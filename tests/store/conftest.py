@@ -8,7 +8,6 @@ tests; its cases skip, with the reason, where asyncpg or the server binaries are
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,9 @@ COOL = {"memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,
 
 
 def _pg_missing() -> str | None:
-    if importlib.util.find_spec("asyncpg") is None:
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError:
         return "asyncpg is not installed (pip install -e '.[postgres]')"
     from coordd.store.postgres import throwaway
     if throwaway.binaries() is None:
@@ -59,8 +60,9 @@ async def open_store(kind: str, request: Any, tmp_path: Any, **kw: Any) -> Any:
         st = SQLiteStore(str(tmp_path / "store.db"), FakeClock(T0))
         await st.start()
         return st
+    dsn = request.getfixturevalue("pg_dsn")  # skips first where PostgreSQL is missing
     from coordd.store.postgres import PostgresStore
-    st = PostgresStore(request.getfixturevalue("pg_dsn"), **kw)
+    st = PostgresStore(dsn, **kw)
     await st.start()
     await st.truncate()
     return st
