@@ -247,3 +247,58 @@ async def test_a_value_postgresql_cannot_store_is_bad_request(pg):
     with pytest.raises(errors.BadRequest):
         await pg.store.fail(r, "nul \x00 inside", True, lambda n: 0.0, now=101.0)
     assert (await pg.store.renew(r, 30.0, now=102.0)).expires_at == 132.0
+
+
+DRAINER = """
+import asyncio, sys
+from coordd import config, leases
+from coordd.store.api import LeaseRef
+from coordd.store.postgres import PostgresStore
+async def main():
+    cfg = config.load(None)
+    pol = leases.ClaimPolicy(policies=cfg.policies(), heartbeat_stale_s=3600,
+                             aging_interval_s=0.0)
+    st = PostgresStore(sys.argv[1], pool_max=10)
+    await st.start()
+    async def one(n):
+        w = f"k{n}"
+        await st.heartbeat(w, ["cpu"], {})
+        while True:
+            got = await st.claim(w, 60.0, pol)
+            if got.job is None:
+                return
+            await st.complete(LeaseRef(got.job.job_id, w, got.lease.token), '"ok"')
+            print(got.job.job_id, flush=True)  # acknowledged
+    await asyncio.gather(*(one(n) for n in range(8)))
+asyncio.run(main())
+"""
+
+
+async def test_sigkill_under_load_loses_no_acknowledged_complete(pg):
+    """The store's process SIGKILLed mid-drain: every complete it was answered for is
+    stored; the leases it held are reaped later and their jobs run again."""
+    import signal
+    import sys
+    await pg.store.enqueue([pg.job() for _ in range(3000)])
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", DRAINER, pg.store.dsn,
+                                                stdout=asyncio.subprocess.PIPE)
+    acked: list[str] = []
+    try:
+        while len(acked) < 300:
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            assert line, "the drainer ended early"
+            acked.append(line.decode().strip())
+        proc.send_signal(signal.SIGKILL)
+        acked += [x.decode().strip() for x in (await proc.stdout.read()).splitlines() if x]
+        await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    for job_id in acked:
+        assert (await pg.store.get_job(job_id)).status == "succeeded"
+    st = await pg.store.status(3600.0)
+    assert st.jobs["succeeded"] >= len(acked) and st.active_leases <= 8
+    later = (await pg.store.heartbeat("x", [], {})).now + 120  # past its 60 s leases
+    assert await pg.store.reap(now=later) == st.active_leases
+    assert (await pg.store.status(3600.0)).jobs["waiting"] == 3000 - st.jobs["succeeded"]
