@@ -7,6 +7,7 @@ import pytest
 
 from coordd import errors, gates
 from coordd.store.api import JobFilter, LeaseRef
+from coordd.times import fmt_time
 from tests.store.conftest import T0
 
 
@@ -37,9 +38,11 @@ async def test_reference_timeline(bundle):
     assert (await bundle.store.complete(ref(again, "b"), '"ok"', now=151.0)).status == "succeeded"
     view = await bundle.store.get_job(job_id, now=152.0)
     assert view.status == "succeeded" and view.result == "ok"
-    assert [(e.from_status, e.to_status) for e in view.events] == [
-        (None, "waiting"), ("waiting", "running"), ("running", "waiting"),
-        ("waiting", "running"), ("running", "succeeded")]
+    assert [(e.from_status, e.to_status, e.worker_id, e.reason) for e in view.events] == [
+        (None, "waiting", None, "enqueued"), ("waiting", "running", "a", "claimed (token 1)"),
+        ("running", "waiting", "a", "lease_expired"),
+        ("waiting", "running", "b", "claimed (token 2)"), ("running", "succeeded", "b", None)]
+    assert [e.at for e in view.events] == [T0, 102.0, 149.0, 150.0, 151.0]
 
 
 async def _holder_call(store, call: str, r: LeaseRef, now: float):
@@ -90,6 +93,9 @@ async def test_renew_extends_and_reports_cancel(bundle):
     assert (await bundle.store.complete(ref(got, "a"), '"r"', now=T0 + 9)).status == "cancelled"
     view = await bundle.store.get_job(job_id, now=T0 + 9)
     assert view.status == "cancelled" and view.result is None and not view.cancel_requested
+    assert view.last_error == "cancelled before completion"
+    assert [(e.to_status, e.reason) for e in view.events[-2:]] == [
+        ("running", "cancel requested"), ("cancelled", "cancel requested; result dropped")]
 
 
 async def test_renew_refused_past_max_runtime(bundle):
@@ -122,6 +128,9 @@ async def test_retries_with_backoff_then_dead_letter(bundle):
     assert (await bundle.claim("a", now=T0 + 5)).job is None  # backing off
     again = await bundle.claim("a", now=T0 + 11)
     assert again.job.job_id == job_id and again.job.attempts == 2
+    ev = (await bundle.store.get_job(job_id, now=T0 + 11)).events[2]
+    assert (ev.to_status, ev.reason) == ("waiting", "retryable: flaky; backoff until "
+                                         + fmt_time(T0 + 11))
     res = await bundle.store.fail(ref(again, "a"), "flaky", True, lambda n: 1.0, now=T0 + 12)
     assert (res.status, res.run_at) == ("failed", None)
     view = await bundle.store.get_job(job_id, now=T0 + 12)
@@ -153,8 +162,12 @@ async def test_cancel_and_retry(bundle):
     waiting = await bundle.enqueue()
     assert (await bundle.store.cancel(waiting, now=T0 + 1)).status == "cancelled"
     assert (await bundle.store.cancel(waiting, now=T0 + 1)).status == "cancelled"
+    view = await bundle.store.get_job(waiting, now=T0 + 1)
+    assert view.last_error == "cancelled by admin" and view.finished_at == T0 + 1
     res = await bundle.store.retry(waiting, now=T0 + 2)
     assert (res.status, res.run_at) == ("waiting", T0 + 2)
+    ev = (await bundle.store.get_job(waiting, now=T0 + 2)).events[-1]
+    assert (ev.from_status, ev.to_status, ev.reason) == ("cancelled", "waiting", "retried by admin")
     with pytest.raises(errors.InvalidState):
         await bundle.store.retry(waiting, now=T0 + 3)
     await bundle.worker("a")
@@ -176,6 +189,7 @@ async def test_cancel_requested_ends_the_job_at_reap(bundle):
     assert await bundle.store.reap(now=T0 + 5) == 1
     view = await bundle.store.get_job(job_id, now=T0 + 5)
     assert view.status == "cancelled" and view.last_error == "lease_expired after cancel"
+    assert (view.events[-1].to_status, view.events[-1].reason) == ("cancelled", "lease_expired")
 
 
 async def test_release_spends_no_attempt_and_keeps_the_checkpoint(bundle):
@@ -186,6 +200,7 @@ async def test_release_spends_no_attempt_and_keeps_the_checkpoint(bundle):
     assert (res.status, res.run_at) == ("waiting", T0 + 1)
     view = await bundle.store.get_job(job_id, now=T0 + 1)
     assert (view.attempts, view.checkpoint, view.lease) == (0, {"step": 7}, None)
+    assert view.last_error == "released: vacate" and view.events[-1].reason == "released: vacate"
     again = await bundle.claim("a", now=T0 + 2)
     assert again.job.checkpoint == {"step": 7} and again.lease.token == 2
 
