@@ -302,3 +302,18 @@ async def test_sigkill_under_load_loses_no_acknowledged_complete(pg):
     later = (await pg.store.heartbeat("x", [], {})).now + 120  # past its 60 s leases
     assert await pg.store.reap(now=later) == st.active_leases
     assert (await pg.store.status(3600.0)).jobs["waiting"] == 3000 - st.jobs["succeeded"]
+
+
+async def test_a_full_pool_is_overloaded_not_a_hang(request, tmp_path):
+    st = await open_store("postgres", request, tmp_path, pool_min=1, pool_max=1,
+                          acquire_timeout_s=0.2)
+    try:
+        held = await st.pool.acquire()  # the one connection, busy
+        try:
+            with pytest.raises(errors.Overloaded, match="no PostgreSQL connection free"):
+                await st.status(30.0)
+        finally:
+            await st.pool.release(held)
+        assert (await st.status(30.0)).workers == 0  # served again once one is free
+    finally:
+        await st.close()

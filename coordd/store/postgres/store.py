@@ -28,6 +28,7 @@ from coordd.times import fmt_time
 
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
+ACQUIRE_TIMEOUT_DEFAULT_S = 10.0
 _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
                 asyncpg.CannotConnectNowError)
 
@@ -41,6 +42,8 @@ class PostgresStore:
         pool_min, pool_max: the asyncpg pool's size.
         batch_items, batch_in_flight: per-operation batching (coordd.store.postgres.batch).
         aging_s: priority aging shown by the views (claims here are strict priority).
+        acquire_timeout_s: how long a call waits for a free pool connection before it is
+            refused `overloaded` (the store's backpressure).
 
     Not stored yet (BadRequest at enqueue): per-job gate overrides, resource requests,
     fleet limits, result schemas, workflow nodes.
@@ -50,8 +53,10 @@ class PostgresStore:
 
     def __init__(self, dsn: str, *, pool_min: int = POOL_MIN_DEFAULT,
                  pool_max: int = POOL_MAX_DEFAULT, batch_items: int = batch.MAX_ITEMS_DEFAULT,
-                 batch_in_flight: int = batch.MAX_IN_FLIGHT_DEFAULT, aging_s: float = 0.0) -> None:
+                 batch_in_flight: int = batch.MAX_IN_FLIGHT_DEFAULT, aging_s: float = 0.0,
+                 acquire_timeout_s: float = ACQUIRE_TIMEOUT_DEFAULT_S) -> None:
         self.dsn = dsn
+        self._acquire_timeout_s = acquire_timeout_s
         self._pool_min, self._pool_max = pool_min, pool_max
         self._aging_s = aging_s
         self.pool: Any = None
@@ -87,16 +92,27 @@ class PostgresStore:
 
     @contextlib.asynccontextmanager
     async def _conn(self) -> AsyncIterator[Any]:
-        """A pool connection; a lost server is `unavailable`, a refused value `bad_request`."""
-        if self.pool is None:
+        """A pool connection; none free within the timeout is `overloaded`, a lost server
+        `unavailable`, a value PostgreSQL refuses `bad_request`."""
+        pool = self.pool
+        if pool is None:
             raise errors.CoordError("store is not started")
         try:
-            async with self.pool.acquire() as conn:
-                yield conn
+            conn = await pool.acquire(timeout=self._acquire_timeout_s)
+        except TimeoutError as exc:
+            raise errors.Overloaded(f"no PostgreSQL connection free within "
+                                    f"{self._acquire_timeout_s:g}s ({self._pool_max} in the "
+                                    "pool); retry later") from exc
+        except _UNAVAILABLE as exc:
+            raise errors.Unavailable(f"postgresql: {exc}") from exc
+        try:
+            yield conn
         except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
             raise errors.BadRequest(f"postgresql refused the values: {exc}") from exc
         except _UNAVAILABLE as exc:
             raise errors.Unavailable(f"postgresql: {exc}") from exc
+        finally:
+            await pool.release(conn)
 
     async def truncate(self) -> None:
         """Empty every table (tests)."""
