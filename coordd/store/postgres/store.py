@@ -2,7 +2,8 @@
 
 Every invariant is in SQL on the database's clock (coordd.store.postgres.sql): claims
 with FOR UPDATE SKIP LOCKED, fences in the same statement as the write, an idempotent
-reaper. Renews and completes are batched per operation (coordd.store.postgres.batch).
+reaper. Claims (coordd.store.postgres.claims), renews and completes are batched per
+operation (coordd.store.postgres.batch).
 The rule not to break: never read the time in Python for a decision the database makes;
 pass the pinned `now` (None in production) through to the statement.
 """
@@ -46,7 +47,7 @@ class PostgresStore:
             refused `overloaded` (the store's backpressure).
 
     Not stored yet (BadRequest at enqueue): per-job gate overrides, resource requests,
-    fleet limits, result schemas, workflow nodes.
+    fleet limits, result schemas. Workflows, the hub and the other areas are SQLite's only.
     """
 
     clock: Literal["app", "db"] = "db"
