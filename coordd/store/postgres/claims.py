@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from coordd import errors, gate_decision, gates
+from coordd import transitions as tr
 from coordd.leases import ClaimPolicy
 from coordd.protocol import ClaimedJob, ClaimResult, LeaseGrant
 from coordd.store import json_decode, lenient_json, maybe_json
@@ -167,5 +168,6 @@ async def dead_letter(conn: Any, now: float | None, row: Any, worker_id: str) ->
     try:
         claimed(row)
     except Undecodable as bad:
-        await conn.execute(sql.SQL_DEAD_LETTER_TAKEN, now, row[0], worker_id,
-                           f"{bad.code}: {bad.detail}", bad.code)
+        d = tr.dead_letter(tr.RUNNING, bad.code, bad.detail)  # counted by the take already
+        await conn.execute(sql.SQL_DEAD_LETTER_TAKEN, now, row[0], worker_id, d.last_error,
+                           d.reason)

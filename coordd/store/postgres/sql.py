@@ -96,10 +96,12 @@ SQL_DEAD_LETTER_TAKEN = (  # a job just taken whose stored data does not decode
 
 # ---------------------------------------------------------------- lease holder calls
 
-# Why a fenced call matched nothing: the job, its last token and its current lease.
+# Why a fenced call matched nothing: the job as coordd.transitions.fence reads it.
+_HELD = ("j.status, j.cancel_requested, j.max_runtime_s, j.attempts, j.max_attempts, "
+         "j.last_token, l.worker_id, l.token, l.granted_at, l.expires_at, j.result_schema, "
+         "j.workflow_id")  # coordd.transitions.Held, in its order
 SQL_FENCE_STATE = (
-    "SELECT j.status, j.last_token, l.worker_id, l.token, l.expires_at, l.granted_at, "
-    f"j.max_runtime_s, {NOW} FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id "
+    f"SELECT {_HELD}, {NOW} FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id "
     "WHERE j.job_id = $2"
 )
 _FENCE = ("l.job_id = r.job_id AND l.worker_id = r.worker_id AND l.token = r.token "
@@ -112,7 +114,9 @@ SQL_RENEW_BATCH = (  # $2 job ids, $3 workers, $4 tokens, $5 lease_s
     f"AND (j.max_runtime_s IS NULL OR {NOW} <= l.granted_at + j.max_runtime_s) "
     "RETURNING l.job_id, l.expires_at, l.lease_s, j.cancel_requested"
 )
-SQL_COMPLETE_BATCH = (  # $2 job ids, $3 workers, $4 tokens, $5 results (JSON text)
+# $2 job ids, $3 workers, $4 tokens, $5 results (JSON text); $6, $7: last_error and event
+# reason of a complete that meets a requested cancel (postgres.apply.COMPLETE_TEXTS)
+SQL_COMPLETE_BATCH = (
     "WITH r AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[]) "
     "AS r(job_id, worker_id, token, result_json)), "
     f"l AS (DELETE FROM leases l USING r WHERE {_FENCE} RETURNING l.job_id, l.worker_id), "
@@ -120,13 +124,13 @@ SQL_COMPLETE_BATCH = (  # $2 job ids, $3 workers, $4 tokens, $5 results (JSON te
     "status = CASE WHEN jobs.cancel_requested THEN 'cancelled' ELSE 'succeeded' END, "
     "result_json = CASE WHEN jobs.cancel_requested THEN jobs.result_json ELSE r.result_json END, "
     "artifact_sha256 = CASE WHEN jobs.cancel_requested THEN jobs.artifact_sha256 END, "
-    "last_error = CASE WHEN jobs.cancel_requested THEN 'cancelled before completion' END, "
+    "last_error = CASE WHEN jobs.cancel_requested THEN $6::text END, "
     f"cancel_requested = false, updated_at = {NOW}, finished_at = {NOW} "
     "FROM l JOIN r ON r.job_id = l.job_id WHERE jobs.job_id = l.job_id "
     "RETURNING jobs.job_id, jobs.status, l.worker_id), "
     "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     f"SELECT job_id, {NOW}, worker_id, 'running', status, CASE WHEN status = 'cancelled' "
-    "THEN 'cancel requested; result dropped' END FROM j) "
+    "THEN $7::text END FROM j) "
     "SELECT job_id, status FROM j"
 )
 SQL_CHECKPOINT = (  # $2 job, $3 worker, $4 token, $5 checkpoint JSON
@@ -137,11 +141,10 @@ SQL_CHECKPOINT = (  # $2 job, $3 worker, $4 token, $5 checkpoint JSON
 # fail / release: lock the job, end the lease if it is the presented, live one; the
 # caller decides the transition from what comes back and writes it in the same transaction
 SQL_END_LEASE = (
-    "WITH j AS (SELECT job_id, attempts, max_attempts, cancel_requested FROM jobs "
-    "WHERE job_id = $2 FOR UPDATE), "
+    "WITH j AS (SELECT * FROM jobs WHERE job_id = $2 FOR UPDATE), "
     "l AS (DELETE FROM leases l WHERE l.job_id = $2 AND l.worker_id = $3 AND l.token = $4 "
-    f"AND l.expires_at > {NOW} RETURNING l.job_id) "
-    f"SELECT j.attempts, j.max_attempts, j.cancel_requested, {NOW} FROM j JOIN l USING (job_id)"
+    f"AND l.expires_at > {NOW} RETURNING l.*) "
+    f"SELECT {_HELD}, {NOW} FROM j JOIN l ON l.job_id = j.job_id"
 )
 SQL_TO_TERMINAL = (  # $2 job, $3 status, $4 last_error
     f"UPDATE jobs SET status = $3, last_error = $4, updated_at = {NOW}, finished_at = {NOW}, "
@@ -170,7 +173,8 @@ SQL_RETRY = (
 )
 # One idempotent statement: expired leases (oldest first, $2 at most; rows another reaper
 # holds are skipped) end, their jobs go back to waiting at the back of their priority, or
-# to failed once attempts are spent, or cancelled if a cancel was requested.
+# to failed once attempts are spent, or cancelled if a cancel was requested, as
+# coordd.transitions.lost_lease decides; $3..$9 its texts (postgres.apply.REAP_TEXTS).
 SQL_REAP = (
     f"WITH x AS (SELECT job_id FROM leases WHERE expires_at <= {NOW} ORDER BY expires_at "
     "LIMIT $2 FOR UPDATE SKIP LOCKED), "
@@ -178,9 +182,9 @@ SQL_REAP = (
     "RETURNING leases.job_id, leases.worker_id), "
     "j AS (UPDATE jobs SET status = CASE WHEN jobs.cancel_requested THEN 'cancelled' "
     "WHEN jobs.attempts >= jobs.max_attempts THEN 'failed' ELSE 'waiting' END, "
-    "last_error = CASE WHEN jobs.cancel_requested THEN 'lease_expired after cancel' "
-    "WHEN jobs.attempts >= jobs.max_attempts THEN 'attempts exhausted (last: lease_expired)' "
-    "ELSE 'lease_expired (worker ' || l.worker_id || ' lost)' END, "
+    "last_error = CASE WHEN jobs.cancel_requested THEN $3::text "
+    "WHEN jobs.attempts >= jobs.max_attempts THEN $5::text "
+    "ELSE $7::text || l.worker_id || $8::text END, "
     "finished_at = CASE WHEN jobs.cancel_requested OR jobs.attempts >= jobs.max_attempts "
     f"THEN {NOW} END, "
     "run_at = CASE WHEN jobs.cancel_requested OR jobs.attempts >= jobs.max_attempts "
@@ -190,8 +194,8 @@ SQL_REAP = (
     f"cancel_requested = false, updated_at = {NOW} FROM l WHERE jobs.job_id = l.job_id "
     "RETURNING jobs.job_id, jobs.status, l.worker_id), "
     "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
-    f"SELECT job_id, {NOW}, worker_id, 'running', status, CASE WHEN status = 'failed' "
-    "THEN 'attempts exhausted (last: lease_expired)' ELSE 'lease_expired' END FROM j) "
+    f"SELECT job_id, {NOW}, worker_id, 'running', status, CASE WHEN status = 'cancelled' "
+    "THEN $4::text WHEN status = 'failed' THEN $6::text ELSE $9::text END FROM j) "
     "SELECT count(*), count(*) FILTER (WHERE status = 'waiting') FROM j"
 )
 

@@ -17,15 +17,15 @@ from typing import Any, Literal
 import asyncpg
 
 from coordd import errors
+from coordd import transitions as tr
 from coordd.leases import ClaimPolicy
 from coordd.protocol import (
     ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList, JobView,
     RenewResult, StatusResult,
 )
-from coordd.store import CANCELLED_BY_ADMIN, NewJob, dumps
+from coordd.store import NewJob, dumps
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
-from coordd.store.postgres import batch, claims, coordination, fencing, reads, schema, sql
-from coordd.times import fmt_time
+from coordd.store.postgres import apply, batch, claims, coordination, reads, schema, sql
 
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
@@ -212,7 +212,7 @@ class PostgresStore:
     async def _complete_batch(self, now: float | None, items: list[Any]) -> list[Any]:
         async with self._conn() as conn:
             rows = await conn.fetch(sql.SQL_COMPLETE_BATCH, now, *_refs(r for r, _ in items),
-                                    [res for _, res in items])
+                                    [res for _, res in items], *apply.COMPLETE_TEXTS)
             got = {r[0]: r[1] for r in rows}
             out: list[Any] = []
             for ref, _ in items:
@@ -234,47 +234,31 @@ class PostgresStore:
         """A failed attempt: back to waiting after `backoff(attempts)` when retryable with
         attempts left, else `failed` (dead letter); `cancelled` if a cancel was requested."""
         async with self._conn() as conn, conn.transaction():
-            attempts, max_attempts, cancel, t = await _end_lease(conn, now, ref)
-            if cancel:
-                await _to_terminal(conn, now, ref, "cancelled", error, error)
-                return StatusResult(status="cancelled")
-            if not retryable or attempts >= max_attempts:
-                why = (f"permanent: {error}" if not retryable
-                       else f"attempts exhausted (last: {error})")
-                await _to_terminal(conn, now, ref, "failed", why, why)
-                return StatusResult(status="failed")
-            run_at = t + backoff(attempts)
-            await conn.execute(sql.SQL_TO_WAITING, now, ref.job_id, error, run_at)
-            await conn.execute(sql.SQL_EVENT, now, ref.job_id, ref.worker_id, "running",
-                               "waiting", f"retryable: {error}; backoff until {fmt_time(run_at)}")
-            if run_at <= t:
-                await conn.execute(sql.SQL_NOTIFY)
-            return StatusResult(status="waiting", run_at=run_at)
+            held, t = await _end_lease(conn, now, ref)
+            d = tr.fail(held, t, error, retryable, backoff)
+            await apply.apply(conn, now, ref.job_id, ref.worker_id, d)
+            if d.t is tr.FAIL_RETRY and d.run_at is not None and d.run_at <= t:
+                await conn.execute(sql.SQL_NOTIFY)  # runnable at once: wake claimers
+        return StatusResult(status=d.t.to_status, run_at=d.run_at)
 
     async def release(self, ref: LeaseRef, reason: str, checkpoint_json: str | None = None,
                       *, now: float | None = None) -> StatusResult:
         """Hand the job back without spending its attempt (`preemptions` counts it),
         recording `checkpoint_json` first if given; `cancelled` if a cancel was requested."""
         async with self._conn() as conn, conn.transaction():
-            _a, _m, cancel, t = await _end_lease(conn, now, ref)
-            if cancel:
-                if checkpoint_json is not None:
-                    await conn.execute(sql.SQL_SET_CHECKPOINT, now, ref.job_id, checkpoint_json)
-                await _to_terminal(conn, now, ref, "cancelled", reason, reason)
-                return StatusResult(status="cancelled")
-            await conn.execute(sql.SQL_RELEASE_JOB, now, ref.job_id, f"released: {reason}",
-                               checkpoint_json)
-            await conn.execute(sql.SQL_EVENT, now, ref.job_id, ref.worker_id, "running",
-                               "waiting", f"released: {reason}")
-            await conn.execute(sql.SQL_NOTIFY)
-            return StatusResult(status="waiting", run_at=t)
+            held, t = await _end_lease(conn, now, ref)
+            d = tr.release(held, t, reason)
+            await apply.apply(conn, now, ref.job_id, ref.worker_id, d, checkpoint_json)
+            if d.t is tr.RELEASED:
+                await conn.execute(sql.SQL_NOTIFY)
+        return StatusResult(status=d.t.to_status, run_at=d.run_at)
 
     # ------------------------------------------------------------ admin, reaper
 
     async def reap(self, *, limit: int = 1000, now: float | None = None) -> int:
         """End up to `limit` expired leases in one statement (see sql.SQL_REAP)."""
         async with self._conn() as conn:
-            n, requeued = await conn.fetchrow(sql.SQL_REAP, now, limit)
+            n, requeued = await conn.fetchrow(sql.SQL_REAP, now, limit, *apply.REAP_TEXTS)
             if requeued:
                 await conn.execute(sql.SQL_NOTIFY)
         return n
@@ -284,34 +268,20 @@ class PostgresStore:
         say so); cancelled stays. Raises: NotFound, InvalidState."""
         async with self._conn() as conn, conn.transaction():
             status = await _locked_status(conn, now, job_id)
-            if status in ("waiting", "blocked"):
-                await conn.execute(sql.SQL_TO_TERMINAL, now, job_id, "cancelled",
-                                   CANCELLED_BY_ADMIN)
-                await conn.execute(sql.SQL_EVENT, now, job_id, None, status, "cancelled",
-                                   CANCELLED_BY_ADMIN)
-                return StatusResult(status="cancelled")
-            if status == "running":
-                await conn.execute(sql.SQL_REQUEST_CANCEL, now, job_id)
-                await conn.execute(sql.SQL_EVENT, now, job_id, None, "running", "running",
-                                   "cancel requested")
-                return StatusResult(status="running")
-            if status == "cancelled":
-                return StatusResult(status="cancelled")
-            raise errors.InvalidState(
-                f"job {job_id} is {status}; only waiting/blocked/running cancel")
+            d = tr.cancel(status, job_id)
+            if d is None:  # already cancelled
+                return StatusResult(status=status)
+            await apply.apply(conn, now, job_id, None, d)
+        return StatusResult(status=d.t.to_status)
 
     async def retry(self, job_id: str, *, now: float | None = None) -> StatusResult:
         """failed/cancelled/skipped -> waiting, attempts reset. Raises: NotFound, InvalidState."""
         async with self._conn() as conn, conn.transaction():
-            status = await _locked_status(conn, now, job_id)
-            if status not in ("failed", "cancelled", "skipped"):
-                raise errors.InvalidState(
-                    f"job {job_id} is {status}; only failed/cancelled/skipped retry")
-            run_at = await conn.fetchval(sql.SQL_RETRY, now, job_id)
-            await conn.execute(sql.SQL_EVENT, now, job_id, None, status, "waiting",
-                               "retried by admin")
+            status, t = await _locked_status(conn, now, job_id, with_now=True)
+            d = tr.retry(status, job_id, t)
+            await apply.apply(conn, now, job_id, None, d)
             await conn.execute(sql.SQL_NOTIFY)
-            return StatusResult(status="waiting", run_at=run_at)
+        return StatusResult(status=d.t.to_status, run_at=d.run_at)
 
     # ------------------------------------------------------------ reads, coordination
 
@@ -352,32 +322,36 @@ def _refs(refs: Any) -> tuple[list[str], list[str], list[int]]:
 
 async def _refusal(conn: Any, now: float | None, ref: LeaseRef,
                    renew: bool = False) -> errors.CoordError:
-    """The typed error for a fenced statement that matched nothing (coordd.store.postgres.fencing)."""
+    """The typed error for a fenced statement that matched nothing: coordd.transitions'
+    fence (and, for a renew, its max-runtime rule) on the job as read right after."""
     row = await conn.fetchrow(sql.SQL_FENCE_STATE, now, ref.job_id)
-    err = fencing.refusal(row, ref.job_id, ref.worker_id, ref.token, renew)
-    return err or errors.CoordError(f"job {ref.job_id}: fenced write raced; retry")
+    try:
+        h = tr.fence(None if row is None else apply.held(row), ref.job_id, ref.worker_id,
+                     ref.token, row[-1] if row is not None else 0.0)
+        if renew:
+            tr.renew(h, ref.job_id, row[-1], 0.0)
+    except errors.CoordError as exc:
+        return exc
+    return errors.CoordError(f"job {ref.job_id}: fenced write raced; retry")
 
 
-async def _end_lease(conn: Any, now: float | None, ref: LeaseRef) -> tuple[int, int, bool, float]:
-    """Lock the job and end the presented lease, if live: (attempts, max_attempts,
-    cancel_requested, now). Raises the fencing errors."""
+async def _end_lease(conn: Any, now: float | None, ref: LeaseRef) -> tuple[Any, float]:
+    """Lock the job and end the presented lease if it is the live one: (Held, now).
+    Raises the fencing errors."""
     row = await conn.fetchrow(sql.SQL_END_LEASE, now, ref.job_id, ref.worker_id, ref.token)
     if row is None:
         raise await _refusal(conn, now, ref)
-    return row[0], row[1], row[2], row[3]
+    return apply.held(row), row[-1]
 
 
-async def _to_terminal(conn: Any, now: float | None, ref: LeaseRef, status: str,
-                       last_error: str, reason: str) -> None:
-    await conn.execute(sql.SQL_TO_TERMINAL, now, ref.job_id, status, last_error)
-    await conn.execute(sql.SQL_EVENT, now, ref.job_id, ref.worker_id, "running", status, reason)
-
-
-async def _locked_status(conn: Any, now: float | None, job_id: str) -> str:
+async def _locked_status(conn: Any, now: float | None, job_id: str,
+                         with_now: bool = False) -> Any:
+    """The job's status, its row locked (with the statement's now if asked).
+    Raises: errors.NotFound."""
     row = await conn.fetchrow(sql.SQL_LOCK_STATUS, now, job_id)
     if row is None:
         raise errors.NotFound(f"job {job_id} not found")
-    return row[0]
+    return (row[0], row[1]) if with_now else row[0]
 
 
 def _check_storable(job: NewJob) -> None:
