@@ -1,0 +1,118 @@
+"""The store interface: coordd's operations on jobs, leases and workers, one level above SQL.
+
+Like River's `riverdriver.Executor`: each store carries its own statements, and one
+conformance suite (tests/store/) holds both to the same rules. Every write takes `now`:
+None in production (the store's clock: coordd's for SQLite, the database's `now()` for
+PostgreSQL), a pinned Unix time in tests. Errors are the coordd.errors classes, raised in
+the same situations by every store; results are the protocol Structs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import msgspec
+
+from coordd.protocol import (
+    ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList, JobView,
+    RenewResult, StatusResult,
+)
+
+if TYPE_CHECKING:
+    from coordd.leases import ClaimPolicy
+    from coordd.store import NewJob
+
+Backoff = Callable[[int], float]  # attempts so far -> seconds before the retry
+
+
+class LeaseRef(msgspec.Struct, frozen=True):
+    """The lease a holder call presents: (job, worker, fencing token)."""
+
+    job_id: str
+    worker_id: str
+    token: int
+
+
+class JobFilter(msgspec.Struct, kw_only=True):
+    """`list_jobs` filters and its keyset page (`after`: the last job id of the page before)."""
+
+    status: str | None = None
+    kind: str | None = None
+    role: str | None = None
+    priority: int | None = None
+    limit: int = 100
+    after: str | None = None
+    newest_first: bool = False
+
+
+class StoreStatus(msgspec.Struct, kw_only=True):
+    """What `status` counts: workers (all, live), live leases, jobs by status (every status,
+    zero where none), waiting jobs by priority ("p0".."p3")."""
+
+    workers: int
+    workers_live: int
+    active_leases: int
+    jobs: dict[str, int]
+    waiting_by_priority: dict[str, int]
+    oldest_waiting_age_s: float | None = None
+
+
+class Store(Protocol):
+    """coordd's operations over one database (see the module docstring).
+
+    The holder calls (`renew`, `checkpoint`, `complete`, `fail`, `release`) are fenced:
+    refused unless `ref` is the job's current lease and `now < expires_at`, reaped or not.
+
+    Raises (every store, the same situations):
+        errors.NotFound: no such job.
+        errors.LeaseLost: the lease is not the job's current one (or ran past max runtime).
+        errors.LeaseExpired: it is, but its time is up.
+        errors.AlreadyCompleted: the job succeeded under this very lease (a resend).
+        errors.InvalidState: cancel/retry/enqueue refused by the job's state.
+        errors.BadRequest: what this store cannot store (see each store).
+        errors.Overloaded, errors.Unavailable: the store cannot take the write now.
+    """
+
+    clock: Literal["app", "db"]  # who supplies `now` in production
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+
+    async def heartbeat(self, worker_id: str, roles: Sequence[str], readings: dict[str, Any],
+                        *, now: float | None = None) -> HeartbeatResult: ...
+    async def enqueue(self, jobs: Sequence[NewJob], *,
+                      now: float | None = None) -> list[EnqueueResult]: ...
+    async def claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy, *,
+                    kinds: Sequence[str] | None = None, claim_id: str | None = None,
+                    now: float | None = None) -> ClaimResult: ...
+    async def renew(self, ref: LeaseRef, lease_s: float, *,
+                    now: float | None = None) -> RenewResult: ...
+    async def checkpoint(self, ref: LeaseRef, checkpoint_json: str, *,
+                         now: float | None = None) -> None: ...
+    async def complete(self, ref: LeaseRef, result_json: str | None, *,
+                       now: float | None = None) -> CompleteResult: ...
+    async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
+                   now: float | None = None) -> StatusResult: ...
+    async def release(self, ref: LeaseRef, reason: str, checkpoint_json: str | None = None,
+                      *, now: float | None = None) -> StatusResult: ...
+    async def reap(self, *, limit: int = 1000, now: float | None = None) -> int: ...
+    async def cancel(self, job_id: str, *, now: float | None = None) -> StatusResult: ...
+    async def retry(self, job_id: str, *, now: float | None = None) -> StatusResult: ...
+
+    async def get_job(self, job_id: str, *, now: float | None = None) -> JobView: ...
+    async def list_jobs(self, flt: JobFilter, *, now: float | None = None) -> JobList: ...
+    async def status(self, stale_s: float, *, now: float | None = None) -> StoreStatus: ...
+
+    async def wait_for_work(self, timeout: float) -> bool:
+        """Return True when a job may have become claimable (a hint), False at `timeout`."""
+        ...
+
+    def leadership(self, key: str = ...) -> AbstractAsyncContextManager[bool]:
+        """Hold the coordinator's leadership while the block runs; yields whether it was
+        won (SQLite: always, the file has one writer; PostgreSQL: a session advisory lock)."""
+        ...
+
+
+__all__ = ["Backoff", "JobFilter", "LeaseRef", "Store", "StoreStatus"]

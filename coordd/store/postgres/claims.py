@@ -1,0 +1,173 @@
+"""PostgresStore's claim: gates decided in Python from the worker's last heartbeat
+(coordd.gate_decision), the job taken by one SKIP LOCKED statement on the database clock.
+
+A worker's decision is remembered with the heartbeat (at, readings, roles) it was made
+from; the next claim sends that heartbeat along and the statement takes a job only if it
+is still the worker's last, so a claim is one round trip while the readings stand, and
+claims of workers sharing a decision are batched into one statement (sql.SQL_CLAIM_BATCH).
+When that finds nothing, the full path reads the worker, decides again and says why not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from coordd import errors, gate_decision, gates
+from coordd import transitions as tr
+from coordd.leases import ClaimPolicy
+from coordd.protocol import ClaimedJob, ClaimResult, LeaseGrant
+from coordd.store import json_decode, lenient_json, maybe_json
+from coordd.store.postgres import batch, sql
+
+SEEN_WORKERS_MAX = 4096  # gate decisions remembered (one per worker) before starting over
+
+
+class Seen(msgspec.Struct):
+    """A worker's gate decision and the heartbeat (at, readings JSON, roles JSON) it was
+    made from."""
+
+    policy: ClaimPolicy
+    decision: gate_decision.GateDecision
+    roles: list[str]
+    heartbeat: tuple[float, str, str]
+
+
+class Claims:
+    """Claims for one PostgresStore.
+
+    Args:
+        conn: the store's connection context (`async with conn() as c`).
+        max_items, max_in_flight: the claim batcher's bounds (coordd.store.postgres.batch).
+    """
+
+    def __init__(self, conn: Any, *, max_items: int = batch.MAX_ITEMS_DEFAULT,
+                 max_in_flight: int = batch.MAX_IN_FLIGHT_DEFAULT) -> None:
+        self._conn = conn
+        self._seen: dict[str, Seen] = {}
+        self.batcher = batch.Batcher(self._claim_batch, _worker_of, group=_group_of,
+                                     max_items=max_items, max_in_flight=max_in_flight)
+
+    async def claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy,
+                    kinds: Sequence[str] | None, claim_id: str | None,
+                    now: float | None) -> ClaimResult:
+        """See PostgresStore.claim. Raises: errors.BadRequest (priority aging is on: these
+        claims are strict priority for now)."""
+        if policy.aging_interval_s > 0:
+            raise errors.BadRequest("the PostgreSQL store does not age priorities yet "
+                                    "(aging_interval_s must be 0; issue 20)")
+        kinds_list = None if kinds is None else sorted(set(kinds))
+        if claim_id is not None:
+            async with self._conn() as conn:
+                row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
+            if row is not None:
+                return claimed(row)
+        seen = self._seen.get(worker_id)
+        if seen is not None and seen.policy is policy and seen.decision.allowed:
+            row = await self.batcher.submit(now, (worker_id, claim_id, lease_s, kinds_list, seen))
+            if row is not None:
+                with contextlib.suppress(Undecodable):
+                    return claimed(row)
+                async with self._conn() as conn:
+                    await dead_letter(conn, now, row, worker_id)
+        async with self._conn() as conn:
+            return await self._full(conn, worker_id, lease_s, policy, kinds_list, claim_id, now)
+
+    async def _full(self, conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
+                    kinds_list: list[str] | None, claim_id: str | None,
+                    now: float | None) -> ClaimResult:
+        """Read the worker, decide its gates, claim; with no job, say why."""
+        t, roles_json, hb_json, hb_at = await conn.fetchrow(sql.SQL_CLAIM_WORKER, now, worker_id)
+        decision = gate_decision.decide(policy, hb_json, hb_at, t)
+        if decision.stale is not None:
+            detail = (f"worker {worker_id} never sent a heartbeat" if hb_at is None
+                      else decision.stale)
+            return ClaimResult(reasons=[gates.HEARTBEAT_STALE], detail=detail)
+        roles = lenient_json(roles_json, [])
+        roles = sorted({r for r in roles if isinstance(r, str)}) if isinstance(roles, list) else []
+        if len(self._seen) >= SEEN_WORKERS_MAX:
+            self._seen.clear()
+        self._seen[worker_id] = Seen(policy, decision, roles, (hb_at, hb_json, roles_json))
+        while decision.allowed:
+            row = await conn.fetchrow(sql.SQL_CLAIM, now, worker_id, lease_s, claim_id,
+                                      decision.allowed, roles, kinds_list,
+                                      policy.heartbeat_stale_s, None, None, None)
+            if row is None:
+                break
+            with contextlib.suppress(Undecodable):
+                return claimed(row)
+            await dead_letter(conn, now, row, worker_id)
+        refused = [p for (p,) in await conn.fetch(sql.SQL_GATED_PRIORITIES, now, roles,
+                                                  kinds_list, decision.allowed)] \
+            if decision.refused else []
+        reasons = decision.reasons(refused)
+        if not reasons and await conn.fetchval(sql.SQL_ANY_RUNNABLE, now) is not None:
+            reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's "
+                                               "roles" + (" and kinds" if kinds_list else ""))
+        return ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
+
+    async def _claim_batch(self, now: float | None, items: list[Any]) -> list[Any]:
+        """One statement for claims sharing their parameters: a row per worker served,
+        None for the others (they take the full path)."""
+        _w, _c, lease_s, kinds_list, seen = items[0]
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                sql.SQL_CLAIM_BATCH, now, [i[0] for i in items], lease_s, [i[1] for i in items],
+                seen.decision.allowed, seen.roles, kinds_list, seen.policy.heartbeat_stale_s,
+                *[[i[4].heartbeat[k] for i in items] for k in range(3)])
+        got = {r[-1]: tuple(r)[:-1] for r in rows}
+        return [got.get(i[0]) for i in items]
+
+
+class Undecodable(Exception):
+    """A taken job's stored payload or checkpoint is not JSON (`code`: coordd.gates)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
+
+def _worker_of(item: Any) -> str:
+    return item[0]
+
+
+def _group_of(item: Any) -> Any:
+    _w, _c, lease_s, kinds_list, seen = item
+    return (lease_s, tuple(kinds_list or ()) if kinds_list is not None else None,
+            tuple(seen.decision.allowed), tuple(seen.roles), seen.policy.heartbeat_stale_s,
+            id(seen.policy))
+
+
+def claimed(row: Any) -> ClaimResult:
+    """A ClaimResult from (job columns..., token, expires_at, lease_s).
+
+    Raises: Undecodable (the stored payload or checkpoint is not JSON).
+    """
+    job_id, kind, role, prio, payload_json, attempts, checkpoint_json, max_runtime_s, \
+        token, expires_at, lease_s = row
+    try:
+        payload = json_decode(payload_json)
+    except msgspec.DecodeError as exc:
+        raise Undecodable(gates.PAYLOAD_DECODE_ERROR, str(exc)) from exc
+    try:
+        checkpoint = maybe_json(checkpoint_json)
+    except msgspec.DecodeError as exc:
+        raise Undecodable(gates.CHECKPOINT_DECODE_ERROR, str(exc)) from exc
+    return ClaimResult(
+        job=ClaimedJob(job_id=job_id, kind=kind, required_role=role, priority=prio,
+                       payload=payload, attempts=attempts, checkpoint=checkpoint,
+                       max_runtime_s=max_runtime_s),
+        lease=LeaseGrant(token=token, expires_at=expires_at, lease_s=lease_s))
+
+
+async def dead_letter(conn: Any, now: float | None, row: Any, worker_id: str) -> None:
+    """End `failed` a job just taken whose payload or checkpoint does not decode."""
+    try:
+        claimed(row)
+    except Undecodable as bad:
+        d = tr.dead_letter(tr.RUNNING, bad.code, bad.detail)  # counted by the take already
+        await conn.execute(sql.SQL_DEAD_LETTER_TAKEN, now, row[0], worker_id, d.last_error,
+                           d.reason)

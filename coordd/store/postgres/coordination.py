@@ -1,0 +1,61 @@
+"""Wake-ups and leadership on dedicated connections (neither may share a pool connection:
+a LISTEN lives in its session, and so does a session advisory lock).
+
+LISTEN/NOTIFY is only a hint: a NOTIFY is delivered at its transaction's commit and never
+replayed, so `wait_for_work` callers poll too (the timeout is their backstop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+
+from coordd.store.postgres import sql
+
+
+class WorkListener:
+    """`LISTEN coordd_work` on its own connection, opened on first use."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._conn: Any = None
+        self._event = asyncio.Event()
+        self._lock = asyncio.Lock()
+
+    def _heard(self, *_args: Any) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float) -> bool:
+        """True when a NOTIFY came (since the last call returned), False at `timeout`."""
+        async with self._lock:
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await asyncpg.connect(self._dsn)
+                await self._conn.add_listener(sql.NOTIFY_CHANNEL, self._heard)
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            return False
+        self._event.clear()
+        return True
+
+    async def close(self) -> None:
+        """Close the listening connection. Idempotent."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def leadership(dsn: str, key: str) -> AsyncIterator[bool]:
+    """Try for the session advisory lock named `key` on a new connection; yield whether
+    it was won. It is held until the block ends (the connection closes), or until the
+    server ends the session: a crashed leader's lock goes with its session."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        yield bool(await conn.fetchval(sql.SQL_TRY_LEADER, key))
+    finally:
+        await conn.close()

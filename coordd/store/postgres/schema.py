@@ -1,0 +1,117 @@
+"""The PostgreSQL schema: migrations keyed on the `coordd_schema_version` table, run under
+a transaction-level advisory lock (two coordd starting together migrate once).
+
+Tables and columns mean what they mean in SQLite (coordd.store.schema): times are Unix
+seconds (float8), JSON is stored as text, exactly as coordd encoded it. A migration is one
+entry of MIGRATIONS, never edited once released; a new one goes last.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coordd import errors
+
+MIGRATION_LOCK_KEY = "coordd-migrate"
+
+SQL_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS coordd_schema_version (version integer NOT NULL)"
+SQL_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1))"
+SQL_VERSION = "SELECT max(version) FROM coordd_schema_version"
+SQL_SET_VERSION = "INSERT INTO coordd_schema_version (version) VALUES ($1)"
+
+MIGRATION_CORE = """
+CREATE TABLE workers (
+    worker_id      text PRIMARY KEY,
+    roles_json     text NOT NULL,
+    heartbeat_json text NOT NULL,
+    heartbeat_at   float8 NOT NULL,
+    first_seen_at  float8 NOT NULL
+);
+CREATE TABLE artifacts (
+    sha256     text PRIMARY KEY,
+    path       text NOT NULL,
+    size       bigint NOT NULL,
+    created_at float8 NOT NULL
+);
+CREATE TABLE jobs (
+    job_id           text PRIMARY KEY,
+    kind             text NOT NULL,
+    required_role    text NOT NULL,
+    priority         integer NOT NULL CHECK (priority BETWEEN 0 AND 3),
+    payload_json     text NOT NULL,
+    status           text NOT NULL CHECK (status IN
+                       ('waiting','running','succeeded','failed','cancelled','blocked','skipped')),
+    attempts         integer NOT NULL DEFAULT 0,
+    max_attempts     integer NOT NULL CHECK (max_attempts >= 1),
+    run_at           float8 NOT NULL,
+    queued_at        float8 NOT NULL,
+    created_at       float8 NOT NULL,
+    updated_at       float8 NOT NULL,
+    finished_at      float8,
+    result_json      text,
+    artifact_sha256  text REFERENCES artifacts(sha256),
+    last_error       text,
+    checkpoint_json  text,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    idempotency_key  text UNIQUE,
+    max_runtime_s    float8,
+    gates_json       text,
+    last_token       bigint NOT NULL DEFAULT 0,
+    result_schema    text,
+    request_sha256   text,
+    preemptions      integer NOT NULL DEFAULT 0,
+    workflow_id      text
+);
+CREATE INDEX jobs_claim ON jobs (priority, queued_at, job_id) WHERE status = 'waiting';
+CREATE TABLE leases (
+    job_id     text PRIMARY KEY REFERENCES jobs(job_id) ON DELETE CASCADE,
+    worker_id  text NOT NULL,
+    token      bigint NOT NULL,
+    claim_id   text,
+    granted_at float8 NOT NULL,
+    expires_at float8 NOT NULL,
+    lease_s    float8 NOT NULL
+);
+CREATE INDEX leases_expiry ON leases (expires_at);
+CREATE INDEX leases_worker ON leases (worker_id);
+CREATE UNIQUE INDEX leases_claim_id ON leases (worker_id, claim_id) WHERE claim_id IS NOT NULL;
+CREATE TABLE job_events (
+    event_id    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id      text NOT NULL,
+    at          float8 NOT NULL,
+    worker_id   text,
+    from_status text,
+    to_status   text NOT NULL,
+    reason      text
+);
+CREATE INDEX job_events_job ON job_events (job_id, event_id);
+"""
+
+MIGRATIONS: tuple[str, ...] = (
+    MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+SQL_TRUNCATE = "TRUNCATE job_events, leases, jobs, artifacts, workers RESTART IDENTITY CASCADE"
+
+
+async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:
+    """Bring the schema to `target` under `pg_advisory_xact_lock`; return it.
+
+    Args:
+        conn: an asyncpg connection (not in a transaction).
+
+    Raises:
+        errors.StoreError: the database's schema is newer than this coordd.
+    """
+    async with conn.transaction():
+        await conn.execute(SQL_LOCK, MIGRATION_LOCK_KEY)
+        await conn.execute(SQL_VERSION_TABLE)
+        version = await conn.fetchval(SQL_VERSION) or 0
+        if version > target:
+            raise errors.StoreError(
+                f"database schema v{version} is newer than this coordd (v{target})")
+        for v in range(version, target):
+            await conn.execute(MIGRATIONS[v])
+            await conn.execute(SQL_SET_VERSION, v + 1)
+    return target

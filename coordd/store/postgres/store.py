@@ -1,0 +1,365 @@
+"""PostgresStore: the store interface (coordd.store.api) over asyncpg.
+
+Every invariant is in SQL on the database's clock (coordd.store.postgres.sql): claims
+with FOR UPDATE SKIP LOCKED, fences in the same statement as the write, an idempotent
+reaper. Claims (coordd.store.postgres.claims), renews and completes are batched per
+operation (coordd.store.postgres.batch).
+The rule not to break: never read the time in Python for a decision the database makes;
+pass the pinned `now` (None in production) through to the statement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
+
+import asyncpg
+
+from coordd import errors
+from coordd import transitions as tr
+from coordd.leases import ClaimPolicy
+from coordd.protocol import (
+    ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList, JobView,
+    RenewResult, StatusResult,
+)
+from coordd.store import NewJob, dumps
+from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
+from coordd.store.postgres import apply, batch, claims, coordination, reads, schema, sql
+
+POOL_MIN_DEFAULT = 2
+POOL_MAX_DEFAULT = 8
+ACQUIRE_TIMEOUT_DEFAULT_S = 10.0
+_UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                asyncpg.CannotConnectNowError)
+
+
+class PostgresStore:
+    """The store over one PostgreSQL database (schema migrated on `start`).
+
+    Args:
+        dsn: a libpq connection string or URI (connect directly, not through a
+            transaction pooler: LISTEN and session advisory locks need a session).
+        pool_min, pool_max: the asyncpg pool's size.
+        batch_items, batch_in_flight: per-operation batching (coordd.store.postgres.batch).
+        aging_s: priority aging shown by the views (claims here are strict priority).
+        acquire_timeout_s: how long a call waits for a free pool connection before it is
+            refused `overloaded` (the store's backpressure).
+
+    Not stored yet (BadRequest at enqueue): per-job gate overrides, resource requests,
+    fleet limits, result schemas. Workflows, the hub and the other areas are SQLite's only.
+    """
+
+    clock: Literal["app", "db"] = "db"
+
+    def __init__(self, dsn: str, *, pool_min: int = POOL_MIN_DEFAULT,
+                 pool_max: int = POOL_MAX_DEFAULT, batch_items: int = batch.MAX_ITEMS_DEFAULT,
+                 batch_in_flight: int = batch.MAX_IN_FLIGHT_DEFAULT, aging_s: float = 0.0,
+                 acquire_timeout_s: float = ACQUIRE_TIMEOUT_DEFAULT_S) -> None:
+        self.dsn = dsn
+        self._acquire_timeout_s = acquire_timeout_s
+        self._pool_min, self._pool_max = pool_min, pool_max
+        self._aging_s = aging_s
+        self.pool: Any = None
+        self.renews = batch.Batcher(self._renew_batch, _job_of, max_items=batch_items,
+                                    max_in_flight=batch_in_flight)
+        self.completes = batch.Batcher(self._complete_batch, _job_of, max_items=batch_items,
+                                       max_in_flight=batch_in_flight)
+        self._listener = coordination.WorkListener(dsn)
+        self.claims = claims.Claims(self._conn, max_items=batch_items,
+                                    max_in_flight=batch_in_flight)
+
+    async def start(self) -> None:
+        """Open the pool and migrate the schema.
+
+        Raises: errors.Unavailable (cannot connect), errors.StoreError (newer schema).
+        """
+        try:
+            self.pool = await asyncpg.create_pool(self.dsn, min_size=self._pool_min,
+                                                  max_size=self._pool_max, reset=_no_reset)
+        except _UNAVAILABLE as exc:
+            raise errors.Unavailable(f"postgresql: {exc}") from exc
+        async with self._conn() as conn:
+            await schema.migrate(conn)
+
+    async def close(self) -> None:
+        """Run what is batched, then close the listener and the pool. Idempotent."""
+        for batcher in (self.claims.batcher, self.renews, self.completes):
+            await batcher.drain()
+        await self._listener.close()
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            await pool.close()
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[Any]:
+        """A pool connection; none free within the timeout is `overloaded`, a lost server
+        `unavailable`, a value PostgreSQL refuses `bad_request`."""
+        pool = self.pool
+        if pool is None:
+            raise errors.CoordError("store is not started")
+        try:
+            conn = await pool.acquire(timeout=self._acquire_timeout_s)
+        except TimeoutError as exc:
+            raise errors.Overloaded(f"no PostgreSQL connection free within "
+                                    f"{self._acquire_timeout_s:g}s ({self._pool_max} in the "
+                                    "pool); retry later") from exc
+        except _UNAVAILABLE as exc:
+            raise errors.Unavailable(f"postgresql: {exc}") from exc
+        try:
+            yield conn
+        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+            raise errors.BadRequest(f"postgresql refused the values: {exc}") from exc
+        except _UNAVAILABLE as exc:
+            raise errors.Unavailable(f"postgresql: {exc}") from exc
+        finally:
+            await pool.release(conn)
+
+    async def truncate(self) -> None:
+        """Empty every table (tests)."""
+        async with self._conn() as conn:
+            await conn.execute(schema.SQL_TRUNCATE)
+
+    # ------------------------------------------------------------ workers, producers
+
+    async def heartbeat(self, worker_id: str, roles: Sequence[str], readings: dict[str, Any],
+                        *, now: float | None = None) -> HeartbeatResult:
+        """Record the worker's roles and readings on the database's clock; return the jobs
+        it holds whose cancel was requested."""
+        async with self._conn() as conn:
+            t, cancel = await conn.fetchrow(sql.SQL_HEARTBEAT, now, worker_id,
+                                            dumps(sorted(set(roles))), dumps(readings))
+        return HeartbeatResult(now=t, cancel=list(cancel))
+
+    async def enqueue(self, jobs: Sequence[NewJob], *,
+                      now: float | None = None) -> list[EnqueueResult]:
+        """Insert the jobs in one transaction (one statement), all or none; a repeated
+        idempotency key returns the existing job (created=False).
+
+        Raises: errors.InvalidState (the key names a job of another request),
+        errors.BadRequest (a feature this store does not store yet).
+        """
+        for j in jobs:
+            _check_storable(j)
+        cols = [[getattr(j, f) for j in jobs] for f in (
+            "job_id", "kind", "required_role", "priority", "payload_json", "max_attempts",
+            "run_at", "delay_s", "idempotency_key", "max_runtime_s", "gates_json",
+            "result_schema", "request_sha256")]
+        async with self._conn() as conn, conn.transaction():
+            created = {r[0] for r in await conn.fetch(sql.SQL_ENQUEUE, now, *cols)}
+            repeats = [j for j in jobs if j.job_id not in created]
+            known = {}
+            if repeats:
+                known = {r[0]: (r[1], r[2]) for r in await conn.fetch(
+                    sql.SQL_BY_KEYS, [j.idempotency_key for j in repeats])}
+            out = []
+            for j in jobs:
+                if j.job_id in created:
+                    out.append(EnqueueResult(job_id=j.job_id, created=True))
+                    continue
+                existing, stored = known.get(j.idempotency_key, (None, None))
+                if existing is None:
+                    raise errors.InvalidState(f"job {j.job_id}: not stored (id taken)")
+                if stored is not None and stored != j.request_sha256:
+                    raise errors.InvalidState(
+                        f"idempotency key {j.idempotency_key!r} is taken by job {existing}, "
+                        "made by another request; a new job needs a new key")
+                out.append(EnqueueResult(job_id=existing, created=False))
+            if created:
+                await conn.execute(sql.SQL_NOTIFY)
+        return out
+
+    # ------------------------------------------------------------ claim
+
+    async def claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy, *,
+                    kinds: Sequence[str] | None = None, claim_id: str | None = None,
+                    now: float | None = None) -> ClaimResult:
+        """The best job for the worker under a new lease: strict priority, then queued_at,
+        then job id, among waiting jobs due by the database's clock whose role (and kind)
+        the worker takes, at the priorities its last readings pass (coordd.gate_decision).
+
+        A repeated `claim_id` returns the lease it granted while that lease lives. A job
+        whose stored payload or checkpoint does not decode is dead-lettered on the way.
+        """
+        return await self.claims.claim(worker_id, lease_s, policy, kinds, claim_id, now)
+
+    # ------------------------------------------------------------ lease holder calls
+
+    async def renew(self, ref: LeaseRef, lease_s: float, *,
+                    now: float | None = None) -> RenewResult:
+        """Extend the lease to now + lease_s (fenced; refused past the job's max runtime)."""
+        return await self.renews.submit(now, (ref, lease_s))
+
+    async def _renew_batch(self, now: float | None, items: list[Any]) -> list[Any]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(sql.SQL_RENEW_BATCH, now, *_refs(r for r, _ in items),
+                                    [s for _, s in items])
+            got = {r[0]: r for r in rows}
+            out: list[Any] = []
+            for ref, _ in items:
+                r = got.get(ref.job_id)
+                out.append(RenewResult(expires_at=r[1], lease_s=r[2], cancel_requested=r[3])
+                           if r is not None else await _refusal(conn, now, ref, renew=True))
+            return out
+
+    async def complete(self, ref: LeaseRef, result_json: str | None, *,
+                       now: float | None = None) -> CompleteResult:
+        """Store the result and end the job `succeeded` (`cancelled`, the result dropped,
+        when a cancel was requested). Fenced; a resend under the same lease after success
+        raises errors.AlreadyCompleted."""
+        return await self.completes.submit(now, (ref, result_json))
+
+    async def _complete_batch(self, now: float | None, items: list[Any]) -> list[Any]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(sql.SQL_COMPLETE_BATCH, now, *_refs(r for r, _ in items),
+                                    [res for _, res in items], *apply.COMPLETE_TEXTS)
+            got = {r[0]: r[1] for r in rows}
+            out: list[Any] = []
+            for ref, _ in items:
+                status = got.get(ref.job_id)
+                out.append(CompleteResult(status=status) if status is not None
+                           else await _refusal(conn, now, ref))
+            return out
+
+    async def checkpoint(self, ref: LeaseRef, checkpoint_json: str, *,
+                         now: float | None = None) -> None:
+        """Store the job's latest checkpoint (fenced in the same UPDATE)."""
+        async with self._conn() as conn:
+            if await conn.fetchval(sql.SQL_CHECKPOINT, now, ref.job_id, ref.worker_id,
+                                   ref.token, checkpoint_json) is None:
+                raise await _refusal(conn, now, ref)
+
+    async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
+                   now: float | None = None) -> StatusResult:
+        """A failed attempt: back to waiting after `backoff(attempts)` when retryable with
+        attempts left, else `failed` (dead letter); `cancelled` if a cancel was requested."""
+        async with self._conn() as conn, conn.transaction():
+            held, t = await _end_lease(conn, now, ref)
+            d = tr.fail(held, t, error, retryable, backoff)
+            await apply.apply(conn, now, ref.job_id, ref.worker_id, d)
+            if d.t is tr.FAIL_RETRY and d.run_at is not None and d.run_at <= t:
+                await conn.execute(sql.SQL_NOTIFY)  # runnable at once: wake claimers
+        return StatusResult(status=d.t.to_status, run_at=d.run_at)
+
+    async def release(self, ref: LeaseRef, reason: str, checkpoint_json: str | None = None,
+                      *, now: float | None = None) -> StatusResult:
+        """Hand the job back without spending its attempt (`preemptions` counts it),
+        recording `checkpoint_json` first if given; `cancelled` if a cancel was requested."""
+        async with self._conn() as conn, conn.transaction():
+            held, t = await _end_lease(conn, now, ref)
+            d = tr.release(held, t, reason)
+            await apply.apply(conn, now, ref.job_id, ref.worker_id, d, checkpoint_json)
+            if d.t is tr.RELEASED:
+                await conn.execute(sql.SQL_NOTIFY)
+        return StatusResult(status=d.t.to_status, run_at=d.run_at)
+
+    # ------------------------------------------------------------ admin, reaper
+
+    async def reap(self, *, limit: int = 1000, now: float | None = None) -> int:
+        """End up to `limit` expired leases in one statement (see sql.SQL_REAP)."""
+        async with self._conn() as conn:
+            n, requeued = await conn.fetchrow(sql.SQL_REAP, now, limit, *apply.REAP_TEXTS)
+            if requeued:
+                await conn.execute(sql.SQL_NOTIFY)
+        return n
+
+    async def cancel(self, job_id: str, *, now: float | None = None) -> StatusResult:
+        """waiting/blocked -> cancelled; running -> cancel requested (renew and heartbeat
+        say so); cancelled stays. Raises: NotFound, InvalidState."""
+        async with self._conn() as conn, conn.transaction():
+            status = await _locked_status(conn, now, job_id)
+            d = tr.cancel(status, job_id)
+            if d is None:  # already cancelled
+                return StatusResult(status=status)
+            await apply.apply(conn, now, job_id, None, d)
+        return StatusResult(status=d.t.to_status)
+
+    async def retry(self, job_id: str, *, now: float | None = None) -> StatusResult:
+        """failed/cancelled/skipped -> waiting, attempts reset. Raises: NotFound, InvalidState."""
+        async with self._conn() as conn, conn.transaction():
+            status, t = await _locked_status(conn, now, job_id, with_now=True)
+            d = tr.retry(status, job_id, t)
+            await apply.apply(conn, now, job_id, None, d)
+            await conn.execute(sql.SQL_NOTIFY)
+        return StatusResult(status=d.t.to_status, run_at=d.run_at)
+
+    # ------------------------------------------------------------ reads, coordination
+
+    async def get_job(self, job_id: str, *, now: float | None = None) -> JobView:
+        async with self._conn() as conn:
+            return await reads.get_job(conn, now, job_id, self._aging_s)
+
+    async def list_jobs(self, flt: JobFilter, *, now: float | None = None) -> JobList:
+        async with self._conn() as conn:
+            return await reads.list_jobs(conn, now, flt, self._aging_s)
+
+    async def status(self, stale_s: float, *, now: float | None = None) -> StoreStatus:
+        async with self._conn() as conn:
+            return await reads.status(conn, now, stale_s)
+
+    async def wait_for_work(self, timeout: float) -> bool:
+        """True on a NOTIFY (a job entered waiting), False at `timeout` (then poll)."""
+        return await self._listener.wait(timeout)
+
+    def leadership(self, key: str = "coordd") -> contextlib.AbstractAsyncContextManager[bool]:
+        """A session advisory lock on its own connection (coordination.leadership)."""
+        return coordination.leadership(self.dsn, key)
+
+
+async def _no_reset(_conn: Any) -> None:
+    """Skip the pool's reset query on release (a round trip per acquire): these sessions
+    never LISTEN, SET or lock (asyncpg still ends an open transaction itself)."""
+
+
+def _job_of(item: tuple[LeaseRef, Any]) -> str:
+    return item[0].job_id
+
+
+def _refs(refs: Any) -> tuple[list[str], list[str], list[int]]:
+    refs = list(refs)
+    return [r.job_id for r in refs], [r.worker_id for r in refs], [r.token for r in refs]
+
+
+async def _refusal(conn: Any, now: float | None, ref: LeaseRef,
+                   renew: bool = False) -> errors.CoordError:
+    """The typed error for a fenced statement that matched nothing: coordd.transitions'
+    fence (and, for a renew, its max-runtime rule) on the job as read right after."""
+    row = await conn.fetchrow(sql.SQL_FENCE_STATE, now, ref.job_id)
+    try:
+        h = tr.fence(None if row is None else apply.held(row), ref.job_id, ref.worker_id,
+                     ref.token, row[-1] if row is not None else 0.0)
+        if renew:
+            tr.renew(h, ref.job_id, row[-1], 0.0)
+    except errors.CoordError as exc:
+        return exc
+    return errors.CoordError(f"job {ref.job_id}: fenced write raced; retry")
+
+
+async def _end_lease(conn: Any, now: float | None, ref: LeaseRef) -> tuple[Any, float]:
+    """Lock the job and end the presented lease if it is the live one: (Held, now).
+    Raises the fencing errors."""
+    row = await conn.fetchrow(sql.SQL_END_LEASE, now, ref.job_id, ref.worker_id, ref.token)
+    if row is None:
+        raise await _refusal(conn, now, ref)
+    return apply.held(row), row[-1]
+
+
+async def _locked_status(conn: Any, now: float | None, job_id: str,
+                         with_now: bool = False) -> Any:
+    """The job's status, its row locked (with the statement's now if asked).
+    Raises: errors.NotFound."""
+    row = await conn.fetchrow(sql.SQL_LOCK_STATUS, now, job_id)
+    if row is None:
+        raise errors.NotFound(f"job {job_id} not found")
+    return (row[0], row[1]) if with_now else row[0]
+
+
+def _check_storable(job: NewJob) -> None:
+    """Raise BadRequest for what this store does not store yet (not silently dropped)."""
+    missing = [name for name, present in (
+        ("gates", job.gates_json is not None), ("resources", job.resources is not None),
+        ("limits", bool(job.limits)), ("result_schema", job.result_schema is not None))
+        if present]
+    if missing:
+        raise errors.BadRequest(f"the PostgreSQL store does not store {', '.join(missing)} "
+                                "yet (issue 20)")
