@@ -160,10 +160,12 @@ class Dispatcher:
 
     async def run_sweeper(self, stop: asyncio.Event, clock: Clock) -> None:
         """Call `sweep` every SWEEP_INTERVAL_S until `stop` is set; after a burst of large
-        buffers (memory.TRIM_AFTER_BYTES) hand freed heap memory back (memory.trim)."""
+        buffers (memory.TRIM_AFTER_BYTES), or once none is held any more after some, hand
+        freed heap memory back (memory.trim)."""
         while not await clock.wait(stop, SWEEP_INTERVAL_S):
             self.sweep(clock.mono())
-            if self.large_bytes >= memory.TRIM_AFTER_BYTES:
+            if self.large_bytes >= memory.TRIM_AFTER_BYTES or self.large_bytes and not (
+                    self.outbound_bytes or self.reply_reserved or self.inbound_bytes):
                 self.large_bytes = 0
                 await asyncio.to_thread(memory.trim)
 
@@ -294,6 +296,7 @@ class Connection(Budgets, asyncio.Protocol):
         self._buf.clear()
         self._release_inbound()
         self._d.outbound_bytes -= self._unsent
+        self._d.large_bytes += self._unsent  # freed with the transport: worth a trim
         self._unsent = 0
         if self._abort_timer is not None:
             self._abort_timer.cancel()
