@@ -71,8 +71,9 @@ class WalCheckpointer:
             self._thread.start()
 
     def kick(self) -> None:
-        """Note that a commit happened (cheap: one Event.set; call after every commit)."""
-        self._dirty.set()
+        """Note that a commit happened (cheap; call after every commit)."""
+        if not self._dirty.is_set():  # set() takes the Event's lock and notifies: per commit
+            self._dirty.set()
 
     def run_now(self) -> tuple[int, int, int]:
         """Checkpoint now (blocking; call from a worker thread). SQLite's (busy, log frames,
