@@ -219,15 +219,17 @@ def flood(src: Path, producers: int = 16, seconds: float = 5.0,
 
 
 def disk_full(src: Path, jobs: int = 3000, workers: int = 4, size_mb: int = 48,
-              full_s: float = 3.0, wal_limit_mb: int = 1) -> dict[str, Any]:
-    """A full disk in the middle of a drain (see the module doc). The WAL is cut back to
-    `wal_limit_mb` (the default 64 MiB would not fit such a disk: a WAL that grew while
-    checkpoints were refused then keeps the disk full by itself)."""
+              full_s: float = 3.0, wal_limit_mb: int | None = None) -> dict[str, Any]:
+    """A full disk in the middle of a drain (see the module doc), under coordd's default
+    WAL size limit (64 MiB, more than the disk) unless `wal_limit_mb` is given: coordd
+    before the WAL was bounded by the free space let the WAL grow into the space freed,
+    and the disk stayed full."""
     mnt = Path(tempfile.mkdtemp(prefix="coordd-diskfull-"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "tmpfs",
                     str(mnt)], check=True, capture_output=True)
     try:
-        d = Coordd(src, f"wal_size_limit_bytes = {wal_limit_mb << 20}\n", folder=mnt)
+        d = Coordd(src, "" if wal_limit_mb is None else
+                   f"wal_size_limit_bytes = {wal_limit_mb << 20}\n", folder=mnt)
         try:
             out = asyncio.run(_disk_full(d, mnt / "filler", jobs, workers, full_s))
             out["coordd_up"] = d.proc.poll() is None and d.answers()

@@ -138,7 +138,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         retention_s: terminal jobs finished longer ago are pruned (with their events).
         prune_interval_s: how often the reaper prunes (and returns free pages to the disk).
         wal_size_limit_bytes: the WAL file is cut back to this size each time it restarts
-            after a checkpoint (SQLite checkpoints it every ~1,000 pages of commits).
+            after a checkpoint (SQLite checkpoints it every ~1,000 pages of commits); past
+            it, or past half the disk's free space, the writer cuts it to 0 with a
+            TRUNCATE checkpoint (coordd.checkpointer).
         wal_autocheckpoint_pages: past this many WAL pages the writer checkpoints inside
             its own commit (the safety net that lets the WAL restart).
         wal_checkpoint_interval_s: seconds between background checkpoints while writes

@@ -12,7 +12,8 @@ error for that id, so a client never has to drop a frame it cannot take. Each co
 is an asyncio.Protocol (`Connection`) that cuts frames out of its own buffer, so a request
 costs one task and no stream machinery. Back-pressure: a connection starts no new
 request while its transport's write buffer is over the high-water mark (`pause_writing`)
-or while it has INFLIGHT_PER_CONNECTION requests in flight, and stops reading once
+or while it has INFLIGHT_PER_CONNECTION requests in flight or a reply waiting for its
+byte budget (coordd.budgets.reserve_reply), and stops reading once
 READ_AHEAD_BYTES wait unparsed, so a peer that does not read stalls only its own
 connection and coordd holds at most that many replies and bytes for it. A connection that
 reaches EOF gets the replies to its requests in flight before it is closed (the flush is
@@ -29,6 +30,7 @@ against its cap and are answered at its EOF.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -40,7 +42,9 @@ from coordd.clock import Clock, SystemClock
 from coordd.protocol import ADMIN_METHODS, PARAMS, ErrorBody, Reply, Request
 from coordd.peercred import PeerCred  # noqa: F401  (re-exported: server, tests)
 from coordd.push import PARK_SCOPE, ParkScope
-from coordd.budgets import SMALL_FRAME_BYTES, Budgets, Limits  # noqa: F401  (re-exported)
+from coordd.budgets import (  # noqa: F401  (re-exported)
+    REPLY_CONN, SMALL_FRAME_BYTES, Budgets, Limits,
+)
 from coordd.frames import (  # noqa: F401  (re-exported: client, listener, tests)
     HEADER, FrameTooLarge, encode_frame, read_frame,
 )
@@ -85,6 +89,7 @@ class Dispatcher:
         self._closing = False
         self.inbound_bytes = 0   # reserved by partial frames over SMALL_FRAME_BYTES
         self.outbound_bytes = 0  # unsent reply bytes of connections over the high-water mark
+        self.reply_reserved = 0  # reserved by replies being built (budgets.reserve_reply)
         self.large_bytes = 0     # large frames and replies handled since the last trim
 
     def accept(self, peer_of: PeerOf | None = None) -> Connection:
@@ -96,6 +101,7 @@ class Dispatcher:
         """Answer one request on `conn` (a task of its own; replies go out in any order)."""
         peer = conn.peer
         PARK_SCOPE.set(conn.scope)  # this task's own context: its parked calls are conn's
+        REPLY_CONN.set(conn)  # and its reply reservations (budgets.reserve_reply)
         try:
             decoder = _param_decoders.get(req.method)
             if decoder is None:
@@ -129,6 +135,9 @@ class Dispatcher:
             conn.send_error(req.id, errors.CoordError(f"internal error: {type(exc).__name__}"))
         else:
             conn.send_result(req.id, result, req.method)
+        finally:
+            if conn._reply_reserved:
+                conn._release_reply()
 
     def connections(self) -> list[Connection]:
         """The open connections (a copy)."""
@@ -151,10 +160,12 @@ class Dispatcher:
 
     async def run_sweeper(self, stop: asyncio.Event, clock: Clock) -> None:
         """Call `sweep` every SWEEP_INTERVAL_S until `stop` is set; after a burst of large
-        buffers (memory.TRIM_AFTER_BYTES) hand freed heap memory back (memory.trim)."""
+        buffers (memory.TRIM_AFTER_BYTES), or once none is held any more after some, hand
+        freed heap memory back (memory.trim)."""
         while not await clock.wait(stop, SWEEP_INTERVAL_S):
             self.sweep(clock.mono())
-            if self.large_bytes >= memory.TRIM_AFTER_BYTES:
+            if self.large_bytes >= memory.TRIM_AFTER_BYTES or self.large_bytes and not (
+                    self.outbound_bytes or self.reply_reserved or self.inbound_bytes):
                 self.large_bytes = 0
                 await asyncio.to_thread(memory.trim)
 
@@ -222,6 +233,7 @@ class Connection(Budgets, asyncio.Protocol):
         self._stall_size = 0
         self.on_close: list[Callable[[], None]] = []  # run once when the connection is lost
         self.scope = ParkScope()  # its parked calls (coordd.push): dropped when it closes
+        self._reply_waiters = collections.deque()  # reservations waiting (coordd.budgets)
 
     # -------------------------------------------------------------- asyncio.Protocol
 
@@ -272,6 +284,8 @@ class Connection(Budgets, asyncio.Protocol):
         self._write_paused = False
         self._d.outbound_bytes -= self._unsent
         self._unsent = 0
+        if self._reply_waiters:
+            self._grant_replies()  # reads on once none waits
         self._unblock()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -282,10 +296,12 @@ class Connection(Budgets, asyncio.Protocol):
         self._buf.clear()
         self._release_inbound()
         self._d.outbound_bytes -= self._unsent
+        self._d.large_bytes += self._unsent  # freed with the transport: worth a trim
         self._unsent = 0
         if self._abort_timer is not None:
             self._abort_timer.cancel()
         self.scope.close()
+        self._fail_reply_waiters()
         self._d._closed(self)
         hooks, self.on_close = self.on_close, []
         for hook in hooks:
@@ -297,7 +313,8 @@ class Connection(Budgets, asyncio.Protocol):
     # -------------------------------------------------------------- frames in
 
     def _blocked(self) -> bool:
-        return self._write_paused or self._inflight >= INFLIGHT_PER_CONNECTION
+        return (self._write_paused or self._inflight >= INFLIGHT_PER_CONNECTION
+                or bool(self._reply_waiters))  # a reply waits for this peer's budget
 
     def _frame_waiting(self) -> bool:
         """A whole frame (or an over-cap header) waits in `_buf`."""

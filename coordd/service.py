@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from coordd import (
-    backup, enrol, errors, fdlimit, gates, governor, intake, leases, store, transfers,
+    backup, budgets, enrol, errors, fdlimit, gates, governor, intake, leases, store, transfers,
     values, views, waits, web_reads,
 )
 from coordd import explain
@@ -407,6 +407,8 @@ class Coordinator:
         now = self.clock.wall()
         prefix = getattr(p, "prefix", False)  # a plain JobId (in-process callers): exact
         job_id = await self._read(views.resolve_job_id, p.job_id) if prefix else p.job_id
+        if budgets.reply_budgeted():  # a large reply's bytes are reserved before they are read
+            await budgets.reserve_reply(await self._read(views.job_bytes, job_id))
         job = await self._read(views.get_job, now, job_id, self.config.aging_interval_s)
         job.workflow_id, job.node, job.result_schema, deps = await self._read(
             wstore.node_info, job_id)

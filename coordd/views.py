@@ -17,8 +17,8 @@ from coordd.store import PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, lenient_j
 from coordd.store.counters import SQL_COUNTS, SQL_FULL_COUNTS
 from coordd.store.latency import SQL_OLDEST_READY
 from coordd.store.reads import (
-    SQL_ARTIFACT_REFS, SQL_CHECKPOINT_REFS, SQL_COUNT_JOBS, SQL_COUNT_LEASES,
-    SQL_COUNT_WORKERS, SQL_EVENTS, SQL_GET_JOB, SQL_JOB_EXISTS, SQL_JOB_IDS_FROM,
+    JOB_BLOBS, SQL_ARTIFACT_REFS, SQL_CHECKPOINT_REFS, SQL_COUNT_JOBS, SQL_COUNT_LEASES,
+    SQL_COUNT_WORKERS, SQL_EVENTS, SQL_GET_JOB, SQL_JOB_BLOB_TYPES, SQL_JOB_EXISTS, SQL_JOB_IDS_FROM,
     SQL_LIST_JOBS, SQL_LIST_JOBS_NEWEST, SQL_PRUNABLE_CAPPED, SQL_WORKERS,
 )
 
@@ -77,6 +77,20 @@ def get_job(conn: sqlite3.Connection, now: float, job_id: str, aging_s: float) -
                         reason=r[4])
               for r in conn.execute(SQL_EVENTS, (job_id,))]
     return _job_view(row, now, aging_s, events)
+
+
+def job_bytes(conn: sqlite3.Connection, job_id: str) -> int:
+    """The bytes of stored JSON (payload, result, checkpoint, ...) the job's view carries:
+    its reply's size, less a small envelope, known before the row is read (0: no such job)."""
+    row = conn.execute(SQL_JOB_BLOB_TYPES, (job_id,)).fetchone()
+    if row is None:
+        return 0
+    total = 0
+    for column, stored in zip(JOB_BLOBS, row[1:]):
+        if stored:  # the size from the record header: the value itself is not read
+            with conn.blobopen("jobs", column, row[0], readonly=True) as blob:
+                total += len(blob)
+    return total
 
 
 PREFIX_MATCHES_SHOWN = 5

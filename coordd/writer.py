@@ -56,6 +56,7 @@ class WriterStats:
         self.commit_s_total = 0.0
         self.max_batch = 0
         self.reruns = 0  # batches run again with a savepoint per op (an op failed mid-write)
+        self.wal_cuts = 0  # TRUNCATE checkpoints of a WAL past its bound (coordd.checkpointer)
         self.commit_times: collections.deque[float] = collections.deque(maxlen=4096)
 
 
@@ -104,7 +105,7 @@ class Writer:
         self._lanes = lanes.Lanes(queue_max)  # (op, future, submitted at): new / urgent
         self._wakeup = asyncio.Event()
         self._conn: sqlite3.Connection | None = None
-        self._checkpointer = WalCheckpointer(path, checkpoint_interval_s)
+        self._checkpointer = WalCheckpointer(path, checkpoint_interval_s, wal_size_limit)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.stats = WriterStats()
@@ -263,6 +264,9 @@ class Writer:
             batch = queued.take(self._batch_max)
             started = self._clock.mono()
             try:
+                ck = self._checkpointer
+                if ck.wal_over_bound or ck.low_space and ck.check_bound():
+                    await self._cut_wal(conn)  # before the batch can grow the WAL further
                 await self._begin(conn)
                 outcomes = self._apply(conn, batch)
                 if self.on_commit is not None:
@@ -276,6 +280,7 @@ class Writer:
                 if reason is not None:
                     err = self.health.refuse(exc, reason, len(batch), self._clock.wall(),
                                              self._clock.mono())
+                    self._checkpointer.kick()  # a WAL past its bound is cut once space allows
                 else:
                     logger.error("group commit failed: %s", exc,
                                  extra={"action": "commit_failed", "n": len(batch)})
@@ -294,6 +299,30 @@ class Writer:
                 else:
                     fut.set_exception(value)
             await asyncio.sleep(0)  # let the loop read sockets: the next batch is what came
+
+    async def _cut_wal(self, conn: sqlite3.Connection) -> None:
+        """Checkpoint with TRUNCATE on the writer's own connection (in a thread; no batch
+        runs meanwhile): the WAL went past its bound (coordd.checkpointer). Readers on an
+        older snapshot make it busy (busy_timeout is 0: nothing waits) and the batch goes
+        on; the checkpointer says so again after its next round.
+
+        Raises:
+            sqlite3.Error: a storage refusal (the disk is still full): the batch is refused
+                with it, since its commit could only grow the WAL into the space the
+                checkpoint needs; the next batch tries again.
+        """
+        try:
+            busy, _log, _done = await asyncio.to_thread(
+                lambda: conn.execute(store.PRAGMA_CHECKPOINT_TRUNCATE).fetchone())
+        except sqlite3.Error as exc:
+            if storage_reason(exc) is not None:
+                raise
+            logger.warning("WAL TRUNCATE checkpoint failed: %s", exc,
+                           extra={"action": "wal_cut_failed"})
+            busy = 1
+        self._checkpointer.wal_over_bound = False
+        if not busy:
+            self.stats.wal_cuts += 1
 
     async def _linger(self) -> None:
         """Yield to the loop while each iteration brings more requests, at most

@@ -23,6 +23,12 @@ SQL_JOB_ROW = (
     "LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 "
 )
 SQL_GET_JOB = SQL_JOB_ROW + "WHERE j.job_id = ?"
+# a job's rowid and which of the JSON columns its view carries hold a value: typeof()
+# reads only the record header, so their sizes are then taken by blob handles (JOB_BLOBS)
+JOB_BLOBS = ("payload_json", "result_json", "checkpoint_json", "gates_json", "last_error")
+SQL_JOB_BLOB_TYPES = ("SELECT rowid, " + ", ".join(f"typeof({c}) IN ('text', 'blob')"
+                                                   for c in JOB_BLOBS)
+                      + " FROM jobs WHERE job_id = ?")
 _LIST_FILTERS = (
     "WHERE (?1 IS NULL OR j.status = ?1) AND (?2 IS NULL OR j.kind = ?2) "
     "AND (?3 IS NULL OR j.required_role = ?3) AND (?4 IS NULL OR j.priority = ?4) "

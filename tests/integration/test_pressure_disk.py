@@ -101,3 +101,65 @@ async def test_complete_refused_by_a_full_disk_is_retried_not_failed(tmpfs, daem
     log = d.log()
     assert log.count("storage refused a write") == 1, log
     assert "Traceback" not in log, log
+
+
+DRAIN_JOBS = 2000
+
+
+async def test_a_disk_smaller_than_the_wal_limit_takes_writes_again_after_it_fills(
+        tmpfs, daemon_factory):
+    """16 MiB of disk under the default 64 MiB WAL size limit, a drain (4 clients claiming
+    and completing with 2 KiB results), the disk filled mid-drain and then freed: every job
+    ends succeeded. Before the WAL was bounded by the free space it grew into the space
+    freed (the retries' commits) before a checkpoint could grow the database into it, the
+    checkpoint then failed for want of that space, the WAL could not restart, and the disk
+    stayed full for good."""
+    from coordd import errors
+    folder = tmpfs("small_disk", "size=16m")
+    d = daemon_factory("heartbeat_stale_s = 86400.0\n", name="smalldisk")
+    d.db = str(folder / "c.db")
+    d.start()
+    filler = folder / "filler"
+    done: set[str] = set()
+
+    async def retried(fn):
+        while True:
+            try:
+                return await fn()
+            except (errors.Unavailable, errors.Overloaded):
+                await asyncio.sleep(0.05)
+
+    async def drain(k: int) -> None:
+        wid = f"w{k}"
+        async with Client(d.socket, timeout=30) as c:
+            await retried(lambda: c.heartbeat(wid, ["cpu"], COOL))
+            while True:
+                got = await retried(lambda: c.claim(wid, lease_s=600))
+                if got.job is None:
+                    return
+                await retried(lambda: c.complete(got.job.job_id, wid, got.lease.token,
+                                                 {"pad": "r" * 2048}))
+                done.add(got.job.job_id)
+
+    async with Client(d.socket, timeout=30) as c:
+        for i in range(0, DRAIN_JOBS, 500):
+            await c.enqueue_batch([{"kind": "k", "required_role": "cpu", "priority": 1,
+                                    "payload": {"i": j}} for j in range(i, i + 500)])
+        drains = [asyncio.create_task(drain(k)) for k in range(4)]
+        try:
+            while len(done) < DRAIN_JOBS // 3:
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(fill_disk, filler)
+            await asyncio.sleep(1.0)
+            filler.unlink()
+            finished, _ = await asyncio.wait(drains, timeout=30)
+            assert len(finished) == 4, f"{len(done)} of {DRAIN_JOBS} done, the disk " \
+                f"stays full: {os.statvfs(folder).f_bavail} blocks free; " \
+                f"{[(p.name, p.stat().st_size) for p in folder.iterdir()]}; {d.log()[-1500:]}"
+            for t in finished:
+                t.result()
+        finally:
+            for t in drains:
+                t.cancel()
+        st = await c.status()
+        assert st.jobs["succeeded"] == DRAIN_JOBS, st.jobs
