@@ -136,3 +136,32 @@ def test_sighup_stops_the_web_view_gracefully_and_the_mcp_server(daemon, tmp_pat
             mcp.wait(5)
         for f in (mcp.stdin, mcp.stdout, mcp.stderr):
             f.close()
+
+
+async def test_sighup_with_a_config_that_became_a_fifo_huge_or_not_utf8_keeps_serving(
+        daemon_factory):
+    """The re-read on SIGHUP runs on coordd's event loop: a FIFO nobody writes hung it for
+    good, a huge file stalled it, bytes not UTF-8 were a traceback. Each is one error line
+    now, the running settings unchanged, and coordd answers at once."""
+    import os
+    from pathlib import Path
+    from coordd import conffile
+    from coordd.client import Client
+    d = daemon_factory("reaper_interval_s = 5\n")
+    d.start()
+    async with Client(d.socket, timeout=10) as c:
+        for make, why in [
+                (lambda p: os.mkfifo(p), "not a regular file"),
+                (lambda p: Path(p).write_text("#" * (conffile.MAX_BYTES + 1)),
+                 f"over {conffile.MAX_BYTES} bytes"),
+                (lambda p: Path(p).write_bytes(b"reaper_interval_s = 5 # \xff\n"),
+                 "not UTF-8 text")]:
+            os.unlink(d.config)
+            make(d.config)
+            d.proc.send_signal(signal.SIGHUP)
+            await _log_has(d.log, f"SIGHUP: config {d.config}: {why}")
+            t0 = time.monotonic()
+            assert (await asyncio.wait_for(c.status(), 5)).jobs["waiting"] == 0
+            assert time.monotonic() - t0 < 2.0
+    assert d.proc.poll() is None
+    assert d.stop() == 0 and "Traceback" not in d.log(), d.log()
