@@ -6,15 +6,14 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 
 import msgspec
-import uvloop
 
 from coordd import config as config_mod
 from coordd import names
 from coordd.errors import ConfigError
-from coordd.server import Daemon, StartupError
 
 logger = logging.getLogger("coordd")
 
@@ -62,8 +61,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def ignore_sighup_until_handled() -> None:
+    """Ignore SIGHUP from the very start of a daemon's main until its event loop installs
+    its own handler (coordd.server, worker.__main__), so a SIGHUP during start-up (the
+    imports, the config, the database) does not end it by the default action. Children
+    started while it is ignored inherit that (exec keeps SIG_IGN): call it only in the
+    daemons' entry points."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `coordd` command. Exit codes: 0 clean stop, 1 cannot start, 2 usage."""
+    ignore_sighup_until_handled()
+    from coordd.server import Daemon, StartupError  # after the line above: ~0.3 s of imports
+    import uvloop
     args = parse_args(argv)
     try:
         cfg = config_mod.load(args.config)

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import ranges
+from coordd import conffile, ranges
 from coordd.errors import BadRequest, ConfigError
 from coordd.gates import GatePolicy, default_policies, merge
 from coordd.limits import LimitBook, LimitSpec
@@ -377,14 +377,15 @@ def load(path: str | os.PathLike[str] | None, **overrides: Any) -> Config:
     """Load a Config from a TOML file (None = defaults), then apply non-None `overrides`.
 
     Raises:
-        ConfigError: the file is missing, not TOML, or has unknown keys or bad values.
+        ConfigError: the file is missing or unreadable (coordd.conffile: not a regular
+            file, too large, not UTF-8), not TOML, or has unknown keys or bad values.
     """
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(Path(path).read_text())
-        except OSError as exc:
-            raise ConfigError(f"config {path}: {exc.strerror or exc}") from exc
+            data = tomllib.loads(conffile.read(path))
+        except conffile.ConfigFileError as exc:
+            raise ConfigError(f"config {path}: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {path}: not valid TOML: {exc}") from exc
     data.update({k: v for k, v in overrides.items() if v is not None})

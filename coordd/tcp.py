@@ -9,9 +9,8 @@ import functools
 import logging
 import socket
 import tomllib
-from pathlib import Path
 
-from coordd import tls
+from coordd import conffile, tls
 from coordd.config import Config
 from coordd.listener import Listener
 from coordd.protocol_enrol import ENROL_OPEN_METHODS
@@ -73,10 +72,10 @@ class TcpListener:
         deny = None
         if config_path:
             try:
-                data = tomllib.loads(Path(config_path).read_text())
+                data = tomllib.loads(conffile.read(config_path))
                 deny = tls.DenyList.of(list(data.get("tls_deny_workers", [])),
                                        list(data.get("tls_deny_serials", [])))
-            except (OSError, tomllib.TOMLDecodeError, TypeError) as exc:
+            except (conffile.ConfigFileError, tomllib.TOMLDecodeError, TypeError) as exc:
                 logger.error("SIGHUP: cannot re-read the deny-lists from %s: %s", config_path,
                              exc, extra={"action": "tls_reload_failed"})
         self.tls.reload(deny)

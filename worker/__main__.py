@@ -16,15 +16,14 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import uvloop
-
-from coordd.__main__ import setup_logging
-from coordd.client import Client
-from coordd.transport import Connector, TlsFiles
+from coordd.__main__ import ignore_sighup_until_handled, setup_logging
 from worker import config as config_mod
-from worker import orphans
-from worker.supervisor import CALL_TIMEOUT_S, Supervisor
+
+if TYPE_CHECKING:
+    from coordd.client import Client
+    from worker.supervisor import Supervisor
 
 logger = logging.getLogger("worker")
 
@@ -71,6 +70,9 @@ def client_factory(args: argparse.Namespace, cfg: config_mod.WorkerConfig) -> Ca
 
     Raises: ValueError (a bad URL, tls:// without files), OSError (unreadable TLS files).
     """
+    from coordd.client import Client
+    from coordd.transport import Connector, TlsFiles
+    from worker.supervisor import CALL_TIMEOUT_S
     url = args.connect or cfg.connect
     if not url:
         return lambda: Client(args.socket, timeout=CALL_TIMEOUT_S)
@@ -107,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["enroll"]:
         from worker.enroll import main as enroll_main
         return enroll_main(argv[1:])
+    ignore_sighup_until_handled()  # until _run's handler; the imports below take ~0.3 s
+    import uvloop
+    from worker import orphans
+    from worker.supervisor import Supervisor
     args = parse_args(argv)
     roles = [r.strip() for r in args.roles.split(",") if r.strip()]
     if not args.worker_id.strip() or not roles:

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import ranges
+from coordd import conffile, ranges
 from coordd.resources import Request
 
 LEASE_S_DEFAULT = 30.0
@@ -229,15 +229,14 @@ def load(path: str | os.PathLike[str] | None) -> WorkerConfig:
     """Load the config file at `path`; None gives the defaults with the built-in kinds.
 
     Raises:
-        WorkerConfigError: the file is unreadable or invalid.
+        WorkerConfigError: the file is unreadable (coordd.conffile) or invalid.
     """
     if path is None:
         return WorkerConfig()
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise WorkerConfigError(f"cannot read config {os.fspath(path)}: {exc.strerror}") from exc
+        text = conffile.read(path)
+    except conffile.ConfigFileError as exc:
+        raise WorkerConfigError(f"cannot read config {os.fspath(path)}: {exc}") from exc
     return parse(text, os.fspath(path))
 
 

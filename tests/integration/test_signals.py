@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,91 @@ def test_sighup_stops_the_web_view_gracefully_and_the_mcp_server(daemon, tmp_pat
             mcp.wait(5)
         for f in (mcp.stdin, mcp.stdout, mcp.stderr):
             f.close()
+
+
+async def test_sighup_with_a_config_that_became_a_fifo_huge_or_not_utf8_keeps_serving(
+        daemon_factory):
+    """The re-read on SIGHUP runs on coordd's event loop: a FIFO nobody writes hung it for
+    good, a huge file stalled it, bytes not UTF-8 were a traceback. Each is one error line
+    now, the running settings unchanged, and coordd answers at once."""
+    import os
+    from pathlib import Path
+    from coordd import conffile
+    from coordd.client import Client
+    d = daemon_factory("reaper_interval_s = 5\n")
+    d.start()
+    async with Client(d.socket, timeout=10) as c:
+        for make, why in [
+                (lambda p: os.mkfifo(p), "not a regular file"),
+                (lambda p: Path(p).write_text("#" * (conffile.MAX_BYTES + 1)),
+                 f"over {conffile.MAX_BYTES} bytes"),
+                (lambda p: Path(p).write_bytes(b"reaper_interval_s = 5 # \xff\n"),
+                 "not UTF-8 text")]:
+            os.unlink(d.config)
+            make(d.config)
+            d.proc.send_signal(signal.SIGHUP)
+            await _log_has(d.log, f"SIGHUP: config {d.config}: {why}")
+            t0 = time.monotonic()
+            assert (await asyncio.wait_for(c.status(), 5)).jobs["waiting"] == 0
+            assert time.monotonic() - t0 < 2.0
+    assert d.proc.poll() is None
+    assert d.stop() == 0 and "Traceback" not in d.log(), d.log()
+
+
+def _hup_handled(pid: int) -> bool | None:
+    """Whether SIGHUP is ignored or caught in `pid` (None: it has exited)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    masks = {k: int(v, 16) for k, v in (line.split(":\t") for line in status.splitlines()
+                                        if line.startswith(("SigIgn", "SigCgt")))}
+    return bool((masks["SigIgn"] | masks["SigCgt"]) & (1 << (signal.SIGHUP - 1)))
+
+
+def _uvloop_mapped(pid: int) -> bool:
+    try:
+        return "uvloop/loop." in Path(f"/proc/{pid}/maps").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _hup_from_the_start(proc, ready) -> int:
+    """Watch `proc` start: once uvloop's library is loaded (before coordd.server and
+    worker.supervisor are imported, and well before the event loop's SIGHUP handler),
+    SIGHUP must already be ignored; then a SIGHUP every 5 ms until `ready()`. Returns the
+    SIGHUPs sent."""
+    deadline, sent = time.monotonic() + 30, 0
+    while not _uvloop_mapped(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.returncode
+        time.sleep(0.0005)
+    assert _hup_handled(proc.pid), "SIGHUP still has its default action (ends the process)"
+    while not ready():
+        assert proc.poll() is None, f"exited {proc.returncode} after {sent} SIGHUPs"
+        assert time.monotonic() < deadline
+        proc.send_signal(signal.SIGHUP)
+        sent += 1
+        time.sleep(0.005)
+    return sent
+
+
+def test_sighup_during_start_up_does_not_end_coordd(daemon_factory):
+    """Before the event loop's handler, SIGHUP's default action ended coordd (~0.3 s of
+    imports and the config read: a logrotate `kill -HUP` as coordd restarts)."""
+    d = daemon_factory("reaper_interval_s = 5\n")
+    proc = d.start(wait=False)
+    sent = _hup_from_the_start(proc, lambda: "coordd serving on" in d.log())
+    d.wait_ready()
+    assert sent > 0 and proc.poll() is None
+    assert d.stop() == 0
+
+
+async def test_sighup_during_start_up_does_not_end_a_worker(bench):  # noqa: F811
+    w = bench.start_worker(lease_s=30, grace_s=0.5)
+    sent = _hup_from_the_start(w.proc, lambda: "started" in w.log())
+    job = await bench.enqueue({"sleep": 60})
+    pids = await bench.model_pids(job, "w1")
+    assert sent > 0 and w.proc.poll() is None, w.log()
+    assert [_hup_handled(p) for p in pids] == [False] * len(pids)  # models: the default
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(10) == 0
