@@ -124,9 +124,12 @@ def test_sighup_stops_the_web_view_gracefully_and_the_mcp_server(daemon, tmp_pat
         assert "Traceback" not in web.log_path.read_text()
     finally:
         web.stop()
+    # SIG_IGN is inherited across exec (a test run under nohup has it): the default
+    # action is what a session program started from a terminal has
     mcp = subprocess.Popen([sys.executable, "-m", "coordd_mcp", "--socket", daemon.socket],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE)
+                           stderr=subprocess.PIPE,
+                           preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         time.sleep(0.5)
         mcp.send_signal(signal.SIGHUP)
