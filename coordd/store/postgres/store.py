@@ -30,8 +30,10 @@ from coordd.store.postgres import apply, batch, claims, coordination, reads, sch
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
 ACQUIRE_TIMEOUT_DEFAULT_S = 10.0
+# the server went away or gave up on the statement (class 08, and class 57: a statement
+# timeout, a terminated backend, a shutdown or crash restart): nothing of it was stored
 _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                asyncpg.CannotConnectNowError)
+                asyncpg.OperatorInterventionError)
 
 
 class PostgresStore:

@@ -1,0 +1,104 @@
+"""PostgresStore under server-side failure: a backend terminated mid-statement, a
+statement timeout, a lock held on the head row. The caller gets a typed, retryable
+error (`unavailable`), never `internal` nor a hang, and nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coordd import errors
+from coordd.store.api import LeaseRef
+from tests.store.conftest import Bundle, open_store, policy
+
+asyncpg = pytest.importorskip("asyncpg", reason="asyncpg is not installed")
+
+SQL_LOCK_LEASE = "SELECT 1 FROM leases WHERE job_id = $1 FOR UPDATE"
+SQL_LOCK_JOB = "SELECT 1 FROM jobs WHERE job_id = $1 FOR UPDATE"
+SQL_WAITING_PID = ("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                   "AND pid <> pg_backend_pid()")
+
+
+async def _pg(request, tmp_path, dsn_extra: str = "", **kw) -> Bundle:
+    if dsn_extra:
+        base = request.getfixturevalue("pg_dsn")
+        from coordd.store.postgres import PostgresStore
+        st = PostgresStore(base + dsn_extra, **kw)
+        await st.start()
+        await st.truncate()
+    else:
+        st = await open_store("postgres", request, tmp_path, **kw)
+    return Bundle(store=st, kind="postgres", policy=policy())
+
+
+async def _held(b: Bundle) -> tuple[str, LeaseRef]:
+    await b.worker("w1", now=None)
+    job_id = await b.enqueue(now=None)
+    got = await b.store.claim("w1", 30.0, b.policy)
+    return job_id, LeaseRef(job_id=job_id, worker_id="w1", token=got.lease.token)
+
+
+async def _waiting_pid(admin) -> int:
+    for _ in range(200):
+        pid = await admin.fetchval(SQL_WAITING_PID)
+        if pid is not None:
+            return pid
+        await asyncio.sleep(0.01)
+    raise AssertionError("the store's statement never waited on the lock")
+
+
+async def test_a_backend_terminated_mid_complete_is_unavailable_and_loses_nothing(
+        request, tmp_path, pg_dsn):
+    b = await _pg(request, tmp_path)
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        job_id, ref = await _held(b)
+        tx = admin.transaction()
+        await tx.start()
+        await admin.execute(SQL_LOCK_LEASE, job_id)  # the complete's DELETE waits on it
+        done = asyncio.ensure_future(b.store.complete(ref, '{"ok": 1}'))
+        pid = await _waiting_pid(admin)
+        await admin.execute("SELECT pg_terminate_backend($1)", pid)
+        with pytest.raises(errors.Unavailable):
+            await asyncio.wait_for(done, 10)
+        await tx.rollback()
+        assert (await b.store.get_job(job_id)).status == "running"  # nothing half-written
+        assert (await b.store.complete(ref, '{"ok": 1}')).status == "succeeded"  # the retry
+    finally:
+        await admin.close()
+        await b.store.close()
+
+
+async def test_a_statement_timeout_is_unavailable_not_internal(request, tmp_path, pg_dsn):
+    b = await _pg(request, tmp_path, "&statement_timeout=200")
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        job_id, ref = await _held(b)
+        async with admin.transaction():
+            await admin.execute(SQL_LOCK_LEASE, job_id)
+            with pytest.raises(errors.Unavailable, match="statement timeout"):
+                await asyncio.wait_for(b.store.renew(ref, 30.0), 10)
+        assert (await b.store.renew(ref, 30.0)).lease_s == 30.0
+    finally:
+        await admin.close()
+        await b.store.close()
+
+
+async def test_a_claim_skips_a_head_row_another_session_locks(request, tmp_path, pg_dsn):
+    """SKIP LOCKED: a claim is not stuck behind a session holding FOR UPDATE on the head
+    job; it takes the next one, and the head is still there once the lock goes."""
+    b = await _pg(request, tmp_path)
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await b.worker("w1", now=None)
+        head = await b.enqueue(now=None, priority=0)
+        second = await b.enqueue(now=None, priority=1)
+        async with admin.transaction():
+            await admin.execute(SQL_LOCK_JOB, head)
+            got = await asyncio.wait_for(b.claim("w1", None), 5)
+            assert got.job.job_id == second
+        assert (await b.claim("w1", None)).job.job_id == head
+    finally:
+        await admin.close()
+        await b.store.close()
