@@ -102,3 +102,28 @@ async def test_a_claim_skips_a_head_row_another_session_locks(request, tmp_path,
     finally:
         await admin.close()
         await b.store.close()
+
+
+async def test_a_database_that_is_not_coordds_is_refused_clearly(pg_dsn):
+    """A database with a `jobs` table of its own (no coordd schema version) is a
+    StoreError naming the clash, not a raw DuplicateTableError; nothing of it changes."""
+    from coordd.store.postgres import PostgresStore
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await admin.execute("DROP DATABASE IF EXISTS notcoordd")
+        await admin.execute("CREATE DATABASE notcoordd")
+        other_dsn = pg_dsn.replace("/postgres?", "/notcoordd?")
+        other = await asyncpg.connect(other_dsn)
+        try:
+            await other.execute("CREATE TABLE jobs (id int PRIMARY KEY, name text)")
+            st = PostgresStore(other_dsn)
+            with pytest.raises(errors.StoreError, match="not a coordd database.*jobs"):
+                await st.start()
+            await st.close()
+            assert await other.fetchval("SELECT to_regclass('coordd_schema_version')") is None
+            assert await other.fetchval("SELECT to_regclass('workers')") is None
+        finally:
+            await other.close()
+        await admin.execute("DROP DATABASE notcoordd")
+    finally:
+        await admin.close()

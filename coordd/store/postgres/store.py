@@ -74,15 +74,24 @@ class PostgresStore:
     async def start(self) -> None:
         """Open the pool and migrate the schema.
 
-        Raises: errors.Unavailable (cannot connect), errors.StoreError (newer schema).
+        Raises: errors.Unavailable (cannot connect), errors.StoreError (a newer schema,
+            a database that is not coordd's, a migration the server refuses).
         """
         try:
             self.pool = await asyncpg.create_pool(self.dsn, min_size=self._pool_min,
                                                   max_size=self._pool_max, reset=_no_reset)
         except _UNAVAILABLE as exc:
             raise errors.Unavailable(f"postgresql: {exc}") from exc
-        async with self._conn() as conn:
-            await schema.migrate(conn)
+        try:
+            async with self._conn() as conn:
+                await schema.migrate(conn)
+        except BaseException as exc:
+            pool, self.pool = self.pool, None
+            pool.terminate()  # a start that fails leaves no session behind
+            if isinstance(exc, asyncpg.PostgresError):
+                raise errors.StoreError(f"postgresql: cannot migrate the schema: {exc}") \
+                    from exc
+            raise
 
     async def close(self) -> None:
         """Run what is batched, then close the listener and the pool. Idempotent."""
