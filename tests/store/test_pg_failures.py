@@ -127,3 +127,37 @@ async def test_a_database_that_is_not_coordds_is_refused_clearly(pg_dsn):
         await admin.execute("DROP DATABASE notcoordd")
     finally:
         await admin.close()
+
+
+async def test_a_killed_listen_connection_is_replaced_and_the_gap_wakes(request, tmp_path,
+                                                                        pg_dsn):
+    """The LISTEN session terminated: the next wait listens again on a new session and
+    returns True at once (NOTIFYs sent while nobody listened are gone, so claimers must
+    look now rather than sleep a whole poll interval); later NOTIFYs wake it again."""
+    b = await _pg(request, tmp_path)
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        assert await b.store.wait_for_work(0.01) is False  # listening
+        n = await admin.fetchval("SELECT count(pg_terminate_backend(pid)) FROM "
+                                 "pg_stat_activity WHERE query LIKE 'LISTEN%'")
+        assert n == 1
+        await b.enqueue(now=None)  # nobody listens: this NOTIFY is lost
+        for _ in range(100):  # asyncpg sees the session end
+            if b.store._listener._conn.is_closed():
+                break
+            await asyncio.sleep(0.01)
+        assert await asyncio.wait_for(b.store.wait_for_work(5.0), 2) is True
+        waiter = asyncio.ensure_future(b.store.wait_for_work(5.0))
+        await asyncio.sleep(0.05)
+        await b.enqueue(now=None)
+        assert await asyncio.wait_for(waiter, 2) is True
+    finally:
+        await admin.close()
+        await b.store.close()
+
+
+async def test_wait_for_work_with_the_server_gone_is_a_poll_not_a_raw_error(pg_dsn):
+    from coordd.store.postgres import PostgresStore
+    dead = PostgresStore(pg_dsn.replace("port=", "port=1"))  # nobody listens there
+    assert await asyncio.wait_for(dead.wait_for_work(0.05), 2) is False
+    await dead.close()

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 
 from coordd.store.postgres import sql
+
+logger = logging.getLogger(__name__)
 
 
 class WorkListener:
@@ -30,11 +33,29 @@ class WorkListener:
         self._event.set()
 
     async def wait(self, timeout: float) -> bool:
-        """True when a NOTIFY came (since the last call returned), False at `timeout`."""
+        """True when a NOTIFY came (since the last call returned), False at `timeout`.
+
+        A lost LISTEN session is replaced on the next call, which then returns True at
+        once: NOTIFYs sent while nobody listened are gone, so the caller looks now. With
+        the server unreachable it waits out `timeout` and returns False (the caller polls,
+        and its claim says `unavailable`)."""
         async with self._lock:
             if self._conn is None or self._conn.is_closed():
-                self._conn = await asyncpg.connect(self._dsn)
-                await self._conn.add_listener(sql.NOTIFY_CHANNEL, self._heard)
+                lost = self._conn is not None
+                self._conn = None
+                try:
+                    conn = await asyncio.wait_for(asyncpg.connect(self._dsn), timeout)
+                    await conn.add_listener(sql.NOTIFY_CHANNEL, self._heard)
+                except (OSError, TimeoutError, asyncpg.PostgresError,
+                        asyncpg.InterfaceError) as exc:
+                    logger.warning("cannot LISTEN for work; polling",
+                                   extra={"action": "listen_failed", "error": str(exc)})
+                    await asyncio.sleep(timeout)
+                    return False
+                self._conn = conn
+                if lost:
+                    logger.info("LISTEN session replaced", extra={"action": "relisten"})
+                    self._event.set()
         try:
             await asyncio.wait_for(self._event.wait(), timeout)
         except TimeoutError:
