@@ -246,7 +246,7 @@ class PostgresStore:
         attempts left, else `failed` (dead letter); `cancelled` if a cancel was requested."""
         async with self._conn() as conn, conn.transaction():
             held, t = await _end_lease(conn, now, ref)
-            d = tr.fail(held, t, error, retryable, backoff)
+            d = tr.fail(held, t, _text(error), retryable, backoff)
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d)
             if d.t is tr.FAIL_RETRY and d.run_at is not None and d.run_at <= t:
                 await conn.execute(sql.SQL_NOTIFY)  # runnable at once: wake claimers
@@ -258,7 +258,7 @@ class PostgresStore:
         recording `checkpoint_json` first if given; `cancelled` if a cancel was requested."""
         async with self._conn() as conn, conn.transaction():
             held, t = await _end_lease(conn, now, ref)
-            d = tr.release(held, t, reason)
+            d = tr.release(held, t, _text(reason))
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d, checkpoint_json)
             if d.t is tr.RELEASED:
                 await conn.execute(sql.SQL_NOTIFY)
@@ -320,6 +320,12 @@ class PostgresStore:
 async def _no_reset(_conn: Any) -> None:
     """Skip the pool's reset query on release (a round trip per acquire): these sessions
     never LISTEN, SET or lock (asyncpg still ends an open transaction itself)."""
+
+
+def _text(free: str) -> str:
+    """Free text (a worker's error, a release reason) as PostgreSQL can store it: its
+    text type holds no NUL, so each becomes U+FFFD rather than refusing the write."""
+    return free.replace("\x00", "\ufffd")
 
 
 def _job_of(item: tuple[LeaseRef, Any]) -> str:
