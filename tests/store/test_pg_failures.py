@@ -161,3 +161,31 @@ async def test_wait_for_work_with_the_server_gone_is_a_poll_not_a_raw_error(pg_d
     dead = PostgresStore(pg_dsn.replace("port=", "port=1"))  # nobody listens there
     assert await asyncio.wait_for(dead.wait_for_work(0.05), 2) is False
     await dead.close()
+
+
+async def test_a_leader_whose_session_is_killed_is_told_at_once(request, tmp_path, pg_dsn):
+    """The leadership session terminated under a held lock: `on_lost` fires promptly (the
+    lock is gone; a standby takes it), and a lost bid or a clean exit never calls it."""
+    b = await _pg(request, tmp_path)
+    admin = await asyncpg.connect(pg_dsn)
+    lost = asyncio.Event()
+    try:
+        async with b.store.leadership("coordd-lost", on_lost=lost.set) as won:
+            assert won is True
+            async with b.store.leadership("coordd-lost", on_lost=lost.set) as second:
+                assert second is False
+            assert not lost.is_set()
+            n = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()")
+            assert n == 1
+            await asyncio.wait_for(lost.wait(), 2)
+            assert await admin.fetchval("SELECT pg_try_advisory_lock(hashtext('coordd-lost'))")
+        clean = asyncio.Event()
+        await admin.execute("SELECT pg_advisory_unlock_all()")
+        async with b.store.leadership("coordd-lost", on_lost=clean.set) as won:
+            assert won is True
+        assert not clean.is_set()
+    finally:
+        await admin.close()
+        await b.store.close()

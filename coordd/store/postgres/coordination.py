@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
@@ -71,12 +71,25 @@ class WorkListener:
 
 
 @contextlib.asynccontextmanager
-async def leadership(dsn: str, key: str) -> AsyncIterator[bool]:
+async def leadership(dsn: str, key: str,
+                     on_lost: Callable[[], None] | None = None) -> AsyncIterator[bool]:
     """Try for the session advisory lock named `key` on a new connection; yield whether
     it was won. It is held until the block ends (the connection closes), or until the
-    server ends the session: a crashed leader's lock goes with its session."""
+    server ends the session: a crashed leader's lock goes with its session. A won lock's
+    session ending before the block does (terminated, server restarted) calls `on_lost`
+    at once: the lock is gone and a standby may hold it already. A silent network
+    partition is seen only as TCP keepalives or the server's timeouts detect it."""
     conn = await asyncpg.connect(dsn)
+    def lost(_conn: Any) -> None:
+        logger.warning("leadership session lost", extra={"action": "leadership_lost",
+                                                         "key": key})
+        if on_lost is not None:
+            on_lost()
     try:
-        yield bool(await conn.fetchval(sql.SQL_TRY_LEADER, key))
+        won = bool(await conn.fetchval(sql.SQL_TRY_LEADER, key))
+        if won:
+            conn.add_termination_listener(lost)
+        yield won
     finally:
+        conn.remove_termination_listener(lost)
         await conn.close()

@@ -11,7 +11,7 @@ pass the pinned `now` (None in production) through to the statement.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
 import asyncpg
@@ -312,9 +312,11 @@ class PostgresStore:
         """True on a NOTIFY (a job entered waiting), False at `timeout` (then poll)."""
         return await self._listener.wait(timeout)
 
-    def leadership(self, key: str = "coordd") -> contextlib.AbstractAsyncContextManager[bool]:
-        """A session advisory lock on its own connection (coordination.leadership)."""
-        return coordination.leadership(self.dsn, key)
+    def leadership(self, key: str = "coordd", on_lost: Callable[[], None] | None = None
+                   ) -> contextlib.AbstractAsyncContextManager[bool]:
+        """A session advisory lock on its own connection (coordination.leadership);
+        `on_lost` is called if its session ends while the block holds it."""
+        return coordination.leadership(self.dsn, key, on_lost)
 
 
 async def _no_reset(_conn: Any) -> None:
