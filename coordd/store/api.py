@@ -109,9 +109,12 @@ class Store(Protocol):
         """Return True when a job may have become claimable (a hint), False at `timeout`."""
         ...
 
-    def leadership(self, key: str = ...) -> AbstractAsyncContextManager[bool]:
+    def leadership(self, key: str = ..., on_lost: Callable[[], None] | None = ...
+                   ) -> AbstractAsyncContextManager[bool]:
         """Hold the coordinator's leadership while the block runs; yields whether it was
-        won (SQLite: always, the file has one writer; PostgreSQL: a session advisory lock)."""
+        won (SQLite: always, the file has one writer; PostgreSQL: a session advisory lock).
+        `on_lost()` is called if a won leadership ends before the block does (stop
+        serving: another coordd may lead now)."""
         ...
 
 

@@ -168,7 +168,9 @@ class SQLiteStore:
         return True
 
     @contextlib.asynccontextmanager
-    async def leadership(self, key: str = "coordd") -> AsyncIterator[bool]:
-        """Always won: one SQLite file has one writer, and coordd takes the file's lock at
-        start (coordd.dblock), so a second coordd on it never gets this far."""
+    async def leadership(self, key: str = "coordd", on_lost: Any = None
+                         ) -> AsyncIterator[bool]:
+        """Always won, never lost (`on_lost` is not called): one SQLite file has one
+        writer, and coordd takes the file's lock at start (coordd.dblock), so a second
+        coordd on it never gets this far."""
         yield True

@@ -364,3 +364,23 @@ async def test_job_gate_overrides(bundle):
     await bundle.store.enqueue([job], now=T0)
     await bundle.worker("a", on_battery=True)
     assert (await bundle.claim("a", now=T0)).job.job_id == job.job_id
+
+
+async def test_an_error_text_with_nul_bytes_still_ends_the_attempt(bundle):
+    """A worker's error or release reason is free text (a crashed process's stderr may
+    hold NUL bytes): the fail and the release are stored all the same, never refused
+    with the job left running. PostgreSQL text cannot hold NUL: it stores U+FFFD there."""
+    perm = await bundle.enqueue(priority=0)
+    back = await bundle.enqueue(priority=1)
+    await bundle.worker("a")
+    got = await bundle.claim("a", now=T0)
+    res = await bundle.store.fail(ref(got, "a"), "bad\x00byte", False, lambda n: 0, now=T0 + 1)
+    assert res.status == "failed"
+    view = await bundle.store.get_job(perm, now=T0 + 1)
+    assert view.last_error.replace("\x00", "\ufffd") == "permanent: bad\ufffdbyte"
+    assert view.events[-1].reason.replace("\x00", "\ufffd").startswith("permanent: bad\ufffd")
+    got = await bundle.claim("a", now=T0 + 2)
+    assert got.job.job_id == back
+    res = await bundle.store.release(ref(got, "a"), "pre\x00empted", now=T0 + 3)
+    assert res.status == "waiting"
+    assert (await bundle.store.get_job(back, now=T0 + 3)).status == "waiting"

@@ -239,13 +239,14 @@ async def test_a_bad_item_fails_alone_in_a_batch(request, tmp_path):
 
 
 async def test_a_value_postgresql_cannot_store_is_bad_request(pg):
-    """A raw NUL in text is refused by PostgreSQL: bad_request, the lease still held."""
+    """A raw NUL in stored JSON text is refused by PostgreSQL: bad_request, the lease still
+    held. (Free text, a worker's error, is stored with U+FFFD: test_conformance.)"""
     await pg.store.enqueue([pg.job()], now=100.0)
     await pg.store.heartbeat("a", ["cpu"], {}, now=100.0)
     got = await pg.store.claim("a", 30.0, pg.policy, now=100.0)
     r = LeaseRef(got.job.job_id, "a", got.lease.token)
     with pytest.raises(errors.BadRequest):
-        await pg.store.fail(r, "nul \x00 inside", True, lambda n: 0.0, now=101.0)
+        await pg.store.checkpoint(r, '"nul \x00 inside"', now=101.0)
     assert (await pg.store.renew(r, 30.0, now=102.0)).expires_at == 132.0
 
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
 
 from coordd.store.postgres import sql
+
+logger = logging.getLogger(__name__)
 
 
 class WorkListener:
@@ -30,11 +33,29 @@ class WorkListener:
         self._event.set()
 
     async def wait(self, timeout: float) -> bool:
-        """True when a NOTIFY came (since the last call returned), False at `timeout`."""
+        """True when a NOTIFY came (since the last call returned), False at `timeout`.
+
+        A lost LISTEN session is replaced on the next call, which then returns True at
+        once: NOTIFYs sent while nobody listened are gone, so the caller looks now. With
+        the server unreachable it waits out `timeout` and returns False (the caller polls,
+        and its claim says `unavailable`)."""
         async with self._lock:
             if self._conn is None or self._conn.is_closed():
-                self._conn = await asyncpg.connect(self._dsn)
-                await self._conn.add_listener(sql.NOTIFY_CHANNEL, self._heard)
+                lost = self._conn is not None
+                self._conn = None
+                try:
+                    conn = await asyncio.wait_for(asyncpg.connect(self._dsn), timeout)
+                    await conn.add_listener(sql.NOTIFY_CHANNEL, self._heard)
+                except (OSError, TimeoutError, asyncpg.PostgresError,
+                        asyncpg.InterfaceError) as exc:
+                    logger.warning("cannot LISTEN for work; polling",
+                                   extra={"action": "listen_failed", "error": str(exc)})
+                    await asyncio.sleep(timeout)
+                    return False
+                self._conn = conn
+                if lost:
+                    logger.info("LISTEN session replaced", extra={"action": "relisten"})
+                    self._event.set()
         try:
             await asyncio.wait_for(self._event.wait(), timeout)
         except TimeoutError:
@@ -50,12 +71,25 @@ class WorkListener:
 
 
 @contextlib.asynccontextmanager
-async def leadership(dsn: str, key: str) -> AsyncIterator[bool]:
+async def leadership(dsn: str, key: str,
+                     on_lost: Callable[[], None] | None = None) -> AsyncIterator[bool]:
     """Try for the session advisory lock named `key` on a new connection; yield whether
     it was won. It is held until the block ends (the connection closes), or until the
-    server ends the session: a crashed leader's lock goes with its session."""
+    server ends the session: a crashed leader's lock goes with its session. A won lock's
+    session ending before the block does (terminated, server restarted) calls `on_lost`
+    at once: the lock is gone and a standby may hold it already. A silent network
+    partition is seen only as TCP keepalives or the server's timeouts detect it."""
     conn = await asyncpg.connect(dsn)
+    def lost(_conn: Any) -> None:
+        logger.warning("leadership session lost", extra={"action": "leadership_lost",
+                                                         "key": key})
+        if on_lost is not None:
+            on_lost()
     try:
-        yield bool(await conn.fetchval(sql.SQL_TRY_LEADER, key))
+        won = bool(await conn.fetchval(sql.SQL_TRY_LEADER, key))
+        if won:
+            conn.add_termination_listener(lost)
+        yield won
     finally:
+        conn.remove_termination_listener(lost)
         await conn.close()

@@ -92,6 +92,9 @@ MIGRATIONS: tuple[str, ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
+TABLES = ("workers", "artifacts", "jobs", "leases", "job_events")  # MIGRATION_CORE's
+SQL_TAKEN_TABLES = ("SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS x(t, n) "
+                    "WHERE to_regclass(t) IS NOT NULL ORDER BY n")
 SQL_TRUNCATE = "TRUNCATE job_events, leases, jobs, artifacts, workers RESTART IDENTITY CASCADE"
 
 
@@ -102,12 +105,19 @@ async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:
         conn: an asyncpg connection (not in a transaction).
 
     Raises:
-        errors.StoreError: the database's schema is newer than this coordd.
+        errors.StoreError: the database's schema is newer than this coordd, or the
+            database holds tables of coordd's names without a coordd schema version.
     """
     async with conn.transaction():
         await conn.execute(SQL_LOCK, MIGRATION_LOCK_KEY)
         await conn.execute(SQL_VERSION_TABLE)
         version = await conn.fetchval(SQL_VERSION) or 0
+        if version == 0:
+            taken = [t for (t,) in await conn.fetch(SQL_TAKEN_TABLES, list(TABLES))]
+            if taken:
+                raise errors.StoreError(
+                    f"not a coordd database: it has table(s) {', '.join(taken)} but no "
+                    "coordd schema version; give coordd a database (or schema) of its own")
         if version > target:
             raise errors.StoreError(
                 f"database schema v{version} is newer than this coordd (v{target})")

@@ -11,7 +11,7 @@ pass the pinned `now` (None in production) through to the statement.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
 import asyncpg
@@ -30,8 +30,10 @@ from coordd.store.postgres import apply, batch, claims, coordination, reads, sch
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
 ACQUIRE_TIMEOUT_DEFAULT_S = 10.0
+# the server went away or gave up on the statement (class 08, and class 57: a statement
+# timeout, a terminated backend, a shutdown or crash restart): nothing of it was stored
 _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                asyncpg.CannotConnectNowError)
+                asyncpg.OperatorInterventionError)
 
 
 class PostgresStore:
@@ -72,15 +74,24 @@ class PostgresStore:
     async def start(self) -> None:
         """Open the pool and migrate the schema.
 
-        Raises: errors.Unavailable (cannot connect), errors.StoreError (newer schema).
+        Raises: errors.Unavailable (cannot connect), errors.StoreError (a newer schema,
+            a database that is not coordd's, a migration the server refuses).
         """
         try:
             self.pool = await asyncpg.create_pool(self.dsn, min_size=self._pool_min,
                                                   max_size=self._pool_max, reset=_no_reset)
         except _UNAVAILABLE as exc:
             raise errors.Unavailable(f"postgresql: {exc}") from exc
-        async with self._conn() as conn:
-            await schema.migrate(conn)
+        try:
+            async with self._conn() as conn:
+                await schema.migrate(conn)
+        except BaseException as exc:
+            pool, self.pool = self.pool, None
+            pool.terminate()  # a start that fails leaves no session behind
+            if isinstance(exc, asyncpg.PostgresError):
+                raise errors.StoreError(f"postgresql: cannot migrate the schema: {exc}") \
+                    from exc
+            raise
 
     async def close(self) -> None:
         """Run what is batched, then close the listener and the pool. Idempotent."""
@@ -235,7 +246,7 @@ class PostgresStore:
         attempts left, else `failed` (dead letter); `cancelled` if a cancel was requested."""
         async with self._conn() as conn, conn.transaction():
             held, t = await _end_lease(conn, now, ref)
-            d = tr.fail(held, t, error, retryable, backoff)
+            d = tr.fail(held, t, _text(error), retryable, backoff)
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d)
             if d.t is tr.FAIL_RETRY and d.run_at is not None and d.run_at <= t:
                 await conn.execute(sql.SQL_NOTIFY)  # runnable at once: wake claimers
@@ -247,7 +258,7 @@ class PostgresStore:
         recording `checkpoint_json` first if given; `cancelled` if a cancel was requested."""
         async with self._conn() as conn, conn.transaction():
             held, t = await _end_lease(conn, now, ref)
-            d = tr.release(held, t, reason)
+            d = tr.release(held, t, _text(reason))
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d, checkpoint_json)
             if d.t is tr.RELEASED:
                 await conn.execute(sql.SQL_NOTIFY)
@@ -301,14 +312,22 @@ class PostgresStore:
         """True on a NOTIFY (a job entered waiting), False at `timeout` (then poll)."""
         return await self._listener.wait(timeout)
 
-    def leadership(self, key: str = "coordd") -> contextlib.AbstractAsyncContextManager[bool]:
-        """A session advisory lock on its own connection (coordination.leadership)."""
-        return coordination.leadership(self.dsn, key)
+    def leadership(self, key: str = "coordd", on_lost: Callable[[], None] | None = None
+                   ) -> contextlib.AbstractAsyncContextManager[bool]:
+        """A session advisory lock on its own connection (coordination.leadership);
+        `on_lost` is called if its session ends while the block holds it."""
+        return coordination.leadership(self.dsn, key, on_lost)
 
 
 async def _no_reset(_conn: Any) -> None:
     """Skip the pool's reset query on release (a round trip per acquire): these sessions
     never LISTEN, SET or lock (asyncpg still ends an open transaction itself)."""
+
+
+def _text(free: str) -> str:
+    """Free text (a worker's error, a release reason) as PostgreSQL can store it: its
+    text type holds no NUL, so each becomes U+FFFD rather than refusing the write."""
+    return free.replace("\x00", "\ufffd")
 
 
 def _job_of(item: tuple[LeaseRef, Any]) -> str:

@@ -1,0 +1,191 @@
+"""PostgresStore under server-side failure: a backend terminated mid-statement, a
+statement timeout, a lock held on the head row. The caller gets a typed, retryable
+error (`unavailable`), never `internal` nor a hang, and nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coordd import errors
+from coordd.store.api import LeaseRef
+from tests.store.conftest import Bundle, open_store, policy
+
+asyncpg = pytest.importorskip("asyncpg", reason="asyncpg is not installed")
+
+SQL_LOCK_LEASE = "SELECT 1 FROM leases WHERE job_id = $1 FOR UPDATE"
+SQL_LOCK_JOB = "SELECT 1 FROM jobs WHERE job_id = $1 FOR UPDATE"
+SQL_WAITING_PID = ("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                   "AND pid <> pg_backend_pid()")
+
+
+async def _pg(request, tmp_path, dsn_extra: str = "", **kw) -> Bundle:
+    if dsn_extra:
+        base = request.getfixturevalue("pg_dsn")
+        from coordd.store.postgres import PostgresStore
+        st = PostgresStore(base + dsn_extra, **kw)
+        await st.start()
+        await st.truncate()
+    else:
+        st = await open_store("postgres", request, tmp_path, **kw)
+    return Bundle(store=st, kind="postgres", policy=policy())
+
+
+async def _held(b: Bundle) -> tuple[str, LeaseRef]:
+    await b.worker("w1", now=None)
+    job_id = await b.enqueue(now=None)
+    got = await b.store.claim("w1", 30.0, b.policy)
+    return job_id, LeaseRef(job_id=job_id, worker_id="w1", token=got.lease.token)
+
+
+async def _waiting_pid(admin) -> int:
+    for _ in range(200):
+        pid = await admin.fetchval(SQL_WAITING_PID)
+        if pid is not None:
+            return pid
+        await asyncio.sleep(0.01)
+    raise AssertionError("the store's statement never waited on the lock")
+
+
+async def test_a_backend_terminated_mid_complete_is_unavailable_and_loses_nothing(
+        request, tmp_path, pg_dsn):
+    b = await _pg(request, tmp_path)
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        job_id, ref = await _held(b)
+        tx = admin.transaction()
+        await tx.start()
+        await admin.execute(SQL_LOCK_LEASE, job_id)  # the complete's DELETE waits on it
+        done = asyncio.ensure_future(b.store.complete(ref, '{"ok": 1}'))
+        pid = await _waiting_pid(admin)
+        await admin.execute("SELECT pg_terminate_backend($1)", pid)
+        with pytest.raises(errors.Unavailable):
+            await asyncio.wait_for(done, 10)
+        await tx.rollback()
+        assert (await b.store.get_job(job_id)).status == "running"  # nothing half-written
+        assert (await b.store.complete(ref, '{"ok": 1}')).status == "succeeded"  # the retry
+    finally:
+        await admin.close()
+        await b.store.close()
+
+
+async def test_a_statement_timeout_is_unavailable_not_internal(request, tmp_path, pg_dsn):
+    b = await _pg(request, tmp_path, "&statement_timeout=200")
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        job_id, ref = await _held(b)
+        async with admin.transaction():
+            await admin.execute(SQL_LOCK_LEASE, job_id)
+            with pytest.raises(errors.Unavailable, match="statement timeout"):
+                await asyncio.wait_for(b.store.renew(ref, 30.0), 10)
+        assert (await b.store.renew(ref, 30.0)).lease_s == 30.0
+    finally:
+        await admin.close()
+        await b.store.close()
+
+
+async def test_a_claim_skips_a_head_row_another_session_locks(request, tmp_path, pg_dsn):
+    """SKIP LOCKED: a claim is not stuck behind a session holding FOR UPDATE on the head
+    job; it takes the next one, and the head is still there once the lock goes."""
+    b = await _pg(request, tmp_path)
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await b.worker("w1", now=None)
+        head = await b.enqueue(now=None, priority=0)
+        second = await b.enqueue(now=None, priority=1)
+        async with admin.transaction():
+            await admin.execute(SQL_LOCK_JOB, head)
+            got = await asyncio.wait_for(b.claim("w1", None), 5)
+            assert got.job.job_id == second
+        assert (await b.claim("w1", None)).job.job_id == head
+    finally:
+        await admin.close()
+        await b.store.close()
+
+
+async def test_a_database_that_is_not_coordds_is_refused_clearly(pg_dsn):
+    """A database with a `jobs` table of its own (no coordd schema version) is a
+    StoreError naming the clash, not a raw DuplicateTableError; nothing of it changes."""
+    from coordd.store.postgres import PostgresStore
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await admin.execute("DROP DATABASE IF EXISTS notcoordd")
+        await admin.execute("CREATE DATABASE notcoordd")
+        other_dsn = pg_dsn.replace("/postgres?", "/notcoordd?")
+        other = await asyncpg.connect(other_dsn)
+        try:
+            await other.execute("CREATE TABLE jobs (id int PRIMARY KEY, name text)")
+            st = PostgresStore(other_dsn)
+            with pytest.raises(errors.StoreError, match="not a coordd database.*jobs"):
+                await st.start()
+            await st.close()
+            assert await other.fetchval("SELECT to_regclass('coordd_schema_version')") is None
+            assert await other.fetchval("SELECT to_regclass('workers')") is None
+        finally:
+            await other.close()
+        await admin.execute("DROP DATABASE notcoordd")
+    finally:
+        await admin.close()
+
+
+async def test_a_killed_listen_connection_is_replaced_and_the_gap_wakes(request, tmp_path,
+                                                                        pg_dsn):
+    """The LISTEN session terminated: the next wait listens again on a new session and
+    returns True at once (NOTIFYs sent while nobody listened are gone, so claimers must
+    look now rather than sleep a whole poll interval); later NOTIFYs wake it again."""
+    b = await _pg(request, tmp_path)
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        assert await b.store.wait_for_work(0.01) is False  # listening
+        n = await admin.fetchval("SELECT count(pg_terminate_backend(pid)) FROM "
+                                 "pg_stat_activity WHERE query LIKE 'LISTEN%'")
+        assert n == 1
+        await b.enqueue(now=None)  # nobody listens: this NOTIFY is lost
+        for _ in range(100):  # asyncpg sees the session end
+            if b.store._listener._conn.is_closed():
+                break
+            await asyncio.sleep(0.01)
+        assert await asyncio.wait_for(b.store.wait_for_work(5.0), 2) is True
+        waiter = asyncio.ensure_future(b.store.wait_for_work(5.0))
+        await asyncio.sleep(0.05)
+        await b.enqueue(now=None)
+        assert await asyncio.wait_for(waiter, 2) is True
+    finally:
+        await admin.close()
+        await b.store.close()
+
+
+async def test_wait_for_work_with_the_server_gone_is_a_poll_not_a_raw_error(pg_dsn):
+    from coordd.store.postgres import PostgresStore
+    dead = PostgresStore(pg_dsn.replace("port=", "port=1"))  # nobody listens there
+    assert await asyncio.wait_for(dead.wait_for_work(0.05), 2) is False
+    await dead.close()
+
+
+async def test_a_leader_whose_session_is_killed_is_told_at_once(request, tmp_path, pg_dsn):
+    """The leadership session terminated under a held lock: `on_lost` fires promptly (the
+    lock is gone; a standby takes it), and a lost bid or a clean exit never calls it."""
+    b = await _pg(request, tmp_path)
+    admin = await asyncpg.connect(pg_dsn)
+    lost = asyncio.Event()
+    try:
+        async with b.store.leadership("coordd-lost", on_lost=lost.set) as won:
+            assert won is True
+            async with b.store.leadership("coordd-lost", on_lost=lost.set) as second:
+                assert second is False
+            assert not lost.is_set()
+            n = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()")
+            assert n == 1
+            await asyncio.wait_for(lost.wait(), 2)
+            assert await admin.fetchval("SELECT pg_try_advisory_lock(hashtext('coordd-lost'))")
+        clean = asyncio.Event()
+        await admin.execute("SELECT pg_advisory_unlock_all()")
+        async with b.store.leadership("coordd-lost", on_lost=clean.set) as won:
+            assert won is True
+        assert not clean.is_set()
+    finally:
+        await admin.close()
+        await b.store.close()
