@@ -175,8 +175,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             that client certificates must chain to; all three are needed with listen_tcp.
         tcp_insecure_plaintext: the TCP listener speaks plaintext, no identities; only for
             tests, and refused unless listen_tcp's host is a loopback address.
-        tls_deny_workers / tls_deny_serials: worker ids and certificate serials (hex)
-            refused on the TCP listener (re-read from the config file on SIGHUP).
+        tls_deny_workers / tls_deny_serials: worker ids and certificate serials (hex,
+            colons allowed) refused on the TCP listener; a SIGHUP loads the file again
+            (coordd.reload) and applies them if it validates.
         tls_handshake_timeout_s: a TLS handshake must finish within this.
         tcp_user_timeout_s: TCP_USER_TIMEOUT (with keepalive) of accepted TCP sockets: a
             peer behind a partition is dropped about this long after data stops being
@@ -332,7 +333,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def _check_tcp(self) -> None:
         """The TCP listener needs TLS files, or the plaintext test mode on loopback."""
-        from coordd.tls import is_loopback, split_host_port
+        from coordd.tls import check_deny_lists, is_loopback, split_host_port
+        check_deny_lists(self.tls_deny_workers, self.tls_deny_serials)
         if self.listen_enroll:
             split_host_port(self.listen_enroll)
             if not (self.tls_ca_key and self.tls_cert and self.tls_key and self.tls_client_ca):

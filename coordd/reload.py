@@ -3,9 +3,10 @@
 systemd's `systemctl reload` (the unit's ExecReload), logrotate scripts and operators send
 SIGHUP routinely; it must never end coordd. What applies now: the TCP listener's TLS
 certificates and deny-lists (coordd.tcp). Every other setting is read at start: the
-config file is re-read only to name the settings that changed in it and need a restart,
-so an operator who edited the file and reloaded is not misled. One log line per SIGHUP
-says what was done; a file that no longer loads is logged and changes nothing.
+config file is loaded again by coordd.config (the loader and checks of the start) and
+otherwise only names the settings that changed in it and need a restart, so an operator
+who edited the file and reloaded is not misled. One log line per SIGHUP says what was
+done; a file that no longer loads is one error line and changes nothing.
 """
 
 from __future__ import annotations
@@ -39,23 +40,31 @@ def changed_settings(running: Config, fresh: Config, live: Iterable[str] = ()) -
 def reload(running: Config, config_path: str | None, listeners: Iterable[Any]) -> str:
     """Do what a SIGHUP does (see the module doc) and return the line it logged.
 
-    `listeners`: the TCP listeners serving (coordd.tcp.TcpListener; none without
-    `listen_tcp`), each reloaded with `config_path`. Never raises for a bad file.
+    The file is loaded by `coordd.config.load`, as at start: one that does not load (not
+    TOML, a wrong type, a bad value) changes no setting, not even the deny-lists, and is
+    one ERROR line; the certificate files are reloaded either way. `listeners`: the TCP
+    listeners serving (coordd.tcp.TcpListener; none without `listen_tcp`), each reloaded
+    with the loaded Config (None when it did not load). Never raises for a bad file.
     """
     listeners = [t for t in listeners if t is not None]
-    for tcp in listeners:
-        tcp.reload(config_path)
-    done = ("reloaded the TLS certificates and deny-lists" if listeners
-            else "nothing to reload (no TCP listener)")
-    pending: list[str] = []
+    fresh: Config | None = None
+    failed: ConfigError | None = None
     if config_path:
         try:
             fresh = config_mod.load(config_path)
         except ConfigError as exc:
-            logger.error("SIGHUP: %s; %s, the running settings are unchanged", exc, done,
-                         extra={"action": "reload_failed"})
-            return f"SIGHUP: {exc}"
-        pending = changed_settings(running, fresh, LIVE_WHEN_TCP if listeners else ())
+            failed = exc
+    for tcp in listeners:
+        tcp.reload(fresh)
+    if failed is not None:
+        done = ("reloaded the TLS certificates; the deny-lists and every other setting are "
+                "unchanged" if listeners else "the running settings are unchanged")
+        logger.error("SIGHUP: %s; %s", failed, done, extra={"action": "reload_failed"})
+        return f"SIGHUP: {failed}"
+    done = ("reloaded the TLS certificates and deny-lists" if listeners
+            else "nothing to reload (no TCP listener)")
+    pending = [] if fresh is None else changed_settings(
+        running, fresh, LIVE_WHEN_TCP if listeners else ())
     line = f"SIGHUP: {done}"
     if pending:
         line += (f"; changed in {config_path}, applied at the next restart: "

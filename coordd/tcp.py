@@ -8,9 +8,8 @@ from __future__ import annotations
 import functools
 import logging
 import socket
-import tomllib
 
-from coordd import conffile, tls
+from coordd import tls
 from coordd.config import Config
 from coordd.listener import Listener
 from coordd.protocol_enrol import ENROL_OPEN_METHODS
@@ -66,18 +65,12 @@ class TcpListener:
                            extra={"action": "tcp_insecure_plaintext"})
         return self.address
 
-    def reload(self, config_path: str | None) -> None:
-        """SIGHUP: new certificates for new handshakes (open connections keep theirs), the
-        deny-lists re-read from `config_path`; open connections of peers denied now close."""
-        deny = None
-        if config_path:
-            try:
-                data = tomllib.loads(conffile.read(config_path))
-                deny = tls.DenyList.of(list(data.get("tls_deny_workers", [])),
-                                       list(data.get("tls_deny_serials", [])))
-            except (conffile.ConfigFileError, tomllib.TOMLDecodeError, TypeError) as exc:
-                logger.error("SIGHUP: cannot re-read the deny-lists from %s: %s", config_path,
-                             exc, extra={"action": "tls_reload_failed"})
+    def reload(self, fresh: Config | None) -> None:
+        """SIGHUP: new certificates for new handshakes (open connections keep theirs), and
+        the deny-lists of `fresh` (the config file as coordd.config loaded it again; None:
+        it did not load, the deny-lists stay); open connections of peers denied now close."""
+        deny = None if fresh is None else tls.DenyList.of(fresh.tls_deny_workers,
+                                                         fresh.tls_deny_serials)
         self.tls.reload(deny)
         for conn in self._dispatcher.connections():
             why = self.tls.denied_now(conn.peer)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordd import errors
+from coordd.names import check_name
 from coordd.peercred import PeerCred
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,35 @@ class DenyList:
 
 def _serial(text: str) -> str:
     return text.replace(":", "").lower().lstrip("0") or "0"
+
+
+SERIAL_MAX_HEX = 40
+"""The longest certificate serial, hex digits less leading zeros (RFC 5280: 20 octets)."""
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def check_deny_lists(workers: list[str], serials: list[str]) -> None:
+    """Refuse deny-list entries that could never match: a worker id that is not a valid
+    name (coordd.names), a serial that is not hex (colons between digits allowed, any case)
+    or is longer than SERIAL_MAX_HEX digits.
+
+    Raises:
+        ValueError: naming the setting and the entry.
+    """
+    for worker in workers:
+        try:
+            check_name("a worker id", worker)
+        except errors.BadRequest as exc:
+            raise ValueError(f"tls_deny_workers: {worker!r}: {exc.message}") from exc
+    for serial in serials:
+        digits = serial.replace(":", "")
+        if not digits or not set(digits) <= _HEX or "::" in serial \
+                or serial.startswith(":") or serial.endswith(":"):
+            raise ValueError(f"tls_deny_serials: {serial!r} is not a certificate serial in "
+                             f"hex (e.g. \"1f3a\" or \"1F:3A\", as `coordctl ca issue` prints)")
+        if len(digits.lstrip("0")) > SERIAL_MAX_HEX:
+            raise ValueError(f"tls_deny_serials: {serial!r} is longer than a certificate "
+                             f"serial ({SERIAL_MAX_HEX} hex digits)")
 
 
 class TlsServer:

@@ -42,7 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", help="worker TOML config (default: built-in kinds)")
     p.add_argument("--readings-override", metavar="FILE",
                    help="a JSON file holding an object whose keys replace probe readings "
-                        "(re-read every heartbeat; unknown keys are warned about)")
+                        "(re-read every heartbeat; unknown keys are warned about; a file that cannot "
+                        "be used keeps the last good one, no file ends the override)")
     p.add_argument("--log-json", action="store_true", help="log JSON lines")
     return p.parse_args(argv)
 

@@ -29,6 +29,8 @@ class SendStamp:
 
 CANCELLED = "cancelled"
 """The abort reason of a job whose cancel coordd asked for."""
+SHUTDOWN, TIMEOUT, LEASE_LOST = "shutdown", "timeout", "lease_lost"
+"""The abort reasons of the worker's stop, of a run past its timeout, of a lost lease."""
 
 
 @dataclass(eq=False)
@@ -51,6 +53,7 @@ class JobRun:
     logs: LogShipper | None = None
     group_record: str | None = None  # worker.orphans: the model's group, while it lives
     files: Any = None  # worker.remote_files.RemoteFiles for a coordd on another host
+    stop_fate: str | None = None  # what the worker's stop line said of it (worker.stopping)
 
     @property
     def job_id(self) -> str:

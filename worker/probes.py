@@ -7,8 +7,6 @@ exception: the gate policy in coordd decides what unknown means (OPS-FACTS 1.2-1
 
 from __future__ import annotations
 
-import difflib
-import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -19,9 +17,10 @@ import psutil
 from coordd.clock import SystemClock
 from worker.gpu import GPU_KEYS, GpuProbe, no_gpus
 from worker.idle import IdleSource, SourceUnknown, session_idle_source, tty_idle_source
+from worker.override import ReadingsOverride
 
 __all__ = ["READING_KEYS", "IdleSource", "Probes", "ReasonLog", "SourceUnknown",
-           "apply_override", "session_idle_source", "tty_idle_source"]
+           "session_idle_source", "tty_idle_source"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +111,8 @@ class Probes:
                 answer counts, and the reading is unknown when none answers. Default: one,
                 `worker.idle.session_idle_source` (each session by a source that sees its
                 input; unknown while a graphical session has none).
-            override_path: JSON file whose keys replace readings on every ``read()``.
+            override_path: JSON file whose keys replace readings on every ``read()``
+                (worker.override: a bad file keeps the last good one, no file ends it).
             mono: Monotonic clock, seconds (log rate limiting).
             wall: Wall clock, epoch seconds (idle computation).
             log_interval_s: Minimum seconds between two log lines for the same failure.
@@ -125,7 +125,8 @@ class Probes:
         if idle_sources is None:
             idle_sources = (("sessions", session_idle_source(wall=wall)),)
         self._idle_sources = tuple(idle_sources)
-        self._override_path = override_path
+        self._override = None if not override_path else ReadingsOverride(override_path,
+                                                                         READING_KEYS)
         self._log = ReasonLog(mono, log_interval_s)
         self._gpu = gpu or GpuProbe().read
 
@@ -140,7 +141,7 @@ class Probes:
         readings["on_battery"], readings["battery_pct"], readings["power_reason"] = self._power()
         readings["user_idle_s"], readings["user_idle_reason"] = self._idle()
         readings.update(self._gpus())
-        return apply_override(readings, self._override_path, self._log)
+        return readings if self._override is None else self._override.apply(readings)
 
     def _memory(self) -> tuple[float | None, float | None]:
         """(percent used, total MiB: the RAM jobs may ask for, coordd.resources)."""
@@ -220,56 +221,3 @@ class Probes:
     def _unknown(self, action: str, reason: str) -> tuple[None, str]:
         self._log.warn(action, reason)
         return None, reason
-
-
-_override_log = ReasonLog()
-
-
-def apply_override(readings: dict[str, Any], path: str | None, log: ReasonLog | None = None) -> dict[str, Any]:
-    """Return ``readings`` with the keys of the JSON object in ``path`` replacing them.
-
-    The file is read on every call so an operator or test can change it live
-    (``--readings-override FILE``). A missing or malformed file is logged and ignored.
-
-    Args:
-        readings: The measured readings; not modified.
-        path: The override file, or None for no override.
-        log: Rate limiter for failure lines; a module-wide one if None.
-
-    Returns:
-        A new dict.
-    """
-    merged = dict(readings)
-    if not path:
-        return merged
-    log = log or _override_log
-    try:
-        with open(path, encoding="utf-8") as fh:
-            override = json.load(fh)
-    except (OSError, ValueError) as exc:
-        log.warn("readings_override", _describe(f"reading {path}", exc))
-        return merged
-    if not isinstance(override, dict):
-        log.warn("readings_override", f"{path} holds {type(override).__name__}, not a JSON object")
-        return merged
-    _warn_unknown_keys(path, override)
-    merged.update(override)
-    return merged
-
-
-_unknown_seen: dict[str, frozenset[str]] = {}
-
-
-def _warn_unknown_keys(path: str, override: dict[str, Any]) -> None:
-    """Warn once per file and set of keys about override keys no probe or gate reads (a
-    typo such as `memory_pct` would otherwise leave the real reading in force)."""
-    unknown = frozenset(k for k in override if k not in READING_KEYS)
-    if _unknown_seen.get(path) == unknown:
-        return
-    _unknown_seen[path] = unknown
-    for key in sorted(unknown):
-        close = difflib.get_close_matches(key, READING_KEYS, n=1)
-        logger.warning("readings override %s: unknown key %r%s; sent as a free-form extra, "
-                       "no gate reads it", path, key,
-                       f" (did you mean {close[0]!r}?)" if close else "",
-                       extra={"action": "readings_override_unknown_key", "key": key})

@@ -21,9 +21,9 @@ from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import ClaimedJob
 from worker import (artifacts, checkpoints, governance, orphans, remote_files, renewal,
-                    resources)
+                    resources, stopping)
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
-from worker.jobrun import CANCELLED, JobRun, SendStamp
+from worker.jobrun import CANCELLED, LEASE_LOST, SHUTDOWN, TIMEOUT, JobRun, SendStamp
 from worker.kinds import KindHealth
 from worker.link import Link
 from worker.logs import LogShipper
@@ -40,8 +40,6 @@ CALL_TIMEOUT_S = 10.0
 STDERR_TAIL_BYTES = 2000
 FORCE_MARGIN_S = 2.0
 """At stop, job tasks still running this long before `stop_timeout_s` are cancelled (SIGKILL)."""
-
-SHUTDOWN, TIMEOUT, LEASE_LOST = "shutdown", "timeout", "lease_lost"
 
 
 class Supervisor:
@@ -124,9 +122,8 @@ class Supervisor:
 
     async def _stop_watch(self) -> None:
         await self._stop.wait()
+        stopping.announce(self._runs.values())  # what goes out for each, as things stand
         await self._watch.close()  # its parked claim must not take back what we release
-        logger.info("stopping: handing back %d job(s)", len(self._runs),
-                    extra={"action": "worker_stop", "jobs": sorted(self._runs)})
         for run in list(self._runs.values()):
             run.abort(SHUTDOWN)
         budget = self.config.stop_timeout_s - min(FORCE_MARGIN_S, self.config.stop_timeout_s / 4)
@@ -416,6 +413,7 @@ class Supervisor:
         what = f"exit {rc}" if rc >= 0 else f"killed by {_signame(-rc)}"
         logger.info("job %s: model %s (%s)", run.job_id, what, verdict,
                     extra={"action": "model_exit", "job_id": run.job_id, "rc": rc})
+        stopping.confirm(run, stopping.COMPLETING if verdict == "success" else stopping.FAILING)
         if verdict != "success":
             await self._reports.fail(run, f"{what}: {tail}" if tail else what, verdict == "retryable")
             return

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.probes import READING_KEYS, Probes, SourceUnknown, apply_override, tty_idle_source
+from worker.override import ReadingsOverride
+from worker.probes import READING_KEYS, Probes, SourceUnknown, tty_idle_source
 
 Mem = namedtuple("Mem", "total available percent")
 Temp = namedtuple("Temp", "label current high critical")
@@ -178,13 +179,14 @@ def test_override_file_replaces_keys(tmp_path: Path) -> None:
 
 def test_override_missing_or_bad_file_is_ignored(tmp_path: Path) -> None:
     readings = {"memory_used_pct": 10.0}
-    assert apply_override(readings, None) == readings
-    assert apply_override(readings, str(tmp_path / "missing.json")) == readings
+    assert make().read()["memory_used_pct"] == 60.0  # no override given
+    assert ReadingsOverride(str(tmp_path / "missing.json"), READING_KEYS).apply(readings) \
+        == readings
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    assert apply_override(readings, str(bad)) == readings
+    assert ReadingsOverride(str(bad), READING_KEYS).apply(readings) == readings
     bad.write_text("[1, 2]")
-    assert apply_override(readings, str(bad)) == readings
+    assert ReadingsOverride(str(bad), READING_KEYS).apply(readings) == readings
 
 
 def test_default_probes_read_this_host() -> None:

@@ -16,7 +16,8 @@ from worker.__main__ import parse_args
 from worker.config import KindConfig
 from worker.kinds import KindHealth, check
 from worker.link import Link
-from worker.probes import apply_override
+from worker.override import ReadingsOverride
+from worker.probes import READING_KEYS
 
 
 def test_check_finds_missing_unexecutable_and_directory_programs(tmp_path: Path) -> None:
@@ -69,9 +70,10 @@ def test_readings_override_help_says_file_and_unknown_keys_warn(tmp_path: Path, 
     assert "JSON file" in " ".join(capsys.readouterr().out.split())
     path = tmp_path / "o.json"
     path.write_text(json.dumps({"memory_pct": 99, "temperature_c": 50}))
-    with caplog.at_level(logging.WARNING, logger="worker.probes"):
-        got = apply_override({"memory_used_pct": 10.0}, str(path))
-        apply_override({"memory_used_pct": 10.0}, str(path))  # same keys: no second line
+    override = ReadingsOverride(str(path), READING_KEYS)
+    with caplog.at_level(logging.WARNING, logger="worker.override"):
+        got = override.apply({"memory_used_pct": 10.0})
+        override.apply({"memory_used_pct": 10.0})  # same keys: no second line
     assert got["memory_used_pct"] == 10.0 and got["temperature_c"] == 50
     lines = [r.getMessage() for r in caplog.records if "unknown key" in r.getMessage()]
     assert len(lines) == 1 and "'memory_pct'" in lines[0] and "memory_used_pct" in lines[0]
