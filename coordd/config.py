@@ -97,6 +97,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     Attributes:
         db: SQLite file path ("" = the default state directory).
         socket: Unix socket path ("" = the default runtime directory).
+        store: "" = SQLite at `db`; a `postgresql://` DSN = the PostgreSQL store, with a
+            standby coordd waiting on its advisory lock (README, "PostgreSQL store").
         lease_default_s / lease_min_s / lease_max_s: lease length granted (clamped).
         heartbeat_stale_s: a worker whose last heartbeat is older gets no claim.
         reaper_interval_s: how often expired leases are reaped.
@@ -194,6 +196,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     db: str = ""
     socket: str = ""
+    store: str = ""
     lease_default_s: float = LEASE_DEFAULT_S
     lease_min_s: float = LEASE_MIN_S
     lease_max_s: float = LEASE_MAX_S
@@ -264,6 +267,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         ranges.check(self, RANGES)
+        if self.store and not is_postgres(self.store):
+            raise ValueError(f"store must be a postgresql:// DSN (or empty for SQLite), "
+                             f"got {self.store.partition('://')[0]!r}")
         if not 0 < self.lease_min_s <= self.lease_default_s <= self.lease_max_s:
             raise ValueError("need 0 < lease_min_s <= lease_default_s <= lease_max_s")
         if self.max_attempts_default < 1:
@@ -373,6 +379,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(msg.replace("`$", f"`$.gates.{key}") if "`$" in msg
                                  else f"gates.{key}: {msg}") from exc
         return out
+
+
+def is_postgres(store: str) -> bool:
+    """Whether the `store` setting names a PostgreSQL database (postgresql:// or postgres://)."""
+    return store.startswith(("postgresql://", "postgres://"))
 
 
 def load(path: str | os.PathLike[str] | None, **overrides: Any) -> Config:
