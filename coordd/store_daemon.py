@@ -65,6 +65,7 @@ class StoreDaemon:
         self.coord = StoreCoordinator(self.store, config, self.clock)
         self.leader = Leadership(config.store, LEADER_KEY)
         self.stop_event = asyncio.Event()
+        self._bound: Path | None = None  # the socket file we made (not an activated one)
         if config.admin_uids or config.admin_gids:
             self._admin_uids, self._admin_gids = set(config.admin_uids), set(config.admin_gids)
         else:
@@ -129,6 +130,7 @@ class StoreDaemon:
             sock = activated
         else:
             sock, lock_fd = bind_socket(sock_path)
+            self._bound = sock_path
         try:
             try:
                 await self.coord.start()
@@ -186,6 +188,9 @@ class StoreDaemon:
         for tcp in (self.tcp, self.enrol):
             if tcp is not None:
                 tcp.close()
+        if self._bound is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._bound)
         logger.critical("leadership lost (%s): exiting now so that two coordds never serve "
                         "the same store", reason, extra={"action": "leadership_lost"})
         logging.shutdown()

@@ -218,3 +218,47 @@ async def test_a_standby_waits_without_listening_and_takes_over_at_sigkill(rig):
             w.log())
     assert "coordd unreachable" in w.log() and "coordd reachable again" in w.log()
     assert "lease_lost" not in w.log() and "lease lost" not in w.log()
+
+
+async def test_an_active_coordd_whose_lock_session_ends_exits_at_once(rig):
+    """Never two serving: the server ends the active's lock session (as its keepalives or
+    idle_session_timeout would for a partitioned host); it exits 3 and the standby leads."""
+    import asyncpg
+    a = rig.coordd("a")
+    await a.wait_serving()
+    b = rig.coordd("b")
+    await b.wait_log("standby: waiting for the active coordd")
+    conn = await asyncpg.connect(rig.dsn)
+    try:  # the active's lock session: the one granted the advisory lock
+        pid = await conn.fetchval("SELECT pid FROM pg_locks WHERE locktype = 'advisory' "
+                                  "AND granted")
+        cut = time.monotonic()
+        assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await conn.close()
+    assert await asyncio.to_thread(a.proc.wait, 10) == 3
+    exited_s = time.monotonic() - cut
+    assert exited_s < 3.0
+    assert "leadership lost" in a.log()
+    await b.wait_serving()
+    assert not os.path.exists(a.socket)  # it stopped listening before it went
+
+
+async def test_a_parked_claim_is_woken_by_an_enqueue_through_listen(rig):
+    a = rig.coordd("a")
+    await a.wait_serving()
+    async with Client(a.socket, timeout=10) as c, Client(a.socket, timeout=10) as admin:
+        await c.heartbeat("w1", ["cpu"], COOL)
+        parked = asyncio.ensure_future(c.claim("w1", 30, "c1", wait_s=10))
+        await asyncio.sleep(0.3)
+        assert not parked.done()
+        sent = time.monotonic()
+        job = (await admin.enqueue(kind="m", required_role="cpu", priority=1,
+                                   payload={})).job_id
+        res = await asyncio.wait_for(parked, 5)
+        woke_s = time.monotonic() - sent
+        assert res.job is not None and res.job.job_id == job and res.waited_s >= 0.3
+        assert woke_s < 0.5  # the NOTIFY, not the 1 s poll
+        # nothing to claim: answered empty at wait_s
+        res = await c.claim("w1", 30, "c2", wait_s=0.3)
+        assert res.job is None
