@@ -63,7 +63,7 @@ PARK_WAIT_MAX_S = 300.0
 _S, _S0, _N0, _N1 = ranges.POSITIVE_S, ranges.NON_NEGATIVE_S, ranges.NON_NEGATIVE, ranges.AT_LEAST_ONE
 RANGES: dict[str, ranges.Range] = {
     "lease_default_s": _S, "lease_min_s": _S, "lease_max_s": _S, "heartbeat_stale_s": _S,
-    "reaper_interval_s": _S, "max_attempts_default": _N1, "backoff_base_s": _S0,
+    "reaper_interval_s": _S, "store_session_timeout_s": _S, "max_attempts_default": _N1, "backoff_base_s": _S0,
     "backoff_cap_s": _S0, "backoff_jitter": ranges.FRACTION, "aging_interval_s": _S0,
     "max_payload_bytes": _N1, "max_result_bytes": _N1, "max_checkpoint_bytes": _N1,
     "max_error_chars": _N1, "max_frame_bytes": ranges.Range(1024),
@@ -99,6 +99,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         socket: Unix socket path ("" = the default runtime directory).
         store: "" = SQLite at `db`; a `postgresql://` DSN = the PostgreSQL store, with a
             standby coordd waiting on its advisory lock (README, "PostgreSQL store").
+        store_session_timeout_s: PostgreSQL store: the server ends the active coordd's
+            lock session once it is silent this long (idle_session_timeout and TCP
+            keepalives on that session), so a standby takes over a frozen or cut-off host
+            about this long after; the active probes it every third of it and exits when
+            a probe fails.
         lease_default_s / lease_min_s / lease_max_s: lease length granted (clamped).
         heartbeat_stale_s: a worker whose last heartbeat is older gets no claim.
         reaper_interval_s: how often expired leases are reaped.
@@ -197,6 +202,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     db: str = ""
     socket: str = ""
     store: str = ""
+    store_session_timeout_s: float = 5.0
     lease_default_s: float = LEASE_DEFAULT_S
     lease_min_s: float = LEASE_MIN_S
     lease_max_s: float = LEASE_MAX_S

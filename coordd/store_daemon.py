@@ -63,7 +63,7 @@ class StoreDaemon:
         self.clock = clock or SystemClock()
         self.store = PostgresStore(config.store)
         self.coord = StoreCoordinator(self.store, config, self.clock)
-        self.leader = Leadership(config.store, LEADER_KEY)
+        self.leader = Leadership(config.store, LEADER_KEY, config.store_session_timeout_s)
         self.stop_event = asyncio.Event()
         self._bound: Path | None = None  # the socket file we made (not an activated one)
         if config.admin_uids or config.admin_gids:

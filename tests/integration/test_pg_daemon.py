@@ -106,10 +106,12 @@ class Rig:
     coordds: list[Coordd]
     workers: list[WorkerProc]
 
-    def coordd(self, name: str) -> Coordd:
+    def coordd(self, name: str, socket: str | None = None,
+               session_timeout_s: float = 5.0) -> Coordd:
         cfg = self.tmp / f"{name}.toml"
-        cfg.write_text(DAEMON_CFG)
-        d = Coordd(self.dsn, str(self.tmp / f"{name}.sock"), str(cfg), self.tmp / f"{name}.log")
+        cfg.write_text(DAEMON_CFG + f"store_session_timeout_s = {session_timeout_s}\n")
+        d = Coordd(self.dsn, socket or str(self.tmp / f"{name}.sock"), str(cfg),
+                   self.tmp / f"{name}.log")
         self.coordds.append(d)
         return d.start()
 
@@ -196,7 +198,7 @@ async def test_a_standby_waits_without_listening_and_takes_over_at_sigkill(rig):
     assert not os.path.exists(b.socket)  # no listener before it leads
     async with Client(a.socket, timeout=10) as c:
         ids = [(await c.enqueue(kind="m", required_role="cpu", priority=1,
-                                payload={"echo": i, "sleep": 1.5})).job_id for i in range(4)]
+                                payload={"echo": i, "sleep": 1.0})).job_id for i in range(3)]
     w = rig.worker("w1", [a.socket, b.socket], slots=2, lease_s=8, claim_wait_s=2)
 
     async def holding() -> bool:
@@ -262,3 +264,63 @@ async def test_a_parked_claim_is_woken_by_an_enqueue_through_listen(rig):
         # nothing to claim: answered empty at wait_s
         res = await c.claim("w1", 30, "c2", wait_s=0.3)
         assert res.job is None
+
+
+@pytest.mark.slow
+async def test_failover_drill_two_takeovers_under_load(rig):
+    """The long drill: two workers on both coordds, 40 jobs; the active is SIGKILLed, it
+    comes back as the standby, then the new active is SIGKILLed too. Every job succeeds
+    exactly once; no lease is expired by either fail-over; take-over times printed."""
+    a = rig.coordd("a")
+    await a.wait_serving()
+    b = rig.coordd("b")
+    await b.wait_log("standby: waiting for the active coordd")
+    sockets = [a.socket, b.socket]
+    async with Client(a.socket, timeout=10) as c:
+        ids = [(await c.enqueue(kind="m", required_role="cpu", priority=1,
+                                payload={"echo": i, "sleep": 0.4})).job_id for i in range(40)]
+    for wid in ("w1", "w2"):
+        rig.worker(wid, sockets, slots=2, lease_s=8, claim_wait_s=2)
+    takeovers = []
+    for active, standby, name in ((a, b, "a"), (None, None, "b")):
+        if active is None:  # second round: b leads, a (restarted) waits
+            active, standby = b, rig.coordd("a2", socket=a.socket)
+            await standby.wait_log("standby: waiting for the active coordd")
+
+        async def busy(d: Coordd = active) -> bool:
+            async with Client(d.socket, timeout=5) as cl:
+                return (await cl.status()).active_leases >= 3
+        await until(busy, 30, "the workers hold leases")
+        killed = time.monotonic()
+        active.proc.send_signal(signal.SIGKILL)
+        active.proc.wait(5)
+        takeovers.append(await standby.wait_serving() - killed)
+    print("\ntake-over times (SIGKILL -> standby serving): "
+          + ", ".join(f"{t * 1000:.0f} ms" for t in takeovers))
+    last = rig.coordds[-1]
+    async with Client(last.socket, timeout=10) as c:
+        jobs = await _all_done(c, ids, 120)
+    assert all(_once(j) for j in jobs), [
+        (j.job_id, j.status, [(e.to_status, e.reason) for e in j.events]) for j in jobs
+        if not _once(j)]
+    assert max(takeovers) < 5.0
+
+
+async def test_a_frozen_active_loses_the_lock_to_the_standby_and_exits_when_it_wakes(rig):
+    """A host that stops answering (SIGSTOP: as a partition looks to the server): the
+    server ends its silent lock session after store_session_timeout_s, the standby leads;
+    the old active, woken, finds its session gone and exits 3 at once."""
+    a = rig.coordd("a", session_timeout_s=1.5)
+    await a.wait_serving()
+    b = rig.coordd("b", session_timeout_s=1.5)
+    await b.wait_log("standby: waiting for the active coordd")
+    a.proc.send_signal(signal.SIGSTOP)
+    frozen = time.monotonic()
+    try:
+        took = await b.wait_serving() - frozen
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    assert 0.8 < took < 5.0, b.log()  # not before the session timeout (less a probe)
+    print(f"\ntake-over of a frozen active (store_session_timeout_s = 1.5): {took * 1000:.0f} ms")
+    assert await asyncio.to_thread(a.proc.wait, 10) == 3
+    assert "leadership lost" in a.log()

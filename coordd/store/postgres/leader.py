@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 SQL_WAIT_LEADER = "SELECT pg_advisory_lock(hashtext($1))"  # same key as sql.SQL_TRY_LEADER
 SQL_PROBE = "SELECT 1"
-PROBE_INTERVAL_S_DEFAULT = 1.0
+SESSION_TIMEOUT_S_DEFAULT = 5.0
 RETRY_S = 1.0
 _LOST = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 
@@ -32,20 +32,29 @@ class Leadership:
         dsn: the store's DSN (its keepalive settings decide how soon a dead server or a
             partition is noticed; README, "PostgreSQL store").
         key: the lock's name (hashed by PostgreSQL's `hashtext`).
-        probe_interval_s: how often the held lock's session is probed; a probe that does
-            not answer within this ends leadership.
+        session_timeout_s: the server ends the lock's session once it is silent this long
+            (`idle_session_timeout`, and TCP keepalives of about the same span), freeing
+            the lock of a frozen or cut-off holder; the holder probes every third of it,
+            and a probe unanswered within a third ends its leadership.
     """
 
     def __init__(self, dsn: str, key: str = "coordd",
-                 probe_interval_s: float = PROBE_INTERVAL_S_DEFAULT) -> None:
+                 session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT) -> None:
         self._dsn, self._key = dsn, key
-        self._probe_s = probe_interval_s
+        self._probe_s = session_timeout_s / 3
+        ms, ka = int(session_timeout_s * 1000), max(1, int(session_timeout_s / 3))
+        self._settings = {"idle_session_timeout": str(ms), "tcp_keepalives_idle": str(ka),
+                          "tcp_keepalives_interval": str(ka), "tcp_keepalives_count": "2",
+                          "application_name": "coordd-leader"}
         self._conn: Any = None
         self._gone = asyncio.Event()
 
+    async def _connect(self) -> Any:
+        return await asyncpg.connect(self._dsn, server_settings=self._settings)
+
     async def try_acquire(self) -> bool:
         """Take the lock if it is free; False if another session holds it."""
-        conn = await asyncpg.connect(self._dsn)
+        conn = await self._connect()
         if await conn.fetchval(sql.SQL_TRY_LEADER, self._key):
             self._hold(conn)
             return True
@@ -58,7 +67,7 @@ class Leadership:
         while True:
             conn = None
             try:
-                conn = await asyncpg.connect(self._dsn)
+                conn = await self._connect()
                 await conn.fetchval(SQL_WAIT_LEADER, self._key, timeout=None)
             except _LOST as exc:
                 logger.warning("standby: lock connection failed (%s); retrying", exc,
@@ -76,7 +85,7 @@ class Leadership:
 
     async def watch(self) -> str:
         """Return (with the reason) once the lock's session is gone: the connection closed,
-        or a probe failed or took longer than `probe_interval_s`."""
+        or a probe failed or took longer than a third of the session timeout."""
         conn = self._conn
         while not self._gone.is_set():
             try:
