@@ -54,8 +54,12 @@ class StoreDaemon:
 
     def __init__(self, config: Config, clock: Clock | None = None,
                  config_path: str | None = None) -> None:
-        from coordd.store.postgres import PostgresStore
-        from coordd.store.postgres.leader import Leadership
+        try:
+            from coordd.store.postgres import PostgresStore
+            from coordd.store.postgres.leader import Leadership
+        except ImportError as exc:
+            raise StartupError(f"the PostgreSQL store needs asyncpg (pip install -e "
+                               f"'.[postgres]'): {exc}") from exc
         self.config = config
         self.config_path = config_path
         self.tcp: Any = None

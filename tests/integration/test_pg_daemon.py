@@ -324,3 +324,13 @@ async def test_a_frozen_active_loses_the_lock_to_the_standby_and_exits_when_it_w
     print(f"\ntake-over of a frozen active (store_session_timeout_s = 1.5): {took * 1000:.0f} ms")
     assert await asyncio.to_thread(a.proc.wait, 10) == 3
     assert "leadership lost" in a.log()
+
+
+def test_an_unreachable_store_is_one_line_and_exit_1(pg_dsn, tmp_path):
+    dead = pg_dsn.replace("port=", "port=1")  # nobody listens there
+    done = subprocess.run([sys.executable, "-m", "coordd", "--store", dead, "--socket",
+                           str(tmp_path / "x.sock")], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("coordd: cannot reach the store") and \
+        len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "x.sock").exists()
