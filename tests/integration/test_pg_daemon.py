@@ -183,6 +183,17 @@ async def test_coordd_on_postgres_drains_with_a_real_worker(rig):
         with pytest.raises(errors.BadRequest, match="does not store gates"):
             await c.enqueue(kind="m", required_role="cpu", priority=1, payload={},
                             gates={"max_memory_pct": 50})
+        # bad input: the SQLite path's checks and codes, nothing stored
+        with pytest.raises(errors.BadRequest, match="priority must be 0..3"):
+            await c.enqueue(kind="m", required_role="cpu", priority=7, payload={})
+        with pytest.raises(errors.BadRequest, match="readings"):
+            await c.heartbeat("w2", ["cpu"], {"memory_used_pct": "hot"})
+        with pytest.raises(errors.BadRequest, match="wait_s"):
+            await c.call("claim", {"worker_id": "w1", "wait_s": -1})
+        with pytest.raises(errors.LeaseLost):
+            await c.complete(jobs[0].job_id, "w1", 999, {"x": 1})
+        with pytest.raises(errors.NotFound):
+            await c.get_job("nope")
         assert (await c.status()).jobs["succeeded"] == 12
     assert "Traceback" not in a.log() and "internal error" not in a.log()
 
