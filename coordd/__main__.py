@@ -1,4 +1,4 @@
-"""`coordd [--db PATH] [--socket PATH] [--config FILE] [--log-json]`: run the daemon."""
+"""`coordd [--db PATH | --store DSN] [--socket PATH] [--config FILE] [--log-json]`: run the daemon."""
 
 from __future__ import annotations
 
@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--db", help="SQLite file (env COORDD_DB; default ~/.local/state/coordd/coordd.db)")
     p.add_argument("--socket", help="Unix socket (env COORDD_SOCKET; default "
                                     "$XDG_RUNTIME_DIR/coordd/coordd.sock)")
+    p.add_argument("--store", metavar="DSN",
+                   help="postgresql://... : serve the core over PostgreSQL (config `store`; "
+                        "a second coordd with the same DSN is its standby)")
     p.add_argument("--config", help="TOML config file")
     p.add_argument("--log-json", action="store_true", help="log JSON lines")
     return p.parse_args(argv)
@@ -77,19 +80,23 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
     args = parse_args(argv)
     try:
-        cfg = config_mod.load(args.config)
+        cfg = config_mod.load(args.config, store=args.store)
     except ConfigError as exc:
         print(f"coordd: {exc}", file=sys.stderr)
         return 2
     setup_logging(args.log_json or cfg.log_json)
     db = args.db or cfg.db or str(config_mod.default_db_path())
     sock = args.socket or cfg.socket or str(config_mod.default_socket_path())
-    for path, given in ((db, args.db or cfg.db), (sock, args.socket or cfg.socket)):
+    for path, given in ((db, args.db or cfg.db or cfg.store), (sock, args.socket or cfg.socket)):
         if not given:  # a default location: create our own folder; a given one must exist
             os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
     cfg = msgspec.structs.replace(cfg, db=db, socket=sock)
     try:
-        uvloop.run(Daemon(cfg, config_path=args.config).run())
+        if cfg.store:
+            from coordd.store_daemon import StoreDaemon
+            uvloop.run(StoreDaemon(cfg, config_path=args.config).run())
+        else:
+            uvloop.run(Daemon(cfg, config_path=args.config).run())
     except StartupError as exc:  # one line on stderr (the journal under systemd), no log twin
         print(f"coordd: {exc}", file=sys.stderr)
         return 1

@@ -63,7 +63,7 @@ PARK_WAIT_MAX_S = 300.0
 _S, _S0, _N0, _N1 = ranges.POSITIVE_S, ranges.NON_NEGATIVE_S, ranges.NON_NEGATIVE, ranges.AT_LEAST_ONE
 RANGES: dict[str, ranges.Range] = {
     "lease_default_s": _S, "lease_min_s": _S, "lease_max_s": _S, "heartbeat_stale_s": _S,
-    "reaper_interval_s": _S, "max_attempts_default": _N1, "backoff_base_s": _S0,
+    "reaper_interval_s": _S, "store_session_timeout_s": _S, "max_attempts_default": _N1, "backoff_base_s": _S0,
     "backoff_cap_s": _S0, "backoff_jitter": ranges.FRACTION, "aging_interval_s": _S0,
     "max_payload_bytes": _N1, "max_result_bytes": _N1, "max_checkpoint_bytes": _N1,
     "max_error_chars": _N1, "max_frame_bytes": ranges.Range(1024),
@@ -97,6 +97,13 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     Attributes:
         db: SQLite file path ("" = the default state directory).
         socket: Unix socket path ("" = the default runtime directory).
+        store: "" = SQLite at `db`; a `postgresql://` DSN = the PostgreSQL store, with a
+            standby coordd waiting on its advisory lock (README, "PostgreSQL store").
+        store_session_timeout_s: PostgreSQL store: the server ends the active coordd's
+            lock session once it is silent this long (idle_session_timeout and TCP
+            keepalives on that session), so a standby takes over a frozen or cut-off host
+            about this long after; the active probes it every third of it and exits when
+            a probe fails.
         lease_default_s / lease_min_s / lease_max_s: lease length granted (clamped).
         heartbeat_stale_s: a worker whose last heartbeat is older gets no claim.
         reaper_interval_s: how often expired leases are reaped.
@@ -194,6 +201,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     db: str = ""
     socket: str = ""
+    store: str = ""
+    store_session_timeout_s: float = 5.0
     lease_default_s: float = LEASE_DEFAULT_S
     lease_min_s: float = LEASE_MIN_S
     lease_max_s: float = LEASE_MAX_S
@@ -264,6 +273,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         ranges.check(self, RANGES)
+        if self.store and not is_postgres(self.store):
+            raise ValueError(f"store must be a postgresql:// DSN (or empty for SQLite), "
+                             f"got {self.store.partition('://')[0]!r}")
         if not 0 < self.lease_min_s <= self.lease_default_s <= self.lease_max_s:
             raise ValueError("need 0 < lease_min_s <= lease_default_s <= lease_max_s")
         if self.max_attempts_default < 1:
@@ -373,6 +385,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(msg.replace("`$", f"`$.gates.{key}") if "`$" in msg
                                  else f"gates.{key}: {msg}") from exc
         return out
+
+
+def is_postgres(store: str) -> bool:
+    """Whether the `store` setting names a PostgreSQL database (postgresql:// or postgres://)."""
+    return store.startswith(("postgresql://", "postgres://"))
 
 
 def load(path: str | os.PathLike[str] | None, **overrides: Any) -> Config:

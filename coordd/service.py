@@ -178,17 +178,8 @@ class Coordinator:
         Raises: errors.BadRequest (empty id, bad readings types, bad kinds, a non-finite
         extra reading, GPU devices coordd.resources.check_readings refuses).
         """
-        check_name("worker_id", p.worker_id)
-        for role in p.roles:
-            check_name("role", role)
-        try:
-            msgspec.convert(p.readings, Readings)
-        except msgspec.ValidationError as exc:
-            raise errors.BadRequest(f"readings: {exc}") from exc
-        resources.check_readings(p.readings)  # GPU devices: bounded, unique, in range
+        _, readings_json = checked_readings(p, self.config.max_payload_bytes)
         roles_json = store.dumps(sorted(set(p.roles)))
-        readings = values.unknown_if_not_finite(p.readings)  # a NaN gate reading: unknown
-        readings_json = values.encode("readings", readings, self.config.max_payload_bytes)
         kinds_json, broken_json = self.lifecycle.heartbeat_state(p)
 
         def op(conn: sqlite3.Connection, now: float) -> Any:
@@ -541,6 +532,25 @@ class Coordinator:
                       states: dict[str, wkstore.WorkerState]) -> str:
         return explain.why_waiting(job, now, workers, states, self._policies,
                                    self.config.heartbeat_stale_s)
+
+
+def checked_readings(p: Heartbeat, max_bytes: int) -> tuple[dict[str, Any], str]:
+    """Check a heartbeat's worker id, roles and readings; return the readings to store (a
+    NaN or infinite gate reading made unknown) and their JSON.
+
+    Raises: errors.BadRequest (a bad name, readings types or GPU devices),
+    errors.PayloadTooLarge (the readings' JSON is over `max_bytes`).
+    """
+    check_name("worker_id", p.worker_id)
+    for role in p.roles:
+        check_name("role", role)
+    try:
+        msgspec.convert(p.readings, Readings)
+    except msgspec.ValidationError as exc:
+        raise errors.BadRequest(f"readings: {exc}") from exc
+    resources.check_readings(p.readings)  # GPU devices: bounded, unique, in range
+    readings = values.unknown_if_not_finite(p.readings)  # a NaN gate reading: unknown
+    return readings, values.encode("readings", readings, max_bytes)
 
 
 def _truncate(text: str, limit: int) -> str:

@@ -74,3 +74,34 @@ async def make_bundle(tmp_path):
 @pytest.fixture
 async def bundle(make_bundle) -> AsyncIterator[Bundle]:
     yield await make_bundle()
+
+
+# ---------------------------------------------------------------- PostgreSQL (issue 20)
+# One throwaway cluster per session, shared by tests/store and the daemon tests (one port).
+
+def _pg_missing() -> str | None:
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError:
+        return "asyncpg is not installed (pip install -e '.[postgres]')"
+    from coordd.store.postgres import throwaway
+    if throwaway.binaries() is None:
+        return "PostgreSQL server binaries not found (apt-get install postgresql)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Any:
+    """The DSN of the session's throwaway cluster (started on first use)."""
+    why = _pg_missing()
+    if why is not None:
+        pytest.skip(why)
+    from coordd.store.postgres import throwaway
+    cluster = throwaway.Cluster()
+    try:
+        dsn = cluster.start()
+    except RuntimeError as exc:
+        cluster.stop()
+        pytest.skip(f"could not start a throwaway PostgreSQL cluster: {exc}")
+    yield dsn
+    cluster.stop()

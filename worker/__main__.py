@@ -32,10 +32,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="coord-worker", description="Run jobs for coordd.")
     p.add_argument("--worker-id", required=True, help="this worker's id (unique in the fleet)")
     p.add_argument("--roles", required=True, help="comma-separated roles, e.g. cpu,gpu")
-    p.add_argument("--socket", help="coordd socket (env COORDD_SOCKET; default "
-                                    "$XDG_RUNTIME_DIR/coordd/coordd.sock)")
-    p.add_argument("--connect", metavar="URL",
-                   help="coordd on another host: tls://HOST:PORT (mutual TLS; config `connect`)")
+    p.add_argument("--socket", action="append",
+                   help="coordd socket (env COORDD_SOCKET; default "
+                        "$XDG_RUNTIME_DIR/coordd/coordd.sock); repeat it for an active coordd "
+                        "and its standbys (tried in turn; config `socket`)")
+    p.add_argument("--connect", metavar="URL", action="append",
+                   help="coordd on another host: tls://HOST:PORT (mutual TLS; config `connect`); "
+                        "repeat it for an active coordd and its standbys")
     p.add_argument("--cert", help="this worker's certificate (PEM) for tls:// (config tls_cert)")
     p.add_argument("--key", help="its private key (PEM) (config tls_key)")
     p.add_argument("--ca", help="the fleet CA (PEM) coordd's certificate chains to (config tls_ca)")
@@ -72,13 +75,20 @@ def client_factory(args: argparse.Namespace, cfg: config_mod.WorkerConfig) -> Ca
     Raises: ValueError (a bad URL, tls:// without files), OSError (unreadable TLS files).
     """
     from coordd.client import Client
+    from coordd.failover import Failover
     from coordd.transport import Connector, TlsFiles
     from worker.supervisor import CALL_TIMEOUT_S
-    url = args.connect or cfg.connect
-    if not url:
-        return lambda: Client(args.socket, timeout=CALL_TIMEOUT_S)
+    urls = args.connect or _listed(cfg.connect)
+    if not urls:
+        sockets = args.socket or _listed(cfg.socket)
+        if len(sockets) > 1:  # an active coordd and its standbys (coordd.failover)
+            Failover(sockets)  # a bad address: refused now, not at the first call
+            return lambda: Client(connector=Failover(
+                sockets, connect_timeout_s=cfg.connect_timeout_s), timeout=CALL_TIMEOUT_S)
+        return lambda: Client(sockets[0] if sockets else None, timeout=CALL_TIMEOUT_S)
+    url = urls[0]
     files = None
-    if url.startswith("tls://"):
+    if any(u.startswith("tls://") for u in urls):
         cert, key, ca = args.cert or cfg.tls_cert, args.key or cfg.tls_key, args.ca or cfg.tls_ca
         missing = [n for n, v in (("--cert", cert), ("--key", key), ("--ca", ca)) if not v]
         if missing:
@@ -89,9 +99,18 @@ def client_factory(args: argparse.Namespace, cfg: config_mod.WorkerConfig) -> Ca
         if named != args.worker_id:
             raise ValueError(f"{cert} is the certificate of worker {named or '(none)'}, not "
                              f"{args.worker_id}: coordd would refuse every request")
+    if len(urls) > 1:
+        Failover(urls, files)  # bad URL or files: refused now, not at the first call
+        return lambda: Client(connector=Failover(
+            urls, files, connect_timeout_s=cfg.connect_timeout_s), timeout=CALL_TIMEOUT_S)
     Connector(url, files)  # bad URL or files: refused now, not at the first call
     return lambda: Client(connector=Connector(url, files, connect_timeout_s=cfg.connect_timeout_s),
                           timeout=CALL_TIMEOUT_S)
+
+
+def _listed(value: str | list[str]) -> list[str]:
+    """A config address setting as a list: "" none, a string one, a list several."""
+    return [value] if isinstance(value, str) and value else list(value or [])
 
 
 def _cert_worker_id(path: str) -> str | None:

@@ -149,8 +149,11 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         inline_result_bytes: larger results go to the artifact store, not the DB.
         kinds: one table per job kind this worker can run.
         resources: overrides of the GPUs and RAM this worker advertises.
+        socket: coordd's Unix socket ("" = `$COORDD_SOCKET` / the default), or a list
+            of them (an active coordd and its standbys, tried in turn); `--socket` wins.
         connect: coordd's address: a socket path, or `tls://HOST:PORT` for a coordd on
-            another host ("" = `--socket` / the default socket); `--connect` wins.
+            another host ("" = `socket`); a list for an active coordd and its standbys;
+            `--connect` wins.
         tls_cert / tls_key / tls_ca: this worker's certificate and key and the fleet CA
             (PEM files) for `tls://`; `--cert`, `--key`, `--ca` win.
         connect_timeout_s: one connect (TCP + TLS handshake) must finish within this.
@@ -166,7 +169,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     inline_result_bytes: int = INLINE_RESULT_BYTES_DEFAULT
     kinds: dict[str, KindConfig] = msgspec.field(default_factory=default_kinds)
     resources: ResourcesConfig = msgspec.field(default_factory=ResourcesConfig)
-    connect: str = ""
+    socket: str | list[str] = ""
+    connect: str | list[str] = ""
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""

@@ -2,8 +2,8 @@
 PostgreSQL.
 
 PostgreSQL runs in a throwaway cluster started once per session as a non-root user
-(coordd.store.postgres.throwaway; shared/FLEET.md B2), its tables truncated between
-tests; its cases skip, with the reason, where asyncpg or the server binaries are missing.
+(tests/conftest.py `pg_dsn`, coordd.store.postgres.throwaway; shared/FLEET.md B2), its
+tables truncated between tests; its cases skip, with the reason, where asyncpg or the server binaries are missing.
 """
 
 from __future__ import annotations
@@ -24,34 +24,6 @@ from coordd.store.sqlite_store import SQLiteStore
 T0 = 100.0
 COOL = {"memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,
         "user_idle_s": 3600.0}
-
-
-def _pg_missing() -> str | None:
-    try:
-        import asyncpg  # noqa: F401
-    except ImportError:
-        return "asyncpg is not installed (pip install -e '.[postgres]')"
-    from coordd.store.postgres import throwaway
-    if throwaway.binaries() is None:
-        return "PostgreSQL server binaries not found (apt-get install postgresql)"
-    return None
-
-
-@pytest.fixture(scope="session")
-def pg_dsn() -> Any:
-    """The DSN of the session's throwaway cluster (started on first use)."""
-    why = _pg_missing()
-    if why is not None:
-        pytest.skip(why)
-    from coordd.store.postgres import throwaway
-    cluster = throwaway.Cluster()
-    try:
-        dsn = cluster.start()
-    except RuntimeError as exc:
-        cluster.stop()
-        pytest.skip(f"could not start a throwaway PostgreSQL cluster: {exc}")
-    yield dsn
-    cluster.stop()
 
 
 async def open_store(kind: str, request: Any, tmp_path: Any, **kw: Any) -> Any:

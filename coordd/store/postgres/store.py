@@ -25,7 +25,7 @@ from coordd.protocol import (
 )
 from coordd.store import NewJob, dumps
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
-from coordd.store.postgres import apply, batch, claims, coordination, reads, schema, sql
+from coordd.store.postgres import apply, batch, claims, coordination, grace, reads, schema, sql
 
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
@@ -273,6 +273,12 @@ class PostgresStore:
             if requeued:
                 await conn.execute(sql.SQL_NOTIFY)
         return n
+
+    async def restart_grace(self, *, now: float | None = None) -> int:
+        """Give every stored lease at least one more lease_s from now (a coordd starting
+        to serve: coordd.store.postgres.grace); return how many."""
+        async with self._conn() as conn:
+            return await grace.restart_grace(conn, now)
 
     async def cancel(self, job_id: str, *, now: float | None = None) -> StatusResult:
         """waiting/blocked -> cancelled; running -> cancel requested (renew and heartbeat

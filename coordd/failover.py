@@ -1,0 +1,78 @@
+"""Several coordd addresses for one client: an active coordd and its standbys (a
+PostgreSQL store, README "PostgreSQL store"). Each connect tries the address that answered
+last, then every other in turn; only when none answers does the next connect wait a capped
+exponential backoff with full jitter (as coordd.transport's). The client's own reconnect
+loop does the rest: a call after a lost connection connects again, here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+
+from coordd.clock import Clock, SystemClock
+from coordd.transport import ConnectFailed, Connector, TlsFiles
+
+BACKOFF_BASE_S = 0.1
+BACKOFF_CAP_S = 2.0  # short: a standby that took over should be found within seconds
+
+
+class Failover:
+    """A Connector over several endpoints (the Client takes it as `connector`).
+
+    Args:
+        endpoints: socket paths, `tls://HOST:PORT` or `tcp://HOST:PORT` (at least one).
+        files: the TLS files for tls:// endpoints.
+        connect_timeout_s: one connect to one endpoint must finish within this.
+    Raises: ValueError (no endpoint, a bad one, tls:// without files).
+    """
+
+    def __init__(self, endpoints: Sequence[str], files: TlsFiles | None = None, *,
+                 connect_timeout_s: float = 5.0, backoff_base_s: float = BACKOFF_BASE_S,
+                 backoff_cap_s: float = BACKOFF_CAP_S, rng: random.Random | None = None,
+                 clock: Clock | None = None) -> None:
+        if not endpoints:
+            raise ValueError("no coordd address given")
+        self.connectors = [Connector(e, files, connect_timeout_s=connect_timeout_s,
+                                     backoff_base_s=0.0, backoff_cap_s=0.0) for e in endpoints]
+        self._current = 0
+        self._base, self._cap = backoff_base_s, backoff_cap_s
+        self._rng = rng or random.Random()
+        self._clock = clock or SystemClock()
+        self.failures = 0  # rounds in a row in which no endpoint answered
+        self._next_try = 0.0
+
+    @property
+    def endpoint(self) -> str:
+        """The address that answered last (or the first)."""
+        return self.connectors[self._current].endpoint
+
+    @property
+    def scheme(self) -> str:
+        """Its scheme: unix, tls or tcp."""
+        return self.connectors[self._current].scheme
+
+    async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect to the first endpoint that answers, starting at the last good one.
+
+        Raises: ConnectFailed (none answered: every endpoint's reason).
+        """
+        wait = self._next_try - self._clock.mono()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        why = []
+        n = len(self.connectors)
+        for k in range(n):
+            i = (self._current + k) % n
+            try:
+                pair = await self.connectors[i].open()
+            except ConnectFailed as exc:
+                why.append(exc.message)
+                continue
+            self._current, self.failures, self._next_try = i, 0, 0.0
+            return pair
+        self.failures += 1
+        self._next_try = self._clock.mono() + self._rng.uniform(
+            0.0, min(self._cap, self._base * 2.0 ** min(self.failures - 1, 30)))
+        raise ConnectFailed("no coordd answers: " + "; ".join(why))
