@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 
 from coordd.store.postgres import sql
+from coordd.store.postgres.leader import Leadership
 
 logger = logging.getLogger(__name__)
 
@@ -73,23 +74,28 @@ class WorkListener:
 @contextlib.asynccontextmanager
 async def leadership(dsn: str, key: str,
                      on_lost: Callable[[], None] | None = None) -> AsyncIterator[bool]:
-    """Try for the session advisory lock named `key` on a new connection; yield whether
-    it was won. It is held until the block ends (the connection closes), or until the
-    server ends the session: a crashed leader's lock goes with its session. A won lock's
-    session ending before the block does (terminated, server restarted) calls `on_lost`
-    at once: the lock is gone and a standby may hold it already. A silent network
-    partition is seen only as TCP keepalives or the server's timeouts detect it."""
-    conn = await asyncpg.connect(dsn)
-    def lost(_conn: Any) -> None:
-        logger.warning("leadership session lost", extra={"action": "leadership_lost",
-                                                         "key": key})
-        if on_lost is not None:
-            on_lost()
+    """Try for the session advisory lock named `key` (coordd.store.postgres.leader, the
+    one implementation the standby uses too); yield whether it was won. It is held until
+    the block ends, or until its session ends: a crashed leader's lock goes with its
+    session. A won lock whose session ends before the block does (terminated, server
+    restarted, a probe unanswered) calls `on_lost` at once: the lock is gone and a
+    standby may hold it already."""
+    lock = Leadership(dsn, key)
+    won = await lock.try_acquire()
+    watcher = None
+    if won:  # the watch's probes also keep the session from its idle timeout
+        async def watch() -> None:
+            reason = await lock.watch()
+            logger.warning("leadership session lost (%s)", reason,
+                           extra={"action": "leadership_lost", "key": key})
+            if on_lost is not None:
+                on_lost()
+        watcher = asyncio.create_task(watch())
     try:
-        won = bool(await conn.fetchval(sql.SQL_TRY_LEADER, key))
-        if won:
-            conn.add_termination_listener(lost)
         yield won
     finally:
-        conn.remove_termination_listener(lost)
-        await conn.close()
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await lock.close()
