@@ -46,6 +46,8 @@ class ClaimPolicy(msgspec.Struct, kw_only=True):
     # the kinds waiting per role, kept by the writer (coordd.job_changes.RoleKinds); None:
     # read them from the claim index at each claim
     role_kinds: Any = None
+    # whether a reservation may exist (coordd.preemption.ReservationHint); None: always look
+    reservations: Any = None
     # (priority, the worker's stored heartbeat JSON) -> what that priority's own gates say
     _base: dict[tuple[int, str], list[tuple[str, str]]] = msgspec.field(default_factory=dict)
 
@@ -122,7 +124,7 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
                            detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
     roles_json, heartbeat_json = worker[0], worker[1]
     judge = _Judge(policy, heartbeat_json, conn, worker_id, now)
-    reserved = preemption.reserved_claim(conn, now, worker_id)
+    reserved = preemption.reserved_claim(conn, now, worker_id, policy.reservations)
     # capacity freed by a preemption: promised to this job (while its limits have room)
     if reserved is not None and judge.admits_limits(reserved):
         short = judge.admission.admit(reserved) if judge.admission is not None else None

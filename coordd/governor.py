@@ -42,6 +42,7 @@ class Governor:
         self._preempt = preemption.Preemptor(preemption.PreemptPolicy(
             gap=config.preempt_gap, min_runtime_s=config.preempt_min_runtime_s,
             reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s))
+        self.reservations = self._preempt.hint  # whether a reservation may exist
 
     def on_heartbeat(self, conn: sqlite3.Connection, now: float,
                      worker_id: str) -> HeartbeatGovernance:

@@ -82,6 +82,9 @@ class JobChanges:
         self._delta: dict[tuple[Any, Any], int] = {}  # the batch's, applied at commit
         self._data_version: int | None = None
         self._version_seen: int | None = None  # a batch's recount, until it commits
+        # coordd.preemption.ReservationHint (or None): raised wherever `role_kinds` is
+        # cleared, since a rollback or an outside write may bring a reservation back
+        self.reservations: Any = None
 
     def open(self, conn: sqlite3.Connection) -> None:
         """Load the counters, recounted first if their totals by status differ from the
@@ -105,6 +108,13 @@ class JobChanges:
         for stmt in sql.TRIGGERS:
             conn.execute(stmt)
         self._data_version = conn.execute(sql.SQL_DATA_VERSION).fetchone()[0]
+        self._doubt()
+
+    def _doubt(self) -> None:
+        """What is cached of the file may be stale: forget the kinds, raise the hint."""
+        self.role_kinds.clear()
+        if self.reservations is not None:
+            self.reservations.may_exist()
 
     def row(self, old_status: Any, old_prio: Any, new_status: Any, new_prio: Any,
             job_id: Any, role: Any, kind: Any, run_at_ahead: Any) -> None:
@@ -131,7 +141,7 @@ class JobChanges:
             self._data_version = None  # until the recount commits (see `committed`)
             self._recount(conn)
             self._version_seen = version
-            self.role_kinds.clear()
+            self._doubt()
 
     def _recount(self, conn: sqlite3.Connection) -> None:
         """Count the jobs into `job_counts` and `counts` (inside a transaction)."""
@@ -142,7 +152,7 @@ class JobChanges:
     def undo(self, mark: int) -> None:
         """The ops since `len(journal)` was `mark` were rolled back: forget their rows."""
         del self.journal[mark:]
-        self.role_kinds.clear()  # a rolled-back take may have dropped a kind still waiting
+        self._doubt()  # a rolled-back take may have dropped a kind still waiting
 
     def flush(self, conn: sqlite3.Connection) -> None:
         """Add the batch's counter deltas to `job_counts`, in its transaction (before
@@ -175,4 +185,4 @@ class JobChanges:
         self.journal.clear()
         self._delta = {}
         self._version_seen = None  # a recount rolled back: the next batch counts again
-        self.role_kinds.clear()
+        self._doubt()

@@ -8,6 +8,10 @@ on every heartbeat and renew until `release`) and inserts a reservation, so the 
 that worker takes the waiting job first (`reserved_claim`) until the reservation lapses
 after `reservation_s`. A worker's room comes from the `slots_total` / `slots` readings it
 sends; a worker that sends none is never counted full, so it never loses a job here.
+The claim skips its look at reservations while `ReservationHint` says none can exist;
+the rule not to break: the hint is raised before any reservation can be stored or come
+back (an insert here, a rollback, another connection's write) and lowered only by a look
+that found the table empty.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from coordd.store import resources as resstore
 from coordd.store.governance import (
     SQL_ALL_HELD, SQL_ANY_PREEMPTOR, SQL_DELETE_LAPSED_RESERVATIONS, SQL_DELETE_RESERVATION,
     SQL_INSERT_RESERVATION, SQL_LIVE_WORKERS, SQL_MARK_VACATE, SQL_PREEMPTING_CANDIDATES,
-    SQL_RESERVATIONS, SQL_RESERVED_FOR_WORKER,
+    SQL_ANY_RESERVATION, SQL_RESERVATIONS, SQL_RESERVED_FOR_WORKER,
 )
 
 CANDIDATES_MAX = 16  # waiting jobs looked at per scan, best first
@@ -40,19 +44,35 @@ class PreemptPolicy(msgspec.Struct, frozen=True, kw_only=True):
     scan_interval_s: float = 1.0  # the full look at workers and leases, at most this often
 
 
+class ReservationHint:
+    """Whether a reservation may exist in the file (one per Coordinator): while `maybe`
+    is False the claim does not look (`reserved_claim`). Raised at start, by `preempt`
+    before it inserts, and by the writer whenever a batch or an op rolls back or another
+    connection wrote (coordd.job_changes); lowered only when a look finds the table empty.
+    """
+
+    def __init__(self) -> None:
+        self.maybe = True
+
+    def may_exist(self) -> None:
+        """A reservation may exist (or may have come back)."""
+        self.maybe = True
+
+
 class Preemptor:
     """`preempt` on every heartbeat, its full look at workers and leases at most once per
     `scan_interval_s` of coordd time (a backlog with a busy fleet must not cost a scan of
-    every lease per heartbeat)."""
+    every lease per heartbeat). `hint` is raised before each reservation it stores."""
 
     def __init__(self, policy: PreemptPolicy) -> None:
         self.policy = policy
+        self.hint = ReservationHint()
         self._last = float("-inf")
 
     def run(self, conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy]
             ) -> list[tuple[str, str, str]]:
         """As `preempt`; [] when the last full look was under `scan_interval_s` ago."""
-        return preempt(conn, now, policies, self.policy, self)
+        return preempt(conn, now, policies, self.policy, self, self.hint)
 
     def due(self, now: float) -> bool:
         """True (and the interval restarts) when a full look may run at `now`."""
@@ -114,11 +134,11 @@ def _room(total: int | None, kinds: dict[str, int], held: list[Held], reserved: 
 
 
 def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy],
-            policy: PreemptPolicy, pacer: Preemptor | None = None
-            ) -> list[tuple[str, str, str]]:
+            policy: PreemptPolicy, pacer: Preemptor | None = None,
+            hint: ReservationHint | None = None) -> list[tuple[str, str, str]]:
     """Drop lapsed reservations; for each waiting job that could preempt and that no live
-    worker has room for, vacate one victim and reserve its capacity. Returns
-    [(waiting job, victim job, worker)]."""
+    worker has room for, vacate one victim and reserve its capacity (`hint` raised
+    first). Returns [(waiting job, victim job, worker)]."""
     conn.execute(SQL_DELETE_LAPSED_RESERVATIONS, (now,))
     if policy.gap <= 0:
         return []
@@ -165,6 +185,8 @@ def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy
         why = f"preempted_by {job_id} (P{prio})"
         conn.execute(SQL_MARK_VACATE, (why, victim.job_id))
         event(conn, victim.job_id, now, victim.worker_id, "running", "running", f"vacate: {why}")
+        if hint is not None:
+            hint.may_exist()
         conn.execute(SQL_INSERT_RESERVATION, (job_id, victim.worker_id, victim.job_id, now,
                                               now + policy.reservation_s))
         event(conn, job_id, now, victim.worker_id, "waiting", "waiting",
@@ -177,11 +199,18 @@ def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy
     return done
 
 
-def reserved_claim(conn: sqlite3.Connection, now: float, worker_id: str) -> str | None:
+def reserved_claim(conn: sqlite3.Connection, now: float, worker_id: str,
+                   hint: ReservationHint | None = None) -> str | None:
     """The claim's look at reservations on `worker_id`: the reserved job still waiting, to
-    be taken first, or None. Reservations whose job no longer waits are dropped."""
+    be taken first, or None. Reservations whose job no longer waits are dropped. With a
+    `hint` that says none can exist, no look; one that finds none for this worker checks
+    whether the table is empty, and if so lowers the hint."""
+    if hint is not None and not hint.maybe:
+        return None
     for job_id, status in conn.execute(SQL_RESERVED_FOR_WORKER, (worker_id, now)).fetchall():
         if status == "waiting":
             return job_id
         conn.execute(SQL_DELETE_RESERVATION, (job_id,))
+    if hint is not None and conn.execute(SQL_ANY_RESERVATION).fetchone() is None:
+        hint.maybe = False
     return None

@@ -97,6 +97,8 @@ class Coordinator:
             aging_interval_s=config.aging_interval_s, limits=self.limit_book,
             role_kinds=self.writer.changes.role_kinds)
         self.governor = governor.Governor(config, self._policies, self.meters, self._read)
+        hint = self.governor.reservations  # may a reservation exist? (coordd.preemption)
+        self._claim_policy.reservations = self.writer.changes.reservations = hint
         self.flows = Workflows(self)
         self._status = Coalesced(self._status_now)  # many pollers share one read
         self.maintenance = Maintenance(self)

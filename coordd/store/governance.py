@@ -107,6 +107,7 @@ SQL_RESERVED_FOR_WORKER = (  # the claim's look: is this worker's freed capacity
     "WHERE r.worker_id = ? AND r.expires_at > ? ORDER BY r.created_at"
 )
 SQL_DELETE_RESERVATION = "DELETE FROM reservations WHERE job_id = ?"
+SQL_ANY_RESERVATION = "SELECT 1 FROM reservations LIMIT 1"  # lapsed ones count too
 SQL_RESERVATION_OF = (
     "SELECT r.worker_id, r.victim_job_id, j.priority, r.expires_at FROM reservations r "
     "JOIN jobs j ON j.job_id = r.victim_job_id WHERE r.job_id = ?"

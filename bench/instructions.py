@@ -1,0 +1,209 @@
+"""`python -m bench.instructions`: instructions and SQL statements per claim + complete.
+
+    python -m bench.instructions [--jobs 2000] [--rev REV ...] [--no-tree] [--statements]
+
+A deterministic figure for a noisy machine: one client's claim -> complete cycles run
+in-process against a Coordinator (no RPC: the writer, the store and the claim path), and
+valgrind's callgrind counts the instructions of the cycles only (`--toggle-collect` on
+the C function `functools.reduce`, which the cycles run inside; the start, the enqueue
+and the close are not counted). The same counts come back for the same code whatever
+else the machine is doing. A second, plain run traces the writer connection's SQL
+(`set_trace_callback`) and counts statements per job, by statement.
+
+Each revision given with --rev is extracted to a temp folder (`git archive`, as
+`bench.run --rev` does) and measured with this file, so the loop is the same for both.
+The clock is a FakeClock, pinned (moving it would wake coordd's timers on every cycle, which
+a real clock does not); the background checkpointer thread is off
+(`wal_checkpoint_interval_s = 0`) so no other thread runs during the cycles. Python's
+hash seed is pinned. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_JOBS = 2000
+TOGGLE = "functools_reduce"  # the C function the measured cycles run inside
+
+
+def _child(n: int, db: str, trace_out: str | None) -> None:
+    """The measured loop (run in a subprocess whose PYTHONPATH names the source): set-up,
+    the cycles inside functools.reduce (what callgrind counts), then the close."""
+    import asyncio
+    import functools
+    import random
+
+    import uvloop
+
+    import coordd
+    from coordd import config as config_mod
+    from coordd.clock import FakeClock
+    from coordd.protocol import Claim, Complete, Enqueue, EnqueueBatch, Heartbeat
+    from coordd.service import Coordinator
+
+    print(f"coordd from {Path(coordd.__file__).parent}", file=sys.stderr)
+    readings = {"memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,
+                "user_idle_s": 3600.0}
+    clock = FakeClock(1_000.0)
+    cfg = config_mod.load(None, wal_checkpoint_interval_s=0.0)
+    coord = Coordinator(db, cfg, clock, rng=random.Random(7))
+
+    async def setup() -> None:
+        await coord.start()
+        await coord.heartbeat(Heartbeat(worker_id="w1", roles=["cpu"], readings=readings))
+        for i in range(0, n, 500):
+            await coord.enqueue_batch(EnqueueBatch(jobs=[
+                Enqueue(kind="k", required_role="cpu", priority=2, payload={"i": j})
+                for j in range(i, min(n, i + 500))]))
+
+    async def cycles() -> None:
+        for _ in range(n):
+            got = await coord.claim(Claim(worker_id="w1", lease_s=30.0))
+            assert got.job is not None, got
+            await coord.complete(Complete(job_id=got.job.job_id, worker_id="w1",
+                                          token=got.lease.token, result={"ok": 1}))
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(setup())
+        seen: list[str] = []
+        if trace_out:
+            coord.writer._conn.set_trace_callback(seen.append)
+        functools.reduce(lambda _a, _b: loop.run_until_complete(cycles()), [None], None)
+        if trace_out:
+            coord.writer._conn.set_trace_callback(None)
+            Path(trace_out).write_text(json.dumps(seen))
+    finally:
+        loop.run_until_complete(coord.close())
+        loop.close()
+
+
+_WORDS = re.compile(r"'[^']*'|\b\d+(\.\d+)?\b")
+
+
+def _shape(stmt: str) -> str:
+    """A traced statement with its bound values blanked, cut to 90 characters."""
+    return " ".join(_WORDS.sub("?", stmt).split())[:90]
+
+
+def _source(rev: str | None) -> tuple[Path, str, Path | None]:
+    """(folder on PYTHONPATH, label, temp folder to remove) for the tree or `rev`."""
+    if rev is None:
+        return ROOT, "working tree", None
+    snap = Path(tempfile.mkdtemp(prefix="coordd-instr-src-"))
+    archive = subprocess.run(["git", "archive", rev, "coordd"], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(snap)], input=archive, check=True)
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    return snap, f"{rev} ({sha})", snap
+
+
+def _run_child(src: Path, n: int, work: Path, *, callgrind: bool,
+               trace_out: Path | None = None) -> int | None:
+    """Run the loop for `src`; with `callgrind`, the instructions counted (Ir)."""
+    db = work / f"c{os.getpid()}-{len(list(work.iterdir()))}.db"
+    env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), "--db", str(db)]
+    if trace_out is not None:
+        cmd += ["--trace-out", str(trace_out)]
+    out = work / "callgrind.out"
+    if callgrind:
+        cmd = ["valgrind", "--tool=callgrind", f"--toggle-collect={TOGGLE}",
+               f"--callgrind-out-file={out}", *cmd]
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the loop failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    if not callgrind:
+        return None
+    for line in out.read_text().splitlines():
+        if line.startswith("summary:") or line.startswith("totals:"):
+            return int(line.split()[1])
+    raise SystemExit(f"no totals in {out}")
+
+
+def measure(rev: str | None, n: int, statements_only: bool) -> dict:
+    """Instructions (Ir) and statements per claim + complete for the tree or `rev`."""
+    src, label, tmp = _source(rev)
+    try:
+        with tempfile.TemporaryDirectory(prefix="coordd-instr-") as w:
+            work = Path(w)
+            trace = work / "trace.json"
+            _run_child(src, n, work, callgrind=False, trace_out=trace)
+            traced = json.loads(trace.read_text())
+            # SQLite traces a statement again at the start of each trigger program it
+            # runs (a TEMP trigger, a persistent one, a foreign key action), with the
+            # same expanded text: those repeats are trigger runs, not statements
+            stmts = [s for i, s in enumerate(traced) if i == 0 or traced[i - 1] != s]
+            shapes = collections.Counter(_shape(s) for s in stmts)
+            triggers = collections.Counter(_shape(s) for i, s in enumerate(traced)
+                                           if i and traced[i - 1] == s)
+            ir = None if statements_only else _run_child(src, n, work, callgrind=True)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"label": label, "jobs": n, "ir_per_job": None if ir is None else ir / n,
+            "statements_per_job": len(stmts) / n,
+            "trigger_runs_per_job": sum(triggers.values()) / n,
+            "by_statement": {k: v / n for k, v in shapes.most_common()},
+            "trigger_runs_by_statement": {k: v / n for k, v in triggers.most_common()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.instructions",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
+                   help=f"claim -> complete cycles (default {DEFAULT_JOBS})")
+    p.add_argument("--rev", action="append", default=[],
+                   help="also measure coordd as committed at this revision (repeatable)")
+    p.add_argument("--no-tree", action="store_true", help="skip the working tree")
+    p.add_argument("--statements", action="store_true",
+                   help="count statements only (no valgrind run)")
+    p.add_argument("--by-statement", action="store_true",
+                   help="print the statements per job by statement")
+    p.add_argument("--out", help="write the figures as JSON here")
+    p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--db", help=argparse.SUPPRESS)
+    p.add_argument("--trace-out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child is not None:
+        _child(args.child, args.db, args.trace_out)
+        return 0
+    if not args.statements and shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (or use --statements)")
+    targets = [*args.rev, *([] if args.no_tree else [None])]
+    results = []
+    for rev in targets:
+        r = measure(rev, args.jobs, args.statements)
+        results.append(r)
+        ir = "n/a" if r["ir_per_job"] is None else f"{r['ir_per_job'] / 1e3:,.1f}k"
+        print(f"{r['label']:<28} Ir/job {ir:>9}   SQL statements/job "
+              f"{r['statements_per_job']:.2f}   trigger programs/job "
+              f"{r['trigger_runs_per_job']:.2f}", flush=True)
+        if args.by_statement:
+            for shape, k in r["by_statement"].items():
+                print(f"    {k:5.2f}  {shape}")
+            for shape, k in r["trigger_runs_by_statement"].items():
+                print(f"    {k:5.2f}  trigger program(s) run by: {shape}")
+    if len(results) > 1 and all(r["ir_per_job"] for r in results):
+        base = results[0]
+        for r in results[1:]:
+            print(f"{r['label']} / {base['label']}: Ir {r['ir_per_job'] / base['ir_per_job']:.3f}x"
+                  f", statements {r['statements_per_job'] - base['statements_per_job']:+.2f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
