@@ -342,6 +342,6 @@ def test_an_unreachable_store_is_one_line_and_exit_1(pg_dsn, tmp_path):
     done = subprocess.run([sys.executable, "-m", "coordd", "--store", dead, "--socket",
                            str(tmp_path / "x.sock")], capture_output=True, text=True, timeout=30)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.startswith("coordd: cannot reach the store") and \
+    assert done.stderr.startswith("coordd: cannot reach the store (host ") and \
         len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "x.sock").exists()
