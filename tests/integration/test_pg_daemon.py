@@ -194,6 +194,9 @@ async def test_coordd_on_postgres_drains_with_a_real_worker(rig):
             await c.complete(jobs[0].job_id, "w1", 999, {"x": 1})
         with pytest.raises(errors.NotFound):
             await c.get_job("nope")
+        with pytest.raises(errors.NotFound, match="whole 16-character id"):  # coordctl show
+            await c.get_job(jobs[0].job_id[:8], prefix=True)
+        assert (await c.get_job(jobs[0].job_id, prefix=True)).job_id == jobs[0].job_id
         assert (await c.status()).jobs["succeeded"] == 12
     assert "Traceback" not in a.log() and "internal error" not in a.log()
 
