@@ -112,6 +112,7 @@ class StoreDaemon:
         nofile, _hard = fdlimit.raise_nofile_limit()
         try:
             if not await self._lead():
+                logger.info("standby stopped (it never served)", extra={"action": "stopped"})
                 return
             await self._serve(nofile)
         finally:

@@ -236,6 +236,17 @@ async def test_a_standby_waits_without_listening_and_takes_over_at_sigkill(rig):
     assert "lease_lost" not in w.log() and "lease lost" not in w.log()
 
 
+async def test_a_standby_stopped_while_waiting_says_so_and_exits_0(rig):
+    a = rig.coordd("a")
+    await a.wait_serving()
+    b = rig.coordd("b")
+    await b.wait_log("standby: waiting for the active coordd")
+    b.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(b.proc.wait, 10) == 0
+    assert "standby stopped (it never served)" in b.log(), b.log()
+    assert not os.path.exists(b.socket)
+
+
 async def test_an_active_coordd_whose_lock_session_ends_exits_at_once(rig):
     """Never two serving: the server ends the active's lock session (as its keepalives or
     idle_session_timeout would for a partitioned host); it exits 3 and the standby leads."""
