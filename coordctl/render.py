@@ -158,7 +158,10 @@ def status_table(st: StatusReply, warnings: list[str]) -> Table:
     t.add_row("waiting by priority",
               "  ".join(f"{p.upper()} {by_prio.get(p, 0)}" for p in PRIORITIES_SHOWN))
     t.add_row("oldest runnable", fmt_age(st.oldest_waiting_age_s))  # since it became runnable
-    t.add_row("database", f"{fmt_bytes(st.db_bytes)} (WAL {fmt_bytes(st.wal_bytes)})")
+    if st.db_bytes or st.wal_bytes:  # a SQLite file is never empty
+        t.add_row("database", f"{fmt_bytes(st.db_bytes)} (WAL {fmt_bytes(st.wal_bytes)})")
+    else:  # the PostgreSQL store does not report sizes (psql: pg_database_size)
+        t.add_row("database", "size not reported by this store")
     t.add_row("warnings", "; ".join(warnings) if warnings else "none")
     return t
 

@@ -18,6 +18,7 @@ import os
 import signal
 import stat
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,21 @@ logger = logging.getLogger(__name__)
 
 EXIT_LEADERSHIP_LOST = 3
 LEADER_KEY = "coordd"
+
+
+def store_address(dsn: str) -> str:
+    """Where a libpq URI points, for messages: `host H, port P, database D` (the query's
+    `host=`/`port=`/`dbname=` win, as in libpq; libpq's defaults where absent). Never the
+    user or password."""
+    try:
+        url = urllib.parse.urlsplit(dsn)
+        query = urllib.parse.parse_qs(url.query)
+        host = query.get("host", [url.hostname or ""])[0] or "the default socket folder"
+        port = query.get("port", [str(url.port or "")])[0] or "5432"
+    except ValueError:
+        return "an unreadable DSN"
+    db = query.get("dbname", [url.path.lstrip("/")])[0] or "the user's name"
+    return f"host {host}, port {port}, database {db}"
 
 
 class StoreDaemon:
@@ -96,6 +112,7 @@ class StoreDaemon:
         nofile, _hard = fdlimit.raise_nofile_limit()
         try:
             if not await self._lead():
+                logger.info("standby stopped (it never served)", extra={"action": "stopped"})
                 return
             await self._serve(nofile)
         finally:
@@ -110,7 +127,8 @@ class StoreDaemon:
             if await self.leader.try_acquire():
                 return True
         except Exception as exc:  # OSError, asyncpg errors: the store is unreachable
-            raise StartupError(f"cannot reach the store: {type(exc).__name__}: {exc}") from exc
+            raise StartupError(f"cannot reach the store ({store_address(self.config.store)}): "
+                               f"{type(exc).__name__}: {exc}") from exc
         logger.info("standby: waiting for the active coordd", extra={"action": "standby"})
         sd_notify("READY=1\nSTATUS=standby: waiting for the active coordd")
         acquire = asyncio.ensure_future(self.leader.acquire())

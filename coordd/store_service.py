@@ -44,6 +44,7 @@ SERVED = frozenset({
 
 POLL_S = 1.0  # a parked claim looks again at least this often (NOTIFY is only a hint)
 REAP_LIMIT = 1000
+JOB_ID_CHARS = 16  # coordd.ids: 16 hex characters
 
 
 def refusal(method: str) -> errors.UnknownMethod:
@@ -270,8 +271,15 @@ class StoreCoordinator:
 
     async def get_job(self, p: GetJob | JobId) -> JobView:
         """One job with its lease and events. A `prefix` lookup takes the whole id only.
-        Raises: NotFound."""
-        return await self.store.get_job(p.job_id)
+        Raises: NotFound (for a shorter `prefix` lookup, saying the whole id is needed)."""
+        try:
+            return await self.store.get_job(p.job_id)
+        except errors.NotFound as exc:
+            if getattr(p, "prefix", False) and len(p.job_id) < JOB_ID_CHARS:
+                raise errors.NotFound(f"{exc.message} (the PostgreSQL store looks jobs up by "
+                                      f"their whole {JOB_ID_CHARS}-character id, not a "
+                                      f"prefix, yet)") from exc
+            raise
 
     async def list_jobs(self, p: ListJobs) -> JobList:
         """A page of jobs (filters: status, kind, role, priority). Raises: BadRequest."""

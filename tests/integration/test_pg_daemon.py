@@ -194,6 +194,9 @@ async def test_coordd_on_postgres_drains_with_a_real_worker(rig):
             await c.complete(jobs[0].job_id, "w1", 999, {"x": 1})
         with pytest.raises(errors.NotFound):
             await c.get_job("nope")
+        with pytest.raises(errors.NotFound, match="whole 16-character id"):  # coordctl show
+            await c.get_job(jobs[0].job_id[:8], prefix=True)
+        assert (await c.get_job(jobs[0].job_id, prefix=True)).job_id == jobs[0].job_id
         assert (await c.status()).jobs["succeeded"] == 12
     assert "Traceback" not in a.log() and "internal error" not in a.log()
 
@@ -231,6 +234,17 @@ async def test_a_standby_waits_without_listening_and_takes_over_at_sigkill(rig):
             w.log())
     assert "coordd unreachable" in w.log() and "coordd reachable again" in w.log()
     assert "lease_lost" not in w.log() and "lease lost" not in w.log()
+
+
+async def test_a_standby_stopped_while_waiting_says_so_and_exits_0(rig):
+    a = rig.coordd("a")
+    await a.wait_serving()
+    b = rig.coordd("b")
+    await b.wait_log("standby: waiting for the active coordd")
+    b.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(b.proc.wait, 10) == 0
+    assert "standby stopped (it never served)" in b.log(), b.log()
+    assert not os.path.exists(b.socket)
 
 
 async def test_an_active_coordd_whose_lock_session_ends_exits_at_once(rig):
@@ -342,6 +356,6 @@ def test_an_unreachable_store_is_one_line_and_exit_1(pg_dsn, tmp_path):
     done = subprocess.run([sys.executable, "-m", "coordd", "--store", dead, "--socket",
                            str(tmp_path / "x.sock")], capture_output=True, text=True, timeout=30)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.startswith("coordd: cannot reach the store") and \
+    assert done.stderr.startswith("coordd: cannot reach the store (host ") and \
         len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "x.sock").exists()
