@@ -24,6 +24,7 @@ from coordd import (
 from coordd import explain
 from coordd.maintenance import Maintenance, file_size
 from coordd.hub import Hub
+from coordd.store.sqlite_hub import SQLiteHub
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle
 from coordd.limit_service import FleetLimits
 from coordd.protocol_limits import LimitsQuery
@@ -103,7 +104,7 @@ class Coordinator:
         self._status = Coalesced(self._status_now)  # many pollers share one read
         self.maintenance = Maintenance(self)
         self.prune = self.maintenance.prune  # the `prune` method (coordd.maintenance)
-        self.hub = Hub(self.writer, self._read, config, self.clock)
+        self.hub = Hub(SQLiteHub(self.writer, self.readers, self.clock), config)
         for method in HUB_PARAMS:  # the hub's RPC methods are served by coordd.hub
             setattr(self, method, getattr(self.hub, method))
         self.lifecycle = Lifecycle(self.writer, self._read, config, clock)

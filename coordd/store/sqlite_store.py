@@ -21,6 +21,7 @@ from coordd.protocol import (
 )
 from coordd.readers import ReadPool
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
+from coordd.store.sqlite_hub import SQLiteHubOps
 from coordd.writer import Writer
 
 
@@ -28,8 +29,9 @@ def _no_backoff(_attempts: int) -> float:
     return 0.0
 
 
-class SQLiteStore:
-    """The store over one SQLite file (created and migrated on `start`).
+class SQLiteStore(SQLiteHubOps):
+    """The store over one SQLite file (created and migrated on `start`); the hub's
+    operations too (coordd.store.sqlite_hub).
 
     Args:
         path: the database file.
