@@ -25,6 +25,7 @@ from coordd import explain
 from coordd.maintenance import Maintenance, file_size
 from coordd.hub import Hub
 from coordd.store.sqlite_hub import SQLiteHub
+from coordd.store.sqlite_logs import SQLiteLogs
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle
 from coordd.limit_service import FleetLimits
 from coordd.protocol_limits import LimitsQuery
@@ -110,7 +111,7 @@ class Coordinator:
         self.lifecycle = Lifecycle(self.writer, self._read, config, clock)
         for method in LIFECYCLE_METHODS:  # release, goodbye, forget_worker
             setattr(self, method, getattr(self.lifecycle, method))
-        self.logs = JobLogStore(self.writer, self._read)
+        self.logs = JobLogStore(SQLiteLogs(self.writer, self.readers))
         for method in LOG_PARAMS:  # a job's captured output: coordd.logs
             setattr(self, method, getattr(self.logs, method))
         for part in (enrol.Enrolment(self.writer, self._read, config, self.clock),  # issue 18

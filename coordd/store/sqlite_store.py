@@ -22,6 +22,7 @@ from coordd.protocol import (
 from coordd.readers import ReadPool
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
 from coordd.store.sqlite_hub import SQLiteHubOps
+from coordd.store.sqlite_logs import SQLiteLogOps
 from coordd.writer import Writer
 
 
@@ -29,9 +30,9 @@ def _no_backoff(_attempts: int) -> float:
     return 0.0
 
 
-class SQLiteStore(SQLiteHubOps):
-    """The store over one SQLite file (created and migrated on `start`); the hub's
-    operations too (coordd.store.sqlite_hub).
+class SQLiteStore(SQLiteHubOps, SQLiteLogOps):
+    """The store over one SQLite file (created and migrated on `start`); the hub's and
+    job logs' operations too (coordd.store.sqlite_hub, sqlite_logs).
 
     Args:
         path: the database file.
