@@ -129,9 +129,27 @@ CREATE TABLE agents (
 );
 """
 
+# A job's captured output (coordd.store.logs.MIGRATION's, on PostgreSQL's types).
+MIGRATION_LOGS = """
+CREATE TABLE job_logs (
+    seq       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id    text NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
+    token     bigint NOT NULL,
+    attempt   integer NOT NULL,
+    worker_id text NOT NULL,
+    stream    text NOT NULL CHECK (stream IN ('stdout', 'stderr')),
+    pos       bigint NOT NULL CHECK (pos >= 0),
+    data      bytea NOT NULL,
+    at        float8 NOT NULL,
+    UNIQUE (job_id, token, stream, pos)
+);
+CREATE INDEX job_logs_job ON job_logs (job_id, seq);
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
+    MIGRATION_LOGS,  # job_logs
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -139,7 +157,7 @@ TABLES = ("workers", "artifacts", "jobs", "leases", "job_events")  # MIGRATION_C
 SQL_TAKEN_TABLES = ("SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS x(t, n) "
                     "WHERE to_regclass(t) IS NOT NULL ORDER BY n")
 SQL_TRUNCATE = ("TRUNCATE job_events, leases, jobs, artifacts, workers, "
-                "message_reads, messages, agents RESTART IDENTITY CASCADE")
+                "message_reads, messages, agents, job_logs RESTART IDENTITY CASCADE")
 
 
 async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:

@@ -27,6 +27,7 @@ from coordd.store import NewJob, dumps
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
 from coordd.store.postgres import apply, batch, claims, coordination, grace, reads, schema, sql
 from coordd.store.postgres.hub import HubOps
+from coordd.store.postgres.logs import LogOps
 
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
@@ -37,7 +38,7 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
-class PostgresStore(HubOps):
+class PostgresStore(HubOps, LogOps):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
@@ -50,8 +51,8 @@ class PostgresStore(HubOps):
             refused `overloaded` (the store's backpressure).
 
     Not stored yet (BadRequest at enqueue): per-job gate overrides, resource requests,
-    fleet limits, result schemas. The hub: coordd.store.postgres.hub. Workflows and the
-    other areas are SQLite's only.
+    fleet limits, result schemas. The hub and job logs: coordd.store.postgres.hub, logs.
+    Workflows and the other areas are SQLite's only.
     """
 
     clock: Literal["app", "db"] = "db"
