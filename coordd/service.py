@@ -26,6 +26,7 @@ from coordd.maintenance import Maintenance, file_size
 from coordd.hub import Hub
 from coordd.store.sqlite_hub import SQLiteHub
 from coordd.store.sqlite_logs import SQLiteLogs
+from coordd.store.sqlite_enrol import SQLiteEnrol
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle
 from coordd.limit_service import FleetLimits
 from coordd.protocol_limits import LimitsQuery
@@ -114,7 +115,8 @@ class Coordinator:
         self.logs = JobLogStore(SQLiteLogs(self.writer, self.readers))
         for method in LOG_PARAMS:  # a job's captured output: coordd.logs
             setattr(self, method, getattr(self.logs, method))
-        for part in (enrol.Enrolment(self.writer, self._read, config, self.clock),  # issue 18
+        for part in (enrol.Enrolment(SQLiteEnrol(self.writer, self.readers, self.clock),
+                                     config),  # issue 18
                      transfers.Transfers(self.artifact_dir, self._read, self.clock, config)):
             for method in part.METHODS:  # token_create, ca_bundle, enroll, artifact_put/get
                 setattr(self, method, getattr(part, method))
