@@ -5,8 +5,9 @@ coordd keeps only its SHA-256. `coord-worker enroll` makes its key, fetches the 
 enrolment listener (`ca_bundle`), checks it against the pinned `--ca-sha256`, and only then,
 over a connection that verifies coordd against that CA, sends the token and a CSR
 (`enroll`). coordd burns the token in one transaction of its store (coordd.store.api_enrol)
-and signs the CSR with the CA key (`tls_ca_key`) as `coordd-worker://<the token's worker id>`. The rule: a token is
-good for one certificate; a replay, an unknown or an expired token is `permission_denied`.
+and signs the CSR with the CA key (`tls_ca_key`) as `coordd-worker://<the token's worker
+id>`. The rule: a token is good for one certificate; a replay, an unknown or an expired
+token is `permission_denied`.
 """
 
 from __future__ import annotations

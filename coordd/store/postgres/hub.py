@@ -22,7 +22,8 @@ from coordd.store.postgres.sql import NOW
 SQL_READER_LOCK = (  # $2 reader; returns the transaction's NOW
     f"SELECT {NOW}, pg_advisory_xact_lock(hashtext('coordd-hub'), hashtext($2))"
 )
-SQL_SEND = (  # $2 id, $3 sender, $4 recipient, $5 type, $6 content, $7 priority, $8 metadata, $9 ttl
+SQL_SEND = (  # $2 id, $3 sender, $4 recipient, $5 type, $6 content, $7 priority, $8 metadata,
+    # $9 ttl_s
     "INSERT INTO messages (message_id, sender, recipient, message_type, content, priority, "
     f"metadata, status, created_at, expires_at) VALUES ($2, $3, $4, $5, $6, $7, $8, 'pending', "
     f"{NOW}, {NOW} + $9::float8) ON CONFLICT (message_id) DO NOTHING RETURNING expires_at"

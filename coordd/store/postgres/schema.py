@@ -146,10 +146,23 @@ CREATE TABLE job_logs (
 CREATE INDEX job_logs_job ON job_logs (job_id, seq);
 """
 
+# Enrolment tokens (coordd.store.enrol.MIGRATION_ENROL_TOKENS', on PostgreSQL's types).
+MIGRATION_ENROL = """
+CREATE TABLE enrol_tokens (
+    token_sha256 text PRIMARY KEY,
+    worker_id    text NOT NULL,
+    created_at   float8 NOT NULL,
+    expires_at   float8 NOT NULL,
+    used_at      float8,
+    serial       text
+);
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
     MIGRATION_LOGS,  # job_logs
+    MIGRATION_ENROL,  # enrol_tokens
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -157,7 +170,8 @@ TABLES = ("workers", "artifacts", "jobs", "leases", "job_events")  # MIGRATION_C
 SQL_TAKEN_TABLES = ("SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS x(t, n) "
                     "WHERE to_regclass(t) IS NOT NULL ORDER BY n")
 SQL_TRUNCATE = ("TRUNCATE job_events, leases, jobs, artifacts, workers, "
-                "message_reads, messages, agents, job_logs RESTART IDENTITY CASCADE")
+                "message_reads, messages, agents, job_logs, enrol_tokens "
+                "RESTART IDENTITY CASCADE")
 
 
 async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:
