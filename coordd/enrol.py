@@ -4,9 +4,10 @@
 coordd keeps only its SHA-256. `coord-worker enroll` makes its key, fetches the CA from the
 enrolment listener (`ca_bundle`), checks it against the pinned `--ca-sha256`, and only then,
 over a connection that verifies coordd against that CA, sends the token and a CSR
-(`enroll`). coordd burns the token in the writer's transaction and signs the CSR with the
-CA key (`tls_ca_key`) as `coordd-worker://<the token's worker id>`. The rule: a token is
-good for one certificate; a replay, an unknown or an expired token is `permission_denied`.
+(`enroll`). coordd burns the token in one transaction of its store (coordd.store.api_enrol)
+and signs the CSR with the CA key (`tls_ca_key`) as `coordd-worker://<the token's worker
+id>`. The rule: a token is good for one certificate; a replay, an unknown or an expired
+token is `permission_denied`.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import secrets
 from typing import Any
 
 from coordd import errors, pki
-from coordd.clock import Clock
 from coordd.config import Config
 from coordd.names import check_name
 from coordd.protocol_enrol import CaBundle, Enroll, Enrolled, TokenCreate, TokenCreated
 from coordd.store import enrol as estore
+from coordd.store.api_enrol import EnrolStore
 from coordd.times import fmt_time
-from coordd.writer import Writer
 
 logger = logging.getLogger(__name__)
 
@@ -39,15 +39,14 @@ def digest(token: str) -> str:
 
 
 class Enrolment:
-    """The enrolment methods over the Coordinator's writer (see coordd.service)."""
+    """The enrolment methods over a store's token operations (SQLite's:
+    coordd.store.sqlite_enrol.SQLiteEnrol over the Coordinator's writer)."""
 
     METHODS = ENROL_METHODS
 
-    def __init__(self, writer: Writer, read: Any, config: Config, clock: Clock) -> None:
-        self._writer = writer
-        self._read = read
+    def __init__(self, st: EnrolStore, config: Config) -> None:
+        self._store = st
         self._config = config
-        self._clock = clock
         self._ca: Any = None  # (certificate, key), loaded at the first use
 
     def _load_ca(self) -> Any:
@@ -75,11 +74,7 @@ class Enrolment:
             raise errors.BadRequest(f"ttl_s must be > 0 and <= {TTL_MAX_S:g}, got {p.ttl_s}")
         _cert, _key, ca_pem = self._load_ca()
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-
-        def op(conn: Any, now: float) -> float:
-            estore.add_token(conn, now, digest(token), p.worker_id, now + p.ttl_s)
-            return now + p.ttl_s
-        expires = await self._writer.run(op)
+        expires = await self._store.add_token(digest(token), p.worker_id, p.ttl_s)
         logger.info("enrolment token made for worker %s (expires %s)", p.worker_id,
                     fmt_time(expires), extra={"action": "token_create", "worker_id": p.worker_id})
         return TokenCreated(token=token, worker_id=p.worker_id, expires_at=expires,
@@ -102,29 +97,13 @@ class Enrolment:
         except pki.PkiError as exc:
             raise errors.BadRequest(f"enroll: {exc}") from exc
         h = digest(p.token)
-        state = await self._read(estore.token_state, h)  # who the token is for
-        worker_id = self._check(state, self._clock.wall())
+        state, now = await self._store.token_state(h)  # who the token is for
+        worker_id = self._check(state, now)
         pem = pki.sign_csr(cert, key, p.csr_pem.encode(), worker_id)  # outside any transaction
         serial = pki.serial_of(pem)
-
-        def op(conn: Any, now: float) -> None:  # burn it: at most one enrolment wins
-            self._check(estore.token_state(conn, h), now)
-            if not estore.use_token(conn, now, h, serial):
-                raise errors.PermissionDenied("enroll: this token was already used")
-        await self._writer.run(op)
+        await self._store.burn_token(h, serial)  # checked again: at most one enrolment wins
         logger.info("enrolled worker %s (certificate serial %s)", worker_id, serial,
                     extra={"action": "enrolled", "worker_id": worker_id})
         return Enrolled(worker_id=worker_id, cert_pem=pem.decode(), ca_pem=ca_pem, serial=serial)
 
-    @staticmethod
-    def _check(state: tuple[str, float, float | None] | None, now: float) -> str:
-        """The token's worker id, if the token is usable at `now`. Raises: PermissionDenied."""
-        if state is None:
-            raise errors.PermissionDenied("enroll: unknown token")
-        worker_id, expires_at, used_at = state
-        if used_at is not None:
-            raise errors.PermissionDenied(f"enroll: this token was already used "
-                                          f"({fmt_time(used_at)}); ask for a new one")
-        if now >= expires_at:
-            raise errors.PermissionDenied(f"enroll: this token expired {fmt_time(expires_at)}")
-        return worker_id
+    _check = staticmethod(estore.usable)

@@ -17,28 +17,24 @@ now`, coordd's clock at the read) is never delivered; the prune round deletes it
 Agent names are not authenticated: whoever can open the socket may send as any name,
 as with worker ids (the socket's mode and group are the trust boundary).
 
-Every write goes through the Writer; validation happens here, before anything is queued.
+Validation happens here, before a store is called; the stores (coordd.store.api_hub:
+SQLite's single writer, PostgreSQL) hold the delivery rule in their statements.
 """
 
 from __future__ import annotations
 
 import secrets
-import sqlite3
-from collections.abc import Awaitable, Callable
-from typing import Any
 
-import msgspec
-
-from coordd import errors, store, values
+from coordd import errors, values
 from coordd.config import MESSAGE_VISIBILITY_MAX_S, Config
+from coordd.hub_views import READ_REPLY_BYTES_MAX, encoded as _msgpack
 from coordd.names import check_name
-from coordd.clock import Clock
 from coordd.protocol import (
     PRIORITIES, AckMessages, AckResult, AgentQuery, AgentsResult, AgentStatusUpdate,
-    AgentView, BroadcastMessage, MessageView, ReadMessages, ReadResult, SendMessage, SendResult,
+    AgentView, BroadcastMessage, ReadMessages, ReadResult, SendMessage, SendResult,
 )
 from coordd.store import messages as msg_store
-from coordd.writer import Writer
+from coordd.store.api_hub import HubStore
 
 TYPE_MAX_CHARS = 64
 STATUS_MAX_CHARS = 64
@@ -46,28 +42,24 @@ READ_LIMIT_MAX = 100
 ACK_IDS_MAX = 1000
 VISIBILITY_MAX_S = MESSAGE_VISIBILITY_MAX_S
 TTL_MAX_S = 10 * 365 * 86400.0
-READ_REPLY_BYTES_MAX = 4 << 20  # encoded messages per read reply (and <= half the frame cap)
 AGENTS_LIMIT_MAX = 1000  # agents per get_agent_status page (AgentQuery.limit's default: 100)
 AGENT_METADATA_MAX_BYTES = 16 << 10  # so a page of agents fits well within a frame
 
-Reader = Callable[..., Awaitable[Any]]
+__all__ = ["READ_REPLY_BYTES_MAX", "Hub"]
 
 
 class Hub:
-    """The hub's operations over the coordinator's writer and read connection.
+    """The hub's RPC methods over a store's hub operations.
 
     Args:
-        writer: the single writer every write goes through.
-        read: `await read(fn, *args)` runs `fn(conn, *args)` on the read-only connection.
+        st: the store's hub (coordd.store.sqlite_hub.SQLiteHub over the Coordinator's
+            writer, or a PostgresStore).
         config: limits and the visibility timeout.
-        clock: coordd's clock (for ages on the read side).
     """
 
-    def __init__(self, writer: Writer, read: Reader, config: Config, clock: Clock) -> None:
-        self._writer = writer
-        self._read = read
+    def __init__(self, st: HubStore, config: Config) -> None:
+        self._store = st
         self._config = config
-        self._clock = clock
 
     async def send_message(self, p: SendMessage) -> SendResult:
         """Store a direct message. Raises: BadRequest, PayloadTooLarge."""
@@ -91,23 +83,17 @@ class Hub:
         content = values.encode("content", p.content, cap)
         metadata = None if p.metadata is None else values.encode("metadata", p.metadata, cap)
         names = (p.sender, recipient or "", p.message_type, p.message_id or "")
-        encoded = (len(_msgpack(p.content)) + len(_msgpack(p.metadata))
-                   + sum(len(n.encode()) for n in names) + 256)  # + ids, times, keys
-        if encoded > self._config.max_frame_bytes // 2:  # so any one message fits a read
+        size = (len(_msgpack(p.content)) + len(_msgpack(p.metadata))
+                + sum(len(n.encode()) for n in names) + 256)  # + ids, times, keys
+        if size > self._config.max_frame_bytes // 2:  # so any one message fits a read
             raise errors.PayloadTooLarge(
-                f"content and metadata are {encoded} bytes encoded; the cap is half the "
+                f"content and metadata are {size} bytes encoded; the cap is half the "
                 f"{self._config.max_frame_bytes}-byte frame cap")
-        ttl = p.ttl_s
-
-        def op(conn: sqlite3.Connection, now: float) -> SendResult:
-            expires_at = None if ttl is None else now + ttl
-            new = msg_store.NewMessage(
-                message_id=p.message_id or secrets.token_hex(8), sender=p.sender,
-                recipient=recipient, message_type=p.message_type, content_json=content,
-                priority=p.priority, metadata_json=metadata, expires_at=expires_at)
-            mid, created, stored_expiry = msg_store.send(conn, now, new)
-            return SendResult(message_id=mid, created=created, expires_at=stored_expiry)
-        return await self._writer.run(op)
+        new = msg_store.NewMessage(
+            message_id=p.message_id or secrets.token_hex(8), sender=p.sender,
+            recipient=recipient, message_type=p.message_type, content_json=content,
+            priority=p.priority, metadata_json=metadata, expires_at=None)
+        return await self._store.send_message(new, p.ttl_s)
 
     def _cap(self) -> int:
         """Bytes of content (and of metadata) a message may have: `message_max_bytes`, and
@@ -116,7 +102,7 @@ class Hub:
 
     async def read_messages(self, p: ReadMessages) -> ReadResult:
         """Ack `p.ack`, then deliver up to `p.limit` of the reader's messages (see the
-        module docstring for the delivery rule). Raises: BadRequest."""
+        module docstring for the delivery rule). Raises: BadRequest, PayloadTooLarge."""
         check_name("reader", p.reader)
         if not 1 <= p.limit <= READ_LIMIT_MAX:
             raise errors.BadRequest(f"limit must be 1..{READ_LIMIT_MAX}, got {p.limit}")
@@ -125,40 +111,14 @@ class Hub:
         if not (0 < visibility <= VISIBILITY_MAX_S):  # also refuses NaN
             raise errors.BadRequest(f"visibility_s must be > 0 and <= {VISIBILITY_MAX_S:g}")
         _check_ids(p.ack)
-        frame = self._config.max_frame_bytes
-        budget = min(READ_REPLY_BYTES_MAX, frame // 2)
-
-        def op(conn: sqlite3.Connection, now: float) -> tuple[int, list[MessageView], float]:
-            views: list[MessageView] = []  # built here: the op may run again after a retry
-            size = 0
-
-            def take(row: tuple[Any, ...]) -> bool:
-                """Count the message's encoded bytes (the whole view) against the budget."""
-                nonlocal size
-                view = _message_view(row)
-                n = len(_msgpack(view))
-                if views and size + n > budget:
-                    return False
-                if n > frame // 2:  # only a message stored before the send-side cap
-                    raise errors.PayloadTooLarge(
-                        f"message {view.message_id} is {n} bytes encoded, over half the "
-                        f"{frame}-byte frame cap; nothing was delivered")
-                size += n
-                views.append(view)
-                return True
-            acked = msg_store.ack(conn, now, p.reader, p.ack)
-            msg_store.read(conn, now, p.reader, p.limit, visibility, p.ack_on_read, take)
-            return acked, views, now
-        acked, views, now = await self._writer.run(op)
-        return ReadResult(messages=views, acked=acked,
-                          visible_until=None if p.ack_on_read or not views else now + visibility)
+        return await self._store.read_messages(p.reader, p.limit, visibility, p.ack_on_read,
+                                               p.ack, self._config.max_frame_bytes)
 
     async def ack_messages(self, p: AckMessages) -> AckResult:
         """Mark the reader's deliveries processed (idempotent). Raises: BadRequest."""
         check_name("reader", p.reader)
         _check_ids(p.message_ids)
-        return AckResult(acked=await self._writer.run(
-            lambda conn, now: msg_store.ack(conn, now, p.reader, p.message_ids)))
+        return AckResult(acked=await self._store.ack_messages(p.reader, p.message_ids))
 
     async def update_agent_status(self, p: AgentStatusUpdate) -> AgentView:
         """Record an agent's status and heartbeat; return the stored view. Raises: BadRequest,
@@ -167,8 +127,7 @@ class Hub:
         check_name("status", p.status, STATUS_MAX_CHARS)
         cap = min(AGENT_METADATA_MAX_BYTES, self._cap())
         metadata = None if p.metadata is None else values.encode("metadata", p.metadata, cap)
-        await self._writer.run(
-            lambda conn, now: msg_store.update_agent(conn, now, p.name, p.status, metadata))
+        await self._store.update_agent(p.name, p.status, metadata)
         return (await self.get_agent_status(AgentQuery(name=p.name))).agents[0]
 
     async def get_agent_status(self, p: AgentQuery) -> AgentsResult:
@@ -184,17 +143,12 @@ class Hub:
             check_name("after", p.after)
         if not 1 <= p.limit <= AGENTS_LIMIT_MAX:
             raise errors.BadRequest(f"limit must be 1..{AGENTS_LIMIT_MAX}, got {p.limit}")
-        now = self._clock.wall()
-        rows = await self._read(msg_store.agents, now, p.name, p.after, p.limit)
+        rows = await self._store.agents(p.name, p.after, p.limit, self._config.agent_stale_s)
         if p.name is not None and not rows:
             raise errors.NotFound(f"agent {p.name} has never reported a status")
-        stale = self._config.agent_stale_s
         budget, size = self._config.max_frame_bytes // 2, 0
         agents: list[AgentView] = []
-        for name, status, meta, hb, first, unread in rows:
-            view = AgentView(name=name, status=status, metadata=store.lenient_json(meta),
-                             heartbeat_at=hb, heartbeat_age_s=max(0.0, now - hb),
-                             live=now - hb <= stale, first_seen_at=first, unread=unread)
+        for view in rows:
             size += len(_msgpack(view))
             if agents and size > budget:
                 break
@@ -204,39 +158,26 @@ class Hub:
                             next_after=agents[-1].name if more and p.name is None else None)
 
     async def purge_agents(self, now: float | None = None) -> int:
-        """Forget agents whose last status is older than `message_retention_s` (coordd's
-        clock unless `now` is given); return how many."""
+        """Forget agents whose last status is older than `message_retention_s` (the
+        store's clock unless `now` is given); return how many."""
         retention = self._config.message_retention_s
         total = 0
         while True:
-            n = await self._writer.run(lambda conn, wall: msg_store.purge_agents(
-                conn, (wall if now is None else now) - retention))
+            n = await self._store.purge_agents(retention, now=now)
             total += n
             if n < msg_store.PURGE_BATCH:
                 return total
 
     async def purge(self, now: float | None = None) -> int:
         """Delete expired messages, and processed messages and broadcasts past
-        `message_retention_s` (coordd's clock unless `now` is given); return how many."""
+        `message_retention_s` (the store's clock unless `now` is given); return how many."""
         retention = self._config.message_retention_s
         total = 0
         while True:
-            n = await self._writer.run(lambda conn, wall: msg_store.purge(
-                conn, wall if now is None else now, (wall if now is None else now) - retention))
+            n = await self._store.purge_messages(retention, now=now)
             total += n
             if n == 0:
                 return total
-
-
-_msgpack = msgspec.msgpack.Encoder().encode
-
-
-def _message_view(row: tuple[Any, ...]) -> MessageView:
-    (mid, sender, recipient, mtype, content, prio, meta, created, expires, deliveries) = row
-    return MessageView(message_id=mid, sender=sender, recipient=recipient, message_type=mtype,
-                       content=store.lenient_json(content), priority=prio,
-                       metadata=store.lenient_json(meta), created_at=created,
-                       expires_at=expires, deliveries=deliveries)
 
 
 def _check_ids(ids: list[str]) -> None:

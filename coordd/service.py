@@ -24,6 +24,9 @@ from coordd import (
 from coordd import explain
 from coordd.maintenance import Maintenance, file_size
 from coordd.hub import Hub
+from coordd.store.sqlite_hub import SQLiteHub
+from coordd.store.sqlite_logs import SQLiteLogs
+from coordd.store.sqlite_enrol import SQLiteEnrol
 from coordd.lifecycle import LIFECYCLE_METHODS, Lifecycle
 from coordd.limit_service import FleetLimits
 from coordd.protocol_limits import LimitsQuery
@@ -103,16 +106,17 @@ class Coordinator:
         self._status = Coalesced(self._status_now)  # many pollers share one read
         self.maintenance = Maintenance(self)
         self.prune = self.maintenance.prune  # the `prune` method (coordd.maintenance)
-        self.hub = Hub(self.writer, self._read, config, self.clock)
+        self.hub = Hub(SQLiteHub(self.writer, self.readers, self.clock), config)
         for method in HUB_PARAMS:  # the hub's RPC methods are served by coordd.hub
             setattr(self, method, getattr(self.hub, method))
         self.lifecycle = Lifecycle(self.writer, self._read, config, clock)
         for method in LIFECYCLE_METHODS:  # release, goodbye, forget_worker
             setattr(self, method, getattr(self.lifecycle, method))
-        self.logs = JobLogStore(self.writer, self._read)
+        self.logs = JobLogStore(SQLiteLogs(self.writer, self.readers))
         for method in LOG_PARAMS:  # a job's captured output: coordd.logs
             setattr(self, method, getattr(self.logs, method))
-        for part in (enrol.Enrolment(self.writer, self._read, config, self.clock),  # issue 18
+        for part in (enrol.Enrolment(SQLiteEnrol(self.writer, self.readers, self.clock),
+                                     config),  # issue 18
                      transfers.Transfers(self.artifact_dir, self._read, self.clock, config)):
             for method in part.METHODS:  # token_create, ca_bundle, enroll, artifact_put/get
                 setattr(self, method, getattr(part, method))

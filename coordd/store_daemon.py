@@ -172,6 +172,7 @@ class StoreDaemon:
             try:
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self._reap_loop())
+                    tg.create_task(self.coord.prune_hub(self.stop_event))
                     tg.create_task(self._watch_leadership(server))
                     tg.create_task(self.dispatcher.run_sweeper(self.stop_event, self.clock))
                     await self.stop_event.wait()

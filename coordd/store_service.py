@@ -3,12 +3,14 @@ a PostgreSQL store.
 
 `StoreCoordinator` has the SQLite Coordinator's method names, params and results for the
 core (heartbeat, claim with `wait_s`, renew, checkpoint, complete, fail, release, enqueue,
-enqueue_batch, cancel, retry, reap, get_job, list_jobs, status) and the same checks
-(coordd.intake, coordd.values, the Coordinator's own helpers). Every other RPC method is
-answered `unknown_method` with "not available on the PostgreSQL store yet": clients
-already treat that code as "this coordd does not serve it" and fall back (the worker's
-control watch to renewals, release to fail). Time is the database's: `now` is never
-passed in production.
+enqueue_batch, cancel, retry, reap, get_job, list_jobs, status), the hub's
+(coordd.store_service_hub), job logs' (coordd.store_service_logs), enrolment's
+(coordd.store_service_enrol) and the same checks (coordd.intake, coordd.values, the
+Coordinator's own helpers, coordd.hub, coordd.logs, coordd.enrol). Every other RPC
+method is answered `unknown_method` with "not available on the PostgreSQL store yet":
+clients already treat that code as "this coordd does not serve it" and fall back (the
+worker's control watch to renewals, release to fail). Time is the database's: `now` is
+never passed in production.
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ from coordd.protocol_workers import Release
 from coordd.push import PARK_SCOPE
 from coordd.service import LIST_LIMIT_MAX, Coordinator, _truncate, checked_readings
 from coordd.store.api import JobFilter, LeaseRef, Store
+from coordd.store_service_enrol import ENROL_METHODS, EnrolService
+from coordd.store_service_hub import HUB_METHODS, HubService
+from coordd.store_service_logs import LOG_METHODS, LogService
 
 logger = logging.getLogger(__name__)
 
-SERVED = frozenset({
+SERVED = HUB_METHODS | LOG_METHODS | ENROL_METHODS | frozenset({
     "heartbeat", "claim", "renew", "checkpoint", "complete", "fail", "release", "enqueue",
     "enqueue_batch", "cancel", "retry", "reap", "get_job", "list_jobs", "status"})
 """The RPC methods served over the store interface; the rest are refused (`refusal`)."""
@@ -54,7 +59,7 @@ def refusal(method: str) -> errors.UnknownMethod:
     return errors.UnknownMethod(f"{method}: not available on the PostgreSQL store yet")
 
 
-class StoreCoordinator:
+class StoreCoordinator(HubService, LogService, EnrolService):
     """The core RPC methods over one `Store` (see the module docstring).
 
     Args:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import sqlite3
 
+from coordd import errors
+from coordd.times import fmt_time
+
 MIGRATION_ENROL_TOKENS = """
 CREATE TABLE enrol_tokens (
     token_sha256 TEXT PRIMARY KEY,
@@ -43,3 +46,17 @@ def token_state(conn: sqlite3.Connection, digest: str) -> tuple[str, float, floa
 def use_token(conn: sqlite3.Connection, now: float, digest: str, serial: str) -> bool:
     """Mark the token used (by the certificate `serial`); False if it already was."""
     return conn.execute(SQL_USE_TOKEN, (now, serial, digest)).rowcount == 1
+
+
+def usable(state: tuple[str, float, float | None] | None, now: float) -> str:
+    """The token's worker id, if a token in `state` (token_state's) is usable at `now`.
+    Pure (both stores). Raises: errors.PermissionDenied (unknown, used, expired)."""
+    if state is None:
+        raise errors.PermissionDenied("enroll: unknown token")
+    worker_id, expires_at, used_at = state
+    if used_at is not None:
+        raise errors.PermissionDenied(f"enroll: this token was already used "
+                                      f"({fmt_time(used_at)}); ask for a new one")
+    if now >= expires_at:
+        raise errors.PermissionDenied(f"enroll: this token expired {fmt_time(expires_at)}")
+    return worker_id

@@ -8,9 +8,12 @@ of a job. Rows go with their job (ON DELETE CASCADE: pruned with it).
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from typing import Any
 
+from coordd import errors
 from coordd.protocol_logs import LOG_KEEP_BYTES as KEEP_BYTES
+from coordd.protocol_logs import JobLogs, LogChunk
 
 KEEP_CHUNKS = 512
 KEEP_ATTEMPTS = 5
@@ -80,11 +83,33 @@ def read(conn: sqlite3.Connection, job_id: str, after: int, attempt: int | None,
     row = conn.execute(SQL_JOB_STATUS, (job_id,)).fetchone()
     if row is None:
         return None, [], False
+    return (row[0], *take(conn.execute(SQL_LOG_READ, (job_id, after, attempt)), limit_bytes))
+
+
+def take(rows: Iterable[tuple[Any, ...]], limit_bytes: int
+         ) -> tuple[list[tuple[Any, ...]], bool]:
+    """The chunk rows (data 7th) of one reply: in order while their data fits
+    `limit_bytes`, the first always; and whether rows were left. Pure (both stores)."""
     out: list[tuple[Any, ...]] = []
     total = 0
-    for chunk in conn.execute(SQL_LOG_READ, (job_id, after, attempt)):
+    for chunk in rows:
         if out and total + len(chunk[6]) > limit_bytes:
-            return row[0], out, True
+            return out, True
         out.append(chunk)
         total += len(chunk[6])
-    return row[0], out, False
+    return out, False
+
+
+def view(job_id: str, after: int, status: str | None, rows: list[tuple[Any, ...]],
+         more: bool) -> JobLogs:
+    """The `job_logs` reply from `read`'s result. Pure (both stores).
+
+    Raises: errors.NotFound (status None: no such job).
+    """
+    if status is None:
+        raise errors.NotFound(f"job {job_id} not found")
+    chunks = [LogChunk(seq=seq, attempt=attempt, token=token, worker_id=worker, stream=stream,
+                       pos=pos, data=bytes(data), at=at)
+              for seq, attempt, token, worker, stream, pos, data, at in rows]
+    return JobLogs(job_id=job_id, status=status, chunks=chunks,
+                   next_after=chunks[-1].seq if chunks else after, more=more)

@@ -172,8 +172,18 @@ def send(conn: sqlite3.Connection, now: float, msg: NewMessage
                                   msg.expires_at))
     if cur.rowcount:
         return msg.message_id, True, msg.expires_at
-    sender, recipient, expires_at = conn.execute(SQL_MESSAGE_OWNER,
-                                                 (msg.message_id,)).fetchone()
+    return resent(msg, conn.execute(SQL_MESSAGE_OWNER, (msg.message_id,)).fetchone())
+
+
+def resent(msg: NewMessage, stored: tuple[str, str | None, float | None]
+           ) -> tuple[str, bool, float | None]:
+    """What `send` answers when `msg.message_id` is already stored as `stored` (sender,
+    recipient, expires_at): the stored message, created=False. Pure (both stores).
+
+    Raises:
+        errors.BadRequest: the id is taken by another sender or recipient.
+    """
+    sender, recipient, expires_at = stored
     if (sender, recipient) != (msg.sender, msg.recipient):
         raise errors.BadRequest(f"message_id {msg.message_id} is already used by another message")
     return msg.message_id, False, expires_at

@@ -21,6 +21,9 @@ from coordd.protocol import (
 )
 from coordd.readers import ReadPool
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
+from coordd.store.sqlite_hub import SQLiteHubOps
+from coordd.store.sqlite_logs import SQLiteLogOps
+from coordd.store.sqlite_enrol import SQLiteEnrolOps
 from coordd.writer import Writer
 
 
@@ -28,8 +31,10 @@ def _no_backoff(_attempts: int) -> float:
     return 0.0
 
 
-class SQLiteStore:
-    """The store over one SQLite file (created and migrated on `start`).
+class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps):
+    """The store over one SQLite file (created and migrated on `start`); the hub's, job
+    logs' and enrolment tokens' operations too (coordd.store.sqlite_hub, sqlite_logs,
+    sqlite_enrol).
 
     Args:
         path: the database file.

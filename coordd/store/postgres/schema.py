@@ -87,15 +87,91 @@ CREATE TABLE job_events (
 CREATE INDEX job_events_job ON job_events (job_id, event_id);
 """
 
+# The hub's tables (coordd.store.messages.MIGRATION's, on PostgreSQL's types): `seq` orders
+# messages sent at one instant as SQLite's rowid does; agent names sort by code point
+# (COLLATE "C"), as SQLite compares them, whatever the database's collation.
+MIGRATION_HUB = """
+CREATE TABLE messages (
+    seq          bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    message_id   text PRIMARY KEY,
+    sender       text NOT NULL,
+    recipient    text,
+    message_type text NOT NULL,
+    content      text NOT NULL,
+    priority     integer NOT NULL CHECK (priority BETWEEN 0 AND 3),
+    metadata     text,
+    status       text NOT NULL CHECK (status IN ('pending','delivered','processed')),
+    created_at   float8 NOT NULL,
+    processed_at float8,
+    expires_at   float8
+);
+CREATE INDEX messages_inbox ON messages (recipient, priority, created_at, seq)
+    WHERE status <> 'processed';
+CREATE INDEX messages_expiry ON messages (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX messages_done ON messages (processed_at) WHERE processed_at IS NOT NULL;
+CREATE INDEX messages_broadcast_age ON messages (created_at) WHERE recipient IS NULL;
+CREATE TABLE message_reads (
+    message_id   text NOT NULL REFERENCES messages(message_id) ON DELETE CASCADE,
+    reader       text NOT NULL,
+    deliveries   integer NOT NULL,
+    delivered_at float8 NOT NULL,
+    visible_at   float8,
+    processed_at float8,
+    PRIMARY KEY (message_id, reader)
+);
+CREATE INDEX message_reads_reader ON message_reads (reader, processed_at);
+CREATE TABLE agents (
+    name          text COLLATE "C" PRIMARY KEY,
+    status        text NOT NULL,
+    metadata      text,
+    heartbeat_at  float8 NOT NULL,
+    first_seen_at float8 NOT NULL
+);
+"""
+
+# A job's captured output (coordd.store.logs.MIGRATION's, on PostgreSQL's types).
+MIGRATION_LOGS = """
+CREATE TABLE job_logs (
+    seq       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id    text NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
+    token     bigint NOT NULL,
+    attempt   integer NOT NULL,
+    worker_id text NOT NULL,
+    stream    text NOT NULL CHECK (stream IN ('stdout', 'stderr')),
+    pos       bigint NOT NULL CHECK (pos >= 0),
+    data      bytea NOT NULL,
+    at        float8 NOT NULL,
+    UNIQUE (job_id, token, stream, pos)
+);
+CREATE INDEX job_logs_job ON job_logs (job_id, seq);
+"""
+
+# Enrolment tokens (coordd.store.enrol.MIGRATION_ENROL_TOKENS', on PostgreSQL's types).
+MIGRATION_ENROL = """
+CREATE TABLE enrol_tokens (
+    token_sha256 text PRIMARY KEY,
+    worker_id    text NOT NULL,
+    created_at   float8 NOT NULL,
+    expires_at   float8 NOT NULL,
+    used_at      float8,
+    serial       text
+);
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
+    MIGRATION_HUB,  # the hub: messages, message_reads, agents
+    MIGRATION_LOGS,  # job_logs
+    MIGRATION_ENROL,  # enrol_tokens
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
 TABLES = ("workers", "artifacts", "jobs", "leases", "job_events")  # MIGRATION_CORE's
 SQL_TAKEN_TABLES = ("SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS x(t, n) "
                     "WHERE to_regclass(t) IS NOT NULL ORDER BY n")
-SQL_TRUNCATE = "TRUNCATE job_events, leases, jobs, artifacts, workers RESTART IDENTITY CASCADE"
+SQL_TRUNCATE = ("TRUNCATE job_events, leases, jobs, artifacts, workers, "
+                "message_reads, messages, agents, job_logs, enrol_tokens "
+                "RESTART IDENTITY CASCADE")
 
 
 async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:

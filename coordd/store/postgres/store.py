@@ -26,6 +26,9 @@ from coordd.protocol import (
 from coordd.store import NewJob, dumps
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
 from coordd.store.postgres import apply, batch, claims, coordination, grace, reads, schema, sql
+from coordd.store.postgres.enrol import EnrolOps
+from coordd.store.postgres.hub import HubOps
+from coordd.store.postgres.logs import LogOps
 
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
@@ -36,7 +39,7 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
-class PostgresStore:
+class PostgresStore(HubOps, LogOps, EnrolOps):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
@@ -49,7 +52,8 @@ class PostgresStore:
             refused `overloaded` (the store's backpressure).
 
     Not stored yet (BadRequest at enqueue): per-job gate overrides, resource requests,
-    fleet limits, result schemas. Workflows, the hub and the other areas are SQLite's only.
+    fleet limits, result schemas. The hub, job logs and enrolment tokens:
+    coordd.store.postgres.hub, logs, enrol. Workflows and the other areas are SQLite's only.
     """
 
     clock: Literal["app", "db"] = "db"

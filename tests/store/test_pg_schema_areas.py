@@ -1,0 +1,36 @@
+"""PostgreSQL only: a database made by a coordd before the hub, job logs and enrolment
+tokens gains their tables on upgrade, its jobs untouched."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+asyncpg = pytest.importorskip("asyncpg", reason="asyncpg is not installed")
+
+
+async def test_an_older_database_gains_the_hub_logs_and_enrol_tables(pg_dsn):
+    from coordd.store.postgres import schema
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_dsn)
+    await admin.execute(f"CREATE DATABASE {name}")
+    conn = await asyncpg.connect(pg_dsn.replace("/postgres?", f"/{name}?"))
+    try:
+        first = min(schema.MIGRATIONS.index(m) for m in (
+            schema.MIGRATION_HUB, schema.MIGRATION_LOGS, schema.MIGRATION_ENROL))
+        await schema.migrate(conn, target=first)  # the coordd before these areas
+        await conn.execute("INSERT INTO jobs (job_id, kind, required_role, priority, "
+                           "payload_json, status, max_attempts, run_at, queued_at, "
+                           "created_at, updated_at) VALUES ('j1', 'k', 'cpu', 2, '{}', "
+                           "'waiting', 3, 1, 1, 1, 1)")
+        assert await conn.fetchval("SELECT to_regclass('messages')") is None
+        assert await schema.migrate(conn) == schema.SCHEMA_VERSION
+        for table in ("messages", "message_reads", "agents", "job_logs", "enrol_tokens"):
+            assert await conn.fetchval("SELECT to_regclass($1)::text", table) == table
+        assert await conn.fetchval("SELECT status FROM jobs WHERE job_id = 'j1'") == "waiting"
+        await conn.execute(schema.SQL_TRUNCATE)  # truncate() empties every area's table
+    finally:
+        await conn.close()
+        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        await admin.close()
