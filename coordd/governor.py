@@ -23,6 +23,13 @@ from coordd.store import workers as wkstore
 from coordd.times import fmt_time
 
 
+def preemptor(config: Config) -> preemption.Preemptor:
+    """The preemption pacer with the config's knobs (one per coordd, on either store)."""
+    return preemption.Preemptor(preemption.PreemptPolicy(
+        gap=config.preempt_gap, min_runtime_s=config.preempt_min_runtime_s,
+        reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s))
+
+
 class HeartbeatGovernance(msgspec.Struct):
     """What one heartbeat's transaction decided: actions per held job, transitions
     [(action, reason code)], preemptions [(waiting job, victim, worker)]."""
@@ -39,9 +46,7 @@ class Governor:
                  read: Any) -> None:
         self._policies, self._meters, self._read = policies, meters, read
         self._stale_s = config.heartbeat_stale_s
-        self._preempt = preemption.Preemptor(preemption.PreemptPolicy(
-            gap=config.preempt_gap, min_runtime_s=config.preempt_min_runtime_s,
-            reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s))
+        self._preempt = preemptor(config)
         self.reservations = self._preempt.hint  # whether a reservation may exist
 
     def on_heartbeat(self, conn: sqlite3.Connection, now: float,

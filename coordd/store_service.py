@@ -5,7 +5,8 @@ a PostgreSQL store.
 core (heartbeat, claim with `wait_s`, renew, checkpoint, complete, fail, release, enqueue,
 enqueue_batch, cancel, retry, reap, get_job, list_jobs, status), the hub's
 (coordd.store_service_hub), job logs' (coordd.store_service_logs), enrolment's
-(coordd.store_service_enrol) and the same checks (coordd.intake, coordd.values, the
+(coordd.store_service_enrol), governance's (heartbeat, renew, goodbye, workers, metrics:
+coordd.store_service_governance) and the same checks (coordd.intake, coordd.values, the
 Coordinator's own helpers, coordd.hub, coordd.logs, coordd.enrol). Every other RPC
 method is answered `unknown_method` with "not available on the PostgreSQL store yet":
 clients already treat that code as "this coordd does not serve it" and fall back (the
@@ -20,7 +21,7 @@ import logging
 import random
 from typing import Any
 
-from coordd import errors, intake, leases, store, values
+from coordd import errors, intake, leases, store, store_service_governance, values
 from coordd.clock import Clock, anchored
 from coordd.config import Config
 from coordd.ids import JobIds
@@ -28,23 +29,24 @@ from coordd.lifecycle import _clip
 from coordd.names import check_name
 from coordd.protocol import (
     JOB_STATUSES, Checkpoint, Claim, ClaimResult, Complete, CompleteResult, Empty, Enqueue,
-    EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail, GetJob, Heartbeat, HeartbeatResult,
-    JobId, JobList, JobView, ListJobs, ReapResult, Renew, RenewResult, StatusReply,
-    StatusResult,
+    EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail, GetJob, JobId, JobList, JobView,
+    ListJobs, ReapResult, StatusReply, StatusResult,
 )
 from coordd.protocol_workers import Release
 from coordd.push import PARK_SCOPE
-from coordd.service import LIST_LIMIT_MAX, Coordinator, _truncate, checked_readings
+from coordd.service import LIST_LIMIT_MAX, Coordinator, _truncate
 from coordd.store.api import JobFilter, LeaseRef, Store
 from coordd.store_service_enrol import ENROL_METHODS, EnrolService
 from coordd.store_service_hub import HUB_METHODS, HubService
 from coordd.store_service_logs import LOG_METHODS, LogService
+from coordd.store_service_governance import GovernanceService
 
 logger = logging.getLogger(__name__)
 
 SERVED = HUB_METHODS | LOG_METHODS | ENROL_METHODS | frozenset({
     "heartbeat", "claim", "renew", "checkpoint", "complete", "fail", "release", "enqueue",
-    "enqueue_batch", "cancel", "retry", "reap", "get_job", "list_jobs", "status"})
+    "enqueue_batch", "cancel", "retry", "reap", "get_job", "list_jobs", "status",
+    *store_service_governance.METHODS})
 """The RPC methods served over the store interface; the rest are refused (`refusal`)."""
 
 POLL_S = 1.0  # a parked claim looks again at least this often (NOTIFY is only a hint)
@@ -59,7 +61,7 @@ def refusal(method: str) -> errors.UnknownMethod:
     return errors.UnknownMethod(f"{method}: not available on the PostgreSQL store yet")
 
 
-class StoreCoordinator(HubService, LogService, EnrolService):
+class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService):
     """The core RPC methods over one `Store` (see the module docstring).
 
     Args:
@@ -123,12 +125,6 @@ class StoreCoordinator(HubService, LogService, EnrolService):
 
     # ------------------------------------------------------------ workers
 
-    async def heartbeat(self, p: Heartbeat) -> HeartbeatResult:
-        """Record a worker's roles and readings (the database's clock stamps them).
-        Raises: as the SQLite Coordinator's heartbeat."""
-        readings, _ = checked_readings(p, self.config.max_payload_bytes)
-        return await self.store.heartbeat(p.worker_id, p.roles, readings)
-
     async def claim(self, p: Claim) -> ClaimResult:
         """The best job for the worker; with `wait_s` and nothing to hand out it is parked
         (woken by the store's NOTIFY, polled every POLL_S) up to `wait_s`, cut to
@@ -187,10 +183,6 @@ class StoreCoordinator(HubService, LogService, EnrolService):
                 await asyncio.sleep(POLL_S)
 
     # ------------------------------------------------------------ lease holders
-
-    async def renew(self, p: Renew) -> RenewResult:
-        """Extend a lease. Raises: LeaseLost, LeaseExpired, AlreadyCompleted, NotFound."""
-        return await self.store.renew(_ref(p), self._lease_s(p.lease_s))
 
     async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
         """Record a job's latest checkpoint. Raises: PayloadTooLarge and the lease errors."""

@@ -29,6 +29,7 @@ from coordd.store.postgres import apply, batch, claims, coordination, grace, rea
 from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
+from coordd.store.postgres.governance import GovernancePostgres
 
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
@@ -39,7 +40,7 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
-class PostgresStore(HubOps, LogOps, EnrolOps):
+class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
@@ -196,6 +197,10 @@ class PostgresStore(HubOps, LogOps, EnrolOps):
         A repeated `claim_id` returns the lease it granted while that lease lives. A job
         whose stored payload or checkpoint does not decode is dead-lettered on the way.
         """
+        reserved = await self.reserved_claim(worker_id, lease_s, claim_id,
+                                             policy.heartbeat_stale_s, now)  # preemption's
+        if reserved is not None:
+            return reserved
         return await self.claims.claim(worker_id, lease_s, policy, kinds, claim_id, now)
 
     # ------------------------------------------------------------ lease holder calls
