@@ -30,6 +30,16 @@ def preemptor(config: Config) -> preemption.Preemptor:
         reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s))
 
 
+def reserved_reason(held: tuple[Any, ...] | None, now: float | None) -> str | None:
+    """A waiting job's reason from its reservation (worker_id, victim job, victim
+    priority, expires_at), while it lives at `now` (None: the store found it live);
+    None otherwise."""
+    if held is None or (now is not None and held[3] <= now):
+        return None
+    return (f"reserved on {held[0]}: waiting for P{held[2]} job {held[1]} to vacate "
+            f"(until {fmt_time(held[3])})")
+
+
 class HeartbeatGovernance(msgspec.Struct):
     """What one heartbeat's transaction decided: actions per held job, transitions
     [(action, reason code)], preemptions [(waiting job, victim, worker)]."""
@@ -83,10 +93,9 @@ class Governor:
                 "gpu_ids": list(grant.gpu_ids), "vram_mb": grant.vram_mb, "ram_mb": grant.ram_mb}
         if job.status != "waiting":
             return
-        held = await self._read(govstore.reservation_of, job.job_id)
-        if held is not None and held[3] > now:
-            job.waiting_reason = (f"reserved on {held[0]}: waiting for P{held[2]} job "
-                                  f"{held[1]} to vacate (until {fmt_time(held[3])})")
+        why = reserved_reason(await self._read(govstore.reservation_of, job.job_id), now)
+        if why is not None:
+            job.waiting_reason = why
         elif req is not None:
             await self.explain_resources([job], await self._read(views.list_workers),
                                          await self._read(wkstore.worker_states), now)

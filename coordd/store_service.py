@@ -270,7 +270,7 @@ class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService):
         """One job with its lease and events. A `prefix` lookup takes the whole id only.
         Raises: NotFound (for a shorter `prefix` lookup, saying the whole id is needed)."""
         try:
-            return await self.store.get_job(p.job_id)
+            return await self.annotate(await self.store.get_job(p.job_id))  # governance
         except errors.NotFound as exc:
             if getattr(p, "prefix", False) and len(p.job_id) < JOB_ID_CHARS:
                 raise errors.NotFound(f"{exc.message} (the PostgreSQL store looks jobs up by "

@@ -17,7 +17,8 @@ from coordd.lifecycle import Lifecycle
 from coordd.metrics import Metrics
 from coordd.names import check_name
 from coordd.protocol import (
-    Empty, Heartbeat, HeartbeatResult, MetricsResult, Renew, RenewResult, WorkersResult,
+    Empty, Heartbeat, HeartbeatResult, JobView, MetricsResult, Renew, RenewResult,
+    WorkersResult,
 )
 from coordd.protocol_workers import Goodbye, ReleasedResult
 from coordd.service import checked_readings
@@ -95,6 +96,18 @@ class GovernanceService:
         return WorkersResult(workers=worker_views(
             book.rows, book.now, self.config.heartbeat_stale_s, self._policies, book.states,
             book.notes, book.grants, book.reserved))
+
+    async def annotate(self, job: JobView) -> JobView:
+        """Add to a `get_job` view its lease's suspension, its preemptions and, waiting
+        with a live reservation, what it waits for (as coordd.governor on SQLite)."""
+        g = await self.store.job_governance(job.job_id)
+        job.preemptions = g.preemptions
+        if job.lease is not None:
+            job.lease.governance = g.suspension
+        if job.status == "waiting":
+            job.waiting_reason = governor.reserved_reason(g.reservation, None) \
+                or job.waiting_reason
+        return job
 
     async def metrics(self, p: Empty | None = None) -> MetricsResult:
         """Refresh the gauges from a `status` read and return every series in Prometheus

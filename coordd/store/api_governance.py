@@ -60,6 +60,17 @@ class WorkerBook(msgspec.Struct, kw_only=True):
     reserved: dict[str, list[Any]] = {}
 
 
+class JobGovernance(msgspec.Struct, kw_only=True):
+    """What `get_job` adds for governance: the lease's suspension (None: running
+    normally, or no lease), releases that spent no attempt, and the job's reservation
+    (worker_id, victim job, victim priority, expires_at) while it lives by the store's
+    clock, else None."""
+
+    suspension: Any = None
+    preemptions: int = 0
+    reservation: tuple[Any, ...] | None = None
+
+
 class GovernanceStore(Protocol):
     """Governance of running work, goodbyes and the workers' view, on one store."""
 
@@ -88,5 +99,10 @@ class GovernanceStore(Protocol):
         """Every known worker's row, state, governance notes and resource books."""
         ...
 
+    async def job_governance(self, job_id: str, *, now: float | None = None) -> JobGovernance:
+        """The job's governance as `get_job` shows it (nothing for an unknown job)."""
+        ...
 
-__all__ = ["Governance", "GovernanceStore", "GovernedHeartbeat", "WorkerBeat", "WorkerBook"]
+
+__all__ = ["Governance", "GovernanceStore", "GovernedHeartbeat", "JobGovernance", "WorkerBeat",
+           "WorkerBook"]

@@ -14,7 +14,9 @@ from coordd.store import governance as govstore
 from coordd.store import resources as resstore
 from coordd.store import workers as wkstore
 from coordd.store.api import LeaseRef
-from coordd.store.api_governance import Governance, GovernedHeartbeat, WorkerBeat, WorkerBook
+from coordd.store.api_governance import (
+    Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
+)
 
 
 class SQLiteGovernance:
@@ -69,3 +71,11 @@ class SQLiteGovernance:
                           states=await self.readers.run(wkstore.worker_states), notes=notes,
                           grants=await self.readers.run(resstore.all_grants),
                           reserved=await self.readers.run(resstore.reserved_requests))
+
+    async def job_governance(self, job_id: str, *, now: float | None = None) -> JobGovernance:
+        """The reads of coordd.governor.Governor.annotate and the Coordinator's get_job."""
+        held = await self.readers.run(govstore.reservation_of, job_id)
+        return JobGovernance(suspension=await self.readers.run(govstore.lease_state, job_id),
+                             preemptions=await self.readers.run(wkstore.preemptions, job_id),
+                             reservation=held if held is not None and held[3] > self._now(now)
+                             else None)

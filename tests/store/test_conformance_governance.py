@@ -47,6 +47,9 @@ async def test_a_hot_reading_suspends_a_p3_run_and_a_cool_one_resumes_it(bundle)
     hb = (await beat(bundle, g, "a", T0 + 2, HOT)).result
     assert acts(hb.actions) == [(job_id, "suspend")]
     assert hb.actions[0].reason.startswith("too_hot (temperature 85")
+    shown = (await bundle.store.job_governance(job_id, now=T0 + 2)).suspension
+    assert (shown.suspended_at, shown.suspend_reason, shown.vacate_reason) == (
+        T0 + 2, "too_hot", None)
     res, changes = await bundle.store.renew_governed(ref(got, "a"), 300.0, g, now=T0 + 3)
     assert res.action.action == "suspend" and changes == []  # said again, not logged again
     cool = await beat(bundle, g, "a", T0 + 10)  # gates open since T0+10: not yet
@@ -93,6 +96,11 @@ async def test_a_p0_enqueued_vacates_a_p3_run_on_a_full_worker(bundle):
     assert hb.preempted == [(p0, p3, "a")]
     assert acts(hb.result.actions) == [(p3, "vacate")]
     assert hb.result.actions[0].reason == f"preempted_by {p0} (P0)"
+    assert (await bundle.store.job_governance(p0, now=T0 + 40)).reservation == (
+        "a", p3, 3, T0 + 40 + 60.0)  # reservation_s
+    assert (await bundle.store.job_governance(p0, now=T0 + 100)).reservation is None  # lapsed
+    shown = await bundle.store.job_governance(p3, now=T0 + 40)
+    assert shown.suspension.vacate_reason == f"preempted_by {p0} (P0)" and shown.preemptions == 0
     res, _ = await bundle.store.renew_governed(ref(got, "a"), 300.0, g, now=T0 + 41)
     assert res.action.action == "vacate"  # it stands until the lease ends
     assert (await beat(bundle, g, "a", T0 + 42, {**COOL, **FULL})).preempted == []
@@ -103,6 +111,8 @@ async def test_a_p0_enqueued_vacates_a_p3_run_on_a_full_worker(bundle):
     assert taken.job.job_id == p0
     victim = await bundle.store.get_job(p3, now=T0 + 45)
     assert victim.status == "waiting" and victim.attempts == 0 and victim.checkpoint == {"step": 7}
+    shown = await bundle.store.job_governance(p3, now=T0 + 45)
+    assert shown.preemptions == 1 and shown.suspension is None and shown.reservation is None
     assert [e.reason for e in victim.events][2:] == [
         f"vacate: preempted_by {p0} (P0)", "released: vacated"]
     waiter = await bundle.store.get_job(p0, now=T0 + 45)

@@ -18,10 +18,13 @@ from typing import Any
 from coordd import errors, governance, preemption
 from coordd import transitions as tr
 from coordd.protocol import ClaimResult, HeartbeatResult, RenewResult
+from coordd.protocol_governance import Suspension
 from coordd.store import dumps, lenient_json
 from coordd.store import workers as wkstore
 from coordd.store.api import LeaseRef
-from coordd.store.api_governance import Governance, GovernedHeartbeat, WorkerBeat, WorkerBook
+from coordd.store.api_governance import (
+    Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
+)
 from coordd.store.postgres import apply, claims, sql
 from coordd.store.postgres.sql import NOW
 
@@ -146,9 +149,11 @@ SQL_RESERVED_LEFT = (  # drop worker $1's reservations whose job no longer waits
     "AND j.job_id = r.job_id AND j.status <> 'waiting' RETURNING r.job_id) "
     "SELECT EXISTS (SELECT 1 FROM reservations WHERE job_id NOT IN (SELECT job_id FROM d))"
 )
-SQL_RESERVATION_OF = (
-    "SELECT r.worker_id, r.victim_job_id, j.priority, r.expires_at FROM reservations r "
-    "JOIN jobs j ON j.job_id = r.victim_job_id WHERE r.job_id = $1"
+SQL_JOB_GOVERNANCE = (  # the lease's state, preemptions, the reservation (or NULLs)
+    "SELECT l.suspended_at, l.suspend_reason, l.vacate_reason, j.preemptions, r.worker_id, "
+    "r.victim_job_id, v.priority, r.expires_at FROM jobs j "
+    "LEFT JOIN leases l ON l.job_id = j.job_id LEFT JOIN reservations r ON r.job_id = j.job_id "
+    f"AND r.expires_at > {NOW} LEFT JOIN jobs v ON v.job_id = r.victim_job_id WHERE j.job_id = $2"
 )
 
 # ---------------------------------------------------------------- workers
@@ -310,13 +315,6 @@ class GovernancePostgres:
                 hint.maybe = False
         return None
 
-    async def reservation_of(self, job_id: str) -> tuple[Any, ...] | None:
-        """(worker_id, victim job id, victim priority, expires_at) of a waiting job's
-        reservation, or None."""
-        async with self._conn() as conn:
-            row = await conn.fetchrow(SQL_RESERVATION_OF, job_id)
-        return None if row is None else tuple(row)
-
     # ------------------------------------------------------------ reads
 
     async def worker_book(self, *, now: float | None = None) -> WorkerBook:
@@ -334,6 +332,19 @@ class GovernancePostgres:
             rows=[(r[0], lenient_json(r[1], []), lenient_json(r[2], {}), r[3], r[4])
                   for r in rows],
             states={r[0]: wkstore.state_of(r[5], r[6], r[7], r[8]) for r in rows})
+
+    async def job_governance(self, job_id: str, *, now: float | None = None) -> JobGovernance:
+        """The job's lease suspension, preemptions and reservation, in one read."""
+        async with self._conn() as conn:
+            row = await conn.fetchrow(SQL_JOB_GOVERNANCE, now, job_id)
+        if row is None:
+            return JobGovernance()
+        at, reason, vacate, preemptions, *held = row
+        return JobGovernance(
+            suspension=None if at is None and vacate is None else Suspension(
+                suspended_at=at, suspend_reason=reason, vacate_reason=vacate),
+            preemptions=preemptions,
+            reservation=None if held[0] is None or held[2] is None else tuple(held))
 
     async def _now_of(self, now: float | None) -> float:
         async with self._conn() as conn:
