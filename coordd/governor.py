@@ -30,6 +30,12 @@ def preemptor(config: Config) -> preemption.Preemptor:
         reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s))
 
 
+def granted_view(grant: resources.Grant | None) -> dict[str, Any] | None:
+    """A lease's grant as `get_job` shows it (`granted`), or None."""
+    return None if grant is None else {
+        "gpu_ids": list(grant.gpu_ids), "vram_mb": grant.vram_mb, "ram_mb": grant.ram_mb}
+
+
 def reserved_reason(held: tuple[Any, ...] | None, now: float | None) -> str | None:
     """A waiting job's reason from its reservation (worker_id, victim job, victim
     priority, expires_at), while it lives at `now` (None: the store found it live);
@@ -88,9 +94,7 @@ class Governor:
         job.resources = None if req is None else msgspec.structs.asdict(req)
         if job.lease is not None:
             job.lease.governance = await self._read(govstore.lease_state, job.job_id)
-            grant = await self._read(resstore.grant_of, job.job_id)
-            job.granted = None if grant is None else {
-                "gpu_ids": list(grant.gpu_ids), "vram_mb": grant.vram_mb, "ram_mb": grant.ram_mb}
+            job.granted = granted_view(await self._read(resstore.grant_of, job.job_id))
         if job.status != "waiting":
             return
         why = reserved_reason(await self._read(govstore.reservation_of, job.job_id), now)

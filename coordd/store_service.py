@@ -121,7 +121,8 @@ class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService):
         return await getattr(self, method)(params)
 
     def resources_seen(self) -> None:
-        """A job asked for resources (intake): this store refuses them at enqueue."""
+        """A job asked for resources (intake): the store notices at enqueue (PostgresStore
+        admits every claim from then on, coordd.store.postgres.resources)."""
 
     # ------------------------------------------------------------ workers
 
@@ -219,7 +220,7 @@ class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService):
 
     async def enqueue(self, p: Enqueue) -> EnqueueResult:
         """Add a waiting job (checks: coordd.intake). Raises: as on SQLite, and BadRequest
-        for what this store does not store yet (gates, resources, limits, result schema)."""
+        for what this store does not store yet (gates, limits, result schema)."""
         return (await self._enqueue([intake.new_job(self, p)]))[0]
 
     async def enqueue_batch(self, p: EnqueueBatch) -> EnqueueBatchResult:

@@ -12,6 +12,8 @@ import functools
 import logging
 from typing import Any
 
+import msgspec
+
 from coordd import governor
 from coordd.lifecycle import Lifecycle
 from coordd.metrics import Metrics
@@ -98,12 +100,15 @@ class GovernanceService:
             book.notes, book.grants, book.reserved))
 
     async def annotate(self, job: JobView) -> JobView:
-        """Add to a `get_job` view its lease's suspension, its preemptions and, waiting
-        with a live reservation, what it waits for (as coordd.governor on SQLite)."""
+        """Add to a `get_job` view its lease's suspension and grant, its request, its
+        preemptions and, waiting with a live reservation, what it waits for (as
+        coordd.governor on SQLite)."""
         g = await self.store.job_governance(job.job_id)
         job.preemptions = g.preemptions
+        job.resources = None if g.request is None else msgspec.structs.asdict(g.request)
         if job.lease is not None:
             job.lease.governance = g.suspension
+            job.granted = governor.granted_view(g.grant)
         if job.status == "waiting":
             job.waiting_reason = governor.reserved_reason(g.reservation, None) \
                 or job.waiting_reason

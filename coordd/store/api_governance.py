@@ -62,13 +62,16 @@ class WorkerBook(msgspec.Struct, kw_only=True):
 
 class JobGovernance(msgspec.Struct, kw_only=True):
     """What `get_job` adds for governance: the lease's suspension (None: running
-    normally, or no lease), releases that spent no attempt, and the job's reservation
+    normally, or no lease), releases that spent no attempt, its resource request and
+    grant, and the job's reservation
     (worker_id, victim job, victim priority, expires_at) while it lives by the store's
     clock, else None."""
 
     suspension: Any = None
     preemptions: int = 0
     reservation: tuple[Any, ...] | None = None
+    request: Any = None  # coordd.resources.Request the job asks for, or None
+    grant: Any = None  # coordd.resources.Grant its lease holds, or None
 
 
 class GovernanceStore(Protocol):

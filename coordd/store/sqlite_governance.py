@@ -78,4 +78,6 @@ class SQLiteGovernance:
         return JobGovernance(suspension=await self.readers.run(govstore.lease_state, job_id),
                              preemptions=await self.readers.run(wkstore.preemptions, job_id),
                              reservation=held if held is not None and held[3] > self._now(now)
-                             else None)
+                             else None,
+                             request=await self.readers.run(resstore.request_of, job_id),
+                             grant=await self.readers.run(resstore.grant_of, job_id))

@@ -1,6 +1,7 @@
 """Governance of running work and workers over both stores (coordd.store.api_governance):
 live gates suspend and resume a run, a P0 preempts a P3 on a full worker, goodbye and a
-new incarnation end leases at once, `workers` lists workers with their readings. The same
+new incarnation end leases at once, `workers` lists workers with their readings, a GPU
+job waits for its GPU (`resources`) and is granted it once freed. The same
 bodies, the same replies and event texts, on SQLite and PostgreSQL, `now` pinned."""
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ import pytest
 
 from coordd import config as config_mod
 from coordd import errors, governor
+from coordd.resources import Grant, Request
 from coordd.store.api import LeaseRef
 from coordd.store.api_governance import Governance, WorkerBeat
 from coordd.worker_list import worker_views
-from tests.store.conftest import COOL, T0
+from tests.store.conftest import COOL, T0, policy
 
 HOT = {**COOL, "temperature_c": 85.0}  # over P3's 80 C, under the critical 95 C
 FULL = {"slots_total": 1}  # one job at a time: a second one needs a preemption
@@ -192,3 +194,37 @@ async def test_workers_lists_workers_with_their_readings(bundle):
                                               fresh.states, fresh.notes, fresh.grants,
                                               fresh.reserved)}["b"]
     assert b.live and b.verdicts["p0"] == ["memory_high"] and b.active_leases == 0
+
+
+GPU = {"gpu_devices": [{"index": 0, "memory_total_mb": 24000.0, "memory_used_mb": 0.0}],
+       "ram_mb": 64000}
+
+
+async def test_a_job_asking_for_a_gpu_it_cannot_get_waits_with_reason_resources(bundle):
+    """One GPU: the first GPU job gets it, the second waits with reason `resources`
+    (saying what is short) while a job asking for nothing backfills, and is granted the
+    GPU once the first ends."""
+    pol = policy()
+    pol.resources_seen = True  # as a coordd does once a job asks (coordd.intake)
+    a = await bundle.enqueue(priority=2, resources=Request(gpus=1))
+    b = await bundle.enqueue(priority=2, resources=Request(gpus=1, ram_mb=1000))
+    plain = await bundle.enqueue(priority=3)
+    await bundle.worker("g", **GPU)
+    first = await bundle.store.claim("g", 300.0, pol, now=T0 + 1)
+    assert (first.job.job_id, first.job.gpu_ids) == (a, [0])
+    shown = await bundle.store.job_governance(a, now=T0 + 1)
+    assert shown.request == Request(gpus=1) and shown.grant == Grant(gpu_ids=(0,))
+    backfill = await bundle.store.claim("g", 300.0, pol, now=T0 + 2)
+    assert (backfill.job.job_id, backfill.job.gpu_ids) == (plain, None)
+    none = await bundle.store.claim("g", 300.0, pol, now=T0 + 3)
+    assert none.job is None and none.reasons == ["resources"]
+    assert none.detail == "gpus: need 1 whole, 0 of 1 free"
+    book = await bundle.store.worker_book(now=T0 + 3)
+    assert book.grants == {"g": [Grant(gpu_ids=(0,))]}
+    await bundle.store.complete(ref(first, "g"), '"ok"', now=T0 + 4)
+    granted = await bundle.store.claim("g", 300.0, pol, now=T0 + 5)
+    assert (granted.job.job_id, granted.job.gpu_ids) == (b, [0])
+    assert (await bundle.store.job_governance(b, now=T0 + 5)).grant == Grant(
+        gpu_ids=(0,), ram_mb=1000)
+    await bundle.store.complete(ref(granted, "g"), '"ok"', now=T0 + 6)
+    assert (await bundle.store.job_governance(b, now=T0 + 6)).grant is None  # ended with it

@@ -25,7 +25,7 @@ from coordd.store.api import LeaseRef
 from coordd.store.api_governance import (
     Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
 )
-from coordd.store.postgres import apply, claims, sql
+from coordd.store.postgres import apply, claims, resources, sql
 from coordd.store.postgres.sql import NOW
 
 PREEMPT_LOCK_KEY = "coordd-preempt"  # one preemption scan at a time (xact advisory lock)
@@ -269,10 +269,13 @@ class GovernancePostgres:
         reserved: dict[str, int] = {}
         for (w,) in await conn.fetch(SQL_RESERVATIONS):
             reserved[w] = reserved.get(w, 0) + 1
+        needs = await resources.requests_of(conn, [r[0] for r in waiting]) \
+            if self._resources_seen else {}  # type: ignore[attr-defined]
         look = preemption.Look(
             waiting=[tuple(r) for r in waiting],
             workers=[tuple(r) for r in await conn.fetch(SQL_LIVE_WORKERS, now, policy.stale_s)],
-            held=held, reserved=reserved, needs={}, grants={})
+            held=held, reserved=reserved, needs=needs,
+            grants=(await resources.books(conn))[2] if needs else {})
         done = []
         for p in preemption.choose(look, gov.policies, policy, t):
             v = p.victim
@@ -323,12 +326,13 @@ class GovernancePostgres:
                                                           readonly=True):
             rows = await conn.fetch(SQL_WORKERS, now)
             governed = await conn.fetch(SQL_GOVERNED)
+            grants, reserved, _ = await resources.books(conn)
         notes: dict[str, list[str]] = {}
         for worker_id, *g in governed:
             notes.setdefault(worker_id, []).append("governance: " + governance.describe(*g))
         t = rows[0][-1] if rows else await self._now_of(now)
         return WorkerBook(
-            now=t, notes=notes,
+            now=t, notes=notes, grants=grants, reserved=reserved,
             rows=[(r[0], lenient_json(r[1], []), lenient_json(r[2], {}), r[3], r[4])
                   for r in rows],
             states={r[0]: wkstore.state_of(r[5], r[6], r[7], r[8]) for r in rows})
@@ -337,10 +341,12 @@ class GovernancePostgres:
         """The job's lease suspension, preemptions and reservation, in one read."""
         async with self._conn() as conn:
             row = await conn.fetchrow(SQL_JOB_GOVERNANCE, now, job_id)
+            request, grant = await resources.job_resources(conn, job_id)
         if row is None:
             return JobGovernance()
         at, reason, vacate, preemptions, *held = row
         return JobGovernance(
+            request=request, grant=grant,
             suspension=None if at is None and vacate is None else Suspension(
                 suspended_at=at, suspend_reason=reason, vacate_reason=vacate),
             preemptions=preemptions,
