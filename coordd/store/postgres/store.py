@@ -203,10 +203,11 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         """
         if self._resources_seen is not False and await self.resources_seen():
             return await self.admitted_claim(worker_id, lease_s, policy, kinds, claim_id, now)
-        reserved = await self.reserved_claim(worker_id, lease_s, claim_id,
-                                             policy.heartbeat_stale_s, now)  # preemption's
-        if reserved is not None:
-            return reserved
+        if self.reservation_hint.maybe:  # preemption's reservations, taken first
+            reserved = await self.reserved_claim(worker_id, lease_s, claim_id,
+                                                 policy.heartbeat_stale_s, now)
+            if reserved is not None:
+                return reserved
         return await self.claims.claim(worker_id, lease_s, policy, kinds, claim_id, now)
 
     # ------------------------------------------------------------ lease holder calls
