@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from coordd.client import Client
+from tests.integration.test_coordctl import ctl, ok, ok_json
 from tests.integration.test_governance_worker import (
     ACTIVE, COUNTER, HEARTBEAT_S, expected_acc, state_of, steps_done, wait_for,
 )
@@ -90,10 +91,12 @@ async def test_a_worker_on_postgres_is_suspended_resumed_vacated_and_says_goodby
                        "process state T")
         view = await c.get_job(job)
         assert view.status == "running" and view.lease.governance.suspend_reason == "user_active"
-        workers = (await c.call("workers", {}))["workers"]
+        workers = ok_json(ctl(d.socket, "--json", "workers"))["workers"]  # coordctl workers
         assert [x["worker_id"] for x in workers] == ["w1"] and workers[0]["live"]
         assert workers[0]["readings"]["user_idle_s"] == ACTIVE["user_idle_s"]
+        assert workers[0]["verdicts"]["p3"] == ["user_active"]
         assert any(n.startswith(f"governance: {job} suspended since") for n in workers[0]["notes"])
+        assert "workers 1 (1 live)" in ok(ctl(d.socket, "top", "--once"))  # coordctl top
         frozen = steps_done(progress)
         readings.write_text(json.dumps(COOL))
         await wait_for(lambda: state_of(pid) not in (psutil.STATUS_STOPPED, "gone")

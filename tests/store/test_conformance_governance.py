@@ -156,6 +156,8 @@ async def test_goodbye_releases_leases_at_once(bundle):
     assert (await bundle.claim("b", now=T0 + 5)).job.job_id == job_id
     book = await bundle.store.worker_book(now=T0 + 6)
     assert book.states["a"].offline_at == T0 + 3 and book.states["a"].incarnation == "i1"
+    st = await bundle.store.status(30.0, now=T0 + 6)
+    assert (st.workers, st.workers_live) == (2, 1)  # a said goodbye: not live
 
 
 async def test_a_new_incarnation_ends_the_predecessors_leases(bundle):
