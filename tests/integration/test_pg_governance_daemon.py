@@ -72,36 +72,75 @@ async def _status(c: Client, job_id: str, *statuses: str, timeout: float = 20.0)
     return await until(check, timeout, f"job {job_id} {'/'.join(statuses)}")
 
 
-async def test_a_worker_on_postgres_is_suspended_resumed_vacated_and_says_goodbye(rig):
-    """The user comes back: SIGSTOP; idle again: SIGCONT; back for longer than
-    max_suspend_s: vacated (no attempt spent) and resumed from its checkpoint; the
-    worker's stop is a delivered goodbye, `workers` shows it offline."""
+async def _suspend_and_resume(c: Client, readings: Path, start_worker: Any, tmp: Path,
+                              steps: int) -> tuple[str, WorkerProc, Path]:
+    """Run the counter on w1; the user comes back: SIGSTOP (shown by get_job and
+    `workers`); idle again: SIGCONT. Returns (job id, worker, progress file)."""
+    progress, pidfile = tmp / "progress", tmp / "model.pid"
+    job = (await c.enqueue(kind="count", required_role="cpu", priority=3, max_attempts=3,
+                           payload={"steps": steps, "dt": 0.02, "progress": str(progress),
+                                    "pidfile": str(pidfile)})).job_id
+    w = start_worker()
+    await wait_for(lambda: steps_done(progress) >= 10, 20, "the model running")
+    pid = int(pidfile.read_text())
+    readings.write_text(json.dumps(ACTIVE))
+    await wait_for(lambda: state_of(pid) == psutil.STATUS_STOPPED, HEARTBEAT_S * 2 + 1,
+                   "process state T")
+    view = await c.get_job(job)
+    assert view.status == "running" and view.lease.governance.suspend_reason == "user_active"
+    workers = (await c.call("workers", {}))["workers"]
+    assert [x["worker_id"] for x in workers] == ["w1"] and workers[0]["live"]
+    assert workers[0]["readings"]["user_idle_s"] == ACTIVE["user_idle_s"]
+    assert workers[0]["verdicts"]["p3"] == ["user_active"]
+    assert any(n.startswith(f"governance: {job} suspended since") for n in workers[0]["notes"])
+    frozen = steps_done(progress)
+    readings.write_text(json.dumps(COOL))
+    await wait_for(lambda: state_of(pid) not in (psutil.STATUS_STOPPED, "gone")
+                   and steps_done(progress) > frozen + 2, HEARTBEAT_S * 3 + 1.5,
+                   "the model continuing")
+    return job, w, progress
+
+
+async def _stop(d: Coordd, w: WorkerProc) -> None:
+    """SIGTERM the worker: an orderly stop ends with a delivered goodbye."""
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(15) == 0, w.log()
+    assert "goodbye not delivered" not in w.log(), w.log()
+    await until(lambda: _async("worker w1 said goodbye" in d.log()), 5, "the goodbye logged")
+
+
+async def _async(value: Any) -> Any:
+    return value
+
+
+async def test_a_worker_on_postgres_is_suspended_and_resumed_and_says_goodbye(rig):
+    """SIGSTOP and SIGCONT decided by coordd on PostgreSQL; the worker's stop hands the
+    job back (no attempt spent) and its goodbye is delivered: `workers` shows it offline."""
     d, readings, start_worker, tmp = rig
     await d.wait_serving()
-    progress, pidfile = tmp / "progress", tmp / "model.pid"
     async with Client(d.socket, timeout=10) as c:
-        job = (await c.enqueue(kind="count", required_role="cpu", priority=3, max_attempts=3,
-                               payload={"steps": 100, "dt": 0.02, "progress": str(progress),
-                                        "pidfile": str(pidfile)})).job_id
-        w = start_worker()
-        await wait_for(lambda: steps_done(progress) >= 10, 20, "the model running")
-        pid = int(pidfile.read_text())
-        readings.write_text(json.dumps(ACTIVE))
-        await wait_for(lambda: state_of(pid) == psutil.STATUS_STOPPED, HEARTBEAT_S * 2 + 1,
-                       "process state T")
-        view = await c.get_job(job)
-        assert view.status == "running" and view.lease.governance.suspend_reason == "user_active"
-        workers = ok_json(ctl(d.socket, "--json", "workers"))["workers"]  # coordctl workers
-        assert [x["worker_id"] for x in workers] == ["w1"] and workers[0]["live"]
-        assert workers[0]["readings"]["user_idle_s"] == ACTIVE["user_idle_s"]
-        assert workers[0]["verdicts"]["p3"] == ["user_active"]
-        assert any(n.startswith(f"governance: {job} suspended since") for n in workers[0]["notes"])
-        assert "workers 1 (1 live)" in ok(ctl(d.socket, "top", "--once"))  # coordctl top
-        frozen = steps_done(progress)
-        readings.write_text(json.dumps(COOL))
-        await wait_for(lambda: state_of(pid) not in (psutil.STATUS_STOPPED, "gone")
-                       and steps_done(progress) > frozen + 2, HEARTBEAT_S * 3 + 1.5,
-                       "the model continuing")
+        job, w, _ = await _suspend_and_resume(c, readings, start_worker, tmp, steps=400)
+        await _stop(d, w)
+        back = await c.get_job(job)
+        assert back.status == "waiting" and back.attempts == 0, back
+        reasons = [e.reason or "" for e in back.events]
+        for text in ("suspended: user_active", "resumed:"):
+            assert any(r.startswith(text) for r in reasons), reasons
+        gone = (await c.call("workers", {}))["workers"][0]
+        assert gone["offline_at"] is not None and not gone["live"]
+        assert (await c.status()).workers_live == 0
+        metrics = (await c.call("metrics", {}))["text"]
+        assert 'coordd_governance_actions_total{action="suspend",reason="user_active"}' in metrics
+
+
+@pytest.mark.slow
+async def test_a_worker_on_postgres_is_vacated_past_max_suspend_s_and_resumes(rig):
+    """Suspended longer than max_suspend_s: vacated (no attempt spent), claimed again and
+    resumed from its checkpoint; coordctl workers and top on the PostgreSQL coordd."""
+    d, readings, start_worker, tmp = rig
+    await d.wait_serving()
+    async with Client(d.socket, timeout=10) as c:
+        job, w, _ = await _suspend_and_resume(c, readings, start_worker, tmp, steps=100)
         readings.write_text(json.dumps(ACTIVE))  # back, for longer than max_suspend_s
         back = await _status(c, job, "waiting")
         assert back.attempts == 0 and back.preemptions == 1, back
@@ -114,11 +153,7 @@ async def test_a_worker_on_postgres_is_suspended_resumed_vacated_and_says_goodby
         reasons = [e.reason or "" for e in final.events]
         for text in ("suspended: user_active", "resumed:", "vacate: max_suspend_s"):
             assert any(r.startswith(text) for r in reasons), reasons
-        w.proc.send_signal(signal.SIGTERM)  # an orderly stop ends with a goodbye
-        assert w.proc.wait(15) == 0, w.log()
-        assert "goodbye not delivered" not in w.log(), w.log()
-        gone = (await c.call("workers", {}))["workers"][0]
+        await _stop(d, w)
+        gone = ok_json(ctl(d.socket, "--json", "workers"))["workers"][0]  # coordctl workers
         assert gone["offline_at"] is not None and not gone["live"]
-        assert "worker w1 said goodbye" in d.log()
-        metrics = (await c.call("metrics", {}))["text"]
-        assert 'coordd_governance_actions_total{action="suspend",reason="user_active"}' in metrics
+        assert "workers 1 (0 live)" in ok(ctl(d.socket, "top", "--once"))  # coordctl top
