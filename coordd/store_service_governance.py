@@ -1,6 +1,6 @@
 """Governance of running work and workers over the store interface (coordd.store.
-api_governance): `heartbeat` and `renew` with their actions, `goodbye`, `workers`,
-`metrics`, for StoreCoordinator (coordd.store_service).
+api_governance): `heartbeat` and `renew` with their actions, `goodbye`,
+`forget_worker`, `workers`, `metrics`, for StoreCoordinator (coordd.store_service).
 
 Same params, checks, replies and log lines as the SQLite Coordinator's (coordd.service,
 coordd.governor, coordd.lifecycle): the checks are those functions, called as they are.
@@ -22,7 +22,7 @@ from coordd.protocol import (
     Empty, Heartbeat, HeartbeatResult, JobView, MetricsResult, Renew, RenewResult,
     WorkersResult,
 )
-from coordd.protocol_workers import Goodbye, ReleasedResult
+from coordd.protocol_workers import ForgetWorker, Goodbye, ReleasedResult
 from coordd.service import checked_readings
 from coordd.store.api import LeaseRef
 from coordd.store.api_governance import Governance, WorkerBeat
@@ -30,7 +30,7 @@ from coordd.worker_list import worker_views
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("goodbye", "workers", "metrics")
+METHODS = ("goodbye", "forget_worker", "workers", "metrics")
 """The RPC methods this mixin adds to StoreCoordinator (`heartbeat`, `renew` are core)."""
 
 
@@ -89,6 +89,17 @@ class GovernanceService:
         logger.info("worker %s said goodbye", p.worker_id,
                     extra={"action": "worker_goodbye", "worker_id": p.worker_id})
         self._log_lost(p.worker_id, lost, "stopped")
+        return ReleasedResult(released=lost)
+
+    async def forget_worker(self, p: ForgetWorker) -> ReleasedResult:
+        """Drop a dead worker (admin). Raises: NotFound, InvalidState (live or holding
+        leases without `force`)."""
+        check_name("worker_id", p.worker_id)
+        lost = await self.store.forget_worker(p.worker_id, self.config.heartbeat_stale_s,
+                                              p.force)
+        logger.info("worker %s forgotten", p.worker_id,
+                    extra={"action": "worker_forget", "worker_id": p.worker_id})
+        self._log_lost(p.worker_id, lost, "forgotten")
         return ReleasedResult(released=lost)
 
     async def workers(self, p: Empty | None = None) -> WorkersResult:

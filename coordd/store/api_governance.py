@@ -98,6 +98,13 @@ class GovernanceStore(Protocol):
         nothing. Returns the released job ids. Raises: errors.NotFound (no such worker)."""
         ...
 
+    async def forget_worker(self, worker_id: str, stale_s: float, force: bool, *,
+                            now: float | None = None) -> list[str]:
+        """Drop a worker's row; its leases end (`worker_lost`). Returns the released job
+        ids. Raises: errors.NotFound; errors.InvalidState (live within `stale_s`, or
+        holding leases, and not `force`)."""
+        ...
+
     async def worker_book(self, *, now: float | None = None) -> WorkerBook:
         """Every known worker's row, state, governance notes and resource books."""
         ...

@@ -62,6 +62,12 @@ class SQLiteGovernance:
         return await self._write(lambda conn, t: wkstore.goodbye(conn, t, worker_id,
                                                                  incarnation), now, urgent=True)
 
+    async def forget_worker(self, worker_id: str, stale_s: float, force: bool, *,
+                            now: float | None = None) -> list[str]:
+        """coordd.store.workers.forget."""
+        return await self._write(lambda conn, t: wkstore.forget(conn, t, worker_id, stale_s,
+                                                                force), now)
+
     async def worker_book(self, *, now: float | None = None) -> WorkerBook:
         """The reads of the SQLite Coordinator's `workers`."""
         notes: dict[str, list[str]] = {}

@@ -103,16 +103,23 @@ def forget(conn: sqlite3.Connection, now: float, worker_id: str, stale_s: float,
     heartbeat_at, offline_at = row
     held = conn.execute(SQL_LEASES_OF_WORKER, (worker_id,)).fetchall()
     if not force:
-        if offline_at is None and now - heartbeat_at <= stale_s:
-            raise errors.InvalidState(
-                f"worker {worker_id} is live (heartbeat {max(0.0, now - heartbeat_at):.0f}s "
-                "ago); stop it first, or --force")
-        if held:
-            raise errors.InvalidState(f"worker {worker_id} holds {len(held)} lease(s); "
-                                      "--force ends them (worker_lost)")
+        check_forget(worker_id, now, heartbeat_at, offline_at, len(held), stale_s)
     lost = release_worker(conn, now, worker_id)
     conn.execute(SQL_DELETE_WORKER, (worker_id,))
     return lost
+
+
+def check_forget(worker_id: str, now: float, heartbeat_at: float, offline_at: float | None,
+                 held: int, stale_s: float) -> None:
+    """Refuse to forget, without `force`, a live worker or one holding `held` leases
+    (any store). Raises: errors.InvalidState."""
+    if offline_at is None and now - heartbeat_at <= stale_s:
+        raise errors.InvalidState(
+            f"worker {worker_id} is live (heartbeat {max(0.0, now - heartbeat_at):.0f}s "
+            "ago); stop it first, or --force")
+    if held:
+        raise errors.InvalidState(f"worker {worker_id} holds {held} lease(s); "
+                                  "--force ends them (worker_lost)")
 
 
 def worker_states(conn: sqlite3.Connection) -> dict[str, WorkerState]:

@@ -6,6 +6,8 @@ bodies, the same replies and event texts, on SQLite and PostgreSQL, `now` pinned
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from coordd import config as config_mod
@@ -230,3 +232,43 @@ async def test_a_job_asking_for_a_gpu_it_cannot_get_waits_with_reason_resources(
         gpu_ids=(0,), ram_mb=1000)
     await bundle.store.complete(ref(granted, "g"), '"ok"', now=T0 + 6)
     assert (await bundle.store.job_governance(b, now=T0 + 6)).grant is None  # ended with it
+
+
+async def test_forget_worker_refuses_a_live_one_and_ends_leases_with_force(bundle):
+    g = gov()
+    job_id = await bundle.enqueue()
+    await beat(bundle, g, "a", T0)
+    await bundle.claim("a", now=T0 + 1, lease_s=300.0)
+    with pytest.raises(errors.NotFound):
+        await bundle.store.forget_worker("nobody", 30.0, False, now=T0 + 2)
+    with pytest.raises(errors.InvalidState, match="worker a is live"):
+        await bundle.store.forget_worker("a", 30.0, False, now=T0 + 2)
+    with pytest.raises(errors.InvalidState, match="holds 1 lease"):
+        await bundle.store.forget_worker("a", 30.0, False, now=T0 + 40)  # stale, holding
+    assert await bundle.store.forget_worker("a", 30.0, True, now=T0 + 41) == [job_id]
+    assert (await bundle.store.worker_book(now=T0 + 42)).rows == []
+    view = await bundle.store.get_job(job_id, now=T0 + 42)
+    assert view.status == "waiting" and view.events[-1].reason == "worker_lost"
+
+
+async def test_concurrent_heartbeats_preempt_one_victim_per_waiting_job(bundle):
+    """Two full workers heartbeat at once, each with its own pacer (so both scan): the one
+    P0 gets one reservation and one victim, whichever scan wins (the later one finds the
+    reservation; on PostgreSQL a scan overlapping another skips on its advisory lock, and
+    a reservation is inserted ON CONFLICT DO NOTHING)."""
+    p3s = [await bundle.enqueue(priority=3) for _ in range(2)]
+    pacers = [gov(), gov()]
+    for w in ("a", "b"):
+        await beat(bundle, pacers[0], w, T0, {**COOL, **FULL})
+    got = {w: await bundle.claim(w, now=T0 + 1, lease_s=300.0) for w in ("a", "b")}
+    assert sorted(g.job.job_id for g in got.values()) == sorted(p3s)
+    p0 = await bundle.enqueue(now=T0 + 39, priority=0)
+    both = await asyncio.gather(*(beat(bundle, pacers[i], w, T0 + 40, {**COOL, **FULL})
+                                  for i, w in enumerate(("a", "b"))))
+    done = [p for hb in both for p in hb.preempted]
+    assert len(done) == 1 and done[0][0] == p0
+    vacating = [a for hb in both for a in hb.result.actions if a.action == "vacate"]
+    assert [a.job_id for a in vacating] == [done[0][1]]
+    waiter = await bundle.store.get_job(p0, now=T0 + 41)
+    assert [e.reason for e in waiter.events].count(
+        f"reserved on {done[0][2]}: waits for P3 job {done[0][1]} to vacate") == 1

@@ -64,6 +64,12 @@ SQL_LOSE_WORKER = (
     "SELECT job_id, status FROM j ORDER BY job_id"
 )
 
+SQL_FORGET_LOOK = (  # the worker row locked, how many leases it holds, NOW
+    "SELECT heartbeat_at, offline_at, (SELECT count(*) FROM leases l WHERE l.worker_id = $2), "
+    f"{NOW} FROM workers WHERE worker_id = $2 FOR UPDATE"
+)
+SQL_DELETE_WORKER = "DELETE FROM workers WHERE worker_id = $1"
+
 # ---------------------------------------------------------------- governance of leases
 
 _HELD = (  # coordd.governance.plan's rows
@@ -245,6 +251,22 @@ class GovernancePostgres:
                 return []
             await conn.execute(SQL_SET_OFFLINE, now, worker_id)
             return await _lose_worker(conn, now, worker_id)
+
+    async def forget_worker(self, worker_id: str, stale_s: float, force: bool, *,
+                            now: float | None = None) -> list[str]:
+        """Drop a worker's row; its leases end (`worker_lost`). Returns the released job
+        ids. Raises: errors.NotFound; errors.InvalidState (live or holding leases, and
+        not `force`), with coordd.store.workers.forget's messages."""
+        async with self._conn() as conn, conn.transaction():
+            row = await conn.fetchrow(SQL_FORGET_LOOK, now, worker_id)
+            if row is None:
+                raise errors.NotFound(f"worker {worker_id} not found")
+            heartbeat_at, offline_at, held, t = row
+            if not force:
+                wkstore.check_forget(worker_id, t, heartbeat_at, offline_at, held, stale_s)
+            lost = await _lose_worker(conn, now, worker_id)
+            await conn.execute(SQL_DELETE_WORKER, worker_id)
+        return lost
 
     # ------------------------------------------------------------ preemption
 
