@@ -272,3 +272,27 @@ async def test_concurrent_heartbeats_preempt_one_victim_per_waiting_job(bundle):
     waiter = await bundle.store.get_job(p0, now=T0 + 41)
     assert [e.reason for e in waiter.events].count(
         f"reserved on {done[0][2]}: waits for P3 job {done[0][1]} to vacate") == 1
+
+
+async def test_a_scan_skips_while_another_session_holds_the_preemption_lock(bundle, request):
+    """PostgreSQL only (its sessions write at once; SQLite has one writer): while another
+    session's scan holds the preemption lock a heartbeat preempts nothing, and the next
+    scan does."""
+    if bundle.kind != "postgres":
+        pytest.skip("the preemption lock is PostgreSQL's (SQLite: one writer)")
+    import asyncpg
+    from coordd.store.postgres.governance import PREEMPT_LOCK_KEY, SQL_PREEMPT_LOCK
+    await bundle.enqueue(priority=3)
+    await beat(bundle, gov(), "a", T0, {**COOL, **FULL})
+    await bundle.claim("a", now=T0 + 1, lease_s=300.0)
+    p0 = await bundle.enqueue(now=T0 + 39, priority=0)
+    other = await asyncpg.connect(request.getfixturevalue("pg_dsn"))
+    try:
+        async with other.transaction():
+            assert await other.fetchval(SQL_PREEMPT_LOCK, PREEMPT_LOCK_KEY)
+            busy = await beat(bundle, gov(), "a", T0 + 40, {**COOL, **FULL})
+            assert busy.preempted == [] and busy.result.actions[0].action == "continue"
+    finally:
+        await other.close()
+    free = await beat(bundle, gov(), "a", T0 + 41, {**COOL, **FULL})
+    assert [p[0] for p in free.preempted] == [p0]
