@@ -4,9 +4,10 @@ goodbyes, the workers' view. Every statement of it is here; the decisions are th
 functions SQLite uses (coordd.governance.plan, coordd.preemption.choose,
 coordd.transitions.lost_lease's texts).
 
-The rule not to break: a lease's governance state is written only with its lease row
-locked (`FOR UPDATE OF l`) and with the presented token, so two calls for one job never
-log one transition twice and a state never lands on another run's lease.
+The rule not to break: a lease's governance state is decided and written only with its
+lease row locked (`FOR UPDATE OF l`) in the transaction that read it (a renew's also by
+its token), so two calls for one job never log one transition twice and a state never
+lands on another run's lease.
 """
 
 from __future__ import annotations
