@@ -150,6 +150,46 @@ def _policy_for(policies: dict[int, GatePolicy], prio: int, gates_json: str | No
         return policy  # the claim dead-letters such jobs; a held one runs on its level's rules
 
 
+class Step(msgspec.Struct, frozen=True):
+    """One held job's decision (`govern`'s and every store's): the state it had, what
+    `decide` said, and the (action, reason code) of its transition (None: none)."""
+
+    job_id: str
+    before: GovState
+    decision: Decision
+    change: tuple[str, str] | None
+
+
+def plan(policies: dict[int, GatePolicy], readings: Any, now: float,
+         rows: list[Any]) -> list[Step]:
+    """Decide for held jobs, pure: `rows` are (job_id, priority, gates_json, suspended_at,
+    suspend_reason, gate_open_at, vacate_reason) as the stores read them, `readings` the
+    worker's last (anything not a map counts as none). A store writes each step whose
+    `decision.state` differs from `before`, and logs `decision.event` when set."""
+    if not isinstance(readings, dict):
+        readings = {}
+    steps: list[Step] = []
+    for jid, prio, gates_json, suspended_at, suspend_reason, open_at, vacate in rows:
+        state = GovState(suspended_at=suspended_at, suspend_reason=suspend_reason,
+                         gate_open_at=open_at, vacate_reason=vacate)
+        d = decide(_policy_for(policies, prio, gates_json), readings, state, now)
+        change = None
+        if d.event is not None:
+            code = (d.state.suspend_reason or state.suspend_reason or "").split(",")[0]
+            if d.action == VACATE:
+                code = "max_suspend_s" if d.reason and d.reason.startswith("max_suspend_s") \
+                    else (d.reason or "").split(" ")[0].split(",")[0]
+            change = (d.action, code or "unknown")
+        steps.append(Step(job_id=jid, before=state, decision=d, change=change))
+    return steps
+
+
+def outcome(steps: list[Step]) -> tuple[list[JobAction], list[tuple[str, str]]]:
+    """(one JobAction per step, [(action, reason code)] of the transitions)."""
+    return ([JobAction(job_id=s.job_id, action=s.decision.action, reason=s.decision.reason)
+             for s in steps], [s.change for s in steps if s.change is not None])
+
+
 def govern(conn: sqlite3.Connection, now: float, worker_id: str,
            policies: dict[int, GatePolicy], job_id: str | None = None
            ) -> tuple[list[JobAction], list[tuple[str, str]]]:
@@ -158,26 +198,15 @@ def govern(conn: sqlite3.Connection, now: float, worker_id: str,
     Returns (one JobAction per held job, [(action, reason code)] of the transitions)."""
     row = conn.execute(SQL_WORKER_READINGS, (worker_id,)).fetchone()
     readings = lenient_json(row[0], {}) if row is not None else {}
-    if not isinstance(readings, dict):
-        readings = {}
     rows = (conn.execute(SQL_HELD_BY_WORKER, (worker_id,)) if job_id is None
             else conn.execute(SQL_HELD_ONE, (worker_id, job_id))).fetchall()
-    actions: list[JobAction] = []
-    changes: list[tuple[str, str]] = []
-    for jid, prio, gates_json, suspended_at, suspend_reason, open_at, vacate in rows:
-        state = GovState(suspended_at=suspended_at, suspend_reason=suspend_reason,
-                         gate_open_at=open_at, vacate_reason=vacate)
-        d = decide(_policy_for(policies, prio, gates_json), readings, state, now)
-        if d.state != state:
+    steps = plan(policies, readings, now, rows)
+    for st in steps:
+        d = st.decision
+        if d.state != st.before:
             s = d.state
             conn.execute(SQL_SET_GOVERNANCE, (s.suspended_at, s.suspend_reason, s.gate_open_at,
-                                              s.vacate_reason, jid))
+                                              s.vacate_reason, st.job_id))
         if d.event is not None:
-            event(conn, jid, now, worker_id, "running", "running", d.event)
-            code = (d.state.suspend_reason or state.suspend_reason or "").split(",")[0]
-            if d.action == VACATE:
-                code = "max_suspend_s" if d.reason and d.reason.startswith("max_suspend_s") \
-                    else (d.reason or "").split(" ")[0].split(",")[0]
-            changes.append((d.action, code or "unknown"))
-        actions.append(JobAction(job_id=jid, action=d.action, reason=d.reason))
-    return actions, changes
+            event(conn, st.job_id, now, worker_id, "running", "running", d.event)
+    return outcome(steps)

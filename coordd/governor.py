@@ -23,6 +23,29 @@ from coordd.store import workers as wkstore
 from coordd.times import fmt_time
 
 
+def preemptor(config: Config) -> preemption.Preemptor:
+    """The preemption pacer with the config's knobs (one per coordd, on either store)."""
+    return preemption.Preemptor(preemption.PreemptPolicy(
+        gap=config.preempt_gap, min_runtime_s=config.preempt_min_runtime_s,
+        reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s))
+
+
+def granted_view(grant: resources.Grant | None) -> dict[str, Any] | None:
+    """A lease's grant as `get_job` shows it (`granted`), or None."""
+    return None if grant is None else {
+        "gpu_ids": list(grant.gpu_ids), "vram_mb": grant.vram_mb, "ram_mb": grant.ram_mb}
+
+
+def reserved_reason(held: tuple[Any, ...] | None, now: float | None) -> str | None:
+    """A waiting job's reason from its reservation (worker_id, victim job, victim
+    priority, expires_at), while it lives at `now` (None: the store found it live);
+    None otherwise."""
+    if held is None or (now is not None and held[3] <= now):
+        return None
+    return (f"reserved on {held[0]}: waiting for P{held[2]} job {held[1]} to vacate "
+            f"(until {fmt_time(held[3])})")
+
+
 class HeartbeatGovernance(msgspec.Struct):
     """What one heartbeat's transaction decided: actions per held job, transitions
     [(action, reason code)], preemptions [(waiting job, victim, worker)]."""
@@ -39,9 +62,7 @@ class Governor:
                  read: Any) -> None:
         self._policies, self._meters, self._read = policies, meters, read
         self._stale_s = config.heartbeat_stale_s
-        self._preempt = preemption.Preemptor(preemption.PreemptPolicy(
-            gap=config.preempt_gap, min_runtime_s=config.preempt_min_runtime_s,
-            reservation_s=config.reservation_s, stale_s=config.heartbeat_stale_s))
+        self._preempt = preemptor(config)
         self.reservations = self._preempt.hint  # whether a reservation may exist
 
     def on_heartbeat(self, conn: sqlite3.Connection, now: float,
@@ -73,15 +94,12 @@ class Governor:
         job.resources = None if req is None else msgspec.structs.asdict(req)
         if job.lease is not None:
             job.lease.governance = await self._read(govstore.lease_state, job.job_id)
-            grant = await self._read(resstore.grant_of, job.job_id)
-            job.granted = None if grant is None else {
-                "gpu_ids": list(grant.gpu_ids), "vram_mb": grant.vram_mb, "ram_mb": grant.ram_mb}
+            job.granted = granted_view(await self._read(resstore.grant_of, job.job_id))
         if job.status != "waiting":
             return
-        held = await self._read(govstore.reservation_of, job.job_id)
-        if held is not None and held[3] > now:
-            job.waiting_reason = (f"reserved on {held[0]}: waiting for P{held[2]} job "
-                                  f"{held[1]} to vacate (until {fmt_time(held[3])})")
+        why = reserved_reason(await self._read(govstore.reservation_of, job.job_id), now)
+        if why is not None:
+            job.waiting_reason = why
         elif req is not None:
             await self.explain_resources([job], await self._read(views.list_workers),
                                          await self._read(wkstore.worker_states), now)

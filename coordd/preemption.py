@@ -133,12 +133,84 @@ def _room(total: int | None, kinds: dict[str, int], held: list[Held], reserved: 
     return resources.fits_without(readings, req, books, freed)
 
 
+class Look(msgspec.Struct, kw_only=True):
+    """What a preemption scan reads (every store the same rows): waiting candidates
+    (job_id, kind, role, priority, gates_json) best first; live workers (worker_id,
+    roles_json, heartbeat_json, kinds_json); running jobs by worker; live reservations
+    by worker; the candidates' resource requests; job_id -> grant of the leases holding
+    something."""
+
+    waiting: list[Any]
+    workers: list[Any]
+    held: dict[str, list[Held]]
+    reserved: dict[str, int]
+    needs: dict[str, Any]
+    grants: dict[str, Any]
+
+
+class Preemption(msgspec.Struct, frozen=True):
+    """One decided preemption: the waiting job, its priority, the run to vacate."""
+
+    job_id: str
+    priority: int
+    victim: Held
+
+    @property
+    def why(self) -> str:
+        """The victim's vacate reason (and its event, after "vacate: ")."""
+        return f"preempted_by {self.job_id} (P{self.priority})"
+
+    @property
+    def reserved_text(self) -> str:
+        """The waiting job's event: where its capacity is reserved."""
+        v = self.victim
+        return (f"reserved on {v.worker_id}: waits for P{v.priority} job {v.job_id} "
+                "to vacate")
+
+
+def choose(look: Look, policies: dict[int, GatePolicy], policy: PreemptPolicy,
+           now: float) -> list[Preemption]:
+    """Pure: for each waiting job of `look` that no live worker has room for, the victim
+    whose run frees room for it (coordd.preemption.choose_victim), each victim and each
+    reserved slot counted once."""
+    held = {w: list(hs) for w, hs in look.held.items()}
+    reserved = dict(look.reserved)
+    done: list[Preemption] = []
+    for job_id, kind, role, prio, _gates_json in look.waiting:
+        req = look.needs.get(job_id)
+        able = []
+        for worker_id, roles_json, heartbeat_json, kinds_json in look.workers:
+            readings = lenient_json(heartbeat_json, {})
+            kinds = lenient_json(kinds_json, None)
+            if role not in lenient_json(roles_json, []) or (
+                    isinstance(kinds, list) and kind not in kinds):
+                continue
+            if gates.evaluate(policies[prio], readings if isinstance(readings, dict) else {}):
+                continue  # its gates are closed there: room would not help
+            readings = readings if isinstance(readings, dict) else {}
+            able.append((worker_id, *_slots(readings),
+                         None if req is None else (readings, req, look.grants)))
+        if not able or any(_room(t, k, held.get(w, []), reserved.get(w, 0), kind, need=n)
+                           for w, t, k, n in able):
+            continue  # no worker could run it, or one has room and will claim it
+        options = [h for w, t, k, n in able for h in held.get(w, [])
+                   if _room(t, k, held[w], reserved.get(w, 0), kind, without=h, need=n)]
+        victim = choose_victim(options, prio, now, policy)
+        if victim is None:
+            continue
+        held[victim.worker_id] = [msgspec.structs.replace(h, vacating=True)
+                                  if h is victim else h for h in held[victim.worker_id]]
+        reserved[victim.worker_id] = reserved.get(victim.worker_id, 0) + 1
+        done.append(Preemption(job_id=job_id, priority=prio, victim=victim))
+    return done
+
+
 def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy],
             policy: PreemptPolicy, pacer: Preemptor | None = None,
             hint: ReservationHint | None = None) -> list[tuple[str, str, str]]:
     """Drop lapsed reservations; for each waiting job that could preempt and that no live
     worker has room for, vacate one victim and reserve its capacity (`hint` raised
-    first). Returns [(waiting job, victim job, worker)]."""
+    first; the choice is `choose`). Returns [(waiting job, victim job, worker)]."""
     conn.execute(SQL_DELETE_LAPSED_RESERVATIONS, (now,))
     if policy.gap <= 0:
         return []
@@ -159,43 +231,20 @@ def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy
         reserved[worker_id] = reserved.get(worker_id, 0) + 1
     needs = resstore.requests_of(conn, [row[0] for row in waiting])
     grants = resstore.grants_by_job(conn) if needs else {}
+    look = Look(waiting=waiting, workers=workers, held=held, reserved=reserved, needs=needs,
+                grants=grants)
     done: list[tuple[str, str, str]] = []
-    for job_id, kind, role, prio, gates_json in waiting:
-        req = needs.get(job_id)
-        able = []
-        for worker_id, roles_json, heartbeat_json, kinds_json in workers:
-            readings = lenient_json(heartbeat_json, {})
-            kinds = lenient_json(kinds_json, None)
-            if role not in lenient_json(roles_json, []) or (
-                    isinstance(kinds, list) and kind not in kinds):
-                continue
-            if gates.evaluate(policies[prio], readings if isinstance(readings, dict) else {}):
-                continue  # its gates are closed there: room would not help
-            readings = readings if isinstance(readings, dict) else {}
-            able.append((worker_id, *_slots(readings),
-                         None if req is None else (readings, req, grants)))
-        if not able or any(_room(t, k, held.get(w, []), reserved.get(w, 0), kind, need=n)
-                           for w, t, k, n in able):
-            continue  # no worker could run it, or one has room and will claim it
-        options = [h for w, t, k, n in able for h in held.get(w, [])
-                   if _room(t, k, held[w], reserved.get(w, 0), kind, without=h, need=n)]
-        victim = choose_victim(options, prio, now, policy)
-        if victim is None:
-            continue
-        why = f"preempted_by {job_id} (P{prio})"
-        conn.execute(SQL_MARK_VACATE, (why, victim.job_id))
-        event(conn, victim.job_id, now, victim.worker_id, "running", "running", f"vacate: {why}")
+    for p in choose(look, policies, policy, now):
+        victim = p.victim
+        conn.execute(SQL_MARK_VACATE, (p.why, victim.job_id))
+        event(conn, victim.job_id, now, victim.worker_id, "running", "running",
+              f"vacate: {p.why}")
         if hint is not None:
             hint.may_exist()
-        conn.execute(SQL_INSERT_RESERVATION, (job_id, victim.worker_id, victim.job_id, now,
+        conn.execute(SQL_INSERT_RESERVATION, (p.job_id, victim.worker_id, victim.job_id, now,
                                               now + policy.reservation_s))
-        event(conn, job_id, now, victim.worker_id, "waiting", "waiting",
-              f"reserved on {victim.worker_id}: waits for P{victim.priority} job "
-              f"{victim.job_id} to vacate")
-        held[victim.worker_id] = [msgspec.structs.replace(h, vacating=True)
-                                  if h is victim else h for h in held[victim.worker_id]]
-        reserved[victim.worker_id] = reserved.get(victim.worker_id, 0) + 1
-        done.append((job_id, victim.job_id, victim.worker_id))
+        event(conn, p.job_id, now, victim.worker_id, "waiting", "waiting", p.reserved_text)
+        done.append((p.job_id, victim.job_id, victim.worker_id))
     return done
 
 

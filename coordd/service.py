@@ -19,7 +19,7 @@ import msgspec
 
 from coordd import (
     backup, budgets, enrol, errors, fdlimit, gates, governor, intake, leases, store, transfers,
-    values, views, waits, web_reads,
+    values, views, waits, web_reads, worker_list,
 )
 from coordd import explain
 from coordd.maintenance import Maintenance, file_size
@@ -39,7 +39,7 @@ from coordd.protocol import (
     CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
     GetJob, Heartbeat, HeartbeatResult, JobId, JobList, JobView, ListJobs, MetricsResult,
     Readings, ReapResult,
-    Renew, RenewResult, StatusReply, StatusResult, WorkersResult, WorkerView, JOB_STATUSES,
+    Renew, RenewResult, StatusReply, StatusResult, WorkersResult, JOB_STATUSES,
     HUB_PARAMS,
 )
 from coordd.protocol_logs import LOG_PARAMS
@@ -449,25 +449,11 @@ class Coordinator:
     async def workers(self, p: Empty | None = None) -> WorkersResult:
         """Every known worker with its readings, heartbeat age and per-priority gate verdicts."""
         now = self.clock.wall()
-        out = []
         states, gov = await self.lifecycle.states(), await self.governor.worker_notes()
         grants, reserved = await self.governor.resource_books()
-        for worker_id, roles, readings, hb_at, n in await self._read(views.list_workers):
-            age = now - hb_at
-            state = states.get(worker_id, wkstore.WorkerState())
-            live = age <= self.config.heartbeat_stale_s and state.offline_at is None
-            verdicts = {}
-            for prio, policy in self._policies.items():
-                codes = [c for c, _ in gates.evaluate(policy, readings)]
-                verdicts[f"p{prio}"] = ([gates.HEARTBEAT_STALE] if not live else []) + codes
-            out.append(WorkerView(worker_id=worker_id, roles=roles, readings=readings,
-                                  heartbeat_at=hb_at, heartbeat_age_s=age, live=live,
-                                  verdicts=verdicts, notes=views.reading_notes(readings) + gov[worker_id],
-                                  active_leases=n, kinds=state.kinds,
-                                  broken_kinds=state.broken_kinds,
-                                  incarnation=state.incarnation, offline_at=state.offline_at,
-                                  resources=resources.summary(readings, grants.get(worker_id, ()),
-                                                              reserved.get(worker_id, ()))))
+        out = worker_list.worker_views(await self._read(views.list_workers), now,
+                                       self.config.heartbeat_stale_s, self._policies, states,
+                                       gov, grants, reserved)
         return WorkersResult(workers=out)
 
     async def check(self, p: Empty | None = None) -> dict[str, Any]:

@@ -5,7 +5,8 @@ a PostgreSQL store.
 core (heartbeat, claim with `wait_s`, renew, checkpoint, complete, fail, release, enqueue,
 enqueue_batch, cancel, retry, reap, get_job, list_jobs, status), the hub's
 (coordd.store_service_hub), job logs' (coordd.store_service_logs), enrolment's
-(coordd.store_service_enrol) and the same checks (coordd.intake, coordd.values, the
+(coordd.store_service_enrol), governance's (heartbeat, renew, goodbye, workers, metrics:
+coordd.store_service_governance) and the same checks (coordd.intake, coordd.values, the
 Coordinator's own helpers, coordd.hub, coordd.logs, coordd.enrol). Every other RPC
 method is answered `unknown_method` with "not available on the PostgreSQL store yet":
 clients already treat that code as "this coordd does not serve it" and fall back (the
@@ -20,7 +21,7 @@ import logging
 import random
 from typing import Any
 
-from coordd import errors, intake, leases, store, values
+from coordd import errors, intake, leases, store, store_service_governance, values
 from coordd.clock import Clock, anchored
 from coordd.config import Config
 from coordd.ids import JobIds
@@ -28,23 +29,24 @@ from coordd.lifecycle import _clip
 from coordd.names import check_name
 from coordd.protocol import (
     JOB_STATUSES, Checkpoint, Claim, ClaimResult, Complete, CompleteResult, Empty, Enqueue,
-    EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail, GetJob, Heartbeat, HeartbeatResult,
-    JobId, JobList, JobView, ListJobs, ReapResult, Renew, RenewResult, StatusReply,
-    StatusResult,
+    EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail, GetJob, JobId, JobList, JobView,
+    ListJobs, ReapResult, StatusReply, StatusResult,
 )
 from coordd.protocol_workers import Release
 from coordd.push import PARK_SCOPE
-from coordd.service import LIST_LIMIT_MAX, Coordinator, _truncate, checked_readings
+from coordd.service import LIST_LIMIT_MAX, Coordinator, _truncate
 from coordd.store.api import JobFilter, LeaseRef, Store
 from coordd.store_service_enrol import ENROL_METHODS, EnrolService
 from coordd.store_service_hub import HUB_METHODS, HubService
 from coordd.store_service_logs import LOG_METHODS, LogService
+from coordd.store_service_governance import GovernanceService
 
 logger = logging.getLogger(__name__)
 
 SERVED = HUB_METHODS | LOG_METHODS | ENROL_METHODS | frozenset({
     "heartbeat", "claim", "renew", "checkpoint", "complete", "fail", "release", "enqueue",
-    "enqueue_batch", "cancel", "retry", "reap", "get_job", "list_jobs", "status"})
+    "enqueue_batch", "cancel", "retry", "reap", "get_job", "list_jobs", "status",
+    *store_service_governance.METHODS})
 """The RPC methods served over the store interface; the rest are refused (`refusal`)."""
 
 POLL_S = 1.0  # a parked claim looks again at least this often (NOTIFY is only a hint)
@@ -59,7 +61,7 @@ def refusal(method: str) -> errors.UnknownMethod:
     return errors.UnknownMethod(f"{method}: not available on the PostgreSQL store yet")
 
 
-class StoreCoordinator(HubService, LogService, EnrolService):
+class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService):
     """The core RPC methods over one `Store` (see the module docstring).
 
     Args:
@@ -119,15 +121,10 @@ class StoreCoordinator(HubService, LogService, EnrolService):
         return await getattr(self, method)(params)
 
     def resources_seen(self) -> None:
-        """A job asked for resources (intake): this store refuses them at enqueue."""
+        """A job asked for resources (intake): the store notices at enqueue (PostgresStore
+        admits every claim from then on, coordd.store.postgres.resources)."""
 
     # ------------------------------------------------------------ workers
-
-    async def heartbeat(self, p: Heartbeat) -> HeartbeatResult:
-        """Record a worker's roles and readings (the database's clock stamps them).
-        Raises: as the SQLite Coordinator's heartbeat."""
-        readings, _ = checked_readings(p, self.config.max_payload_bytes)
-        return await self.store.heartbeat(p.worker_id, p.roles, readings)
 
     async def claim(self, p: Claim) -> ClaimResult:
         """The best job for the worker; with `wait_s` and nothing to hand out it is parked
@@ -188,10 +185,6 @@ class StoreCoordinator(HubService, LogService, EnrolService):
 
     # ------------------------------------------------------------ lease holders
 
-    async def renew(self, p: Renew) -> RenewResult:
-        """Extend a lease. Raises: LeaseLost, LeaseExpired, AlreadyCompleted, NotFound."""
-        return await self.store.renew(_ref(p), self._lease_s(p.lease_s))
-
     async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
         """Record a job's latest checkpoint. Raises: PayloadTooLarge and the lease errors."""
         text = values.encode("checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
@@ -227,7 +220,7 @@ class StoreCoordinator(HubService, LogService, EnrolService):
 
     async def enqueue(self, p: Enqueue) -> EnqueueResult:
         """Add a waiting job (checks: coordd.intake). Raises: as on SQLite, and BadRequest
-        for what this store does not store yet (gates, resources, limits, result schema)."""
+        for what this store does not store yet (gates, limits, result schema)."""
         return (await self._enqueue([intake.new_job(self, p)]))[0]
 
     async def enqueue_batch(self, p: EnqueueBatch) -> EnqueueBatchResult:
@@ -278,7 +271,7 @@ class StoreCoordinator(HubService, LogService, EnrolService):
         """One job with its lease and events. A `prefix` lookup takes the whole id only.
         Raises: NotFound (for a shorter `prefix` lookup, saying the whole id is needed)."""
         try:
-            return await self.store.get_job(p.job_id)
+            return await self.annotate(await self.store.get_job(p.job_id))  # governance
         except errors.NotFound as exc:
             if getattr(p, "prefix", False) and len(p.job_id) < JOB_ID_CHARS:
                 raise errors.NotFound(f"{exc.message} (the PostgreSQL store looks jobs up by "

@@ -24,6 +24,7 @@ from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
 from coordd.store.sqlite_hub import SQLiteHubOps
 from coordd.store.sqlite_logs import SQLiteLogOps
 from coordd.store.sqlite_enrol import SQLiteEnrolOps
+from coordd.store.sqlite_governance import SQLiteGovernance
 from coordd.writer import Writer
 
 
@@ -31,10 +32,10 @@ def _no_backoff(_attempts: int) -> float:
     return 0.0
 
 
-class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps):
+class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance):
     """The store over one SQLite file (created and migrated on `start`); the hub's, job
-    logs' and enrolment tokens' operations too (coordd.store.sqlite_hub, sqlite_logs,
-    sqlite_enrol).
+    logs', enrolment tokens' and governance's operations too (coordd.store.sqlite_hub,
+    sqlite_logs, sqlite_enrol, sqlite_governance).
 
     Args:
         path: the database file.

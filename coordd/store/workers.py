@@ -103,32 +103,42 @@ def forget(conn: sqlite3.Connection, now: float, worker_id: str, stale_s: float,
     heartbeat_at, offline_at = row
     held = conn.execute(SQL_LEASES_OF_WORKER, (worker_id,)).fetchall()
     if not force:
-        if offline_at is None and now - heartbeat_at <= stale_s:
-            raise errors.InvalidState(
-                f"worker {worker_id} is live (heartbeat {max(0.0, now - heartbeat_at):.0f}s "
-                "ago); stop it first, or --force")
-        if held:
-            raise errors.InvalidState(f"worker {worker_id} holds {len(held)} lease(s); "
-                                      "--force ends them (worker_lost)")
+        check_forget(worker_id, now, heartbeat_at, offline_at, len(held), stale_s)
     lost = release_worker(conn, now, worker_id)
     conn.execute(SQL_DELETE_WORKER, (worker_id,))
     return lost
 
 
+def check_forget(worker_id: str, now: float, heartbeat_at: float, offline_at: float | None,
+                 held: int, stale_s: float) -> None:
+    """Refuse to forget, without `force`, a live worker or one holding `held` leases
+    (any store). Raises: errors.InvalidState."""
+    if offline_at is None and now - heartbeat_at <= stale_s:
+        raise errors.InvalidState(
+            f"worker {worker_id} is live (heartbeat {max(0.0, now - heartbeat_at):.0f}s "
+            "ago); stop it first, or --force")
+    if held:
+        raise errors.InvalidState(f"worker {worker_id} holds {held} lease(s); "
+                                  "--force ends them (worker_lost)")
+
+
 def worker_states(conn: sqlite3.Connection) -> dict[str, WorkerState]:
     """worker_id -> its WorkerState (stored JSON that does not decode shows as unknown)."""
-    out = {}
-    for worker_id, incarnation, kinds_json, broken_json, offline_at in conn.execute(
-            SQL_WORKER_STATES):
-        kinds = lenient_json(kinds_json)
-        broken = lenient_json(broken_json, {})
-        out[worker_id] = WorkerState(
-            incarnation=incarnation,
-            kinds=[k for k in kinds if isinstance(k, str)] if isinstance(kinds, list) else None,
-            broken_kinds={str(k): str(v) for k, v in broken.items()}
-            if isinstance(broken, dict) else {},
-            offline_at=offline_at)
-    return out
+    return {worker_id: state_of(*row) for worker_id, *row in conn.execute(SQL_WORKER_STATES)}
+
+
+def state_of(incarnation: str | None, kinds_json: str | None, broken_json: str | None,
+             offline_at: float | None) -> WorkerState:
+    """A WorkerState from its stored columns (any store), JSON that does not decode as
+    unknown."""
+    kinds = lenient_json(kinds_json)
+    broken = lenient_json(broken_json, {})
+    return WorkerState(
+        incarnation=incarnation,
+        kinds=[k for k in kinds if isinstance(k, str)] if isinstance(kinds, list) else None,
+        broken_kinds={str(k): str(v) for k, v in broken.items()}
+        if isinstance(broken, dict) else {},
+        offline_at=offline_at)
 
 
 def preemptions(conn: sqlite3.Connection, job_id: str) -> int:

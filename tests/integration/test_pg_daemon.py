@@ -176,7 +176,7 @@ async def test_coordd_on_postgres_drains_with_a_real_worker(rig):
         for method, params, text in (
                 ("workflow_list", {}, "workflow_list: not available on the PostgreSQL store"),
                 ("backup", {"dest": str(rig.tmp / "b.db")}, "backup: use pg_dump"),
-                ("workers", {}, "workers: not available on the PostgreSQL store yet")):
+                ("check", {}, "check: not available on the PostgreSQL store yet")):
             with pytest.raises(errors.UnknownMethod) as got:
                 await c.call(method, params)
             assert text in got.value.message

@@ -158,11 +158,39 @@ CREATE TABLE enrol_tokens (
 );
 """
 
+MIGRATION_GOVERNANCE = """
+ALTER TABLE leases ADD COLUMN suspended_at float8, ADD COLUMN suspend_reason text,
+    ADD COLUMN gate_open_at float8, ADD COLUMN vacate_reason text;
+ALTER TABLE workers ADD COLUMN incarnation text, ADD COLUMN kinds_json text,
+    ADD COLUMN broken_kinds_json text, ADD COLUMN offline_at float8;
+CREATE TABLE reservations (
+    job_id        text PRIMARY KEY REFERENCES jobs(job_id) ON DELETE CASCADE,
+    worker_id     text NOT NULL,
+    victim_job_id text NOT NULL,
+    created_at    float8 NOT NULL,
+    expires_at    float8 NOT NULL
+);
+CREATE INDEX reservations_worker ON reservations (worker_id, expires_at);
+CREATE TABLE job_resources (
+    job_id  text PRIMARY KEY REFERENCES jobs(job_id) ON DELETE CASCADE,
+    gpus    integer NOT NULL,
+    vram_mb integer NOT NULL,
+    ram_mb  integer NOT NULL
+);
+ALTER TABLE leases ADD COLUMN gpu_ids text, ADD COLUMN vram_mb integer,
+    ADD COLUMN ram_mb integer;
+"""
+"""Governance of running work (coordd.store.postgres.governance, .resources): a lease's
+suspend/vacate state and grant, a worker's incarnation, kinds and goodbye, preemption's
+reservations, jobs' resource requests."""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
     MIGRATION_LOGS,  # job_logs
     MIGRATION_ENROL,  # enrol_tokens
+    MIGRATION_GOVERNANCE,  # leases' governance and grants, workers' state, reservations,
+    # job_resources
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -170,8 +198,8 @@ TABLES = ("workers", "artifacts", "jobs", "leases", "job_events")  # MIGRATION_C
 SQL_TAKEN_TABLES = ("SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS x(t, n) "
                     "WHERE to_regclass(t) IS NOT NULL ORDER BY n")
 SQL_TRUNCATE = ("TRUNCATE job_events, leases, jobs, artifacts, workers, "
-                "message_reads, messages, agents, job_logs, enrol_tokens "
-                "RESTART IDENTITY CASCADE")
+                "message_reads, messages, agents, job_logs, enrol_tokens, reservations, "
+                "job_resources RESTART IDENTITY CASCADE")
 
 
 async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:

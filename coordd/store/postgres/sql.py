@@ -231,7 +231,8 @@ SQL_JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = $1"
 SQL_COUNTS = "SELECT status, priority, count(*) FROM jobs GROUP BY status, priority"
 SQL_STATUS_LIVE = (  # $2 heartbeat_stale_s; the queue latency as coordd.store.latency
     f"SELECT (SELECT count(*) FROM workers), (SELECT count(*) FROM workers "
-    f"WHERE heartbeat_at >= {NOW} - $2::float8), (SELECT count(*) FROM leases), "
+    f"WHERE heartbeat_at >= {NOW} - $2::float8 AND offline_at IS NULL), "
+    "(SELECT count(*) FROM leases), "
     f"{NOW} - (SELECT min(greatest(queued_at, run_at)) FROM jobs WHERE status = 'waiting' "
     f"AND greatest(queued_at, run_at) <= {NOW})"
 )

@@ -29,6 +29,8 @@ from coordd.store.postgres import apply, batch, claims, coordination, grace, rea
 from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
+from coordd.store.postgres.governance import GovernancePostgres
+from coordd.store.postgres.resources import ResourcesPostgres
 
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
@@ -39,7 +41,8 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
-class PostgresStore(HubOps, LogOps, EnrolOps):
+class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
+                    ResourcesPostgres):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
@@ -51,9 +54,10 @@ class PostgresStore(HubOps, LogOps, EnrolOps):
         acquire_timeout_s: how long a call waits for a free pool connection before it is
             refused `overloaded` (the store's backpressure).
 
-    Not stored yet (BadRequest at enqueue): per-job gate overrides, resource requests,
-    fleet limits, result schemas. The hub, job logs and enrolment tokens:
-    coordd.store.postgres.hub, logs, enrol. Workflows and the other areas are SQLite's only.
+    Not stored yet (BadRequest at enqueue): per-job gate overrides, fleet limits,
+    result schemas. The hub, job logs and enrolment tokens: coordd.store.postgres.hub,
+    logs, enrol; governance and resources: .governance, .resources. Workflows and the
+    other areas are SQLite's only.
     """
 
     clock: Literal["app", "db"] = "db"
@@ -181,6 +185,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps):
                         "made by another request; a new job needs a new key")
                 out.append(EnqueueResult(job_id=existing, created=False))
             if created:
+                await self.store_requests(conn, [j for j in jobs if j.job_id in created])
                 await conn.execute(sql.SQL_NOTIFY)
         return out
 
@@ -196,6 +201,13 @@ class PostgresStore(HubOps, LogOps, EnrolOps):
         A repeated `claim_id` returns the lease it granted while that lease lives. A job
         whose stored payload or checkpoint does not decode is dead-lettered on the way.
         """
+        if self._resources_seen is not False and await self.resources_seen():
+            return await self.admitted_claim(worker_id, lease_s, policy, kinds, claim_id, now)
+        if self.reservation_hint.maybe:  # preemption's reservations, taken first
+            reserved = await self.reserved_claim(worker_id, lease_s, claim_id,
+                                                 policy.heartbeat_stale_s, now)
+            if reserved is not None:
+                return reserved
         return await self.claims.claim(worker_id, lease_s, policy, kinds, claim_id, now)
 
     # ------------------------------------------------------------ lease holder calls
@@ -386,8 +398,7 @@ async def _locked_status(conn: Any, now: float | None, job_id: str,
 def _check_storable(job: NewJob) -> None:
     """Raise BadRequest for what this store does not store yet (not silently dropped)."""
     missing = [name for name, present in (
-        ("gates", job.gates_json is not None), ("resources", job.resources is not None),
-        ("limits", bool(job.limits)), ("result_schema", job.result_schema is not None))
+        ("gates", job.gates_json is not None), ("limits", bool(job.limits)), ("result_schema", job.result_schema is not None))
         if present]
     if missing:
         raise errors.BadRequest(f"the PostgreSQL store does not store {', '.join(missing)} "

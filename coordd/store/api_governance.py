@@ -1,0 +1,118 @@
+"""The store interface of governance of running work and of workers (coordd.store.api's
+rules: `now` None in production, a pinned Unix time in tests; the coordd.errors classes).
+
+A governed heartbeat does in one transaction what the SQLite Coordinator's heartbeat
+does: a new incarnation ends its predecessor's leases (`worker_lost`), the readings are
+stored, preemption runs (paced, coordd.preemption), and each held job gets its action
+(coordd.governance). Decisions are the pure functions of those modules on both stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from coordd.gates import GatePolicy
+from coordd.preemption import Preemptor
+from coordd.protocol import HeartbeatResult, RenewResult
+from coordd.store.api import LeaseRef
+
+
+class Governance(msgspec.Struct, kw_only=True):
+    """What governed calls need from the config: gate policies per priority and the
+    preemption pacer (its policy and last scan: one per coordd)."""
+
+    policies: dict[int, GatePolicy]
+    preemptor: Preemptor
+
+
+class WorkerBeat(msgspec.Struct, kw_only=True, frozen=True):
+    """A heartbeat's part beyond roles and readings, checked and encoded
+    (coordd.lifecycle.Lifecycle.heartbeat_state)."""
+
+    incarnation: str | None = None
+    kinds_json: str | None = None
+    broken_json: str | None = None
+
+
+class GovernedHeartbeat(msgspec.Struct, kw_only=True):
+    """What a governed heartbeat did: the reply (`now`, `cancel`, `lost`, `actions`), the
+    governance transitions [(action, reason code)] and preemptions [(waiting job,
+    victim, worker)] for the metrics and logs."""
+
+    result: HeartbeatResult
+    changes: list[tuple[str, str]] = []
+    preempted: list[tuple[str, str, str]] = []
+
+
+class WorkerBook(msgspec.Struct, kw_only=True):
+    """What `workers` is built from (coordd.worker_list.worker_views): the store's `now`,
+    rows (worker_id, roles, readings, heartbeat_at, active leases), worker_id ->
+    WorkerState, governance notes, grants of its leases, requests its reservations hold."""
+
+    now: float
+    rows: list[tuple[str, list[str], dict[str, Any], float, int]]
+    states: dict[str, Any]
+    notes: dict[str, list[str]]
+    grants: dict[str, list[Any]] = {}
+    reserved: dict[str, list[Any]] = {}
+
+
+class JobGovernance(msgspec.Struct, kw_only=True):
+    """What `get_job` adds for governance: the lease's suspension (None: running
+    normally, or no lease), releases that spent no attempt, its resource request and
+    grant, and the job's reservation
+    (worker_id, victim job, victim priority, expires_at) while it lives by the store's
+    clock, else None."""
+
+    suspension: Any = None
+    preemptions: int = 0
+    reservation: tuple[Any, ...] | None = None
+    request: Any = None  # coordd.resources.Request the job asks for, or None
+    grant: Any = None  # coordd.resources.Grant its lease holds, or None
+
+
+class GovernanceStore(Protocol):
+    """Governance of running work, goodbyes and the workers' view, on one store."""
+
+    async def heartbeat_governed(self, worker_id: str, roles: Sequence[str],
+                                 readings: dict[str, Any], beat: WorkerBeat, gov: Governance,
+                                 *, now: float | None = None) -> GovernedHeartbeat:
+        """Record the heartbeat and decide for every job the worker holds (see the
+        module docstring)."""
+        ...
+
+    async def renew_governed(self, ref: LeaseRef, lease_s: float, gov: Governance, *,
+                             now: float | None = None
+                             ) -> tuple[RenewResult, list[tuple[str, str]]]:
+        """`renew` (fenced, same errors) with the job's action in `action`, and the
+        governance transitions it made."""
+        ...
+
+    async def goodbye(self, worker_id: str, incarnation: str | None, *,
+                      now: float | None = None) -> list[str]:
+        """The worker is offline now; its leases end (`worker_lost`, as the reaper would
+        end them, without waiting for expiry). A goodbye of another incarnation changes
+        nothing. Returns the released job ids. Raises: errors.NotFound (no such worker)."""
+        ...
+
+    async def forget_worker(self, worker_id: str, stale_s: float, force: bool, *,
+                            now: float | None = None) -> list[str]:
+        """Drop a worker's row; its leases end (`worker_lost`). Returns the released job
+        ids. Raises: errors.NotFound; errors.InvalidState (live within `stale_s`, or
+        holding leases, and not `force`)."""
+        ...
+
+    async def worker_book(self, *, now: float | None = None) -> WorkerBook:
+        """Every known worker's row, state, governance notes and resource books."""
+        ...
+
+    async def job_governance(self, job_id: str, *, now: float | None = None) -> JobGovernance:
+        """The job's governance as `get_job` shows it (nothing for an unknown job)."""
+        ...
+
+
+__all__ = ["Governance", "GovernanceStore", "GovernedHeartbeat", "JobGovernance", "WorkerBeat",
+           "WorkerBook"]
