@@ -189,3 +189,73 @@ async def test_a_leader_whose_session_is_killed_is_told_at_once(request, tmp_pat
     finally:
         await admin.close()
         await b.store.close()
+
+
+class _DiesAfterCommit:
+    """A pool connection whose claim statement runs (and commits) and whose reply is then
+    lost, as when the connection drops between the server's commit and the reply."""
+
+    def __init__(self, conn, statements: set[str], died: list[str]) -> None:
+        self._conn, self._statements, self._died = conn, statements, died
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    async def _dies(self, method: str, query: str, *args, **kw):
+        out = await getattr(self._conn, method)(query, *args, **kw)
+        if query in self._statements and not self._died:
+            self._died.append(query)
+            raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle "
+                                                      "of operation")
+        return out
+
+    async def fetch(self, query, *args, **kw):
+        return await self._dies("fetch", query, *args, **kw)
+
+    async def fetchrow(self, query, *args, **kw):
+        return await self._dies("fetchrow", query, *args, **kw)
+
+
+@pytest.mark.parametrize("path", ["first claim (full path)", "later claim (batched)"])
+async def test_a_claim_committed_as_its_connection_dies_is_answered_by_its_claim_id(
+        request, tmp_path, path):
+    """The claim statement committed, then its reply was lost: the claim is answered with
+    the lease it granted (looked up by claim_id on another connection), never left to
+    the reaper, and the batcher does not run it again (no second job taken); without a
+    claim_id the caller gets `unavailable`."""
+    import contextlib
+
+    from coordd.store.postgres import sql
+    b = await _pg(request, tmp_path)
+    try:
+        await b.worker("w1", now=None)
+        if path.startswith("later"):  # the worker's gate decision is remembered: batched
+            first = await b.enqueue(now=None)
+            got = await b.store.claim("w1", 30.0, b.policy, claim_id="c0")
+            assert got.job.job_id == first
+            await b.store.complete(LeaseRef(first, "w1", got.lease.token), '{"ok": 1}')
+        mine, other = await b.enqueue(now=None), await b.enqueue(now=None)
+        died: list[str] = []
+        real = b.store.claims._conn
+
+        @contextlib.asynccontextmanager
+        async def dying():
+            async with real() as conn:
+                yield _DiesAfterCommit(conn, {sql.SQL_CLAIM, sql.SQL_CLAIM_BATCH}, died)
+        b.store.claims._conn = dying
+        got = await b.store.claim("w1", 30.0, b.policy, claim_id="c1")
+        assert died, "the claim statement never ran on the dying connection"
+        assert got.job.job_id == mine and got.lease.token >= 1
+        b.store.claims._conn = real
+        assert (await b.store.get_job(mine)).status == "running"
+        assert (await b.store.get_job(other)).status == "waiting"  # not taken by a rerun
+        assert (await b.store.status(30.0)).active_leases == 1
+        assert (await b.store.complete(LeaseRef(mine, "w1", got.lease.token),
+                                       '{"ok": 1}')).status == "succeeded"
+        # no claim_id: nothing to look up, the caller hears `unavailable`
+        died.clear()
+        b.store.claims._conn = dying
+        with pytest.raises(errors.Unavailable):
+            await b.store.claim("w1", 30.0, b.policy)
+    finally:
+        await b.store.close()
