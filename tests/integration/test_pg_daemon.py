@@ -236,6 +236,25 @@ async def test_a_standby_waits_without_listening_and_takes_over_at_sigkill(rig):
     assert "lease_lost" not in w.log() and "lease lost" not in w.log()
 
 
+async def test_a_standby_on_the_actives_socket_is_refused_at_start_and_the_active_serves(
+        rig):
+    """One host, one --socket for both: the standby is refused at once, clearly (it
+    would find the path taken at fail-over: a frozen active keeps the socket's lock), and
+    never touches the active's live socket; `coordctl top` there names what it needs."""
+    a = rig.coordd("a")
+    await a.wait_serving()
+    b = rig.coordd("b", socket=a.socket)
+    assert await asyncio.to_thread(b.proc.wait, 20) == 1
+    assert "is in use by a running coordd (the active one?): a standby on the same host " \
+        "needs a --socket of its own" in b.log(), b.log()
+    async with Client(a.socket, timeout=5) as c:
+        assert (await c.status()).workers == 0
+    top = subprocess.run([sys.executable, "-m", "coordctl", "--socket", a.socket, "top",
+                          "--once"], capture_output=True, text=True, timeout=60)
+    assert top.returncode == 1 and "top: not available from this coordd: it needs the " \
+        "worker list" in top.stderr and "Traceback" not in top.stderr, top.stderr
+
+
 async def test_a_standby_stopped_while_waiting_says_so_and_exits_0(rig):
     a = rig.coordd("a")
     await a.wait_serving()

@@ -402,4 +402,4 @@ def _check_storable(job: NewJob) -> None:
         if present]
     if missing:
         raise errors.BadRequest(f"the PostgreSQL store does not store {', '.join(missing)} "
-                                "yet (issue 20)")
+                                "yet")
