@@ -105,11 +105,13 @@ class Rig:
     dsn: str
     coordds: list[Coordd]
     workers: list[WorkerProc]
+    config_extra: str = ""  # more coordd.toml lines for every coordd of the rig
 
     def coordd(self, name: str, socket: str | None = None,
                session_timeout_s: float = 5.0) -> Coordd:
         cfg = self.tmp / f"{name}.toml"
-        cfg.write_text(DAEMON_CFG + f"store_session_timeout_s = {session_timeout_s}\n")
+        cfg.write_text(DAEMON_CFG + self.config_extra
+                       + f"store_session_timeout_s = {session_timeout_s}\n")
         d = Coordd(self.dsn, socket or str(self.tmp / f"{name}.sock"), str(cfg),
                    self.tmp / f"{name}.log")
         self.coordds.append(d)
