@@ -65,12 +65,13 @@ class StoreDaemon(ServingDaemon):
                  config_path: str | None = None) -> None:
         try:
             from coordd.store.postgres import PostgresStore
-            from coordd.store.postgres.leader import Leadership
+            from coordd.store.postgres.leader import Leadership, pool_settings
         except ImportError as exc:
             raise StartupError(f"the PostgreSQL store needs asyncpg (pip install -e "
                                f"'.[postgres]'): {exc}") from exc
         super().__init__(config, clock, config_path)
-        self.store = PostgresStore(config.store)
+        self.store = PostgresStore(config.store, server_settings=pool_settings(
+            config.store_session_timeout_s))
         self.coord = StoreCoordinator(self.store, config, self.clock)
         self.leader = Leadership(config.store, LEADER_KEY, config.store_session_timeout_s)
 

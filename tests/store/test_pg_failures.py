@@ -259,3 +259,48 @@ async def test_a_claim_committed_as_its_connection_dies_is_answered_by_its_claim
             await b.store.claim("w1", 30.0, b.policy)
     finally:
         await b.store.close()
+
+
+async def test_a_pool_session_stuck_inside_a_transaction_loses_its_locks(request, tmp_path,
+                                                                       pg_dsn):
+    """coordd frozen (or cut off) between two statements of a transaction: with the
+    daemon's pool settings the server ends that session after store_session_timeout_s,
+    so the row locks it held do not outlive the fail-over (the standby's complete and
+    reaper would wait on them for as long as the server's TCP keepalive takes: hours)."""
+    from coordd.config import load
+    from coordd.store.postgres.leader import pool_settings
+    from coordd.store_daemon import StoreDaemon
+    cfg = load(None, store=pg_dsn, socket=str(tmp_path / "s.sock"),
+               store_session_timeout_s=0.6)
+    assert StoreDaemon(cfg).store.server_settings == pool_settings(0.6)
+    b = await _pg(request, tmp_path, server_settings=pool_settings(0.6))
+    admin = await asyncpg.connect(pg_dsn)
+    locked = asyncio.Event()
+
+    async def frozen_between_statements(job_id: str) -> None:
+        async with b.store._conn() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            await conn.execute(SQL_LOCK_JOB, job_id)
+            locked.set()
+            await asyncio.Event().wait()
+    try:
+        job_id, _ref = await _held(b)
+        stuck = asyncio.ensure_future(frozen_between_statements(job_id))
+        await asyncio.wait_for(locked.wait(), 5)
+        free = False
+        for _ in range(60):
+            try:
+                async with admin.transaction():
+                    await admin.execute(SQL_LOCK_JOB + " NOWAIT", job_id)
+                free = True
+                break
+            except asyncpg.LockNotAvailableError:
+                await asyncio.sleep(0.05)
+        assert free, "the stuck session still holds the job's row lock after 3 s"
+        stuck.cancel()
+        await asyncio.gather(stuck, return_exceptions=True)
+        assert (await b.store.get_job(job_id)).status == "running"  # nothing half-written
+    finally:
+        await admin.close()
+        await b.store.close()
