@@ -108,11 +108,11 @@ class Rig:
     config_extra: str = ""  # more coordd.toml lines for every coordd of the rig
 
     def coordd(self, name: str, socket: str | None = None,
-               session_timeout_s: float = 5.0) -> Coordd:
+               session_timeout_s: float = 5.0, dsn: str | None = None) -> Coordd:
         cfg = self.tmp / f"{name}.toml"
         cfg.write_text(DAEMON_CFG + self.config_extra
                        + f"store_session_timeout_s = {session_timeout_s}\n")
-        d = Coordd(self.dsn, socket or str(self.tmp / f"{name}.sock"), str(cfg),
+        d = Coordd(dsn or self.dsn, socket or str(self.tmp / f"{name}.sock"), str(cfg),
                    self.tmp / f"{name}.log")
         self.coordds.append(d)
         return d.start()
