@@ -8,8 +8,10 @@ PostgreSQL (`--store`, a fresh database on a throwaway cluster with fsync on, or
 --dsn), each enqueued with `enqueue_batch` and then drained by C connections looping
 claim -> complete (bench.load, the same load processes as bench.run), and the bare asyncpg
 SKIP LOCKED loop (coordd.store.postgres.bare, bench.store) on the same cluster as
-PostgreSQL's floor. One table: medians over rounds; ratios are medians of each round's
-ratio. See bench/README.md.
+PostgreSQL's floor. The jobs table is ANALYZEd after the enqueue, as the bare loop's is
+after its fill (`--no-analyze`: drain on the statistics of the empty table, where every
+claim seq-scans `jobs` until autovacuum analyzes it). One table: medians over rounds;
+ratios are medians of each round's ratio. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ ENQUEUE_BATCH = 500
 SQLITE, POSTGRES, BARE = "coordd on SQLite", "coordd on PostgreSQL", "bare asyncpg SKIP LOCKED loop"
 
 
-def drain_daemon(workdir: Path, jobs: int, conns: int, max_procs: int, store: str = "") -> float:
+def drain_daemon(workdir: Path, jobs: int, conns: int, max_procs: int, store: str = "",
+                 analyze: bool = True) -> float:
     """A fresh coordd (on `store`, else SQLite in `workdir`): batch-enqueue `jobs`, drain
     them with `conns` clients; jobs/s of the drain."""
     d = Daemon(workdir, probe=False, store=store)
@@ -42,6 +45,8 @@ def drain_daemon(workdir: Path, jobs: int, conns: int, max_procs: int, store: st
         eb = run_phase("enqueue_batch", d.socket, 2, 1, n_jobs=jobs, batch=ENQUEUE_BATCH)
         if eb.done != jobs:
             raise RuntimeError(f"enqueue_batch: {eb.done} of {jobs} acknowledged")
+        if store and analyze:  # as the bare loop does after its fill (see the module doc)
+            asyncio.run(_database(store, "ANALYZE jobs"))
         r = run_phase("drain", d.socket, conns, client_procs(conns, max_procs),
                       tag=f"c{conns}")
     finally:
@@ -87,7 +92,8 @@ def run(args: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
                 name, db_dsn = fresh_database(dsn)
                 try:
                     rows[POSTGRES].setdefault(c, []).append(drain_daemon(
-                        tmp / f"r{rnd}c{c}-pg", args.jobs, c, args.client_procs, db_dsn))
+                        tmp / f"r{rnd}c{c}-pg", args.jobs, c, args.client_procs, db_dsn,
+                        analyze=not args.no_analyze))
                 finally:
                     asyncio.run(_database(dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                 rows[BARE].setdefault(c, []).append(asyncio.run(drain_bare(dsn, args.jobs, c)))
@@ -131,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--client-procs", type=int, default=2,
                    help="load processes for >1 connection (default 2)")
+    p.add_argument("--no-analyze", action="store_true",
+                   help="drain the PostgreSQL coordd on the planner's stale statistics of a "
+                        "just-filled table (no ANALYZE after the enqueue)")
     p.add_argument("--dsn", default=None,
                    help="an existing PostgreSQL, libpq URI (default: a throwaway cluster)")
     args = p.parse_args(argv)

@@ -238,12 +238,12 @@ class ServingDaemon:
             if not await self._before_listen():
                 return
             if activated is None:
-                sock, _fd = bind_socket(sock_path, lock_fd)
+                fd, lock_fd = lock_fd, None  # bind_socket closes it if it fails
+                sock, lock_fd = bind_socket(sock_path, fd)
                 self._bound = sock_path
             else:
                 sock = activated
             await self._serve(sock, sock_path, nofile)
-            logger.info("coordd stopped", extra={"action": "stopped"})
         finally:
             await self._close()
             if lock_fd is not None:
@@ -251,10 +251,11 @@ class ServingDaemon:
                     with contextlib.suppress(FileNotFoundError):
                         if stat.S_ISSOCK(os.lstat(sock_path).st_mode):
                             os.unlink(sock_path)
-                with contextlib.suppress(OSError):  # bind_socket closed it if it failed
-                    os.close(lock_fd)
+                os.close(lock_fd)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+        if self._bound is not None or activated is not None:
+            logger.info("coordd stopped", extra={"action": "stopped"})
 
     async def _serve(self, sock: socket.socket, sock_path: Path, nofile: int) -> None:
         await self._open()

@@ -57,12 +57,13 @@ class Coordd:
     config: str
     log_path: Path
     proc: subprocess.Popen | None = None
+    wrap: tuple[str, ...] = ()  # a command to run it under (`ip netns exec NS`)
 
     def start(self) -> Coordd:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coordd", "--store", self.dsn, "--socket", self.socket,
-             "--config", self.config], stdout=log, stderr=log)
+            [*self.wrap, sys.executable, "-m", "coordd", "--store", self.dsn, "--socket",
+             self.socket, "--config", self.config], stdout=log, stderr=log)
         log.close()
         return self
 
@@ -108,12 +109,13 @@ class Rig:
     config_extra: str = ""  # more coordd.toml lines for every coordd of the rig
 
     def coordd(self, name: str, socket: str | None = None,
-               session_timeout_s: float = 5.0, dsn: str | None = None) -> Coordd:
+               session_timeout_s: float = 5.0, dsn: str | None = None,
+               wrap: tuple[str, ...] = ()) -> Coordd:
         cfg = self.tmp / f"{name}.toml"
         cfg.write_text(DAEMON_CFG + self.config_extra
                        + f"store_session_timeout_s = {session_timeout_s}\n")
         d = Coordd(dsn or self.dsn, socket or str(self.tmp / f"{name}.sock"), str(cfg),
-                   self.tmp / f"{name}.log")
+                   self.tmp / f"{name}.log", wrap=wrap)
         self.coordds.append(d)
         return d.start()
 

@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.parse
 from pathlib import Path
@@ -36,8 +35,9 @@ SESSION_TIMEOUT_S = 1.5
 # the server ends the silent lock session at the session timeout: the standby leads
 DETECT_MAX_S = SESSION_TIMEOUT_S  # documented: "within store_session_timeout_s"
 TAKEOVER_MAX_S = SESSION_TIMEOUT_S + 2.0
-NS, VETH_HOST, VETH_NS = "cdpgpart", "cdpg-h", "cdpg-n"
-HOST_IP, NS_IP = "10.203.0.1", "10.203.0.2"
+_ME = os.getpid() % 250  # names and a subnet of this run's own (parallel runs, other tests)
+NS, VETH_HOST, VETH_NS = f"cdpgpart{_ME}", f"cdpg{_ME}h", f"cdpg{_ME}n"
+HOST_IP, NS_IP = f"10.203.{_ME}.1", f"10.203.{_ME}.2"
 
 
 def _unix_socket(dsn: str) -> tuple[str, str]:
@@ -82,7 +82,7 @@ class Netns:
         return ["ip", "netns", "exec", NS, *argv]
 
     def cut(self) -> None:
-        for rule in ("add table inet cdpgpart",
+        for rule in ("add table inet cdpgpart",  # the namespace's own ruleset
                      "add chain inet cdpgpart in { type filter hook input priority 0 ; }",
                      "add chain inet cdpgpart out { type filter hook output priority 0 ; }",
                      f"add rule inet cdpgpart in ip saddr {HOST_IP} drop",
@@ -124,14 +124,8 @@ async def _partition_drill(rig: Rig, made: list[Any], how: str) -> dict[str, flo
     proxy = FreezableProxy(upstream, HOST_IP if netns else "127.0.0.1").start()
     made.insert(0, proxy)
     a = rig.coordd("a", session_timeout_s=SESSION_TIMEOUT_S,
-                   dsn=f"postgresql://coord@{proxy.host}:{proxy.port}/{db}")
-    if netns is not None:  # started again, inside the namespace
-        a.proc.kill()
-        a.proc.wait(5)
-        with open(a.log_path, "ab") as log:
-            a.proc = subprocess.Popen(netns.argv(
-                [sys.executable, "-m", "coordd", "--store", a.dsn, "--socket", a.socket,
-                 "--config", a.config]), stdout=log, stderr=log)
+                   dsn=f"postgresql://coord@{proxy.host}:{proxy.port}/{db}",
+                   wrap=tuple(netns.argv([])) if netns else ())
     await a.wait_serving()
     b = rig.coordd("b", session_timeout_s=SESSION_TIMEOUT_S)
     await b.wait_log("standby: waiting for the active coordd")
