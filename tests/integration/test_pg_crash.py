@@ -22,73 +22,18 @@ import signal
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from coordd import errors
-from coordd.client import CallTimeout, Disconnected, SyncClient
-from tests.integration.test_crash import COOL
+from coordd.client import SyncClient
+from tests.integration.test_crash import COOL, Acked, _enqueuer, _worker
 from tests.integration.test_pg_daemon import Rig, pg_db  # noqa: F401 - the fixture
 
 LEASE_S = 2.0  # longer than a load phase: no lease expires while its holder lives
 CFG = "restart_grace = false\n"  # orphaned leases expire after LEASE_S, then are reaped
 ENDED = ("succeeded", "failed", "cancelled")
-
-
-@dataclass
-class Acked:
-    """What the clients saw acknowledged, over every phase (list.append is atomic)."""
-
-    enqueued: list[tuple[str, str]] = field(default_factory=list)   # (key, job_id)
-    claimed: list[tuple[str, int]] = field(default_factory=list)    # (job_id, token)
-    completed: list[tuple[str, int, dict]] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-
-def _enqueuer(sock: str, tag: str, acked: Acked, stop: threading.Event) -> None:
-    try:
-        with SyncClient(sock, timeout=10) as c:
-            i = 0
-            while not stop.is_set():
-                key = f"pgcrash-{tag}-{i}-{uuid.uuid4().hex[:8]}"
-                res = c.enqueue(kind="k", required_role="cpu", priority=i % 4,
-                                payload={"tag": tag, "i": i}, idempotency_key=key,
-                                max_attempts=50)
-                acked.enqueued.append((key, res.job_id))
-                i += 1
-    except (Disconnected, CallTimeout):
-        return
-    except Exception as exc:  # noqa: BLE001 - reported; the test asserts there are none
-        acked.errors.append(f"enqueuer {tag}: {type(exc).__name__}: {exc}")
-
-
-def _worker(sock: str, wid: str, acked: Acked, stop: threading.Event) -> None:
-    try:
-        with SyncClient(sock, timeout=10) as c:
-            k = 0
-            while not stop.is_set():
-                c.heartbeat(wid, ["cpu"], COOL)
-                got = c.claim(wid, lease_s=LEASE_S, claim_id=uuid.uuid4().hex)
-                if got.job is None:
-                    time.sleep(0.005)
-                    continue
-                acked.claimed.append((got.job.job_id, got.lease.token))
-                result = {"by": wid, "k": k, "job": got.job.job_id}
-                k += 1
-                try:
-                    res = c.complete(got.job.job_id, wid, got.lease.token, result)
-                except (errors.LeaseLost, errors.LeaseExpired, errors.AlreadyCompleted) as exc:
-                    acked.errors.append(f"worker {wid}: {exc.code} on a fresh lease")
-                    continue
-                if res.status == "succeeded":
-                    acked.completed.append((got.job.job_id, got.lease.token, result))
-    except (Disconnected, CallTimeout):
-        return
-    except Exception as exc:  # noqa: BLE001
-        acked.errors.append(f"worker {wid}: {type(exc).__name__}: {exc}")
 
 
 async def check_db(dsn: str, acked: Acked) -> dict[str, int]:
@@ -141,10 +86,12 @@ async def check_db(dsn: str, acked: Acked) -> dict[str, int]:
 def _load(sock: str, phase: int, acked: Acked, enqueuers: int, workers: int
           ) -> tuple[threading.Event, list[threading.Thread]]:
     stop = threading.Event()
-    threads = [threading.Thread(target=_enqueuer, args=(sock, f"{phase}e{n}", acked, stop),
-                                daemon=True) for n in range(enqueuers)]
-    threads += [threading.Thread(target=_worker, args=(sock, f"w{phase}-{n}", acked, stop),
-                                 daemon=True) for n in range(workers)]
+    threads = [threading.Thread(target=_enqueuer, args=(sock, phase * 100 + n, acked, stop),
+                                kwargs={"max_attempts": 50}, daemon=True)
+               for n in range(enqueuers)]
+    threads += [threading.Thread(target=_worker, args=(sock, phase * 100 + n, acked, stop),
+                                 kwargs={"lease_s": LEASE_S}, daemon=True)
+                for n in range(workers)]
     for t in threads:
         t.start()
     return stop, threads
