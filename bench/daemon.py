@@ -33,6 +33,7 @@ class Daemon:
     _cpu0: float = 0.0
     extra: dict = field(default_factory=dict)
     config: str = ""  # more coordd.toml lines (after BENCH_CONFIG)
+    store: str = ""  # a postgresql:// DSN: coordd on the PostgreSQL store (else SQLite at db)
 
     @property
     def db(self) -> str:
@@ -51,6 +52,8 @@ class Daemon:
         cfg = self.workdir / "coordd.toml"
         cfg.write_text(BENCH_CONFIG + self.config)
         args = ["--db", self.db, "--socket", self.socket, "--config", str(cfg)]
+        if self.store:
+            args += ["--store", self.store]
         if self.probe:
             argv = [sys.executable, "-m", "bench.probe", self.stats_file, "--", *args]
         else:

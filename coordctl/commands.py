@@ -232,9 +232,15 @@ def top(client: Any, args: argparse.Namespace) -> Outcome:
     """`top [--interval S] [--once]`: the live view (see coordctl.top)."""
     from coordctl import render
     from coordctl import top as top_mod
-    if args.json:  # one frame, as data
-        return Outcome(top_mod.frame(client, args.interval)[1], "")
-    data = top_mod.run(client, render.make_console(), args.interval, args.once)
+    from coordd.errors import UnknownMethod
+    try:
+        if args.json:  # one frame, as data
+            return Outcome(top_mod.frame(client, args.interval)[1], "")
+        data = top_mod.run(client, render.make_console(), args.interval, args.once)
+    except UnknownMethod as exc:  # e.g. the PostgreSQL store serves no `workers` yet
+        raise UnknownMethod(f"top: not available from this coordd: it needs the worker "
+                            f"list ({exc.message}); coordctl status and coordctl list "
+                            "work there") from exc
     return Outcome(data, "")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -407,11 +408,22 @@ def load(path: str | os.PathLike[str] | None, **overrides: Any) -> Config:
             raise ConfigError(f"config {path}: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {path}: not valid TOML: {exc}") from exc
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    data.update(given)
     try:
         return msgspec.convert(data, Config)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"config {path or '(defaults)'}: {exc}") from exc
+        raise ConfigError(f"{_source(str(exc), given, path)}: {exc}") from exc
+
+
+def _source(message: str, given: dict[str, Any], path: str | os.PathLike[str] | None) -> str:
+    """Where the bad value came from: a flag (`--store`) when the key msgspec names
+    (`$.key`, or a check's message starting with the key) was given as an override, else
+    the file (or the defaults)."""
+    key = re.search(r"`\$\.(\w+)", message) or re.match(r"(\w+) ", message)
+    if key is not None and key.group(1) in given:
+        return "--" + key.group(1).replace("_", "-")
+    return f"config {path or '(defaults)'}"
 
 
 def default_state_dir() -> Path:

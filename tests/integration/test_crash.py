@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -37,14 +38,15 @@ class Acked:
     errors: list[str] = field(default_factory=list)                   # unexpected exceptions
 
 
-def _enqueuer(sock: str, n: int, acked: Acked, stop: threading.Event) -> None:
+def _enqueuer(sock: str, n: int, acked: Acked, stop: threading.Event, **fields: Any) -> None:
+    """Enqueue until `stop` (more Enqueue `fields` on every job), recording each ack."""
     try:
         with SyncClient(sock, timeout=10) as c:
             i = 0
             while not stop.is_set():
                 key = f"crash-{n}-{i}-{uuid.uuid4().hex[:8]}"
                 res = c.enqueue(kind="k", required_role="cpu", priority=i % 4,
-                                payload={"n": n, "i": i}, idempotency_key=key)
+                                payload={"n": n, "i": i}, idempotency_key=key, **fields)
                 acked.enqueued.append((key, res.job_id))
                 i += 1
     except (Disconnected, CallTimeout):
@@ -53,14 +55,16 @@ def _enqueuer(sock: str, n: int, acked: Acked, stop: threading.Event) -> None:
         acked.errors.append(f"enqueuer {n}: {type(exc).__name__}: {exc}")
 
 
-def _worker(sock: str, n: int, acked: Acked, stop: threading.Event) -> None:
+def _worker(sock: str, n: int, acked: Acked, stop: threading.Event,
+            lease_s: float = 600) -> None:
+    """Heartbeat, claim (with a claim_id), complete until `stop`, recording each ack."""
     wid = f"w{n}"
     try:
         with SyncClient(sock, timeout=10) as c:
             k = 0
             while not stop.is_set():
                 c.heartbeat(wid, ["cpu"], COOL)
-                got = c.claim(wid, lease_s=600, claim_id=uuid.uuid4().hex)
+                got = c.claim(wid, lease_s=lease_s, claim_id=uuid.uuid4().hex)
                 if got.job is None:
                     time.sleep(0.005)
                     continue

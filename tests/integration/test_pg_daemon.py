@@ -57,12 +57,13 @@ class Coordd:
     config: str
     log_path: Path
     proc: subprocess.Popen | None = None
+    wrap: tuple[str, ...] = ()  # a command to run it under (`ip netns exec NS`)
 
     def start(self) -> Coordd:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coordd", "--store", self.dsn, "--socket", self.socket,
-             "--config", self.config], stdout=log, stderr=log)
+            [*self.wrap, sys.executable, "-m", "coordd", "--store", self.dsn, "--socket",
+             self.socket, "--config", self.config], stdout=log, stderr=log)
         log.close()
         return self
 
@@ -105,13 +106,16 @@ class Rig:
     dsn: str
     coordds: list[Coordd]
     workers: list[WorkerProc]
+    config_extra: str = ""  # more coordd.toml lines for every coordd of the rig
 
     def coordd(self, name: str, socket: str | None = None,
-               session_timeout_s: float = 5.0) -> Coordd:
+               session_timeout_s: float = 5.0, dsn: str | None = None,
+               wrap: tuple[str, ...] = ()) -> Coordd:
         cfg = self.tmp / f"{name}.toml"
-        cfg.write_text(DAEMON_CFG + f"store_session_timeout_s = {session_timeout_s}\n")
-        d = Coordd(self.dsn, socket or str(self.tmp / f"{name}.sock"), str(cfg),
-                   self.tmp / f"{name}.log")
+        cfg.write_text(DAEMON_CFG + self.config_extra
+                       + f"store_session_timeout_s = {session_timeout_s}\n")
+        d = Coordd(dsn or self.dsn, socket or str(self.tmp / f"{name}.sock"), str(cfg),
+                   self.tmp / f"{name}.log", wrap=wrap)
         self.coordds.append(d)
         return d.start()
 
@@ -234,6 +238,24 @@ async def test_a_standby_waits_without_listening_and_takes_over_at_sigkill(rig):
             w.log())
     assert "coordd unreachable" in w.log() and "coordd reachable again" in w.log()
     assert "lease_lost" not in w.log() and "lease lost" not in w.log()
+
+
+async def test_a_standby_on_the_actives_socket_is_refused_at_start_and_the_active_serves(
+        rig):
+    """One host, one --socket for both: the standby is refused at once, clearly (it
+    would find the path taken at fail-over: a frozen active keeps the socket's lock), and
+    never touches the active's live socket; `coordctl top` works there."""
+    a = rig.coordd("a")
+    await a.wait_serving()
+    b = rig.coordd("b", socket=a.socket)
+    assert await asyncio.to_thread(b.proc.wait, 20) == 1
+    assert "is in use by a running coordd (the active one?): a standby on the same host " \
+        "needs a --socket of its own" in b.log(), b.log()
+    async with Client(a.socket, timeout=5) as c:
+        assert (await c.status()).workers == 0
+    top = subprocess.run([sys.executable, "-m", "coordctl", "--socket", a.socket, "top",
+                          "--once"], capture_output=True, text=True, timeout=60)
+    assert top.returncode == 0 and "Traceback" not in top.stderr, top.stderr  # served now
 
 
 async def test_a_standby_stopped_while_waiting_says_so_and_exits_0(rig):

@@ -137,7 +137,7 @@ async def test_a_killed_listen_connection_is_replaced_and_the_gap_wakes(request,
     b = await _pg(request, tmp_path)
     admin = await asyncpg.connect(pg_dsn)
     try:
-        assert await b.store.wait_for_work(0.01) is False  # listening
+        assert await b.store.wait_for_work(1.0) is False  # listening (the connect fits, loaded too)
         n = await admin.fetchval("SELECT count(pg_terminate_backend(pid)) FROM "
                                  "pg_stat_activity WHERE query LIKE 'LISTEN%'")
         assert n == 1
@@ -186,6 +186,121 @@ async def test_a_leader_whose_session_is_killed_is_told_at_once(request, tmp_pat
         async with b.store.leadership("coordd-lost", on_lost=clean.set) as won:
             assert won is True
         assert not clean.is_set()
+    finally:
+        await admin.close()
+        await b.store.close()
+
+
+class _DiesAfterCommit:
+    """A pool connection whose claim statement runs (and commits) and whose reply is then
+    lost, as when the connection drops between the server's commit and the reply."""
+
+    def __init__(self, conn, statements: set[str], died: list[str]) -> None:
+        self._conn, self._statements, self._died = conn, statements, died
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    async def _dies(self, method: str, query: str, *args, **kw):
+        out = await getattr(self._conn, method)(query, *args, **kw)
+        if query in self._statements and not self._died:
+            self._died.append(query)
+            raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle "
+                                                      "of operation")
+        return out
+
+    async def fetch(self, query, *args, **kw):
+        return await self._dies("fetch", query, *args, **kw)
+
+    async def fetchrow(self, query, *args, **kw):
+        return await self._dies("fetchrow", query, *args, **kw)
+
+
+@pytest.mark.parametrize("path", ["first claim (full path)", "later claim (batched)"])
+async def test_a_claim_committed_as_its_connection_dies_is_answered_by_its_claim_id(
+        request, tmp_path, path):
+    """The claim statement committed, then its reply was lost: the claim is answered with
+    the lease it granted (looked up by claim_id on another connection), never left to
+    the reaper, and the batcher does not run it again (no second job taken); without a
+    claim_id the caller gets `unavailable`."""
+    import contextlib
+
+    from coordd.store.postgres import sql
+    b = await _pg(request, tmp_path)
+    try:
+        await b.worker("w1", now=None)
+        if path.startswith("later"):  # the worker's gate decision is remembered: batched
+            first = await b.enqueue(now=None)
+            got = await b.store.claim("w1", 30.0, b.policy, claim_id="c0")
+            assert got.job.job_id == first
+            await b.store.complete(LeaseRef(first, "w1", got.lease.token), '{"ok": 1}')
+        mine, other = await b.enqueue(now=None), await b.enqueue(now=None)
+        died: list[str] = []
+        real = b.store.claims._conn
+
+        @contextlib.asynccontextmanager
+        async def dying():
+            async with real() as conn:
+                yield _DiesAfterCommit(conn, {sql.SQL_CLAIM, sql.SQL_CLAIM_BATCH}, died)
+        b.store.claims._conn = dying
+        got = await b.store.claim("w1", 30.0, b.policy, claim_id="c1")
+        assert died, "the claim statement never ran on the dying connection"
+        assert got.job.job_id == mine and got.lease.token >= 1
+        b.store.claims._conn = real
+        assert (await b.store.get_job(mine)).status == "running"
+        assert (await b.store.get_job(other)).status == "waiting"  # not taken by a rerun
+        assert (await b.store.status(30.0)).active_leases == 1
+        assert (await b.store.complete(LeaseRef(mine, "w1", got.lease.token),
+                                       '{"ok": 1}')).status == "succeeded"
+        # no claim_id: nothing to look up, the caller hears `unavailable`
+        died.clear()
+        b.store.claims._conn = dying
+        with pytest.raises(errors.Unavailable):
+            await b.store.claim("w1", 30.0, b.policy)
+    finally:
+        await b.store.close()
+
+
+async def test_a_pool_session_stuck_inside_a_transaction_loses_its_locks(request, tmp_path,
+                                                                       pg_dsn):
+    """coordd frozen (or cut off) between two statements of a transaction: with the
+    daemon's pool settings the server ends that session after store_session_timeout_s,
+    so the row locks it held do not outlive the fail-over (the standby's complete and
+    reaper would wait on them for as long as the server's TCP keepalive takes: hours)."""
+    from coordd.config import load
+    from coordd.store.postgres.leader import pool_settings
+    from coordd.store_daemon import StoreDaemon
+    cfg = load(None, store=pg_dsn, socket=str(tmp_path / "s.sock"),
+               store_session_timeout_s=0.6)
+    assert StoreDaemon(cfg).store.server_settings == pool_settings(0.6)
+    b = await _pg(request, tmp_path, server_settings=pool_settings(0.6))
+    admin = await asyncpg.connect(pg_dsn)
+    locked = asyncio.Event()
+
+    async def frozen_between_statements(job_id: str) -> None:
+        async with b.store._conn() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            await conn.execute(SQL_LOCK_JOB, job_id)
+            locked.set()
+            await asyncio.Event().wait()
+    try:
+        job_id, _ref = await _held(b)
+        stuck = asyncio.ensure_future(frozen_between_statements(job_id))
+        await asyncio.wait_for(locked.wait(), 5)
+        free = False
+        for _ in range(60):
+            try:
+                async with admin.transaction():
+                    await admin.execute(SQL_LOCK_JOB + " NOWAIT", job_id)
+                free = True
+                break
+            except asyncpg.LockNotAvailableError:
+                await asyncio.sleep(0.05)
+        assert free, "the stuck session still holds the job's row lock after 3 s"
+        stuck.cancel()
+        await asyncio.gather(stuck, return_exceptions=True)
+        assert (await b.store.get_job(job_id)).status == "running"  # nothing half-written
     finally:
         await admin.close()
         await b.store.close()

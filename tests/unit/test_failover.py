@@ -85,3 +85,37 @@ def test_coordd_store_setting_takes_only_postgresql_dsns() -> None:
     assert load_coordd_config(None).store == ""
     with pytest.raises(ConfigError, match="postgresql://"):
         load_coordd_config(None, store="mysql://db")
+
+
+def test_a_bad_store_flag_is_named_as_the_flag_not_the_config(tmp_path) -> None:
+    """`coordd --store mysql://...` says `--store:`; a bad `store` in the file names the
+    file; with no file and no flag, the defaults."""
+    with pytest.raises(ConfigError) as got:
+        load_coordd_config(None, store="mysql://db")
+    assert str(got.value).startswith("--store: store must be a postgresql:// DSN")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('store = "mysql://db"\n')
+    with pytest.raises(ConfigError) as got:
+        load_coordd_config(cfg)
+    assert str(got.value).startswith(f"config {cfg}: store must be")
+    cfg.write_text('reaper_interval_s = 1\n')
+    with pytest.raises(ConfigError) as got:  # overrides are flags' values in coordd's main
+        load_coordd_config(cfg, store_session_timeout_s=-1.0)
+    assert str(got.value).startswith("--store-session-timeout-s: "), str(got.value)
+
+
+def test_coordctl_top_refused_by_a_coordd_names_what_it_needs() -> None:
+    """A coordd that does not serve one of top's reads (an older one, a store without
+    `workers`): top says so as top, not as if the user had asked for that method."""
+    import argparse
+
+    from coordctl.commands import top
+    from coordd.errors import UnknownMethod
+
+    class Refuses:
+        def status(self):
+            raise UnknownMethod("workers: not available on the PostgreSQL store yet")
+    with pytest.raises(UnknownMethod) as got:
+        top(Refuses(), argparse.Namespace(json=True, interval=1.0, once=True))
+    assert got.value.message.startswith("top: not available from this coordd: it needs "
+                                        "the worker list (workers: not available")

@@ -6,7 +6,8 @@ items queue, and the next statement takes up to `max_items` of them (one `unnest
 statement for the lot). Items of one statement share their `now` (pinned or None) and
 their `group` (the statement's other parameters), and never share a key (a second call
 on a job goes in a later statement). A statement that fails is run again item by item
-(it changed nothing: one statement is atomic), so one bad item fails only its caller.
+(it changed nothing: one statement is atomic), so one bad item fails only its caller;
+a lost connection (`unavailable`: it may have committed) fails every item, never reruns.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
+
+from coordd import errors
 
 MAX_ITEMS_DEFAULT = 64
 MAX_IN_FLIGHT_DEFAULT = 2
@@ -88,7 +91,9 @@ class Batcher:
         try:
             results = await self._flush(now, [item for _, item, _ in batch])
         except Exception as exc:
-            if len(batch) == 1:
+            if len(batch) == 1 or isinstance(exc, errors.Unavailable):
+                # a lost connection: the statement may have committed, so never run it
+                # again here; each caller decides (a claim looks its claim_id up)
                 results = [exc]
             else:  # one statement is all or nothing: run each alone, so a bad item fails alone
                 results = []

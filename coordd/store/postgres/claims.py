@@ -54,11 +54,27 @@ class Claims:
     async def claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy,
                     kinds: Sequence[str] | None, claim_id: str | None,
                     now: float | None) -> ClaimResult:
-        """See PostgresStore.claim. Raises: errors.BadRequest (priority aging is on: these
-        claims are strict priority for now)."""
+        """See PostgresStore.claim. A connection lost under the statement (it may have
+        committed) looks the `claim_id` up once on another: the lease it granted, if any,
+        is the answer, never left to the reaper. Raises: errors.BadRequest (priority aging
+        is on: these claims are strict priority for now), errors.Unavailable."""
+        try:
+            return await self._claim(worker_id, lease_s, policy, kinds, claim_id, now)
+        except errors.Unavailable:
+            if claim_id is None:
+                raise
+            async with self._conn() as conn:
+                row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
+            if row is None:
+                raise
+            return claimed(row)
+
+    async def _claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy,
+                     kinds: Sequence[str] | None, claim_id: str | None,
+                     now: float | None) -> ClaimResult:
         if policy.aging_interval_s > 0:
             raise errors.BadRequest("the PostgreSQL store does not age priorities yet "
-                                    "(aging_interval_s must be 0; issue 20)")
+                                    "(set aging_interval_s = 0)")
         kinds_list = None if kinds is None else sorted(set(kinds))
         if claim_id is not None:
             async with self._conn() as conn:

@@ -25,6 +25,16 @@ RETRY_S = 1.0
 _LOST = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 
 
+def pool_settings(session_timeout_s: float) -> dict[str, str]:
+    """Server settings for the store's pool sessions: a session left inside a transaction
+    (its coordd frozen or cut off between two statements, row locks held) is ended by the
+    server after `session_timeout_s`, and TCP keepalives notice a silent peer in about as
+    long, so a lost active's locks never outlive the fail-over."""
+    ms, ka = int(session_timeout_s * 1000), max(1, int(session_timeout_s / 3))
+    return {"idle_in_transaction_session_timeout": str(ms), "tcp_keepalives_idle": str(ka),
+            "tcp_keepalives_interval": str(ka), "tcp_keepalives_count": "2"}
+
+
 class Leadership:
     """The coordinator's session advisory lock on a dedicated connection.
 
@@ -42,9 +52,8 @@ class Leadership:
                  session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT) -> None:
         self._dsn, self._key = dsn, key
         self._probe_s = session_timeout_s / 3
-        ms, ka = int(session_timeout_s * 1000), max(1, int(session_timeout_s / 3))
-        self._settings = {"idle_session_timeout": str(ms), "tcp_keepalives_idle": str(ka),
-                          "tcp_keepalives_interval": str(ka), "tcp_keepalives_count": "2",
+        self._settings = {**pool_settings(session_timeout_s),
+                          "idle_session_timeout": str(int(session_timeout_s * 1000)),
                           "application_name": "coordd-leader"}
         self._conn: Any = None
         self._gone = asyncio.Event()

@@ -53,6 +53,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         aging_s: priority aging shown by the views (claims here are strict priority).
         acquire_timeout_s: how long a call waits for a free pool connection before it is
             refused `overloaded` (the store's backpressure).
+        server_settings: PostgreSQL settings of every pool session (coordd: leader.pool_settings).
 
     Not stored yet (BadRequest at enqueue): per-job gate overrides, fleet limits,
     result schemas. The hub, job logs and enrolment tokens: coordd.store.postgres.hub,
@@ -65,8 +66,10 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
     def __init__(self, dsn: str, *, pool_min: int = POOL_MIN_DEFAULT,
                  pool_max: int = POOL_MAX_DEFAULT, batch_items: int = batch.MAX_ITEMS_DEFAULT,
                  batch_in_flight: int = batch.MAX_IN_FLIGHT_DEFAULT, aging_s: float = 0.0,
-                 acquire_timeout_s: float = ACQUIRE_TIMEOUT_DEFAULT_S) -> None:
+                 acquire_timeout_s: float = ACQUIRE_TIMEOUT_DEFAULT_S,
+                 server_settings: dict[str, str] | None = None) -> None:
         self.dsn = dsn
+        self.server_settings = dict(server_settings or {})
         self._acquire_timeout_s = acquire_timeout_s
         self._pool_min, self._pool_max = pool_min, pool_max
         self._aging_s = aging_s
@@ -87,7 +90,8 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         """
         try:
             self.pool = await asyncpg.create_pool(self.dsn, min_size=self._pool_min,
-                                                  max_size=self._pool_max, reset=_no_reset)
+                                                  max_size=self._pool_max, reset=_no_reset,
+                                                  server_settings=self.server_settings or None)
         except _UNAVAILABLE as exc:
             raise errors.Unavailable(f"postgresql: {exc}") from exc
         try:
@@ -402,4 +406,4 @@ def _check_storable(job: NewJob) -> None:
         if present]
     if missing:
         raise errors.BadRequest(f"the PostgreSQL store does not store {', '.join(missing)} "
-                                "yet (issue 20)")
+                                "yet")
