@@ -6,8 +6,9 @@ core (heartbeat, claim with `wait_s`, renew, checkpoint, complete, fail, release
 enqueue_batch, cancel, retry, reap, get_job, list_jobs, status), the hub's
 (coordd.store_service_hub), job logs' (coordd.store_service_logs), enrolment's
 (coordd.store_service_enrol), governance's (heartbeat, renew, goodbye, workers, metrics:
-coordd.store_service_governance) and the same checks (coordd.intake, coordd.values, the
-Coordinator's own helpers, coordd.hub, coordd.logs, coordd.enrol). Every other RPC
+coordd.store_service_governance), workflows' (coordd.store_service_workflows) and the same
+checks (coordd.intake, coordd.values, the Coordinator's own helpers, coordd.hub,
+coordd.logs, coordd.enrol, coordd.workflows). Every other RPC
 method is answered `unknown_method` with "not available on the PostgreSQL store yet":
 clients already treat that code as "this coordd does not serve it" and fall back (the
 worker's control watch to renewals, release to fail). Time is the database's: `now` is

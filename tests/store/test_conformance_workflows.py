@@ -276,3 +276,39 @@ async def test_postgres_nodes_ending_at_once_in_two_sessions_queue_their_depende
             assert statuses(await bundle.store.workflow_get(wf.workflow_id))["c"] == "waiting"
     finally:
         await other.close()
+
+
+async def _corrupt_payload(bundle: Any, job_id: str) -> None:
+    """Store a payload that is not JSON (as a hand edit would), on either store."""
+    if bundle.kind == "sqlite":
+        await bundle.store.writer.run(lambda conn, now: conn.execute(
+            "UPDATE jobs SET payload_json = '{bad' WHERE job_id = ?", (job_id,)))
+        return
+    async with bundle.store._conn() as conn:
+        await conn.execute("UPDATE jobs SET payload_json = '{bad' WHERE job_id = $1", job_id)
+
+
+async def test_the_other_ends_of_a_node_move_its_workflow(bundle):
+    """A release that meets a requested cancel, and a node dead-lettered by the claim
+    (its stored payload is not JSON), end their nodes: the dependents follow (PostgreSQL
+    in the same transaction, SQLite's dead letter at the maintenance settle)."""
+    wf = plan(bundle, [node("a"), node("b", "a")], name="released")
+    ids = (await bundle.store.workflow_submit(wf, now=T0)).jobs
+    await bundle.worker("w", now=T0)
+    got = await bundle.claim("w", now=T0 + 1)
+    await bundle.store.cancel(ids["a"], now=T0 + 2)
+    assert (await bundle.store.release(ref(got, "w"), "vacate", now=T0 + 3)).status \
+        == "cancelled"
+    view = await bundle.store.workflow_get(wf.workflow_id)
+    # nothing succeeded and not every node was cancelled (b was skipped): failed
+    assert (view.status, statuses(view)) == ("failed", {"a": "cancelled", "b": "skipped"})
+
+    bad = plan(bundle, [node("a"), node("b", "a")], name="undecodable")
+    ids = (await bundle.store.workflow_submit(bad, now=T0 + 4)).jobs
+    await _corrupt_payload(bundle, ids["a"])
+    assert (await bundle.claim("w", now=T0 + 5)).job is None
+    assert (await bundle.store.workflow_settle_running(now=T0 + 5)) == (
+        1 if bundle.kind == "sqlite" else 0)
+    view = await bundle.store.workflow_get(bad.workflow_id)
+    assert (view.status, statuses(view)) == ("failed", {"a": "failed", "b": "skipped"})
+    assert view.nodes[0].reason.startswith("payload_decode_error")
