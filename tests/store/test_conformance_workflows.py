@@ -312,3 +312,26 @@ async def test_the_other_ends_of_a_node_move_its_workflow(bundle):
     view = await bundle.store.workflow_get(bad.workflow_id)
     assert (view.status, statuses(view)) == ("failed", {"a": "failed", "b": "skipped"})
     assert view.nodes[0].reason.startswith("payload_decode_error")
+
+
+async def test_a_nodes_own_fields_are_stored_and_claimed_by_them(bundle):
+    """Kind, role, priority, attempts, max runtime and payload per node, as submitted;
+    claims route a promoted node by its role and order nodes by their priority."""
+    wf = plan(bundle, [
+        node("prep", kind="fetch", max_attempts=5, max_runtime_s=60.0, payload={"url": "u"}),
+        node("train", "prep", kind="train", required_role="gpu", priority=3),
+        node("eval", "prep", kind="eval", priority=0)])
+    ids = (await bundle.store.workflow_submit(wf, now=T0)).jobs
+    prep = await bundle.store.get_job(ids["prep"], now=T0)
+    assert (prep.kind, prep.required_role, prep.priority, prep.max_attempts,
+            prep.max_runtime_s, prep.payload) == ("fetch", "cpu", 2, 5, 60.0, {"url": "u"})
+    view = await bundle.store.workflow_get(wf.workflow_id)
+    assert [(n.name, n.kind, n.required_role, n.max_attempts) for n in view.nodes] == [
+        ("prep", "fetch", "cpu", 5), ("train", "train", "gpu", 3), ("eval", "eval", "cpu", 3)]
+    await bundle.worker("c", now=T0)
+    await bundle.worker("g", now=T0, roles=["gpu", "cpu"])
+    await run_node(bundle, "c", T0 + 1, '"data"')
+    assert (await bundle.claim("g", now=T0 + 2)).job.job_id == ids["eval"]  # P0 first
+    got = await bundle.claim("g", now=T0 + 2)
+    assert (got.job.job_id, got.job.kind, got.job.priority) == (ids["train"], "train", 3)
+    assert (await bundle.claim("c", now=T0 + 2)).job is None
