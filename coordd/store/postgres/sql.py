@@ -121,8 +121,8 @@ SQL_RENEW_BATCH = (  # $2 job ids, $3 workers, $4 tokens, $5 lease_s
 SQL_COMPLETE_BATCH = (
     "WITH r AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[]) "
     "AS r(job_id, worker_id, token, result_json)), "
-    f"l AS (DELETE FROM leases l USING r, jobs x WHERE {_FENCE} AND x.job_id = l.job_id "
-    "AND x.workflow_id IS NULL RETURNING l.job_id, l.worker_id), "
+    f"l AS (DELETE FROM leases l USING r WHERE {_FENCE} AND (SELECT x.workflow_id FROM jobs x "
+    "WHERE x.job_id = l.job_id) IS NULL RETURNING l.job_id, l.worker_id), "
     "j AS (UPDATE jobs SET "
     "status = CASE WHEN jobs.cancel_requested THEN 'cancelled' ELSE 'succeeded' END, "
     "result_json = CASE WHEN jobs.cancel_requested THEN jobs.result_json ELSE r.result_json END, "
