@@ -320,20 +320,12 @@ class Coordinator:
     async def cancel(self, p: JobId) -> StatusResult:
         """Cancel a job (see coordd.store.cancel); a workflow node's dependents follow their
         policies in the same transaction. Raises: NotFound, InvalidState."""
-        def op(conn: sqlite3.Connection, now: float) -> StatusResult:
-            res = store.cancel(conn, now, p.job_id)
-            wstore.settle_job(conn, now, p.job_id)
-            return res
-        return await self.writer.run(op)
+        return await self.writer.run(lambda conn, now: wstore.cancel_job(conn, now, p.job_id))
 
     async def retry(self, p: JobId) -> StatusResult:
         """Put a failed, cancelled or skipped job back to waiting (a workflow node reopens
         its workflow). Raises: NotFound, InvalidState."""
-        def op(conn: sqlite3.Connection, now: float) -> StatusResult:
-            res = store.retry(conn, now, p.job_id)
-            node = wstore.reopen(conn, now, p.job_id)  # a workflow node reopens its graph
-            return res if node is None or node == res.status else StatusResult(status=node)
-        return await self.writer.run(op)
+        return await self.writer.run(lambda conn, now: wstore.retry_job(conn, now, p.job_id))
 
     async def ping(self) -> None:
         """Run an empty request through the writer (BEGIN IMMEDIATE ... COMMIT).

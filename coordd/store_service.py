@@ -6,8 +6,9 @@ core (heartbeat, claim with `wait_s`, renew, checkpoint, complete, fail, release
 enqueue_batch, cancel, retry, reap, get_job, list_jobs, status), the hub's
 (coordd.store_service_hub), job logs' (coordd.store_service_logs), enrolment's
 (coordd.store_service_enrol), governance's (heartbeat, renew, goodbye, workers, metrics:
-coordd.store_service_governance) and the same checks (coordd.intake, coordd.values, the
-Coordinator's own helpers, coordd.hub, coordd.logs, coordd.enrol). Every other RPC
+coordd.store_service_governance), workflows' (coordd.store_service_workflows) and the same
+checks (coordd.intake, coordd.values, the Coordinator's own helpers, coordd.hub,
+coordd.logs, coordd.enrol, coordd.workflows). Every other RPC
 method is answered `unknown_method` with "not available on the PostgreSQL store yet":
 clients already treat that code as "this coordd does not serve it" and fall back (the
 worker's control watch to renewals, release to fail). Time is the database's: `now` is
@@ -40,13 +41,14 @@ from coordd.store_service_enrol import ENROL_METHODS, EnrolService
 from coordd.store_service_hub import HUB_METHODS, HubService
 from coordd.store_service_logs import LOG_METHODS, LogService
 from coordd.store_service_governance import GovernanceService
+from coordd.store_service_workflows import WORKFLOW_METHODS, WorkflowService
 
 logger = logging.getLogger(__name__)
 
 SERVED = HUB_METHODS | LOG_METHODS | ENROL_METHODS | frozenset({
     "heartbeat", "claim", "renew", "checkpoint", "complete", "fail", "release", "enqueue",
     "enqueue_batch", "cancel", "retry", "reap", "get_job", "list_jobs", "status",
-    *store_service_governance.METHODS})
+    *store_service_governance.METHODS, *WORKFLOW_METHODS})
 """The RPC methods served over the store interface; the rest are refused (`refusal`)."""
 
 POLL_S = 1.0  # a parked claim looks again at least this often (NOTIFY is only a hint)
@@ -61,7 +63,8 @@ def refusal(method: str) -> errors.UnknownMethod:
     return errors.UnknownMethod(f"{method}: not available on the PostgreSQL store yet")
 
 
-class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService):
+class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService,
+                       WorkflowService):
     """The core RPC methods over one `Store` (see the module docstring).
 
     Args:

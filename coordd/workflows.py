@@ -161,6 +161,23 @@ def due_slots(cron: str, next_at: float, now: float) -> tuple[float, float, int]
     return slot, following, passed
 
 
+def check_list(p: ListWorkflows) -> None:
+    """Check `workflow_list`'s params. Raises: errors.BadRequest."""
+    if p.status is not None and p.status not in WORKFLOW_STATUSES:
+        raise errors.BadRequest(f"status must be one of {', '.join(WORKFLOW_STATUSES)}")
+    if not 1 <= p.limit <= LIST_LIMIT_MAX:
+        raise errors.BadRequest(f"limit must be 1..{LIST_LIMIT_MAX}, got {p.limit}")
+
+
+def submitted(wf: wstore.NewWorkflow, res: WorkflowSubmitResult) -> WorkflowSubmitResult:
+    """Log a newly stored workflow (not a repeated key's); return `res`."""
+    if res.created:
+        logger.info("workflow %s (%s) submitted with %d node(s)", res.workflow_id, wf.name,
+                    len(wf.nodes), extra={"action": "workflow_submit",
+                                          "workflow_id": res.workflow_id})
+    return res
+
+
 class Workflows:
     """The workflow and schedule operations of a Coordinator (its writer, reader, config)."""
 
@@ -242,10 +259,7 @@ class Workflows:
         wf = self.plan(p)
         wid, created, ids = await self._coord.writer.run(
             lambda conn, now: wstore.insert_workflow(conn, now, wf))
-        if created:
-            logger.info("workflow %s (%s) submitted with %d node(s)", wid, wf.name,
-                        len(wf.nodes), extra={"action": "workflow_submit", "workflow_id": wid})
-        return WorkflowSubmitResult(workflow_id=wid, created=created, jobs=ids)
+        return submitted(wf, WorkflowSubmitResult(workflow_id=wid, created=created, jobs=ids))
 
     async def get(self, p: WorkflowId) -> WorkflowView:
         """One workflow with every node. Raises: NotFound, BadRequest (an ambiguous
@@ -260,10 +274,7 @@ class Workflows:
 
     async def list(self, p: ListWorkflows) -> WorkflowList:
         """Workflows, newest first, with node counts by status. Raises: BadRequest."""
-        if p.status is not None and p.status not in WORKFLOW_STATUSES:
-            raise errors.BadRequest(f"status must be one of {', '.join(WORKFLOW_STATUSES)}")
-        if not 1 <= p.limit <= LIST_LIMIT_MAX:
-            raise errors.BadRequest(f"limit must be 1..{LIST_LIMIT_MAX}, got {p.limit}")
+        check_list(p)
         return WorkflowList(workflows=await self._coord.read(_list, p.status, p.limit))
 
     async def cancel(self, p: WorkflowId) -> WorkflowView:
@@ -355,7 +366,12 @@ def _get(conn: Any, workflow_id: str) -> WorkflowView:
     row = wstore.workflow_row(conn, workflow_id)
     if row is None:
         raise errors.NotFound(f"workflow {workflow_id} not found")
-    node_rows, edge_rows = wstore.node_rows(conn, workflow_id)
+    return workflow_view(row, *wstore.node_rows(conn, workflow_id))
+
+
+def workflow_view(row: tuple, node_rows: list[tuple], edge_rows: list[tuple]) -> WorkflowView:
+    """A workflow with every node from its stored rows (any store): `row` as
+    coordd.store.workflows.SQL_GET_WORKFLOW, nodes as SQL_NODES, edges as SQL_EDGES."""
     names = {r[0]: r[1] for r in node_rows}
     needs: dict[str, list[NeedView]] = {}
     for job_id, dep_id, policy in edge_rows:
@@ -376,7 +392,12 @@ def _get(conn: Any, workflow_id: str) -> WorkflowView:
 
 def _list(conn: Any, status: str | None, limit: int) -> list[WorkflowView]:
     rows = wstore.workflow_rows(conn, status, limit)
-    counts = wstore.workflow_counts(conn, [r[0] for r in rows])
+    return workflow_views(rows, wstore.workflow_counts(conn, [r[0] for r in rows]))
+
+
+def workflow_views(rows: list[tuple], counts: dict[str, dict[str, int]]) -> list[WorkflowView]:
+    """Workflows (rows as coordd.store.workflows.SQL_LIST_WORKFLOWS) with node counts by
+    status (workflow id -> status -> n), any store."""
     return [_view(r, counts.get(r[0])) for r in rows]
 
 

@@ -20,11 +20,13 @@ from coordd.protocol import (
     RenewResult, StatusResult,
 )
 from coordd.readers import ReadPool
+from coordd.store import workflows as wstore
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
 from coordd.store.sqlite_hub import SQLiteHubOps
 from coordd.store.sqlite_logs import SQLiteLogOps
 from coordd.store.sqlite_enrol import SQLiteEnrolOps
 from coordd.store.sqlite_governance import SQLiteGovernance
+from coordd.store.sqlite_workflows import SQLiteWorkflows
 from coordd.writer import Writer
 
 
@@ -32,10 +34,12 @@ def _no_backoff(_attempts: int) -> float:
     return 0.0
 
 
-class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance):
+class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
+                  SQLiteWorkflows):
     """The store over one SQLite file (created and migrated on `start`); the hub's, job
-    logs', enrolment tokens' and governance's operations too (coordd.store.sqlite_hub,
-    sqlite_logs, sqlite_enrol, sqlite_governance).
+    logs', enrolment tokens', governance's and workflows' operations too
+    (coordd.store.sqlite_hub, sqlite_logs, sqlite_enrol, sqlite_governance,
+    sqlite_workflows).
 
     Args:
         path: the database file.
@@ -137,10 +141,12 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance):
         return await self._write(lambda conn, t: store.reap_expired(conn, t, limit), now)
 
     async def cancel(self, job_id: str, *, now: float | None = None) -> StatusResult:
-        return await self._write(lambda conn, t: store.cancel(conn, t, job_id), now)
+        """As the Coordinator's cancel: a workflow node's dependents follow."""
+        return await self._write(lambda conn, t: wstore.cancel_job(conn, t, job_id), now)
 
     async def retry(self, job_id: str, *, now: float | None = None) -> StatusResult:
-        return await self._write(lambda conn, t: store.retry(conn, t, job_id), now)
+        """As the Coordinator's retry: a workflow node reopens its workflow."""
+        return await self._write(lambda conn, t: wstore.retry_job(conn, t, job_id), now)
 
     # ------------------------------------------------------------ reads
 

@@ -32,7 +32,8 @@ import msgspec
 
 from coordd import errors
 from coordd import transitions as tr
-from coordd.store import cancel, dumps, event, lenient_json
+from coordd.protocol import StatusResult
+from coordd.store import cancel, dumps, event, lenient_json, retry
 from coordd.store.resources import add_request
 from coordd.store import limits as limit_store
 
@@ -152,14 +153,11 @@ def insert_workflow(conn: sqlite3.Connection, now: float, wf: NewWorkflow
                                              wf.spec_sha256)).fetchone()
     if row is None:
         wid, sha = conn.execute(SQL_WORKFLOW_BY_KEY, (wf.idempotency_key,)).fetchone()
-        if sha is not None and wf.spec_sha256 is not None and sha != wf.spec_sha256:
-            raise errors.InvalidState(
-                f"idempotency key {wf.idempotency_key!r} was used for another graph "
-                f"(workflow {wid}); use a new key for a new graph")
+        check_repeat(wf, wid, sha)
         return wid, False, dict(conn.execute(SQL_NODE_IDS, (wid,)).fetchall())
     ids = {n.name: n.job_id for n in wf.nodes}
     for n in wf.nodes:
-        t = tr.ENQUEUED_BLOCKED if n.needs else tr.ENQUEUED
+        t, reason = node_enqueued(wf, n)
         status = t.to_status
         conn.execute(SQL_INSERT_NODE, (
             n.job_id, n.kind, n.required_role, n.priority, dumps(n.payload), status,
@@ -168,12 +166,31 @@ def insert_workflow(conn: sqlite3.Connection, now: float, wf: NewWorkflow
         add_request(conn, n.job_id, n.resources)
         if n.limits:
             limit_store.attach(conn, n.job_id, n.limits)
-        event(conn, n.job_id, now, None, t.from_status, status,
-              f"workflow {wf.workflow_id} node {n.name}"
-              + (f" (needs {', '.join(d for d, _ in n.needs)})" if n.needs else ""))
+        event(conn, n.job_id, now, None, t.from_status, status, reason)
         for dep, policy in n.needs:
             conn.execute(SQL_INSERT_EDGE, (n.job_id, ids[dep], policy))
     return wf.workflow_id, True, ids
+
+
+def check_repeat(wf: NewWorkflow, workflow_id: str, stored_sha256: str | None) -> None:
+    """A repeated idempotency key (any store): the stored workflow must be this graph.
+
+    Raises:
+        errors.InvalidState: the key was used for another graph.
+    """
+    if stored_sha256 is not None and wf.spec_sha256 is not None \
+            and stored_sha256 != wf.spec_sha256:
+        raise errors.InvalidState(
+            f"idempotency key {wf.idempotency_key!r} was used for another graph "
+            f"(workflow {workflow_id}); use a new key for a new graph")
+
+
+def node_enqueued(wf: NewWorkflow, n: NewNode) -> tuple[tr.Transition, str]:
+    """A node's insert (any store): its transition (blocked when it has dependencies,
+    else waiting) and its event's reason."""
+    return (tr.ENQUEUED_BLOCKED if n.needs else tr.ENQUEUED,
+            f"workflow {wf.workflow_id} node {n.name}"
+            + (f" (needs {', '.join(d for d, _ in n.needs)})" if n.needs else ""))
 
 
 def settle(conn: sqlite3.Connection, now: float, workflow_id: str,
@@ -273,6 +290,22 @@ def settle_job(conn: sqlite3.Connection, now: float, job_id: str) -> None:
     row = conn.execute(SQL_JOB_WORKFLOW, (job_id,)).fetchone()
     if row is not None and row[0] is not None:
         settle(conn, now, row[0])
+
+
+def cancel_job(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
+    """An admin cancel (coordd.store.cancel), then the node's workflow settles: its
+    dependents follow their policies in the same transaction."""
+    res = cancel(conn, now, job_id)
+    settle_job(conn, now, job_id)
+    return res
+
+
+def retry_job(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
+    """An admin retry (coordd.store.retry); a workflow node reopens its workflow (`reopen`)
+    and the reply has the node's status after (blocked: it waits for dependencies)."""
+    res = retry(conn, now, job_id)
+    node = reopen(conn, now, job_id)
+    return res if node is None or node == res.status else StatusResult(status=node)
 
 
 def reopen(conn: sqlite3.Connection, now: float, job_id: str) -> str | None:

@@ -178,7 +178,7 @@ async def test_coordd_on_postgres_drains_with_a_real_worker(rig):
         assert st.jobs["succeeded"] == 12 and st.active_leases == 0 and st.workers == 1
         # what the PostgreSQL store does not serve: a clear, stable refusal, coordd goes on
         for method, params, text in (
-                ("workflow_list", {}, "workflow_list: not available on the PostgreSQL store"),
+                ("schedule_list", {}, "schedule_list: not available on the PostgreSQL store"),
                 ("backup", {"dest": str(rig.tmp / "b.db")}, "backup: use pg_dump"),
                 ("check", {}, "check: not available on the PostgreSQL store yet")):
             with pytest.raises(errors.UnknownMethod) as got:

@@ -26,7 +26,8 @@ async def test_an_older_database_gains_the_hub_logs_and_enrol_tables(pg_dsn):
                            "'waiting', 3, 1, 1, 1, 1)")
         assert await conn.fetchval("SELECT to_regclass('messages')") is None
         assert await schema.migrate(conn) == schema.SCHEMA_VERSION
-        for table in ("messages", "message_reads", "agents", "job_logs", "enrol_tokens"):
+        for table in ("messages", "message_reads", "agents", "job_logs", "enrol_tokens",
+                      "workflows", "workflow_edges"):
             assert await conn.fetchval("SELECT to_regclass($1)::text", table) == table
         assert await conn.fetchval("SELECT status FROM jobs WHERE job_id = 'j1'") == "waiting"
         await conn.execute(schema.SQL_TRUNCATE)  # truncate() empties every area's table

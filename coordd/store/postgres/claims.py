@@ -21,7 +21,7 @@ from coordd import transitions as tr
 from coordd.leases import ClaimPolicy
 from coordd.protocol import ClaimedJob, ClaimResult, LeaseGrant
 from coordd.store import json_decode, lenient_json, maybe_json
-from coordd.store.postgres import batch, sql
+from coordd.store.postgres import batch, sql, workflows
 
 SEEN_WORKERS_MAX = 4096  # gate decisions remembered (one per worker) before starting over
 
@@ -185,5 +185,4 @@ async def dead_letter(conn: Any, now: float | None, row: Any, worker_id: str) ->
         claimed(row)
     except Undecodable as bad:
         d = tr.dead_letter(tr.RUNNING, bad.code, bad.detail)  # counted by the take already
-        await conn.execute(sql.SQL_DEAD_LETTER_TAKEN, now, row[0], worker_id, d.last_error,
-                           d.reason)
+        await workflows.dead_letter_taken(conn, now, row[0], worker_id, d)

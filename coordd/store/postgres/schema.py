@@ -184,6 +184,38 @@ ALTER TABLE leases ADD COLUMN gpu_ids text, ADD COLUMN vram_mb integer,
 suspend/vacate state and grant, a worker's incarnation, kinds and goodbye, preemption's
 reservations, jobs' resource requests."""
 
+# Workflows (coordd.store.postgres.workflows): the graph's row, its edges, a node's name
+# on its job; jobs.workflow_id (in MIGRATION_CORE) gets its foreign key. A workflow's node
+# order is its jobs' id order (time-ordered ids, made in topological order).
+MIGRATION_WORKFLOWS = """
+CREATE TABLE workflows (
+    workflow_id     text PRIMARY KEY,
+    name            text NOT NULL,
+    status          text NOT NULL CHECK (status IN
+                      ('running','succeeded','partial','failed','cancelled')),
+    idempotency_key text UNIQUE,
+    schedule_id     text,
+    created_at      float8 NOT NULL,
+    updated_at      float8 NOT NULL,
+    finished_at     float8,
+    summary_json    text,
+    spec_sha256     text
+);
+CREATE INDEX workflows_status ON workflows (status, created_at);
+CREATE INDEX workflows_created ON workflows (created_at, workflow_id);
+ALTER TABLE jobs ADD COLUMN node text;
+ALTER TABLE jobs ADD CONSTRAINT jobs_workflow_fk FOREIGN KEY (workflow_id)
+    REFERENCES workflows (workflow_id);
+CREATE UNIQUE INDEX jobs_workflow ON jobs (workflow_id, node) WHERE workflow_id IS NOT NULL;
+CREATE TABLE workflow_edges (
+    job_id     text NOT NULL REFERENCES jobs (job_id) ON DELETE CASCADE,
+    dep_job_id text NOT NULL REFERENCES jobs (job_id) ON DELETE CASCADE,
+    policy     text NOT NULL CHECK (policy IN ('skip','run')),
+    PRIMARY KEY (job_id, dep_job_id)
+);
+CREATE INDEX workflow_edges_dep ON workflow_edges (dep_job_id);
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -191,6 +223,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_ENROL,  # enrol_tokens
     MIGRATION_GOVERNANCE,  # leases' governance and grants, workers' state, reservations,
     # job_resources
+    MIGRATION_WORKFLOWS,  # workflows, workflow_edges, jobs.node
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -199,7 +232,7 @@ SQL_TAKEN_TABLES = ("SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS x(t, n)
                     "WHERE to_regclass(t) IS NOT NULL ORDER BY n")
 SQL_TRUNCATE = ("TRUNCATE job_events, leases, jobs, artifacts, workers, "
                 "message_reads, messages, agents, job_logs, enrol_tokens, reservations, "
-                "job_resources RESTART IDENTITY CASCADE")
+                "job_resources, workflow_edges, workflows RESTART IDENTITY CASCADE")
 
 
 async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:

@@ -115,11 +115,14 @@ SQL_RENEW_BATCH = (  # $2 job ids, $3 workers, $4 tokens, $5 lease_s
     "RETURNING l.job_id, l.expires_at, l.lease_s, j.cancel_requested"
 )
 # $2 job ids, $3 workers, $4 tokens, $5 results (JSON text); $6, $7: last_error and event
-# reason of a complete that meets a requested cancel (postgres.apply.COMPLETE_TEXTS)
+# reason of a complete that meets a requested cancel (postgres.apply.COMPLETE_TEXTS).
+# Workflow nodes are left out: they settle in a transaction of their own
+# (postgres.workflows.complete_one).
 SQL_COMPLETE_BATCH = (
     "WITH r AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[]) "
     "AS r(job_id, worker_id, token, result_json)), "
-    f"l AS (DELETE FROM leases l USING r WHERE {_FENCE} RETURNING l.job_id, l.worker_id), "
+    f"l AS (DELETE FROM leases l USING r WHERE {_FENCE} AND (SELECT x.workflow_id FROM jobs x "
+    "WHERE x.job_id = l.job_id) IS NULL RETURNING l.job_id, l.worker_id), "
     "j AS (UPDATE jobs SET "
     "status = CASE WHEN jobs.cancel_requested THEN 'cancelled' ELSE 'succeeded' END, "
     "result_json = CASE WHEN jobs.cancel_requested THEN jobs.result_json ELSE r.result_json END, "
@@ -175,9 +178,11 @@ SQL_RETRY = (
 # holds are skipped) end, their jobs go back to waiting at the back of their priority, or
 # to failed once attempts are spent, or cancelled if a cancel was requested, as
 # coordd.transitions.lost_lease decides; $3..$9 its texts (postgres.apply.REAP_TEXTS).
+# Workflow nodes' leases are left to postgres.workflows.reap_nodes (settled with them).
 SQL_REAP = (
-    f"WITH x AS (SELECT job_id FROM leases WHERE expires_at <= {NOW} ORDER BY expires_at "
-    "LIMIT $2 FOR UPDATE SKIP LOCKED), "
+    "WITH x AS (SELECT l.job_id FROM leases l JOIN jobs n ON n.job_id = l.job_id "
+    f"WHERE l.expires_at <= {NOW} AND n.workflow_id IS NULL ORDER BY l.expires_at "
+    "LIMIT $2 FOR UPDATE OF l SKIP LOCKED), "
     "l AS (DELETE FROM leases USING x WHERE leases.job_id = x.job_id "
     "RETURNING leases.job_id, leases.worker_id), "
     "j AS (UPDATE jobs SET status = CASE WHEN jobs.cancel_requested THEN 'cancelled' "

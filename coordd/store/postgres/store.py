@@ -26,6 +26,7 @@ from coordd.protocol import (
 from coordd.store import NewJob, dumps
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
 from coordd.store.postgres import apply, batch, claims, coordination, grace, reads, schema, sql
+from coordd.store.postgres import workflows
 from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
@@ -42,7 +43,7 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
 
 
 class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
-                    ResourcesPostgres):
+                    ResourcesPostgres, workflows.PostgresWorkflows):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
@@ -57,8 +58,8 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
 
     Not stored yet (BadRequest at enqueue): per-job gate overrides, fleet limits,
     result schemas. The hub, job logs and enrolment tokens: coordd.store.postgres.hub,
-    logs, enrol; governance and resources: .governance, .resources. Workflows and the
-    other areas are SQLite's only.
+    logs, enrol; governance and resources: .governance, .resources; workflows:
+    .workflows. The other areas are SQLite's only.
     """
 
     clock: Literal["app", "db"] = "db"
@@ -246,10 +247,14 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
                                     [res for _, res in items], *apply.COMPLETE_TEXTS)
             got = {r[0]: r[1] for r in rows}
             out: list[Any] = []
-            for ref, _ in items:
+            for ref, result_json in items:
                 status = got.get(ref.job_id)
-                out.append(CompleteResult(status=status) if status is not None
-                           else await _refusal(conn, now, ref))
+                if status is not None:
+                    out.append(CompleteResult(status=status))
+                    continue
+                # a workflow node (completed and settled in a transaction), or refused
+                done = await workflows.complete_one(conn, now, ref, result_json)
+                out.append(done if done is not None else await _refusal(conn, now, ref))
             return out
 
     async def checkpoint(self, ref: LeaseRef, checkpoint_json: str, *,
@@ -265,9 +270,12 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         """A failed attempt: back to waiting after `backoff(attempts)` when retryable with
         attempts left, else `failed` (dead letter); `cancelled` if a cancel was requested."""
         async with self._conn() as conn, conn.transaction():
+            wid = await workflows.lock_of_job(conn, ref.job_id)  # the workflow, then the job
             held, t = await _end_lease(conn, now, ref)
             d = tr.fail(held, t, _text(error), retryable, backoff)
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d)
+            if d.settle:
+                await workflows.settle(conn, now, wid)
             if d.t is tr.FAIL_RETRY and d.run_at is not None and d.run_at <= t:
                 await conn.execute(sql.SQL_NOTIFY)  # runnable at once: wake claimers
         return StatusResult(status=d.t.to_status, run_at=d.run_at)
@@ -277,9 +285,12 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         """Hand the job back without spending its attempt (`preemptions` counts it),
         recording `checkpoint_json` first if given; `cancelled` if a cancel was requested."""
         async with self._conn() as conn, conn.transaction():
+            wid = await workflows.lock_of_job(conn, ref.job_id)
             held, t = await _end_lease(conn, now, ref)
             d = tr.release(held, t, _text(reason))
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d, checkpoint_json)
+            if d.settle:
+                await workflows.settle(conn, now, wid)
             if d.t is tr.RELEASED:
                 await conn.execute(sql.SQL_NOTIFY)
         return StatusResult(status=d.t.to_status, run_at=d.run_at)
@@ -287,12 +298,15 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
     # ------------------------------------------------------------ admin, reaper
 
     async def reap(self, *, limit: int = 1000, now: float | None = None) -> int:
-        """End up to `limit` expired leases in one statement (see sql.SQL_REAP)."""
+        """End up to `limit` expired leases: plain jobs' in one statement (sql.SQL_REAP),
+        workflow nodes' one transaction each, settling their workflows
+        (workflows.reap_nodes)."""
         async with self._conn() as conn:
             n, requeued = await conn.fetchrow(sql.SQL_REAP, now, limit, *apply.REAP_TEXTS)
-            if requeued:
+            nodes, nodes_requeued = await workflows.reap_nodes(conn, now, limit - n)
+            if requeued or nodes_requeued:
                 await conn.execute(sql.SQL_NOTIFY)
-        return n
+        return n + nodes
 
     async def restart_grace(self, *, now: float | None = None) -> int:
         """Give every stored lease at least one more lease_s from now (a coordd starting
@@ -304,20 +318,26 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         """waiting/blocked -> cancelled; running -> cancel requested (renew and heartbeat
         say so); cancelled stays. Raises: NotFound, InvalidState."""
         async with self._conn() as conn, conn.transaction():
+            wid = await workflows.lock_of_job(conn, job_id)
             status = await _locked_status(conn, now, job_id)
             d = tr.cancel(status, job_id)
-            if d is None:  # already cancelled
-                return StatusResult(status=status)
-            await apply.apply(conn, now, job_id, None, d)
-        return StatusResult(status=d.t.to_status)
+            if d is not None:  # None: already cancelled
+                await apply.apply(conn, now, job_id, None, d)
+            await workflows.settle(conn, now, wid)  # a node's dependents follow
+        return StatusResult(status=status if d is None else d.t.to_status)
 
     async def retry(self, job_id: str, *, now: float | None = None) -> StatusResult:
-        """failed/cancelled/skipped -> waiting, attempts reset. Raises: NotFound, InvalidState."""
+        """failed/cancelled/skipped -> waiting, attempts reset; a workflow node reopens its
+        workflow (blocked again if it has dependencies). Raises: NotFound, InvalidState."""
         async with self._conn() as conn, conn.transaction():
+            wid = await workflows.lock_of_job(conn, job_id)
             status, t = await _locked_status(conn, now, job_id, with_now=True)
             d = tr.retry(status, job_id, t)
             await apply.apply(conn, now, job_id, None, d)
+            node = await workflows.reopen(conn, now, job_id, wid)  # a node reopens its graph
             await conn.execute(sql.SQL_NOTIFY)
+        if node is not None and node != d.t.to_status:
+            return StatusResult(status=node)
         return StatusResult(status=d.t.to_status, run_at=d.run_at)
 
     # ------------------------------------------------------------ reads, coordination

@@ -1,0 +1,43 @@
+"""The store interface's workflows (coordd.store.api's `Store`, this area apart).
+
+A workflow is a graph of jobs (its nodes) queued whole; a node with dependencies waits
+`blocked` and is queued (`waiting`) when they have ended as its edges allow; every job
+ending of a node (complete, fail, release, cancel, the reaper, a dead letter) settles its
+workflow (coordd.transitions.settle), in the same transaction on PostgreSQL. The graph is
+validated above the store (coordd.workflows.Workflows.plan); the store stores it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from coordd.protocol_workflows import WorkflowList, WorkflowSubmitResult, WorkflowView
+from coordd.store.workflows import NewWorkflow
+
+
+class WorkflowStore(Protocol):
+    """Workflows over one database (SQLite: coordd.store.sqlite_workflows; PostgreSQL:
+    coordd.store.postgres.workflows). `now` as in coordd.store.api.
+
+    Raises (both stores, the same situations):
+        errors.NotFound: no such workflow.
+        errors.InvalidState: a repeated idempotency key with another graph.
+        errors.BadRequest: what this store cannot store (PostgreSQL: per-node gates,
+            resources, limits, result schemas, as for enqueue).
+    """
+
+    async def workflow_submit(self, wf: NewWorkflow, *,
+                              now: float | None = None) -> WorkflowSubmitResult: ...
+    async def workflow_get(self, workflow_id: str) -> WorkflowView: ...
+    async def workflow_list(self, status: str | None, limit: int) -> WorkflowList: ...
+    async def workflow_cancel(self, workflow_id: str, *,
+                              now: float | None = None) -> WorkflowView: ...
+
+    async def workflow_settle_running(self, *, now: float | None = None) -> int:
+        """Settle every running workflow (the maintenance backstop); return how many
+        ended. SQLite needs it after an expired lease's last attempt; PostgreSQL settles
+        those in the reaper's transaction, so it finds nothing left to do."""
+        ...
+
+
+__all__ = ["WorkflowStore"]

@@ -1,0 +1,40 @@
+"""SQLiteStore's workflows (coordd.store.api_workflows): thin adapters over the functions
+the SQLite Coordinator calls (coordd.store.workflows through the writer, the views of
+coordd.workflows on the read pool)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coordd import workflows as flows
+from coordd.protocol_workflows import WorkflowList, WorkflowSubmitResult, WorkflowView
+from coordd.store import workflows as wstore
+
+
+class SQLiteWorkflows:
+    """The workflow methods of coordd.store.sqlite_store.SQLiteStore (a mixin: it uses
+    the store's `_write` and `readers`)."""
+
+    _write: Any
+    readers: Any
+
+    async def workflow_submit(self, wf: wstore.NewWorkflow, *,
+                              now: float | None = None) -> WorkflowSubmitResult:
+        """Insert the whole graph in one writer request (wstore.insert_workflow)."""
+        wid, created, ids = await self._write(
+            lambda conn, t: wstore.insert_workflow(conn, t, wf), now)
+        return WorkflowSubmitResult(workflow_id=wid, created=created, jobs=ids)
+
+    async def workflow_get(self, workflow_id: str) -> WorkflowView:
+        return await self.readers.run(flows._get, workflow_id)
+
+    async def workflow_list(self, status: str | None, limit: int) -> WorkflowList:
+        return WorkflowList(workflows=await self.readers.run(flows._list, status, limit))
+
+    async def workflow_cancel(self, workflow_id: str, *,
+                              now: float | None = None) -> WorkflowView:
+        await self._write(lambda conn, t: wstore.cancel_workflow(conn, t, workflow_id), now)
+        return await self.workflow_get(workflow_id)
+
+    async def workflow_settle_running(self, *, now: float | None = None) -> int:
+        return await self._write(wstore.settle_running, now)
