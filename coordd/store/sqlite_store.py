@@ -25,6 +25,7 @@ from coordd.store.sqlite_hub import SQLiteHubOps
 from coordd.store.sqlite_logs import SQLiteLogOps
 from coordd.store.sqlite_enrol import SQLiteEnrolOps
 from coordd.store.sqlite_governance import SQLiteGovernance
+from coordd.store.sqlite_admission import SQLiteAdmission
 from coordd.writer import Writer
 
 
@@ -32,10 +33,12 @@ def _no_backoff(_attempts: int) -> float:
     return 0.0
 
 
-class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance):
+class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
+                  SQLiteAdmission):
     """The store over one SQLite file (created and migrated on `start`); the hub's, job
-    logs', enrolment tokens' and governance's operations too (coordd.store.sqlite_hub,
-    sqlite_logs, sqlite_enrol, sqlite_governance).
+    logs', enrolment tokens', governance's and admission's operations too
+    (coordd.store.sqlite_hub, sqlite_logs, sqlite_enrol, sqlite_governance,
+    sqlite_admission).
 
     Args:
         path: the database file.

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from coordd import errors
+from coordd import errors, resources
 from coordd.store.api import LeaseRef
 from tests.store.conftest import Bundle, open_store, policy
 
@@ -107,21 +107,11 @@ async def test_batched_renews_keep_each_callers_answer(pg):
 
 
 async def test_enqueue_refuses_what_it_does_not_store_yet(pg):
-    for extra in ({"gates_json": '{"min_user_idle_s": 0}'}, {"result_schema": "claims"},
-                  {"limits": [("gpu", 1)]}):
-        job = pg.job()
-        for k, v in extra.items():
-            setattr(job, k, v)
-        with pytest.raises(errors.BadRequest, match="does not store"):
-            await pg.store.enqueue([job])
+    job = pg.job()
+    job.resources = resources.parse_request({"gpus": 1})
+    with pytest.raises(errors.BadRequest, match="does not store resources"):
+        await pg.store.enqueue([job])
     assert (await pg.store.status(30.0)).jobs["waiting"] == 0
-
-
-async def test_claims_refuse_priority_aging_rather_than_ignore_it(pg):
-    aging = policy()
-    aging.aging_interval_s = 60.0
-    with pytest.raises(errors.BadRequest, match="aging"):
-        await pg.store.claim("a", 30.0, aging)
 
 
 async def test_wait_for_work_wakes_on_notify(pg):

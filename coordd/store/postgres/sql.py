@@ -115,11 +115,13 @@ SQL_RENEW_BATCH = (  # $2 job ids, $3 workers, $4 tokens, $5 lease_s
     "RETURNING l.job_id, l.expires_at, l.lease_s, j.cancel_requested"
 )
 # $2 job ids, $3 workers, $4 tokens, $5 results (JSON text); $6, $7: last_error and event
-# reason of a complete that meets a requested cancel (postgres.apply.COMPLETE_TEXTS)
+# reason of a complete that meets a requested cancel (postgres.apply.COMPLETE_TEXTS). A job
+# with a result schema is not matched (postgres.limits.complete_checked judges it).
 SQL_COMPLETE_BATCH = (
     "WITH r AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[]) "
     "AS r(job_id, worker_id, token, result_json)), "
-    f"l AS (DELETE FROM leases l USING r WHERE {_FENCE} RETURNING l.job_id, l.worker_id), "
+    f"l AS (DELETE FROM leases l USING r, jobs s WHERE {_FENCE} AND s.job_id = l.job_id "
+    "AND s.result_schema IS NULL RETURNING l.job_id, l.worker_id), "
     "j AS (UPDATE jobs SET "
     "status = CASE WHEN jobs.cancel_requested THEN 'cancelled' ELSE 'succeeded' END, "
     "result_json = CASE WHEN jobs.cancel_requested THEN jobs.result_json ELSE r.result_json END, "
