@@ -203,3 +203,30 @@ async def test_result_schema_violation_is_refused_then_a_good_result_stored(bund
     view = await bundle.store.get_job(got.job.job_id, now=T0 + 4)
     assert view.result == {"claims": [{"text": "x", "label": "opinion", "evidence": []}],
                            "evidence": [], "title": None}
+
+
+async def test_the_limits_methods_over_either_store(bundle):
+    """The RPC layer over the store interface (StoreCoordinator, as coordd --store runs):
+    an unknown limit is bad_request at enqueue, the limits methods answer alike."""
+    from coordd import errors
+    from coordd.clock import FakeClock
+    from coordd.protocol import Enqueue
+    from coordd.protocol_limits import LimitReset, LimitSet, LimitsQuery
+    from coordd.store_service import StoreCoordinator
+    cfg = config_mod.load(None, limits={"gpu": {"concurrency": 1}})
+    coord = StoreCoordinator(bundle.store, cfg, FakeClock(T0))
+    await coord.load_limits()
+    with pytest.raises(errors.BadRequest, match="unknown limit 'nope' \\(known: gpu\\)"):
+        await coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=1, payload={},
+                                    limits=["nope"]))
+    await coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=1, payload={},
+                                limits=["gpu"]))
+    view = await coord.limits_set(LimitSet(name="gpu", settings={"concurrency": 2}))
+    assert view.source == "config+runtime" and view.concurrency == 2 and view.waiting == 1
+    with pytest.raises(errors.BadRequest):
+        await coord.limits_set(LimitSet(name="gpu", settings={"concurrency": -1}))
+    with pytest.raises(errors.NotFound):
+        await coord.limits(LimitsQuery(name="x"))
+    assert (await coord.limits_reset(LimitReset(name="gpu"))).limits[0].concurrency == 1
+    with pytest.raises(errors.NotFound, match="no runtime override"):
+        await coord.limits_reset(LimitReset(name="gpu"))
