@@ -106,12 +106,14 @@ async def test_batched_renews_keep_each_callers_answer(pg):
     assert pg.store.renews.statements - before < len(refs)
 
 
-async def test_enqueue_refuses_what_it_does_not_store_yet(pg):
+async def test_resources_with_aging_in_one_claim_is_refused_not_half_judged(pg):
     job = pg.job()
     job.resources = resources.parse_request({"gpus": 1})
-    with pytest.raises(errors.BadRequest, match="does not store resources"):
-        await pg.store.enqueue([job])
-    assert (await pg.store.status(30.0)).jobs["waiting"] == 0
+    await pg.store.enqueue([job])
+    aging = policy()
+    aging.aging_interval_s = 60.0
+    with pytest.raises(errors.BadRequest, match="does not yet combine resource requests"):
+        await pg.store.claim("a", 30.0, aging)
 
 
 async def test_wait_for_work_wakes_on_notify(pg):
