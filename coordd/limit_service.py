@@ -62,12 +62,9 @@ class FleetLimits:
     async def limits(self, p: LimitsQuery | None = None) -> LimitsResult:
         """Every limit (or `p.name`) with its use now. Raises: NotFound (no such limit)."""
         p = p or LimitsQuery()
-        names = list(self.book.defs) if p.name is None else [p.name]
-        if p.name is not None and p.name not in self.book.defs:
-            raise errors.NotFound(f"no limit {p.name!r} (known: "
-                                  f"{', '.join(self.book.defs) or 'none'})")
+        names = names_asked(self.book, p)
         now = self._clock.wall()
-        views = await self._read(_views, now, self.book, names, p.holders)
+        views = await self._read(read_views, now, self.book, names, p.holders)
         return LimitsResult(limits=views, now=now)
 
     async def limits_set(self, p: LimitSet) -> LimitView:
@@ -93,8 +90,7 @@ class FleetLimits:
 
         Raises: errors.NotFound (no override of that name).
         """
-        if not self.book.has_override(p.name):
-            raise errors.NotFound(f"limit {p.name!r} has no runtime override")
+        check_override(self.book, p.name)
         await self._writer.run(lambda conn, now: limit_store.set_override(
             conn, now, p.name, None, True))
         self.book.set_override(p.name, None)
@@ -109,21 +105,8 @@ class FleetLimits:
             self.on_change()
 
     def check_usage(self, usage: dict[str, float] | None) -> dict[str, float] | None:
-        """Check a `complete`'s reported usage. Raises: errors.BadRequest."""
-        if not usage:
-            return None
-        if len(usage) > USAGE_METRICS_MAX:
-            raise errors.BadRequest(f"usage: at most {USAGE_METRICS_MAX} metrics")
-        for metric, amount in usage.items():
-            try:
-                check_metric("usage", metric)
-            except ValueError as exc:
-                raise errors.BadRequest(str(exc)) from exc
-            if isinstance(amount, bool) or not isinstance(amount, (int, float)) \
-                    or not math.isfinite(amount) or amount < 0:
-                raise errors.BadRequest(f"usage.{metric} must be a finite number >= 0, "
-                                        f"got {amount!r}")
-        return usage
+        """Check a `complete`'s reported usage (`check_usage`). Raises: errors.BadRequest."""
+        return check_usage(usage)
 
     def counting(self, job_id: str, usage: dict[str, float] | None, op: Any) -> Any:
         """The writer op `op` (a `complete`), then the job's reported `usage` counted
@@ -145,11 +128,11 @@ class FleetLimits:
         """A `get_job` view: the limits it consumes, and a full one in its reason (one
         read)."""
         waiting = job.status == "waiting" and self.book.active
-        uses, why = await self._read(_annotation, now, self.book, job.job_id, job.priority,
+        uses, why = await self._read(read_annotation, now, self.book, job.job_id, job.priority,
                                      waiting)
         job.limits = [LimitUse(name=n, units=u) for n, u in uses]
         if why is not None:
-            _put_reason(job, why)
+            put_reason(job, why)
 
     async def explain(self, jobs: list[Any], now: float) -> None:
         """Put the limit that holds each waiting job back into its `waiting_reason` (in
@@ -161,17 +144,53 @@ class FleetLimits:
         for j in jobs:
             reason = why.get(j.job_id)
             if reason is not None:
-                _put_reason(j, reason)
+                put_reason(j, reason)
 
 
 
-def _put_reason(job: Any, reason: str) -> None:
+def check_usage(usage: dict[str, float] | None) -> dict[str, float] | None:
+    """Check a `complete`'s reported usage (None when there is none).
+    Raises: errors.BadRequest."""
+    if not usage:
+        return None
+    if len(usage) > USAGE_METRICS_MAX:
+        raise errors.BadRequest(f"usage: at most {USAGE_METRICS_MAX} metrics")
+    for metric, amount in usage.items():
+        try:
+            check_metric("usage", metric)
+        except ValueError as exc:
+            raise errors.BadRequest(str(exc)) from exc
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) \
+                or not math.isfinite(amount) or amount < 0:
+            raise errors.BadRequest(f"usage.{metric} must be a finite number >= 0, "
+                                    f"got {amount!r}")
+    return usage
+
+
+def names_asked(book: LimitBook, p: LimitsQuery) -> list[str]:
+    """The limits a `limits` call shows. Raises: errors.NotFound (no such limit)."""
+    if p.name is None:
+        return list(book.defs)
+    if p.name not in book.defs:
+        raise errors.NotFound(f"no limit {p.name!r} (known: {', '.join(book.defs) or 'none'})")
+    return [p.name]
+
+
+def check_override(book: LimitBook, name: str) -> None:
+    """Raise errors.NotFound unless `name` has a runtime override (`limits_reset`)."""
+    if not book.has_override(name):
+        raise errors.NotFound(f"limit {name!r} has no runtime override")
+
+
+def put_reason(job: Any, reason: str) -> None:
+    """Put a limit's `reason` in front of a job view's waiting_reason (instead of "runnable")."""
     old = job.waiting_reason
     job.waiting_reason = reason if not old or old.startswith("runnable") else f"{reason}; {old}"
 
 
-def _annotation(conn: sqlite3.Connection, now: float, book: LimitBook, job_id: str,
-                priority: int, waiting: bool) -> tuple[list[tuple[str, int]], str | None]:
+def read_annotation(conn: sqlite3.Connection, now: float, book: LimitBook, job_id: str,
+                    priority: int, waiting: bool) -> tuple[list[tuple[str, int]], str | None]:
+    """The limits a job consumes and, if `waiting`, why they hold it back (SQLite)."""
     uses = limit_store.job_limits(conn, job_id)
     if not (uses and waiting):
         return uses, None
@@ -189,36 +208,46 @@ def _limit_reasons(conn: sqlite3.Connection, now: float, book: LimitBook,
     return out
 
 
-def _views(conn: sqlite3.Connection, now: float, book: LimitBook, names: list[str],
-           with_holders: bool) -> list[LimitView]:
+def read_views(conn: sqlite3.Connection, now: float, book: LimitBook, names: list[str],
+               with_holders: bool) -> list[LimitView]:
+    """The LimitViews of `names` (SQLite reads, `limit_view` builds them)."""
     out = []
     for name in names:
         limit = book.defs[name]
-        used = limit_store.held(conn, name)
         rate_used = limit_store.window_used(conn, name, now, limit.rate_window_s) \
             if limit.rate_n else 0
-        usable: dict[str, int | None] = {}
-        for prio in range(4):
-            room = [] if limit.concurrency is None else \
-                [limit.concurrency - limit.held_back(prio) - used]
-            if limit.rate_n:
-                room.append(limit.rate_n - limit.held_back(prio) - rate_used)
-            usable[f"p{prio}"] = max(0, min(room)) if room else None
-        next_slot = None
+        frees = None
         if limit.rate_n and rate_used >= limit.rate_n:  # full: when its oldest unit frees
             frees = limit_store.window_frees(conn, name, now, limit.rate_window_s,
                                              rate_used - limit.rate_n + 1)
-            next_slot = None if frees is None else max(0.0, frees - now)
-        budget_used = {m: limit_store.usage(conn, name, m, now, b[1])
-                       for m, b in limit.budget.items()}
-        settings = limit.settings()
-        out.append(LimitView(
-            name=name, source=limit.source, concurrency=limit.concurrency, rate=limit.rate,
-            reserve=settings["reserve"], used=used, rate_used=rate_used, next_slot_s=next_slot,
-            usable=usable, waiting=limit_store.waiting_for(conn, name),
-            holders=[LimitHolder(job_id=j, worker_id=w, priority=pr, units=u, since=s)
-                     for j, w, pr, u, s in limit_store.holders(conn, name)]
-            if with_holders else [],
-            budget=settings["budget"], budget_used=budget_used,
-            budget_reserve={k: v for k, v in zip(RESERVE_KEYS, limit.budget_reserve) if v}))
+        out.append(limit_view(
+            limit, now, limit_store.held(conn, name), rate_used, frees,
+            {m: limit_store.usage(conn, name, m, now, b[1]) for m, b in limit.budget.items()},
+            limit_store.waiting_for(conn, name),
+            limit_store.holders(conn, name) if with_holders else []))
     return out
+
+
+def limit_view(limit: Any, now: float, used: int, rate_used: int, frees_at: float | None,
+               budget_used: dict[str, float], waiting: int,
+               holders: list[tuple[str, str, int, int, float]]) -> LimitView:
+    """A limit's LimitView from what a store read (pure): `used` units held, `rate_used`
+    in the window, `frees_at` (a full rate: when its oldest unit frees), usage per
+    metric, waiting jobs naming it, holders (job, worker, priority, units, since)."""
+    usable: dict[str, int | None] = {}
+    for prio in range(4):
+        room = [] if limit.concurrency is None else \
+            [limit.concurrency - limit.held_back(prio) - used]
+        if limit.rate_n:
+            room.append(limit.rate_n - limit.held_back(prio) - rate_used)
+        usable[f"p{prio}"] = max(0, min(room)) if room else None
+    next_slot = None if frees_at is None else max(0.0, frees_at - now)
+    settings = limit.settings()
+    return LimitView(
+        name=limit.name, source=limit.source, concurrency=limit.concurrency, rate=limit.rate,
+        reserve=settings["reserve"], used=used, rate_used=rate_used, next_slot_s=next_slot,
+        usable=usable, waiting=waiting,
+        holders=[LimitHolder(job_id=j, worker_id=w, priority=pr, units=u, since=s)
+                 for j, w, pr, u, s in holders],
+        budget=settings["budget"], budget_used=budget_used,
+        budget_reserve={k: v for k, v in zip(RESERVE_KEYS, limit.budget_reserve) if v})

@@ -336,3 +336,22 @@ def budget_refusal(limit: Limit, metric: str, used: float, priority: int) -> str
     if keep:
         why += f" ({keep:.0%} kept for {limit.kept_for(priority)})"
     return why
+
+
+def refusals(limit: Limit, priority: int, units: int, held: int, excess: int,
+             free_at: float | None, budget_used: Mapping[str, float], now: float) -> list[str]:
+    """Why `units` more of `limit` may not go to a job of `priority` ([]: they may), in
+    the order concurrency, rate, budgets: the verdicts above over readings a store took
+    (`held` units running, the rate's `excess` (rate_excess) and when it frees,
+    `budget_used` per metric in its window)."""
+    why = []
+    c = concurrency_refusal(limit, held, units, priority)
+    if c is not None:
+        why.append(c)
+    if excess:
+        why.append(rate_refusal_text(limit, priority, free_at, now))
+    for metric in limit.budget:
+        b = budget_refusal(limit, metric, budget_used.get(metric, 0.0), priority)
+        if b is not None:
+            why.append(b)
+    return why

@@ -70,8 +70,9 @@ class StoreDaemon(ServingDaemon):
             raise StartupError(f"the PostgreSQL store needs asyncpg (pip install -e "
                                f"'.[postgres]'): {exc}") from exc
         super().__init__(config, clock, config_path)
-        self.store = PostgresStore(config.store, server_settings=pool_settings(
-            config.store_session_timeout_s))
+        self.store = PostgresStore(config.store, aging_s=config.aging_interval_s,
+                                   server_settings=pool_settings(
+                                       config.store_session_timeout_s))
         self.coord = StoreCoordinator(self.store, config, self.clock)
         self.leader = Leadership(config.store, LEADER_KEY, config.store_session_timeout_s)
 

@@ -6,9 +6,10 @@ core (heartbeat, claim with `wait_s`, renew, checkpoint, complete, fail, release
 enqueue_batch, cancel, retry, reap, get_job, list_jobs, status), the hub's
 (coordd.store_service_hub), job logs' (coordd.store_service_logs), enrolment's
 (coordd.store_service_enrol), governance's (heartbeat, renew, goodbye, workers, metrics:
-coordd.store_service_governance), workflows' (coordd.store_service_workflows) and the same
-checks (coordd.intake, coordd.values, the Coordinator's own helpers, coordd.hub,
-coordd.logs, coordd.enrol, coordd.workflows). Every other RPC
+coordd.store_service_governance), workflows' (coordd.store_service_workflows), fleet
+limits' (coordd.store_service_limits) and the same checks (coordd.intake, coordd.values,
+the Coordinator's own helpers, coordd.hub, coordd.logs, coordd.enrol, coordd.workflows,
+coordd.limit_service). Every other RPC
 method is answered `unknown_method` with "not available on the PostgreSQL store yet":
 clients already treat that code as "this coordd does not serve it" and fall back (the
 worker's control watch to renewals, release to fail). Time is the database's: `now` is
@@ -42,13 +43,14 @@ from coordd.store_service_hub import HUB_METHODS, HubService
 from coordd.store_service_logs import LOG_METHODS, LogService
 from coordd.store_service_governance import GovernanceService
 from coordd.store_service_workflows import WORKFLOW_METHODS, WorkflowService
+from coordd.store_service_limits import LIMIT_METHODS, StoreLimits
 
 logger = logging.getLogger(__name__)
 
 SERVED = HUB_METHODS | LOG_METHODS | ENROL_METHODS | frozenset({
     "heartbeat", "claim", "renew", "checkpoint", "complete", "fail", "release", "enqueue",
     "enqueue_batch", "cancel", "retry", "reap", "get_job", "list_jobs", "status",
-    *store_service_governance.METHODS, *WORKFLOW_METHODS})
+    *store_service_governance.METHODS, *WORKFLOW_METHODS, *LIMIT_METHODS})
 """The RPC methods served over the store interface; the rest are refused (`refusal`)."""
 
 POLL_S = 1.0  # a parked claim looks again at least this often (NOTIFY is only a hint)
@@ -64,7 +66,7 @@ def refusal(method: str) -> errors.UnknownMethod:
 
 
 class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService,
-                       WorkflowService):
+                       WorkflowService, StoreLimits):
     """The core RPC methods over one `Store` (see the module docstring).
 
     Args:
@@ -91,7 +93,7 @@ class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService,
         self.limit_book = config.limit_book()
         self._claim_policy = leases.ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
-            aging_interval_s=config.aging_interval_s)
+            aging_interval_s=config.aging_interval_s, limits=self.limit_book)
         self._work = asyncio.Event()  # set (and replaced) when a job may be claimable
         self._closing = asyncio.Event()
         self._parked = 0
@@ -100,6 +102,7 @@ class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService,
     async def start(self) -> None:
         """Open the store and the wake-up pump. Raises: errors.Unavailable, StoreError."""
         await self.store.start()
+        await self.load_limits()  # runtime overrides kept in the database
         self._pump = asyncio.create_task(self._pump_wakeups(), name="store-wakeups")
 
     def answer_parked(self) -> None:
@@ -196,11 +199,13 @@ class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService,
 
     async def complete(self, p: Complete) -> CompleteResult:
         """Store a job's result, once. Raises: as on SQLite; BadRequest for an artifact
-        reference (no artifact store here yet). `usage` is not counted (no limits here)."""
+        reference (no artifact store here yet). `usage` counts against limit budgets."""
         if p.artifact is not None:
             raise errors.BadRequest("complete: artifacts are not available on the "
                                     "PostgreSQL store yet (send the result inline)")
         text = values.encode("result", p.result, self.config.max_result_bytes)
+        if p.usage:
+            return await self.complete_usage(p, text)
         return await self.store.complete(_ref(p), text)
 
     async def fail(self, p: Fail) -> StatusResult:
@@ -274,13 +279,15 @@ class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService,
         """One job with its lease and events. A `prefix` lookup takes the whole id only.
         Raises: NotFound (for a shorter `prefix` lookup, saying the whole id is needed)."""
         try:
-            return await self.annotate(await self.store.get_job(p.job_id))  # governance
+            job = await self.annotate(await self.store.get_job(p.job_id))  # governance
         except errors.NotFound as exc:
             if getattr(p, "prefix", False) and len(p.job_id) < JOB_ID_CHARS:
                 raise errors.NotFound(f"{exc.message} (the PostgreSQL store looks jobs up by "
                                       f"their whole {JOB_ID_CHARS}-character id, not a "
                                       f"prefix, yet)") from exc
             raise
+        await self.annotate_limits(job)  # its limits; a full one, in its reason
+        return job
 
     async def list_jobs(self, p: ListJobs) -> JobList:
         """A page of jobs (filters: status, kind, role, priority). Raises: BadRequest."""

@@ -27,6 +27,7 @@ from coordd.store.sqlite_logs import SQLiteLogOps
 from coordd.store.sqlite_enrol import SQLiteEnrolOps
 from coordd.store.sqlite_governance import SQLiteGovernance
 from coordd.store.sqlite_workflows import SQLiteWorkflows
+from coordd.store.sqlite_admission import SQLiteAdmission
 from coordd.writer import Writer
 
 
@@ -35,11 +36,11 @@ def _no_backoff(_attempts: int) -> float:
 
 
 class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
-                  SQLiteWorkflows):
+                  SQLiteWorkflows, SQLiteAdmission):
     """The store over one SQLite file (created and migrated on `start`); the hub's, job
-    logs', enrolment tokens', governance's and workflows' operations too
+    logs', enrolment tokens', governance's, workflows' and admission's operations too
     (coordd.store.sqlite_hub, sqlite_logs, sqlite_enrol, sqlite_governance,
-    sqlite_workflows).
+    sqlite_workflows, sqlite_admission).
 
     Args:
         path: the database file.

@@ -184,9 +184,6 @@ async def test_coordd_on_postgres_drains_with_a_real_worker(rig):
             with pytest.raises(errors.UnknownMethod) as got:
                 await c.call(method, params)
             assert text in got.value.message
-        with pytest.raises(errors.BadRequest, match="does not store gates"):
-            await c.enqueue(kind="m", required_role="cpu", priority=1, payload={},
-                            gates={"max_memory_pct": 50})
         # bad input: the SQLite path's checks and codes, nothing stored
         with pytest.raises(errors.BadRequest, match="priority must be 0..3"):
             await c.enqueue(kind="m", required_role="cpu", priority=7, payload={})

@@ -212,6 +212,25 @@ async def test_postgres_settles_a_reaped_node_in_the_reapers_transaction(bundle)
     assert await bundle.store.workflow_settle_running(now=T0 + 6) == 0
 
 
+async def test_a_goodbye_that_spends_a_nodes_last_attempt_ends_its_workflow(bundle):
+    """A worker's goodbye ends its node's lease (`worker_lost`); the node had no attempt
+    left, so it fails and its dependent is skipped: at once on PostgreSQL (in the
+    goodbye's transaction), at the next maintenance round on SQLite."""
+    from coordd.store.api_governance import WorkerBeat
+    from tests.store.test_conformance_governance import gov
+    wf = plan(bundle, [node("a", max_attempts=1), node("b", "a")])
+    await bundle.store.workflow_submit(wf, now=T0)
+    await bundle.store.heartbeat_governed("w", ["cpu"], {}, WorkerBeat(incarnation="i1"),
+                                          gov(), now=T0)
+    await bundle.worker("w", now=T0)
+    got = await bundle.claim("w", now=T0, lease_s=300.0)
+    assert await bundle.store.goodbye("w", "i1", now=T0 + 1) == [got.job.job_id]
+    settled_by_sweep = 1 if bundle.kind == "sqlite" else 0
+    assert await bundle.store.workflow_settle_running(now=T0 + 1) == settled_by_sweep
+    view = await bundle.store.workflow_get(wf.workflow_id)
+    assert (view.status, statuses(view)) == ("failed", {"a": "failed", "b": "skipped"})
+
+
 async def test_repeated_submit_with_an_idempotency_key(bundle):
     wf = plan(bundle, [node("a"), node("b", "a")], idempotency_key="nightly-1")
     first = await bundle.store.workflow_submit(wf, now=T0)

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from coordd import errors
+from coordd import errors, resources
 from coordd.store.api import LeaseRef
 from tests.store.conftest import Bundle, open_store, policy
 
@@ -106,21 +106,13 @@ async def test_batched_renews_keep_each_callers_answer(pg):
     assert pg.store.renews.statements - before < len(refs)
 
 
-async def test_enqueue_refuses_what_it_does_not_store_yet(pg):
-    for extra in ({"gates_json": '{"min_user_idle_s": 0}'}, {"result_schema": "claims"},
-                  {"limits": [("gpu", 1)]}):
-        job = pg.job()
-        for k, v in extra.items():
-            setattr(job, k, v)
-        with pytest.raises(errors.BadRequest, match="does not store"):
-            await pg.store.enqueue([job])
-    assert (await pg.store.status(30.0)).jobs["waiting"] == 0
-
-
-async def test_claims_refuse_priority_aging_rather_than_ignore_it(pg):
+async def test_resources_with_aging_in_one_claim_is_refused_not_half_judged(pg):
+    job = pg.job()
+    job.resources = resources.parse_request({"gpus": 1})
+    await pg.store.enqueue([job])
     aging = policy()
     aging.aging_interval_s = 60.0
-    with pytest.raises(errors.BadRequest, match="aging"):
+    with pytest.raises(errors.BadRequest, match="does not yet combine resource requests"):
         await pg.store.claim("a", 30.0, aging)
 
 

@@ -21,7 +21,7 @@ from coordd import transitions as tr
 from coordd.leases import ClaimPolicy
 from coordd.protocol import ClaimedJob, ClaimResult, LeaseGrant
 from coordd.store import json_decode, lenient_json, maybe_json
-from coordd.store.postgres import batch, sql, workflows
+from coordd.store.postgres import admission, batch, sql, workflows
 
 SEEN_WORKERS_MAX = 4096  # gate decisions remembered (one per worker) before starting over
 
@@ -48,6 +48,7 @@ class Claims:
                  max_in_flight: int = batch.MAX_IN_FLIGHT_DEFAULT) -> None:
         self._conn = conn
         self._seen: dict[str, Seen] = {}
+        self.gated = False  # a job with its own gates may wait (set by the store)
         self.batcher = batch.Batcher(self._claim_batch, _worker_of, group=_group_of,
                                      max_items=max_items, max_in_flight=max_in_flight)
 
@@ -56,8 +57,9 @@ class Claims:
                     now: float | None) -> ClaimResult:
         """See PostgresStore.claim. A connection lost under the statement (it may have
         committed) looks the `claim_id` up once on another: the lease it granted, if any,
-        is the answer, never left to the reaper. Raises: errors.BadRequest (priority aging
-        is on: these claims are strict priority for now), errors.Unavailable."""
+        is the answer, never left to the reaper. With limits, aging or per-job
+        gates in play, the admission path (coordd.store.postgres.admission).
+        Raises: errors.Unavailable."""
         try:
             return await self._claim(worker_id, lease_s, policy, kinds, claim_id, now)
         except errors.Unavailable:
@@ -72,15 +74,16 @@ class Claims:
     async def _claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy,
                      kinds: Sequence[str] | None, claim_id: str | None,
                      now: float | None) -> ClaimResult:
-        if policy.aging_interval_s > 0:
-            raise errors.BadRequest("the PostgreSQL store does not age priorities yet "
-                                    "(set aging_interval_s = 0)")
         kinds_list = None if kinds is None else sorted(set(kinds))
         if claim_id is not None:
             async with self._conn() as conn:
                 row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
             if row is not None:
                 return claimed(row)
+        if admission.needed(policy, self.gated):
+            async with self._conn() as conn:
+                return await admission.claim(conn, worker_id, lease_s, policy, kinds_list,
+                                             claim_id, now)
         seen = self._seen.get(worker_id)
         if seen is not None and seen.policy is policy and seen.decision.allowed:
             row = await self.batcher.submit(now, (worker_id, claim_id, lease_s, kinds_list, seen))

@@ -26,7 +26,7 @@ from coordd.store.api import LeaseRef
 from coordd.store.api_governance import (
     Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
 )
-from coordd.store.postgres import apply, claims, resources, sql
+from coordd.store.postgres import apply, claims, resources, sql, workflows
 from coordd.store.postgres.sql import NOW
 
 PREEMPT_LOCK_KEY = "coordd-preempt"  # one preemption scan at a time (xact advisory lock)
@@ -402,8 +402,13 @@ async def _write_steps(conn: Any, now: float | None, worker_id: str, token: int 
 
 
 async def _lose_worker(conn: Any, now: float | None, worker_id: str) -> list[str]:
-    """End every lease of `worker_id` as `worker_lost`; wake claimers if one requeued."""
+    """End every lease of `worker_id` as `worker_lost` and settle the workflows of the
+    nodes among them (locked first: coordd.store.postgres.workflows' lock order); wake
+    claimers if one requeued. In the caller's transaction."""
+    wids = await workflows.lock_of_worker(conn, worker_id)
     rows = await conn.fetch(SQL_LOSE_WORKER, now, worker_id, *WORKER_LOST_TEXTS)
+    for wid in wids:
+        await workflows.settle(conn, now, wid)
     if any(r[1] == tr.WAITING for r in rows):
         await conn.execute(sql.SQL_NOTIFY)
     return [r[0] for r in rows]

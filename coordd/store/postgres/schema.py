@@ -216,6 +216,54 @@ CREATE TABLE workflow_edges (
 CREATE INDEX workflow_edges_dep ON workflow_edges (dep_job_id);
 """
 
+# Fleet-wide limits (coordd.store.postgres.admission): what jobs consume, the units held
+# by running jobs (released by a trigger on every lease row that goes, as on SQLite), the
+# rate windows, reported usage and the runtime overrides. Its own step: renumbered at merge.
+MIGRATION_LIMITS = """
+CREATE TABLE job_limits (
+    job_id text NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
+    name   text NOT NULL,
+    units  integer NOT NULL CHECK (units >= 1),
+    PRIMARY KEY (job_id, name)
+);
+CREATE INDEX job_limits_name ON job_limits (name, job_id);
+CREATE TABLE limit_holds (
+    name      text NOT NULL,
+    job_id    text NOT NULL,
+    units     integer NOT NULL,
+    priority  integer NOT NULL,
+    worker_id text NOT NULL,
+    since     float8 NOT NULL,
+    PRIMARY KEY (name, job_id)
+);
+CREATE INDEX limit_holds_job ON limit_holds (job_id);
+CREATE FUNCTION coordd_limit_holds_release() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM limit_holds h USING gone WHERE h.job_id = gone.job_id;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER limit_holds_release AFTER DELETE ON leases REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION coordd_limit_holds_release();
+CREATE TABLE limit_claims (
+    name  text NOT NULL,
+    at    float8 NOT NULL,
+    units integer NOT NULL
+);
+CREATE INDEX limit_claims_window ON limit_claims (name, at);
+CREATE TABLE limit_usage (
+    name   text NOT NULL,
+    metric text NOT NULL,
+    at     float8 NOT NULL,
+    amount float8 NOT NULL
+);
+CREATE INDEX limit_usage_window ON limit_usage (name, metric, at);
+CREATE TABLE limit_overrides (
+    name          text PRIMARY KEY,
+    settings_json text NOT NULL,
+    updated_at    float8 NOT NULL
+);
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -224,6 +272,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_GOVERNANCE,  # leases' governance and grants, workers' state, reservations,
     # job_resources
     MIGRATION_WORKFLOWS,  # workflows, workflow_edges, jobs.node
+    MIGRATION_LIMITS,  # job_limits, limit_holds (+ release trigger), limit_claims, ...
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -232,7 +281,8 @@ SQL_TAKEN_TABLES = ("SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS x(t, n)
                     "WHERE to_regclass(t) IS NOT NULL ORDER BY n")
 SQL_TRUNCATE = ("TRUNCATE job_events, leases, jobs, artifacts, workers, "
                 "message_reads, messages, agents, job_logs, enrol_tokens, reservations, "
-                "job_resources, workflow_edges, workflows RESTART IDENTITY CASCADE")
+                "job_resources, workflow_edges, workflows, job_limits, limit_holds, "
+                "limit_claims, limit_usage, limit_overrides RESTART IDENTITY CASCADE")
 
 
 async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:

@@ -116,13 +116,15 @@ SQL_RENEW_BATCH = (  # $2 job ids, $3 workers, $4 tokens, $5 lease_s
 )
 # $2 job ids, $3 workers, $4 tokens, $5 results (JSON text); $6, $7: last_error and event
 # reason of a complete that meets a requested cancel (postgres.apply.COMPLETE_TEXTS).
-# Workflow nodes are left out: they settle in a transaction of their own
-# (postgres.workflows.complete_one).
+# Not matched: workflow nodes (they settle in a transaction of their own,
+# postgres.workflows.complete_one) and jobs with a result schema (postgres.limits
+# .complete_checked judges them).
 SQL_COMPLETE_BATCH = (
     "WITH r AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[]) "
     "AS r(job_id, worker_id, token, result_json)), "
-    f"l AS (DELETE FROM leases l USING r WHERE {_FENCE} AND (SELECT x.workflow_id FROM jobs x "
-    "WHERE x.job_id = l.job_id) IS NULL RETURNING l.job_id, l.worker_id), "
+    f"l AS (DELETE FROM leases l USING r WHERE {_FENCE} AND (SELECT x.workflow_id IS NULL "
+    "AND x.result_schema IS NULL FROM jobs x WHERE x.job_id = l.job_id) "
+    "RETURNING l.job_id, l.worker_id), "
     "j AS (UPDATE jobs SET "
     "status = CASE WHEN jobs.cancel_requested THEN 'cancelled' ELSE 'succeeded' END, "
     "result_json = CASE WHEN jobs.cancel_requested THEN jobs.result_json ELSE r.result_json END, "

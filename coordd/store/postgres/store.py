@@ -26,12 +26,13 @@ from coordd.protocol import (
 from coordd.store import NewJob, dumps
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
 from coordd.store.postgres import apply, batch, claims, coordination, grace, reads, schema, sql
-from coordd.store.postgres import workflows
+from coordd.store.postgres import admission, workflows
 from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
 from coordd.store.postgres.governance import GovernancePostgres
 from coordd.store.postgres.resources import ResourcesPostgres
+from coordd.store.postgres.limits import PostgresAdmission, attach, complete_checked
 
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
@@ -43,7 +44,7 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
 
 
 class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
-                    ResourcesPostgres, workflows.PostgresWorkflows):
+                    ResourcesPostgres, PostgresAdmission, workflows.PostgresWorkflows):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
@@ -51,15 +52,15 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
             transaction pooler: LISTEN and session advisory locks need a session).
         pool_min, pool_max: the asyncpg pool's size.
         batch_items, batch_in_flight: per-operation batching (coordd.store.postgres.batch).
-        aging_s: priority aging shown by the views (claims here are strict priority).
+        aging_s: priority aging shown by the views (claims age by their ClaimPolicy).
         acquire_timeout_s: how long a call waits for a free pool connection before it is
             refused `overloaded` (the store's backpressure).
         server_settings: PostgreSQL settings of every pool session (coordd: leader.pool_settings).
 
-    Not stored yet (BadRequest at enqueue): per-job gate overrides, fleet limits,
-    result schemas. The hub, job logs and enrolment tokens: coordd.store.postgres.hub,
-    logs, enrol; governance and resources: .governance, .resources; workflows:
-    .workflows. The other areas are SQLite's only.
+    Fleet limits, priority aging, per-job gate overrides and result schemas:
+    coordd.store.postgres.admission and .limits. The hub, job logs and enrolment tokens:
+    coordd.store.postgres.hub, logs, enrol; governance and resources: .governance,
+    .resources; workflows: .workflows. The other areas are SQLite's only.
     """
 
     clock: Literal["app", "db"] = "db"
@@ -98,6 +99,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         try:
             async with self._conn() as conn:
                 await schema.migrate(conn)
+            self.claims.gated = await self._gated_waiting()
         except BaseException as exc:
             pool, self.pool = self.pool, None
             pool.terminate()  # a start that fails leaves no session behind
@@ -190,8 +192,12 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
                         "made by another request; a new job needs a new key")
                 out.append(EnqueueResult(job_id=existing, created=False))
             if created:
-                await self.store_requests(conn, [j for j in jobs if j.job_id in created])
+                fresh = [j for j in jobs if j.job_id in created]
+                await self.store_requests(conn, fresh)
+                await attach(conn, fresh)
                 await conn.execute(sql.SQL_NOTIFY)
+        if any(j.gates_json is not None and j.job_id in created for j in jobs):
+            self.claims.gated = True  # claims judge per-job gates from now on
         return out
 
     # ------------------------------------------------------------ claim
@@ -203,10 +209,17 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         then job id, among waiting jobs due by the database's clock whose role (and kind)
         the worker takes, at the priorities its last readings pass (coordd.gate_decision).
 
-        A repeated `claim_id` returns the lease it granted while that lease lives. A job
-        whose stored payload or checkpoint does not decode is dead-lettered on the way.
+        With `policy.limits` defined, aging on or a job with its own gates waiting, the
+        order is by effective priority and each candidate is judged on its gates and
+        limits (coordd.store.postgres.admission). A repeated `claim_id` returns the lease
+        it granted while that lease lives. A job whose stored payload or checkpoint does
+        not decode is dead-lettered on the way.
         """
         if self._resources_seen is not False and await self.resources_seen():
+            if admission.needed(policy, self.claims.gated):  # two walks not merged yet
+                raise errors.BadRequest(
+                    "the PostgreSQL store does not yet combine resource requests with fleet "
+                    "limits, priority aging or per-job gates in one claim (issue 20)")
             return await self.admitted_claim(worker_id, lease_s, policy, kinds, claim_id, now)
         if self.reservation_hint.maybe:  # preemption's reservations, taken first
             reserved = await self.reserved_claim(worker_id, lease_s, claim_id,
@@ -247,15 +260,30 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
                                     [res for _, res in items], *apply.COMPLETE_TEXTS)
             got = {r[0]: r[1] for r in rows}
             out: list[Any] = []
-            for ref, result_json in items:
+            for ref, res in items:
                 status = got.get(ref.job_id)
-                if status is not None:
-                    out.append(CompleteResult(status=status))
-                    continue
-                # a workflow node (completed and settled in a transaction), or refused
-                done = await workflows.complete_one(conn, now, ref, result_json)
-                out.append(done if done is not None else await _refusal(conn, now, ref))
+                out.append(CompleteResult(status=status) if status is not None
+                           else await self._complete_one(conn, now, ref, res))
             return out
+
+    async def _complete_one(self, conn: Any, now: float | None, ref: LeaseRef,
+                            result_json: str | None) -> Any:
+        """A complete the batch did not match: the fencing error; else (the lease is live)
+        a workflow node, completed and settled in one transaction
+        (coordd.store.postgres.workflows), or a job with a result schema (decided in Python:
+        coordd.store.postgres.limits)."""
+        err = await _refusal(conn, now, ref)
+        if not isinstance(err, _Raced):
+            return err
+        if await workflows.is_node(conn, ref.job_id):
+            done = await workflows.complete_one(conn, now, ref, result_json)
+            return done if done is not None else await _refusal(conn, now, ref)
+        try:
+            async with conn.transaction():
+                return await complete_checked(conn, now, ref, result_json,
+                                              self._result_backoff())
+        except errors.CoordError as exc:
+            return exc
 
     async def checkpoint(self, ref: LeaseRef, checkpoint_json: str, *,
                          now: float | None = None) -> None:
@@ -397,7 +425,12 @@ async def _refusal(conn: Any, now: float | None, ref: LeaseRef,
             tr.renew(h, ref.job_id, row[-1], 0.0)
     except errors.CoordError as exc:
         return exc
-    return errors.CoordError(f"job {ref.job_id}: fenced write raced; retry")
+    return _Raced(f"job {ref.job_id}: fenced write raced; retry")
+
+
+class _Raced(errors.CoordError):
+    """A fenced statement matched nothing, yet the lease checks out: it raced (or, for a
+    complete, the job has a result schema and is completed apart)."""
 
 
 async def _end_lease(conn: Any, now: float | None, ref: LeaseRef) -> tuple[Any, float]:
@@ -421,9 +454,7 @@ async def _locked_status(conn: Any, now: float | None, job_id: str,
 
 def _check_storable(job: NewJob) -> None:
     """Raise BadRequest for what this store does not store yet (not silently dropped)."""
-    missing = [name for name, present in (
-        ("gates", job.gates_json is not None), ("limits", bool(job.limits)), ("result_schema", job.result_schema is not None))
-        if present]
+    missing: list[str] = []  # every NewJob field is stored now
     if missing:
         raise errors.BadRequest(f"the PostgreSQL store does not store {', '.join(missing)} "
                                 "yet")

@@ -16,6 +16,12 @@ SQL_LOCK_OF_JOB = (
     "SELECT w.workflow_id FROM workflows w WHERE w.workflow_id = "
     "(SELECT workflow_id FROM jobs WHERE job_id = $1) FOR UPDATE OF w"
 )
+SQL_LOCK_OF_WORKER = (  # the workflows of the nodes worker $1 holds, locked in id order
+    "SELECT w.workflow_id FROM workflows w WHERE w.workflow_id IN (SELECT j.workflow_id "
+    "FROM leases l JOIN jobs j ON j.job_id = l.job_id WHERE l.worker_id = $1 "
+    "AND j.workflow_id IS NOT NULL) ORDER BY w.workflow_id FOR UPDATE OF w"
+)
+SQL_IS_NODE = "SELECT workflow_id FROM jobs WHERE job_id = $1 AND workflow_id IS NOT NULL"
 SQL_LOCK = "SELECT workflow_id FROM workflows WHERE workflow_id = $1 FOR UPDATE"
 
 # ---------------------------------------------------------------- submit

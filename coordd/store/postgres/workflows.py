@@ -34,6 +34,18 @@ async def lock_of_job(conn: Any, job_id: str) -> str | None:
     return await conn.fetchval(wsql.SQL_LOCK_OF_JOB, job_id)
 
 
+async def lock_of_worker(conn: Any, worker_id: str) -> list[str]:
+    """Lock the workflows of the nodes `worker_id` holds (FOR UPDATE, in id order, until
+    the transaction ends) and return their ids: call it before ending the worker's leases,
+    then `settle` each."""
+    return [r[0] for r in await conn.fetch(wsql.SQL_LOCK_OF_WORKER, worker_id)]
+
+
+async def is_node(conn: Any, job_id: str) -> bool:
+    """Whether `job_id` is a workflow's node (no lock taken)."""
+    return await conn.fetchval(wsql.SQL_IS_NODE, job_id) is not None
+
+
 # ---------------------------------------------------------------- submit
 
 

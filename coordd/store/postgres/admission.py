@@ -1,0 +1,287 @@
+"""PostgresStore's admission claim: fleet-wide limits, priority aging and per-job gate
+overrides, decided in Python over rows read in the claim's own transaction.
+
+The plain claim (coordd.store.postgres.claims) is one SKIP LOCKED statement; it is used
+while none of these is in play. With limits defined, every claim takes one transaction-level
+advisory lock first (LIMITS_LOCK_KEY), so the units held, the rate window and the usage it
+reads are the last committed ones and no other claim changes them before its commit: that
+is what keeps N concurrent claimers within a concurrency of N. Units are released by the
+`limit_holds_release` trigger on every lease row that goes (schema.MIGRATION_LIMITS).
+The verdicts are coordd.limits' and coordd.gates' (shared with SQLite); the rule not to
+break: every time is the statement's NOW (the database's clock, or the pinned `now`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from coordd import gate_decision, gates
+from coordd import limits as lim
+from coordd import transitions as tr
+from coordd.leases import ClaimPolicy
+from coordd.protocol import ClaimResult
+from coordd.store import CLAIM_SCAN, json_decode, lenient_json
+from coordd.store.postgres import sql
+from coordd.store.postgres.sql import NOW
+
+LIMITS_LOCK_KEY = "coordd-limits"
+SCAN = CLAIM_SCAN * 4 + 256  # candidates one claim judges (SQLite: CLAIM_SCAN a level + LIMIT_SCAN)
+
+SQL_LIMITS_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1))"
+# $2 roles, $3 kinds (NULL: any), $4 aging_s (0: strict), $5 priorities the worker's gates
+# pass (a job with its own gates is judged at any), $6 how many. Order: effective
+# priority (aging: one step better per aging_s waited), then queued_at, priority, job id.
+# Within a level the oldest age best, so each level is an ordered walk of the claim index
+# (jobs_claim) and only the merge is sorted.
+_EFF = (f"CASE WHEN $4::float8 > 0 THEN greatest(0, j.priority - least(3, floor(greatest(0, "
+        f"{NOW} - j.queued_at) / $4::float8))::int) ELSE j.priority END")
+_LEVEL = (
+    f"(SELECT j.job_id, j.priority, j.queued_at, j.gates_json, {_EFF} AS eff FROM jobs j "
+    f"WHERE j.status = 'waiting' AND j.priority = {{p}} AND j.run_at <= {NOW} "
+    "AND j.required_role = ANY($2::text[]) AND ($3::text[] IS NULL OR j.kind = ANY($3::text[])) "
+    "AND ({p} = ANY($5::int[]) OR j.gates_json IS NOT NULL) "
+    "ORDER BY j.queued_at, j.job_id LIMIT $6)"
+)
+SQL_CANDIDATES = (
+    "SELECT * FROM (" + " UNION ALL ".join(_LEVEL.format(p=p) for p in range(4))
+    + ") c ORDER BY eff, queued_at, priority, job_id LIMIT $6"
+)
+SQL_JOB_LIMITS_OF = "SELECT job_id, name, units FROM job_limits WHERE job_id = ANY($1::text[])"
+SQL_HELD = "SELECT coalesce(sum(units), 0)::int FROM limit_holds WHERE name = $1"
+SQL_PRUNE_CLAIMS = f"DELETE FROM limit_claims WHERE name = $2 AND at <= {NOW} - $3::float8"
+SQL_WINDOW_USED = ("SELECT coalesce(sum(units), 0)::int FROM limit_claims "
+                   f"WHERE name = $2 AND at > {NOW} - $3::float8")
+SQL_WINDOW_FREES = (  # when the window's oldest claims holding $4 units have left it
+    "SELECT at + $3::float8 FROM (SELECT at, sum(units) OVER (ORDER BY at ROWS UNBOUNDED "
+    f"PRECEDING) AS run FROM limit_claims WHERE name = $2 AND at > {NOW} - $3::float8) w "
+    "WHERE run >= $4 ORDER BY at LIMIT 1"
+)
+SQL_PRUNE_USAGE = (f"DELETE FROM limit_usage WHERE name = $2 AND metric = $3 "
+                   f"AND at <= {NOW} - $4::float8")
+SQL_USAGE = ("SELECT coalesce(sum(amount), 0)::float8 FROM limit_usage WHERE name = $2 "
+             f"AND metric = $3 AND at > {NOW} - $4::float8")
+# the take of one chosen job ($2 job, $3 worker, $4 lease_s, $5 claim_id): the row as
+# sql.SQL_CLAIM returns it, or none when another claim or a cancel got there first
+SQL_TAKE = (
+    f"WITH j AS (UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, "
+    f"last_token = jobs.last_token + 1, updated_at = {NOW} "
+    "WHERE jobs.job_id = $2 AND jobs.status = 'waiting' RETURNING jobs.*), "
+    "l AS (INSERT INTO leases (job_id, worker_id, token, claim_id, granted_at, expires_at, "
+    f"lease_s) SELECT job_id, $3, last_token, $5, {NOW}, {NOW} + $4::float8, $4::float8 FROM j), "
+    "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
+    f"SELECT job_id, {NOW}, $3, 'waiting', 'running', 'claimed (token ' || last_token || ')' "
+    "FROM j) "
+    f"SELECT {sql._CLAIMED_COLS}, j.last_token, {NOW} + $4::float8, $4::float8 FROM j"
+)
+SQL_INSERT_HOLDS = (  # $2 job, $3 worker, $4 priority, $5 names, $6 units
+    "INSERT INTO limit_holds (name, job_id, units, priority, worker_id, since) "
+    f"SELECT n, $2, u, $4, $3, {NOW} FROM unnest($5::text[], $6::int[]) AS x(n, u)"
+)
+SQL_INSERT_CLAIMS = (  # $2 names, $3 units
+    f"INSERT INTO limit_claims (name, at, units) SELECT n, {NOW}, u "
+    "FROM unnest($2::text[], $3::int[]) AS x(n, u)"
+)
+SQL_DEAD_LETTER_WAITING = (  # a waiting job whose gate overrides do not decode ($3, $4: texts)
+    "WITH u AS (UPDATE jobs SET status = 'failed', attempts = attempts + 1, "
+    f"updated_at = {NOW}, finished_at = {NOW}, last_error = $3 "
+    "WHERE job_id = $2 AND status = 'waiting' RETURNING job_id) "
+    "INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
+    f"SELECT job_id, {NOW}, NULL, 'waiting', 'failed', $4 FROM u"
+)
+
+
+def needed(policy: ClaimPolicy, gated: bool) -> bool:
+    """True when a claim must take this path: limits defined, aging on, or a job with its
+    own gates may be waiting (`gated`)."""
+    book = policy.limits
+    return policy.aging_interval_s > 0 or gated or (book is not None and book.active)
+
+
+class Readings:
+    """One claim's readings of the limits (held units, rate windows, usage), each read
+    once, after the limits lock; old window rows are pruned on the way (`prune` False: a
+    read-only look, a waiting job's reason)."""
+
+    def __init__(self, conn: Any, now: float | None, prune: bool = True) -> None:
+        self.conn, self.now, self._prune = conn, now, prune
+        self._held: dict[str, int] = {}
+        self._window: dict[str, int] = {}
+        self._usage: dict[tuple[str, str], float] = {}
+
+    async def held(self, name: str) -> int:
+        if name not in self._held:
+            self._held[name] = await self.conn.fetchval(SQL_HELD, name)
+        return self._held[name]
+
+    async def window(self, name: str, window_s: float) -> int:
+        if name not in self._window:
+            if self._prune:
+                await self.conn.execute(SQL_PRUNE_CLAIMS, self.now, name, window_s)
+            self._window[name] = await self.conn.fetchval(SQL_WINDOW_USED, self.now, name,
+                                                          window_s)
+        return self._window[name]
+
+    async def usage(self, name: str, metric: str, window_s: float) -> float:
+        key = (name, metric)
+        if key not in self._usage:
+            if self._prune:
+                await self.conn.execute(SQL_PRUNE_USAGE, self.now, name, metric, window_s)
+            self._usage[key] = await self.conn.fetchval(SQL_USAGE, self.now, name, metric,
+                                                        window_s)
+        return self._usage[key]
+
+
+async def limit_detail(r: Readings, book: lim.LimitBook, uses: Sequence[tuple[str, int]],
+                       priority: int, t: float) -> tuple[str | None, float | None]:
+    """(why the job's limits refuse it or None, when a rate in the way frees a unit)."""
+    parts, next_slot = [], None
+    for name, units in sorted(uses):
+        limit = book.defs.get(name)
+        if limit is None:  # no longer defined: holds nothing back
+            continue
+        excess, free_at = 0, None
+        if limit.rate_n:
+            excess = lim.rate_excess(limit, await r.window(name, limit.rate_window_s), units,
+                                     priority)
+            if excess:
+                free_at = await r.conn.fetchval(SQL_WINDOW_FREES, r.now, name,
+                                                limit.rate_window_s, excess)
+                if free_at is not None and (next_slot is None or free_at < next_slot):
+                    next_slot = free_at
+        used = {m: await r.usage(name, m, b[1]) for m, b in limit.budget.items()}
+        held = await r.held(name) if limit.concurrency is not None else 0
+        why = lim.refusals(limit, priority, units, held, excess, free_at, used, t)
+        if why:
+            parts.append(f"limit {name}: " + "; ".join(why))
+    return ("; ".join(parts) if parts else None), next_slot
+
+
+async def claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
+                kinds_list: list[str] | None, claim_id: str | None,
+                now: float | None) -> ClaimResult:
+    """The best job for the worker, in one transaction: candidates in effective-priority
+    order (a first page of CLAIM_SCAN, then up to SCAN), each judged on its gates (its
+    level's, merged with its own overrides) and its limits; the first that passes is
+    taken and its units held. With no job, `reasons` and `next_slot_s` as on SQLite
+    (coordd.claims)."""
+    book = policy.limits if policy.limits is not None and policy.limits.active else None
+    async with conn.transaction():
+        if book is not None:
+            await conn.execute(SQL_LIMITS_LOCK, LIMITS_LOCK_KEY)
+        t, roles_json, hb_json, hb_at = await conn.fetchrow(sql.SQL_CLAIM_WORKER, now,
+                                                            worker_id)
+        decision = gate_decision.decide(policy, hb_json, hb_at, t)
+        if decision.stale is not None:
+            detail = (f"worker {worker_id} never sent a heartbeat" if hb_at is None
+                      else decision.stale)
+            return ClaimResult(reasons=[gates.HEARTBEAT_STALE], detail=detail)
+        roles = lenient_json(roles_json, [])
+        roles = sorted({x for x in roles if isinstance(x, str)}) if isinstance(roles, list) \
+            else []
+        walk = _Walk(conn, now, t, policy, book, decision, hb_json)
+        seen: set[str] = set()
+        for page in (CLAIM_SCAN, SCAN):
+            rows = await conn.fetch(SQL_CANDIDATES, now, roles, kinds_list,
+                                    float(policy.aging_interval_s), decision.allowed, page)
+            got = await walk.take_first([r for r in rows if r[0] not in seen], worker_id,
+                                        lease_s, claim_id)
+            if got is not None:
+                return got
+            seen.update(r[0] for r in rows)
+            if len(rows) < page:
+                break
+        waiting = [p for (p,) in await conn.fetch(sql.SQL_GATED_PRIORITIES, now, roles,
+                                                  kinds_list, decision.allowed)] \
+            if decision.refused else []
+        reasons = {**decision.reasons(waiting), **walk.reasons}
+        if not reasons and await conn.fetchval(sql.SQL_ANY_RUNNABLE, now) is not None:
+            reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's "
+                                               "roles" + (" and kinds" if kinds_list else ""))
+        res = ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
+        if walk.next_slot is not None:
+            res.next_slot_s = max(0.0, walk.next_slot - t)
+        return res
+
+
+class _Walk:
+    """One admission claim's judging of candidates: refusals gathered in `reasons` (the
+    first detail per code), the earliest rate slot in `next_slot`."""
+
+    def __init__(self, conn: Any, now: float | None, t: float, policy: ClaimPolicy,
+                 book: lim.LimitBook | None, decision: gate_decision.GateDecision,
+                 heartbeat_json: str) -> None:
+        self.conn, self.now, self.t, self.policy, self.book = conn, now, t, policy, book
+        self.decision, self._heartbeat_json = decision, heartbeat_json
+        self._readings: dict[str, Any] | None = None
+        self.limits = Readings(conn, now)
+        self.reasons: dict[str, str] = {}
+        self.next_slot: float | None = None
+
+    async def take_first(self, rows: list[Any], worker_id: str, lease_s: float,
+                         claim_id: str | None) -> ClaimResult | None:
+        """Take the first of `rows` that passes (None: none did)."""
+        from coordd.store.postgres import claims as plain  # the plain claim's row decoding
+        uses: dict[str, list[tuple[str, int]]] = {}
+        if self.book is not None and rows:
+            for job_id, name, units in await self.conn.fetch(SQL_JOB_LIMITS_OF,
+                                                             [r[0] for r in rows]):
+                uses.setdefault(job_id, []).append((name, units))
+        for job_id, prio, _queued_at, gates_json, _eff in rows:
+            if not await self._gates_pass(job_id, prio, gates_json):
+                continue
+            job_uses = uses.get(job_id, [])
+            if job_uses and self.book is not None:
+                why, slot = await limit_detail(self.limits, self.book, job_uses, prio, self.t)
+                if slot is not None and (self.next_slot is None or slot < self.next_slot):
+                    self.next_slot = slot
+                if why is not None:
+                    self.reasons.setdefault(lim.LIMIT_REFUSED, why)
+                    continue
+            row = await self.conn.fetchrow(SQL_TAKE, self.now, job_id, worker_id, lease_s,
+                                           claim_id)
+            if row is None:  # taken or cancelled meanwhile
+                continue
+            with contextlib.suppress(plain.Undecodable):
+                got = plain.claimed(row)
+                await _hold(self.conn, self.now, self.book, job_id, worker_id, prio, job_uses)
+                return got
+            await plain.dead_letter(self.conn, self.now, row, worker_id)
+        return None
+
+    async def _gates_pass(self, job_id: str, prio: int, gates_json: str | None) -> bool:
+        """The job's gates on the worker's readings; a job whose own gates do not decode
+        is dead-lettered (coordd.transitions.dead_letter)."""
+        if gates_json is None:
+            refused = self.decision.refused.get(prio, [])
+        else:
+            if self._readings is None:
+                self._readings = lenient_json(self._heartbeat_json, {})
+            try:
+                refused = gates.evaluate(gates.merge(self.policy.policies[prio],
+                                                     json_decode(gates_json)), self._readings)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                d = tr.dead_letter(tr.WAITING, gates.GATES_DECODE_ERROR, str(exc))
+                await self.conn.execute(SQL_DEAD_LETTER_WAITING, self.now, job_id,
+                                        d.last_error, d.reason)
+                return False
+        for code, detail in refused:
+            self.reasons.setdefault(code, detail)
+        return not refused
+
+
+async def _hold(conn: Any, now: float | None, book: lim.LimitBook | None, job_id: str,
+                worker_id: str, prio: int, uses: list[tuple[str, int]]) -> None:
+    """Hold the units of the job just taken (its lease row is in), and use its rates."""
+    if not uses:
+        return
+    names, units = [n for n, _ in uses], [u for _, u in uses]
+    await conn.execute(SQL_INSERT_HOLDS, now, job_id, worker_id, prio, names, units)
+    rated = [(n, u) for n, u in uses
+             if book is not None and n in book.defs and book.defs[n].rate_n]
+    if rated:
+        await conn.execute(SQL_INSERT_CLAIMS, now, [n for n, _ in rated],
+                           [u for _, u in rated])

@@ -1,0 +1,52 @@
+"""SQLiteStore's admission part (coordd.store.api_admission): thin adapters over the
+functions the SQLite Coordinator runs (coordd.leases, coordd.store.limits,
+coordd.limit_service), on the same writer and readers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coordd import leases, limit_service
+from coordd.limits import LimitBook
+from coordd.protocol import CompleteResult
+from coordd.protocol_limits import LimitView
+from coordd.store import limits as limit_store
+from coordd.store.api import Backoff, LeaseRef
+
+
+class SQLiteAdmission:
+    """Mixed into SQLiteStore (uses its `_write`, `_now` and `readers`)."""
+
+    _write: Any
+    _now: Any
+    readers: Any
+
+    async def complete_counted(self, ref: LeaseRef, result_json: str | None,
+                               usage: dict[str, float] | None, book: LimitBook,
+                               backoff: Backoff, *, now: float | None = None
+                               ) -> CompleteResult:
+        def op(conn: Any, t: float) -> CompleteResult:
+            res = leases.complete(conn, t, ref.job_id, ref.worker_id, ref.token, result_json,
+                                  None, backoff)
+            if usage and book.active:
+                limit_store.record_usage(conn, t, ref.job_id, usage, book)
+            return res
+        return await self._write(op, now, urgent=True)
+
+    async def limit_overrides(self) -> list[tuple[str, dict[str, Any]]]:
+        return await self.readers.run(limit_store.overrides)
+
+    async def set_limit_override(self, name: str, settings: dict[str, Any] | None,
+                                 rate_dropped: bool, *, now: float | None = None) -> None:
+        await self._write(lambda conn, t: limit_store.set_override(
+            conn, t, name, settings, rate_dropped), now)
+
+    async def job_limits(self, job_id: str, priority: int, waiting: bool, book: LimitBook,
+                         *, now: float | None = None) -> tuple[list[tuple[str, int]], str | None]:
+        return await self.readers.run(limit_service.read_annotation, self._now(now), book, job_id,
+                                      priority, waiting and book.active)
+
+    async def limit_views(self, book: LimitBook, names: list[str], holders: bool, *,
+                          now: float | None = None) -> tuple[list[LimitView], float]:
+        t = self._now(now)
+        return await self.readers.run(limit_service.read_views, t, book, names, holders), t
