@@ -426,10 +426,13 @@ class Coordinator:
             raise errors.BadRequest(f"status must be one of {', '.join(JOB_STATUSES)}")
         limit = max(1, min(p.limit, LIST_LIMIT_MAX))
         now = self.clock.wall()
+        page = {"status": p.status, "kind": p.kind, "role": p.role, "priority": p.priority,
+                "limit": limit, "after": p.after, "newest_first": p.newest_first}
+        if budgets.reply_budgeted():  # a large page's bytes are reserved before it is read
+            await budgets.reserve_reply(await self._read_heavy(partial(views.page_bytes,
+                                                                       **page)))
         jobs = await self._read_heavy(partial(
-            views.list_jobs, now=now, status=p.status, kind=p.kind, role=p.role,
-            priority=p.priority, limit=limit, after=p.after,
-            aging_s=self.config.aging_interval_s, newest_first=p.newest_first))
+            views.list_jobs, now=now, aging_s=self.config.aging_interval_s, **page))
         await self.explain_waiting(jobs, now)
         return JobList(jobs=jobs, next_after=jobs[-1].job_id if len(jobs) == limit else None)
 
