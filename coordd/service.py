@@ -52,6 +52,7 @@ from coordd.readers import Coalesced, ReadPool
 from coordd.names import check_name
 from coordd.store import workers as wkstore
 from coordd import resources
+from coordd.store import limits as limit_store
 from coordd.store import resources as resstore
 from coordd.times import check_duration
 from coordd.store import workflows as wstore
@@ -137,6 +138,9 @@ class Coordinator:
         try:
             await self.readers.start()
             await self.fleet_limits.load()  # runtime overrides kept in the database
+            # the limits release trigger is dropped while no limit is defined nor unit held
+            await self.writer.run(partial(limit_store.settle_release_trigger,
+                                          active=self.limit_book.active), urgent=True)
         except sqlite3.Error as exc:
             await self.close()
             raise errors.StoreError(f"{self.db_path}: {exc}") from exc
