@@ -161,6 +161,7 @@ class Writer:
                 raise
         self._conn = conn
         self._checkpointer.start()
+        self._closing = False  # started again after a stop: taking requests again
         self._task = asyncio.create_task(self._run(), name="coordd-writer")
 
     def _setup(self, conn: sqlite3.Connection) -> None:
