@@ -6,8 +6,8 @@ lease, in the same transactions. Holds are written by `ClaimLimits.take` beside 
 lease, and deleted by the `limit_holds_release` trigger on every lease row that goes
 (complete, fail, release, reap, a lost worker, a pruned job): no code path can end a
 lease and keep its units. The trigger exists whenever a limit is defined or a unit is
-held (dropped at start otherwise: `settle_release_trigger`). Rate claims are rows too (consumed at claim, never returned),
-so a restart or a SIGKILL cannot reset a window.
+held (dropped at start otherwise: `settle_release_trigger`). Rate claims are rows too
+(consumed at claim, never returned), so a restart or a SIGKILL cannot reset a window.
 """
 
 from __future__ import annotations
