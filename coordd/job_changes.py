@@ -5,9 +5,10 @@ One TEMP trigger per insert, status/priority update and delete of a job calls `r
 inside the writer's transaction (coordd.store.job_changes), whatever code path made the
 change, so no path can forget to count. The rule not to break: what `row()` saw counts
 only once its transaction commits. The writer marks the journal before each op, cuts it
-back when the op is rolled back, writes the batch's counter deltas in the batch's own
-transaction just before COMMIT (`flush`), and drops them when the batch fails: a crash
-loses the batch and its delta together. Rows changed by another connection are not seen:
+back when the op is rolled back, writes the counts with the batch's deltas added in the
+batch's own transaction just before COMMIT (`flush`: one UPDATE of the one-row
+`job_totals`), and drops them when the batch fails: a crash loses the batch and its
+counts together. Rows changed by another connection are not seen:
 at open the counters' totals by status are checked against the jobs (one index scan) and
 recounted if they differ; while coordd runs, a commit by another connection (PRAGMA
 data_version) makes the next batch recount.
@@ -19,6 +20,8 @@ import logging
 import sqlite3
 from typing import Any, Protocol
 
+import msgspec
+
 from coordd.store import job_changes as sql
 from coordd.store.claim_index import SQL_ROLE_KINDS
 
@@ -26,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 KINDS_REFRESH_S = 1.0  # a role's cached kinds are read again after this (drops gone kinds)
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "skipped"})
+_encode = msgspec.json.Encoder().encode
 
 
 class Listener(Protocol):
@@ -79,7 +83,7 @@ class JobChanges:
         self.listener: Listener | None = None
         # committed counts by (status, priority): what `status` answers, no read needed
         self.counts: dict[tuple[str, int], int] = {}
-        self._delta: dict[tuple[Any, Any], int] = {}  # the batch's, applied at commit
+        self._next: dict[tuple[str, int], int] | None = None  # the batch's, once it commits
         self._data_version: int | None = None
         self._version_seen: int | None = None  # a batch's recount, until it commits
         # coordd.preemption.ReservationHint (or None): raised wherever `role_kinds` is
@@ -132,7 +136,7 @@ class JobChanges:
     def begin(self, conn: sqlite3.Connection) -> None:
         """At the start of a batch (inside its transaction, the write lock held): if
         another connection committed since the last batch, recount and forget the kinds."""
-        self._delta = {}
+        self._next = None
         version = conn.execute(sql.SQL_DATA_VERSION).fetchone()[0]
         if version != self._data_version:
             if self._data_version is not None:
@@ -155,8 +159,9 @@ class JobChanges:
         self._doubt()  # a rolled-back take may have dropped a kind still waiting
 
     def flush(self, conn: sqlite3.Connection) -> None:
-        """Add the batch's counter deltas to `job_counts`, in its transaction (before
-        COMMIT); the journal is cleared by `committed()` or `discard()`."""
+        """Write the counts with the batch's deltas added (one UPDATE of `job_totals`),
+        in its transaction (before COMMIT); they are what `status` answers once it
+        commits. The journal is cleared by `committed()` or `discard()`."""
         if not self.journal:
             return
         delta: dict[tuple[Any, Any], int] = {}
@@ -165,24 +170,26 @@ class JobChanges:
                 delta[(old_s, old_p)] = delta.get((old_s, old_p), 0) - 1
             if new_s is not None:
                 delta[(new_s, new_p)] = delta.get((new_s, new_p), 0) + 1
-        rows = [(s, p, n) for (s, p), n in delta.items() if n]
-        if rows:
-            conn.executemany(sql.SQL_COUNT_ADD, rows)
-        self._delta = delta
+        if not any(delta.values()):
+            return
+        counts = dict(self.counts)
+        for key, n in delta.items():
+            counts[key] = counts.get(key, 0) + n
+        conn.execute(sql.SQL_COUNTS_SET,
+                     (_encode([(s, p, n) for (s, p), n in counts.items() if n]).decode(),))
+        self._next = counts
 
     def committed(self) -> None:
         """The batch committed: its counts are now what `status` answers."""
         self.journal.clear()
         if self._version_seen is not None:
             self._data_version, self._version_seen = self._version_seen, None
-        counts = self.counts
-        for key, n in self._delta.items():
-            counts[key] = counts.get(key, 0) + n
-        self._delta = {}
+        if self._next is not None:
+            self.counts, self._next = self._next, None
 
     def discard(self) -> None:
         """The batch's transaction failed: nothing it changed happened."""
         self.journal.clear()
-        self._delta = {}
+        self._next = None
         self._version_seen = None  # a recount rolled back: the next batch counts again
         self._doubt()

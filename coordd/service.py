@@ -52,6 +52,7 @@ from coordd.readers import Coalesced, ReadPool
 from coordd.names import check_name
 from coordd.store import workers as wkstore
 from coordd import resources
+from coordd.store import limits as limit_store
 from coordd.store import resources as resstore
 from coordd.times import check_duration
 from coordd.store import workflows as wstore
@@ -137,6 +138,9 @@ class Coordinator:
         try:
             await self.readers.start()
             await self.fleet_limits.load()  # runtime overrides kept in the database
+            # the limits release trigger is dropped while no limit is defined nor unit held
+            await self.writer.run(partial(limit_store.settle_release_trigger,
+                                          active=self.limit_book.active), urgent=True)
         except sqlite3.Error as exc:
             await self.close()
             raise errors.StoreError(f"{self.db_path}: {exc}") from exc
@@ -418,10 +422,13 @@ class Coordinator:
             raise errors.BadRequest(f"status must be one of {', '.join(JOB_STATUSES)}")
         limit = max(1, min(p.limit, LIST_LIMIT_MAX))
         now = self.clock.wall()
+        page = {"status": p.status, "kind": p.kind, "role": p.role, "priority": p.priority,
+                "limit": limit, "after": p.after, "newest_first": p.newest_first}
+        if budgets.reply_budgeted():  # a large page's bytes are reserved before it is read
+            await budgets.reserve_reply(await self._read_heavy(partial(views.page_bytes,
+                                                                       **page)))
         jobs = await self._read_heavy(partial(
-            views.list_jobs, now=now, status=p.status, kind=p.kind, role=p.role,
-            priority=p.priority, limit=limit, after=p.after,
-            aging_s=self.config.aging_interval_s, newest_first=p.newest_first))
+            views.list_jobs, now=now, aging_s=self.config.aging_interval_s, **page))
         await self.explain_waiting(jobs, now)
         return JobList(jobs=jobs, next_after=jobs[-1].job_id if len(jobs) == limit else None)
 

@@ -19,7 +19,8 @@ from coordd.store.latency import SQL_OLDEST_READY
 from coordd.store.reads import (
     JOB_BLOBS, SQL_ARTIFACT_REFS, SQL_CHECKPOINT_REFS, SQL_COUNT_JOBS, SQL_COUNT_LEASES,
     SQL_COUNT_WORKERS, SQL_EVENTS, SQL_GET_JOB, SQL_JOB_BLOB_TYPES, SQL_JOB_EXISTS, SQL_JOB_IDS_FROM,
-    SQL_LIST_JOBS, SQL_LIST_JOBS_NEWEST, SQL_PRUNABLE_CAPPED, SQL_WORKERS,
+    SQL_LIST_BLOB_TYPES, SQL_LIST_BLOB_TYPES_NEWEST, SQL_LIST_JOBS, SQL_LIST_JOBS_NEWEST,
+    SQL_PRUNABLE_CAPPED, SQL_WORKERS,
 )
 
 
@@ -83,11 +84,31 @@ def job_bytes(conn: sqlite3.Connection, job_id: str) -> int:
     """The bytes of stored JSON (payload, result, checkpoint, ...) the job's view carries:
     its reply's size, less a small envelope, known before the row is read (0: no such job)."""
     row = conn.execute(SQL_JOB_BLOB_TYPES, (job_id,)).fetchone()
-    if row is None:
-        return 0
+    return 0 if row is None else _stored_bytes(conn, row)
+
+
+LISTED_JOB_BYTES = 420  # a listed job's view without its JSON values, msgpack-encoded
+
+
+def page_bytes(conn: sqlite3.Connection, *, status: str | None, kind: str | None,
+               role: str | None, priority: int | None, limit: int, after: str | None,
+               newest_first: bool = False) -> int:
+    """The bytes the `list_jobs` page of these filters will carry (the JSON values as
+    `job_bytes`, plus LISTED_JOB_BYTES a job), known before any of its rows is read.
+    An `after` that names no job sizes as an empty page (`list_jobs` refuses it)."""
+    sql = SQL_LIST_BLOB_TYPES_NEWEST if newest_first else SQL_LIST_BLOB_TYPES
+    total = 0
+    for row in conn.execute(sql, (status, kind, role, priority, after, limit)).fetchall():
+        total += LISTED_JOB_BYTES + _stored_bytes(conn, row)
+    return total
+
+
+def _stored_bytes(conn: sqlite3.Connection, row: tuple) -> int:
+    """The bytes of the JSON columns flagged in `row` (rowid, then one flag per JOB_BLOBS
+    column), from the record header: the values themselves are not read."""
     total = 0
     for column, stored in zip(JOB_BLOBS, row[1:]):
-        if stored:  # the size from the record header: the value itself is not read
+        if stored:
             with conn.blobopen("jobs", column, row[0], readonly=True) as blob:
                 total += len(blob)
     return total

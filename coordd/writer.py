@@ -6,10 +6,12 @@ opens `BEGIN IMMEDIATE`, runs the ops (an op that raises rolls back alone and fa
 its own future), `COMMIT`s once, and only then resolves the futures: no reply reports a
 state that is not yet durable (DESIGN.md, "The single writer").
 
-How an op rolls back alone: the batch runs under one SAVEPOINT. An op that raises having
-changed no row (`Connection.total_changes` unchanged: the usual refusal, a fence check or
-a constraint hit by its first write, which SQLite undoes itself) needs nothing undone. An
-op that raises after changing rows sends the batch back to that savepoint, and the batch
+How an op rolls back alone: the batch runs under one SAVEPOINT (a batch of one op runs
+without: its transaction holds nothing else, so an op that fails after writing rolls it
+all back, and a recount or clock step it began with is taken again by the next batch).
+An op that raises having changed no row (`Connection.total_changes` unchanged: the usual
+refusal, a fence check or a constraint hit by its first write, which SQLite undoes
+itself) needs nothing undone. An op that raises after changing rows sends the batch back to that savepoint, and the batch
 runs again with a SAVEPOINT per op. Ops are functions of (connection, now) only, so
 running them again gives the same results. An op error that made SQLite cancel the whole
 transaction (SQLITE_FULL, IOERR, NOMEM, INTERRUPT can) ends the batch at once.
@@ -161,6 +163,7 @@ class Writer:
                 raise
         self._conn = conn
         self._checkpointer.start()
+        self._closing = False  # started again after a stop: taking requests again
         self._task = asyncio.create_task(self._run(), name="coordd-writer")
 
     def _setup(self, conn: sqlite3.Connection) -> None:
@@ -357,7 +360,7 @@ class Writer:
             delay = min(delay * 2, 0.05)
 
     def _apply(self, conn: sqlite3.Connection,
-               batch: list[tuple[WriteOp, asyncio.Future[Any], float]]) -> list[tuple[bool, Any]]:
+               batch: list[tuple[WriteOp, asyncio.Future[Any], float]]) -> list[tuple[Any, Any]]:
         """Run one batch inside the open BEGIN IMMEDIATE (see the module docstring), COMMIT."""
         t0 = self._clock.mono()
         now = self._clock.wall()
@@ -365,23 +368,30 @@ class Writer:
             self.changes.begin(conn)
             step = self._steps.check(conn, now)
             now += step
-            outcomes = self._run_ops(conn, batch, now)
-            if outcomes is None:
-                self.stats.reruns += 1
-                outcomes = self._run_ops_one_savepoint_each(conn, batch, now)
-            self.changes.flush(conn)
-            conn.execute("COMMIT")
+            if len(batch) == 1:
+                outcomes = self._run_alone(conn, batch[0][0], now)
+            else:
+                outcomes = self._run_ops(conn, batch, now)
+                if outcomes is None:
+                    self.stats.reruns += 1
+                    outcomes = self._run_ops_one_savepoint_each(conn, batch, now)
+            if conn.in_transaction:  # not when a lone op failing after writes rolled it back
+                self.changes.flush(conn)
+                conn.execute("COMMIT")
         except BaseException:
             self.changes.discard()
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        self.changes.committed()
-        if step:  # after the COMMIT: a step seen in a rolled-back batch is seen again
-            self._clock.shift(step)
-            if self.on_clock_step is not None:
-                self.on_clock_step(step)
-        self._steps.last_seen = now
+        if outcomes[0][0] is not None:  # committed
+            self.changes.committed()
+            if step:  # after the COMMIT: a step seen in a rolled-back batch is seen again
+                self._clock.shift(step)
+                if self.on_clock_step is not None:
+                    self.on_clock_step(step)
+            self._steps.last_seen = now
+        else:
+            outcomes = [(False, outcomes[0][1])]
         dt = self._clock.mono() - t0
         st = self.stats
         st.batches += 1
@@ -390,6 +400,24 @@ class Writer:
         st.max_batch = max(st.max_batch, len(batch))
         st.commit_times.append(dt)
         return outcomes
+
+    def _run_alone(self, conn: sqlite3.Connection, op: WriteOp,
+                   now: float) -> list[tuple[bool | None, Any]]:
+        """A batch of one op, without a SAVEPOINT: an op that raises after changing rows
+        has the whole transaction rolled back here ([(None, error)]: nothing to commit;
+        a recount or clock step the batch began with is taken again by the next one)."""
+        changes, mark = conn.total_changes, len(self.changes.journal)
+        try:
+            return [(True, op(conn, now))]
+        except Exception as exc:
+            _check_still_in_transaction(conn, exc)
+            if conn.total_changes == changes:
+                self.changes.undo(mark)  # a statement that failed midway undid its rows
+                return [(False, self._op_error(exc))]
+            err = self._op_error(exc)
+            conn.execute("ROLLBACK")
+            self.changes.discard()
+            return [(None, err)]
 
     def _run_ops(self, conn: sqlite3.Connection,
                  batch: list[tuple[WriteOp, asyncio.Future[Any], float]],

@@ -1,6 +1,7 @@
 """SQL of the writer's job-change hook: one TEMP trigger per kind of row change on `jobs`
 calls `coordd_job(...)` (coordd.job_changes.JobChanges.row), and the statements that keep
-the `job_counts` table (status, priority) -> n from what the hook saw.
+the counters (status, priority) -> n from what the hook saw: one row, `job_totals`, read
+as the `job_counts` view.
 
 The triggers are TEMP: they live on the writer's connection only, so nothing in the file
 runs a trigger program per row any more (the counters' persistent triggers are dropped by
@@ -32,22 +33,40 @@ TRIGGERS = (
     "NULL); END",
 )
 
-# The counters migration's successor: job_counts stays, the writer keeps it (one upsert
-# per changed (status, priority) per batch, in the batch's transaction).
+# The counters migration's successor: the writer keeps job_counts (in the batch's
+# transaction; since MIGRATION_COUNTERS_ONE_ROW as one row, `job_totals`).
 MIGRATION_COUNTERS_BY_WRITER = """
     DROP TRIGGER IF EXISTS jobs_count_insert;
     DROP TRIGGER IF EXISTS jobs_count_delete;
     DROP TRIGGER IF EXISTS jobs_count_update
 """
 
-SQL_COUNT_ADD = (
-    "INSERT INTO job_counts (status, priority, n) VALUES (?, ?, ?) "
-    "ON CONFLICT (status, priority) DO UPDATE SET n = n + excluded.n"
+# The counters in one row (its own migration step, after MIGRATION_COUNTERS_BY_WRITER):
+# `job_totals.counts` is a JSON list of [status, priority, n] (n <> 0), rewritten whole
+# by one UPDATE per batch that changed a count; `job_counts` becomes a view of it, so
+# its readers (status checks, the web view, preemption, the sqlite3 shell) are unchanged.
+# Before, the batch's deltas were one upsert per changed (status, priority): two a batch
+# on the drain path.
+_COUNTS_JSON = (
+    "SELECT coalesce(json_group_array(json_array(status, priority, n)), '[]') FROM "
 )
+MIGRATION_COUNTERS_ONE_ROW = f"""
+    CREATE TABLE job_totals (
+        id     INTEGER PRIMARY KEY CHECK (id = 1),
+        counts TEXT NOT NULL
+    );
+    INSERT INTO job_totals (id, counts)
+        SELECT 1, ({_COUNTS_JSON}job_counts WHERE n <> 0);
+    DROP TABLE job_counts;
+    CREATE VIEW job_counts (status, priority, n) AS
+        SELECT json_extract(c.value, '$[0]'), json_extract(c.value, '$[1]'),
+               json_extract(c.value, '$[2]')
+        FROM job_totals, json_each(job_totals.counts) AS c
+"""
+SQL_COUNTS_SET = "UPDATE job_totals SET counts = ? WHERE id = 1"
 SQL_RECOUNT = (
-    "DELETE FROM job_counts",
-    "INSERT INTO job_counts (status, priority, n) "
-    "SELECT status, priority, count(*) FROM jobs GROUP BY status, priority",
+    "INSERT OR REPLACE INTO job_totals (id, counts) SELECT 1, (" + _COUNTS_JSON
+    + "(SELECT status, priority, count(*) AS n FROM jobs GROUP BY status, priority))",
 )
 SQL_COUNTS_ALL = "SELECT status, priority, n FROM job_counts"
 # Jobs by status off the jobs_status index (~70 ms at 1 M jobs; the full recount, a table

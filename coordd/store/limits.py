@@ -5,8 +5,9 @@ The rule not to break: a unit is held from the claim that takes it to the end of
 lease, in the same transactions. Holds are written by `ClaimLimits.take` beside the new
 lease, and deleted by the `limit_holds_release` trigger on every lease row that goes
 (complete, fail, release, reap, a lost worker, a pruned job): no code path can end a
-lease and keep its units. Rate claims are rows too (consumed at claim, never returned),
-so a restart or a SIGKILL cannot reset a window.
+lease and keep its units. The trigger exists whenever a limit is defined or a unit is
+held (dropped at start otherwise: `settle_release_trigger`). Rate claims are rows too
+(consumed at claim, never returned), so a restart or a SIGKILL cannot reset a window.
 """
 
 from __future__ import annotations
@@ -63,6 +64,16 @@ MIGRATION_LIMITS = """
     )
 """
 
+# The release trigger exists while units may be held: a lease delete runs it (a DELETE
+# on limit_holds) for nothing while no limit is defined and no unit held, so the start
+# drops it then (`settle_release_trigger`); defining a limit creates it again, in the
+# transaction that stores it, before any claim can take a unit.
+SQL_RELEASE_TRIGGER = (
+    "CREATE TRIGGER IF NOT EXISTS limit_holds_release AFTER DELETE ON leases BEGIN "
+    "DELETE FROM limit_holds WHERE job_id = OLD.job_id; END"
+)
+SQL_DROP_RELEASE_TRIGGER = "DROP TRIGGER IF EXISTS limit_holds_release"
+SQL_ANY_HOLD = "SELECT 1 FROM limit_holds LIMIT 1"
 SQL_ATTACH = "INSERT INTO job_limits (job_id, name, units) VALUES (?, ?, ?)"
 SQL_JOB_LIMITS = "SELECT name, units FROM job_limits WHERE job_id = ?"
 # The claim's look at a candidate: its limits, with the units of each held now (one step).
@@ -252,13 +263,25 @@ def overrides(conn: sqlite3.Connection) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def settle_release_trigger(conn: sqlite3.Connection, now: float, active: bool) -> bool:
+    """At start (a writer op): keep the `limit_holds_release` trigger while a limit is
+    defined (`active`) or a unit is held, else drop it; True when it is kept."""
+    if active or conn.execute(SQL_ANY_HOLD).fetchone() is not None:
+        conn.execute(SQL_RELEASE_TRIGGER)
+        return True
+    conn.execute(SQL_DROP_RELEASE_TRIGGER)
+    return False
+
+
 def set_override(conn: sqlite3.Connection, now: float, name: str,
                  settings: dict[str, Any] | None, rate_dropped: bool) -> None:
     """Store (or with None delete) the runtime override of `name`; a limit whose rate
-    went away forgets its window."""
+    went away forgets its window. A limit defined here may be claimed against as soon as
+    this commits: the release trigger is created with it (see SQL_RELEASE_TRIGGER)."""
     if settings is None:
         conn.execute(SQL_DROP_OVERRIDE, (name,))
     else:
+        conn.execute(SQL_RELEASE_TRIGGER)
         conn.execute(SQL_SET_OVERRIDE, (name, msgspec.json.encode(settings).decode(), now))
     if rate_dropped:
         conn.execute(SQL_DROP_CLAIMS, (name,))

@@ -33,16 +33,20 @@ _LIST_FILTERS = (
     "WHERE (?1 IS NULL OR j.status = ?1) AND (?2 IS NULL OR j.kind = ?2) "
     "AND (?3 IS NULL OR j.required_role = ?3) AND (?4 IS NULL OR j.priority = ?4) "
 )
-SQL_LIST_JOBS = (  # oldest first, after the job ?5 (None: from the start)
-    SQL_JOB_ROW + _LIST_FILTERS
-    + "AND (?5 IS NULL OR j.rowid > (SELECT rowid FROM jobs WHERE job_id = ?5)) "
-    "ORDER BY j.rowid LIMIT ?6"
-)
-SQL_LIST_JOBS_NEWEST = (  # newest first, before the job ?5 (None: from the newest)
-    SQL_JOB_ROW + _LIST_FILTERS
-    + "AND (?5 IS NULL OR j.rowid < (SELECT rowid FROM jobs WHERE job_id = ?5)) "
-    "ORDER BY j.rowid DESC LIMIT ?6"
-)
+_LIST_AFTER = ("AND (?5 IS NULL OR j.rowid > (SELECT rowid FROM jobs WHERE job_id = ?5)) "
+               "ORDER BY j.rowid LIMIT ?6")
+_LIST_BEFORE = ("AND (?5 IS NULL OR j.rowid < (SELECT rowid FROM jobs WHERE job_id = ?5)) "
+                "ORDER BY j.rowid DESC LIMIT ?6")
+# oldest first, after the job ?5 (None: from the start)
+SQL_LIST_JOBS = SQL_JOB_ROW + _LIST_FILTERS + _LIST_AFTER
+# newest first, before the job ?5 (None: from the newest)
+SQL_LIST_JOBS_NEWEST = SQL_JOB_ROW + _LIST_FILTERS + _LIST_BEFORE
+# The same pages' rowids and JSON columns holding a value (as SQL_JOB_BLOB_TYPES): what
+# a page's reply will carry, sized before any row of it is read.
+_LIST_BLOB_TYPES = ("SELECT j.rowid, " + ", ".join(f"typeof(j.{c}) IN ('text', 'blob')"
+                                                   for c in JOB_BLOBS) + " FROM jobs j ")
+SQL_LIST_BLOB_TYPES = _LIST_BLOB_TYPES + _LIST_FILTERS + _LIST_AFTER
+SQL_LIST_BLOB_TYPES_NEWEST = _LIST_BLOB_TYPES + _LIST_FILTERS + _LIST_BEFORE
 SQL_JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = ?"
 # ids in [?1, ?2): ?2 is the prefix followed by U+10FFFF, past any id that starts with it
 SQL_JOB_IDS_FROM = (

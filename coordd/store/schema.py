@@ -25,7 +25,7 @@ from coordd.store import worker_schema as _worker_schema
 from coordd.store import workflow_schema as _workflow_schema
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 PRAGMA_AUTO_VACUUM = "PRAGMA auto_vacuum = INCREMENTAL"
 PRAGMAS_WRITER = (
     "PRAGMA journal_mode=WAL",
@@ -155,6 +155,8 @@ MIGRATIONS: tuple[str, ...] = (
     _enrol.MIGRATION_ENROL_TOKENS,  # v16: one-time enrolment tokens, hashed (issue 18)
     # v17: waiting jobs by ready time, max(queued_at, run_at): `status` queue latency
     _latency.MIGRATION_READY_INDEX,
+    # v18: the job counters in one row the writer rewrites once a batch (job_counts: a view)
+    _job_changes.MIGRATION_COUNTERS_ONE_ROW,
 )
 
 

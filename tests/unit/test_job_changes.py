@@ -5,12 +5,13 @@ refresh, not once per claim, and still sees a kind the moment a job of it waits.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 
 import pytest
 
 from coordd import job_changes, store, views
-from coordd.protocol import Complete
+from coordd.protocol import Claim, Complete
 from coordd.store.claim_index import SQL_ROLE_KINDS
 
 from tests.conftest import T0
@@ -80,6 +81,42 @@ async def test_a_failed_batch_counts_nothing(bundle, monkeypatch):
     assert (await bundle.coord.status()).jobs["waiting"] == 2
 
 
+async def test_a_rolled_back_batch_of_several_ops_leaves_the_one_row_counts_exact(
+        bundle, monkeypatch):
+    """The counts row is rewritten once a batch (claims, completes and enqueues together):
+    a batch whose transaction rolls back after that write leaves both the stored row and
+    what `status` answers equal to a full count, and the same ops then count once."""
+    await bundle.worker("w1")
+    for _ in range(3):
+        await bundle.enqueue()
+    held = await bundle.claim("w1")
+    writer = bundle.coord.writer
+
+    def broken_flush(conn: sqlite3.Connection) -> None:
+        job_changes.JobChanges.flush(writer.changes, conn)  # the row is written
+        raise sqlite3.OperationalError("disk I/O error")     # then the batch rolls back
+
+    def ops() -> list:
+        return [writer.submit(lambda conn, now: store.dumps(None)),  # a no-op among them
+                bundle.coord.claim(Claim(worker_id="w1", lease_s=30.0)),
+                bundle.coord.complete(Complete(job_id=held.job.job_id, worker_id="w1",
+                                               token=held.lease.token, result={})),
+                bundle.enqueue(priority=1)]
+
+    monkeypatch.setattr(writer.changes, "flush", broken_flush)
+    failed = await asyncio.gather(*ops(), return_exceptions=True)
+    assert all(isinstance(r, Exception) for r in failed[1:]), failed
+    await _counts_exact(bundle)
+    assert (await bundle.coord.status()).jobs == {**(await bundle.coord.status()).jobs,
+                                                  "waiting": 2, "running": 1}
+    monkeypatch.undo()
+    done = await asyncio.gather(*ops())
+    assert done[1].job is not None
+    await _counts_exact(bundle)
+    st = await bundle.coord.status()
+    assert st.jobs["waiting"] == 2 and st.jobs["running"] == 1 and st.jobs["succeeded"] == 1
+
+
 async def test_another_connections_writes_are_recounted_and_their_kinds_claimed(bundle):
     await bundle.worker("w1")
     await bundle.enqueue(kind="a")
@@ -99,7 +136,7 @@ async def test_counts_are_recounted_at_open(make_bundle):
     await b.enqueue()
     await b.coord.close()
     conn = sqlite3.connect(b.db_path, isolation_level=None)
-    conn.execute("UPDATE job_counts SET n = 99")  # edited while coordd was down
+    conn.execute("UPDATE job_totals SET counts = '[[\"waiting\", 2, 99]]'")  # edited while down
     conn.close()
     await b.coord.start()
     await _counts_exact(b)

@@ -343,3 +343,58 @@ async def test_a_rerun_op_whose_error_cancels_the_transaction_ends_the_batch(bun
     assert tries["n"] == 2
     for name, res in zip(("y-a", "y-b", "y-w", "y-c"), results):
         assert (name in keys) == (not isinstance(res, BaseException)), (name, res, keys)
+
+
+async def test_a_lone_op_runs_without_a_savepoint_and_fails_alone(bundle):
+    """A batch of one op runs without SAVEPOINT / RELEASE (two statements less a batch on
+    the one-client path): an op that fails after writing has the whole transaction rolled
+    back, gets its own error (not "commit failed"), and the next batch goes on."""
+    writer = bundle.coord.writer
+    traced: list[str] = []
+
+    def write_then_fail(conn: sqlite3.Connection, now: float) -> None:
+        conn.execute("INSERT INTO artifacts (sha256, path, size, created_at) "
+                     "VALUES ('lone', 'p', 1, 0)")
+        conn.execute("UPDATE jobs SET priority = 0")  # a job hook row, rolled back too
+        raise errors.InvalidState("changed its mind")
+
+    job = await bundle.enqueue()
+    writer._conn.set_trace_callback(traced.append)
+    try:
+        with pytest.raises(errors.InvalidState):
+            await writer.run(write_then_fail)
+        assert await writer.run(_put("after")) == "after"
+    finally:
+        writer._conn.set_trace_callback(None)
+    assert not any(s.startswith(("SAVEPOINT", "RELEASE")) for s in traced), traced
+    assert not writer._conn.in_transaction
+    keys = await bundle.coord._read(
+        lambda conn: [r[0] for r in conn.execute("SELECT sha256 FROM artifacts ORDER BY 1")])
+    assert keys == ["after"]
+    assert (await bundle.coord.get_job(JobId(job_id=job))).priority == 2
+    st = await bundle.coord.status()
+    assert st.jobs["waiting"] == 1 and st.waiting_by_priority["p2"] == 1
+
+
+async def test_a_lone_op_rolled_back_leaves_the_outside_write_recount_to_the_next(bundle):
+    """The batch a lone failing op rolled back began with a recount (another connection
+    wrote): the recount is rolled back with it and taken again by the next batch."""
+    writer = bundle.coord.writer
+    await bundle.enqueue()
+    other = sqlite3.connect(bundle.db_path, isolation_level=None)
+    other.execute("UPDATE jobs SET status = 'cancelled', finished_at = 1")
+    other.close()
+
+    def write_then_fail(conn: sqlite3.Connection, now: float) -> None:
+        conn.execute("INSERT INTO artifacts (sha256, path, size, created_at) "
+                     "VALUES ('lone', 'p', 1, 0)")
+        raise errors.InvalidState("changed its mind")
+
+    with pytest.raises(errors.InvalidState):
+        await writer.run(write_then_fail)
+    await writer.run(lambda conn, now: None)
+    st = await bundle.coord.status()
+    assert st.jobs.get("waiting", 0) == 0 and st.jobs["cancelled"] == 1
+    stored = await bundle.coord._read(lambda conn: sorted(
+        r for r in conn.execute("SELECT status, priority, n FROM job_counts") if r[2]))
+    assert stored == [("cancelled", 2, 1)]
