@@ -242,6 +242,14 @@ class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService,
         return EnqueueBatchResult(jobs=await self._enqueue(jobs))
 
     async def _enqueue(self, jobs: list[store.NewJob]) -> list[EnqueueResult]:
+        check = getattr(self.store, "check_combinable", None)  # what the store cannot judge
+        if check is not None:
+            try:
+                await check(jobs, self._claim_policy)
+            except errors.BadRequest as exc:
+                logger.info("enqueue refused: %s", exc.message,
+                            extra={"action": "enqueue_refused"})
+                raise
         try:
             return await self.store.enqueue(jobs)
         except errors.InvalidState as exc:

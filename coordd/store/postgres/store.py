@@ -43,6 +43,10 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
+COMBINE_REFUSED = ("the PostgreSQL store does not yet combine resource requests with fleet "
+                   "limits, priority aging or per-job gates")
+
+
 class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
                     ResourcesPostgres, PostgresAdmission, workflows.PostgresWorkflows):
     """The store over one PostgreSQL database (schema migrated on `start`).
@@ -217,9 +221,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         """
         if self._resources_seen is not False and await self.resources_seen():
             if admission.needed(policy, self.claims.gated):  # two walks not merged yet
-                raise errors.BadRequest(
-                    "the PostgreSQL store does not yet combine resource requests with fleet "
-                    "limits, priority aging or per-job gates in one claim (issue 20)")
+                raise errors.BadRequest(COMBINE_REFUSED)
             return await self.admitted_claim(worker_id, lease_s, policy, kinds, claim_id, now)
         if self.reservation_hint.maybe:  # preemption's reservations, taken first
             reserved = await self.reserved_claim(worker_id, lease_s, claim_id,
@@ -227,6 +229,18 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
             if reserved is not None:
                 return reserved
         return await self.claims.claim(worker_id, lease_s, policy, kinds, claim_id, now)
+
+    async def check_combinable(self, jobs: Sequence[NewJob], policy: ClaimPolicy) -> None:
+        """Refuse, at enqueue, a job whose claims this store could not judge yet: resource
+        requests beside fleet limits, priority aging or per-job gates (two claim walks,
+        .resources and .admission, not merged). Refused here, the producer hears it and
+        every other job stays claimable. Raises: errors.BadRequest (COMBINE_REFUSED)."""
+        asks = any(j.resources is not None for j in jobs)
+        gated = any(j.gates_json for j in jobs)
+        if asks and admission.needed(policy, gated or self.claims.gated):
+            raise errors.BadRequest(COMBINE_REFUSED)
+        if gated and await self.resources_seen():
+            raise errors.BadRequest(COMBINE_REFUSED)
 
     # ------------------------------------------------------------ lease holder calls
 
