@@ -56,3 +56,101 @@ async def test_a_reserved_job_waits_while_its_limit_is_full(bundle):
     assert refused.job is None or refused.job.job_id != p0
     views, _ = await bundle.store.limit_views(lb, ["gpu"], True, now=T0 + 44)
     assert views[0].used == 1 and [h.job_id for h in views[0].holders] == [held]
+
+
+async def test_concurrent_claimers_on_a_mix_of_plain_limited_and_node_jobs(bundle, request,
+                                                                             tmp_path):
+    """16 claimers (on PostgreSQL over two stores, so two pools of sessions) claim, complete,
+    fail and release a mix of plain jobs, limited jobs and workflow nodes at once: no job
+    is claimed twice under one token, the limit's concurrency is never passed, no error
+    but the holder-call refusals, every job ends, no unit is held once all leases are
+    gone and status counts agree with the full counts."""
+    import asyncio
+    import random
+
+    from coordd import errors
+    from tests.store.conftest import open_store
+    import msgspec
+
+    from coordd import config as config_mod
+    from coordd import workflows as flows
+    from coordd.clock import FakeClock
+    from coordd.protocol_workflows import WorkflowSubmit
+    from coordd.store_service import StoreCoordinator
+    from tests.store.test_conformance_workflows import node
+
+    coord = StoreCoordinator(bundle.store, config_mod.load(None), FakeClock(T0))
+    coord._ids = bundle.ids  # one id sequence for jobs and nodes: no collision
+
+    def plan(_bundle, nodes, name):
+        spec = msgspec.convert({"name": name, "nodes": nodes}, WorkflowSubmit)
+        return flows.Workflows(coord).plan(spec)
+
+    lb = book(gpu={"concurrency": 3})
+    bundle.policy = policy(lb)
+    stores = [bundle.store]
+    if bundle.kind == "postgres":
+        stores.append(await open_store("postgres", request, tmp_path, pool_min=1, pool_max=8))
+    try:
+        ids = [await bundle.enqueue(limits=[("gpu", 1)], max_attempts=2) for _ in range(30)]
+        ids += [await bundle.enqueue(limits=[]) for _ in range(30)]
+        wfs = []
+        for i in range(6):
+            wf = plan(bundle, [node("a"), node("b", "a"), node("c", "a"),
+                               node("d", {"node": "b", "policy": "run"},
+                                    {"node": "c", "policy": "run"})], name=f"w{i}")
+            wfs.append(wf)
+            await bundle.store.workflow_submit(wf, now=T0)
+        for w in range(16):
+            await bundle.worker(f"w{w}", now=T0)
+        rng = random.Random(7)
+        running = {"gpu": 0, "max": 0}
+        taken: set[tuple[str, int]] = set()
+        limited = set(ids[:30])
+
+        async def claimer(w: int) -> None:
+            st = stores[w % len(stores)]
+            wid = f"w{w}"
+            idle = 0
+            while idle < 3:
+                got = await st.claim(wid, 30.0, bundle.policy, now=T0 + 1)
+                if got.job is None:
+                    idle += 1
+                    await asyncio.sleep(0.01)
+                    continue
+                idle = 0
+                key = (got.job.job_id, got.lease.token)
+                assert key not in taken
+                taken.add(key)
+                gpu = got.job.job_id in limited
+                if gpu:
+                    running["gpu"] += 1
+                    running["max"] = max(running["max"], running["gpu"])
+                await asyncio.sleep(0)
+                if gpu:
+                    running["gpu"] -= 1
+                r = ref(got, wid)
+                roll = rng.random()
+                if roll < 0.2:
+                    await st.fail(r, "x", True, lambda n: 0.0, now=T0 + 1)
+                elif roll < 0.3:
+                    await st.release(r, "vacated", now=T0 + 1)
+                else:
+                    await st.complete(r, '"ok"', now=T0 + 1)
+
+        await asyncio.gather(*(claimer(w) for w in range(16)))
+        assert running["max"] <= 3
+        st = bundle.store
+        for wf in wfs:
+            view = await st.workflow_get(wf.workflow_id)
+            assert view.status in ("succeeded", "failed", "partial"), (view.status, [
+                (n.name, n.status) for n in view.nodes])
+        views, _ = await st.limit_views(lb, ["gpu"], True, now=T0 + 2)
+        assert views[0].used == 0 and views[0].holders == []
+        status = await st.status(30.0, now=T0 + 2)
+        assert status.jobs.get("running", 0) == 0 and status.jobs.get("waiting", 0) == 0
+        assert sum(status.jobs.values()) == 60 + 24
+        del errors
+    finally:
+        for extra in stores[1:]:
+            await extra.close()
