@@ -154,3 +154,104 @@ async def test_concurrent_claimers_on_a_mix_of_plain_limited_and_node_jobs(bundl
     finally:
         for extra in stores[1:]:
             await extra.close()
+
+
+async def _node_and_limited(bundle, lease_s: float = 300.0):
+    """Worker w holding a workflow node (its last attempt) and a limited job."""
+    from tests.store.test_conformance_workflows import node, plan
+    lb = book(gpu={"concurrency": 1})
+    bundle.policy = policy(lb)
+    wf = plan(bundle, [node("a", max_attempts=1), node("b", "a")])
+    await bundle.store.workflow_submit(wf, now=T0)
+    gpu = await bundle.enqueue(limits=[("gpu", 1)], max_attempts=1)
+    return lb, wf, gpu
+
+
+async def _ends_both(bundle, lb, wf, gpu) -> None:
+    from tests.store.test_conformance_workflows import statuses
+    views, _ = await bundle.store.limit_views(lb, ["gpu"], True, now=T0 + 50)
+    assert views[0].used == 0 and views[0].holders == []
+    assert (await bundle.store.get_job(gpu, now=T0 + 50)).status == "failed"
+    await bundle.store.workflow_settle_running(now=T0 + 50)
+    view = await bundle.store.workflow_get(wf.workflow_id)
+    assert (view.status, statuses(view)) == ("failed", {"a": "failed", "b": "skipped"})
+    status = await bundle.store.status(30.0, now=T0 + 50)
+    assert status.jobs.get("running", 0) == 0
+
+
+async def test_a_goodbye_ends_a_node_and_a_limited_lease_at_once(bundle):
+    from coordd.store.api_governance import WorkerBeat
+    lb, wf, gpu = await _node_and_limited(bundle)
+    await bundle.store.heartbeat_governed("w", ["cpu"], {}, WorkerBeat(incarnation="i1"),
+                                          gov(), now=T0)
+    await bundle.worker("w", now=T0)
+    got = [await bundle.claim("w", now=T0 + 1, lease_s=300.0) for _ in range(2)]
+    assert {g.job.job_id for g in got} >= {gpu}
+    assert sorted(await bundle.store.goodbye("w", "i1", now=T0 + 2)) == sorted(
+        g.job.job_id for g in got)
+    await _ends_both(bundle, lb, wf, gpu)
+
+
+async def test_a_new_incarnation_ends_a_node_and_a_limited_lease_at_once(bundle):
+    from coordd.store.api_governance import WorkerBeat
+    lb, wf, gpu = await _node_and_limited(bundle)
+    await bundle.store.heartbeat_governed("w", ["cpu"], COOL, WorkerBeat(incarnation="i1"),
+                                          gov(), now=T0)
+    got = [await bundle.claim("w", now=T0 + 1, lease_s=300.0) for _ in range(2)]
+    assert all(g.job is not None for g in got)
+    await bundle.store.heartbeat_governed("w", ["cpu"], COOL, WorkerBeat(incarnation="i2"),
+                                          gov(), now=T0 + 2)
+    await _ends_both(bundle, lb, wf, gpu)
+
+
+async def test_one_reap_ends_a_node_lease_and_a_limited_lease(bundle):
+    lb, wf, gpu = await _node_and_limited(bundle)
+    await bundle.worker("w", now=T0)
+    got = [await bundle.claim("w", now=T0 + 1, lease_s=5.0) for _ in range(2)]
+    assert all(g.job is not None for g in got)
+    assert await bundle.store.reap(now=T0 + 10) == 2
+    await _ends_both(bundle, lb, wf, gpu)
+
+
+async def test_cancel_of_a_running_limited_node_workflow(bundle):
+    """Cancel a running limited job and a running node; their holders' ends free the
+    unit and settle the workflow."""
+    from tests.store.test_conformance_workflows import statuses
+    lb, wf, gpu = await _node_and_limited(bundle)
+    await bundle.worker("w", now=T0)
+    got = {g.job.job_id: g for g in [await bundle.claim("w", now=T0 + 1) for _ in range(2)]}
+    await bundle.store.workflow_cancel(wf.workflow_id, now=T0 + 2) \
+        if hasattr(bundle.store, "workflow_cancel") else None
+    await bundle.store.cancel(gpu, now=T0 + 2)
+    for job_id, g in got.items():
+        res = await bundle.store.complete(ref(g, "w"), '"ok"', now=T0 + 3)
+        assert res.status == "cancelled", job_id
+    views, _ = await bundle.store.limit_views(lb, ["gpu"], True, now=T0 + 4)
+    assert views[0].used == 0
+    await bundle.store.workflow_settle_running(now=T0 + 4)
+    view = await bundle.store.workflow_get(wf.workflow_id)
+    assert view.status in ("cancelled", "failed"), (view.status, statuses(view))
+
+
+async def test_a_result_schema_refusal_frees_the_limit_unit(bundle):
+    """Limited jobs with a result schema completed at once (one batch on PostgreSQL), one
+    result invalid: each lease ends, both units are freed, the invalid one waits again."""
+    import asyncio
+
+    import msgspec
+    lb = book(gpu={"concurrency": 2})
+    bundle.policy = policy(lb)
+    jobs = [msgspec.structs.replace(bundle.job(), result_schema="claims", limits=[("gpu", 1)])
+            for _ in range(3)]
+    await bundle.store.enqueue(jobs, now=T0)
+    await bundle.worker("a")
+    got = [await bundle.claim("a", now=T0 + 1) for _ in range(2)]
+    assert (await bundle.claim("a", now=T0 + 1)).reasons == [limits.LIMIT_REFUSED]
+    bad, good = await asyncio.gather(
+        bundle.store.complete(ref(got[0], "a"), '{"claims": [{"text": "x", "label": "no"}]}',
+                              now=T0 + 2),
+        bundle.store.complete(ref(got[1], "a"), '{"claims": []}', now=T0 + 2))
+    assert (bad.status, good.status) == ("waiting", "succeeded")
+    views, _ = await bundle.store.limit_views(lb, ["gpu"], True, now=T0 + 2)
+    assert views[0].used == 0 and views[0].waiting == 2
+    assert (await bundle.claim("a", now=T0 + 3)).job is not None
