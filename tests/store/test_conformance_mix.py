@@ -150,6 +150,11 @@ async def test_concurrent_claimers_on_a_mix_of_plain_limited_and_node_jobs(bundl
         status = await st.status(30.0, now=T0 + 2)
         assert status.jobs.get("running", 0) == 0 and status.jobs.get("waiting", 0) == 0
         assert sum(status.jobs.values()) == 60 + 24
+        full: dict[str, int] = {}
+        for job_id in ids + [n.job_id for wf in wfs for n in wf.nodes]:
+            got = (await st.get_job(job_id, now=T0 + 2)).status
+            full[got] = full.get(got, 0) + 1
+        assert {k: v for k, v in status.jobs.items() if v} == full
         del errors
     finally:
         for extra in stores[1:]:
