@@ -4,6 +4,8 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import pytest
+
 from coordd import limits
 from tests.store.conftest import COOL, T0
 from tests.store.test_conformance_governance import FULL, beat, gov
@@ -260,3 +262,38 @@ async def test_a_result_schema_refusal_frees_the_limit_unit(bundle):
     views, _ = await bundle.store.limit_views(lb, ["gpu"], True, now=T0 + 2)
     assert views[0].used == 0 and views[0].waiting == 2
     assert (await bundle.claim("a", now=T0 + 3)).job is not None
+
+
+@pytest.mark.parametrize("path", ["limits", "resources"])
+async def test_postgres_admission_dead_letter_of_a_node_keeps_the_lock_order(bundle, path):
+    """An admission claim (fleet limits, or resource requests seen) that takes a node whose
+    payload does not decode dead-letters it and settles its workflow; a session holding
+    the workflow's lock and then writing the node (workflow-then-node, as cancel does)
+    must not deadlock with it."""
+    import asyncio
+
+    from coordd.resources import Request
+    from tests.store.test_conformance_workflows import _corrupt_payload, node, plan
+    if bundle.kind != "postgres":
+        pytest.skip("one SQLite writer takes no row locks")
+    if path == "limits":
+        bundle.policy = policy(book(gpu={"concurrency": 1}))
+    else:
+        await bundle.enqueue(priority=3, resources=Request(gpus=1))
+    wf = plan(bundle, [node("a"), node("b", "a")])
+    ids = (await bundle.store.workflow_submit(wf, now=T0)).jobs
+    await _corrupt_payload(bundle, ids["a"])
+    await bundle.worker("w", now=T0)
+    async with bundle.store._conn() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute("SELECT 1 FROM workflows WHERE workflow_id = $1 FOR UPDATE",
+                           wf.workflow_id)
+        claim = asyncio.ensure_future(bundle.claim("w", now=T0 + 1))
+        await asyncio.sleep(0.3)  # the claim has taken the node and waits on the workflow
+        await conn.execute("UPDATE jobs SET updated_at = updated_at WHERE job_id = $1",
+                           ids["a"])
+        await tx.commit()
+    assert (await claim).job is None
+    view = await bundle.store.workflow_get(wf.workflow_id)
+    assert view.status == "failed"
