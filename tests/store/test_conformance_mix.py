@@ -297,3 +297,35 @@ async def test_postgres_admission_dead_letter_of_a_node_keeps_the_lock_order(bun
     assert (await claim).job is None
     view = await bundle.store.workflow_get(wf.workflow_id)
     assert view.status == "failed"
+
+
+async def test_a_vacated_node_waits_again_and_its_workflow_goes_on(bundle):
+    """A P3 node on a full worker is preempted by a P0 (a limited job): the node's release
+    requeues it in its workflow, the P0 takes the slot and its unit, the node then runs
+    and the workflow succeeds."""
+    from tests.store.test_conformance_workflows import node, plan, statuses
+    lb = book(gpu={"concurrency": 1})
+    bundle.policy = policy(lb)
+    g = gov()
+    wf = plan(bundle, [node("a", priority=3), node("b", "a", priority=3)])
+    ids = (await bundle.store.workflow_submit(wf, now=T0)).jobs
+    await beat(bundle, g, "a", T0, {**COOL, **FULL})
+    got = await bundle.claim("a", now=T0 + 1, lease_s=300.0)
+    assert got.job.job_id == ids["a"]
+    p0 = await bundle.enqueue(now=T0 + 20, priority=0, limits=[("gpu", 1)])
+    assert (await beat(bundle, g, "a", T0 + 40, {**COOL, **FULL})).preempted == [
+        (p0, ids["a"], "a")]
+    assert (await bundle.store.release(ref(got, "a"), "vacated", now=T0 + 43)).status \
+        == "waiting"
+    assert statuses(await bundle.store.workflow_get(wf.workflow_id)) == {
+        "a": "waiting", "b": "blocked"}
+    taken = await bundle.claim("a", now=T0 + 44, lease_s=300.0)
+    assert taken.job.job_id == p0
+    views, _ = await bundle.store.limit_views(lb, ["gpu"], True, now=T0 + 44)
+    assert [h.job_id for h in views[0].holders] == [p0]
+    await bundle.store.complete(ref(taken, "a"), '"ok"', now=T0 + 45)
+    for now in (T0 + 46, T0 + 47):
+        again = await bundle.claim("a", now=now)
+        await bundle.store.complete(ref(again, "a"), '"ok"', now=now)
+    view = await bundle.store.workflow_get(wf.workflow_id)
+    assert (view.status, statuses(view)) == ("succeeded", {"a": "succeeded", "b": "succeeded"})
