@@ -4,12 +4,24 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
+import random
+
+import msgspec
 import pytest
 
-from coordd import limits
-from tests.store.conftest import COOL, T0
+from coordd import config as config_mod
+from coordd import errors, limits
+from coordd import workflows as flows
+from coordd.clock import FakeClock
+from coordd.protocol_workflows import WorkflowSubmit
+from coordd.resources import Request
+from coordd.store.api_governance import WorkerBeat
+from coordd.store_service import StoreCoordinator
+from tests.store.conftest import COOL, T0, open_store
 from tests.store.test_conformance_governance import FULL, beat, gov
 from tests.store.test_conformance_limits import book, policy, ref
+from tests.store.test_conformance_workflows import _corrupt_payload, node, plan, statuses
 
 
 async def test_a_reserved_claim_holds_the_limit_units_of_the_job_it_takes(bundle):
@@ -67,24 +79,10 @@ async def test_concurrent_claimers_on_a_mix_of_plain_limited_and_node_jobs(bundl
     is claimed twice under one token, the limit's concurrency is never passed, no error
     but the holder-call refusals, every job ends, no unit is held once all leases are
     gone and status counts agree with the full counts."""
-    import asyncio
-    import random
-
-    from coordd import errors
-    from tests.store.conftest import open_store
-    import msgspec
-
-    from coordd import config as config_mod
-    from coordd import workflows as flows
-    from coordd.clock import FakeClock
-    from coordd.protocol_workflows import WorkflowSubmit
-    from coordd.store_service import StoreCoordinator
-    from tests.store.test_conformance_workflows import node
-
     coord = StoreCoordinator(bundle.store, config_mod.load(None), FakeClock(T0))
     coord._ids = bundle.ids  # one id sequence for jobs and nodes: no collision
 
-    def plan(_bundle, nodes, name):
+    def one_plan(nodes, name):
         spec = msgspec.convert({"name": name, "nodes": nodes}, WorkflowSubmit)
         return flows.Workflows(coord).plan(spec)
 
@@ -98,9 +96,9 @@ async def test_concurrent_claimers_on_a_mix_of_plain_limited_and_node_jobs(bundl
         ids += [await bundle.enqueue(limits=[]) for _ in range(30)]
         wfs = []
         for i in range(6):
-            wf = plan(bundle, [node("a"), node("b", "a"), node("c", "a"),
-                               node("d", {"node": "b", "policy": "run"},
-                                    {"node": "c", "policy": "run"})], name=f"w{i}")
+            wf = one_plan([node("a"), node("b", "a"), node("c", "a"),
+                           node("d", {"node": "b", "policy": "run"},
+                                {"node": "c", "policy": "run"})], name=f"w{i}")
             wfs.append(wf)
             await bundle.store.workflow_submit(wf, now=T0)
         for w in range(16):
@@ -157,7 +155,6 @@ async def test_concurrent_claimers_on_a_mix_of_plain_limited_and_node_jobs(bundl
             got = (await st.get_job(job_id, now=T0 + 2)).status
             full[got] = full.get(got, 0) + 1
         assert {k: v for k, v in status.jobs.items() if v} == full
-        del errors
     finally:
         for extra in stores[1:]:
             await extra.close()
@@ -165,7 +162,6 @@ async def test_concurrent_claimers_on_a_mix_of_plain_limited_and_node_jobs(bundl
 
 async def _node_and_limited(bundle, lease_s: float = 300.0):
     """Worker w holding a workflow node (its last attempt) and a limited job."""
-    from tests.store.test_conformance_workflows import node, plan
     lb = book(gpu={"concurrency": 1})
     bundle.policy = policy(lb)
     wf = plan(bundle, [node("a", max_attempts=1), node("b", "a")])
@@ -175,7 +171,6 @@ async def _node_and_limited(bundle, lease_s: float = 300.0):
 
 
 async def _ends_both(bundle, lb, wf, gpu) -> None:
-    from tests.store.test_conformance_workflows import statuses
     views, _ = await bundle.store.limit_views(lb, ["gpu"], True, now=T0 + 50)
     assert views[0].used == 0 and views[0].holders == []
     assert (await bundle.store.get_job(gpu, now=T0 + 50)).status == "failed"
@@ -187,7 +182,6 @@ async def _ends_both(bundle, lb, wf, gpu) -> None:
 
 
 async def test_a_goodbye_ends_a_node_and_a_limited_lease_at_once(bundle):
-    from coordd.store.api_governance import WorkerBeat
     lb, wf, gpu = await _node_and_limited(bundle)
     await bundle.store.heartbeat_governed("w", ["cpu"], {}, WorkerBeat(incarnation="i1"),
                                           gov(), now=T0)
@@ -200,7 +194,6 @@ async def test_a_goodbye_ends_a_node_and_a_limited_lease_at_once(bundle):
 
 
 async def test_a_new_incarnation_ends_a_node_and_a_limited_lease_at_once(bundle):
-    from coordd.store.api_governance import WorkerBeat
     lb, wf, gpu = await _node_and_limited(bundle)
     await bundle.store.heartbeat_governed("w", ["cpu"], COOL, WorkerBeat(incarnation="i1"),
                                           gov(), now=T0)
@@ -223,7 +216,6 @@ async def test_one_reap_ends_a_node_lease_and_a_limited_lease(bundle):
 async def test_cancel_of_a_running_limited_node_workflow(bundle):
     """Cancel a running limited job and a running node; their holders' ends free the
     unit and settle the workflow."""
-    from tests.store.test_conformance_workflows import statuses
     lb, wf, gpu = await _node_and_limited(bundle)
     await bundle.worker("w", now=T0)
     got = {g.job.job_id: g for g in [await bundle.claim("w", now=T0 + 1) for _ in range(2)]}
@@ -243,9 +235,6 @@ async def test_cancel_of_a_running_limited_node_workflow(bundle):
 async def test_a_result_schema_refusal_frees_the_limit_unit(bundle):
     """Limited jobs with a result schema completed at once (one batch on PostgreSQL), one
     result invalid: each lease ends, both units are freed, the invalid one waits again."""
-    import asyncio
-
-    import msgspec
     lb = book(gpu={"concurrency": 2})
     bundle.policy = policy(lb)
     jobs = [msgspec.structs.replace(bundle.job(), result_schema="claims", limits=[("gpu", 1)])
@@ -270,10 +259,6 @@ async def test_postgres_admission_dead_letter_of_a_node_keeps_the_lock_order(bun
     payload does not decode dead-letters it and settles its workflow; a session holding
     the workflow's lock and then writing the node (workflow-then-node, as cancel does)
     must not deadlock with it."""
-    import asyncio
-
-    from coordd.resources import Request
-    from tests.store.test_conformance_workflows import _corrupt_payload, node, plan
     if bundle.kind != "postgres":
         pytest.skip("one SQLite writer takes no row locks")
     if path == "limits":
@@ -303,7 +288,6 @@ async def test_a_vacated_node_waits_again_and_its_workflow_goes_on(bundle):
     """A P3 node on a full worker is preempted by a P0 (a limited job): the node's release
     requeues it in its workflow, the P0 takes the slot and its unit, the node then runs
     and the workflow succeeds."""
-    from tests.store.test_conformance_workflows import node, plan, statuses
     lb = book(gpu={"concurrency": 1})
     bundle.policy = policy(lb)
     g = gov()
@@ -329,3 +313,76 @@ async def test_a_vacated_node_waits_again_and_its_workflow_goes_on(bundle):
         await bundle.store.complete(ref(again, "a"), '"ok"', now=now)
     view = await bundle.store.workflow_get(wf.workflow_id)
     assert (view.status, statuses(view)) == ("succeeded", {"a": "succeeded", "b": "succeeded"})
+
+
+async def test_concurrent_reaper_and_goodbyes_amid_limited_and_node_claims(bundle, request,
+                                                                            tmp_path):
+    """Claimers holding limited jobs and nodes while a reaper round and goodbyes end their
+    leases at once: the holders' calls are refused with lease codes only, every unit is
+    freed, every workflow moves on, and nothing is left running."""
+    coord = StoreCoordinator(bundle.store, config_mod.load(None), FakeClock(T0))
+    coord._ids = bundle.ids
+    lb = book(gpu={"concurrency": 4})
+    bundle.policy = policy(lb)
+    stores = [bundle.store]
+    if bundle.kind == "postgres":
+        stores.append(await open_store("postgres", request, tmp_path, pool_min=1, pool_max=8))
+    try:
+        for _ in range(12):
+            await bundle.enqueue(limits=[("gpu", 1)], max_attempts=5)
+            await bundle.enqueue(limits=[], max_attempts=5)
+        wfs = []
+        for i in range(4):
+            spec = msgspec.convert({"name": f"w{i}", "nodes": [
+                node("a", max_attempts=5), node("b", "a", max_attempts=5),
+                node("c", "a", max_attempts=5)]}, WorkflowSubmit)
+            wfs.append(flows.Workflows(coord).plan(spec))
+            await bundle.store.workflow_submit(wfs[-1], now=T0)
+        for w in range(12):
+            await bundle.store.heartbeat_governed(f"w{w}", ["cpu"], COOL,
+                                                  WorkerBeat(incarnation="i1"), gov(), now=T0)
+        clock = {"t": T0 + 1}
+
+        async def claimer(w: int) -> None:
+            st = stores[w % len(stores)]
+            for _ in range(12):
+                got = await st.claim(f"w{w}", 5.0, bundle.policy, now=clock["t"])
+                if got.job is None:
+                    await asyncio.sleep(0.01)
+                    continue
+                await asyncio.sleep(0.005)
+                try:
+                    await st.complete(ref(got, f"w{w}"), '"ok"', now=clock["t"])
+                except errors.CoordError as exc:
+                    assert exc.code in ("lease_expired", "lease_lost"), exc
+
+        async def ender() -> None:
+            for k in range(6):
+                await asyncio.sleep(0.02)
+                clock["t"] += 6.0
+                st = stores[k % len(stores)]
+                await st.reap(now=clock["t"])
+                for w in (k, k + 6):
+                    await st.goodbye(f"w{w}", "i1", now=clock["t"])
+                    await st.heartbeat_governed(f"w{w}", ["cpu"], COOL,
+                                                WorkerBeat(incarnation="i1"), gov(),
+                                                now=clock["t"])
+
+        await asyncio.gather(ender(), *(claimer(w) for w in range(12)))
+        clock["t"] += 10.0
+        st = bundle.store
+        await st.reap(now=clock["t"])
+        await st.workflow_settle_running(now=clock["t"])
+        views, _ = await st.limit_views(lb, ["gpu"], True, now=clock["t"])
+        assert views[0].used == 0 and views[0].holders == []
+        status = await st.status(30.0, now=clock["t"])
+        assert status.jobs.get("running", 0) == 0
+        for wf in wfs:
+            view = await st.workflow_get(wf.workflow_id)
+            nodes = {n.name: n.status for n in view.nodes}
+            assert not (nodes["a"] in ("waiting",) and "waiting" in (nodes["b"], nodes["c"]))
+            if nodes["a"] == "succeeded":
+                assert nodes["b"] != "blocked" and nodes["c"] != "blocked", nodes
+    finally:
+        for extra in stores[1:]:
+            await extra.close()
