@@ -85,6 +85,18 @@ SQL_INSERT_CLAIMS = (  # $2 names, $3 units
     f"INSERT INTO limit_claims (name, at, units) SELECT n, {NOW}, u "
     "FROM unnest($2::text[], $3::int[]) AS x(n, u)"
 )
+# worker $2's reserved jobs still waiting, oldest reservation first, as SQL_CANDIDATES' rows
+SQL_RESERVED_FOR = (
+    "SELECT j.job_id, j.priority, j.queued_at, j.gates_json, j.priority FROM reservations r "
+    f"JOIN jobs j ON j.job_id = r.job_id WHERE r.worker_id = $2 AND r.expires_at > {NOW} "
+    "AND j.status = 'waiting' ORDER BY r.created_at, r.job_id"
+)
+SQL_DELETE_RESERVATION = "DELETE FROM reservations WHERE job_id = $1"
+SQL_RESERVED_LEFT = (  # drop worker $1's reservations whose job no longer waits; any left?
+    "WITH d AS (DELETE FROM reservations r USING jobs j WHERE r.worker_id = $1 "
+    "AND j.job_id = r.job_id AND j.status <> 'waiting' RETURNING r.job_id) "
+    "SELECT EXISTS (SELECT 1 FROM reservations WHERE job_id NOT IN (SELECT job_id FROM d))"
+)
 SQL_DEAD_LETTER_WAITING = (  # a waiting job whose gate overrides do not decode ($3, $4: texts)
     "WITH u AS (UPDATE jobs SET status = 'failed', attempts = attempts + 1, "
     f"updated_at = {NOW}, finished_at = {NOW}, last_error = $3 "
@@ -162,49 +174,84 @@ async def limit_detail(r: Readings, book: lim.LimitBook, uses: Sequence[tuple[st
 
 async def claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
                 kinds_list: list[str] | None, claim_id: str | None,
-                now: float | None) -> ClaimResult:
-    """The best job for the worker, in one transaction: candidates in effective-priority
-    order (a first page of CLAIM_SCAN, then up to SCAN), each judged on its gates (its
-    level's, merged with its own overrides) and its limits; the first that passes is
-    taken and its units held. With no job, `reasons` and `next_slot_s` as on SQLite
-    (coordd.claims)."""
+                now: float | None, reservations: Any = None) -> ClaimResult:
+    """The best job for the worker, in one transaction: first a job reserved on the worker
+    by a preemption (`reservations`: the store's governance.Hint, None: no look) while its
+    limits have room, then candidates in effective-priority order (a first page of
+    CLAIM_SCAN, then up to SCAN), each judged on its gates (its level's, merged with its
+    own overrides) and its limits; the first that passes is taken and its units held.
+    With no job, `reasons` and `next_slot_s` as on SQLite (coordd.claims)."""
+    bad: list[Any] = []  # taken rows that do not decode: dead-lettered once this commits,
+    async with conn.transaction():  # so their workflow is locked before the node (workflows)
+        res = await _claim(conn, worker_id, lease_s, policy, kinds_list, claim_id, now,
+                           reservations, bad)
+    from coordd.store.postgres import claims as plain
+    for row in bad:
+        await plain.dead_letter(conn, now, row, worker_id)
+    return res
+
+
+async def _claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
+                 kinds_list: list[str] | None, claim_id: str | None, now: float | None,
+                 reservations: Any, bad: list[Any]) -> ClaimResult:
+    """`claim`'s body, in its transaction."""
     book = policy.limits if policy.limits is not None and policy.limits.active else None
-    async with conn.transaction():
-        if book is not None:
-            await conn.execute(SQL_LIMITS_LOCK, LIMITS_LOCK_KEY)
-        t, roles_json, hb_json, hb_at = await conn.fetchrow(sql.SQL_CLAIM_WORKER, now,
-                                                            worker_id)
-        decision = gate_decision.decide(policy, hb_json, hb_at, t)
-        if decision.stale is not None:
-            detail = (f"worker {worker_id} never sent a heartbeat" if hb_at is None
-                      else decision.stale)
-            return ClaimResult(reasons=[gates.HEARTBEAT_STALE], detail=detail)
-        roles = lenient_json(roles_json, [])
-        roles = sorted({x for x in roles if isinstance(x, str)}) if isinstance(roles, list) \
-            else []
-        walk = _Walk(conn, now, t, policy, book, decision, hb_json)
-        seen: set[str] = set()
-        for page in (CLAIM_SCAN, SCAN):
-            rows = await conn.fetch(SQL_CANDIDATES, now, roles, kinds_list,
-                                    float(policy.aging_interval_s), decision.allowed, page)
-            got = await walk.take_first([r for r in rows if r[0] not in seen], worker_id,
-                                        lease_s, claim_id)
-            if got is not None:
-                return got
-            seen.update(r[0] for r in rows)
-            if len(rows) < page:
-                break
-        waiting = [p for (p,) in await conn.fetch(sql.SQL_GATED_PRIORITIES, now, roles,
-                                                  kinds_list, decision.allowed)] \
-            if decision.refused else []
-        reasons = {**decision.reasons(waiting), **walk.reasons}
-        if not reasons and await conn.fetchval(sql.SQL_ANY_RUNNABLE, now) is not None:
-            reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's "
-                                               "roles" + (" and kinds" if kinds_list else ""))
-        res = ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
-        if walk.next_slot is not None:
-            res.next_slot_s = max(0.0, walk.next_slot - t)
-        return res
+    if book is not None:
+        await conn.execute(SQL_LIMITS_LOCK, LIMITS_LOCK_KEY)
+    t, roles_json, hb_json, hb_at = await conn.fetchrow(sql.SQL_CLAIM_WORKER, now,
+                                                        worker_id)
+    decision = gate_decision.decide(policy, hb_json, hb_at, t)
+    if decision.stale is not None:
+        detail = (f"worker {worker_id} never sent a heartbeat" if hb_at is None
+                  else decision.stale)
+        return ClaimResult(reasons=[gates.HEARTBEAT_STALE], detail=detail)
+    roles = lenient_json(roles_json, [])
+    roles = sorted({x for x in roles if isinstance(x, str)}) if isinstance(roles, list) \
+        else []
+    walk = _Walk(conn, now, t, policy, book, decision, hb_json, bad)
+    if reservations is not None and reservations.maybe:
+        got = await _reserved(conn, now, walk, reservations, worker_id, lease_s, claim_id)
+        if got is not None:
+            return got
+    seen: set[str] = set()
+    for page in (CLAIM_SCAN, SCAN):
+        rows = await conn.fetch(SQL_CANDIDATES, now, roles, kinds_list,
+                                float(policy.aging_interval_s), decision.allowed, page)
+        got = await walk.take_first([r for r in rows if r[0] not in seen], worker_id,
+                                    lease_s, claim_id)
+        if got is not None:
+            return got
+        seen.update(r[0] for r in rows)
+        if len(rows) < page:
+            break
+    waiting = [p for (p,) in await conn.fetch(sql.SQL_GATED_PRIORITIES, now, roles,
+                                              kinds_list, decision.allowed)] \
+        if decision.refused else []
+    reasons = {**decision.reasons(waiting), **walk.reasons}
+    if not reasons and await conn.fetchval(sql.SQL_ANY_RUNNABLE, now) is not None:
+        reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's "
+                                           "roles" + (" and kinds" if kinds_list else ""))
+    res = ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
+    if walk.next_slot is not None:
+        res.next_slot_s = max(0.0, walk.next_slot - t)
+    return res
+
+
+async def _reserved(conn: Any, now: float | None, walk: _Walk, hint: Any, worker_id: str,
+                    lease_s: float, claim_id: str | None) -> ClaimResult | None:
+    """The job reserved on `worker_id`, taken (its reservation gone, its units held) while
+    its limits have room, as SQLite's claim does (gates not judged: the victim's slot is
+    promised to it); None otherwise, the hint lowered when no reservation is left."""
+    epoch = hint.epoch
+    rows = await conn.fetch(SQL_RESERVED_FOR, now, worker_id)
+    if rows:
+        got = await walk.take_first(list(rows), worker_id, lease_s, claim_id, gated=False)
+        if got is not None:
+            await conn.execute(SQL_DELETE_RESERVATION, got.job.job_id)
+        return got
+    if not await conn.fetchval(SQL_RESERVED_LEFT, worker_id) and hint.epoch == epoch:
+        hint.maybe = False
+    return None
 
 
 class _Walk:
@@ -213,8 +260,9 @@ class _Walk:
 
     def __init__(self, conn: Any, now: float | None, t: float, policy: ClaimPolicy,
                  book: lim.LimitBook | None, decision: gate_decision.GateDecision,
-                 heartbeat_json: str) -> None:
+                 heartbeat_json: str, bad: list[Any]) -> None:
         self.conn, self.now, self.t, self.policy, self.book = conn, now, t, policy, book
+        self.bad = bad  # taken rows that do not decode (claim dead-letters them)
         self.decision, self._heartbeat_json = decision, heartbeat_json
         self._readings: dict[str, Any] | None = None
         self.limits = Readings(conn, now)
@@ -222,8 +270,9 @@ class _Walk:
         self.next_slot: float | None = None
 
     async def take_first(self, rows: list[Any], worker_id: str, lease_s: float,
-                         claim_id: str | None) -> ClaimResult | None:
-        """Take the first of `rows` that passes (None: none did)."""
+                         claim_id: str | None, gated: bool = True) -> ClaimResult | None:
+        """Take the first of `rows` that passes (None: none did; `gated` False: limits
+        judged, gates not)."""
         from coordd.store.postgres import claims as plain  # the plain claim's row decoding
         uses: dict[str, list[tuple[str, int]]] = {}
         if self.book is not None and rows:
@@ -231,7 +280,7 @@ class _Walk:
                                                              [r[0] for r in rows]):
                 uses.setdefault(job_id, []).append((name, units))
         for job_id, prio, _queued_at, gates_json, _eff in rows:
-            if not await self._gates_pass(job_id, prio, gates_json):
+            if gated and not await self._gates_pass(job_id, prio, gates_json):
                 continue
             job_uses = uses.get(job_id, [])
             if job_uses and self.book is not None:
@@ -249,7 +298,7 @@ class _Walk:
                 got = plain.claimed(row)
                 await _hold(self.conn, self.now, self.book, job_id, worker_id, prio, job_uses)
                 return got
-            await plain.dead_letter(self.conn, self.now, row, worker_id)
+            self.bad.append(row)
         return None
 
     async def _gates_pass(self, job_id: str, prio: int, gates_json: str | None) -> bool:

@@ -54,14 +54,16 @@ class Claims:
 
     async def claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy,
                     kinds: Sequence[str] | None, claim_id: str | None,
-                    now: float | None) -> ClaimResult:
+                    now: float | None, reservations: Any = None) -> ClaimResult:
         """See PostgresStore.claim. A connection lost under the statement (it may have
         committed) looks the `claim_id` up once on another: the lease it granted, if any,
         is the answer, never left to the reaper. With limits, aging or per-job
-        gates in play, the admission path (coordd.store.postgres.admission).
+        gates in play, the admission path (coordd.store.postgres.admission), which takes
+        a job reserved on the worker first (`reservations`: the store's reservation hint).
         Raises: errors.Unavailable."""
         try:
-            return await self._claim(worker_id, lease_s, policy, kinds, claim_id, now)
+            return await self._claim(worker_id, lease_s, policy, kinds, claim_id, now,
+                                     reservations)
         except errors.Unavailable:
             if claim_id is None:
                 raise
@@ -73,7 +75,7 @@ class Claims:
 
     async def _claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy,
                      kinds: Sequence[str] | None, claim_id: str | None,
-                     now: float | None) -> ClaimResult:
+                     now: float | None, reservations: Any = None) -> ClaimResult:
         kinds_list = None if kinds is None else sorted(set(kinds))
         if claim_id is not None:
             async with self._conn() as conn:
@@ -83,7 +85,7 @@ class Claims:
         if admission.needed(policy, self.gated):
             async with self._conn() as conn:
                 return await admission.claim(conn, worker_id, lease_s, policy, kinds_list,
-                                             claim_id, now)
+                                             claim_id, now, reservations)
         seen = self._seen.get(worker_id)
         if seen is not None and seen.policy is policy and seen.decision.allowed:
             row = await self.batcher.submit(now, (worker_id, claim_id, lease_s, kinds_list, seen))

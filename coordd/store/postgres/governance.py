@@ -26,7 +26,7 @@ from coordd.store.api import LeaseRef
 from coordd.store.api_governance import (
     Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
 )
-from coordd.store.postgres import apply, claims, resources, sql, workflows
+from coordd.store.postgres import admission, apply, claims, resources, sql, workflows
 from coordd.store.postgres.sql import NOW
 
 PREEMPT_LOCK_KEY = "coordd-preempt"  # one preemption scan at a time (xact advisory lock)
@@ -151,11 +151,7 @@ SQL_RESERVED_CLAIM = (  # $3 lease_s, $4 claim_id
     "SELECT j.job_id, j.kind, j.required_role, j.priority, j.payload_json, j.attempts, "
     f"j.checkpoint_json, j.max_runtime_s, j.last_token, {NOW} + $3::float8, $3::float8 FROM j"
 )
-SQL_RESERVED_LEFT = (  # drop worker $1's reservations whose job no longer waits; any left?
-    "WITH d AS (DELETE FROM reservations r USING jobs j WHERE r.worker_id = $1 "
-    "AND j.job_id = r.job_id AND j.status <> 'waiting' RETURNING r.job_id) "
-    "SELECT EXISTS (SELECT 1 FROM reservations WHERE job_id NOT IN (SELECT job_id FROM d))"
-)
+SQL_RESERVED_LEFT = admission.SQL_RESERVED_LEFT  # drop stale ones; any left?
 SQL_JOB_GOVERNANCE = (  # the lease's state, preemptions, the reservation (or NULLs)
     "SELECT l.suspended_at, l.suspend_reason, l.vacate_reason, j.preemptions, r.worker_id, "
     "r.victim_job_id, v.priority, r.expires_at FROM jobs j "

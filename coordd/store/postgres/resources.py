@@ -150,16 +150,20 @@ class ResourcesPostgres:
                 if row is not None:
                     return await _with_gpus(conn, claims.claimed(row))
             while True:
-                async with conn.transaction():
+                bad: list[Any] = []  # taken rows that do not decode: dead-lettered after
+                async with conn.transaction():  # the commit, in the workflow-then-node order
                     got = await self._admit_once(conn, worker_id, lease_s, policy, kinds,
-                                                 claim_id, now)
+                                                 claim_id, now, bad)
+                for row in bad:
+                    await claims.dead_letter(conn, now, row, worker_id)
                 if got is not None:
                     return got
 
     async def _admit_once(self, conn: Any, worker_id: str, lease_s: float,
                           policy: ClaimPolicy, kinds: list[str] | None,
-                          claim_id: str | None, now: float | None) -> ClaimResult | None:
-        """One try; None when the job taken was dead-lettered (undecodable data)."""
+                          claim_id: str | None, now: float | None,
+                          bad: list[Any]) -> ClaimResult | None:
+        """One try; None when the job taken does not decode (its row put in `bad`)."""
         t, roles_json, hb_json, hb_at = await conn.fetchrow(sql.SQL_CLAIM_WORKER, now, worker_id)
         decision = gate_decision.decide(policy, hb_json, hb_at, t)
         if decision.stale is not None:
@@ -177,7 +181,7 @@ class ResourcesPostgres:
             if short is not None:  # the victim's GPU memory is not free yet: nobody else's
                 return ClaimResult(reasons=[resources.RESOURCES],
                                    detail=f"reserved for job {reserved[0]}: {short}")
-            return await _take(conn, now, worker_id, reserved[0], lease_s, claim_id,
+            return await _take(conn, now, worker_id, reserved[0], lease_s, claim_id, bad,
                                adm.grants.get(reserved[0]))
         roles = lenient_json(roles_json, [])
         roles = sorted({r for r in roles if isinstance(r, str)}) if isinstance(roles, list) else []
@@ -190,7 +194,7 @@ class ResourcesPostgres:
         for job_id, prio, *_ in walk:
             short = adm.admit(job_id, prio)
             if short is None:
-                return await _take(conn, now, worker_id, job_id, lease_s, claim_id,
+                return await _take(conn, now, worker_id, job_id, lease_s, claim_id, bad,
                                    adm.grants.get(job_id))
             why.setdefault(resources.RESOURCES, short)
         refused = [p for (p,) in await conn.fetch(sql.SQL_GATED_PRIORITIES, now, roles, kinds,
@@ -237,14 +241,16 @@ async def _requests(conn: Any, job_ids: list[str]) -> dict[str, Request]:
 
 
 async def _take(conn: Any, now: float | None, worker_id: str, job_id: str, lease_s: float,
-                claim_id: str | None, grant: Grant | None) -> ClaimResult | None:
-    """Take the locked job under a new lease with its grant; None if it was dead-lettered."""
+                claim_id: str | None, bad: list[Any], grant: Grant | None
+                ) -> ClaimResult | None:
+    """Take the locked job under a new lease with its grant; None if its data does not
+    decode (the row appended to `bad`, for claims.dead_letter once this commits)."""
     row = await conn.fetchrow(SQL_TAKE, now, job_id, worker_id, lease_s, claim_id,
                               *grant_row(grant))
     try:
         got = claims.claimed(row)
     except claims.Undecodable:
-        await claims.dead_letter(conn, now, row, worker_id)
+        bad.append(row)
         return None
     if grant is not None and got.job is not None:
         got.job.gpu_ids = list(grant.gpu_ids) or None

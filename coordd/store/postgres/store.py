@@ -223,12 +223,15 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
             if admission.needed(policy, self.claims.gated):  # two walks not merged yet
                 raise errors.BadRequest(COMBINE_REFUSED)
             return await self.admitted_claim(worker_id, lease_s, policy, kinds, claim_id, now)
-        if self.reservation_hint.maybe:  # preemption's reservations, taken first
+        admitted = admission.needed(policy, self.claims.gated)
+        if self.reservation_hint.maybe and not admitted:  # preemption's reservations first
             reserved = await self.reserved_claim(worker_id, lease_s, claim_id,
                                                  policy.heartbeat_stale_s, now)
             if reserved is not None:
                 return reserved
-        return await self.claims.claim(worker_id, lease_s, policy, kinds, claim_id, now)
+        return await self.claims.claim(worker_id, lease_s, policy, kinds, claim_id, now,
+                                       reservations=self.reservation_hint if admitted
+                                       else None)
 
     async def check_combinable(self, jobs: Sequence[NewJob], policy: ClaimPolicy) -> None:
         """Refuse, at enqueue, a job whose claims this store could not judge yet: resource
