@@ -85,6 +85,36 @@ async def test_a_statement_timeout_is_unavailable_not_internal(request, tmp_path
         await b.store.close()
 
 
+async def test_a_deadlock_is_unavailable_not_internal(request, tmp_path, pg_dsn):
+    """A transaction PostgreSQL rolls back (deadlock, serialization: class 40) stored
+    nothing: the caller gets the retryable `unavailable`, not `internal`."""
+    b = await _pg(request, tmp_path, "")
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        first, second = await b.enqueue(), await b.enqueue()
+        lock = "SELECT 1 FROM jobs WHERE job_id = $1 FOR UPDATE"
+        both_hold = asyncio.Event()
+
+        async def store_side() -> None:
+            async with b.store._conn() as conn, conn.transaction():
+                await conn.execute(lock, first)
+                await both_hold.wait()
+                await conn.execute(lock, second)
+
+        await admin.execute("SET deadlock_timeout = '60s'")  # the store's side is the victim
+        async with admin.transaction():
+            await admin.execute(lock, second)
+            task = asyncio.ensure_future(store_side())
+            await asyncio.sleep(0.3)  # the store's session holds `first`
+            both_hold.set()
+            await admin.execute(lock, first)  # waits until the victim rolls back
+        with pytest.raises(errors.Unavailable, match="deadlock detected.*retry"):
+            await asyncio.wait_for(task, 10)
+    finally:
+        await admin.close()
+        await b.store.close()
+
+
 async def test_a_claim_skips_a_head_row_another_session_locks(request, tmp_path, pg_dsn):
     """SKIP LOCKED: a claim is not stuck behind a session holding FOR UPDATE on the head
     job; it takes the next one, and the head is still there once the lock goes."""

@@ -142,6 +142,10 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
             raise errors.BadRequest(f"postgresql refused the values: {exc}") from exc
         except _UNAVAILABLE as exc:
             raise errors.Unavailable(f"postgresql: {exc}") from exc
+        except asyncpg.TransactionRollbackError as exc:  # class 40: nothing of it stored
+            raise errors.Unavailable("postgresql rolled the transaction back "
+                                     f"({getattr(exc, 'message', exc)}); "
+                                     "retry") from exc
         finally:
             await pool.release(conn)
 
