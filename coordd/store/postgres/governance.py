@@ -41,27 +41,10 @@ SQL_SET_STATE = (  # $1 worker, $2 incarnation, $3 kinds JSON, $4 broken kinds J
 )
 SQL_SET_OFFLINE = f"UPDATE workers SET offline_at = {NOW} WHERE worker_id = $2"
 # Every lease of worker $2 ends as coordd.transitions.lost_lease(worker_lost) decides (the
-# reaper's CASE, sql.SQL_REAP); $3..$9 its texts (WORKER_LOST_TEXTS).
+# reaper's lease ends, sql.END_LOST_LEASES); $3..$9 its texts (WORKER_LOST_TEXTS).
 SQL_LOSE_WORKER = (
     "WITH x AS (SELECT job_id FROM leases WHERE worker_id = $2 ORDER BY job_id FOR UPDATE), "
-    "l AS (DELETE FROM leases USING x WHERE leases.job_id = x.job_id "
-    "RETURNING leases.job_id, leases.worker_id), "
-    "j AS (UPDATE jobs SET status = CASE WHEN jobs.cancel_requested THEN 'cancelled' "
-    "WHEN jobs.attempts >= jobs.max_attempts THEN 'failed' ELSE 'waiting' END, "
-    "last_error = CASE WHEN jobs.cancel_requested THEN $3::text "
-    "WHEN jobs.attempts >= jobs.max_attempts THEN $5::text "
-    "ELSE $7::text || l.worker_id || $8::text END, "
-    "finished_at = CASE WHEN jobs.cancel_requested OR jobs.attempts >= jobs.max_attempts "
-    f"THEN {NOW} END, "
-    "run_at = CASE WHEN jobs.cancel_requested OR jobs.attempts >= jobs.max_attempts "
-    f"THEN jobs.run_at ELSE {NOW} END, "
-    "queued_at = CASE WHEN jobs.cancel_requested OR jobs.attempts >= jobs.max_attempts "
-    f"THEN jobs.queued_at ELSE {NOW} END, "
-    f"cancel_requested = false, updated_at = {NOW} FROM l WHERE jobs.job_id = l.job_id "
-    "RETURNING jobs.job_id, jobs.status, l.worker_id), "
-    "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
-    f"SELECT job_id, {NOW}, worker_id, 'running', status, CASE WHEN status = 'cancelled' "
-    "THEN $4::text WHEN status = 'failed' THEN $6::text ELSE $9::text END FROM j) "
+    + sql.END_LOST_LEASES +
     "SELECT job_id, status FROM j ORDER BY job_id"
 )
 

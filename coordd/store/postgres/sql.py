@@ -176,15 +176,11 @@ SQL_RETRY = (
     f"updated_at = {NOW}, finished_at = NULL, cancel_requested = false, last_error = NULL "
     "WHERE job_id = $2 RETURNING run_at"
 )
-# One idempotent statement: expired leases (oldest first, $2 at most; rows another reaper
-# holds are skipped) end, their jobs go back to waiting at the back of their priority, or
-# to failed once attempts are spent, or cancelled if a cancel was requested, as
-# coordd.transitions.lost_lease decides; $3..$9 its texts (postgres.apply.REAP_TEXTS).
-# Workflow nodes' leases are left to postgres.workflows.reap_nodes (settled with them).
-SQL_REAP = (
-    "WITH x AS (SELECT l.job_id FROM leases l JOIN jobs n ON n.job_id = l.job_id "
-    f"WHERE l.expires_at <= {NOW} AND n.workflow_id IS NULL ORDER BY l.expires_at "
-    "LIMIT $2 FOR UPDATE OF l SKIP LOCKED), "
+# The leases of the CTE `x` (job ids, locked by it) end as coordd.transitions.lost_lease
+# decides: waiting again at the back of its priority, failed once attempts are spent,
+# cancelled if a cancel was requested, an event each; $3..$9 its texts (the reaper's,
+# postgres.apply.REAP_TEXTS, or a lost worker's). Leaves the CTE `j` (job_id, status).
+END_LOST_LEASES = (
     "l AS (DELETE FROM leases USING x WHERE leases.job_id = x.job_id "
     "RETURNING leases.job_id, leases.worker_id), "
     "j AS (UPDATE jobs SET status = CASE WHEN jobs.cancel_requested THEN 'cancelled' "
@@ -203,6 +199,18 @@ SQL_REAP = (
     "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     f"SELECT job_id, {NOW}, worker_id, 'running', status, CASE WHEN status = 'cancelled' "
     "THEN $4::text WHEN status = 'failed' THEN $6::text ELSE $9::text END FROM j) "
+)
+
+# One idempotent statement: expired leases (oldest first, $2 at most; rows another reaper
+# holds are skipped) end, their jobs go back to waiting at the back of their priority, or
+# to failed once attempts are spent, or cancelled if a cancel was requested, as
+# coordd.transitions.lost_lease decides; $3..$9 its texts (postgres.apply.REAP_TEXTS).
+# Workflow nodes' leases are left to postgres.workflows.reap_nodes (settled with them).
+SQL_REAP = (
+    "WITH x AS (SELECT l.job_id FROM leases l JOIN jobs n ON n.job_id = l.job_id "
+    f"WHERE l.expires_at <= {NOW} AND n.workflow_id IS NULL ORDER BY l.expires_at "
+    "LIMIT $2 FOR UPDATE OF l SKIP LOCKED), "
+    + END_LOST_LEASES +
     "SELECT count(*), count(*) FILTER (WHERE status = 'waiting') FROM j"
 )
 
