@@ -1,0 +1,159 @@
+"""docs/reference/configuration.md: coordd's and the worker's TOML keys, from their
+config Structs (type, default, unit, range, meaning), the checks beyond each key's range,
+and both daemons' command lines."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import msgspec
+
+from coordd import config as coordd_config
+from coordd import gates, limits, ranges, resources
+from coordd.__main__ import build_parser as coordd_parser
+from coordd.protocol import Readings
+from docgen import md
+from docgen.cli_page import fixed_width, options_table
+from worker import config as worker_config
+from worker import probes
+from worker.__main__ import build_parser as worker_parser
+
+UNITS = (("_s", "seconds"), ("_ms", "milliseconds"), ("_bytes", "bytes"), ("_pct", "percent"),
+         ("_c", "°C"), ("_mb", "MiB"), ("_pages", "pages"), ("_chars", "characters"))
+
+
+def unit(name: str) -> str:
+    """The unit a key's name says (its suffix), or empty."""
+    for suffix, word in UNITS:
+        if name.endswith(suffix):
+            return word
+    return ""
+
+
+def key_rows(cls: type[msgspec.Struct], rules: dict[str, ranges.Range],
+             defaults: Any = None) -> list[list[str]]:
+    """One row per field: key, type, default, unit, range, meaning."""
+    notes = md.field_notes(cls)
+    rows = []
+    for f in msgspec.structs.fields(cls):
+        default = md.default_text(f) if defaults is None else md.value_text(
+            getattr(defaults, f.name))
+        rule = rules.get(f.name)
+        rows.append([md.code(f.name), md.type_text(f.type), md.code(default), unit(f.name),
+                     rule.text() if rule else "", notes.get(f.name, "")])
+    return rows
+
+
+HEAD = ["key", "type", "default", "unit", "range", "meaning"]
+
+
+def checks(*funcs: Any) -> str:
+    """The ValueError messages of `funcs` as a bullet list."""
+    msgs = [m for f in funcs for m in md.raised_messages(f)]
+    return "".join(f"- {m}\n" for m in msgs)
+
+
+def gates_section() -> str:
+    policies = gates.default_policies()
+    notes = md.field_notes(gates.GatePolicy)
+    rows = []
+    for f in msgspec.structs.fields(gates.GatePolicy):
+        rule = coordd_config.GATE_RANGES.get(f.name)
+        rows.append([md.code(f.name), md.type_text(f.type)]
+                    + [md.code(md.value_text(getattr(policies[p], f.name))) for p in range(4)]
+                    + [unit(f.name), rule.text() if rule else "", notes.get(f.name, "")])
+    return (
+        "## `[gates.p0]` .. `[gates.p3]`: gate policies\n\n"
+        f"{md.summary(gates.GatePolicy.__doc__)} Keys given in a table replace that "
+        "priority's built-in default; a job's own `gates` (enqueue) override them again.\n\n"
+        f"{md.summary(gates.default_policies.__doc__)}\n\n"
+        + md.table(["key", "type", "P0", "P1", "P2", "P3", "unit", "range", "meaning"], rows)
+        + "\nChecked when the file is loaded:\n\n" + checks(gates.GatePolicy.__post_init__)
+        + "\n")
+
+
+def limits_section() -> str:
+    return (
+        "## `[limits.NAME]`: fleet-wide limits\n\n"
+        f"{md.summary(limits.LimitSpec.__doc__)} `coordctl limits set` overrides them at "
+        "runtime. `rate` and each `budget` value are `N/WINDOW` with a window of "
+        f"{', '.join(md.code(w) for w in limits.WINDOWS_S)} (e.g. `120/min`, `5/10s`).\n\n"
+        + md.table(HEAD, key_rows(limits.LimitSpec, {})) + "\n")
+
+
+def worker_sections() -> str:
+    res_rules = {k: ranges.Range(0, v) for k, v in resources.MAX.items()}
+    placeholders = ", ".join(f"`{{{p}}}` (`COORD_{p.upper()}`)"
+                             for p in worker_config.PLACEHOLDERS)
+    return (
+        "# coord-worker\n\n"
+        "`coord-worker --config FILE` reads one TOML file (durations in seconds, sizes in "
+        f"bytes). {later_paragraphs(worker_config.__doc__)}"
+        "\n\n## Top-level keys\n\n"
+        + md.table(HEAD, key_rows(worker_config.WorkerConfig, worker_config.RANGES))
+        + "\nChecked when the file is loaded, beyond each key's range:\n\n"
+        + checks(worker_config.WorkerConfig.__post_init__) + "\n"
+        "## `[kinds.NAME]`: job kinds\n\n"
+        f"{md.summary(worker_config.KindConfig.__doc__)} In `argv`, the placeholders "
+        f"{placeholders} and `{{python}}` (the worker's own interpreter) are replaced; the "
+        "model gets the same values in its environment.\n\n"
+        + md.table(HEAD, key_rows(worker_config.KindConfig, worker_config.KIND_RANGES))
+        + "\nChecked when the file is loaded:\n\n" + checks(worker_config.KindConfig.check)
+        + "\n### A kind's `resources`\n\n"
+        f"{md.summary(resources.Request.__doc__)}\n\n"
+        + md.table(HEAD, key_rows(resources.Request, res_rules)) + "\n"
+        "## `[resources]`: what this worker offers\n\n"
+        f"{md.summary(worker_config.ResourcesConfig.__doc__)}\n\n"
+        + md.table(HEAD, key_rows(worker_config.ResourcesConfig,
+                                  worker_config.RESOURCE_RANGES)) + "\n"
+        + readings_section()
+        + "## Command line\n\n" + command_line(worker_parser()))
+
+
+def readings_section() -> str:
+    hints = {f.name: f.type for f in msgspec.structs.fields(Readings)}
+    notes = md.field_notes(Readings)
+    rows = [[md.code(k), md.type_text(hints.get(k, str | None)), unit(k), notes.get(k, "")]
+            for k in probes.READING_KEYS]
+    return ("## `--readings-override FILE`: reading keys\n\n"
+            "A JSON object whose keys replace the probes' readings, read again on every "
+            "heartbeat (for drills and tests of the gates). The keys a probe or a gate "
+            "reads (others are warned about once):\n\n"
+            + md.table(["key", "type", "unit", "meaning"], rows) + "\n")
+
+
+def later_paragraphs(doc: str | None) -> str:
+    """A module docstring without its first paragraph (which says what the module is)."""
+    return " ".join(md.summary(doc).split("\n\n")[1:])
+
+
+def command_line(parser: argparse.ArgumentParser) -> str:
+    """The usage line and the options table of a daemon's parser."""
+    with fixed_width():
+        usage = parser.format_usage().removeprefix("usage: ").rstrip()
+    return (f"```text\n{usage}\n```\n\n{md.summary(parser.description)}\n\n"
+            + options_table(parser) + "\n")
+
+
+def render() -> str:
+    """The whole page."""
+    cfg = coordd_config.Config
+    return (
+        md.header("Configuration", "coordd/config.py, coordd/gates.py, coordd/limits.py, "
+                  "worker/config.py and both daemons' argparse parsers",
+                  "Every key of coordd's and coord-worker's TOML files: its type, default, "
+                  "unit, the range the code checks, and what it does. Unknown keys are an "
+                  "error in both files (a typo never falls back to a default silently). "
+                  "A command-line flag wins over the file.")
+        + "# coordd\n\n"
+        "`coordd --config FILE` reads one TOML file (durations in seconds, sizes in bytes). "
+        f"{later_paragraphs(coordd_config.__doc__)} "
+        "A SIGHUP re-reads the file and applies what can change at runtime.\n\n"
+        "## Top-level keys\n\n"
+        + md.table(HEAD, key_rows(cfg, coordd_config.RANGES))
+        + "\nChecked when the file is loaded, beyond each key's range:\n\n"
+        + checks(cfg.__post_init__, cfg._check_tcp) + "\n"
+        + gates_section() + limits_section()
+        + "## Command line\n\n" + command_line(coordd_parser())
+        + worker_sections())
