@@ -12,7 +12,7 @@ from coordctl.__main__ import build_parser
 from coordd import ranges
 from docgen import md
 
-USAGE_COLUMNS = "90"  # argparse wraps usage lines at $COLUMNS: fixed, so the page is stable
+USAGE_COLUMNS = "80"  # argparse wraps usage lines at $COLUMNS: fixed, so the page is stable
 
 EXAMPLE = """\
 ## Example

@@ -26,7 +26,7 @@ def render() -> str:
         "      show_source: false\n"
         "      inherited_members: true\n"
         "      members_order: source\n"
-        "      filters: [\"!^_\"]\n\n"
+        "      filters: [\"!^_\", \"!^message$\"]\n\n"
         "::: coordd.errors\n"
         "    options:\n"
         "      heading_level: 2\n"

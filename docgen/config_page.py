@@ -31,6 +31,16 @@ def unit(name: str) -> str:
     return ""
 
 
+def range_text(name: str, rule: ranges.Range | None) -> str:
+    """`unit, range` of a key (a duration's 10-year cap is said once, in the intro)."""
+    text = ""
+    if rule is not None:
+        if rule.high == ranges.SECONDS_MAX:
+            rule = ranges.Range(rule.low, None, rule.low_open)
+        text = rule.text()
+    return ", ".join(x for x in (unit(name), text) if x)
+
+
 def key_rows(cls: type[msgspec.Struct], rules: dict[str, ranges.Range],
              defaults: Any = None) -> list[list[str]]:
     """One row per field: key, type, default, unit, range, meaning."""
@@ -39,13 +49,12 @@ def key_rows(cls: type[msgspec.Struct], rules: dict[str, ranges.Range],
     for f in msgspec.structs.fields(cls):
         default = md.default_text(f) if defaults is None else md.value_text(
             getattr(defaults, f.name))
-        rule = rules.get(f.name)
-        rows.append([md.code(f.name), md.type_text(f.type), md.code(default), unit(f.name),
-                     rule.text() if rule else "", notes.get(f.name, "")])
+        rows.append([md.code(f.name), md.type_text(f.type), md.code(default),
+                     range_text(f.name, rules.get(f.name)), notes.get(f.name, "")])
     return rows
 
 
-HEAD = ["key", "type", "default", "unit", "range", "meaning"]
+HEAD = ["key", "type", "default", "unit, range", "meaning"]
 
 
 def checks(*funcs: Any) -> str:
@@ -59,23 +68,23 @@ def gates_section() -> str:
     notes = md.field_notes(gates.GatePolicy)
     rows = []
     for f in msgspec.structs.fields(gates.GatePolicy):
-        rule = coordd_config.GATE_RANGES.get(f.name)
         rows.append([md.code(f.name), md.type_text(f.type)]
                     + [md.code(md.value_text(getattr(policies[p], f.name))) for p in range(4)]
-                    + [unit(f.name), rule.text() if rule else "", notes.get(f.name, "")])
+                    + [range_text(f.name, coordd_config.GATE_RANGES.get(f.name)),
+                       notes.get(f.name, "")])
     return (
-        "## `[gates.p0]` .. `[gates.p3]`: gate policies\n\n"
+        "### `[gates.p0]` .. `[gates.p3]`: gate policies\n\n"
         f"{md.summary(gates.GatePolicy.__doc__)} Keys given in a table replace that "
         "priority's built-in default; a job's own `gates` (enqueue) override them again.\n\n"
         f"{md.summary(gates.default_policies.__doc__)}\n\n"
-        + md.table(["key", "type", "P0", "P1", "P2", "P3", "unit", "range", "meaning"], rows)
+        + md.table(["key", "type", "P0", "P1", "P2", "P3", "unit, range", "meaning"], rows)
         + "\nChecked when the file is loaded:\n\n" + checks(gates.GatePolicy.__post_init__)
         + "\n")
 
 
 def limits_section() -> str:
     return (
-        "## `[limits.NAME]`: fleet-wide limits\n\n"
+        "### `[limits.NAME]`: fleet-wide limits\n\n"
         f"{md.summary(limits.LimitSpec.__doc__)} `coordctl limits set` overrides them at "
         "runtime. `rate` and each `budget` value are `N/WINDOW` with a window of "
         f"{', '.join(md.code(w) for w in limits.WINDOWS_S)} (e.g. `120/min`, `5/10s`).\n\n"
@@ -87,28 +96,28 @@ def worker_sections() -> str:
     placeholders = ", ".join(f"`{{{p}}}` (`COORD_{p.upper()}`)"
                              for p in worker_config.PLACEHOLDERS)
     return (
-        "# coord-worker\n\n"
-        "`coord-worker --config FILE` reads one TOML file (durations in seconds, sizes in "
-        f"bytes). {later_paragraphs(worker_config.__doc__)}"
-        "\n\n## Top-level keys\n\n"
+        "## coord-worker\n\n"
+        "`coord-worker --config FILE` reads one TOML file. "
+        f"{later_paragraphs(worker_config.__doc__)}"
+        "\n\n### Top-level keys\n\n"
         + md.table(HEAD, key_rows(worker_config.WorkerConfig, worker_config.RANGES))
         + "\nChecked when the file is loaded, beyond each key's range:\n\n"
         + checks(worker_config.WorkerConfig.__post_init__) + "\n"
-        "## `[kinds.NAME]`: job kinds\n\n"
+        "### `[kinds.NAME]`: job kinds\n\n"
         f"{md.summary(worker_config.KindConfig.__doc__)} In `argv`, the placeholders "
         f"{placeholders} and `{{python}}` (the worker's own interpreter) are replaced; the "
         "model gets the same values in its environment.\n\n"
         + md.table(HEAD, key_rows(worker_config.KindConfig, worker_config.KIND_RANGES))
         + "\nChecked when the file is loaded:\n\n" + checks(worker_config.KindConfig.check)
-        + "\n### A kind's `resources`\n\n"
+        + "\n#### A kind's `resources`\n\n"
         f"{md.summary(resources.Request.__doc__)}\n\n"
         + md.table(HEAD, key_rows(resources.Request, res_rules)) + "\n"
-        "## `[resources]`: what this worker offers\n\n"
+        "### `[resources]`: what this worker offers\n\n"
         f"{md.summary(worker_config.ResourcesConfig.__doc__)}\n\n"
         + md.table(HEAD, key_rows(worker_config.ResourcesConfig,
                                   worker_config.RESOURCE_RANGES)) + "\n"
         + readings_section()
-        + "## Command line\n\n" + command_line(worker_parser()))
+        + "### Command line\n\n" + command_line(worker_parser()))
 
 
 def readings_section() -> str:
@@ -116,7 +125,7 @@ def readings_section() -> str:
     notes = md.field_notes(Readings)
     rows = [[md.code(k), md.type_text(hints.get(k, str | None)), unit(k), notes.get(k, "")]
             for k in probes.READING_KEYS]
-    return ("## `--readings-override FILE`: reading keys\n\n"
+    return ("### `--readings-override FILE`: reading keys\n\n"
             "A JSON object whose keys replace the probes' readings, read again on every "
             "heartbeat (for drills and tests of the gates). The keys a probe or a gate "
             "reads (others are warned about once):\n\n"
@@ -145,15 +154,16 @@ def render() -> str:
                   "Every key of coordd's and coord-worker's TOML files: its type, default, "
                   "unit, the range the code checks, and what it does. Unknown keys are an "
                   "error in both files (a typo never falls back to a default silently). "
-                  "A command-line flag wins over the file.")
-        + "# coordd\n\n"
-        "`coordd --config FILE` reads one TOML file (durations in seconds, sizes in bytes). "
+                  "A command-line flag wins over the file. Durations are in seconds and "
+                  f"at most {ranges.SECONDS_MAX:.0f} s (10 years); sizes are in bytes.")
+        + "## coordd\n\n"
+        "`coordd --config FILE` reads one TOML file. "
         f"{later_paragraphs(coordd_config.__doc__)} "
         "A SIGHUP re-reads the file and applies what can change at runtime.\n\n"
-        "## Top-level keys\n\n"
+        "### Top-level keys\n\n"
         + md.table(HEAD, key_rows(cfg, coordd_config.RANGES))
         + "\nChecked when the file is loaded, beyond each key's range:\n\n"
         + checks(cfg.__post_init__, cfg._check_tcp) + "\n"
         + gates_section() + limits_section()
-        + "## Command line\n\n" + command_line(coordd_parser())
+        + "### Command line\n\n" + command_line(coordd_parser())
         + worker_sections())

@@ -25,9 +25,18 @@ def header(title: str, source: str, intro: str) -> str:
     return GENERATED.format(source=source) + f"# {title}\n\n{intro.strip()}\n\n"
 
 
+CODE_SPAN = re.compile(r"(`+).+?\1")
+
+
 def cell(text: Any) -> str:
-    """`text` made safe for one table cell: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """`text` made safe for one table cell: one line, pipes escaped outside code spans
+    (the tables extension keeps a code span's pipes inside the cell)."""
+    text = " ".join(str(text).split())
+    out, pos = [], 0
+    for m in CODE_SPAN.finditer(text):
+        out += [text[pos:m.start()].replace("|", "\\|"), m.group(0)]
+        pos = m.end()
+    return "".join(out) + text[pos:].replace("|", "\\|")
 
 
 def table(head: list[str], rows: list[list[Any]]) -> str:

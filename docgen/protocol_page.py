@@ -219,7 +219,7 @@ def render() -> str:
                      md.type_text(result_type(funcs[m]), link),
                      "admin" if m in protocol.ADMIN_METHODS else "",
                      "" if m in SERVED else "SQLite only"] for m in methods]
-    types = reachable([protocol.Request, protocol.Reply]
+    types = reachable([protocol.Request, protocol.Reply, protocol.Readings]
                       + [protocol.PARAMS[m] for m in methods]
                       + [result_type(funcs[m]) for m in methods])
     return (
