@@ -31,7 +31,7 @@ def render() -> str:
         extra = ""
         if kind == "histogram":
             bounds = [b for b in fam._upper_bounds if b != float("inf")]
-            extra = " Buckets (`le`): " + ", ".join(f"{b:g}" for b in bounds) + ", +Inf."
+            extra = ". Buckets (`le`): " + ", ".join(f"{b:g}" for b in bounds) + ", +Inf."
         rows.append([md.code(name), kind, md.code(series), labels, fam._documentation + extra])
     return (
         md.header("Metrics", "coordd/metrics.py",
