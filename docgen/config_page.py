@@ -145,6 +145,20 @@ def command_line(parser: argparse.ArgumentParser) -> str:
             + options_table(parser) + "\n")
 
 
+ENV_FOLDERS = ["coordd", "worker", "coordctl", "coordd_web", "coordd_mcp"]
+
+
+def environment_section() -> str:
+    """Every environment variable the programs read, where, and what that code says."""
+    rows = [[md.code(name), md.code(where), text]
+            for name, where, text in md.environment_reads(ENV_FOLDERS)]
+    return ("## Environment variables\n\n"
+            "Read by coordd, coord-worker, coordctl, coordd-web or coordd-mcp (found in the "
+            "source; the model programs get theirs from `[kinds.NAME]` above). systemd sets "
+            "`LISTEN_*`, `NOTIFY_SOCKET`, `WATCHDOG_*` and `STATE_DIRECTORY` for the units.\n\n"
+            + md.table(["variable", "read in", "what the code says"], rows))
+
+
 def render() -> str:
     """The whole page."""
     cfg = coordd_config.Config
@@ -166,4 +180,4 @@ def render() -> str:
         + checks(cfg.__post_init__, cfg._check_tcp) + "\n"
         + gates_section() + limits_section()
         + "### Command line\n\n" + command_line(coordd_parser())
-        + worker_sections())
+        + worker_sections() + "\n" + environment_section())

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from docgen import cli_page, client_page, config_page, metrics_page, protocol_page
+from docgen.md import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+__all__ = ["PAGES", "REGENERATE", "ROOT", "render_all"]
 REGENERATE = "python -m docgen"
 """The command that rewrites them (run from the repository root)."""
 

@@ -88,6 +88,13 @@ def test_every_config_range_is_shown():
         assert re.search(rf"^\| `{name}` \|.*\| {re.escape(shown)} \|", text, re.M), name
 
 
+def test_every_environment_variable_is_documented():
+    text = section(page("docs/reference/configuration.md"), "Environment variables")
+    names = sorted({n for n, _w, _t in md.environment_reads(config_page.ENV_FOLDERS)})
+    assert "COORDD_SOCKET" in names
+    assert missing_rows(text, names) == []
+
+
 def commands(parser: argparse.ArgumentParser, path: list[str]):
     """(command path, its parser) for every command and subcommand."""
     for name, _help, sp in cli_page.subcommands(parser):
