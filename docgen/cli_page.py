@@ -100,6 +100,19 @@ def options(parser: argparse.ArgumentParser, skip: set[str] = frozenset()
             and a.dest not in skip]
 
 
+def help_text(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The help as `--help` prints it (`%(default)s` and the like filled in)."""
+    text = action.help or ""
+    if "%" not in text:
+        return text
+    params = {**vars(action), "prog": parser.prog}
+    params["default"] = md.value_text(action.default).strip('"')
+    try:
+        return text % params
+    except (KeyError, TypeError, ValueError):
+        return text
+
+
 def options_table(parser: argparse.ArgumentParser, skip: set[str] = frozenset()) -> str:
     """A table of the parser's arguments: flag, value, default, required, help."""
     rows = []
@@ -107,7 +120,7 @@ def options_table(parser: argparse.ArgumentParser, skip: set[str] = frozenset())
         required = "yes" if a.required or not a.option_strings and a.nargs not in ("?", "*") \
             else ""
         rows.append([md.code(flag_name(a)), value_text(a), default_text(a), required,
-                     a.help or ""])
+                     help_text(parser, a)])
     if not rows:
         return "No options.\n"
     return md.table(["argument", "value", "default", "required", "help"], rows)

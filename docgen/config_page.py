@@ -5,7 +5,9 @@ and both daemons' command lines."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
+from unittest import mock
 
 import msgspec
 
@@ -145,6 +147,46 @@ def command_line(parser: argparse.ArgumentParser) -> str:
             + options_table(parser) + "\n")
 
 
+class _Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        super().__init__(parser.prog)
+        self.parser = parser
+
+
+def captured_parser(entry: Any, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser a program's entry point builds: `entry(argv)` runs until its first
+    `parse_args`, which hands the parser back instead of parsing. Run with HOME=~ and no
+    STATE_DIRECTORY, so a default under the home folder reads `~/...` on every machine."""
+    def grab(self: argparse.ArgumentParser, *args: Any, **kw: Any) -> Any:
+        raise _Captured(self)
+
+    env = {"HOME": "~", "STATE_DIRECTORY": None}
+    old = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        with mock.patch.object(argparse.ArgumentParser, "parse_args", grab):
+            entry(argv)
+    except _Captured as got:
+        return got.parser
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    raise RuntimeError(f"{entry} built no argument parser")
+
+
+def other_programs() -> str:
+    """coord-worker enroll, coordd-web and coordd-mcp: their command lines."""
+    from coordd_mcp.__main__ import main as mcp_main
+    from coordd_web.__main__ import parse as web_parse
+    from worker.enroll import main as enroll_main
+    out = ["## Other programs\n\n"]
+    for title, entry in (("coord-worker enroll", enroll_main), ("coordd-web", web_parse),
+                         ("coordd-mcp", mcp_main)):
+        out.append(f"### {title}\n\n" + command_line(captured_parser(entry, [])))
+    return "".join(out)
+
+
 ENV_FOLDERS = ["coordd", "worker", "coordctl", "coordd_web", "coordd_mcp"]
 
 
@@ -180,4 +222,4 @@ def render() -> str:
         + checks(cfg.__post_init__, cfg._check_tcp) + "\n"
         + gates_section() + limits_section()
         + "### Command line\n\n" + command_line(coordd_parser())
-        + worker_sections() + "\n" + environment_section())
+        + worker_sections() + "\n" + other_programs() + environment_section())

@@ -33,14 +33,19 @@ CODE_SPAN = re.compile(r"(`+).+?\1")
 
 
 def cell(text: Any) -> str:
-    """`text` made safe for one table cell: one line, pipes escaped outside code spans
-    (the tables extension keeps a code span's pipes inside the cell)."""
+    """`text` made safe for one table cell: one line; outside code spans, pipes escaped
+    and `<` written as an entity (a code span's pipes stay inside the cell)."""
     text = " ".join(str(text).split())
     out, pos = [], 0
     for m in CODE_SPAN.finditer(text):
-        out += [text[pos:m.start()].replace("|", "\\|"), m.group(0)]
+        out += [_plain(text[pos:m.start()]), m.group(0)]
         pos = m.end()
-    return "".join(out) + text[pos:].replace("|", "\\|")
+    return "".join(out) + _plain(text[pos:])
+
+
+def _plain(text: str) -> str:
+    """Text outside code spans: a pipe stays in the cell, `<word>` is text, not HTML."""
+    return text.replace("|", "\\|").replace("<", "&lt;")
 
 
 def table(head: list[str], rows: list[list[Any]]) -> str:
