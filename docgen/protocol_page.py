@@ -168,6 +168,38 @@ client's requests and the other way round.
 """
 
 
+EXAMPLE = """\
+## Example: one call by hand
+
+What a client in any language does: connect, write one frame, read one frame. This block
+(run by the documentation tests) asks `status` over `$COORDD_SOCKET`, then asks for a job
+that does not exist and gets the `not_found` error reply.
+
+<!-- runnable -->
+```bash
+python3 - <<'PY'
+import os, socket, struct
+import msgspec  # any msgpack library will do
+
+def call(sock, req_id, method, params):
+    body = msgspec.msgpack.encode({"id": req_id, "method": method, "params": params})
+    sock.sendall(struct.pack(">I", len(body)) + body)
+    head = sock.recv(4, socket.MSG_WAITALL)
+    (length,) = struct.unpack(">I", head)
+    return msgspec.msgpack.decode(sock.recv(length, socket.MSG_WAITALL))
+
+with socket.socket(socket.AF_UNIX) as s:
+    s.connect(os.environ["COORDD_SOCKET"])
+    reply = call(s, 1, "status", {})
+    assert reply["id"] == 1 and "waiting" in reply["result"]["jobs"], reply
+    reply = call(s, 2, "get_job", {"job_id": "0000000000000000"})
+    assert reply["error"]["code"] == "not_found", reply
+    print(reply)
+PY
+```
+"""
+
+
 def error_section() -> str:
     """The error codes, in coordd.protocol.ERROR_CODES order, each with its class's doc."""
     rows = []
@@ -229,7 +261,7 @@ def render() -> str:
                   "over a Unix socket (or mutual TLS), a request envelope, a reply "
                   "envelope, stable error codes, and the methods. The Python client "
                   "([reference](client.md)) wraps all of it.")
-        + framing() + "\n" + error_section()
+        + framing() + "\n" + EXAMPLE + "\n" + error_section()
         + "## Methods\n\n"
         "*admin*: limited to the admin set. *SQLite only*: a coordd on the PostgreSQL store "
         "answers `unknown_method` (clients treat that code as \"not served here\").\n\n"
