@@ -118,12 +118,18 @@ def options_table(parser: argparse.ArgumentParser, skip: set[str] = frozenset())
     rows = []
     for a in options(parser, skip):
         required = "yes" if a.required or not a.option_strings and a.nargs not in ("?", "*") \
-            else ""
+            else "one of" if any(g.required and a in g._group_actions
+                                 for g in parser._mutually_exclusive_groups) else ""
         rows.append([md.code(flag_name(a)), value_text(a), default_text(a), required,
                      help_text(parser, a)])
     if not rows:
         return "No options.\n"
-    return md.table(["argument", "value", "default", "required", "help"], rows)
+    notes = ""
+    for group in parser._mutually_exclusive_groups:
+        names = ", ".join(md.code(flag_name(a)) for a in group._group_actions)
+        notes += (f"\nExactly one of {names} is required.\n" if group.required
+                  else f"\nAt most one of {names}.\n")
+    return md.table(["argument", "value", "default", "required", "help"], rows) + notes
 
 
 def subcommands(parser: argparse.ArgumentParser
