@@ -78,15 +78,15 @@ def value_text(action: argparse.Action) -> str:
         return ""
     if action.choices and not isinstance(action, argparse._SubParsersAction):
         return " | ".join(md.code(c) for c in action.choices)
-    if not action.option_strings:
-        extra = type_words(action)
+    extra = type_words(action)
+    if not action.option_strings:  # a positional: its name is in the first column
         return extra
     metavar = action.metavar or action.dest.upper()
-    extra = type_words(action)
     return md.code(metavar) + (f" ({extra})" if extra else "")
 
 
 def default_text(action: argparse.Action) -> str:
+    """The default as TOML/JSON writes it; empty for none, a switch or an empty list."""
     if action.default in (None, False, argparse.SUPPRESS, []) or action.nargs == 0:
         return ""
     return md.code(md.value_text(action.default))

@@ -1,6 +1,7 @@
 """docs/reference/configuration.md: coordd's and the worker's TOML keys, from their
 config Structs (type, default, unit, range, meaning), the checks beyond each key's range,
-and both daemons' command lines."""
+the command lines of coordd, coord-worker and the other programs, and the environment
+variables they read."""
 
 from __future__ import annotations
 
@@ -43,15 +44,12 @@ def range_text(name: str, rule: ranges.Range | None) -> str:
     return ", ".join(x for x in (unit(name), text) if x)
 
 
-def key_rows(cls: type[msgspec.Struct], rules: dict[str, ranges.Range],
-             defaults: Any = None) -> list[list[str]]:
-    """One row per field: key, type, default, unit, range, meaning."""
+def key_rows(cls: type[msgspec.Struct], rules: dict[str, ranges.Range]) -> list[list[str]]:
+    """One row per field: key, type, default, unit and range, meaning."""
     notes = md.field_notes(cls)
     rows = []
     for f in msgspec.structs.fields(cls):
-        default = md.default_text(f) if defaults is None else md.value_text(
-            getattr(defaults, f.name))
-        rows.append([md.code(f.name), md.type_text(f.type), md.code(default),
+        rows.append([md.code(f.name), md.type_text(f.type), md.code(md.default_text(f)),
                      range_text(f.name, rules.get(f.name)), notes.get(f.name, "")])
     return rows
 
@@ -66,6 +64,7 @@ def checks(*funcs: Any) -> str:
 
 
 def gates_section() -> str:
+    """The `[gates.pN]` keys, with each priority's built-in default."""
     policies = gates.default_policies()
     notes = md.field_notes(gates.GatePolicy)
     rows = []
@@ -85,6 +84,7 @@ def gates_section() -> str:
 
 
 def limits_section() -> str:
+    """The `[limits.NAME]` keys."""
     return (
         "### `[limits.NAME]`: fleet-wide limits\n\n"
         f"{md.summary(limits.LimitSpec.__doc__)} `coordctl limits set` overrides them at "
@@ -94,6 +94,7 @@ def limits_section() -> str:
 
 
 def worker_sections() -> str:
+    """coord-worker's keys, kinds, resources, reading keys and command line."""
     res_rules = {k: ranges.Range(0, v) for k, v in resources.MAX.items()}
     placeholders = ", ".join(f"`{{{p}}}` (`COORD_{p.upper()}`)"
                              for p in worker_config.PLACEHOLDERS)
@@ -123,6 +124,7 @@ def worker_sections() -> str:
 
 
 def readings_section() -> str:
+    """The keys a `--readings-override` file may hold."""
     hints = {f.name: f.type for f in msgspec.structs.fields(Readings)}
     notes = md.field_notes(Readings)
     rows = [[md.code(k), md.type_text(hints.get(k, str | None)), unit(k), notes.get(k, "")]
