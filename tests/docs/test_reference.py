@@ -12,7 +12,7 @@ import pytest
 from coordctl.__main__ import build_parser
 from coordd import config as coordd_config
 from coordd import gates, limits, protocol
-from docgen import cli_page, config_page, md, metrics_page, protocol_page
+from docgen import cli_page, config_page, md, protocol_page
 from docgen.pages import PAGES, REGENERATE, ROOT, render_all
 from worker import config as worker_config
 
