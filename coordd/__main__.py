@@ -52,6 +52,11 @@ def setup_logging(as_json: bool, level: int = logging.INFO) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (also read by docgen for the configuration reference)."""
     p = argparse.ArgumentParser(prog="coordd", description="Local coordinator for AI jobs.")
     p.add_argument("--db", help="SQLite file (env COORDD_DB; default ~/.local/state/coordd/coordd.db)")
     p.add_argument("--socket", help="Unix socket (env COORDD_SOCKET; default "
@@ -61,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "a second coordd with the same DSN is its standby)")
     p.add_argument("--config", help="TOML config file")
     p.add_argument("--log-json", action="store_true", help="log JSON lines")
-    return p.parse_args(argv)
+    return p
 
 
 def ignore_sighup_until_handled() -> None:

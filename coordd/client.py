@@ -2,6 +2,7 @@
 
 `Client` is asyncio (its workflow, hub and push calls are in coordd.client_areas);
 `SyncClient` wraps it for scripts. Both:
+
 - enforce the same explicit frame cap as the daemon (protocol.MAX_FRAME_DEFAULT);
 - time out each call (`timeout` seconds, `asyncio.TimeoutError` -> `CallTimeout`);
 - reconnect on the next call after a dropped connection (a call in flight when the

@@ -93,9 +93,9 @@ class Readings(msgspec.Struct, kw_only=True):
 class Heartbeat(msgspec.Struct, kw_only=True):
     """`heartbeat`: the worker's roles and readings (a map; see `Readings`)."""
 
-    worker_id: str
-    roles: list[str]
-    readings: dict[str, Any] = {}
+    worker_id: str  # unique in the fleet (on TLS: the certificate's)
+    roles: list[str]  # the roles whose jobs it takes (a job's required_role)
+    readings: dict[str, Any] = {}  # see Readings; null: the machine cannot tell
     incarnation: str | None = None  # an id per worker start: a new one ends the old leases
     kinds: list[str] | None = None  # the kinds it claims (None: not said)
     broken_kinds: dict[str, str] = {}  # kind -> why this worker cannot run it
@@ -109,15 +109,15 @@ class Enqueue(msgspec.Struct, kw_only=True):
     coordd.gates.GatePolicy). `max_runtime_s` makes coordd refuse renewals past it.
     """
 
-    kind: str
-    required_role: str
-    priority: int
-    payload: Any = None
-    run_at: float | None = None
-    max_attempts: int | None = None
-    idempotency_key: str | None = None
-    max_runtime_s: float | None = None
-    gates: dict[str, Any] | None = None
+    kind: str  # selects the model command on the worker ([kinds.NAME])
+    required_role: str  # only a worker advertising this role claims it
+    priority: int  # 0 (a user waiting) .. 3 (idle work)
+    payload: Any = None  # JSON-compatible, at most max_payload_bytes encoded
+    run_at: float | None = None  # not before this time (Unix seconds)
+    max_attempts: int | None = None  # None: coordd's max_attempts_default
+    idempotency_key: str | None = None  # a repeat with the same request returns the same job
+    max_runtime_s: float | None = None  # renewals past this much running are refused
+    gates: dict[str, Any] | None = None  # GatePolicy keys overriding its priority's policy
     result_schema: str | None = None  # a name in coordd.results.SCHEMAS (checked at complete)
     delay_s: float | None = None  # not before coordd's now + this (instead of run_at)
     resources: dict[str, Any] | None = None  # {gpus, vram_mb (per GPU), ram_mb}: coordd.resources
@@ -138,8 +138,8 @@ class Claim(msgspec.Struct, kw_only=True):
     nothing is claimable (coordd.waits)."""
 
     worker_id: str
-    lease_s: float | None = None
-    claim_id: str | None = None
+    lease_s: float | None = None  # None: lease_default_s; clamped to lease_min_s..lease_max_s
+    claim_id: str | None = None  # a repeat returns the lease this claim already granted
     kinds: list[str] | None = None  # only jobs of these kinds (None = any kind)
     wait_s: float = 0.0  # nothing claimable: park up to this long (coordd caps it; 0 = no)
 
@@ -148,8 +148,8 @@ class LeaseRef(msgspec.Struct, kw_only=True):
     """The fencing triple every lease-holder call presents."""
 
     job_id: str
-    worker_id: str
-    token: int
+    worker_id: str  # the lease holder
+    token: int  # the fencing token of the claim (a newer claim's token fences this one)
 
 
 class Renew(LeaseRef, kw_only=True):
@@ -175,8 +175,8 @@ class Complete(LeaseRef, kw_only=True):
 class Fail(LeaseRef, kw_only=True):
     """`fail`: `retryable` False means permanent (dead letter at once)."""
 
-    error: str = ""
-    retryable: bool = True
+    error: str = ""  # why (truncated to max_error_chars)
+    retryable: bool = True  # True: back to waiting after a backoff, while attempts remain
 
 
 class JobId(msgspec.Struct, kw_only=True):

@@ -137,6 +137,8 @@ class Daemon(ServingDaemon):
             await asyncio.to_thread(thread.join, 5.0)
 
     async def _watchdog(self) -> None:
+        """Under systemd's watchdog ($WATCHDOG_USEC for this $WATCHDOG_PID), send WATCHDOG=1
+        every half interval while the writer commits (a wedged one gets coordd restarted)."""
         usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
         if usec <= 0 or os.environ.get("WATCHDOG_PID", str(os.getpid())) != str(os.getpid()):
             return

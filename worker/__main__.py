@@ -29,6 +29,11 @@ logger = logging.getLogger("worker")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (also read by docgen for the configuration reference)."""
     p = argparse.ArgumentParser(prog="coord-worker", description="Run jobs for coordd.")
     p.add_argument("--worker-id", required=True, help="this worker's id (unique in the fleet)")
     p.add_argument("--roles", required=True, help="comma-separated roles, e.g. cpu,gpu")
@@ -48,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(re-read every heartbeat; unknown keys are warned about; a file that cannot "
                         "be used keeps the last good one, no file ends the override)")
     p.add_argument("--log-json", action="store_true", help="log JSON lines")
-    return p.parse_args(argv)
+    return p
 
 
 async def _run(sup: Supervisor) -> None:
