@@ -29,7 +29,7 @@ EXIT_USAGE = 2
 
 EPILOG = """examples:
   coordctl status
-  coordctl enqueue --kind embed --role cpu --priority 1 --payload '{"texts": ["hi"]}'
+  coordctl enqueue --kind keywords --role cpu --priority 1 --payload '{"module": "json"}'
   coordctl enqueue --batch jobs.jsonl
   coordctl list --status waiting --all
   coordctl show 3f9a0c1d2e4b5a69

@@ -224,7 +224,7 @@ def missing_artifacts_message(res: Any) -> str:
     if any(why.startswith("unreadable") for why in by_reason):
         text += (" (coordd cannot read files the workers wrote: the artifact store's files "
                  "must be group-readable and its folders group-writable for coordd's group; "
-                 "README, \"Running as a systemd service\")")
+                 "docs/guides/systemd.md)")
     return text
 
 

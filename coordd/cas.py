@@ -4,7 +4,7 @@ crash-safely (temp name, fsync, rename, fsync of the folder) before any record o
 Shared by the worker (checkpoints, large results) and coordd (backup and restore of the
 artifact files). Blocking file I/O: call from a thread in async code. The store may be
 shared by two users in one group (coordd, workers): every file is written FILE_MODE and
-every folder STORE_DIR_MODE, whatever the writer's umask (README, systemd section).
+every folder STORE_DIR_MODE, whatever the writer's umask (docs/guides/systemd.md).
 """
 
 from __future__ import annotations

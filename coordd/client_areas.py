@@ -28,7 +28,7 @@ class Caller:
 
 
 class WorkflowCalls(Caller):
-    """Workflows (graphs of jobs) and recurring schedules (README "Workflows")."""
+    """Workflows (graphs of jobs) and recurring schedules (docs/concepts/workflows.md)."""
 
     async def workflow_submit(self, spec: WorkflowSubmit | dict[str, Any]) -> WorkflowSubmitResult:
         """Submit a whole graph (protocol.WorkflowSubmit) in one transaction."""

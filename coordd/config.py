@@ -99,7 +99,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         db: SQLite file path ("" = the default state directory).
         socket: Unix socket path ("" = the default runtime directory).
         store: "" = SQLite at `db`; a `postgresql://` DSN = the PostgreSQL store, with a
-            standby coordd waiting on its advisory lock (README, "PostgreSQL store").
+            standby coordd waiting on its advisory lock (docs/guides/postgresql.md).
         store_session_timeout_s: PostgreSQL store: the server ends the active coordd's
             lock session once it is silent this long (idle_session_timeout and TCP
             keepalives on that session), so a standby takes over a frozen or cut-off host

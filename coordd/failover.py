@@ -1,5 +1,5 @@
 """Several coordd addresses for one client: an active coordd and its standbys (a
-PostgreSQL store, README "PostgreSQL store"). Each connect tries the address that answered
+PostgreSQL store, docs/guides/postgresql.md). Each connect tries the address that answered
 last, then every other in turn; only when none answers does the next connect wait a capped
 exponential backoff with full jitter (as coordd.transport's). The client's own reconnect
 loop does the rest: a call after a lost connection connects again, here.

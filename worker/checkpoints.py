@@ -2,10 +2,10 @@
 
 The rule this module keeps: a checkpoint record never names a file that was incomplete when
 it was copied, and a resume is never handed a file whose sha256 and size differ from its
-record. The model's side of the contract is README "Checkpoints"; models that break it (write
-in place, slowly, get killed mid-write) are handled here by watching the files: a file is
-taken only once its (inode, size, mtime) held still for `SETTLE_S` while the model ran and
-no process of the model's tree had it open for writing.
+record. The model's side of the contract is docs/guides/writing-a-model.md ("Checkpoints");
+models that break it (write in place, slowly, get killed mid-write) are handled here by
+watching the files: a file is taken only once its (inode, size, mtime) held still for
+`SETTLE_S` while the model ran and no process of the model's tree had it open for writing.
 
 Blocking file I/O: call `resume`, `take` and `open_for_writing` from a thread.
 """

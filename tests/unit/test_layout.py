@@ -59,11 +59,12 @@ def test_every_failure_case_has_a_test_named_after_its_id():
     assert ids and [c for c in ids if c not in covered] == []
 
 
-def test_readme_config_example_is_accepted(tmp_path):
-    """Every key of README's coordd TOML example is a real, valid setting (docs match code)."""
+def test_docs_config_example_is_accepted(tmp_path):
+    """Every key of the docs' annotated coordd TOML example is a real, valid setting (docs
+    match code)."""
     from coordd import config
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"### coordd configuration.*?```toml\n(.*?)```", text, re.S)
+    text = (ROOT / "docs" / "reference" / "example-config.md").read_text()
+    block = re.search(r"## coordd .*?```toml\n(.*?)```", text, re.S)
     assert block is not None
     path = tmp_path / "readme.toml"
     path.write_text(block.group(1))

@@ -32,8 +32,9 @@ EXIT_BAD_PAYLOAD = 2
 EXIT_RETRYABLE = 75
 INSTALL_HINT = ("from the coordd checkout, first the CPU build of torch: pip install torch "
                 "--index-url https://download.pytorch.org/whl/cpu, then pip install -e "
-                "'.[embed]' (README, \"Running it yourself\")")
-"""What README says; coordd is not on PyPI, so `pip install 'coordd[embed]'` cannot work."""
+                "'.[embed]' (docs/getting-started/install.md, \"Extras\")")
+"""What docs/getting-started/install.md says; coordd is not on PyPI, so
+`pip install 'coordd[embed]'` cannot work."""
 MISSING_NAMES = {"torch": "torch", "sentence_transformers": "sentence-transformers",
                  "transformers": "transformers"}
 """Import names shown as the package a user installs; anything else is the embed extra."""

@@ -40,7 +40,7 @@ class Leadership:
 
     Args:
         dsn: the store's DSN (its keepalive settings decide how soon a dead server or a
-            partition is noticed; README, "PostgreSQL store").
+            partition is noticed; docs/guides/postgresql.md).
         key: the lock's name (hashed by PostgreSQL's `hashtext`).
         session_timeout_s: the server ends the lock's session once it is silent this long
             (`idle_session_timeout`, and TCP keepalives of about the same span), freeing
