@@ -38,7 +38,8 @@ class TcpListener:
                                                             config.tls_deny_serials),
                                      ENROL_OPEN_METHODS if enrol else None)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            raise ValueError(f"TLS files ({', '.join(files or ())}): {exc}") from exc
+            raise ValueError(f"TLS files ({', '.join(f for f in files or () if f)}): {exc}") \
+                from exc
         self._listener: Listener | None = None
         self.address = ""
 

@@ -197,7 +197,7 @@ class TlsServer:
                          extra={"action": "tls_reload_failed"})
             return False
         self.context = ctx
-        logger.info("TLS certificates reloaded from %s", ", ".join(self.files),
+        logger.info("TLS certificates reloaded from %s", ", ".join(f for f in self.files if f),
                     extra={"action": "tls_reload"})
         return True
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +86,32 @@ async def test_enrolment_listener_serves_only_enrolment(enrolling):
     async with Client(connector=fleet.connector("worker-wa"), timeout=5) as c:
         with pytest.raises(errors.PermissionDenied, match="admin"):
             await c.call("token_create", {"worker_id": "wa"})
+
+
+def _sighup_line(log: Callable[[], str], signal_to: Callable[[], None]) -> list[str]:
+    """SIGHUP coordd, wait for its `SIGHUP:` line; return the lines the reload logged."""
+    before = log().count("SIGHUP")
+    start = len(log())
+    signal_to()
+    deadline = time.monotonic() + 10
+    while log().count("SIGHUP") == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # any other line of the same reload
+    return log()[start:].splitlines()
+
+
+def assert_reloads_cleanly(lines: list[str]) -> None:
+    """The reload of a daemon with `listen_enroll` logged its one line and no error."""
+    assert any("SIGHUP: reloaded the TLS certificates" in ln for ln in lines), lines
+    assert not [ln for ln in lines if " ERROR " in ln or "Traceback" in ln], lines
+
+
+async def test_sighup_with_the_enrolment_listener_reloads_both(enrolling):
+    """Issue 31 item 3: the enrolment listener has no client CA; SIGHUP logged a TypeError."""
+    fleet, d, eport = enrolling
+    lines = _sighup_line(lambda: Path(d.log_path).read_text(errors="replace"),
+                         lambda: d.proc.send_signal(signal.SIGHUP))
+    assert_reloads_cleanly(lines)
+    assert d.proc.poll() is None
+    async with Client(connector=fleet.connector("worker-wa"), timeout=5) as c:
+        assert (await c.heartbeat("wa", ["cpu"], COOL)).now > 0
