@@ -45,8 +45,8 @@ async def test_enrolment_on_the_postgres_daemon_signs_once(enrolling, tmp_path):
     ok = run("worker", "enroll", "--server", f"127.0.0.1:{eport}", "--token", tok["token"],
              "--ca-sha256", fp, "--out", str(out))
     assert ok.returncode == 0, (ok.stderr, d.log())
-    assert pki.cert_identity((out / "worker.pem").read_bytes()) == ("gpu3", None)
-    files = TlsFiles(cert=str(out / "worker.pem"), key=str(out / "worker.key"),
+    assert pki.cert_identity((out / "worker-gpu3.pem").read_bytes()) == ("gpu3", None)
+    files = TlsFiles(cert=str(out / "worker-gpu3.pem"), key=str(out / "worker-gpu3.key"),
                      ca=str(out / "ca.pem"))
     async with Client(connector=Connector(f"tls://127.0.0.1:{fleet.port}", files),
                       timeout=5) as c:
