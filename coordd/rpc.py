@@ -39,6 +39,7 @@ import msgspec
 
 from coordd import errors, memory
 from coordd.clock import Clock, SystemClock
+from coordd.conffile import locate
 from coordd.protocol import ADMIN_METHODS, PARAMS, ErrorBody, Reply, Request
 from coordd.peercred import PeerCred  # noqa: F401  (re-exported: server, tests)
 from coordd.push import PARK_SCOPE, ParkScope
@@ -63,6 +64,14 @@ _param_decoders = {m: msgspec.msgpack.Decoder(t) for m, t in PARAMS.items()}
 
 Handler = Callable[[str, Any], Awaitable[Any]]
 PeerOf = Callable[[asyncio.BaseTransport], PeerCred]
+
+
+def _located(exc: msgspec.DecodeError, params: Any) -> str:
+    """A params error with msgspec's `$.nodes[1]` / `$.x[...]` said by name (coordd.conffile)."""
+    try:
+        return locate(str(exc), msgspec.msgpack.decode(params))
+    except (msgspec.DecodeError, RecursionError, TypeError):
+        return str(exc)
 
 
 class Dispatcher:
@@ -116,7 +125,7 @@ class Dispatcher:
             try:
                 params = decoder.decode(req.params)
             except msgspec.DecodeError as exc:
-                raise errors.BadRequest(f"{req.method}: {exc}") from exc
+                raise errors.BadRequest(f"{req.method}: {_located(exc, req.params)}") from exc
             except RecursionError as exc:
                 raise errors.BadRequest(f"{req.method}: params nested too deep") from exc
             if peer.worker_id is not None and getattr(params, "worker_id", None) not in (

@@ -231,7 +231,7 @@ def from_dict(data: dict[str, Any], source: str = "<config>") -> WorkerConfig:
     try:
         return msgspec.convert(data, WorkerConfig)
     except msgspec.ValidationError as exc:
-        raise WorkerConfigError(f"{source}: {exc}") from exc
+        raise WorkerConfigError(f"{source}: {conffile.locate(str(exc), data)}") from exc
 
 
 def load(path: str | os.PathLike[str] | None) -> WorkerConfig:
