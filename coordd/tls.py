@@ -95,7 +95,7 @@ class RefusalLog:
         starts an episode."""
         if self.first(host, reason):
             logger.warning("%s from %s: %s (its further refusals for this reason are not "
-                           "logged until it stops for %s)", what, host, reason,
+                           "logged until it has been quiet for %s)", what, host, reason,
                            _minutes(self.quiet_s),
                            extra={"action": action, "reason": reason, "peer": host})
 
