@@ -167,7 +167,7 @@ async def test_a_worker_refused_then_allowed_gets_in_at_its_next_try(daemon_fact
                 await asyncio.sleep(0.1)
             else:
                 raise AssertionError(log.read_text())
-        assert time.monotonic() - allowed < 2 + 1.5  # the cap, and the reload's own time
+        assert time.monotonic() - allowed < 2 + 3  # the cap, the reload and the poll (not 300 s)
     finally:
         assert stop(proc) == 0, log.read_text()
         relay.close()
