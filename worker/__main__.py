@@ -100,12 +100,13 @@ def client_factory(args: argparse.Namespace, cfg: config_mod.WorkerConfig) -> Ca
         if named != args.worker_id:
             raise ValueError(f"{cert} is the certificate of worker {named or '(none)'}, not "
                              f"{args.worker_id}: coordd would refuse every request")
+    refusals = Refusals(cap_s=cfg.refused_backoff_cap_s)  # one backoff for all connections
     if len(urls) > 1:
         Failover(urls, files)  # bad URL or files: refused now, not at the first call
         return lambda: Client(connector=Failover(
-            urls, files, connect_timeout_s=cfg.connect_timeout_s), timeout=CALL_TIMEOUT_S)
+            urls, files, connect_timeout_s=cfg.connect_timeout_s, refusals=refusals),
+            timeout=CALL_TIMEOUT_S)
     Connector(url, files)  # bad URL or files: refused now, not at the first call
-    refusals = Refusals(cap_s=cfg.refused_backoff_cap_s)  # one backoff for all connections
     return lambda: Client(connector=Connector(url, files, connect_timeout_s=cfg.connect_timeout_s,
                                               refusals=refusals), timeout=CALL_TIMEOUT_S)
 

@@ -84,7 +84,9 @@ def fleet(tmp_path) -> Fleet:
 
 
 def start_worker(tmp_path: Path, fleet: Fleet, relay: CountingRelay, folder: Path,
-                 **settings) -> tuple[subprocess.Popen, Path]:
+                 standby: bool = False, **settings) -> tuple[subprocess.Popen, Path]:
+    """coord-worker wa dialling coordd through `relay` (twice with `standby`: an active
+    coordd and its standby, coordd.failover)."""
     (tmp_path / "readings.json").write_text(json.dumps(COOL))
     cfg = tmp_path / "wa.toml"
     cfg.write_text(worker_toml(tmp_path / "work", {"m": {"argv": [sys.executable, "-c", "0"]}},
@@ -93,7 +95,8 @@ def start_worker(tmp_path: Path, fleet: Fleet, relay: CountingRelay, folder: Pat
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "worker", "--worker-id", "wa", "--roles", "cpu",
-             "--connect", f"tls://127.0.0.1:{relay.port}", "--cert", str(folder / "worker-wa.pem"),
+             *["--connect", f"tls://127.0.0.1:{relay.port}"] * (2 if standby else 1),
+             "--cert", str(folder / "worker-wa.pem"),
              "--key", str(folder / "worker-wa.key"), "--ca", fleet.ca, "--config", str(cfg),
              "--readings-override", str(tmp_path / "readings.json")], stdout=fh, stderr=fh)
     return proc, log
@@ -108,17 +111,17 @@ def stop(proc: subprocess.Popen) -> int:
         return proc.wait(5)
 
 
-@pytest.mark.parametrize("case", ["denied_id", "other_ca"])
+@pytest.mark.parametrize("case", ["denied_id", "other_ca", "denied_id_with_a_standby"])
 async def test_a_refused_worker_backs_off_and_says_why_once(daemon_factory, fleet, tmp_path,
                                                              case):
     d = daemon_factory(DAEMON_FAST + fleet.config('tls_deny_workers = ["wa"]\n'
-                                                  if case == "denied_id" else ""))
+                                                  if case != "other_ca" else ""))
     d.start()
     relay = CountingRelay(fleet.port)
-    folder = fleet.ca_dir if case == "denied_id" else fleet.rogue_dir
+    folder = fleet.rogue_dir if case == "other_ca" else fleet.ca_dir
     # heartbeat_interval_s 0.5 (worker_toml): without the backoff, 2 connections redial
     # at that pace (~20 dials in the window below)
-    proc, log = start_worker(tmp_path, fleet, relay, folder)
+    proc, log = start_worker(tmp_path, fleet, relay, folder, standby=case.endswith("standby"))
     try:
         time.sleep(7.0)
         dials = relay.dials
@@ -134,7 +137,7 @@ async def test_a_refused_worker_backs_off_and_says_why_once(daemon_factory, flee
     worker_lines = [ln for ln in wlog.splitlines() if "coordd refused this" in ln
                     and "goodbye not delivered" not in ln]  # (the stop's own line)
     assert len(worker_lines) == 1 and " ERROR " in worker_lines[0], wlog
-    if case == "denied_id":
+    if case != "other_ca":
         assert "deny-list" in refused_lines[0] and "deny-list" in worker_lines[0]
     else:
         assert "unable to get local issuer certificate" in refused_lines[0]
