@@ -23,6 +23,8 @@ from coordd.errors import CoordError
 from coordd.names import check_name
 from coordd.protocol import JOB_STATUSES
 
+SYSTEM_SOCKET = "/run/coordd/coordd.sock"
+"""The socket of coordd installed as a system service (systemd/coordd.service)."""
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -55,6 +57,18 @@ def fail(code: str, message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
     one_line = " ".join(str(message).split())
     print(f"coordctl: {code}: {one_line}", file=sys.stderr)
     raise SystemExit(exit_code)
+
+
+def system_socket_hint(path: str, given: str | None) -> str:
+    """When coordd was not reached at the per-user default and the system service's socket
+    (SYSTEM_SOCKET) is there: how to reach it; else ""."""
+    if given is not None or os.environ.get("COORDD_SOCKET") or path == SYSTEM_SOCKET:
+        return ""
+    if not (os.path.exists(SYSTEM_SOCKET) or os.path.isdir(os.path.dirname(SYSTEM_SOCKET))):
+        return ""
+    return (f"; coordd runs as a system service here: use --socket {SYSTEM_SOCKET} (or export "
+            f"COORDD_SOCKET={SYSTEM_SOCKET}); a user other than root must be in the coordd "
+            f"group to reach it (sudo usermod -aG coordd $USER, then log in again)")
 
 
 def bad_input(exc: Exception) -> str:
@@ -268,11 +282,14 @@ def run(args: argparse.Namespace) -> int:
         message = exc.message
         if exc.code == "disconnected" and path not in message:
             message = f"coordd is not running at {path}? {message}"
+        if exc.code == "disconnected":
+            message += system_socket_hint(path, args.socket)
         fail(exc.code, message)
     except BrokenPipeError:
         raise
     except OSError as exc:  # e.g. permission denied on the socket, path too long
-        fail("disconnected", f"cannot connect to coordd at {path}: {exc.strerror or exc}")
+        fail("disconnected", f"cannot connect to coordd at {path}: {exc.strerror or exc}"
+             + system_socket_hint(path, args.socket))
     finally:
         client.close()
     if outcome.failure is not None:

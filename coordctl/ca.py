@@ -6,11 +6,15 @@ asks coordd for a one-time enrolment token (coordd.enrol)."""
 from __future__ import annotations
 
 import argparse
+import shlex
+import socket
 from collections.abc import Callable
 from typing import Any
 
 from coordctl.commands import Outcome
 from coordd import pki
+from coordd.times import fmt_time
+from coordd.tls import split_host_port
 
 AddCommand = Callable[[str, str], argparse.ArgumentParser]
 
@@ -60,13 +64,28 @@ def duration(text: str) -> float:
     return value
 
 
+def enroll_server(listen_enroll: str) -> str:
+    """The HOST:PORT a worker enrols at, from coordd's `listen_enroll` (coordctl runs on
+    coordd's host: a wildcard address becomes this host's name); "HOST:PORT" if unknown."""
+    try:
+        host, port = split_host_port(listen_enroll)
+    except ValueError:
+        return "HOST:PORT"
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.getfqdn()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def token(client: Any, args: argparse.Namespace) -> Outcome:
-    """`token create`: print the token once, with the CA pin a worker enrols with."""
+    """`token create`: print the token once, with the CA pin and the `coord-worker enroll`
+    command a worker enrols with (--json: the raw reply, `expires_at` in Unix seconds)."""
     from coordd.protocol_enrol import TokenCreated
     got = client.call("token_create", {"worker_id": args.worker, "ttl_s": args.ttl}, TokenCreated)
-    return Outcome(got, f"{got.token}\n(worker {got.worker_id}; single use; expires at "
-                        f"{got.expires_at:.0f}; enrol with: coord-worker enroll --server "
-                        f"HOST:PORT --token {got.token} --ca-sha256 {got.ca_sha256})")
+    command = shlex.join(["coord-worker", "enroll", "--server", enroll_server(got.enroll_address),
+                          "--token", got.token, "--ca-sha256", got.ca_sha256])
+    return Outcome(got, f"{got.token}\n(worker {got.worker_id}; single use; expires "
+                        f"{fmt_time(got.expires_at)})\nenrol on the worker's host with:\n"
+                        f"  {command}")
 
 
 def ca(_client: Any, args: argparse.Namespace) -> Outcome:

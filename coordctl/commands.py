@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sqlite3
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -250,11 +251,19 @@ def restore(client: Any, args: argparse.Namespace) -> Outcome:
     from coordd import backup as backup_mod
     from coordd.config import artifact_dir_for, default_db_path
     db = os.path.abspath(os.path.expanduser(args.db or str(default_db_path())))
-    res = backup_mod.restore(os.path.expanduser(args.src), db, artifact_dir_for(db))
+    try:
+        res = backup_mod.restore(os.path.expanduser(args.src), db, artifact_dir_for(db))
+    except OSError as exc:  # the lock file beside the database (permissions): not coordd
+        raise backup_mod.RestoreRefused(
+            f"restore to {db}: {exc.filename or db}: {exc.strerror or exc}; nothing was "
+            "changed") from exc
     line = (f"restored {res['db']} ({res['jobs']} jobs, {res['artifacts']} artifacts) "
             f"from {os.path.abspath(args.src)}; quick_check and every sha256 verified")
     if res.get("replaced"):
         line += f"\nthe database it replaced is kept at {res['replaced']}"
+    res["warning"] = backup_mod.ownership_problem(res["db"], artifact_dir_for(res["db"]))
+    if res["warning"]:
+        print(f"coordctl: warning: {res['warning']}", file=sys.stderr)
     return Outcome(res, line)
 
 

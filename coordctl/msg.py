@@ -19,6 +19,7 @@ from rich.console import Console
 from coordctl.commands import Outcome, UsageError, parse_json_arg, read_text_arg
 from coordctl.render import SafeTable
 from coordd.config import default_agent_name
+from coordd.errors import CoordError
 from coordd.protocol import AgentsResult, ReadResult
 
 AddCommand = Callable[[str, str], argparse.ArgumentParser]
@@ -121,10 +122,22 @@ def _read(client: Any, args: argparse.Namespace) -> Outcome:
     ids = [] if args.keep else [m.message_id for m in res.messages]
     # printed first, acked after: output that cannot be written leaves them unacked, and
     # they come back after the visibility timeout (at least once, as for any reader)
+    held = None if res.messages else _held(client, reader)
     data = {"reader": reader, "messages": res.messages, "acked": len(ids),
-            "visible_until": None if ids else res.visible_until}
-    return Outcome(data, lambda con: _messages(con, reader, res, len(ids)),
+            "visible_until": None if ids else res.visible_until, "held": held}
+    return Outcome(data, lambda con: _messages(con, reader, res, len(ids), held),
                    after=(lambda: client.ack_messages(reader, ids)) if ids else None)
+
+
+def _held(client: Any, reader: str) -> int | None:
+    """How many of `reader`'s messages are read and not acked, hidden until their
+    visibility timeout (the agent's unread count when nothing was delivered); None when
+    `reader` never reported a status (no count is kept for it)."""
+    try:
+        found = client.get_agent_status(reader).agents
+    except CoordError:
+        return None
+    return found[0].unread if found else None
 
 
 def agents(client: Any, args: argparse.Namespace) -> Outcome:
@@ -134,10 +147,18 @@ def agents(client: Any, args: argparse.Namespace) -> Outcome:
     return Outcome(res, lambda con: _agents(con, res))
 
 
-def _messages(con: Console, reader: str, res: ReadResult, acked: int) -> None:
+def _messages(con: Console, reader: str, res: ReadResult, acked: int,
+              held: int | None = None) -> None:
     from coordctl.render import fmt_time
     if not res.messages:
-        con.print(f"no messages for {reader}")
+        if held:
+            con.print(f"no messages to deliver to {reader} now: {held} read and not acked "
+                      f"(after a --keep read they come back when their visibility timeout "
+                      f"ends; `coordctl msg ack --as {reader} ID...` acks them)")
+        else:
+            con.print(f"no messages for {reader}" + ("" if held == 0 else
+                      " (messages read with --keep and not acked stay hidden until their "
+                      "visibility timeout ends)"))
         return
     t = SafeTable(box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("id", "from", "to", "type", "prio", "sent", "n", "content"):

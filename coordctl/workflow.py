@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from coordctl.commands import Outcome, UsageError, loads_strict, read_text_arg
+from coordd.conffile import locate
 from coordd.errors import CoordError
 from coordd.times import fmt_time
 from coordd.values import check_finite
@@ -78,7 +79,7 @@ def read_graph(path: str) -> tuple[WorkflowSubmit, str | None]:
     try:
         return msgspec.convert(data, WorkflowSubmit), cron
     except msgspec.ValidationError as exc:
-        raise UsageError(f"{path}: {exc}") from exc
+        raise UsageError(f"{path}: {locate(str(exc), data)}") from exc
 
 
 def workflow(client: Any, args: argparse.Namespace) -> Outcome:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import json
 import logging
 import os
+import pwd
 import secrets
 import shutil
 import sqlite3
@@ -94,7 +96,8 @@ def backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
     fsynced and renamed into place, then opened on its own connection for `quick_check`.
 
     Raises:
-        errors.BadRequest: `dest` exists or its folder does not.
+        errors.BadRequest: `dest` exists, its folder does not, or coordd's user may not
+            write there (the message names the path and the user).
         errors.Unavailable: the host refused (out of file descriptors, disk full, I/O
             error); nothing is left at `dest`: retry later.
         errors.CoordError: the copy failed or did not pass `quick_check` (it is removed).
@@ -103,13 +106,27 @@ def backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
         return _backup(db_path, artifact_dir, dest)
     except (OSError, sqlite3.Error) as exc:
         dest = os.path.abspath(dest)
+        if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise errors.BadRequest(
+                f"backup: coordd runs as {running_as()}, which cannot write {dest}: "
+                f"{exc.strerror}; choose a folder that user can write (or let it write "
+                f"there); nothing was written") from exc
         with contextlib.suppress(OSError):
             os.unlink(dest)
         shutil.rmtree(dest + ARTIFACTS_SUFFIX, ignore_errors=True)
-        raise _refusal(exc) from exc
+        raise _refusal(exc, dest) from exc
 
 
-def _refusal(exc: BaseException) -> errors.CoordError:
+def running_as() -> str:
+    """`user NAME (uid N)` of this process (the uid alone if it has no name)."""
+    uid = os.geteuid()
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _refusal(exc: BaseException, dest: str) -> errors.CoordError:
     """The error a failed backup answers: `unavailable` with the reason when the host
     refused (out of descriptors, disk full, I/O), else `internal` naming the error."""
     if fdlimit.is_exhaustion(exc) or fdlimit.out_of_fds():
@@ -123,8 +140,9 @@ def _refusal(exc: BaseException) -> errors.CoordError:
                                                                       errno.EDQUOT):
         reason = "disk full"
     if reason is not None:
-        return errors.Unavailable(f"{reason}: backup failed, nothing was written ({exc})")
-    return errors.CoordError(f"backup failed: {exc}")
+        return errors.Unavailable(f"{reason}: backup to {dest} failed, nothing was written "
+                                  f"({exc})")
+    return errors.CoordError(f"backup to {dest} failed: {exc}")
 
 
 def _backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
@@ -135,7 +153,8 @@ def _backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
     if any(os.path.exists(dest + s) for s in ("", MANIFEST_SUFFIX, ARTIFACTS_SUFFIX)):
         raise errors.BadRequest(f"backup: {dest} (or its manifest) exists; choose a new path")
     tmp = f"{dest}.tmp-{secrets.token_hex(4)}"
-    try:
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+    try:  # (made first: the OS's reason, which SQLite's "unable to open" hides)
         src = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
         try:
             dst = sqlite3.connect(tmp)
@@ -239,11 +258,17 @@ def restore(src: str, db_path: str, artifact_dir: str,
     Returns `{"db", "jobs", "artifacts", "missing", "replaced"}` ("replaced": where the
     old database was kept, or None).
     Raises:
-        RestoreRefused: the backup does not verify (nothing was changed).
+        RestoreRefused: the backup does not verify, or the database's folder does not
+            exist (nothing was changed).
         errors.InvalidState: coordd (or another restore) holds the database's lock.
     """
     src = os.path.abspath(src)
     now = SystemClock().wall() if now is None else now
+    folder = os.path.dirname(os.path.abspath(db_path))
+    if not os.path.isdir(folder):
+        raise RestoreRefused(f"restore: the database's folder {folder} does not exist (create "
+                             f"it, owned by coordd's user, or give --db another path); "
+                             f"nothing was changed")
     with db_lock(db_path) as db_path:  # a symlink's target is replaced, not the link
         manifest = verify(src)
         for art in manifest["artifacts"]:  # files first, then the records that name them
@@ -307,3 +332,41 @@ def _keep_replaced(db_path: str, now: float) -> str | None:
     with contextlib.suppress(FileNotFoundError):
         os.rename(db_path + "-wal", kept + "-wal")
     return kept
+
+
+def ownership_problem(db_path: str, artifact_dir: str) -> str | None:
+    """After a restore run as root into a folder another user owns (coordd's, under
+    systemd): the files root now owns there, which coordd (as that user) cannot open, and
+    the `chown` that fixes them; None otherwise."""
+    if os.geteuid() != 0:
+        return None
+    folder = os.path.dirname(os.path.abspath(db_path))
+    st = os.stat(folder)
+    if st.st_uid == 0:
+        return None
+    mine = [p for p in (db_path, db_path + ".lock") if _root_owned(p)]
+    if _root_owned(artifact_dir) or any(_root_owned(os.path.join(d, n))
+                                        for d, subs, files in os.walk(artifact_dir)
+                                        for n in subs + files):
+        mine.append(artifact_dir)
+    if not mine:
+        return None
+    owner, group = _name(pwd.getpwuid, st.st_uid), _name(grp.getgrgid, st.st_gid)
+    return (f"restored as root: {', '.join(mine)} now belong to root, but {folder} belongs to "
+            f"{owner}: coordd running as {owner} cannot open them. Before starting coordd, "
+            f"run: chown -R {owner}:{group} {' '.join(mine)}  (or restore as that user: "
+            f"sudo -u {owner} coordctl restore ...)")
+
+
+def _root_owned(path: str) -> bool:
+    try:
+        return os.lstat(path).st_uid == 0
+    except OSError:
+        return False
+
+
+def _name(lookup: Any, ident: int) -> str:
+    try:
+        return str(lookup(ident)[0])
+    except KeyError:
+        return str(ident)

@@ -54,6 +54,14 @@ class Disconnected(errors.CoordError):
     code = "disconnected"
 
 
+class Refused(Disconnected, errors.PermissionDenied):
+    """coordd refused this connection: its certificate or identity (another CA, expired,
+    the deny-list). Not an outage: the Connector dials again only after a backoff
+    (coordd.transport.Refusals); the message says why."""
+
+    code = "permission_denied"
+
+
 class Closed(Disconnected):
     """This client closed the connection (its own `close()`) while the call was in flight:
     not an outage of coordd."""
@@ -124,6 +132,7 @@ class Client(WorkflowCalls, HubCalls, PushCalls):
         self._writer: asyncio.StreamWriter | None = None
         self._read_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._refused = False  # coordd refused this connection (Refused)
 
     async def __aenter__(self) -> "Client":
         await self.connect()
@@ -145,7 +154,9 @@ class Client(WorkflowCalls, HubCalls, PushCalls):
                 try:
                     self._reader, self._writer = await self.connector.open()
                 except errors.CoordError as exc:  # transport.ConnectFailed
-                    raise Disconnected(exc.message) from exc
+                    kind = Refused if getattr(exc, "refused", False) else Disconnected
+                    raise kind(exc.message) from exc
+                self._refused = False
                 self._read_task = asyncio.create_task(self._read_loop(self._reader))
                 return
             try:
@@ -184,25 +195,47 @@ class Client(WorkflowCalls, HubCalls, PushCalls):
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         refusal: errors.CoordError | None = None  # a connection-level error, kept for all
+        answered = False
+        lost: Disconnected = Disconnected("coordd closed the connection")
+        ended: BaseException | None = None
         try:
             while True:
                 body = await read_frame(reader, self.max_frame)
                 if body is None:
                     break
                 header = _decode_header(body)
+                if header.id == 0 and header.error is not None:
+                    # a connection-level error (oversize or garbage frame, out of file
+                    # descriptors, inbound budget spent, this peer refused): fail everyone
+                    refusal = self._connection_error(header.error.code, header.error.message)
+                    self._fail_pending(refusal)
+                    continue
+                if not answered and refusal is None:
+                    answered = True
+                    if (refusals := getattr(self.connector, "refusals", None)) is not None:
+                        refusals.answered()
                 fut = self._pending.pop(header.id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(header)
-                elif header.id == 0 and header.error is not None:
-                    # a connection-level error (oversize or garbage frame, out of file
-                    # descriptors, inbound budget spent): fail everyone
-                    refusal = errors.error_for_code(header.error.code, header.error.message)
-                    self._fail_pending(refusal)
-        except (asyncio.IncompleteReadError, ConnectionError, msgspec.DecodeError,
+        except (asyncio.IncompleteReadError, OSError, msgspec.DecodeError,  # OSError: ssl too
                 errors.PayloadTooLarge) as exc:
-            self._fail_pending(refusal or Disconnected(f"connection to coordd lost: {exc}"))
-            return
-        self._fail_pending(refusal or Disconnected("coordd closed the connection"))
+            lost, ended = Disconnected(f"connection to coordd lost: {exc}"), exc
+        why = None if refusal or answered else getattr(  # coordd.transport.Connector's
+            self.connector, "closed_unanswered", lambda _exc: None)(ended)
+        if why is not None:  # closed at once, nothing answered: coordd refused the certificate
+            refusal = self._connection_error("permission_denied", why)
+        self._fail_pending(refusal or lost)
+
+    def _connection_error(self, code: str, message: str) -> errors.CoordError:
+        """The error of a connection-level reply; a refusal of this peer starts (or goes
+        on with) the connector's refusal backoff."""
+        if code != "permission_denied":
+            return errors.error_for_code(code, message)
+        self._refused = True
+        refusals = getattr(self.connector, "refusals", None)
+        if refusals is not None:
+            refusals.refused(message)
+        return Refused(f"coordd refused this connection: {message}")
 
     async def call(self, method: str, params: Any = None, result_type: type[T] | None = None,
                    timeout: float | None = None,
@@ -229,6 +262,8 @@ class Client(WorkflowCalls, HubCalls, PushCalls):
         except (UnicodeEncodeError, OverflowError, RecursionError, TypeError,
                 msgspec.EncodeError) as exc:
             raise _unencodable(method, exc) from exc
+        if self._refused:  # this connection was refused: the connector says when to dial
+            await self.close()
         if self._writer is None or self._writer.is_closing() or self._read_task is None \
                 or self._read_task.done():
             await self.connect()
@@ -245,12 +280,16 @@ class Client(WorkflowCalls, HubCalls, PushCalls):
             raise CallTimeout(f"{method}: no reply within {timeout or self.timeout:g}s") from None
         except (ConnectionError, OSError) as exc:
             self._pending.pop(req_id, None)  # ours is answered by this raise, not by close()
-            lost = Disconnected(f"{method}: connection to coordd lost: {exc}")
+            told = fut.exception() if fut.done() and not fut.cancelled() else None
+            lost = told if isinstance(told, errors.CoordError) else Disconnected(
+                f"{method}: connection to coordd lost: {exc}")  # the read loop knew why first
             self._fail_pending(lost)  # the others too: an outage, not our own close
             await self.close()
             raise lost from exc
         finally:
             self._pending.pop(req_id, None)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # retrieved: an error raised otherwise is never "unretrieved"
         if header.error is not None:
             raise errors.error_for_code(header.error.code, header.error.message)
         if result_type is None:

@@ -413,7 +413,8 @@ def load(path: str | os.PathLike[str] | None, **overrides: Any) -> Config:
     try:
         return msgspec.convert(data, Config)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{_source(str(exc), given, path)}: {exc}") from exc
+        raise ConfigError(f"{_source(str(exc), given, path)}: "
+                          f"{conffile.locate(str(exc), data)}") from exc
 
 
 def _source(message: str, given: dict[str, Any], path: str | os.PathLike[str] | None) -> str:

@@ -24,6 +24,7 @@ from coordd.protocol_enrol import CaBundle, Enroll, Enrolled, TokenCreate, Token
 from coordd.store import enrol as estore
 from coordd.store.api_enrol import EnrolStore
 from coordd.times import fmt_time
+from coordd.tls import split_host_port
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,8 @@ class Enrolment:
         logger.info("enrolment token made for worker %s (expires %s)", p.worker_id,
                     fmt_time(expires), extra={"action": "token_create", "worker_id": p.worker_id})
         return TokenCreated(token=token, worker_id=p.worker_id, expires_at=expires,
-                            ca_sha256=pki.fingerprint(ca_pem.encode()))
+                            ca_sha256=pki.fingerprint(ca_pem.encode()),
+                            enroll_address=self._config.listen_enroll)
 
     async def ca_bundle(self, p: Any = None) -> CaBundle:
         """The fleet CA certificate (public), for the worker to check against its pin."""
@@ -104,6 +106,8 @@ class Enrolment:
         await self._store.burn_token(h, serial)  # checked again: at most one enrolment wins
         logger.info("enrolled worker %s (certificate serial %s)", worker_id, serial,
                     extra={"action": "enrolled", "worker_id": worker_id})
-        return Enrolled(worker_id=worker_id, cert_pem=pem.decode(), ca_pem=ca_pem, serial=serial)
+        tcp_port = split_host_port(self._config.listen_tcp)[1] if self._config.listen_tcp else 0
+        return Enrolled(worker_id=worker_id, cert_pem=pem.decode(), ca_pem=ca_pem, serial=serial,
+                        tcp_port=tcp_port)
 
     _check = staticmethod(estore.usable)

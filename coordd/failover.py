@@ -12,7 +12,7 @@ import random
 from collections.abc import Sequence
 
 from coordd.clock import Clock, SystemClock
-from coordd.transport import ConnectFailed, Connector, TlsFiles
+from coordd.transport import ConnectFailed, Connector, Refusals, TlsFiles
 
 BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 2.0  # short: a standby that took over should be found within seconds
@@ -25,13 +25,15 @@ class Failover:
         endpoints: socket paths, `tls://HOST:PORT` or `tcp://HOST:PORT` (at least one).
         files: the TLS files for tls:// endpoints.
         connect_timeout_s: one connect to one endpoint must finish within this.
+        refusals: the backoff after coordd refused this client (coordd.transport.Refusals;
+            one for every endpoint: a standby refuses as the active one does).
     Raises: ValueError (no endpoint, a bad one, tls:// without files).
     """
 
     def __init__(self, endpoints: Sequence[str], files: TlsFiles | None = None, *,
                  connect_timeout_s: float = 5.0, backoff_base_s: float = BACKOFF_BASE_S,
                  backoff_cap_s: float = BACKOFF_CAP_S, rng: random.Random | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, refusals: Refusals | None = None) -> None:
         if not endpoints:
             raise ValueError("no coordd address given")
         self.connectors = [Connector(e, files, connect_timeout_s=connect_timeout_s,
@@ -40,6 +42,7 @@ class Failover:
         self._base, self._cap = backoff_base_s, backoff_cap_s
         self._rng = rng or random.Random()
         self._clock = clock or SystemClock()
+        self.refusals = refusals or Refusals(clock=self._clock)
         self.failures = 0  # rounds in a row in which no endpoint answered
         self._next_try = 0.0
 
@@ -56,8 +59,12 @@ class Failover:
     async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Connect to the first endpoint that answers, starting at the last good one.
 
-        Raises: ConnectFailed (none answered: every endpoint's reason).
+        Raises: ConnectFailed (none answered: every endpoint's reason; `refused`: coordd
+        refused this client a moment ago, nothing dialled).
         """
+        not_yet = self.refusals.admit()
+        if not_yet is not None:
+            raise ConnectFailed(not_yet, refused=True)
         wait = self._next_try - self._clock.mono()
         if wait > 0:
             await asyncio.sleep(wait)
@@ -76,3 +83,7 @@ class Failover:
         self._next_try = self._clock.mono() + self._rng.uniform(
             0.0, min(self._cap, self._base * 2.0 ** min(self.failures - 1, 30)))
         raise ConnectFailed("no coordd answers: " + "; ".join(why))
+
+    def closed_unanswered(self, exc: BaseException | None) -> str | None:
+        """As Connector.closed_unanswered, for the endpoint connected last."""
+        return self.connectors[self._current].closed_unanswered(exc)

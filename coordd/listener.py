@@ -40,14 +40,17 @@ class Listener:
         tls: returns the SSLContext for a new connection (None: plaintext).
         tune: called on each accepted socket (e.g. coordd.tls.tune_tcp).
         handshake_timeout_s: a TLS handshake must finish within this.
+        on_refused: `on_refused(peer_address, exc)` when a TLS handshake fails (logging).
     """
 
     def __init__(self, sock: socket.socket,
                  protocol_factory: Callable[[], asyncio.Protocol], *,
                  tls: Callable[[], ssl.SSLContext | None] | None = None,
                  tune: Callable[[socket.socket], None] | None = None,
-                 handshake_timeout_s: float = 10.0) -> None:
+                 handshake_timeout_s: float = 10.0,
+                 on_refused: Callable[[object, OSError], None] | None = None) -> None:
         self._sock = sock
+        self._on_refused = on_refused
         self._factory = protocol_factory
         self._tls = tls
         self._tune = tune
@@ -96,7 +99,7 @@ class Listener:
         assert loop is not None
         for _ in range(ACCEPTS_PER_WAKEUP):
             try:
-                conn, _addr = self._sock.accept()
+                conn, addr = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -115,11 +118,11 @@ class Listener:
             conn.setblocking(False)
             if self._tune is not None:
                 self._tune(conn)
-            task = loop.create_task(self._serve(conn))
+            task = loop.create_task(self._serve(conn, addr))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
 
-    async def _serve(self, conn: socket.socket) -> None:
+    async def _serve(self, conn: socket.socket, addr: object) -> None:
         loop = self._loop
         assert loop is not None
         ctx = self._tls() if self._tls is not None else None
@@ -130,7 +133,9 @@ class Listener:
                 await loop.connect_accepted_socket(
                     self._factory, conn, ssl=ctx, ssl_handshake_timeout=self._handshake_timeout_s)
         except OSError as exc:  # no descriptor for the transport's needs; a refused handshake
-            fdlimit.note_exhaustion(exc, "connection setup")  # (logged by coordd.tls)
+            fdlimit.note_exhaustion(exc, "connection setup")
+            if self._on_refused is not None and isinstance(exc, ssl.SSLError):
+                self._on_refused(addr, exc)
             conn.close()
 
     def _refuse(self) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -265,3 +266,31 @@ def make_csr(key: ec.EllipticCurvePrivateKey, worker_id: str) -> bytes:
            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, worker_id)]))
            .sign(key, hashes.SHA256()))
     return csr.public_bytes(serialization.Encoding.PEM)
+
+
+def leaf_problem(cert_pem: bytes, ca_pem: bytes, now: float) -> str | None:
+    """Why coordd would refuse this leaf certificate, as far as this host can tell: not
+    issued by any CA certificate in `ca_pem` (the fleet CA), expired, or not yet valid at
+    `now` (Unix seconds); None if none of these (or the files do not parse)."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        cas = x509.load_pem_x509_certificates(ca_pem)
+    except ValueError:
+        return None
+    issued = False
+    for ca in cas:
+        try:
+            cert.verify_directly_issued_by(ca)
+            issued = True
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+    if not issued:
+        return (f"it is issued by {cert.issuer.rfc4514_string()}, not by the fleet CA "
+                f"({', '.join(ca.subject.rfc4514_string() for ca in cas)})")
+    when = _when(now)
+    if when > cert.not_valid_after_utc:
+        return f"it expired at {cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}"
+    if when < cert.not_valid_before_utc:
+        return (f"it is not valid before {cert.not_valid_before_utc:%Y-%m-%dT%H:%M:%SZ} "
+                f"(check this host's clock)")
+    return None

@@ -24,6 +24,7 @@ class TokenCreated(msgspec.Struct, kw_only=True):
     worker_id: str
     expires_at: float
     ca_sha256: str
+    enroll_address: str = ""  # coordd's listen_enroll as configured ("" = off)
 
 
 class CaBundle(msgspec.Struct, kw_only=True):
@@ -47,6 +48,7 @@ class Enrolled(msgspec.Struct, kw_only=True):
     cert_pem: str
     ca_pem: str
     serial: str
+    tcp_port: int = 0  # the port of coordd's listen_tcp (0 = not serving workers over TCP)
 
 
 ENROL_PARAMS: dict[str, type[msgspec.Struct]] = {

@@ -39,6 +39,7 @@ import msgspec
 
 from coordd import errors, memory
 from coordd.clock import Clock, SystemClock
+from coordd.conffile import locate
 from coordd.protocol import ADMIN_METHODS, PARAMS, ErrorBody, Reply, Request
 from coordd.peercred import PeerCred  # noqa: F401  (re-exported: server, tests)
 from coordd.push import PARK_SCOPE, ParkScope
@@ -53,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 INFLIGHT_PER_CONNECTION = 64
 FLUSH_TIMEOUT_S = 5.0
+REFUSAL_LINGER_S = 1.0  # a refused TLS peer's requests read this long, answered with why
 READ_AHEAD_BYTES = 64 * 1024  # unparsed bytes read on from a peer whose requests wait
 SWEEP_INTERVAL_S = 1.0
 
@@ -62,6 +64,14 @@ _param_decoders = {m: msgspec.msgpack.Decoder(t) for m, t in PARAMS.items()}
 
 Handler = Callable[[str, Any], Awaitable[Any]]
 PeerOf = Callable[[asyncio.BaseTransport], PeerCred]
+
+
+def _located(exc: msgspec.DecodeError, params: Any) -> str:
+    """A params error with msgspec's `$.nodes[1]` / `$.x[...]` said by name (coordd.conffile)."""
+    try:
+        return locate(str(exc), msgspec.msgpack.decode(params))
+    except (msgspec.DecodeError, RecursionError, TypeError):
+        return str(exc)
 
 
 class Dispatcher:
@@ -115,7 +125,7 @@ class Dispatcher:
             try:
                 params = decoder.decode(req.params)
             except msgspec.DecodeError as exc:
-                raise errors.BadRequest(f"{req.method}: {exc}") from exc
+                raise errors.BadRequest(f"{req.method}: {_located(exc, req.params)}") from exc
             except RecursionError as exc:
                 raise errors.BadRequest(f"{req.method}: params nested too deep") from exc
             if peer.worker_id is not None and getattr(params, "worker_id", None) not in (
@@ -234,6 +244,9 @@ class Connection(Budgets, asyncio.Protocol):
         self.on_close: list[Callable[[], None]] = []  # run once when the connection is lost
         self.scope = ParkScope()  # its parked calls (coordd.push): dropped when it closes
         self._reply_waiters = collections.deque()  # reservations waiting (coordd.budgets)
+        self._refusal: errors.PermissionDenied | None = None  # a refused TLS peer's reason
+        self._refusal_timer: asyncio.TimerHandle | None = None
+        self._tls = False
 
     # -------------------------------------------------------------- asyncio.Protocol
 
@@ -243,14 +256,16 @@ class Connection(Budgets, asyncio.Protocol):
         if self._peer_of is None:
             self.peer = PeerCred.of(transport.get_extra_info("socket"))
             return
+        self._tls = transport.get_extra_info("sslcontext") is not None
         try:
             self.peer = self._peer_of(transport)
         except errors.PermissionDenied as exc:  # a TLS peer without a usable identity
+            # (logged by peer_of): say why at once (id 0) and to each request read within
+            # REFUSAL_LINGER_S (its id), then close: the peer reads why, not a reset
             self.peer = PeerCred(0, -1, -1)
-            logger.warning("refused a TCP peer: %s", exc.message,
-                           extra={"action": "peer_refused"})
+            self._refusal = exc
             self.send_error(None, exc)
-            self._finish()
+            self._refusal_timer = self._loop.call_later(REFUSAL_LINGER_S, self._finish)
 
     def data_received(self, data: bytes) -> None:
         if self._finishing:
@@ -273,7 +288,9 @@ class Connection(Budgets, asyncio.Protocol):
         self.scope.close()  # its parked calls answer now (a closed peer reads as EOF)
         if not self._finishing and not (self._blocked() and self._frame_waiting()):
             self._end_of_input()
-        return True  # keep the transport open to send the replies still owed
+        # keep the transport open to send the replies still owed; TLS cannot (asyncio
+        # closes it and warns if asked to)
+        return not self._tls
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -298,8 +315,9 @@ class Connection(Budgets, asyncio.Protocol):
         self._d.outbound_bytes -= self._unsent
         self._d.large_bytes += self._unsent  # freed with the transport: worth a trim
         self._unsent = 0
-        if self._abort_timer is not None:
-            self._abort_timer.cancel()
+        for timer in (self._abort_timer, self._refusal_timer):
+            if timer is not None:
+                timer.cancel()
         self.scope.close()
         self._fail_reply_waiters()
         self._d._closed(self)
@@ -370,6 +388,10 @@ class Connection(Budgets, asyncio.Protocol):
                            self.peer.uid, why, extra={"action": "bad_frame", "uid": self.peer.uid})
             self.send_error(None, errors.BadRequest(
                 f"not a request envelope {{id, method, params}}: {why}"))
+            self._finish()
+            return
+        if self._refusal is not None:  # a refused TLS peer: no request is served
+            self.send_error(req.id, self._refusal)
             self._finish()
             return
         if self._d._closing:

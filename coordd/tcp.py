@@ -38,7 +38,8 @@ class TcpListener:
                                                             config.tls_deny_serials),
                                      ENROL_OPEN_METHODS if enrol else None)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            raise ValueError(f"TLS files ({', '.join(files or ())}): {exc}") from exc
+            raise ValueError(f"TLS files ({', '.join(f for f in files or () if f)}): {exc}") \
+                from exc
         self._listener: Listener | None = None
         self.address = ""
 
@@ -54,7 +55,8 @@ class TcpListener:
         self._listener = Listener(
             sock, functools.partial(self._dispatcher.accept, peer_of=self.tls.peer_of),
             tls=self.tls.current, tune=lambda s: tls.tune_tcp(s, user_timeout),
-            handshake_timeout_s=self.config.tls_handshake_timeout_s)
+            handshake_timeout_s=self.config.tls_handshake_timeout_s,
+            on_refused=self.tls.handshake_refused)
         self._listener.start()
         logger.info("serving %s on %s://%s", "enrolment" if self.tls.open_methods else "workers",
                     "tcp" if self.tls.files is None else "tls", self.address,

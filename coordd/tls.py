@@ -3,10 +3,11 @@ what it may do.
 
 The rule not to break: a TCP peer acts only as the identity its client certificate names
 (URI SAN `coordd-worker://ID` or `coordd-admin://NAME`, from the fleet CA); a certificate
-with neither, or one on the deny-list, gets no request served. Refused handshakes are
-logged with OpenSSL's reason (asyncio hides them: `LoggingSSLObject`). SIGHUP builds a
-new context from the files (`TlsServer.reload`): new handshakes use it, open connections
-keep theirs.
+with neither, or one on the deny-list, gets no request served. Refusals (a handshake
+OpenSSL refused, with its reason; an identity refused) are logged once per episode of a
+peer host and reason (`RefusalLog`): a refused worker that keeps dialling is one line, not
+one per try. SIGHUP builds a new context from the files (`TlsServer.reload`): new
+handshakes use it, open connections keep theirs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordd import errors
+from coordd.clock import Clock, SystemClock
 from coordd.names import check_name
 from coordd.peercred import PeerCred
 
@@ -32,8 +34,21 @@ REFUSALS: collections.Counter[str] = collections.Counter()
 """Refused handshakes by OpenSSL's reason, since start (the peer is unknown at that point)."""
 
 
+REFUSAL_QUIET_S = 900.0
+"""A refusal episode of (peer host, reason) ends after this long without one (longer than
+a refused worker's reconnect backoff cap, coordd.transport.REFUSED_BACKOFF_CAP_S)."""
+REFUSAL_KEYS_MAX = 1024
+"""Episodes remembered at most (the least recently refused are forgotten first)."""
+
+
+def refusal_reason(exc: BaseException) -> str:
+    """OpenSSL's reason for a refused handshake (`certificate has expired`, ...)."""
+    return str(getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or exc)
+
+
 class LoggingSSLObject(ssl.SSLObject):
-    """An SSLObject whose failed handshakes are logged (and counted in REFUSALS)."""
+    """An SSLObject whose failed handshakes are counted in REFUSALS (by reason; logged by
+    TlsServer.handshake_refused, which knows the peer)."""
 
     def do_handshake(self) -> None:
         try:
@@ -41,11 +56,52 @@ class LoggingSSLObject(ssl.SSLObject):
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
             raise
         except ssl.SSLError as exc:
-            reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
-            REFUSALS[str(reason)] += 1
-            logger.warning("refused a TLS handshake: %s", reason,
-                           extra={"action": "tls_refused", "reason": str(reason)})
+            REFUSALS[refusal_reason(exc)] += 1
             raise
+
+
+class RefusalLog:
+    """Which refusals to log: the first of an episode of (peer host, reason). Repeats are
+    counted, not logged, until the pair has been refused nothing for `quiet_s`; the next
+    refusal then starts a new episode.
+
+    Args:
+        clock: monotonic time (coordd.clock; FakeClock in tests).
+        quiet_s: the quiet time that ends an episode.
+        max_keys: episodes remembered at most.
+    """
+
+    def __init__(self, clock: Clock | None = None, quiet_s: float = REFUSAL_QUIET_S,
+                 max_keys: int = REFUSAL_KEYS_MAX) -> None:
+        self._mono = (clock or SystemClock()).mono
+        self.quiet_s, self._max = quiet_s, max_keys
+        self._last: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
+        self.repeats = 0  # refusals not logged (in an episode already logged), since start
+
+    def first(self, host: str, reason: str) -> bool:
+        """Count one refusal of `host` for `reason`; True if it starts an episode (log it)."""
+        now, key = self._mono(), (host, reason)
+        last = self._last.pop(key, None)
+        self._last[key] = now
+        if len(self._last) > self._max:
+            self._last.popitem(last=False)
+        if last is not None and now - last < self.quiet_s:
+            self.repeats += 1
+            return False
+        return True
+
+    def note(self, host: str, reason: str, what: str, action: str) -> None:
+        """Log `what` (e.g. "refused a TLS handshake") from `host` with `reason`, if it
+        starts an episode."""
+        if self.first(host, reason):
+            logger.warning("%s from %s: %s (its further refusals for this reason are not "
+                           "logged until it has been quiet for %s)", what, host, reason,
+                           _minutes(self.quiet_s),
+                           extra={"action": action, "reason": reason, "peer": host})
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def server_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
@@ -88,10 +144,18 @@ class TlsPeer(PeerCred):
 
 
 def _address(transport: Any) -> str:
-    peer = transport.get_extra_info("peername")
+    return address_of(transport.get_extra_info("peername"))
+
+
+def address_of(peer: Any) -> str:
+    """"host:port" ("[v6]:port") of a socket address (getpeername's tuple)."""
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"[{peer[0]}]:{peer[1]}" if ":" in str(peer[0]) else f"{peer[0]}:{peer[1]}"
     return str(peer)
+
+
+def _host(address: str) -> str:
+    return address.rpartition(":")[0] or address
 
 
 def identity(cert: dict[str, Any] | None) -> tuple[str | None, str | None, str]:
@@ -173,11 +237,20 @@ class TlsServer:
     """
 
     def __init__(self, files: tuple[str, str, str | None] | None,
-                 deny: DenyList | None = None, open_methods: frozenset[str] | None = None) -> None:
+                 deny: DenyList | None = None, open_methods: frozenset[str] | None = None,
+                 refusals: RefusalLog | None = None) -> None:
         self.files = files
         self.deny = deny or DenyList()
         self.open_methods = open_methods  # set: no client certificate, only these methods
         self.context: ssl.SSLContext | None = server_context(*files) if files else None
+        self.refusals = refusals or RefusalLog()
+
+    def handshake_refused(self, peer: Any, exc: BaseException) -> None:
+        """A handshake with `peer` (getpeername's address) failed: log it once per episode
+        (coordd.listener calls it)."""
+        if isinstance(exc, ssl.SSLError):
+            self.refusals.note(_host(address_of(peer)), refusal_reason(exc),
+                               "refused a TLS handshake", "tls_refused")
 
     def current(self) -> ssl.SSLContext | None:
         """The context new handshakes use."""
@@ -197,7 +270,7 @@ class TlsServer:
                          extra={"action": "tls_reload_failed"})
             return False
         self.context = ctx
-        logger.info("TLS certificates reloaded from %s", ", ".join(self.files),
+        logger.info("TLS certificates reloaded from %s", ", ".join(f for f in self.files if f),
                     extra={"action": "tls_reload"})
         return True
 
@@ -214,12 +287,12 @@ class TlsServer:
             return TlsPeer(address)
         worker, admin, serial = identity(ssl_obj.getpeercert())
         peer = TlsPeer(address, worker, admin, serial)
-        if worker is None and admin is None:
-            raise errors.PermissionDenied(
-                f"the certificate of {address} names no coordd identity (a URI SAN "
-                f"{WORKER_SCHEME}ID or {ADMIN_SCHEME}NAME)")
         why = self.deny.why(peer)
+        if worker is None and admin is None:
+            why = (f"the certificate names no coordd identity (a URI SAN "
+                   f"{WORKER_SCHEME}ID or {ADMIN_SCHEME}NAME)")
         if why is not None:
+            self.refusals.note(_host(address), why, "refused a TCP peer", "peer_refused")
             raise errors.PermissionDenied(why)
         return peer
 

@@ -5,12 +5,17 @@ The rules not to break: the server name is pinned (`coordd`, pki.SERVER_NAME) wh
 address is dialled; every connect has a timeout; after a failed connect the next one waits
 a capped exponential backoff with full jitter (`uniform(0, min(cap, base * 2**n))`), so a
 fleet that lost coordd does not reconnect in lockstep; TCP sockets get keepalive and
-TCP_USER_TIMEOUT (coordd.tls.tune_tcp), so a partition is noticed in seconds.
+TCP_USER_TIMEOUT (coordd.tls.tune_tcp), so a partition is noticed in seconds. A refusal
+by coordd (its certificate, identity or deny-list: coordd.tls) is no outage: the next dial
+waits a backoff that doubles per refusal in a row up to REFUSED_BACKOFF_CAP_S
+(`Refusals`, shared by a program's connectors), and calls in between fail at once with
+the reason, without dialling.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import ssl
 from dataclasses import dataclass
@@ -23,12 +28,69 @@ CONNECT_TIMEOUT_S = 5.0
 BACKOFF_BASE_S = 0.2
 BACKOFF_CAP_S = 5.0
 READ_LIMIT = 1 << 20
+REFUSED_BACKOFF_BASE_S = 1.0
+REFUSED_BACKOFF_CAP_S = 300.0
 
 
 class ConnectFailed(errors.CoordError):
-    """coordd could not be reached (the code is the client's `disconnected`)."""
+    """coordd could not be reached (the code is the client's `disconnected`); `refused`:
+    not dialled, coordd refused this client a moment ago (Refusals)."""
 
     code = "disconnected"
+
+    def __init__(self, message: str | None = None, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+class Refusals:
+    """coordd refused this client: when it may dial again. After the n-th refusal in a
+    row the next dial waits between half and all of min(cap_s, base_s * 2**(n-1)); a
+    reply that is no refusal ends the episode. One instance may serve several Connectors
+    (a worker's connections), so they back off together.
+
+    Args:
+        base_s / cap_s: the backoff's first step and cap (seconds).
+        rng / clock: injectable for tests (coordd.clock.FakeClock).
+    """
+
+    def __init__(self, base_s: float = REFUSED_BACKOFF_BASE_S,
+                 cap_s: float = REFUSED_BACKOFF_CAP_S, rng: random.Random | None = None,
+                 clock: Clock | None = None) -> None:
+        self.base_s, self.cap_s = base_s, cap_s
+        self._rng = rng or random.Random()
+        self._clock = clock or SystemClock()
+        self.count = 0          # refusals in a row
+        self.reason = ""        # the last one's
+        self._next_try = 0.0    # monotonic: no dial before this
+
+    def _step(self) -> float:
+        return min(self.cap_s, self.base_s * 2.0 ** min(max(self.count - 1, 0), 30))
+
+    def refused(self, reason: str) -> float:
+        """Count a refusal; return the seconds until the next dial."""
+        self.count += 1
+        self.reason = reason
+        step = self._step()
+        wait = self._rng.uniform(step / 2, step)
+        self._next_try = self._clock.mono() + wait
+        return wait
+
+    def answered(self) -> None:
+        """coordd served a request: the episode is over."""
+        self.count, self.reason, self._next_try = 0, "", 0.0
+
+    def admit(self) -> str | None:
+        """None: dial now (in an episode, the others wait for this one's outcome for half
+        a step); else why not, with the seconds left."""
+        if not self.count:
+            return None
+        now = self._clock.mono()
+        left = self._next_try - now
+        if left > 0:
+            return f"coordd refused this connection: {self.reason}; next try in {math.ceil(left)} s"
+        self._next_try = now + self._step() / 2
+        return None
 
 
 @dataclass(frozen=True)
@@ -59,6 +121,7 @@ class Connector:
         backoff_base_s / backoff_cap_s: the full-jitter backoff between failed connects.
         rng / clock: injectable for tests.
         context: an SSLContext to use instead of one made from `files` (enrolment).
+        refusals: the refusal backoff (shared by a program's connectors; default its own).
     Raises: ValueError (a bad endpoint, or tls:// without files).
     """
 
@@ -67,7 +130,8 @@ class Connector:
                  backoff_base_s: float = BACKOFF_BASE_S, backoff_cap_s: float = BACKOFF_CAP_S,
                  user_timeout_s: float = tls.TCP_USER_TIMEOUT_S,
                  rng: random.Random | None = None, clock: Clock | None = None,
-                 server_name: str = SERVER_NAME, context: ssl.SSLContext | None = None) -> None:
+                 server_name: str = SERVER_NAME, context: ssl.SSLContext | None = None,
+                 refusals: Refusals | None = None) -> None:
         self.endpoint = endpoint
         self.scheme, _, rest = endpoint.partition("://") if "://" in endpoint else ("unix", "", endpoint)
         if self.scheme not in ("unix", "tls", "tcp"):
@@ -83,8 +147,11 @@ class Connector:
         self._rng = rng or random.Random()
         self._clock = clock or SystemClock()
         self._server_name = server_name
+        self._files = files
+        self.refusals = refusals or Refusals(clock=self._clock)
         self.failures = 0
         self._next_try = 0.0  # monotonic: no connect before this (backoff)
+        self.opened_at = 0.0  # monotonic: the last connect that succeeded
 
     def backoff_s(self) -> float:
         """The wait before the next connect after `failures` failed ones (full jitter)."""
@@ -95,8 +162,12 @@ class Connector:
     async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Connect (after the backoff's wait, if the last connect failed).
 
-        Raises: ConnectFailed (nothing answers, timeout, a refused handshake: with a hint).
+        Raises: ConnectFailed (nothing answers, timeout, a refused handshake: with a hint;
+        `refused`: coordd refused this client a moment ago, not dialled: Refusals).
         """
+        not_yet = self.refusals.admit()
+        if not_yet is not None:
+            raise ConnectFailed(not_yet, refused=True)
         wait = self._next_try - self._clock.mono()
         if wait > 0:
             await asyncio.sleep(wait)
@@ -108,6 +179,7 @@ class Connector:
             raise ConnectFailed(self._why(exc)) from exc
         self.failures = 0
         self._next_try = 0.0
+        self.opened_at = self._clock.mono()
         return pair
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -133,3 +205,25 @@ class Connector:
             return f"coordd is not running at {where}: {exc.strerror}"
         text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         return f"cannot connect to coordd at {where}: {text}"
+
+    def closed_unanswered(self, exc: BaseException | None) -> str | None:
+        """Why coordd closed a TLS connection without a reply, if that was a refusal of this
+        certificate (coordd.tls logs why): the connection ended by EOF, a reset or a TLS
+        alert within `connect_timeout_s` of its connect (a partition ends by a timeout, much
+        later). What this host can see of the cause (coordd.pki.leaf_problem) is named.
+        None: not a refusal."""
+        quick = self._clock.mono() - self.opened_at <= self.connect_timeout_s
+        if self.scheme != "tls" or not quick or not (exc is None or isinstance(
+                exc, (ConnectionResetError, ssl.SSLError, asyncio.IncompleteReadError))):
+            return None
+        problem = None
+        if self._files is not None:
+            from coordd import pki
+            try:
+                with open(self._files.cert, "rb") as c, open(self._files.ca, "rb") as a:
+                    problem = pki.leaf_problem(c.read(), a.read(), self._clock.wall())
+            except OSError:
+                pass
+        cert = self._files.cert if self._files else "this client's certificate"
+        return (f"coordd at {self.scheme}://{self.host}:{self.port} refused the certificate "
+                f"{cert}: " + (problem or "coordd's log says why (\"refused a TLS handshake\")"))

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from cronsim import CronSim, CronSimError
 
+from coordd import cron as cron_mod
 from coordd import errors, resources, results, values, views
 from coordd.names import check_duration, check_name
 from coordd.times import TIME_MIN_S
@@ -125,7 +126,8 @@ def cron_after(cron: str, t: float) -> float:
     try:
         return next(CronSim(cron, datetime.fromtimestamp(t, timezone.utc))).timestamp()
     except (CronSimError, StopIteration) as exc:
-        raise errors.BadRequest(f"cron {cron!r}: {exc or 'no future slot'}") from exc
+        why = cron_mod.field_problem(cron, str(exc)) if exc else "no future slot"
+        raise errors.BadRequest(f"cron {cron!r}: {why}") from exc
 
 
 def check_cron(cron: str) -> str:

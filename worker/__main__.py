@@ -75,13 +75,14 @@ def _on_sighup() -> None:
 
 def client_factory(args: argparse.Namespace, cfg: config_mod.WorkerConfig) -> Callable[[], Client]:
     """Make the supervisor's Client factory: the Unix socket, or `--connect tls://...`
-    (each Client its own Connector: timeouts, backoff, pinned server name).
+    (each Client its own Connector: timeouts, backoff, pinned server name; one refusal
+    backoff for them all, coordd.transport.Refusals).
 
     Raises: ValueError (a bad URL, tls:// without files), OSError (unreadable TLS files).
     """
     from coordd.client import Client
     from coordd.failover import Failover
-    from coordd.transport import Connector, TlsFiles
+    from coordd.transport import Connector, Refusals, TlsFiles
     from worker.supervisor import CALL_TIMEOUT_S
     urls = args.connect or _listed(cfg.connect)
     if not urls:
@@ -104,13 +105,15 @@ def client_factory(args: argparse.Namespace, cfg: config_mod.WorkerConfig) -> Ca
         if named != args.worker_id:
             raise ValueError(f"{cert} is the certificate of worker {named or '(none)'}, not "
                              f"{args.worker_id}: coordd would refuse every request")
+    refusals = Refusals(cap_s=cfg.refused_backoff_cap_s)  # one backoff for all connections
     if len(urls) > 1:
         Failover(urls, files)  # bad URL or files: refused now, not at the first call
         return lambda: Client(connector=Failover(
-            urls, files, connect_timeout_s=cfg.connect_timeout_s), timeout=CALL_TIMEOUT_S)
+            urls, files, connect_timeout_s=cfg.connect_timeout_s, refusals=refusals),
+            timeout=CALL_TIMEOUT_S)
     Connector(url, files)  # bad URL or files: refused now, not at the first call
-    return lambda: Client(connector=Connector(url, files, connect_timeout_s=cfg.connect_timeout_s),
-                          timeout=CALL_TIMEOUT_S)
+    return lambda: Client(connector=Connector(url, files, connect_timeout_s=cfg.connect_timeout_s,
+                                              refusals=refusals), timeout=CALL_TIMEOUT_S)
 
 
 def _listed(value: str | list[str]) -> list[str]:

@@ -16,6 +16,7 @@ import msgspec
 
 from coordd import conffile, ranges
 from coordd.resources import Request
+from coordd.transport import REFUSED_BACKOFF_CAP_S
 
 LEASE_S_DEFAULT = 30.0
 HEARTBEAT_INTERVAL_S_DEFAULT = 5.0
@@ -56,6 +57,7 @@ RANGES: dict[str, ranges.Range] = {
     "grace_s": ranges.NON_NEGATIVE_S, "stop_timeout_s": ranges.POSITIVE_S,
     "claim_interval_s": ranges.POSITIVE_S, "inline_result_bytes": ranges.NON_NEGATIVE,
     "claim_wait_s": ranges.Range(0, CLAIM_WAIT_S_MAX), "connect_timeout_s": ranges.POSITIVE_S,
+    "refused_backoff_cap_s": ranges.POSITIVE_S,
 }
 """The range of every numeric top-level key of the worker's config."""
 
@@ -157,6 +159,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         tls_cert / tls_key / tls_ca: this worker's certificate and key and the fleet CA
             (PEM files) for `tls://`; `--cert`, `--key`, `--ca` win.
         connect_timeout_s: one connect (TCP + TLS handshake) must finish within this.
+        refused_backoff_cap_s: after coordd refused this worker (its certificate, the
+            deny-list) it dials again after 1 s, then twice as long each time, up to this.
     """
 
     lease_s: float = LEASE_S_DEFAULT
@@ -175,6 +179,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tls_key: str = ""
     tls_ca: str = ""
     connect_timeout_s: float = 5.0
+    refused_backoff_cap_s: float = REFUSED_BACKOFF_CAP_S
 
     def __post_init__(self) -> None:
         ranges.check(self, RANGES)
@@ -226,7 +231,7 @@ def from_dict(data: dict[str, Any], source: str = "<config>") -> WorkerConfig:
     try:
         return msgspec.convert(data, WorkerConfig)
     except msgspec.ValidationError as exc:
-        raise WorkerConfigError(f"{source}: {exc}") from exc
+        raise WorkerConfigError(f"{source}: {conffile.locate(str(exc), data)}") from exc
 
 
 def load(path: str | os.PathLike[str] | None) -> WorkerConfig:

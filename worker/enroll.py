@@ -5,8 +5,10 @@ The key is made here and never leaves the host. The token is sent only over a co
 that verified coordd against the CA whose SHA-256 was pinned on the command line: first
 `ca_bundle` over an unverified connection (nothing secret sent), the fingerprint checked,
 then `enroll` over a connection verifying coordd's certificate (name `coordd`) by that CA.
-Writes DIR/worker.key, DIR/worker.pem and DIR/ca.pem (0600, never overwriting).
-Exit codes: 0 enrolled, 1 refused (fingerprint, token), 2 usage.
+Writes DIR/worker-ID.key, DIR/worker-ID.pem (ID: the token's worker id) and DIR/ca.pem
+(0600, never overwriting; an identical ca.pem is kept): the names `coordctl ca issue
+--worker ID` writes and systemd/coord-worker-fleet.conf loads. Prints the `coord-worker`
+command that runs with them. Exit codes: 0 enrolled, 1 refused (fingerprint, token), 2 usage.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import ssl
 import sys
 from pathlib import Path
@@ -65,19 +68,44 @@ async def enroll(server: str, token: str, ca_sha256: str, out: Path,
         raise EnrolRefused(f"{exc.code}: {exc.message}") from exc
     try:
         out.mkdir(mode=0o700, parents=True, exist_ok=True)
-        pki.write_private(out / "worker.key", pki.key_pem(key))
-        pki.write_private(out / "worker.pem", done.cert_pem.encode())
-        pki.write_private(out / "ca.pem", done.ca_pem.encode())
+        cert, key_file, ca = files(out, done.worker_id)
+        pki.write_private(key_file, pki.key_pem(key))
+        pki.write_private(cert, done.cert_pem.encode())
+        if not (ca.exists() and ca.read_bytes() == done.ca_pem.encode()):
+            pki.write_private(ca, done.ca_pem.encode())
     except (pki.PkiError, OSError) as exc:
         raise EnrolRefused(f"enrolled as {done.worker_id}, but cannot write the files: {exc}") \
             from exc
     return done
 
 
+def files(out: Path, worker_id: str) -> tuple[Path, Path, Path]:
+    """(certificate, key, CA) of `worker_id` in `out`: worker-ID.pem, worker-ID.key, ca.pem."""
+    return out / f"worker-{worker_id}.pem", out / f"worker-{worker_id}.key", out / pki.CA_CERT
+
+
+SYSTEM_TLS_DIR = "/etc/coordd/tls"
+"""Where systemd/coord-worker-fleet.conf loads a worker's files from."""
+
+
 def default_out() -> str:
-    """`$STATE_DIRECTORY/tls` under systemd, else ~/.local/state/coordd/tls."""
+    """`$STATE_DIRECTORY/tls` under systemd, SYSTEM_TLS_DIR as root, else
+    ~/.local/state/coordd/tls."""
     state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return os.path.join(state, "tls") if state else os.path.expanduser("~/.local/state/coordd/tls")
+    if state:
+        return os.path.join(state, "tls")
+    return SYSTEM_TLS_DIR if os.geteuid() == 0 else \
+        os.path.expanduser("~/.local/state/coordd/tls")
+
+
+def run_command(done: Enrolled, server: str, out: Path, roles: str) -> str:
+    """The `coord-worker` command line that runs as the enrolled worker (shell-quoted)."""
+    host = server.rpartition(":")[0]
+    cert, key, ca = files(out.absolute(), done.worker_id)
+    port = str(done.tcp_port) if done.tcp_port else "PORT"
+    return shlex.join(["coord-worker", "--worker-id", done.worker_id, "--roles", roles,
+                       "--connect", f"tls://{host}:{port}", "--cert", str(cert),
+                       "--key", str(key), "--ca", str(ca)])
 
 
 def main(argv: list[str]) -> int:
@@ -90,7 +118,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ca-sha256", required=True, metavar="FP",
                    help="the fleet CA's SHA-256 (printed by `coordctl ca init` / `token create`)")
     p.add_argument("--out", default=default_out(), metavar="DIR",
-                   help="where worker.key, worker.pem, ca.pem go (default: %(default)s)")
+                   help="where worker-ID.pem, worker-ID.key, ca.pem go (default: %(default)s)")
+    p.add_argument("--roles", default="cpu", metavar="R[,R...]",
+                   help="the roles in the command printed to run the worker (default: cpu)")
     args = p.parse_args(argv)
     out = Path(args.out)
     try:
@@ -98,8 +128,9 @@ def main(argv: list[str]) -> int:
     except EnrolRefused as exc:
         print(f"coord-worker enroll: {exc}", file=sys.stderr)
         return 1
-    host = args.server.rpartition(":")[0]
-    print(f"enrolled as worker {done.worker_id} (serial {done.serial}); run:\n"
-          f"  coord-worker --worker-id {done.worker_id} --roles ... --connect tls://{host}:PORT "
-          f"--cert {out / 'worker.pem'} --key {out / 'worker.key'} --ca {out / 'ca.pem'}")
+    cert, key, ca = files(out, done.worker_id)
+    print(f"enrolled as worker {done.worker_id} (serial {done.serial}): {cert}, {key}, {ca}\n"
+          f"run:\n  {run_command(done, args.server, out, args.roles)}")
+    if not done.tcp_port:
+        print("(PORT: coordd serves no worker listener yet; its listen_tcp port)")
     return 0

@@ -78,7 +78,7 @@ class Supervisor:
         self._busy: dict[str, int] = {name: 0 for name in config.kinds}
         self._last_heartbeat: float | None = None
         self._artifact_dir: str | None = None
-        self._link = Link()
+        self._link = Link(refused_cap_s=config.refused_backoff_cap_s)
         self.incarnation = uuid.uuid4().hex  # a new one per start: coordd ends the old leases
         self.kinds = KindHealth(config.kinds, self._clock.mono())
         self._groups = orphans.records_dir(config.work_dir, worker_id)

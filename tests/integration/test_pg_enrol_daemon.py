@@ -5,6 +5,7 @@ mTLS, a replayed token refused."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from coordd import errors, pki
 from coordd.client import Client
 from coordd.transport import Connector, TlsFiles
 from tests.integration.fleet_certs import free_port, make_fleet
-from tests.integration.test_enrol import COOL, run
+from tests.integration.test_enrol import COOL, _sighup_line, assert_reloads_cleanly, run
 from tests.integration.test_pg_daemon import DAEMON_CFG, Coordd, pg_db  # noqa: F401 (fixture)
 
 
@@ -44,8 +45,8 @@ async def test_enrolment_on_the_postgres_daemon_signs_once(enrolling, tmp_path):
     ok = run("worker", "enroll", "--server", f"127.0.0.1:{eport}", "--token", tok["token"],
              "--ca-sha256", fp, "--out", str(out))
     assert ok.returncode == 0, (ok.stderr, d.log())
-    assert pki.cert_identity((out / "worker.pem").read_bytes()) == ("gpu3", None)
-    files = TlsFiles(cert=str(out / "worker.pem"), key=str(out / "worker.key"),
+    assert pki.cert_identity((out / "worker-gpu3.pem").read_bytes()) == ("gpu3", None)
+    files = TlsFiles(cert=str(out / "worker-gpu3.pem"), key=str(out / "worker-gpu3.key"),
                      ca=str(out / "ca.pem"))
     async with Client(connector=Connector(f"tls://127.0.0.1:{fleet.port}", files),
                       timeout=5) as c:
@@ -58,3 +59,11 @@ async def test_enrolment_on_the_postgres_daemon_signs_once(enrolling, tmp_path):
     bad = run("coordctl", "--socket", d.socket, "token", "create", "--worker", "bad\nid")
     assert bad.returncode == 1 and "bad_request" in bad.stderr
     assert "enrolled worker gpu3" in d.log()
+
+
+async def test_sighup_with_the_enrolment_listener_on_postgres(enrolling):
+    """Issue 31 item 3, on the PostgreSQL store: SIGHUP reloads both listeners, no error."""
+    fleet, d, eport = enrolling
+    await d.wait_serving()
+    assert_reloads_cleanly(_sighup_line(d.log, lambda: d.proc.send_signal(signal.SIGHUP)))
+    assert d.proc.poll() is None
