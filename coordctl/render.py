@@ -247,7 +247,9 @@ def job(console: Console, j: JobView) -> None:
     gov = j.lease.governance if j.lease is not None else None
     if gov is not None:
         t.add_row("governance", f"vacating ({gov.vacate_reason})" if gov.vacate_reason
-                  else f"suspended since {fmt_time(gov.suspended_at)} ({gov.suspend_reason})")
+                  else f"suspended since {fmt_time(gov.suspended_at)} ({gov.suspend_reason})"
+                  + ("" if gov.resume_at is None else
+                     f", resumes at {fmt_time(gov.resume_at)} if its gates stay open"))
     if j.waiting_reason:
         t.add_row("waiting reason", j.waiting_reason)
     if j.last_error:

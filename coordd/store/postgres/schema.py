@@ -273,6 +273,7 @@ MIGRATIONS: tuple[str, ...] = (
     # job_resources
     MIGRATION_WORKFLOWS,  # workflows, workflow_edges, jobs.node
     MIGRATION_LIMITS,  # job_limits, limit_holds (+ release trigger), limit_claims, ...
+    "ALTER TABLE leases ADD COLUMN resume_at float8",  # a pending resume (governance)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
