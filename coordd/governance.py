@@ -117,7 +117,7 @@ def decide(policy: GatePolicy, readings: dict[str, Any], state: GovState,
     if held_s >= policy.max_suspend_s:
         why = (f"max_suspend_s: suspended {held_s:g}s >= {policy.max_suspend_s:g}s "
                f"({state.suspend_reason})")
-        new = msgspec.structs.replace(state, vacate_reason=why)
+        new = msgspec.structs.replace(state, vacate_reason=why, resume_at=None)
         return Decision(action=VACATE, reason=why, state=new, event=f"vacate: {why}")
     closed = closed_gates(policy, readings, hysteresis=True)
     if closed:
@@ -148,12 +148,10 @@ def describe(job_id: str, suspended_at: float | None, suspend_reason: str | None
     if vacate_reason is not None:
         return f"{job_id} vacating ({vacate_reason})"
     at = "?" if suspended_at is None else fmt_time(suspended_at)
-    return f"{job_id} suspended since {at} ({suspend_reason}){resuming(resume_at)}"
+    return f"{job_id} suspended since {at} ({suspend_reason}){_resuming(resume_at)}"
 
 
-def resuming(resume_at: float | None) -> str:
-    """", resumes at T if its gates stay open" for a suspension whose gates are open,
-    else ""."""
+def _resuming(resume_at: float | None) -> str:
     if resume_at is None:
         return ""
     return f", resumes at {fmt_time(resume_at)} if its gates stay open"

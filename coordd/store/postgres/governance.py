@@ -71,7 +71,8 @@ SQL_HELD_ONE = (  # $2 job, $3 worker, $4 token; `FOR UPDATE OF l` appended when
 )
 SQL_SET_GOVERNANCE = (  # $1 job, $2 token (NULL: the row is locked already), the state
     "UPDATE leases SET suspended_at = $3, suspend_reason = $4, gate_open_at = $5, "
-    "vacate_reason = $6, resume_at = $7 WHERE job_id = $1 AND ($2::bigint IS NULL OR token = $2)"
+    "vacate_reason = $6, resume_at = $7 "
+    "WHERE job_id = $1 AND ($2::bigint IS NULL OR token = $2)"
 )
 SQL_GOVERNED = (
     "SELECT worker_id, job_id, suspended_at, suspend_reason, vacate_reason, resume_at "
@@ -138,8 +139,7 @@ SQL_RESERVED_CLAIM = (  # $3 lease_s, $4 claim_id
 SQL_RESERVED_LEFT = admission.SQL_RESERVED_LEFT  # drop stale ones; any left?
 SQL_JOB_GOVERNANCE = (  # the lease's state, preemptions, the reservation (or NULLs)
     "SELECT l.suspended_at, l.suspend_reason, l.vacate_reason, l.resume_at, j.preemptions, "
-    "r.worker_id, "
-    "r.victim_job_id, v.priority, r.expires_at FROM jobs j "
+    "r.worker_id, r.victim_job_id, v.priority, r.expires_at FROM jobs j "
     "LEFT JOIN leases l ON l.job_id = j.job_id LEFT JOIN reservations r ON r.job_id = j.job_id "
     f"AND r.expires_at > {NOW} LEFT JOIN jobs v ON v.job_id = r.victim_job_id WHERE j.job_id = $2"
 )
