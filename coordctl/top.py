@@ -1,7 +1,7 @@
 """`coordctl top`: a live view of coordd — queues, workers with readings and gate verdicts,
 the oldest waiting jobs with why each waits, running jobs with the lease time left, recent
-failures. Refreshes in place; `q` (on a
-terminal) or Ctrl-C quits. `--once` prints one frame and exits (for scripts and tests).
+failures. Refreshes in place; `q` (on a terminal) or Ctrl-C quits. `--once` prints one
+frame and exits (for scripts and tests).
 The view fits the terminal: narrow, it drops columns by rank; short, it shows fewer rows
 (`layout`); a line never wraps; below MIN_WIDTH x MIN_HEIGHT it is one line saying so.
 """
