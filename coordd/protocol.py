@@ -404,8 +404,8 @@ class WaitingJob(msgspec.Struct, kw_only=True):
     kind: str
     required_role: str
     priority: int
-    waited_s: float
-    reason: str | None = None
+    waited_s: float  # since it entered waiting, or since its backoff or schedule ended
+    reason: str | None = None  # why it is not running, as `list` and `show` say it
 
 
 class StatusReply(msgspec.Struct, kw_only=True):
