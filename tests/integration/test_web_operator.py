@@ -88,3 +88,20 @@ def test_cancelling_a_running_job_says_the_cancel_was_requested(daemon):
         assert f"job {waiting}: cancelled" in gone.text
     with SyncClient(daemon.socket) as c:
         assert c.get_job(running).cancel_requested and c.get_job(waiting).status == "cancelled"
+
+
+def test_a_suspended_jobs_page_says_when_it_resumes(daemon):
+    """Issue 31 item 9 on the job page: while a suspended job's gates are open again it
+    says when it resumes (and why it is suspended now)."""
+    with SyncClient(daemon.socket, timeout=10) as c:
+        c.heartbeat("w1", ["cpu"], COOL)
+        job = c.enqueue(kind="k", required_role="cpu", priority=3).job_id
+        assert c.claim("w1", lease_s=600).job.job_id == job
+        c.heartbeat("w1", ["cpu"], {**COOL, "user_idle_s": 1.0})  # the user is back
+        with client(daemon.socket) as web:
+            page = web.get(f"/jobs/{job}").text
+            assert re.search(r"Suspended since [^<]* \(user_active\)\.</p>", page)
+            c.heartbeat("w1", ["cpu"], COOL)  # idle again: resumes after resume_after_s
+            page = web.get(f"/jobs/{job}").text
+        assert re.search(r"Suspended since [^<]* \(user_active\); resumes at \S+ \d\d:\d\d:\d\d "
+                         r"if its gates stay open\.</p>", page), page
