@@ -59,18 +59,21 @@ def status(client: Any, args: argparse.Namespace) -> Outcome:
     """`status`: counts, sizes, warnings and the oldest waiting jobs with their reasons."""
     from coordctl import render
     st: StatusReply = client.status()
-    waiting: list[JobView] = []
-    if st.jobs.get("waiting", 0):
-        waiting = client.list_jobs(status="waiting", limit=STATUS_WAITING_SHOWN).jobs
+    waiting = [{"job_id": w.job_id, "kind": w.kind, "required_role": w.required_role,
+                "priority": w.priority, "age_s": w.waited_s, "waiting_reason": w.reason}
+               for w in st.waiting]  # the oldest due ones of each priority, P0 first
+    if st.jobs.get("waiting", 0) and not waiting:  # none due yet, or an older coordd
+        waiting = [{"job_id": j.job_id, "kind": j.kind, "required_role": j.required_role,
+                    "priority": j.priority, "age_s": j.age_s,
+                    "waiting_reason": j.waiting_reason}
+                   for j in client.list_jobs(status="waiting",
+                                             limit=STATUS_WAITING_SHOWN).jobs]
     warnings = list(st.warnings)
     if st.jobs.get("waiting", 0) and st.workers_live == 0:
         warnings.append(f"{st.jobs['waiting']} job(s) waiting and no live worker")
     data = msgspec.structs.asdict(st)
     data["warnings"] = warnings
-    data["oldest_waiting"] = [
-        {"job_id": j.job_id, "kind": j.kind, "required_role": j.required_role,
-         "priority": j.priority, "age_s": j.age_s, "waiting_reason": j.waiting_reason}
-        for j in waiting]
+    data["oldest_waiting"] = waiting
     return Outcome(data, lambda con: render.status(con, st, waiting, warnings))
 
 

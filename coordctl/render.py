@@ -132,19 +132,20 @@ def job_note(job: JobView) -> str:
 # ---------------------------------------------------------------- status
 
 
-def status(console: Console, st: StatusReply, waiting: list[JobView],
+def status(console: Console, st: StatusReply, waiting: list[dict[str, Any]],
            warnings: list[str]) -> None:
-    """Print the status summary and the oldest waiting jobs with their reasons."""
+    """Print the status summary and the oldest waiting jobs with their reasons (`waiting`:
+    `status --json`'s `oldest_waiting` entries)."""
     console.print(status_table(st, warnings))
     if waiting:
-        w = SafeTable(title=f"oldest waiting jobs ({len(waiting)})", box=box.SIMPLE_HEAD, show_edge=False,
-                  title_justify="left")
-        for col in ("id", "kind", "role", "prio", "age", "waiting reason"):
+        w = SafeTable(title=f"oldest waiting jobs ({len(waiting)})", box=box.SIMPLE_HEAD,
+                      show_edge=False, title_justify="left")
+        for col in ("id", "kind", "role", "prio", "waited", "waiting reason"):
             w.add_column(col, no_wrap=col != "waiting reason",
                          overflow="fold" if col == "waiting reason" else "ellipsis")
         for j in waiting:
-            w.add_row(j.job_id, j.kind, j.required_role, f"P{j.priority}", fmt_age(j.age_s),
-                      j.waiting_reason or "")
+            w.add_row(j["job_id"], j["kind"], j["required_role"], f"P{j['priority']}",
+                      fmt_age(j["age_s"]), j["waiting_reason"] or "")
         console.print(w)
 
 
@@ -247,7 +248,9 @@ def job(console: Console, j: JobView) -> None:
     gov = j.lease.governance if j.lease is not None else None
     if gov is not None:
         t.add_row("governance", f"vacating ({gov.vacate_reason})" if gov.vacate_reason
-                  else f"suspended since {fmt_time(gov.suspended_at)} ({gov.suspend_reason})")
+                  else f"suspended since {fmt_time(gov.suspended_at)} ({gov.suspend_reason})"
+                  + ("" if gov.resume_at is None else
+                     f", resumes at {fmt_time(gov.resume_at)} if its gates stay open"))
     if j.waiting_reason:
         t.add_row("waiting reason", j.waiting_reason)
     if j.last_error:

@@ -1,6 +1,7 @@
 """`coordctl top`: a live view of coordd — queues, workers with readings and gate verdicts,
-running jobs with the lease time left, recent failures. Refreshes in place; `q` (on a
-terminal) or Ctrl-C quits. `--once` prints one frame and exits (for scripts and tests).
+the oldest waiting jobs with why each waits, running jobs with the lease time left, recent
+failures. Refreshes in place; `q` (on a terminal) or Ctrl-C quits. `--once` prints one
+frame and exits (for scripts and tests).
 The view fits the terminal: narrow, it drops columns by rank; short, it shows fewer rows
 (`layout`); a line never wraps; below MIN_WIDTH x MIN_HEIGHT it is one line saying so.
 """
@@ -144,6 +145,8 @@ WORKER_COLUMNS = [Column("worker", 99), Column("roles", 40), Column("heartbeat",
                   Column("live", 90), Column("mem %", 60), Column("temp", 20),
                   Column("power", 10), Column("user idle", 30), Column("leases", 70),
                   Column("p0", 80), Column("p1", 25), Column("p2", 15), Column("p3", 55)]
+WAITING_COLUMNS = [Column("id", 99), Column("kind", 40), Column("prio", 70),
+                   Column("waited", 80), Column("why", 90, flex=True)]
 RUNNING_COLUMNS = [Column("id", 99), Column("kind", 40), Column("prio", 30),
                    Column("worker", 60), Column("attempt", 10), Column("lease left", 80)]
 FAILED_COLUMNS = [Column("id", 99), Column("kind", 40), Column("finished", 20),
@@ -163,7 +166,8 @@ def frame(client: Any, interval: float, size: tuple[int, int | None] = (render.P
     ws = client.workers()
     running = client.list_jobs(status="running", limit=RUNNING_SHOWN).jobs
     failed = client.list_jobs(status="failed", limit=FAILED_SHOWN, newest_first=True).jobs
-    data = {"status": st, "workers": ws.workers, "running": running, "failed": failed}
+    data = {"status": st, "workers": ws.workers, "waiting": st.waiting, "running": running,
+            "failed": failed}
     if width < MIN_WIDTH or (height is not None and height < MIN_HEIGHT):
         return Group(Text(f"terminal too small ({width}x{height or '?'}; coordctl top needs "
                           f"{MIN_WIDTH}x{MIN_HEIGHT})"[:max(1, width)], no_wrap=True,
@@ -171,10 +175,13 @@ def frame(client: Any, interval: float, size: tuple[int, int | None] = (render.P
     head = summary(st, width)
     footer = Text(f"refresh every {interval:g}s; q or Ctrl-C quits", style="dim", no_wrap=True,
                   overflow="ellipsis")
-    n_head, full, (n_w, n_r, n_f) = layout(
-        len(head), [len(ws.workers), len(running), len(failed)], height)
+    waiting = st.waiting  # the oldest due ones of each priority, P0 first (coordd)
+    n_head, full, (n_w, n_q, n_r, n_f) = layout(
+        len(head), [len(ws.workers), len(waiting), len(running), len(failed)], height)
     head = head[:n_head - 1] + head[-1:] if n_head > 1 else head[:1]
     worker_rows = [_worker_row(w) for w in ws.workers[:n_w]]
+    wait_rows = [[w.job_id, w.kind, f"P{w.priority}", render.fmt_age(w.waited_s),
+                  " ".join((w.reason or "").split())] for w in waiting[:n_q]]
     run_rows = []
     for j in running[:n_r]:
         left = j.lease.expires_at - st.now if j.lease else None
@@ -185,11 +192,12 @@ def frame(client: Any, interval: float, size: tuple[int, int | None] = (render.P
     fail_rows = [[j.job_id, j.kind, render.fmt_time(j.finished_at),
                   " ".join((j.last_error or "").split())] for j in failed[:n_f]]
     titles = [_title("workers", len(ws.workers), n_w),
+              _title("oldest waiting", len(waiting), n_q),
               _title("running", st.jobs.get("running", 0), n_r),
               "recent failures" if n_f == len(failed) else
               f"recent failures ({n_f} of {len(failed)} shown)"]
-    tables = [(WORKER_COLUMNS, worker_rows), (RUNNING_COLUMNS, run_rows),
-              (FAILED_COLUMNS, fail_rows)]
+    tables = [(WORKER_COLUMNS, worker_rows), (WAITING_COLUMNS, wait_rows),
+              (RUNNING_COLUMNS, run_rows), (FAILED_COLUMNS, fail_rows)]
     parts: list[Any] = [*head]
     for i, (title, (columns, rows)) in enumerate(zip(titles, tables)):
         if i == 0 and not ws.workers:

@@ -57,6 +57,7 @@ MESSAGE_MAX_BYTES = 256 << 10
 MESSAGE_VISIBILITY_S = 60.0
 MESSAGE_VISIBILITY_MAX_S = 12 * 3600.0  # the longest a read may hide a message (config or read)
 AGENT_STALE_S = 300.0
+WARN_P0_WAIT_S = 300.0  # a user waiting five minutes: something is wrong
 PARK_MAX_PER_CONNECTION = 16
 PARK_MAX_TOTAL = 10_000
 PARK_WAIT_MAX_S = 300.0
@@ -75,7 +76,8 @@ RANGES: dict[str, ranges.Range] = {
     "admin_gids": _N0, "retention_s": _S0, "prune_interval_s": _S,
     "metrics_port": ranges.Range(0, 65535), "wal_size_limit_bytes": _N0,
     "wal_autocheckpoint_pages": _N1, "wal_checkpoint_interval_s": _S0, "warn_db_bytes": _N0,
-    "warn_wal_bytes": _N0, "warn_artifact_bytes": _N0, "workflow_absent_wait_s": _S,
+    "warn_wal_bytes": _N0, "warn_artifact_bytes": _N0, "warn_p0_wait_s": _S0,
+    "workflow_absent_wait_s": _S,
     "message_max_bytes": _N1, "agent_stale_s": _S, "message_retention_s": _S0,
     "message_visibility_s": ranges.Range(0, MESSAGE_VISIBILITY_MAX_S, low_open=True),
     "preempt_gap": ranges.Range(0, 3), "preempt_min_runtime_s": _S0, "reservation_s": _S,
@@ -155,6 +157,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             happen (a thread, off the writer's path; 0 = only the in-commit ones).
         warn_db_bytes / warn_wal_bytes / warn_artifact_bytes: `status` warns past these
             sizes (the artifact store's size as measured by the last prune or metrics scrape).
+        warn_p0_wait_s: `status` (and `top`) warn when a due P0 job has waited longer
+            than this, naming it and why it waits (0 = never).
         metrics_port: serve Prometheus metrics over HTTP on 127.0.0.1:PORT (0 = off; the
             `metrics` RPC and `coordctl metrics` always work). Gauges refresh every reaper
             round.
@@ -247,6 +251,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     warn_db_bytes: int = 8 << 30
     warn_wal_bytes: int = 256 << 20
     warn_artifact_bytes: int = 64 << 30
+    warn_p0_wait_s: float = WARN_P0_WAIT_S
     workflow_absent_wait_s: float = WORKFLOW_ABSENT_WAIT_S
     result_schemas: dict[str, str] = {}
     message_max_bytes: int = MESSAGE_MAX_BYTES

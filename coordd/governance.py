@@ -11,7 +11,6 @@ lease row and logs each transition as an event. The worker only acts on the answ
 from __future__ import annotations
 
 import sqlite3
-from datetime import datetime, timezone
 from typing import Any
 
 import msgspec
@@ -23,6 +22,7 @@ from coordd.store import event, json_decode, lenient_json
 from coordd.store.governance import (
     SQL_HELD_BY_WORKER, SQL_HELD_ONE, SQL_SET_GOVERNANCE, SQL_WORKER_READINGS,
 )
+from coordd.times import fmt_time
 
 CONTINUE, SUSPEND, RESUME, VACATE = "continue", "suspend", "resume", "vacate"
 CRITICAL = "critical_temperature"
@@ -33,15 +33,18 @@ class GovState(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         suspended_at: coordd time the job was suspended (s), or None.
-        suspend_reason: the reason codes that suspended it, e.g. "user_active".
+        suspend_reason: the reason codes that hold it now, e.g. "user_active" (updated
+            when the cause changes while it stays suspended).
         gate_open_at: while suspended, since when its gates are open again (s), or None.
         vacate_reason: set once a vacate is decided; kept until the lease ends.
+        resume_at: while its gates are open, when it resumes if they stay open (s).
     """
 
     suspended_at: float | None = None
     suspend_reason: str | None = None
     gate_open_at: float | None = None
     vacate_reason: str | None = None
+    resume_at: float | None = None
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,9 +80,12 @@ def closed_gates(policy: GatePolicy, readings: dict[str, Any],
     return out
 
 
+def _codes(closed: list[tuple[str, str]]) -> str:
+    return ",".join(dict.fromkeys(code for code, _ in closed))
+
+
 def _why(closed: list[tuple[str, str]]) -> str:
-    codes = ",".join(dict.fromkeys(code for code, _ in closed))
-    return f"{codes} ({'; '.join(detail for _, detail in closed)})"
+    return f"{_codes(closed)} ({'; '.join(detail for _, detail in closed)})"
 
 
 def decide(policy: GatePolicy, readings: dict[str, Any], state: GovState,
@@ -91,6 +97,9 @@ def decide(policy: GatePolicy, readings: dict[str, Any], state: GovState,
     temperature) or vacated (`on_close = "vacate"`). A suspended job is vacated once
     suspended `max_suspend_s`; it resumes only after its gates stayed open, with the
     temperature below the limit minus `temperature_hysteresis_c`, for `resume_after_s`.
+    While suspended, the stored reason follows the gates that hold it now (a change is an
+    event), and while they are open the state says when it resumes (`resume_at`; not an
+    event: gates that flap would flood the job's log).
     """
     if state.vacate_reason is not None:
         return Decision(action=VACATE, reason=state.vacate_reason, state=state)
@@ -102,42 +111,50 @@ def decide(policy: GatePolicy, readings: dict[str, Any], state: GovState,
         if policy.on_close == VACATE and all(code != CRITICAL for code, _ in closed):
             new = GovState(vacate_reason=why)
             return Decision(action=VACATE, reason=why, state=new, event=f"vacate: {why}")
-        codes = ",".join(dict.fromkeys(code for code, _ in closed))
-        new = GovState(suspended_at=now, suspend_reason=codes)
+        new = GovState(suspended_at=now, suspend_reason=_codes(closed))
         return Decision(action=SUSPEND, reason=why, state=new, event=f"suspended: {why}")
     held_s = now - state.suspended_at
     if held_s >= policy.max_suspend_s:
         why = (f"max_suspend_s: suspended {held_s:g}s >= {policy.max_suspend_s:g}s "
                f"({state.suspend_reason})")
-        new = msgspec.structs.replace(state, vacate_reason=why)
+        new = msgspec.structs.replace(state, vacate_reason=why, resume_at=None)
         return Decision(action=VACATE, reason=why, state=new, event=f"vacate: {why}")
     closed = closed_gates(policy, readings, hysteresis=True)
     if closed:
-        new = msgspec.structs.replace(state, gate_open_at=None)
-        return Decision(action=SUSPEND, reason=_why(closed), state=new)
+        why, codes = _why(closed), _codes(closed)
+        new = msgspec.structs.replace(state, suspend_reason=codes, gate_open_at=None,
+                                      resume_at=None)
+        note = None if codes == state.suspend_reason else \
+            f"suspended: now {why}, was {state.suspend_reason}"
+        return Decision(action=SUSPEND, reason=why, state=new, event=note)
     open_at = state.gate_open_at if state.gate_open_at is not None else now
     if now - open_at >= policy.resume_after_s:
         why = (f"gates open for {now - open_at:g}s >= {policy.resume_after_s:g}s "
                f"after {held_s:g}s suspended ({state.suspend_reason})")
         return Decision(action=RESUME, reason=why, state=GovState(), event=f"resumed: {why}")
-    why = (f"{state.suspend_reason}: gates open since {open_at:.3f}, resuming after "
-           f"{policy.resume_after_s:g}s")
-    return Decision(action=SUSPEND, reason=why,
-                    state=msgspec.structs.replace(state, gate_open_at=open_at))
+    resume_at = open_at + policy.resume_after_s
+    why = (f"{state.suspend_reason}: gates open since {fmt_time(open_at)}, resumes at "
+           f"{fmt_time(resume_at)} if they stay open (resume_after_s "
+           f"{policy.resume_after_s:g}s)")
+    new = msgspec.structs.replace(state, gate_open_at=open_at, resume_at=resume_at)
+    return Decision(action=SUSPEND, reason=why, state=new)
 
 
 def describe(job_id: str, suspended_at: float | None, suspend_reason: str | None,
-             vacate_reason: str | None) -> str:
-    """One line for `coordctl workers`/`show`: "JOB suspended since T (reason)" or
-    "JOB vacating (reason)"."""
+             vacate_reason: str | None, resume_at: float | None = None) -> str:
+    """One line for `coordctl workers`/`show`: "JOB suspended since T (reason)" (then
+    ", resumes at T2 if its gates stay open" while they are open) or "JOB vacating
+    (reason)"."""
     if vacate_reason is not None:
         return f"{job_id} vacating ({vacate_reason})"
-    at = "?" if suspended_at is None else _fmt_time(suspended_at)
-    return f"{job_id} suspended since {at} ({suspend_reason})"
+    at = "?" if suspended_at is None else fmt_time(suspended_at)
+    return f"{job_id} suspended since {at} ({suspend_reason}){_resuming(resume_at)}"
 
 
-def _fmt_time(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _resuming(resume_at: float | None) -> str:
+    if resume_at is None:
+        return ""
+    return f", resumes at {fmt_time(resume_at)} if its gates stay open"
 
 
 def _policy_for(policies: dict[int, GatePolicy], prio: int, gates_json: str | None) -> GatePolicy:
@@ -163,18 +180,19 @@ class Step(msgspec.Struct, frozen=True):
 def plan(policies: dict[int, GatePolicy], readings: Any, now: float,
          rows: list[Any]) -> list[Step]:
     """Decide for held jobs, pure: `rows` are (job_id, priority, gates_json, suspended_at,
-    suspend_reason, gate_open_at, vacate_reason) as the stores read them, `readings` the
-    worker's last (anything not a map counts as none). A store writes each step whose
-    `decision.state` differs from `before`, and logs `decision.event` when set."""
+    suspend_reason, gate_open_at, vacate_reason, resume_at) as the stores read them,
+    `readings` the worker's last (anything not a map counts as none). A store writes each
+    step whose `decision.state` differs from `before`, and logs `decision.event` when set;
+    `change` is set only where the action changes (a new reason or resume time is not)."""
     if not isinstance(readings, dict):
         readings = {}
     steps: list[Step] = []
-    for jid, prio, gates_json, suspended_at, suspend_reason, open_at, vacate in rows:
+    for jid, prio, gates_json, suspended_at, suspend_reason, open_at, vacate, resume in rows:
         state = GovState(suspended_at=suspended_at, suspend_reason=suspend_reason,
-                         gate_open_at=open_at, vacate_reason=vacate)
+                         gate_open_at=open_at, vacate_reason=vacate, resume_at=resume)
         d = decide(_policy_for(policies, prio, gates_json), readings, state, now)
         change = None
-        if d.event is not None:
+        if d.event is not None and _mode(d.state) != _mode(state):
             code = (d.state.suspend_reason or state.suspend_reason or "").split(",")[0]
             if d.action == VACATE:
                 code = "max_suspend_s" if d.reason and d.reason.startswith("max_suspend_s") \
@@ -182,6 +200,11 @@ def plan(policies: dict[int, GatePolicy], readings: Any, now: float,
             change = (d.action, code or "unknown")
         steps.append(Step(job_id=jid, before=state, decision=d, change=change))
     return steps
+
+
+def _mode(s: GovState) -> str:
+    return VACATE if s.vacate_reason is not None else (
+        SUSPEND if s.suspended_at is not None else CONTINUE)
 
 
 def outcome(steps: list[Step]) -> tuple[list[JobAction], list[tuple[str, str]]]:
@@ -206,7 +229,7 @@ def govern(conn: sqlite3.Connection, now: float, worker_id: str,
         if d.state != st.before:
             s = d.state
             conn.execute(SQL_SET_GOVERNANCE, (s.suspended_at, s.suspend_reason, s.gate_open_at,
-                                              s.vacate_reason, st.job_id))
+                                              s.vacate_reason, s.resume_at, st.job_id))
         if d.event is not None:
             event(conn, st.job_id, now, worker_id, "running", "running", d.event)
     return outcome(steps)

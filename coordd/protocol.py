@@ -396,6 +396,18 @@ class WorkersResult(msgspec.Struct, kw_only=True):
     workers: list[WorkerView]
 
 
+class WaitingJob(msgspec.Struct, kw_only=True):
+    """One of the oldest due waiting jobs `status` shows: how long it has waited since it
+    became runnable (s) and why it is not running (coordd.explain)."""
+
+    job_id: str
+    kind: str
+    required_role: str
+    priority: int
+    waited_s: float  # since it entered waiting, or since its backoff or schedule ended
+    reason: str | None = None  # why it is not running, as `list` and `show` say it
+
+
 class StatusReply(msgspec.Struct, kw_only=True):
     """`status` result. `jobs` always holds every status, zero where none."""
 
@@ -412,6 +424,7 @@ class StatusReply(msgspec.Struct, kw_only=True):
     warnings: list[str] = []
     now: float = 0.0
     prunable: int = 0  # terminal jobs past `retention_s`, deleted by the next `prune`
+    waiting: list[WaitingJob] = []  # the oldest due waiting jobs of each priority, P0 first
 
 
 class PruneResult(msgspec.Struct, kw_only=True):

@@ -19,5 +19,6 @@ class Suspension(msgspec.Struct, kw_only=True):
     """A lease's governance state as `get_job` shows it (coordd time, seconds)."""
 
     suspended_at: float | None = None
-    suspend_reason: str | None = None  # reason codes, e.g. "user_active"
+    suspend_reason: str | None = None  # the reason codes that hold it now, e.g. "user_active"
     vacate_reason: str | None = None  # set once a vacate is decided
+    resume_at: float | None = None  # its gates are open: it resumes then if they stay open

@@ -21,7 +21,7 @@ from coordd import (
     backup, budgets, enrol, errors, fdlimit, gates, governor, intake, leases, store, transfers,
     values, views, waits, web_reads, worker_list,
 )
-from coordd import explain
+from coordd import explain, waiting_report
 from coordd.maintenance import Maintenance, file_size
 from coordd.hub import Hub
 from coordd.store.sqlite_hub import SQLiteHub
@@ -386,10 +386,13 @@ class Coordinator:
             warnings.append(f"WAL is {wal_bytes} bytes (> warn_wal_bytes "
                             f"{self.config.warn_wal_bytes}): is a long read pinning it?")
         warnings += [w for w in (self.writer.health.warning(), fdlimit.warning()) if w]
+        heads, late = await waiting_report.waiting(  # the oldest waiting, a late P0
+            self._read, self.explain_waiting, now, waiting, self.config.aging_interval_s,
+            self.config.warn_p0_wait_s)
         return StatusReply(workers=workers, workers_live=live, active_leases=leases, jobs=jobs,
                            waiting_by_priority=waiting, db_bytes=db_bytes, wal_bytes=wal_bytes,
                            oldest_waiting_age_s=oldest, now=now, prunable=prunable,
-                           warnings=warnings)
+                           warnings=warnings + late, waiting=heads)
 
     async def get_job(self, p: GetJob | JobId) -> JobView:
         """One job with lease, events and, if waiting, why it is not running; with

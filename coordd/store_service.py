@@ -23,7 +23,9 @@ import logging
 import random
 from typing import Any
 
-from coordd import errors, intake, leases, store, store_service_governance, values
+from coordd import (
+    errors, intake, leases, store, store_service_governance, values, waiting_report,
+)
 from coordd.clock import Clock, anchored
 from coordd.config import Config
 from coordd.ids import JobIds
@@ -277,11 +279,14 @@ class StoreCoordinator(HubService, LogService, EnrolService, GovernanceService,
     async def status(self, p: Empty | None = None) -> StatusReply:
         """Counts of workers, live leases and jobs by status (every status, zero if none)."""
         st = await self.store.status(self.config.heartbeat_stale_s)
+        heads, late = await waiting_report.on_store(  # the oldest waiting, a late P0
+            self.store, st.waiting_by_priority, self._policies,
+            self.config.heartbeat_stale_s, self.config.warn_p0_wait_s)
         return StatusReply(workers=st.workers, workers_live=st.workers_live,
                            active_leases=st.active_leases, jobs=st.jobs,
                            waiting_by_priority=st.waiting_by_priority,
                            oldest_waiting_age_s=st.oldest_waiting_age_s,
-                           now=self.clock.wall())
+                           now=self.clock.wall(), warnings=late, waiting=heads)
 
     async def get_job(self, p: GetJob | JobId) -> JobView:
         """One job with its lease and events. A `prefix` lookup takes the whole id only.

@@ -57,7 +57,11 @@ async def cancel(request: Request) -> Response:
     job_id = request.path_params["job_id"]
 
     async def call(c: Client) -> str:
-        return f"job {job_id}: {(await c.cancel(job_id)).status}"
+        status = (await c.cancel(job_id)).status
+        if status == "running":  # as `coordctl cancel`: the holder stops it, then cancelled
+            return (f"job {job_id}: cancel requested; its worker is told at once and stops "
+                    "it, then it is cancelled")
+        return f"job {job_id}: {status}"
     return await _run(request, "cancel", call)
 
 

@@ -157,10 +157,11 @@ async def jobs_page(request: Request) -> Response:
     async with coordd(request) as c:
         page = await c.call("find_jobs", {**filters, "limit": JOBS_PAGE, "before": before})
         head = (await c.call("feed_head", {}))["event_id"]
+        now = (await c.status()).now  # coordd's clock: a lease's time left
     shown = {k: request.query_params.get(k, "") for k in FILTERS}
     links = shapes.pager(shown, before, request.query_params.get("trail"), page["next_before"])
     return render(request, "jobs.html", page=page, f=shown, first=before is None, **links,
-                  query=urlencode({k: v for k, v in shown.items() if v}), head=head,
+                  query=urlencode({k: v for k, v in shown.items() if v}), head=head, now=now,
                   statuses=("waiting", "running", "succeeded", "failed", "cancelled",
                             "blocked", "skipped"))
 

@@ -193,14 +193,18 @@ def resource_words(w: Any) -> list[str]:
 
 def verdict_cells(verdicts: dict[str, list[str]]) -> list[dict[str, Any]]:
     """The gate verdicts P0..P3 as cells, neighbours with the same verdict merged into
-    one (`span` columns): four "no fresh heartbeat" are one cell, not four."""
+    one (`span` columns): four "no fresh heartbeat" are one cell, not four. `levels`
+    names the priorities a cell covers ("P0–P2"), for a label that keeps a merged
+    verdict from reading as the one of the column it is drawn under."""
     cells: list[dict[str, Any]] = []
-    for p in ("p0", "p1", "p2", "p3"):
+    for i, p in enumerate(("p0", "p1", "p2", "p3")):
         codes = list(verdicts.get(p, []))
         if cells and cells[-1]["codes"] == codes:
             cells[-1]["span"] += 1
+            cells[-1]["levels"] = f"P{i - cells[-1]['span'] + 1}–P{i}"
         else:
-            cells.append({"codes": codes, "span": 1, "words": gate_words(codes)})
+            cells.append({"codes": codes, "span": 1, "words": gate_words(codes),
+                          "levels": f"P{i}"})
     return cells
 
 

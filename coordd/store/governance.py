@@ -19,27 +19,30 @@ MIGRATION_GOVERNANCE = """
     ALTER TABLE leases ADD COLUMN gate_open_at REAL;
     ALTER TABLE leases ADD COLUMN vacate_reason TEXT
 """
+MIGRATION_RESUME_AT = "ALTER TABLE leases ADD COLUMN resume_at REAL"  # gates open: resumes then
 
 SQL_WORKER_READINGS = "SELECT heartbeat_json FROM workers WHERE worker_id = ?"
 
 _HELD = (
     "SELECT l.job_id, j.priority, j.gates_json, l.suspended_at, l.suspend_reason, "
-    "l.gate_open_at, l.vacate_reason FROM leases l JOIN jobs j ON j.job_id = l.job_id "
+    "l.gate_open_at, l.vacate_reason, l.resume_at "
+    "FROM leases l JOIN jobs j ON j.job_id = l.job_id "
 )
 SQL_HELD_BY_WORKER = _HELD + "WHERE l.worker_id = ? ORDER BY l.job_id"
 SQL_HELD_ONE = _HELD + "WHERE l.worker_id = ? AND l.job_id = ?"
 
 SQL_SET_GOVERNANCE = (
     "UPDATE leases SET suspended_at = ?, suspend_reason = ?, gate_open_at = ?, "
-    "vacate_reason = ? WHERE job_id = ?"
+    "vacate_reason = ?, resume_at = ? WHERE job_id = ?"
 )
 
 SQL_LEASE_GOVERNANCE = (
-    "SELECT suspended_at, suspend_reason, vacate_reason FROM leases WHERE job_id = ?"
+    "SELECT suspended_at, suspend_reason, vacate_reason, resume_at FROM leases WHERE job_id = ?"
 )
 SQL_GOVERNED_BY_WORKER = (
-    "SELECT worker_id, job_id, suspended_at, suspend_reason, vacate_reason FROM leases "
-    "WHERE suspended_at IS NOT NULL OR vacate_reason IS NOT NULL ORDER BY worker_id, job_id"
+    "SELECT worker_id, job_id, suspended_at, suspend_reason, vacate_reason, resume_at "
+    "FROM leases WHERE suspended_at IS NOT NULL OR vacate_reason IS NOT NULL "
+    "ORDER BY worker_id, job_id"
 )
 
 
@@ -48,15 +51,16 @@ def lease_state(conn: sqlite3.Connection, job_id: str) -> Suspension | None:
     row = conn.execute(SQL_LEASE_GOVERNANCE, (job_id,)).fetchone()
     if row is None or (row[0] is None and row[2] is None):
         return None
-    return Suspension(suspended_at=row[0], suspend_reason=row[1], vacate_reason=row[2])
+    return Suspension(suspended_at=row[0], suspend_reason=row[1], vacate_reason=row[2],
+                      resume_at=row[3])
 
 
-def governed(conn: sqlite3.Connection) -> dict[str, list[tuple[str, Any, Any, Any]]]:
-    """worker_id -> [(job_id, suspended_at, suspend_reason, vacate_reason)] of the leases
-    that are suspended or being vacated."""
-    out: dict[str, list[tuple[str, Any, Any, Any]]] = {}
-    for worker_id, job_id, at, reason, vacate in conn.execute(SQL_GOVERNED_BY_WORKER):
-        out.setdefault(worker_id, []).append((job_id, at, reason, vacate))
+def governed(conn: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
+    """worker_id -> [(job_id, suspended_at, suspend_reason, vacate_reason, resume_at)] of
+    the leases that are suspended or being vacated."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for worker_id, *row in conn.execute(SQL_GOVERNED_BY_WORKER):
+        out.setdefault(worker_id, []).append(tuple(row))
     return out
 
 

@@ -25,7 +25,7 @@ from coordd.store import worker_schema as _worker_schema
 from coordd.store import workflow_schema as _workflow_schema
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 PRAGMA_AUTO_VACUUM = "PRAGMA auto_vacuum = INCREMENTAL"
 PRAGMAS_WRITER = (
     "PRAGMA journal_mode=WAL",
@@ -157,6 +157,7 @@ MIGRATIONS: tuple[str, ...] = (
     _latency.MIGRATION_READY_INDEX,
     # v18: the job counters in one row the writer rewrites once a batch (job_counts: a view)
     _job_changes.MIGRATION_COUNTERS_ONE_ROW,
+    _governance_schema.MIGRATION_RESUME_AT,  # v19: leases.resume_at (a pending resume)
 )
 
 

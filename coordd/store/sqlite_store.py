@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
-from coordd import leases, store, views
+from coordd import leases, store, views, waiting_report
 from coordd.clock import Clock, SystemClock
 from coordd.protocol import (
     ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList, JobView,
@@ -168,6 +168,12 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
             views.status_live, t, stale_s, float("-inf"))
         return StoreStatus(workers=workers, workers_live=live, active_leases=active, jobs=jobs,
                            waiting_by_priority=waiting, oldest_waiting_age_s=oldest)
+
+    async def oldest_waiting(self, levels: Sequence[int], per_level: int, *,
+                             now: float | None = None) -> tuple[float, list[Any]]:
+        t = self._now(now)
+        return t, await self.readers.run(waiting_report.oldest_due, t, list(levels),
+                                         per_level, self._aging_s)
 
     # ------------------------------------------------------------ coordination
 

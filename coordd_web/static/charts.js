@@ -27,7 +27,7 @@
                { label: "failed", stroke: css("--bad"), width: 2 },
                { label: "skipped", stroke: css("--warn"), width: 1 },
                { label: "cancelled", stroke: css("--muted"), width: 1, dash: [2, 3] },
-               { label: "failed %", stroke: css("--warn"), scale: "%", dash: [4, 4] }]
+               { label: "failed %", stroke: css("--rate"), scale: "%", dash: [4, 4] }]
     };
     var zeros = d.t.map(function () { return 0; });
     plot = new window.uPlot(opts, [d.t, d.ok, d.bad, d.skip || zeros, d.gone || zeros, rate], el);

@@ -261,7 +261,8 @@ def test_pages_say_resources_reasons_and_ends_in_words(daemon):
         assert "gpu_devices" not in workers and "\\u0027" not in workers
         assert "user idle <b>17h43m</b>" in workers and "10m00s–17h43m" in workers
         assert ">gpus <b>" not in workers  # a count is no sparkline
-        assert '<td colspan="4" class="ok span">ok</td>' in workers  # P0..P3 alike: one cell
+        assert ('<td colspan="4" class="v ok span" title="P0–P3: ok"><span class="levels">'
+                'P0–P3</span> ok</td>') in workers  # P0..P3 alike: one cell, labelled
         job = web.get(f"/jobs/{embed}").text
         assert re.search(r'<td id="resources">none asked \(granted by the kind&#39;s '
                          r"default: gpus 1 \(gpu0\), vram 3000 MiB each\)</td>", job)

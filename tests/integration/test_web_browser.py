@@ -160,7 +160,7 @@ def test_overview_shows_a_job_appear_and_finish_live(browser, site, shots):
     page.context.close()
     dark, _ = page_of(browser, dark=True)
     dark.goto(w.url + "/workers")
-    dark.wait_for_selector("article.worker svg polyline", state="attached")
+    dark.wait_for_selector("table.workers svg polyline", state="attached")
     dark.screenshot(path=str(shots / "workers-dark.png"), full_page=True)
     dark.context.close()
 
@@ -272,9 +272,9 @@ def test_phone_width_pages_keep_notes_and_verdicts_readable(browser, site, shots
     assert "no live worker with role nobody" in page.inner_text(f'[data-note-of="{lonely}"]')
     page.screenshot(path=str(shots / "overview-phone.png"), full_page=True)
     page.goto(w.url + "/workers")
-    fits = page.evaluate("[...document.querySelectorAll('table.verdicts')].every("
+    fits = page.evaluate("[...document.querySelectorAll('table.workers')].every("
                          "t => t.parentElement.scrollWidth <= t.parentElement.clientWidth)")
-    assert fits and "on battery" in page.inner_text("#w-hot table.verdicts")
+    assert fits and "on battery" in page.inner_text("#w-hot")
     page.screenshot(path=str(shots / "workers-phone.png"), full_page=True)
     page.context.close()
     wide, wide_errors = page_of(browser)
@@ -284,6 +284,43 @@ def test_phone_width_pages_keep_notes_and_verdicts_readable(browser, site, shots
     assert ticks and all(re.fullmatch(r"[0-2]\d:[0-5]\d", t) for t in ticks), ticks
     wide.close()
     assert errors == [] and wide_errors == []
+
+
+def test_seven_workers_fit_a_screen_and_the_chart_tells_its_series_apart(browser, site,
+                                                                          shots):
+    """Issue 31 item 7: one card per worker made seven workers a long scroll (2,725 px at
+    1280 wide); a verdict merged over P0..P2 was centred, under the P1 header; the chart
+    drew `skipped` and `failed %` in one colour."""
+    d, _workers, web = site
+    w = web()
+    for i in range(6):
+        rpc(d.socket, "heartbeat", f"box-{i}", ["cpu"], {**COOL, "slots_total": 2})
+    rpc(d.socket, "heartbeat", "typist", ["cpu"], {**COOL, "user_idle_s": 1.0})
+    job = rpc(d.socket, "enqueue", kind="k", required_role="cpu", priority=0).job_id
+    assert rpc(d.socket, "claim", "box-0", lease_s=600).job.job_id == job
+    page, errors = page_of(browser)
+    page.goto(w.url + "/workers")
+    assert page.locator("table.workers tr.worker").count() == 7
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height <= 900, height  # the viewport: no scroll
+    p0 = page.locator("table.workers th.v").first.bounding_box()
+    cell = page.locator("#w-typist td.v").first
+    assert cell.get_attribute("colspan") == "3"
+    text_x = cell.evaluate("el => { const r = document.createRange(); "
+                           "r.selectNodeContents(el); return r.getBoundingClientRect().x; }")
+    assert p0["x"] <= text_x < p0["x"] + p0["width"] / 2  # it reads from P0 on
+    page.screenshot(path=str(shots / "workers.png"), full_page=True)
+    page.goto(w.url + "/")
+    page.wait_for_function("window.coorddChart")
+    series = page.evaluate("(() => { const u = window.coorddChart; return u.series.slice(1)"
+                           ".map((s, i) => [s.label, typeof s.stroke === 'function' ? "
+                           "s.stroke(u, i + 1) : s.stroke]); })()")
+    assert [label for label, _ in series] == ["succeeded", "failed", "skipped", "cancelled",
+                                              "failed %"]
+    strokes = [stroke for _, stroke in series]
+    assert len(set(strokes)) == len(strokes), series
+    assert errors == []
+    page.context.close()
 
 
 def test_a_node_named_like_an_object_property_is_drawn(browser, site):

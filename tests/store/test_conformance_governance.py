@@ -72,6 +72,52 @@ async def test_a_hot_reading_suspends_a_p3_run_and_a_cool_one_resumes_it(bundle)
     await bundle.store.complete(ref(got, "a"), '"done"', now=T0 + 73)
 
 
+async def test_a_suspension_follows_its_cause_and_says_when_it_resumes(bundle):
+    """Issue 31 item 9: a job suspended for too_hot whose cause becomes on_battery says
+    on_battery (an event, not a second suspend), and while its gates are open it says
+    when it resumes (`resume_at`, the action, `workers`); gates that close again call the
+    resume off. The readings change only through heartbeats."""
+    g = gov()
+    job_id = await bundle.enqueue(priority=3)
+    await beat(bundle, g, "a", T0)
+    got = await bundle.claim("a", now=T0 + 1, lease_s=300.0)
+    assert (await beat(bundle, g, "a", T0 + 2, HOT)).changes == [("suspend", "too_hot")]
+    battery = {**COOL, "on_battery": True}
+    moved = await beat(bundle, g, "a", T0 + 5, battery)
+    assert acts(moved.result.actions) == [(job_id, "suspend")] and moved.changes == []
+    assert moved.result.actions[0].reason.startswith("on_battery")
+    shown = (await bundle.store.job_governance(job_id, now=T0 + 5)).suspension
+    assert (shown.suspended_at, shown.suspend_reason, shown.resume_at) == (
+        T0 + 2, "on_battery", None)
+    res, changes = await bundle.store.renew_governed(ref(got, "a"), 300.0, g, now=T0 + 6)
+    assert res.action.action == "suspend" and changes == []  # no second event either
+    opened = await beat(bundle, g, "a", T0 + 10)
+    assert opened.changes == [] and opened.result.actions[0].reason == (
+        "on_battery: gates open since 1970-01-01T00:01:50Z, resumes at 1970-01-01T00:02:50Z "
+        "if they stay open (resume_after_s 60s)")
+    shown = (await bundle.store.job_governance(job_id, now=T0 + 10)).suspension
+    assert (shown.suspend_reason, shown.resume_at) == ("on_battery", T0 + 70)
+    await beat(bundle, g, "a", T0 + 11)  # said again, not logged again
+    book = await bundle.store.worker_book(now=T0 + 12)
+    assert book.notes["a"] == [
+        f"governance: {job_id} suspended since 1970-01-01T00:01:42Z (on_battery), resumes "
+        "at 1970-01-01T00:02:50Z if its gates stay open"]
+    again = await beat(bundle, g, "a", T0 + 20, battery)  # closed again: called off
+    assert again.changes == [] and (await bundle.store.job_governance(
+        job_id, now=T0 + 20)).suspension.resume_at is None
+    await beat(bundle, g, "a", T0 + 30)
+    assert acts((await beat(bundle, g, "a", T0 + 89)).result.actions) == [(job_id, "suspend")]
+    back = await beat(bundle, g, "a", T0 + 90)
+    assert back.changes == [("resume", "on_battery")]
+    assert (await bundle.store.job_governance(job_id, now=T0 + 90)).suspension is None
+    view = await bundle.store.get_job(job_id, now=T0 + 91)
+    assert [(e.at, e.reason.split(" (")[0].split(":")[0]) for e in view.events[2:]] == [
+        (T0 + 2, "suspended"), (T0 + 5, "suspended"), (T0 + 90, "resumed")]
+    assert view.events[3].reason == (
+        "suspended: now on_battery (power: battery; mains required), was too_hot")
+    await bundle.store.complete(ref(got, "a"), '"done"', now=T0 + 92)
+
+
 async def test_a_renew_suspends_on_the_last_readings_and_a_lost_lease_gets_no_action(bundle):
     g = gov()
     await bundle.enqueue(priority=3)

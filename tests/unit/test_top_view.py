@@ -12,7 +12,7 @@ from rich.console import Console
 
 from coordctl import top
 from coordd.protocol import (
-    JobList, JobView, LeaseView, StatusReply, WorkersResult, WorkerView,
+    JobList, JobView, LeaseView, StatusReply, WaitingJob, WorkersResult, WorkerView,
 )
 
 NOW = 1_800_000_000.0
@@ -28,7 +28,10 @@ def _job(i: int, status: str, **kw) -> JobView:
 class FakeClient:
     """The four reads `top` makes, answered from fixed data."""
 
-    def __init__(self, n_workers: int, n_running: int, n_failed: int) -> None:
+    def __init__(self, n_workers: int, n_running: int, n_failed: int,
+                 waiting: list[WaitingJob] | None = None, warnings: list[str] | None = None
+                 ) -> None:
+        self.waiting, self.warnings = waiting or [], warnings
         self.workers_ = [WorkerView(
             worker_id=f"gpu-box-{i}.lab.example.org", roles=["cpu", "gpu", "train", "embed"],
             readings={"memory_used_pct": 91.5, "temperature_c": 88.0, "on_battery": True,
@@ -54,8 +57,9 @@ class FakeClient:
                            active_leases=self.n_running, jobs=jobs,
                            waiting_by_priority={"p0": 1, "p1": 22, "p2": 333, "p3": 123100},
                            db_bytes=3 << 30, wal_bytes=200 << 20, oldest_waiting_age_s=90_000,
-                           warnings=["database is 3.0 GiB (warn_db_bytes 2.0 GiB)",
-                                     "WAL is 200.0 MiB"], now=NOW)
+                           warnings=self.warnings if self.warnings is not None else [
+                               "database is 3.0 GiB (warn_db_bytes 2.0 GiB)",
+                               "WAL is 200.0 MiB"], now=NOW, waiting=self.waiting)
 
     def workers(self) -> WorkersResult:
         return WorkersResult(workers=self.workers_)
@@ -136,6 +140,31 @@ def test_below_40x8_is_one_line_saying_so(width, height):
     lines = render_lines(FakeClient(3, 15, 5), width, height)
     assert len(lines) == 1 and lines[0].startswith("terminal too small")
     assert cell_len(lines[0]) <= width
+
+
+def test_the_oldest_waiting_jobs_show_with_their_reasons_and_a_late_p0_warns():
+    """Issue 31 item 8: `top` showed counts only; it names the oldest waiting jobs (as
+    `status` sends them, P0 first) with why each waits, and the late-P0 warning."""
+    waiting = [WaitingJob(job_id="0000a1", kind="train", required_role="cpu", priority=0,
+                          waited_s=1201.0, reason="no live worker runs kind train"),
+               WaitingJob(job_id="0000a2", kind="embed", required_role="gpu", priority=0,
+                          waited_s=1200.0, reason="no live worker with role gpu"),
+               WaitingJob(job_id="0000b1", kind="idle", required_role="cpu", priority=3,
+                          waited_s=90_000.0, reason="gate user idle 12s < 300s on w1")]
+    late = ("2 P0 job(s) waiting longer than warn_p0_wait_s (300s): 0000a1 (train) 1201s: "
+            "no live worker runs kind train; 0000a2 (embed) 1200s: no live worker with role gpu")
+    client = FakeClient(3, 2, 1, waiting=waiting, warnings=[late])
+    lines = render_lines(client, 120, 30)
+    text = "\n".join(lines)
+    assert "oldest waiting (3)" in text
+    rows = [line.split() for line in lines if line.startswith("0000") and len(line.split()[0]) == 6]
+    assert [r[:4] for r in rows] == [["0000a1", "train", "P0", "20m01s"],
+                                     ["0000a2", "embed", "P0", "20m00s"],
+                                     ["0000b1", "idle", "P3", "1d01h"]]
+    assert "no live worker runs kind train" in text and "no live worker with role gpu" in text
+    assert "warnings: 2 P0 job(s) waiting longer than warn_p0_wait_s (300s)" in text
+    small = "\n".join(render_lines(client, 80, 14))
+    assert "oldest waiting (3, " in small and "0000a1" in small  # before running, failures
 
 
 def test_layout_keeps_titles_first_then_tables_then_rows():

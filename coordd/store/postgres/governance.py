@@ -58,7 +58,7 @@ SQL_DELETE_WORKER = "DELETE FROM workers WHERE worker_id = $1"
 
 _HELD = (  # coordd.governance.plan's rows
     "l.job_id, j.priority, j.gates_json, l.suspended_at, l.suspend_reason, l.gate_open_at, "
-    "l.vacate_reason"
+    "l.vacate_reason, l.resume_at"
 )
 SQL_HELD_BY_WORKER = (
     f"SELECT {_HELD} FROM leases l JOIN jobs j ON j.job_id = l.job_id "
@@ -71,11 +71,13 @@ SQL_HELD_ONE = (  # $2 job, $3 worker, $4 token; `FOR UPDATE OF l` appended when
 )
 SQL_SET_GOVERNANCE = (  # $1 job, $2 token (NULL: the row is locked already), the state
     "UPDATE leases SET suspended_at = $3, suspend_reason = $4, gate_open_at = $5, "
-    "vacate_reason = $6 WHERE job_id = $1 AND ($2::bigint IS NULL OR token = $2)"
+    "vacate_reason = $6, resume_at = $7 "
+    "WHERE job_id = $1 AND ($2::bigint IS NULL OR token = $2)"
 )
 SQL_GOVERNED = (
-    "SELECT worker_id, job_id, suspended_at, suspend_reason, vacate_reason FROM leases "
-    "WHERE suspended_at IS NOT NULL OR vacate_reason IS NOT NULL ORDER BY worker_id, job_id"
+    "SELECT worker_id, job_id, suspended_at, suspend_reason, vacate_reason, resume_at "
+    "FROM leases WHERE suspended_at IS NOT NULL OR vacate_reason IS NOT NULL "
+    "ORDER BY worker_id, job_id"
 )
 
 # ---------------------------------------------------------------- preemption
@@ -136,8 +138,8 @@ SQL_RESERVED_CLAIM = (  # $3 lease_s, $4 claim_id
 )
 SQL_RESERVED_LEFT = admission.SQL_RESERVED_LEFT  # drop stale ones; any left?
 SQL_JOB_GOVERNANCE = (  # the lease's state, preemptions, the reservation (or NULLs)
-    "SELECT l.suspended_at, l.suspend_reason, l.vacate_reason, j.preemptions, r.worker_id, "
-    "r.victim_job_id, v.priority, r.expires_at FROM jobs j "
+    "SELECT l.suspended_at, l.suspend_reason, l.vacate_reason, l.resume_at, j.preemptions, "
+    "r.worker_id, r.victim_job_id, v.priority, r.expires_at FROM jobs j "
     "LEFT JOIN leases l ON l.job_id = j.job_id LEFT JOIN reservations r ON r.job_id = j.job_id "
     f"AND r.expires_at > {NOW} LEFT JOIN jobs v ON v.job_id = r.victim_job_id WHERE j.job_id = $2"
 )
@@ -346,11 +348,12 @@ class GovernancePostgres:
             request, grant = await resources.job_resources(conn, job_id)
         if row is None:
             return JobGovernance()
-        at, reason, vacate, preemptions, *held = row
+        at, reason, vacate, resume_at, preemptions, *held = row
         return JobGovernance(
             request=request, grant=grant,
             suspension=None if at is None and vacate is None else Suspension(
-                suspended_at=at, suspend_reason=reason, vacate_reason=vacate),
+                suspended_at=at, suspend_reason=reason, vacate_reason=vacate,
+                resume_at=resume_at),
             preemptions=preemptions,
             reservation=None if held[0] is None or held[2] is None else tuple(held))
 
@@ -374,7 +377,7 @@ async def _write_steps(conn: Any, now: float | None, worker_id: str, token: int 
         if d.state != st.before:
             s = d.state
             await conn.execute(SQL_SET_GOVERNANCE, st.job_id, token, s.suspended_at,
-                               s.suspend_reason, s.gate_open_at, s.vacate_reason)
+                               s.suspend_reason, s.gate_open_at, s.vacate_reason, s.resume_at)
         if d.event is not None:
             await conn.execute(sql.SQL_EVENT, now, st.job_id, worker_id, tr.RUNNING,
                                tr.RUNNING, d.event)

@@ -44,3 +44,15 @@ async def status(conn: Any, now: float | None, stale_s: float) -> StoreStatus:
     workers, live, leases, oldest = await conn.fetchrow(sql.SQL_STATUS_LIVE, now, stale_s)
     return StoreStatus(workers=workers, workers_live=live, active_leases=leases, jobs=jobs,
                        waiting_by_priority=waiting, oldest_waiting_age_s=oldest)
+
+
+async def oldest_waiting(conn: Any, now: float | None, levels: list[int], per_level: int,
+                         aging_s: float) -> tuple[float, list[tuple[float, JobView]]]:
+    """(NOW, [(ready time, view)]) of the `per_level` oldest due waiting jobs of each
+    level in `levels` (coordd.waiting_report.oldest_due's answer)."""
+    t = await conn.fetchval(sql.SQL_NOW, now)
+    heads = []
+    for p in levels:
+        for r in await conn.fetch(sql.SQL_OLDEST_DUE, now, p, per_level):
+            heads.append((max(r[8], r[7]), views._job_view(tuple(r)[:-1], r[-1], aging_s)))
+    return t, heads

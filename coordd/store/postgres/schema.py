@@ -264,6 +264,8 @@ CREATE TABLE limit_overrides (
 );
 """
 
+MIGRATION_RESUME_AT = "ALTER TABLE leases ADD COLUMN resume_at float8;"
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -273,6 +275,7 @@ MIGRATIONS: tuple[str, ...] = (
     # job_resources
     MIGRATION_WORKFLOWS,  # workflows, workflow_edges, jobs.node
     MIGRATION_LIMITS,  # job_limits, limit_holds (+ release trigger), limit_claims, ...
+    MIGRATION_RESUME_AT,  # leases.resume_at: a pending resume (governance)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -243,6 +243,10 @@ SQL_LIST_JOBS_NEWEST = (
     "ORDER BY j.job_id DESC LIMIT $7"
 )
 SQL_JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = $1"
+SQL_OLDEST_DUE = (  # the $3 oldest due waiting jobs of level $2 (coordd.waiting_report)
+    SQL_JOB_ROW + f"WHERE j.status = 'waiting' AND j.priority = $2 AND j.run_at <= {NOW} "
+    "ORDER BY j.queued_at, j.job_id LIMIT $3"
+)
 SQL_COUNTS = "SELECT status, priority, count(*) FROM jobs GROUP BY status, priority"
 SQL_STATUS_LIVE = (  # $2 heartbeat_stale_s; the queue latency as coordd.store.latency
     f"SELECT (SELECT count(*) FROM workers), (SELECT count(*) FROM workers "

@@ -403,6 +403,12 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         async with self._conn() as conn:
             return await reads.status(conn, now, stale_s)
 
+    async def oldest_waiting(self, levels: Sequence[int], per_level: int, *,
+                             now: float | None = None) -> tuple[float, list[Any]]:
+        async with self._conn() as conn:
+            return await reads.oldest_waiting(conn, now, list(levels), per_level,
+                                              self._aging_s)
+
     async def wait_for_work(self, timeout: float) -> bool:
         """True on a NOTIFY (a job entered waiting), False at `timeout` (then poll)."""
         return await self._listener.wait(timeout)

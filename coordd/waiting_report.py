@@ -1,0 +1,96 @@
+"""What `status` (and `coordctl top`) says about the waiting: the oldest due waiting jobs
+of each priority with why each waits, and a warning for every P0 job (a user waiting)
+that has waited longer than `warn_p0_wait_s`.
+
+`oldest_due` is SQLite's read (coordd.store.waiting_heads; PostgreSQL's is
+coordd.store.postgres.reads.oldest_waiting); `report` is pure, the same on every store:
+jobs in, the list and the warnings out. `waiting` serves the SQLite Coordinator,
+`on_store` the Coordinator over the store interface.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from coordd import explain, views
+from coordd.protocol import JobView, WaitingJob
+from coordd.store.reads import SQL_GET_JOB
+from coordd.store.waiting_heads import (
+    SQL_PAIR_OLDEST_DUE, SQL_WAITING_ROLE_KINDS, SQL_WAITING_ROLES,
+)
+
+PER_LEVEL = 3  # the oldest due waiting jobs shown per priority
+
+Head = tuple[float, JobView]  # (when the job became runnable, its view)
+
+
+def oldest_due(conn: sqlite3.Connection, now: float, levels: list[int], per_level: int,
+               aging_s: float) -> list[Head]:
+    """The `per_level` oldest due waiting jobs of each priority in `levels` (by when they
+    entered waiting), each with its ready time; one index seek per (role, kind, level)."""
+    found: dict[int, list[tuple[float, str, str]]] = {p: [] for p in levels}
+    for (role,) in conn.execute(SQL_WAITING_ROLES).fetchall():
+        for (kind,) in conn.execute(SQL_WAITING_ROLE_KINDS, (role,)).fetchall():
+            for p in levels:
+                found[p] += [(ready, job_id, role) for job_id, ready in conn.execute(
+                    SQL_PAIR_OLDEST_DUE, (role, kind, p, now, per_level))]
+    heads: list[Head] = []
+    for p in levels:
+        for ready, job_id, _ in sorted(found[p])[:per_level]:
+            row = conn.execute(SQL_GET_JOB, (job_id,)).fetchone()
+            if row is not None:
+                heads.append((ready, views._job_view(row, now, aging_s)))
+    return heads
+
+
+def report(heads: list[Head], now: float, warn_p0_wait_s: float
+           ) -> tuple[list[WaitingJob], list[str]]:
+    """(the waiting list, P0 first then oldest first; the warnings: one naming the P0 jobs
+    among `heads` that waited longer than `warn_p0_wait_s` (0: never), with their
+    reasons). `heads` carry their `waiting_reason` already (coordd.explain)."""
+    shown = sorted((WaitingJob(job_id=j.job_id, kind=j.kind, required_role=j.required_role,
+                               priority=j.priority, waited_s=max(0.0, now - ready),
+                               reason=j.waiting_reason) for ready, j in heads),
+                   key=lambda w: (w.priority, -w.waited_s, w.job_id))
+    late = [w for w in shown if w.priority == 0 and warn_p0_wait_s > 0
+            and w.waited_s > warn_p0_wait_s]
+    if not late:
+        return shown, []
+    some = "at least " if len(late) >= PER_LEVEL else ""
+    return shown, [f"{some}{len(late)} P0 job(s) waiting longer than warn_p0_wait_s "
+                   f"({warn_p0_wait_s:g}s): " + "; ".join(
+                       f"{w.job_id} ({w.kind}) {w.waited_s:.0f}s: {w.reason or 'waiting'}"
+                       for w in late)]
+
+
+async def waiting(read: Callable[..., Awaitable[Any]],
+                  explain: Callable[[list[JobView], float], Awaitable[None]], now: float,
+                  by_priority: dict[str, int], aging_s: float, warn_p0_wait_s: float
+                  ) -> tuple[list[WaitingJob], list[str]]:
+    """`report` over SQLite's read (`read(fn, *args)` on the read pool) for the levels
+    that have waiting jobs (`by_priority`: "p0".. -> count); `explain` fills the reasons."""
+    levels = [p for p in range(4) if by_priority.get(f"p{p}", 0)]
+    if not levels:
+        return [], []
+    heads = await read(oldest_due, now, levels, PER_LEVEL, aging_s)
+    await explain([j for _, j in heads], now)
+    return report(heads, now, warn_p0_wait_s)
+
+
+async def on_store(store: Any, by_priority: dict[str, int], policies: dict[int, Any],
+                   stale_s: float, warn_p0_wait_s: float, *, now: float | None = None
+                   ) -> tuple[list[WaitingJob], list[str]]:
+    """`report` over the store interface (`store.oldest_waiting`, `store.worker_book`), the
+    reasons from coordd.explain on the workers' rows (gates, roles, kinds, backoff)."""
+    levels = [p for p in range(4) if by_priority.get(f"p{p}", 0)]
+    if not levels:
+        return [], []
+    t, heads = await store.oldest_waiting(levels, PER_LEVEL, now=now)
+    if heads:
+        book = await store.worker_book(now=now)
+        for _, j in heads:
+            j.waiting_reason = explain.why_waiting(j, t, book.rows, book.states, policies,
+                                                   stale_s)
+    return report(heads, t, warn_p0_wait_s)
