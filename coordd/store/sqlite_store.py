@@ -22,6 +22,7 @@ from coordd.protocol import (
 from coordd.readers import ReadPool
 from coordd.store import workflows as wstore
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
+from coordd.store.sqlite_artifacts import SQLiteArtifactOps
 from coordd.store.sqlite_hub import SQLiteHubOps
 from coordd.store.sqlite_logs import SQLiteLogOps
 from coordd.store.sqlite_enrol import SQLiteEnrolOps
@@ -36,7 +37,7 @@ def _no_backoff(_attempts: int) -> float:
 
 
 class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
-                  SQLiteWorkflows, SQLiteAdmission):
+                  SQLiteWorkflows, SQLiteAdmission, SQLiteArtifactOps):
     """The store over one SQLite file (created and migrated on `start`); the hub's, job
     logs', enrolment tokens', governance's, workflows' and admission's operations too
     (coordd.store.sqlite_hub, sqlite_logs, sqlite_enrol, sqlite_governance,

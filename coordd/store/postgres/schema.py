@@ -264,6 +264,28 @@ CREATE TABLE limit_overrides (
 );
 """
 
+# Artifacts in the database (coordd.store.postgres.artifacts): an upload's chunks as they
+# arrive and its progress; an `artifacts` row makes them a stored artifact. EXTERNAL
+# storage: chunks are stored uncompressed, so a range is read without inflating a chunk.
+MIGRATION_ARTIFACTS = """
+CREATE TABLE artifact_chunks (
+    sha256 text NOT NULL,
+    pos    bigint NOT NULL CHECK (pos >= 0),
+    data   bytea NOT NULL,
+    PRIMARY KEY (sha256, pos)
+);
+ALTER TABLE artifact_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE TABLE artifact_uploads (
+    sha256     text PRIMARY KEY,
+    size       bigint NOT NULL CHECK (size >= 0),
+    received   bigint NOT NULL CHECK (received >= 0),
+    updated_at float8 NOT NULL
+);
+CREATE INDEX artifact_uploads_age ON artifact_uploads (updated_at);
+CREATE INDEX artifacts_created ON artifacts (created_at);
+CREATE INDEX jobs_artifact ON jobs (artifact_sha256) WHERE artifact_sha256 IS NOT NULL;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -273,6 +295,7 @@ MIGRATIONS: tuple[str, ...] = (
     # job_resources
     MIGRATION_WORKFLOWS,  # workflows, workflow_edges, jobs.node
     MIGRATION_LIMITS,  # job_limits, limit_holds (+ release trigger), limit_claims, ...
+    MIGRATION_ARTIFACTS,  # artifact_chunks, artifact_uploads, artifacts' and jobs' indexes
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -282,7 +305,8 @@ SQL_TAKEN_TABLES = ("SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS x(t, n)
 SQL_TRUNCATE = ("TRUNCATE job_events, leases, jobs, artifacts, workers, "
                 "message_reads, messages, agents, job_logs, enrol_tokens, reservations, "
                 "job_resources, workflow_edges, workflows, job_limits, limit_holds, "
-                "limit_claims, limit_usage, limit_overrides RESTART IDENTITY CASCADE")
+                "limit_claims, limit_usage, limit_overrides, artifact_chunks, artifact_uploads "
+                "RESTART IDENTITY CASCADE")
 
 
 async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:

@@ -27,6 +27,7 @@ from coordd.store import NewJob, dumps
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
 from coordd.store.postgres import apply, batch, claims, coordination, grace, reads, schema, sql
 from coordd.store.postgres import admission, workflows
+from coordd.store.postgres.artifacts import ArtifactOps
 from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
@@ -48,7 +49,8 @@ COMBINE_REFUSED = ("the PostgreSQL store does not yet combine resource requests 
 
 
 class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
-                    ResourcesPostgres, PostgresAdmission, workflows.PostgresWorkflows):
+                    ResourcesPostgres, PostgresAdmission, workflows.PostgresWorkflows,
+                    ArtifactOps):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
