@@ -286,6 +286,23 @@ CREATE INDEX artifacts_created ON artifacts (created_at);
 CREATE INDEX jobs_artifact ON jobs (artifact_sha256) WHERE artifact_sha256 IS NOT NULL;
 """
 
+# Schedules (coordd.store.postgres.schedules; coordd.store.workflow_schema's table, on
+# PostgreSQL's types): names sort by code point, as on SQLite.
+MIGRATION_SCHEDULES = """
+CREATE TABLE schedules (
+    schedule_id text PRIMARY KEY,
+    name        text COLLATE "C" NOT NULL UNIQUE,
+    cron        text NOT NULL,
+    spec_json   text NOT NULL,
+    next_at     float8 NOT NULL,
+    last_slot   float8,
+    fired       integer NOT NULL DEFAULT 0,
+    created_at  float8 NOT NULL,
+    updated_at  float8 NOT NULL
+);
+CREATE INDEX schedules_due ON schedules (next_at);
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -296,6 +313,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_WORKFLOWS,  # workflows, workflow_edges, jobs.node
     MIGRATION_LIMITS,  # job_limits, limit_holds (+ release trigger), limit_claims, ...
     MIGRATION_ARTIFACTS,  # artifact_chunks, artifact_uploads, artifacts' and jobs' indexes
+    MIGRATION_SCHEDULES,  # schedules
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -305,8 +323,8 @@ SQL_TAKEN_TABLES = ("SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS x(t, n)
 SQL_TRUNCATE = ("TRUNCATE job_events, leases, jobs, artifacts, workers, "
                 "message_reads, messages, agents, job_logs, enrol_tokens, reservations, "
                 "job_resources, workflow_edges, workflows, job_limits, limit_holds, "
-                "limit_claims, limit_usage, limit_overrides, artifact_chunks, artifact_uploads "
-                "RESTART IDENTITY CASCADE")
+                "limit_claims, limit_usage, limit_overrides, artifact_chunks, artifact_uploads, "
+                "schedules RESTART IDENTITY CASCADE")
 
 
 async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:
