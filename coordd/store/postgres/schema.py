@@ -303,6 +303,12 @@ CREATE TABLE schedules (
 CREATE INDEX schedules_due ON schedules (next_at);
 """
 
+# Maintenance (coordd.store.postgres.maintenance): prune finds terminal jobs by their
+# finish time, as SQLite's jobs_finished.
+MIGRATION_MAINTENANCE = """
+CREATE INDEX jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -314,6 +320,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_LIMITS,  # job_limits, limit_holds (+ release trigger), limit_claims, ...
     MIGRATION_ARTIFACTS,  # artifact_chunks, artifact_uploads, artifacts' and jobs' indexes
     MIGRATION_SCHEDULES,  # schedules
+    MIGRATION_MAINTENANCE,  # jobs_finished
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
