@@ -31,6 +31,7 @@ from coordd.store.postgres.artifacts import ArtifactOps
 from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
+from coordd.store.postgres.web import WebReadsPostgres
 from coordd.store.postgres.maintenance import MaintenancePostgres
 from coordd.store.postgres.schedules import SchedulesPostgres
 from coordd.store.postgres.waits import WaitReadsPostgres
@@ -54,7 +55,7 @@ COMBINE_REFUSED = ("the PostgreSQL store does not yet combine resource requests 
 class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
                     ResourcesPostgres, PostgresAdmission, workflows.PostgresWorkflows,
                     ArtifactOps, WaitReadsPostgres, SchedulesPostgres,
-                    MaintenancePostgres):
+                    MaintenancePostgres, WebReadsPostgres):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
