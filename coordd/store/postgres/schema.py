@@ -309,6 +309,13 @@ MIGRATION_MAINTENANCE = """
 CREATE INDEX jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
 """
 
+# The claim walks each of the worker's roles in claim order (coordd.store.postgres.sql
+# SQL_CLAIM): waiting jobs of other roles are never stepped over.
+MIGRATION_CLAIM_ROLE = """
+CREATE INDEX jobs_claim_role ON jobs (required_role, priority, queued_at, job_id)
+    WHERE status = 'waiting';
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -321,6 +328,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_ARTIFACTS,  # artifact_chunks, artifact_uploads, artifacts' and jobs' indexes
     MIGRATION_SCHEDULES,  # schedules
     MIGRATION_MAINTENANCE,  # jobs_finished
+    MIGRATION_CLAIM_ROLE,  # jobs_claim_role
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
