@@ -52,7 +52,6 @@ async def test_add_list_replace_and_remove(bundle):
     with pytest.raises(errors.InvalidState, match="different workflow"):
         await add(b, extra=1)
     assert await add(b, "b-first", HOURLY) == "created"
-    views = await b.store.schedule_list()
     assert [(v.schedule_id, v.name, v.cron, v.workflow, v.next_at, v.last_slot, v.fired)
             for v in await b.store.schedule_list()] == [
         ("id-b-first", "b-first", HOURLY, "b-first", cron_after(HOURLY, T), None, 0),

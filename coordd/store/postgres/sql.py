@@ -68,9 +68,10 @@ SQL_CLAIM_REPLAY = (
 # turn the LIMIT 1 subquery into a loop that updates more rows than it locked. Jobs with
 # per-job gate overrides are never candidates here (PostgresStore refuses them at enqueue).
 # Candidates are walked on the role-led jobs_claim_role index, so a claim never steps over
-# the waiting jobs of roles it does not take: one role (SQL_CLAIM, `$6[1]`) is one ordered
-# walk whose generic plan holds; several (SQL_CLAIM_ROLES) walk each role (a LATERAL),
-# lock each one's best and take the best of those (one extra row locked per extra role).
+# the waiting jobs of roles it does not take: one role (SQL_CLAIM) is one ordered walk, the
+# role an InitPlan so the cached generic plan is as good as a custom one; several
+# (SQL_CLAIM_ROLES) walk each role (a LATERAL), lock each one's best and take the best of
+# those (one extra row locked per extra role). See docs/decisions.md (store parts).
 _CANDIDATE = (  # {role}: the role predicate; {limit}: how many
     "SELECT job_id, priority, queued_at FROM jobs WHERE status = 'waiting' AND {role} "
     f"AND run_at <= {NOW} AND priority = ANY($5::int[]) "

@@ -31,10 +31,10 @@ from coordd.store.postgres.artifacts import ArtifactOps
 from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
-from coordd.store.postgres.web import WebReadsPostgres
 from coordd.store.postgres.maintenance import MaintenancePostgres
 from coordd.store.postgres.schedules import SchedulesPostgres
 from coordd.store.postgres.waits import WaitReadsPostgres
+from coordd.store.postgres.web import WebReadsPostgres
 from coordd.store.postgres.governance import GovernancePostgres
 from coordd.store.postgres.resources import ResourcesPostgres
 from coordd.store.postgres.limits import PostgresAdmission, attach, complete_checked
