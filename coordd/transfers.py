@@ -13,19 +13,17 @@ never in the writer's transaction.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import re
 from typing import Any
 
-from coordd import cas, errors, leases
+from coordd import errors, leases
 from coordd.clock import Clock
 from coordd.config import Config
 from coordd.protocol_transfers import ArtifactData, ArtifactGet, ArtifactPut, ArtifactPutResult
+from coordd.store.sqlite_artifacts import put_chunk, read_range
 
 TRANSFER_METHODS = ("artifact_put", "artifact_get")
 CHUNK_MAX_BYTES = 4 << 20
-UPLOADS = ".uploads"
 _SHA = re.compile(r"[0-9a-f]{64}")
 
 
@@ -75,44 +73,7 @@ class Transfers:
                 del self._locks[p.sha256]
 
     def _put(self, p: ArtifactPut) -> ArtifactPutResult:
-        dest = os.path.join(self._root, p.sha256[:2], p.sha256)
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(dest).st_size == p.size:  # stored already (a resend, or the same bytes)
-                os.utime(dest)  # fresh: prune's sweep keeps it
-                return ArtifactPutResult(received=p.size, done=True, path=dest)
-        folder = os.path.join(self._root, UPLOADS)
-        cas.make_dir(self._root)
-        cas.make_dir(folder)
-        part = os.path.join(folder, p.sha256 + ".part")
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, cas.FILE_MODE)
-        try:
-            have = os.fstat(fd).st_size
-            if have > p.size:  # a stale part of another size: start over
-                os.ftruncate(fd, 0)
-                have = 0
-            if p.offset != have:
-                return ArtifactPutResult(received=have)
-            os.lseek(fd, have, os.SEEK_SET)
-            view = memoryview(p.data)
-            while view:
-                view = view[os.write(fd, view):]
-            have += len(p.data)
-            if have < p.size:
-                return ArtifactPutResult(received=have)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        sha, size = cas.sha256_file(part)
-        if (sha, size) != (p.sha256, p.size):
-            os.unlink(part)
-            raise errors.BadRequest(f"the uploaded file hashes to {sha[:12]}/{size} bytes, not "
-                                    f"the announced {p.sha256[:12]}/{p.size}; send it again")
-        sub = os.path.dirname(dest)
-        if cas.make_dir(sub):
-            cas.fsync_dir(self._root)
-        os.rename(part, dest)
-        cas.fsync_dir(sub)
-        return ArtifactPutResult(received=size, done=True, path=dest)
+        return put_chunk(self._root, p.sha256, p.size, p.offset, p.data)
 
     async def artifact_get(self, p: ArtifactGet) -> ArtifactData:
         """Bytes of a stored file. Raises: NotFound, BadRequest, lease errors."""
@@ -122,11 +83,4 @@ class Transfers:
         return await asyncio.to_thread(self._get, p)
 
     def _get(self, p: ArtifactGet) -> ArtifactData:
-        path = os.path.join(self._root, p.sha256[:2], p.sha256)
-        try:
-            with open(path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                fh.seek(p.offset)
-                return ArtifactData(data=fh.read(p.limit), size=size)
-        except FileNotFoundError:
-            raise errors.NotFound(f"artifact {p.sha256[:12]} is not in coordd's store") from None
+        return read_range(self._root, p.sha256, p.offset, p.limit)

@@ -138,11 +138,29 @@ def resolve_prefix(conn: sqlite3.Connection, given: str, what: str, exists_sql: 
     """
     if not given:
         raise errors.BadRequest(f"{what}_id must not be empty")
+    return pick_prefix(what, given, prefix_matches(conn, given, exists_sql, range_sql,
+                                                   PREFIX_MATCHES_SHOWN + 1))
+
+
+def prefix_matches(conn: sqlite3.Connection, given: str, exists_sql: str, range_sql: str,
+                   most: int) -> list[str]:
+    """[given] when it is an id, else up to `most` ids that start with it, in id order."""
     if conn.execute(exists_sql, (given,)).fetchone() is not None:
-        return given
-    ids = [r[0] for r in conn.execute(range_sql, (given, given + "\U0010ffff",
-                                                  PREFIX_MATCHES_SHOWN + 1))
-           if r[0].startswith(given)]
+        return [given]
+    return [r[0] for r in conn.execute(range_sql, (given, given + "\U0010ffff", most))
+            if r[0].startswith(given)]
+
+
+def pick_prefix(what: str, given: str, ids: list[str]) -> str:
+    """The one id of `ids` (a store's prefix matches of `given`, up to
+    PREFIX_MATCHES_SHOWN + 1 of them).
+
+    Raises:
+        errors.NotFound: no id is or starts with it.
+        errors.BadRequest: it is empty, or several ids start with it (a few are named).
+    """
+    if not given:
+        raise errors.BadRequest(f"{what}_id must not be empty")
     if not ids:
         raise errors.NotFound(f"{what} {given} not found (no {what} id starts with it)")
     if len(ids) > 1:

@@ -22,7 +22,12 @@ from coordd.protocol import (
 from coordd.readers import ReadPool
 from coordd.store import workflows as wstore
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
+from coordd.store.sqlite_artifacts import SQLiteArtifactOps
 from coordd.store.sqlite_hub import SQLiteHubOps
+from coordd.store.sqlite_maintenance import SQLiteMaintenance
+from coordd.store.sqlite_schedules import SQLiteSchedules
+from coordd.store.sqlite_waits import SQLiteWaitReads
+from coordd.store.sqlite_web import SQLiteWebReads
 from coordd.store.sqlite_logs import SQLiteLogOps
 from coordd.store.sqlite_enrol import SQLiteEnrolOps
 from coordd.store.sqlite_governance import SQLiteGovernance
@@ -36,7 +41,8 @@ def _no_backoff(_attempts: int) -> float:
 
 
 class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
-                  SQLiteWorkflows, SQLiteAdmission):
+                  SQLiteWorkflows, SQLiteAdmission, SQLiteArtifactOps, SQLiteWaitReads,
+                  SQLiteSchedules, SQLiteMaintenance, SQLiteWebReads):
     """The store over one SQLite file (created and migrated on `start`); the hub's, job
     logs', enrolment tokens', governance's, workflows' and admission's operations too
     (coordd.store.sqlite_hub, sqlite_logs, sqlite_enrol, sqlite_governance,

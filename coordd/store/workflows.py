@@ -36,6 +36,7 @@ from coordd.protocol import StatusResult
 from coordd.store import cancel, dumps, event, lenient_json, retry
 from coordd.store.resources import add_request
 from coordd.store import limits as limit_store
+from coordd.store.api_schedules import add_outcome
 
 # Statuses a node can end in; a workflow is over when every node is in one of them.
 NODE_TERMINAL = tr.NODE_TERMINAL
@@ -407,7 +408,7 @@ def add_schedule(conn: sqlite3.Connection, now: float, schedule_id: str, name: s
     """Insert a schedule; return `created`, `unchanged` (this name exists with this very
     cron and workflow: a repeated add) or `replaced` (`replace`: the existing schedule
     takes the new cron and workflow, and keeps its id, count and last slot; its next slot
-    stays unless the cron changed).
+    stays unless the cron changed): coordd.store.api_schedules.add_outcome.
 
     Raises:
         errors.InvalidState: the name exists with another cron or workflow, no `replace`.
@@ -417,17 +418,11 @@ def add_schedule(conn: sqlite3.Connection, now: float, schedule_id: str, name: s
         return "created"
     old_id, old_cron, old_spec, old_next = conn.execute(SQL_SCHEDULE_BY_NAME,
                                                         (name,)).fetchone()
-    if (old_cron, old_spec) == (cron, spec_json):
-        return "unchanged"
-    if not replace:
-        what = "cron" if old_cron != cron else "workflow"
-        raise errors.InvalidState(
-            f"schedule {name} exists with a different {what} (cron {old_cron!r}); "
-            f"remove it first or add with replace (coordctl schedule add --replace)")
-    if old_cron == cron:
-        next_at = old_next
-    conn.execute(SQL_REPLACE_SCHEDULE, (cron, spec_json, next_at, now, old_id))
-    return "replaced"
+    outcome, next_at = add_outcome(name, (old_cron, old_spec, old_next), cron, spec_json,
+                                   next_at, replace)
+    if outcome == "replaced":
+        conn.execute(SQL_REPLACE_SCHEDULE, (cron, spec_json, next_at, now, old_id))
+    return outcome
 
 
 def remove_schedule(conn: sqlite3.Connection, name: str) -> bool:

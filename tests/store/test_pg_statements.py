@@ -13,6 +13,7 @@ WRITES_STATUS = re.compile(r"UPDATE jobs SET (?:(?!WHERE).)*\bstatus = |INSERT I
                            re.S)
 STATUS_WRITES = {  # statement -> the transitions it writes (coordd.transitions causes)
     "SQL_ENQUEUE": "enqueue", "SQL_CLAIM": "claim", "SQL_CLAIM_BATCH": "claim",
+    "SQL_CLAIM_ROLES": "claim", "SQL_CLAIM_BATCH_ROLES": "claim",
     "SQL_DEAD_LETTER_TAKEN": "dead_letter", "SQL_COMPLETE_BATCH": "complete/cancel_requested",
     "SQL_TO_TERMINAL": "failed/cancelled (apply)", "SQL_TO_WAITING": "fail (apply)",
     "SQL_RELEASE_JOB": "release (apply)", "SQL_RETRY": "retry (apply)",

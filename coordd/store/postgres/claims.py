@@ -113,7 +113,7 @@ class Claims:
             self._seen.clear()
         self._seen[worker_id] = Seen(policy, decision, roles, (hb_at, hb_json, roles_json))
         while decision.allowed:
-            row = await conn.fetchrow(sql.SQL_CLAIM, now, worker_id, lease_s, claim_id,
+            row = await conn.fetchrow(sql.claim_sql(roles), now, worker_id, lease_s, claim_id,
                                       decision.allowed, roles, kinds_list,
                                       policy.heartbeat_stale_s, None, None, None)
             if row is None:
@@ -136,7 +136,8 @@ class Claims:
         _w, _c, lease_s, kinds_list, seen = items[0]
         async with self._conn() as conn:
             rows = await conn.fetch(
-                sql.SQL_CLAIM_BATCH, now, [i[0] for i in items], lease_s, [i[1] for i in items],
+                sql.claim_sql(seen.roles, batch=True), now, [i[0] for i in items], lease_s,
+                [i[1] for i in items],
                 seen.decision.allowed, seen.roles, kinds_list, seen.policy.heartbeat_stale_s,
                 *[[i[4].heartbeat[k] for i in items] for k in range(3)])
         got = {r[-1]: tuple(r)[:-1] for r in rows}

@@ -266,6 +266,58 @@ CREATE TABLE limit_overrides (
 
 MIGRATION_RESUME_AT = "ALTER TABLE leases ADD COLUMN resume_at float8;"
 
+# Artifacts in the database (coordd.store.postgres.artifacts): an upload's chunks as they
+# arrive and its progress; an `artifacts` row makes them a stored artifact. EXTERNAL
+# storage: chunks are stored uncompressed, so a range is read without inflating a chunk.
+MIGRATION_ARTIFACTS = """
+CREATE TABLE artifact_chunks (
+    sha256 text NOT NULL,
+    pos    bigint NOT NULL CHECK (pos >= 0),
+    data   bytea NOT NULL,
+    PRIMARY KEY (sha256, pos)
+);
+ALTER TABLE artifact_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE TABLE artifact_uploads (
+    sha256     text PRIMARY KEY,
+    size       bigint NOT NULL CHECK (size >= 0),
+    received   bigint NOT NULL CHECK (received >= 0),
+    updated_at float8 NOT NULL
+);
+CREATE INDEX artifact_uploads_age ON artifact_uploads (updated_at);
+CREATE INDEX artifacts_created ON artifacts (created_at);
+CREATE INDEX jobs_artifact ON jobs (artifact_sha256) WHERE artifact_sha256 IS NOT NULL;
+"""
+
+# Schedules (coordd.store.postgres.schedules; coordd.store.workflow_schema's table, on
+# PostgreSQL's types): names sort by code point, as on SQLite.
+MIGRATION_SCHEDULES = """
+CREATE TABLE schedules (
+    schedule_id text PRIMARY KEY,
+    name        text COLLATE "C" NOT NULL UNIQUE,
+    cron        text NOT NULL,
+    spec_json   text NOT NULL,
+    next_at     float8 NOT NULL,
+    last_slot   float8,
+    fired       integer NOT NULL DEFAULT 0,
+    created_at  float8 NOT NULL,
+    updated_at  float8 NOT NULL
+);
+CREATE INDEX schedules_due ON schedules (next_at);
+"""
+
+# Maintenance (coordd.store.postgres.maintenance): prune finds terminal jobs by their
+# finish time, as SQLite's jobs_finished.
+MIGRATION_MAINTENANCE = """
+CREATE INDEX jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
+"""
+
+# The claim walks each of the worker's roles in claim order (coordd.store.postgres.sql
+# SQL_CLAIM): waiting jobs of other roles are never stepped over.
+MIGRATION_CLAIM_ROLE = """
+CREATE INDEX jobs_claim_role ON jobs (required_role, priority, queued_at, job_id)
+    WHERE status = 'waiting';
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -276,6 +328,10 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_WORKFLOWS,  # workflows, workflow_edges, jobs.node
     MIGRATION_LIMITS,  # job_limits, limit_holds (+ release trigger), limit_claims, ...
     MIGRATION_RESUME_AT,  # leases.resume_at: a pending resume (governance)
+    MIGRATION_ARTIFACTS,  # artifact_chunks, artifact_uploads, artifacts' and jobs' indexes
+    MIGRATION_SCHEDULES,  # schedules
+    MIGRATION_MAINTENANCE,  # jobs_finished
+    MIGRATION_CLAIM_ROLE,  # jobs_claim_role
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -285,7 +341,8 @@ SQL_TAKEN_TABLES = ("SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS x(t, n)
 SQL_TRUNCATE = ("TRUNCATE job_events, leases, jobs, artifacts, workers, "
                 "message_reads, messages, agents, job_logs, enrol_tokens, reservations, "
                 "job_resources, workflow_edges, workflows, job_limits, limit_holds, "
-                "limit_claims, limit_usage, limit_overrides RESTART IDENTITY CASCADE")
+                "limit_claims, limit_usage, limit_overrides, artifact_chunks, artifact_uploads, "
+                "schedules RESTART IDENTITY CASCADE")
 
 
 async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:

@@ -67,14 +67,39 @@ SQL_CLAIM_REPLAY = (
 # gate decision was made from, which must still be the worker's last. The MATERIALIZED CTE is Oban's fence: the planner may not
 # turn the LIMIT 1 subquery into a loop that updates more rows than it locked. Jobs with
 # per-job gate overrides are never candidates here (PostgresStore refuses them at enqueue).
-SQL_CLAIM = (
-    "WITH c AS MATERIALIZED (SELECT job_id FROM jobs WHERE status = 'waiting' "
-    f"AND run_at <= {NOW} AND priority = ANY($5::int[]) AND required_role = ANY($6::text[]) "
-    "AND ($7::text[] IS NULL OR kind = ANY($7::text[])) AND gates_json IS NULL "
+# Candidates are walked on the role-led jobs_claim_role index, so a claim never steps over
+# the waiting jobs of roles it does not take: one role (SQL_CLAIM) is one ordered walk, the
+# role an InitPlan so the cached generic plan is as good as a custom one; several
+# (SQL_CLAIM_ROLES) walk each role (a LATERAL), lock each one's best and take the best of
+# those (one extra row locked per extra role). See docs/decisions.md (store parts).
+_CANDIDATE = (  # {role}: the role predicate; {limit}: how many
+    "SELECT job_id, priority, queued_at FROM jobs WHERE status = 'waiting' AND {role} "
+    f"AND run_at <= {NOW} AND priority = ANY($5::int[]) "
+    "AND ($7::text[] IS NULL OR kind = ANY($7::text[])) AND gates_json IS NULL {worker}"
+    "ORDER BY required_role, priority, queued_at, job_id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+)  # (one role: ordering by it first changes nothing, and names the index's order)
+_WORKER_FRESH = (
     "AND EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = $2 "
     f"AND w.heartbeat_at >= {NOW} - $8::float8 AND ($9::float8 IS NULL OR "
     "(w.heartbeat_at = $9 AND w.heartbeat_json = $10 AND w.roles_json = $11))) "
-    "ORDER BY priority, queued_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED), "
+)
+
+
+def _candidates(limit: str, worker: str, roles: bool) -> str:
+    """The candidate CTE's body: one role's walk, or each role's (`roles`) merged."""
+    if not roles:
+        return _CANDIDATE.format(role="required_role = (SELECT ($6::text[])[1])", limit=limit,
+                                 worker=worker)
+    # a range, not `=`: with `=` the planner counts the order as given by any index and
+    # may walk jobs_claim, filtering the roles out (every waiting job, for a role with none)
+    walk = _CANDIDATE.format(role="required_role >= r.role AND required_role <= r.role",
+                             limit=limit, worker=worker)
+    return ("SELECT x.job_id, x.priority, x.queued_at FROM (SELECT DISTINCT "
+            f"unnest((SELECT $6::text[]))) AS r(role) CROSS JOIN LATERAL ({walk}) x "
+            f"ORDER BY x.priority, x.queued_at, x.job_id LIMIT {limit}")
+
+
+_CLAIM_TAKE = (
     f"j AS (UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, "
     f"last_token = jobs.last_token + 1, updated_at = {NOW} FROM c "
     "WHERE jobs.job_id = c.job_id RETURNING jobs.*), "
@@ -85,6 +110,10 @@ SQL_CLAIM = (
     "FROM j) "
     f"SELECT {_CLAIMED_COLS}, j.last_token, {NOW} + $3::float8, $3::float8 FROM j"
 )
+SQL_CLAIM = ("WITH c AS MATERIALIZED (" + _candidates("1", _WORKER_FRESH, False) + "), "
+             + _CLAIM_TAKE)  # one role
+SQL_CLAIM_ROLES = ("WITH c AS MATERIALIZED (" + _candidates("1", _WORKER_FRESH, True)
+                   + "), " + _CLAIM_TAKE)  # several roles
 SQL_ANY_RUNNABLE = f"SELECT 1 FROM jobs WHERE status = 'waiting' AND run_at <= {NOW} LIMIT 1"
 SQL_DEAD_LETTER_TAKEN = (  # a job just taken whose stored data does not decode
     "WITH d AS (DELETE FROM leases WHERE job_id = $2), "
@@ -269,17 +298,13 @@ SQL_GATED_PRIORITIES = (
 # roles, $7 kinds, $8 heartbeat_stale_s), each with the heartbeat its decision was made
 # from ($2 workers, $4 claim ids, $9 at, $10 readings, $11 roles): the jobs are handed
 # out in claim order to the workers whose heartbeat still holds, in the order they asked.
-SQL_CLAIM_BATCH = (
+_CLAIM_BATCH = (
     "WITH w AS (SELECT r.worker_id, r.claim_id, r.n FROM unnest($2::text[], $4::text[], "
     "$9::float8[], $10::text[], $11::text[]) WITH ORDINALITY AS r(worker_id, claim_id, "
     "hb_at, hb_json, roles_json, n) JOIN workers x ON x.worker_id = r.worker_id "
     f"AND x.heartbeat_at >= {NOW} - $8::float8 AND x.heartbeat_at = r.hb_at "
     "AND x.heartbeat_json = r.hb_json AND x.roles_json = r.roles_json), "
-    "c AS MATERIALIZED (SELECT job_id, priority, queued_at FROM jobs WHERE status = 'waiting' "
-    f"AND run_at <= {NOW} AND priority = ANY($5::int[]) AND required_role = ANY($6::text[]) "
-    "AND ($7::text[] IS NULL OR kind = ANY($7::text[])) AND gates_json IS NULL "
-    "ORDER BY priority, queued_at, job_id LIMIT (SELECT count(*) FROM w) "
-    "FOR UPDATE SKIP LOCKED), "
+    "c AS MATERIALIZED ({candidates}), "
     "p AS (SELECT cn.job_id, wn.worker_id, wn.claim_id FROM (SELECT job_id, row_number() "
     "OVER (ORDER BY priority, queued_at, job_id) AS k FROM c) cn JOIN (SELECT worker_id, "
     "claim_id, row_number() OVER (ORDER BY n) AS k FROM w) wn USING (k)), "
@@ -295,3 +320,15 @@ SQL_CLAIM_BATCH = (
     "|| ')' FROM j) "
     f"SELECT {_CLAIMED_COLS}, j.last_token, {NOW} + $3::float8, $3::float8, j.holder FROM j"
 )
+_BATCH_LIMIT = "(SELECT count(*) FROM w)"
+SQL_CLAIM_BATCH = _CLAIM_BATCH.replace("{candidates}", _candidates(_BATCH_LIMIT, "", False))
+SQL_CLAIM_BATCH_ROLES = _CLAIM_BATCH.replace("{candidates}",
+                                             _candidates(_BATCH_LIMIT, "", True))
+
+
+def claim_sql(roles: list[str], batch: bool = False) -> str:
+    """The claim statement for a worker of `roles` (one: SQL_CLAIM; several: the
+    per-role walk), or the batch's."""
+    if batch:
+        return SQL_CLAIM_BATCH if len(roles) <= 1 else SQL_CLAIM_BATCH_ROLES
+    return SQL_CLAIM if len(roles) <= 1 else SQL_CLAIM_ROLES

@@ -27,9 +27,14 @@ from coordd.store import NewJob, dumps
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
 from coordd.store.postgres import apply, batch, claims, coordination, grace, reads, schema, sql
 from coordd.store.postgres import admission, workflows
+from coordd.store.postgres.artifacts import ArtifactOps
 from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
+from coordd.store.postgres.maintenance import MaintenancePostgres
+from coordd.store.postgres.schedules import SchedulesPostgres
+from coordd.store.postgres.waits import WaitReadsPostgres
+from coordd.store.postgres.web import WebReadsPostgres
 from coordd.store.postgres.governance import GovernancePostgres
 from coordd.store.postgres.resources import ResourcesPostgres
 from coordd.store.postgres.limits import PostgresAdmission, attach, complete_checked
@@ -48,7 +53,9 @@ COMBINE_REFUSED = ("the PostgreSQL store does not yet combine resource requests 
 
 
 class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
-                    ResourcesPostgres, PostgresAdmission, workflows.PostgresWorkflows):
+                    ResourcesPostgres, PostgresAdmission, workflows.PostgresWorkflows,
+                    ArtifactOps, WaitReadsPostgres, SchedulesPostgres,
+                    MaintenancePostgres, WebReadsPostgres):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
