@@ -361,7 +361,7 @@ class Supervisor:
                 pass
             raise
         except OSError as exc:  # the worker's fault, not the job's: no attempt spent
-            self.kinds.set_broken(run.job.kind, f"cannot start {argv[0]}: {exc}")
+            self.kinds.cannot_exec(run.job.kind, f"cannot start {argv[0]}: {exc}")
             await self._reports.release(run, f"spawn_failed: cannot start {argv[0]}: {exc}")
             return
         timeout_s = kind.timeout_s if run.job.max_runtime_s is None \
