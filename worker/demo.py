@@ -183,7 +183,7 @@ async def p3_line(c: Client, ids: list[str], state: RunState,
     waiting = [v for v in views if v.status == "waiting"]
     if waiting:
         reason = short(waiting[0].waiting_reason)
-        if not away and waiting[0].waiting_reason:
+        if not away and reason.startswith("gate"):
             state.p3_gate = reason
         return counts, f"P3: {len(waiting)} waiting, {reason}"
     return counts, (f"P3: running {counts['running']}" if counts["ended"] < len(ids)
