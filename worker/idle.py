@@ -281,9 +281,8 @@ def session_idle_source(
         displays: graphical displays found without logind (default `display_sessions()`).
         tty: the tty/pty atime scan (default `tty_idle_source(wall)`).
         graphical: session type -> source (default x11: `x11_idle()`, wayland and mir:
-            `gnome_idle()`).
-            When a session's source cannot answer, logind's `IdleHint` does
-            (`logind_idle`), for sessions logind described.
+            `gnome_idle()`); where it cannot answer, logind's `IdleHint` does
+            (`logind_idle`), for the sessions logind described.
         wall: wall clock, epoch seconds (logind's hints are CLOCK_REALTIME).
         env: the worker's environment (default `os.environ`), read when logind cannot
             be asked: one that names a graphical session needs a graphical answer.
