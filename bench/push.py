@@ -22,6 +22,13 @@ One round, each part on a fresh coordd (bench/daemon.py, the writer probe off):
 4. **coordd CPU with N parked claims** and nothing to do: N workers heartbeat once, then
    N claims park (`wait_s` 300) over N/10 connections; coordd's CPU seconds (psutil) over
    `--idle-s` seconds, as % of one core.
+5. **enqueue -> claim of a P0 arriving just after the previous job ended**, on a real
+   `coord-worker` of each shape: one kind (`noop`, one slot) and several kinds (`noop`
+   and `sleeper`, one slot each, as examples/worker.toml runs several), both with
+   claim_interval_s = 1. The producer enqueues a P0 `noop`, `wait_job`s it, and enqueues
+   the next at once. Latency = the job's claim event minus its enqueue (coordd's clock).
+   While `noop` runs, the several-kinds worker's parked claim names only `sleeper`; the
+   freed slot must reach coordd at once (issue 31): target p50 <= 20 ms on both shapes.
 
 Medians over rounds of each round's p50/p99. Drain figures are `python -m bench.run`'s.
 """
@@ -50,7 +57,8 @@ GAP_S = 0.005
 PARK_WAIT_S = 300.0
 CLAIMS_PER_CONNECTION = 10
 TARGETS = {"claim_p50_ms": 1.0, "claim_p99_ms": 5.0, "result_over_spawn_p50_ms": 10.0,
-           "cancel_p99_ms": 50.0, "idle_cpu_pct": 1.0}
+           "cancel_p99_ms": 50.0, "idle_cpu_pct": 1.0, "after_end_one_kind_p50_ms": 20.0,
+           "after_end_kinds_p50_ms": 20.0}
 SLEEPER_CODE = (
     "import json,os,signal,sys,time\n"
     "p=json.load(open(os.environ['COORD_PAYLOAD']));d=p['dir'];j=os.environ['COORD_JOB_ID']\n"
@@ -104,13 +112,15 @@ async def claim_latency(sock: str, samples: int) -> dict:
 # ---------------------------------------------------------------- 2, 3. with a coord-worker
 
 
-def _worker_toml(work_dir: Path) -> str:
-    return "\n".join([
-        "lease_s = 60", "heartbeat_interval_s = 5", "grace_s = 2", "stop_timeout_s = 10",
-        f"work_dir = {json.dumps(str(work_dir))}",
-        "[kinds.noop]", f"argv = {json.dumps(model_argv())}", "slots = 1", "timeout_s = 60",
-        "[kinds.sleeper]", f"argv = {json.dumps([sys.executable, '-S', '-c', SLEEPER_CODE])}",
-        "slots = 1", "timeout_s = 600", ""])
+def _worker_toml(work_dir: Path, sleeper: bool = True) -> str:
+    lines = ["lease_s = 60", "heartbeat_interval_s = 5", "grace_s = 2", "stop_timeout_s = 10",
+             "claim_interval_s = 1", f"work_dir = {json.dumps(str(work_dir))}",
+             "[kinds.noop]", f"argv = {json.dumps(model_argv())}", "slots = 1", "timeout_s = 60"]
+    if sleeper:
+        lines += ["[kinds.sleeper]",
+                  f"argv = {json.dumps([sys.executable, '-S', '-c', SLEEPER_CODE])}",
+                  "slots = 1", "timeout_s = 600"]
+    return "\n".join(lines) + "\n"
 
 
 async def _wait_file(path: Path, timeout: float = 20.0) -> None:
@@ -147,14 +157,45 @@ async def worker_latencies(sock: str, samples: int, cancels: int, tmp: Path) -> 
             "cancel_p50_ms": 1e3 * pct(cancel, 50), "cancel_p99_ms": 1e3 * pct(cancel, 99)}
 
 
-def with_worker(workdir: Path, samples: int, cancels: int) -> dict:
-    d = Daemon(workdir / "worker", probe=False)
+async def after_end(sock: str, samples: int) -> list[float]:
+    """enqueue -> claim (s, coordd's clock) of P0 noop jobs, each enqueued as soon as
+    `wait_job` says the previous one ended (the first three warm the worker up)."""
+    lat = []
+    async with Client(sock, timeout=60) as p:
+        for k in range(samples + 3):
+            job = (await p.enqueue(kind="noop", required_role="cpu", priority=0,
+                                   payload={"k": k})).job_id
+            done = await p.wait_job(job, 30)
+            if not done.terminal or done.job.status != "succeeded":
+                raise RuntimeError(f"noop job {job}: {done.job.status} {done.job.last_error}")
+            if k >= 3:
+                view = await p.get_job(job)
+                claimed = next(e.at for e in view.events if e.to_status == "running")
+                lat.append(claimed - view.created_at)
+    return lat
+
+
+def claim_after_end(workdir: Path, samples: int) -> dict:
+    """Part 5 on both worker shapes: p50/p99 in ms."""
+    out = {}
+    for shape, sleeper in (("one_kind", False), ("kinds", True)):
+        lat = with_worker(workdir / f"after-{shape}", lambda sock: after_end(sock, samples),
+                          sleeper)
+        out[f"after_end_{shape}_p50_ms"] = 1e3 * pct(lat, 50)
+        out[f"after_end_{shape}_p99_ms"] = 1e3 * pct(lat, 99)
+    return out
+
+
+def with_worker(workdir: Path, drive, sleeper: bool = True):
+    """Run `drive(socket)` (a coroutine function) against a fresh coordd and one real
+    coord-worker (`noop`, and `sleeper` too when `sleeper`); its result."""
+    d = Daemon(workdir, probe=False)
     d.workdir.mkdir(parents=True)
     d.start()
     worker = None
     try:
         cfg = d.workdir / "worker.toml"
-        cfg.write_text(_worker_toml(d.workdir / "work"))
+        cfg.write_text(_worker_toml(d.workdir / "work", sleeper))
         readings = d.workdir / "readings.json"
         readings.write_text(json.dumps(READINGS))
         with open(d.workdir / "worker.log", "wb") as log:
@@ -162,9 +203,7 @@ def with_worker(workdir: Path, samples: int, cancels: int) -> dict:
                 [sys.executable, "-m", "worker", "--worker-id", "bench-w1", "--roles", "cpu",
                  "--socket", d.socket, "--config", str(cfg), "--readings-override",
                  str(readings)], stdout=log, stderr=log, cwd=str(REPO))
-        marks = d.workdir / "marks"
-        marks.mkdir()
-        return uvloop.run(worker_latencies(d.socket, samples, cancels, marks))
+        return uvloop.run(drive(d.socket))
     finally:
         if worker is not None and worker.poll() is None:
             worker.terminate()
@@ -229,9 +268,13 @@ def one_round(workdir: Path, samples: int, parked: int, idle_s: float) -> dict:
     finally:
         d.stop()
     out.update(_spawn_pcts(workdir, max(20, samples // 4)))
-    out.update(with_worker(workdir, max(20, samples // 4), max(10, samples // 10)))
+    marks = workdir / "marks"
+    marks.mkdir(parents=True)
+    out.update(with_worker(workdir / "worker", lambda sock: worker_latencies(
+        sock, max(20, samples // 4), max(10, samples // 10), marks)))
     out["result_over_spawn_p50_ms"] = out["result_p50_ms"] - out["bare_spawn_p50_ms"]
     out.update(idle_cpu(workdir, parked, idle_s))
+    out.update(claim_after_end(workdir, max(20, samples // 4)))
     return out
 
 

@@ -16,7 +16,10 @@ Claims: a job entering `waiting` gives one wake credit, in arrival order, to the
 idle parked claim whose worker may hold its role and kind; a woken claim that finds
 nothing although something was refused (gates, roles) passes its credit on to the next
 one; a claim in flight is marked to look again. A `run_at` in the future goes on one
-timer heap (one task waits for the earliest due job). A heartbeat wakes that worker's
+timer heap (one task waits for the earliest due job). A worker's new claim supersedes
+its older parked ones (a worker claims again at once when a slot frees while its claim
+names only its other kinds): they answer with nothing, without another look, or with the
+job a look under way takes. A heartbeat wakes that worker's
 parked claims when their last answer was a gate or staleness refusal. Units of a
 fleet-wide limit that free (a lease ends) or a limit changed at runtime wake the parked
 claims whose last answer was a limit refusal; one refused by a rate looks again when its
@@ -98,7 +101,8 @@ class _Waiter:
 
 
 class _ClaimWaiter(_Waiter):
-    __slots__ = ("seq", "worker_id", "kinds", "idle", "credits", "gated", "limited")
+    __slots__ = ("seq", "worker_id", "kinds", "idle", "credits", "gated", "limited",
+                 "superseded")
 
     def __init__(self, scope: ParkScope | None, seq: int, worker_id: str,
                  kinds: frozenset[str] | None) -> None:
@@ -110,6 +114,11 @@ class _ClaimWaiter(_Waiter):
         self.credits: list[tuple[str, str]] = []  # (role, kind) of jobs it was woken for
         self.gated = False  # its last look met refusals a heartbeat may lift (gates, stale)
         self.limited = False  # its last look met a fleet-wide limit (units freeing lift it)
+        self.superseded = False  # the same worker claimed again: end at the next chance
+
+    @property
+    def dropped(self) -> bool:
+        return self.superseded or super().dropped
 
 
 ClaimAttempt = Callable[[float], Awaitable[Any]]  # waited_s -> a ClaimResult
@@ -392,6 +401,10 @@ class Push:
         self.roles.pop(worker_id, None)
         start = self._clock.mono()
         deadline = start + wait_s
+        for old in self._claims.values():
+            if old.worker_id == worker_id:
+                old.superseded = True
+                old.wake()
         with self._slot(w):
             if not self._claims:
                 self._flag(push_store.claims_parked, True)

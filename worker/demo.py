@@ -6,6 +6,12 @@ waiting) plus a few `train` jobs (P3 idle learning: a character n-gram model tra
 the standard library's docstrings, checkpointed and resumable) — shows live progress,
 prints a summary (done/failed per kind, time, throughput, P0-before-P3 check) and where
 the results are, then stops every process it started.
+
+The user's idle time is simulated, so the run is the same whatever happens at this
+machine's keyboard: the workers read it from a readings override (`--readings-override`)
+that says "at the keyboard" while requests are being answered, so the P3 jobs wait at
+their gate (the progress line says which), and "stepped away" once every request is done,
+so they run. coordd's other gates (memory, heat) stay real.
 """
 
 from __future__ import annotations
@@ -40,12 +46,15 @@ START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 30.0
 CLOCK = SystemClock()
 
+AT_KEYBOARD = {"user_idle_s": 0.0, "user_idle_reason": "demo: simulated user at the keyboard"}
+STEPPED_AWAY = {"user_idle_s": 3600.0, "user_idle_reason": "demo: simulated user stepped away"}
 COORDD_CONFIG = """\
-# demo coordd: a headless box has no user session to read idle time from, so P3 idle
-# work is allowed when idle time is unknown (the production default denies it).
+# demo coordd: P3 idle work keeps its default gates (a user idle for 5 minutes, memory,
+# heat), except mains power, so a laptop on battery finishes the demo too. The workers'
+# user idle time is simulated (readings.json, see worker/demo.py).
 reaper_interval_s = 1.0
 [gates.p3]
-idle_unknown = "allow"
+require_mains = false
 """
 
 WORKER_CONFIG = """\
@@ -86,6 +95,13 @@ def batch(n_requests: int, n_train: int, train_steps: int) -> list[dict[str, Any
     return jobs
 
 
+def write_readings(path: Path, readings: dict[str, Any]) -> None:
+    """Replace the workers' readings override at once (they read it every heartbeat)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(readings))
+    os.replace(tmp, path)
+
+
 class Fleet:
     """The processes the demo starts; `stop()` ends them all and reports leftovers."""
 
@@ -98,6 +114,10 @@ class Fleet:
         self.procs.append((name, subprocess.Popen(argv, stdout=log, stderr=log,
                                                   start_new_session=True)))
         log.close()
+
+    def running(self) -> list[str]:
+        """Names of the started processes still running, workers first."""
+        return [name for name, p in reversed(self.procs) if p.poll() is None]
 
     def stop(self) -> list[str]:
         """SIGTERM workers first, then coordd; SIGKILL what is left after the timeout."""
@@ -139,40 +159,97 @@ async def wait_socket(path: str, fleet: Fleet) -> None:
     raise RuntimeError("coordd did not come up")
 
 
-async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Console) -> int:
+class RunState:
+    """What the run got to, for the summary after a timeout or Ctrl-C."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.done = 0
+        self.p3_gate: str | None = None  # the reason a P3 job waited, seen while at the keyboard
+
+
+def short(reason: str | None) -> str:
+    """A waiting reason cut to its first worker's verdict, without its timestamp."""
+    return (reason or "not claimed yet").split(";")[0].split(" (checked")[0]
+
+
+async def p3_line(c: Client, ids: list[str], state: RunState,
+                  away: bool) -> tuple[dict[str, int], str]:
+    """(P3 jobs per status, the P3 progress line: running, or waiting with its gate's
+    reason)."""
+    views = await asyncio.gather(*(c.get_job(i) for i in ids))
+    counts = {s: sum(v.status == s for v in views) for s in ("waiting", "running")}
+    counts["ended"] = sum(v.status in TERMINAL_STATUSES for v in views)
+    waiting = [v for v in views if v.status == "waiting"]
+    if waiting:
+        reason = short(waiting[0].waiting_reason)
+        if not away and reason.startswith("gate"):
+            state.p3_gate = reason
+        return counts, f"P3: {len(waiting)} waiting, {reason}"
+    return counts, (f"P3: running {counts['running']}" if counts["ended"] < len(ids)
+                    else "P3: done")
+
+
+async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Console,
+                state: RunState) -> int:
     sock = str(run / "coordd.sock")
     py = sys.executable
+    readings = run / "readings.json"
     (run / "coordd.toml").write_text(COORDD_CONFIG)
     (run / "worker.toml").write_text(WORKER_CONFIG.format(work=run / "work"))
+    write_readings(readings, AT_KEYBOARD)
     fleet.spawn("coordd", [py, "-m", "coordd", "--db", str(run / "coordd.db"), "--socket", sock,
                            "--config", str(run / "coordd.toml")])
     await wait_socket(sock, fleet)
     for w in ("w1", "w2"):
         fleet.spawn(w, [py, "-m", "worker", "--worker-id", w, "--roles", "cpu,idle",
-                        "--socket", sock, "--config", str(run / "worker.toml")])
+                        "--socket", sock, "--config", str(run / "worker.toml"),
+                        "--readings-override", str(readings)])
     jobs = batch(args.requests, args.train, args.train_steps)
     t0 = CLOCK.mono()
+    away = False
     async with Client(sock, timeout=30) as c:
         ids = [r.job_id for r in (await c.enqueue_batch(jobs)).jobs]
         kind_of = dict(zip(ids, (j["kind"] for j in jobs)))
+        p3 = [i for i, j in zip(ids, jobs) if j["priority"] == 3]
+        state.total = len(ids)
+        console.print(f"{len(ids) - len(p3)} requests (P0..P2) and {len(p3)} P3 idle-learning "
+                      "jobs; the simulated user is at the keyboard until the requests are done")
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
-            task = bar.add_task("jobs", total=len(ids))
+            requests = bar.add_task("requests", total=len(ids) - len(p3))
+            learning = bar.add_task("P3 idle learning", total=len(p3))
             while True:
                 st = await c.status()
-                done = sum(st.jobs[s] for s in TERMINAL_STATUSES)
-                bar.update(task, completed=done, description=(
-                    f"running {st.jobs['running']}, waiting {st.jobs['waiting']}"))
+                state.done = done = sum(st.jobs[s] for s in TERMINAL_STATUSES)
+                if not away and done >= len(ids) - len(p3) and await requests_done(c, ids, p3):
+                    away = True
+                    write_readings(readings, STEPPED_AWAY)
+                    bar.console.print("requests done: the simulated user steps away, so P3 "
+                                      "idle learning may start (it waited at its gate: "
+                                      f"{state.p3_gate or 'no wait seen'})")
+                p3_n, line = await p3_line(c, p3, state, away)
+                bar.update(requests, completed=done - p3_n["ended"], description=(
+                    f"requests: running {st.jobs['running'] - p3_n['running']}, "
+                    f"waiting {st.jobs['waiting'] - p3_n['waiting']}"))
+                bar.update(learning, completed=p3_n["ended"], description=line)
                 if done >= len(ids):
                     break
                 if CLOCK.mono() - t0 > args.timeout:
-                    console.print(f"[red]timed out after {args.timeout}s")
+                    console.print(f"[red]timed out after {args.timeout:g}s")
                     break
                 fleet.check_alive()
                 await asyncio.sleep(0.5)
         elapsed = CLOCK.mono() - t0
         views = await asyncio.gather(*(c.get_job(i) for i in ids))
     return report(views, kind_of, elapsed, run, sock, console)
+
+
+async def requests_done(c: Client, ids: list[str], p3: list[str]) -> bool:
+    """Whether every job but the P3 ones has ended."""
+    wanted = set(p3)
+    views = await asyncio.gather(*(c.get_job(i) for i in ids if i not in wanted))
+    return all(v.status in TERMINAL_STATUSES for v in views)
 
 
 def report(views: list[Any], kind_of: dict[str, str], elapsed: float, run: Path, sock: str,
@@ -209,8 +286,18 @@ def report(views: list[Any], kind_of: dict[str, str], elapsed: float, run: Path,
                   f"while running: coordctl --socket {sock} list)")
     failed = [v for v in views if v.status != "succeeded"]
     for v in failed[:5]:
-        console.print(f"[red]{v.job_id} {v.kind} {v.status}: {v.last_error}")
+        console.print(f"[red]{v.job_id} {v.kind} P{v.priority} {v.status}: {why(v)}")
     return 0 if not failed else 1
+
+
+def why(v: Any) -> str:
+    """Why job view `v` is where it is, never None: its error, its waiting reason, or its
+    lease holder."""
+    if v.status == "waiting":
+        return v.waiting_reason or "waiting, no reason recorded"
+    if v.status == "running" and v.lease is not None:
+        return f"running on {v.lease.worker_id}"
+    return v.last_error or "no error recorded"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,18 +319,28 @@ def main(argv: list[str] | None = None) -> int:
     run = run.resolve()
     console = Console()
     fleet = Fleet(run)
+    state = RunState()
     code = 1
     try:
-        code = asyncio.run(drive(args, run, fleet, console))
-    except (RuntimeError, KeyboardInterrupt) as exc:
+        code = asyncio.run(drive(args, run, fleet, console, state))
+    except RuntimeError as exc:
         console.print(f"[red]demo failed: {exc}")
+    except KeyboardInterrupt:
+        code = 130
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stop below must not be cut short
+        running = fleet.running()
+        console.print(f"[yellow]interrupted (Ctrl-C): stopping {', '.join(running) or 'nothing'}"
+                      f"{f' (up to {STOP_TIMEOUT_S:g}s)' if running else ''}; "
+                      f"{state.total - state.done} of {state.total} jobs had not finished; "
+                      f"the run so far is in {run}")
     finally:
         left = fleet.stop()
         if left:
             console.print(f"[red]processes left behind and killed: {left}")
-            code = 1
+            code = code if code == 130 else 1
         else:
-            console.print("all demo processes stopped")
+            console.print("all demo processes stopped" + (
+                f" ({', '.join(n for n, _ in reversed(fleet.procs))})" if fleet.procs else ""))
     return code
 
 

@@ -10,14 +10,21 @@ a user's input, by logind session type:
   run as a child: an X error cannot take the worker down); the worker needs the right to
   open that display (the desktop user's own worker has it; a system user has not);
 - Wayland (and Mir): only the compositor knows; GNOME's Mutter IdleMonitor is asked on
-  the session owner's bus (reachable by that user only).
+  the session owner's bus (reachable by that user only);
+- any graphical session whose own source cannot be asked (a system worker): logind's
+  `IdleHint`, which GNOME and KDE set when the session goes idle. `IdleHint=yes` is idle
+  since `IdleSinceHint`; anything else is active (idle 0 s), so a desktop that never sets
+  the hint keeps idle-gated work from starting.
 
-Input in a graphical session touches no tty, and logind's `IdleSinceHint` there is what
-the desktop last reported (it may be hours old while the user types), so neither is read
-for one. Each local graphical session must be answered for by its own source: one that
-is not makes the whole reading unknown, and idle-gated work does not start (coordd's
-`idle_unknown = "deny"`). Without logind, X11 sockets in /tmp/.X11-unix and Wayland
-sockets in /run/user/* stand for the graphical sessions.
+Input in a graphical session touches no tty, and logind's `IdleSinceHint` there, while
+`IdleHint` is no, is when the desktop last changed the hint (it may be hours old while the
+user types), so neither is read as idleness for one. Each local graphical session must be
+answered for: one that is not makes the whole reading unknown, and idle-gated work does
+not start (coordd's `idle_unknown = "deny"`). Without logind, X11 sockets in
+/tmp/.X11-unix and Wayland sockets in /run/user/* stand for the graphical sessions, and a
+worker whose own environment names a graphical session (`XDG_SESSION_TYPE`,
+`WAYLAND_DISPLAY`, `DISPLAY`) that no source answered for reads unknown: the terminals'
+atimes are no evidence of that user's idleness.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from coordd.clock import SystemClock
@@ -42,7 +49,10 @@ LOGIND_MAX_SESSIONS = 64
 TTY_SKIP_PREFIXES = ("ttyS", "ttyACM")
 """Serial devices are not user input (BOINC client/hostinfo_unix.cpp)."""
 GRAPHICAL_TYPES = ("x11", "wayland", "mir")
-SESSION_PROPS = ("Id", "Type", "Class", "Remote", "State", "User", "Display", "IdleSinceHint")
+SESSION_PROPS = ("Id", "Type", "Class", "Remote", "State", "User", "Display", "IdleHint",
+                 "IdleSinceHint")
+GRAPHICAL_ENV = ("XDG_SESSION_TYPE", "WAYLAND_DISPLAY", "DISPLAY")
+"""Variables of the worker's own environment that name a graphical session."""
 GNOME_IDLE_CALL = ("gdbus", "call", "--session", "--dest", "org.gnome.Mutter.IdleMonitor",
                    "--object-path", "/org/gnome/Mutter/IdleMonitor/Core",
                    "--method", "org.gnome.Mutter.IdleMonitor.GetIdletime")
@@ -68,6 +78,7 @@ class Session:
     uid: int | None = None
     display: str = ""            # X11 display, e.g. ":0"
     idle_since_us: int = 0       # logind IdleSinceHint, CLOCK_REALTIME microseconds
+    idle_hint: bool | None = None  # logind IdleHint (yes/no); None: logind not asked
 
     @property
     def graphical(self) -> bool:
@@ -135,7 +146,8 @@ def _session(props: dict[str, str]) -> Session:
     return Session(id=props["Id"], type=props.get("Type", "") or "unspecified",
                    klass=props.get("Class", ""), remote=props.get("Remote") == "yes",
                    state=props.get("State", ""), uid=uid, display=props.get("Display", ""),
-                   idle_since_us=num("IdleSinceHint"))
+                   idle_since_us=num("IdleSinceHint"),
+                   idle_hint=props["IdleHint"].strip() == "yes" if "IdleHint" in props else None)
 
 
 def display_sessions(x11_dir: str = "/tmp/.X11-unix",
@@ -230,6 +242,27 @@ def tty_idle_source(wall: Clock = _SYSTEM_CLOCK.wall, dev: str = "/dev") -> Idle
 GraphicalSource = Callable[[Session], float]
 
 
+def logind_idle(session: Session, wall: Clock) -> float:
+    """A graphical session's idle time by logind's hint: `IdleHint=yes` is idle since
+    `IdleSinceHint`; anything else is active (0 s).
+
+    Raises:
+        SourceUnknown: the session did not come from logind (no hint was read).
+    """
+    if session.idle_hint is None:
+        raise SourceUnknown("logind was not asked about it")
+    if not session.idle_hint or session.idle_since_us <= 0:
+        return 0.0
+    return max(0.0, wall() - session.idle_since_us / 1e6)
+
+
+def graphical_env(env: Mapping[str, str]) -> str | None:
+    """The variables in `env` that name a graphical session (`NAME=value`, joined), or None."""
+    named = [f"{k}={env[k]}" for k in GRAPHICAL_ENV
+             if env.get(k) and (k != "XDG_SESSION_TYPE" or env[k] in GRAPHICAL_TYPES)]
+    return ", ".join(named) or None
+
+
 def session_idle_source(
     *,
     sessions: Callable[[], list[Session]] | None = None,
@@ -237,6 +270,7 @@ def session_idle_source(
     tty: IdleSource | None = None,
     graphical: dict[str, GraphicalSource] | None = None,
     wall: Clock = _SYSTEM_CLOCK.wall,
+    env: Mapping[str, str] | None = None,
 ) -> IdleSource:
     """Build the user-idle source: the least idle time over every session, each measured
     by a source that sees its input (see the module doc).
@@ -247,13 +281,18 @@ def session_idle_source(
         displays: graphical displays found without logind (default `display_sessions()`).
         tty: the tty/pty atime scan (default `tty_idle_source(wall)`).
         graphical: session type -> source (default x11: `x11_idle()`, wayland and mir:
-            `gnome_idle()`).
+            `gnome_idle()`); where it cannot answer, logind's `IdleHint` does
+            (`logind_idle`), for the sessions logind described.
         wall: wall clock, epoch seconds (logind's hints are CLOCK_REALTIME).
+        env: the worker's environment (default `os.environ`), read when logind cannot
+            be asked: one that names a graphical session needs a graphical answer.
 
     Returns:
         A source; it raises SourceUnknown naming each local graphical session that no
-        trusted source answered for, or when nothing answered at all.
+        trusted source answered for (the worker's own, named by `env`, among them when
+        logind cannot be asked), or when nothing answered at all.
     """
+    env = os.environ if env is None else env
     sessions = sessions or logind_sessions()
     displays = displays or display_sessions()
     tty = tty or tty_idle_source(wall)
@@ -265,11 +304,12 @@ def session_idle_source(
         answers: list[float] = []
         blind: list[str] = []   # graphical sessions nothing trusted answered for
         notes: list[str] = []
+        seen_graphical = no_logind = False
         try:
             found = sessions()
         except SourceUnknown as exc:
             notes.append(f"logind: {exc}")
-            found = displays()
+            found, no_logind = displays(), True
         for s in found:
             if s.klass not in ("user", "") or s.state == "closing":
                 continue  # a greeter, a lingering manager, a session being torn down
@@ -279,10 +319,19 @@ def session_idle_source(
                     if ask is None:
                         raise SourceUnknown("no idle source for this session type")
                     answers.append(ask(s))
+                    seen_graphical = True
                 except SourceUnknown as exc:
-                    blind.append(f"{s.label()}: {exc}")
+                    try:
+                        answers.append(logind_idle(s, wall))
+                        seen_graphical = True
+                    except SourceUnknown as hint:
+                        blind.append(f"{s.label()}: {exc}; {hint}")
             elif s.type == "tty" and s.idle_since_us > 0:
                 answers.append(max(0.0, wall() - s.idle_since_us / 1e6))  # its tty's atime
+        named = graphical_env(env) if no_logind and not seen_graphical else None
+        if named is not None:
+            blind.append(f"the worker's environment names a graphical session ({named}) and "
+                         "logind cannot be asked; terminal atimes do not see its input")
         try:
             answers.append(tty())
         except SourceUnknown as exc:

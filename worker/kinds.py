@@ -3,8 +3,10 @@
 
 A broken kind is not advertised (its jobs are not claimed here), is named with its
 reason in every heartbeat (`coordctl workers` shows it) and is checked again every
-RECHECK_S: a fixed install comes back on its own, and a kind that keeps failing costs
-at most one handed-back job per RECHECK_S, never a hot loop.
+RECHECK_S: a fixed install comes back on its own. A kind whose spawn failed although the
+check passed (`cannot_exec`: Exec format error, permission denied by a mount) comes back
+only once its program file has changed (another inode, size, mode or mtime), so a kind
+that cannot run costs one handed-back job per worker start, never a loop.
 """
 
 from __future__ import annotations
@@ -18,6 +20,29 @@ from worker.config import PLACEHOLDERS, KindConfig, expand_argv
 logger = logging.getLogger(__name__)
 
 RECHECK_S = 60.0
+
+
+def _program(kind: KindConfig) -> str | None:
+    """The absolute path `kind`'s argv[0] names, or None when only its spawn can tell
+    (a placeholder other than `{python}`, a relative path, a name not on PATH)."""
+    raw = kind.argv[0]
+    if any("{" + name + "}" in raw for name in PLACEHOLDERS):
+        return None
+    program = expand_argv([raw], {name: "" for name in PLACEHOLDERS})[0]
+    if os.sep not in program:
+        return shutil.which(program, path={**os.environ, **kind.env}.get("PATH", os.defpath))
+    return program if os.path.isabs(program) else None
+
+
+def _identity(path: str | None) -> tuple[int, ...] | None:
+    """What changes when a program file is replaced or fixed; None if it cannot be read."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns)
 
 
 def check(kind: KindConfig) -> str | None:
@@ -51,6 +76,7 @@ class KindHealth:
     def __init__(self, kinds: dict[str, KindConfig], now: float) -> None:
         self._kinds = kinds
         self._broken: dict[str, str] = {}
+        self._failed_exec: dict[str, tuple[int, ...]] = {}  # kind -> its program's identity
         self._next_check = now + RECHECK_S
         for name in sorted(kinds):
             reason = check(kinds[name])
@@ -76,12 +102,25 @@ class KindHealth:
                          reason, extra={"action": "kind_broken", "kind": name, "reason": reason})
         self._broken[name] = reason
 
+    def cannot_exec(self, name: str, reason: str) -> None:
+        """`name`'s spawn failed (OSError from exec): set it aside like `set_broken`, and
+        until its program file changes, when the check cannot see why (it passed)."""
+        self.set_broken(name, reason)
+        identity = _identity(_program(self._kinds[name]))
+        if identity is not None:
+            self._failed_exec[name] = identity
+
     def recheck(self, now: float) -> None:
         """Every RECHECK_S, advertise again each broken kind whose command now checks out."""
         if now < self._next_check or not self._broken:
             return
         self._next_check = now + RECHECK_S
         for name in sorted(self._broken):
-            if check(self._kinds[name]) is None:
-                logger.warning("kind %s is usable again (was: %s)", name, self._broken.pop(name),
+            if check(self._kinds[name]) is not None:
+                continue
+            failed = self._failed_exec.get(name)
+            if failed is not None and failed == _identity(_program(self._kinds[name])):
+                continue  # the same file that could not be executed
+            self._failed_exec.pop(name, None)
+            logger.warning("kind %s is usable again (was: %s)", name, self._broken.pop(name),
                                extra={"action": "kind_usable", "kind": name})

@@ -223,22 +223,50 @@ class Supervisor:
                 await self._clock.wait(self._wake, self._link.delay(interval))
                 continue
             asked = self._clock.mono()
-            # some kinds full: park no longer than the idle poll, so a slot that frees is
-            # claimed for within about claim_interval_s (a parked claim keeps its kinds)
-            full = len(self._claimable()) < len(self.kinds.usable())
+            # some kinds full: the claim names the others, parked no longer than the idle
+            # poll; a slot that frees meanwhile is claimed for at once by a second claim
+            # (this one runs out in the background: every reply is read, none orphaned)
+            kinds = self._claimable()
+            full = len(kinds) < len(self.kinds.usable())
             wait_s = min(self.config.claim_wait_s, interval) if full else self.config.claim_wait_s
-            got = await until(self._stop, self.claim_once(wait_s))
+            call = asyncio.ensure_future(self.claim_once(wait_s, kinds))
+            if full and await self._widened(call, kinds):
+                self._tg.create_task(self._adopt(call), name="claim-superseded")
+                continue
+            got = await until(self._stop, call)
             if got is None:  # answered early (an older coordd, an error): poll's pause
                 if early(self._clock.mono() - asked, self.config.claim_wait_s):
                     await self._clock.wait(self._wake, interval)
                 continue
-            run = JobRun(job=got[0], token=got[1], deadline=got[2],
-                         dir=os.path.join(self.config.work_dir, artifacts.safe_name(got[0].job_id)),
-                         kind=self.config.kinds.get(got[0].kind))
-            self._start_job(run)
+            self._start_job(self._new_run(got))
 
-    async def claim_once(self, wait_s: float = 0.0) -> tuple[ClaimedJob, int, float] | None:
-        """Claim one job: (job, token, monotonic lease deadline), or None.
+    async def _widened(self, call: asyncio.Future[object], kinds: list[str]) -> bool:
+        """Wait for `call` (a claim naming `kinds`) to be answered, or for a freed slot
+        to make a kind outside `kinds` claimable (True: claim again now), or stop."""
+        while not call.done() and not self._stop.is_set():
+            await _wait_any(self._wake, future=call)
+            if self._wake.is_set() and not call.done():
+                self._wake.clear()
+                if self._can_claim() and not set(self._claimable()) <= set(kinds):
+                    return True
+        return False
+
+    async def _adopt(self, call: asyncio.Future[tuple[ClaimedJob, int, float] | None]) -> None:
+        """Run the job a superseded claim still brings (a kind that is full again waits
+        for its slot here), so no lease it was granted is left unread."""
+        got = await until(self._stop, call)
+        if got is not None:
+            self._start_job(self._new_run(got))
+
+    def _new_run(self, got: tuple[ClaimedJob, int, float]) -> JobRun:
+        return JobRun(job=got[0], token=got[1], deadline=got[2],
+                      dir=os.path.join(self.config.work_dir, artifacts.safe_name(got[0].job_id)),
+                      kind=self.config.kinds.get(got[0].kind))
+
+    async def claim_once(self, wait_s: float = 0.0, kinds: list[str] | None = None
+                         ) -> tuple[ClaimedJob, int, float] | None:
+        """Claim one job of `kinds` (default: the claimable ones): (job, token, monotonic
+        lease deadline), or None.
 
         A fresh claim_id per attempt, resent once on a lost reply, so a lost reply leaves no
         orphan lease. `wait_s` > 0 parks it at coordd; the lease runs from send + waited_s.
@@ -248,7 +276,8 @@ class Supervisor:
         for attempt in (1, 2):
             try:
                 res = await self._watch.client.claim(self.worker_id, self.config.lease_s, claim_id,
-                                               kinds=self._claimable(), wait_s=wait_s, on_sent=sent)
+                                               kinds=self._claimable() if kinds is None else kinds,
+                                               wait_s=wait_s, on_sent=sent)
                 break
             except (Disconnected, CallTimeout) as exc:
                 if attempt == 2 or self._stop.is_set():
@@ -361,7 +390,7 @@ class Supervisor:
                 pass
             raise
         except OSError as exc:  # the worker's fault, not the job's: no attempt spent
-            self.kinds.set_broken(run.job.kind, f"cannot start {argv[0]}: {exc}")
+            self.kinds.cannot_exec(run.job.kind, f"cannot start {argv[0]}: {exc}")
             await self._reports.release(run, f"spawn_failed: cannot start {argv[0]}: {exc}")
             return
         timeout_s = kind.timeout_s if run.job.max_runtime_s is None \

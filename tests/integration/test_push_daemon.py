@@ -198,6 +198,31 @@ async def test_worker_gets_its_job_and_its_cancel_by_push(bench):  # noqa: F811
     assert not psutil.pid_exists(pids[0]) or not alive(pids)
 
 
+def claim_delay(view) -> float:
+    """Seconds from a job's enqueue to its claim, both on coordd's clock."""
+    return next(e.at for e in view.events if e.to_status == "running") - view.created_at
+
+
+async def test_a_freed_slot_reaches_coordd_at_once_on_a_multi_kind_worker(bench):  # noqa: F811
+    """Issue 31 item 2: while kind m ran, the parked claim named only kind x; when m's
+    slot freed it was not asked again, so a P0 for m arriving just after the previous job
+    ended waited out claim_interval_s (10 s here; 1 s in examples/worker.toml)."""
+    w = bench.start_worker(lease_s=30, heartbeat_interval_s=4, claim_interval_s=10,
+                           extra_kinds={"x": {"argv": [sys.executable, "-c", "pass"]}})
+    await bench.until(lambda: _live(bench, "w1"), what="worker heartbeat")
+    delays = []
+    for k in range(5):
+        job = await bench.enqueue({"echo": k}, priority=0)
+        done = await bench.client.wait_job(job, 8)  # then at once the next P0
+        assert done.terminal and done.job.status == "succeeded", w.log()
+        if k:  # the first was claimed by an idle worker's claim naming every kind
+            delays.append(claim_delay(await bench.client.get_job(job)))
+    assert max(delays) < 1.0, (delays, w.log())
+    assert sorted(delays)[len(delays) // 2] < 0.2, delays
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(10) == 0, w.log()
+
+
 async def _live(bench, worker_id: str) -> bool:
     return any(v.worker_id == worker_id and v.live
                for v in (await bench.client.workers()).workers)

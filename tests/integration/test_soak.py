@@ -153,6 +153,7 @@ def test_soak_small_every_job_succeeds_exactly_once(daemon_factory, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the round allows itself 900 s; the suite's 120 s stopped it
 def test_soak_full_8_workers_2000_jobs(daemon_factory, tmp_path):
     jobs, runs, kills = _soak(daemon_factory, tmp_path, workers=8, jobs=2000,
                               kill_every_s=1.0, timeout_s=900)

@@ -31,14 +31,14 @@ def fixed(value: float):
     return lambda *_: value
 
 
-def idle(found, *, tty=None, graphical=None, displays=None) -> float:
+def idle(found, *, tty=None, graphical=None, displays=None, env=None) -> float:
     def sessions() -> list[Session]:
         if isinstance(found, Exception):
             raise found
         return found
     return session_idle_source(sessions=sessions, displays=displays or (lambda: []),
                                tty=tty or fixed(7200.0), graphical=graphical or {},
-                               wall=lambda: WALL)()
+                               wall=lambda: WALL, env=env or {})()
 
 
 def test_wayland_user_typing_is_not_idle_because_the_ttys_are_quiet():
@@ -51,9 +51,71 @@ def test_wayland_user_typing_is_not_idle_because_the_ttys_are_quiet():
     assert idle([typing], graphical={"wayland": fixed(3.0)}) == 3.0
 
 
-def test_logind_hint_of_a_graphical_session_is_never_read():
-    x = Session("c1", type="x11", display=":0", idle_since_us=int((WALL - 1) * 1e6))
+def test_logind_hint_of_a_graphical_session_is_read_only_when_its_source_cannot_answer():
+    x = Session("c1", type="x11", display=":0", idle_hint=True,
+                idle_since_us=int((WALL - 1) * 1e6))
     assert idle([x], graphical={"x11": fixed(900.0)}) == 900.0
+    assert idle([x], graphical={"x11": unknown("no access to :0")}) == 1.0
+
+
+LOGIND_WAYLAND = ("Id=2\nType=wayland\nClass=user\nRemote=no\nState=active\nUser=1000\n"
+                  "Display=\nIdleHint={hint}\nIdleSinceHint={since}\n")
+
+
+def system_worker_on_wayland(hint: str, since_s_ago: float, tty_idle: float = 7200.0) -> float:
+    """The system worker's reading on a GNOME/KDE Wayland desktop, through fakes of the
+    host's answers: loginctl's, and gdbus refused (the user's bus is not ours)."""
+    def run(argv, **kw):
+        if argv[0] == "gdbus":
+            return subprocess.CompletedProcess(argv, 1, "", "Error: Could not connect: "
+                                                            "Permission denied\n")
+        if argv[1] == "list-sessions":
+            return subprocess.CompletedProcess(argv, 0, "  2 1000 alice seat0 tty2\n", "")
+        out = LOGIND_WAYLAND.format(hint=hint, since=int((WALL - since_s_ago) * 1e6))
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    return session_idle_source(sessions=logind_sessions(run=run), displays=lambda: [],
+                               tty=fixed(tty_idle), graphical={"wayland": gnome_idle(run=run)},
+                               wall=lambda: WALL, env={})()
+
+
+def test_system_worker_on_wayland_reads_loginds_idle_hint():
+    """Issue 31 item 10: the GNOME IdleMonitor is on the user's bus, which a system service
+    cannot reach, so the reading was unknown and P3 never ran on a Wayland desktop."""
+    assert system_worker_on_wayland("yes", since_s_ago=600) == 600.0
+    readings = Probes(idle_sources=[("sessions", lambda: system_worker_on_wayland("yes", 600))],
+                      sensors_battery=lambda: None, sensors_temperatures=lambda: {}).read()
+    assert readings["user_idle_s"] == 600.0
+    assert gates.evaluate(Config().policies()[3], readings) == []
+
+
+def test_a_desktop_that_never_sets_the_idle_hint_is_active():
+    """IdleHint=no is active whatever IdleSinceHint says (the desktop's last change, hours
+    ago while the user types): P3 waits, the gate names the user's activity."""
+    assert system_worker_on_wayland("no", since_s_ago=5400) == 0.0
+    readings = Probes(idle_sources=[("sessions", lambda: system_worker_on_wayland("no", 5400))],
+                      sensors_battery=lambda: None, sensors_temperatures=lambda: {}).read()
+    assert [c for c, _ in gates.evaluate(Config().policies()[3], readings)] == [gates.USER_ACTIVE]
+    assert system_worker_on_wayland("", since_s_ago=5400) == 0.0  # anything else: active
+
+
+@pytest.mark.parametrize("env", [{"XDG_SESSION_TYPE": "wayland"},
+                                 {"WAYLAND_DISPLAY": "wayland-0"}, {"DISPLAY": ":0"}])
+def test_without_logind_a_graphical_environment_makes_tty_atimes_no_evidence(env):
+    """Issue 31 item 10: logind cannot be asked, the worker runs in a graphical session:
+    the quiet terminals said idle while the user typed in the desktop."""
+    no_logind = SourceUnknown("loginctl not installed")
+    with pytest.raises(SourceUnknown, match="environment names a graphical session"):
+        idle(no_logind, env=env)
+    x0 = [Session("X0", type="x11", display=":0")]  # a display that does answer
+    assert idle(no_logind, env=env, displays=lambda: x0, graphical={"x11": fixed(30.0)}) == 30.0
+
+
+def test_a_text_environment_without_logind_still_reads_the_ttys():
+    no_logind = SourceUnknown("loginctl not installed")
+    assert idle(no_logind, env={"XDG_SESSION_TYPE": "tty", "TERM": "xterm"}) == 7200.0
+    assert idle([Session("5", type="tty", idle_since_us=int((WALL - 9) * 1e6))],
+                env={"WAYLAND_DISPLAY": "wayland-0"}) == 9.0  # logind answered: its sessions
 
 
 def test_text_sessions_use_their_tty_atime_hint():
@@ -105,14 +167,14 @@ def test_logind_sessions_parse_one_show_session_call():
             return subprocess.CompletedProcess(argv, 0, "  2 1000 alice seat0 tty2\n"
                                                         "  7 1001 bob - pts/0\n", "")
         out = ("Id=2\nType=wayland\nClass=user\nRemote=no\nState=active\nUser=1000\n"
-               "Display=\nIdleSinceHint=0\n\n"
+               "Display=\nIdleHint=yes\nIdleSinceHint=0\n\n"
                "Id=7\nType=tty\nClass=user\nRemote=yes\nState=active\nUser=1001\n"
                "Display=\nIdleSinceHint=9990000000\n")
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     got = logind_sessions(run=run)()
     assert [c[1] for c in calls] == ["list-sessions", "show-session"]
-    assert got == [Session("2", type="wayland", uid=1000, state="active"),
+    assert got == [Session("2", type="wayland", uid=1000, state="active", idle_hint=True),
                    Session("7", type="tty", remote=True, uid=1001, state="active",
                            idle_since_us=9_990_000_000)]
 

@@ -240,6 +240,26 @@ async def test_kinds_and_roles_choose_whom_to_wake(bundle):
     t_gpu.cancel()
 
 
+async def test_a_workers_new_claim_supersedes_its_parked_one(bundle):
+    """Issue 31 item 2: a worker whose slot freed claims again at once for more kinds; its
+    older parked claim ends with nothing (no look, no lease nobody reads), and a job of a
+    kind only the new one names goes to the new one."""
+    await bundle.worker("w1")
+    await bundle.worker("w2")
+    narrow = parked_claim(bundle, "w1", kinds=["x"])
+    other = parked_claim(bundle, "w2", kinds=["x"])
+    await asleep(bundle, 2)
+    wide = parked_claim(bundle, "w1", kinds=["x", "m"])
+    await settle()
+    got = await result(narrow)
+    assert got.job is None and got.reasons == []
+    assert not wide.done() and not other.done()  # another worker's claim is its own
+    job = await bundle.enqueue(kind="m")
+    await settle()
+    assert (await result(wide)).job.job_id == job
+    other.cancel()
+
+
 async def test_claim_id_replay_while_parked_returns_the_granted_lease(bundle):
     await bundle.worker("w1")
     t = parked_claim(bundle, "w1", claim_id="c-1")
@@ -253,7 +273,8 @@ async def test_claim_id_replay_while_parked_returns_the_granted_lease(bundle):
 
 async def test_caps_on_parked_calls(make_bundle):
     b = await make_bundle(park_max_per_connection=2, park_max_total=3)
-    await b.worker("w1")
+    for w in ("w1", "w2", "w3", "w4"):  # one claim each: a worker's new claim supersedes
+        await b.worker(w)
     scope_a, scope_b = ParkScope(), ParkScope()
 
     def in_scope(scope: ParkScope, coro):
@@ -262,17 +283,17 @@ async def test_caps_on_parked_calls(make_bundle):
 
     import contextvars
     ts = [contextvars.copy_context().run(in_scope, scope_a, b.coord.claim(
-        Claim(worker_id="w1", wait_s=60.0))) for _ in range(2)]
+        Claim(worker_id=w, wait_s=60.0))) for w in ("w1", "w2")]
     await settle()
     with pytest.raises(errors.Overloaded, match="this connection"):
         await contextvars.copy_context().run(in_scope, scope_a, b.coord.wait_job(
             WaitJob(job_id="nope", timeout_s=5)))
     ts.append(contextvars.copy_context().run(in_scope, scope_b, b.coord.claim(
-        Claim(worker_id="w1", wait_s=60.0))))
+        Claim(worker_id="w3", wait_s=60.0))))
     await settle()
     with pytest.raises(errors.Overloaded, match="in all"):
         await contextvars.copy_context().run(in_scope, scope_b, b.coord.claim(
-            Claim(worker_id="w1", wait_s=60.0)))
+            Claim(worker_id="w4", wait_s=60.0)))
     scope_a.close()  # connection A went away: its parked calls end, without a job
     await settle()
     assert ts[0].result().job is None and ts[1].result().job is None

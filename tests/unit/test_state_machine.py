@@ -228,6 +228,7 @@ test_store_state_machine = CoordMachine.TestCase
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its own budget: the suite's 120 s stops it half-way
 def test_store_state_machine_long():
     """The same machine, SLOW_EXAMPLES sequences of up to STEPS steps (`pytest -m slow`)."""
     run_state_machine_as_test(CoordMachine, settings=settings(

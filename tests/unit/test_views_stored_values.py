@@ -138,7 +138,13 @@ async def test_every_view_survives_any_stored_time(bundle, value):
     assert {j.job_id for j in page.jobs} >= set(ids)
     assert all(j.waiting_reason for j in waiting)  # each says why, whatever its run_at
     # every coordctl renderer, on what coordd answered
-    text = _print(render.status, st, waiting, list(st.warnings))
+    shown = [{"job_id": w.job_id, "kind": w.kind, "required_role": w.required_role,
+              "priority": w.priority, "age_s": w.waited_s, "waiting_reason": w.reason}
+             for w in st.waiting] + [  # as `coordctl status` shows them (its fallback too)
+        {"job_id": j.job_id, "kind": j.kind, "required_role": j.required_role,
+         "priority": j.priority, "age_s": j.age_s, "waiting_reason": j.waiting_reason}
+        for j in waiting]
+    text = _print(render.status, st, shown, list(st.warnings))
     text += _print(render.job_list, page, False)
     for j in jobs:
         text += _print(render.job, j)

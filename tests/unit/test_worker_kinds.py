@@ -51,6 +51,32 @@ def test_broken_kind_is_not_advertised_until_a_recheck_passes(tmp_path: Path, ca
     assert health.usable() == ["bad"] and health.is_broken("ok")
 
 
+def test_a_program_that_cannot_be_executed_stays_broken_until_its_file_changes(
+        tmp_path: Path) -> None:
+    """Issue 31 item 6: the start check passes an executable file that exec refuses
+    (Exec format error); after its spawn failed, every recheck advertised it again, and
+    the job was claimed and handed back once a minute forever."""
+    garbage = tmp_path / "not-a-program"
+    garbage.write_bytes(b"\x7fELF garbage")
+    garbage.chmod(0o755)
+    health = KindHealth({"garbled": KindConfig(argv=[str(garbage)]),
+                         "ok": KindConfig(argv=[sys.executable])}, now=0.0)
+    assert health.usable() == ["garbled", "ok"]  # the check cannot tell
+    health.cannot_exec("garbled", f"cannot start {garbage}: [Errno 8] Exec format error")
+    for n in range(1, 4):
+        health.recheck(n * kinds_mod.RECHECK_S)
+        assert health.usable() == ["ok"]
+        assert "Exec format error" in health.broken()["garbled"]
+    garbage.write_text("#!/bin/sh\nexit 0\n")  # fixed: a new file
+    health.recheck(4 * kinds_mod.RECHECK_S)
+    assert health.usable() == ["garbled", "ok"] and health.broken() == {}
+    # a program only the spawn can judge (a placeholder) is rechecked as before
+    per_job = KindHealth({"p": KindConfig(argv=["{payload}"])}, now=0.0)
+    per_job.cannot_exec("p", "cannot start x: [Errno 13] Permission denied")
+    per_job.recheck(kinds_mod.RECHECK_S)
+    assert per_job.usable() == ["p"]
+
+
 def test_worker_refuses_to_start_when_no_kind_can_run(tmp_path: Path) -> None:
     cfg = tmp_path / "w.toml"
     cfg.write_text(f'work_dir = {json.dumps(str(tmp_path / "work"))}\n'
