@@ -451,6 +451,7 @@ def test_top_once_and_q_quits_the_live_view(daemon):
     small = ok(ctl(daemon.socket, "top", "--once", env={"COLUMNS": "80", "LINES": "24"}))
     assert "memory_high" in small and len(small.splitlines()) <= 24, small
     assert max(len(line) for line in small.splitlines()) <= 80, small
+    assert "quits" not in out and "refresh every" not in small  # a one-shot: no footer
     doc = ok_json(ctl(daemon.socket, "top", "--json"))
     assert doc["status"]["jobs"]["waiting"] == 1 and doc["workers"][0]["worker_id"] == "w1"
 
