@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import msgspec
 
 from coordctl import ca, limits, logs, workflow
-from coordctl.commands import COMMANDS, Outcome, UsageError
+from coordctl.commands import COMMANDS, JOB_ID_HELP, Outcome, UsageError
 from coordctl.msg import MSG_COMMANDS, add_parsers as add_msg_parsers
 from coordd import ranges
 from coordd.client import CALL_TIMEOUT_DEFAULT
@@ -179,13 +179,14 @@ def build_parser() -> Parser:
     ls.add_argument("--priority", type=PRIORITY, metavar="P")
     ls.add_argument("--limit", type=_positive(int), metavar="N",
                     help="rows (page size with --all)")
-    ls.add_argument("--after", metavar="ID", help="start after this job id")
+    ls.add_argument("--after", metavar="ID",
+                    help="start after this job (its id or a unique start of one)")
     ls.add_argument("--all", action="store_true", help="page through every matching job")
 
     for name, help_ in (("show", "one job with its lease and event log"),
                         ("cancel", "cancel a job (a running one stops at its next renew)"),
                         ("retry", "put a failed or cancelled job back to waiting")):
-        cmd(name, help_).add_argument("job_id", metavar="ID")
+        cmd(name, help_).add_argument("job_id", metavar="ID", help=JOB_ID_HELP)
     cmd("reap", "return jobs with expired leases to waiting now")
     wk = cmd("workers", "workers, their readings, kinds and gate verdicts per priority")
     wk.add_argument("--forget", metavar="ID",

@@ -133,18 +133,34 @@ def list_jobs(client: Any, args: argparse.Namespace) -> Outcome:
     filters = {k: getattr(args, k) for k in ("status", "kind", "role", "priority")
                if getattr(args, k) is not None}
     limit = args.limit if args.limit is not None else (LIST_ALL_PAGE_DEFAULT if args.all else 50)
+    after = resolve_job_id(client, args.after) if args.after is not None else None
     if args.all:  # page by page: printed as each page comes (coordctl.paging)
         def stream(as_json: bool) -> None:
             walk = paging.pages(
-                lambda after: client.list_jobs(**filters, limit=limit, after=after), args.after)
+                lambda at: client.list_jobs(**filters, limit=limit, after=at), after)
             if as_json:
                 return paging.stream_json(walk)
             con = render.make_console()
             paging.stream_table(walk, lambda jobs, first: render.job_rows(
                 con, jobs, header=first, aligned=True), lambda n: con.print(f"{n} job(s)"))
         return Outcome(None, "", stream=stream)
-    page: JobList = client.list_jobs(**filters, limit=limit, after=args.after)
+    page: JobList = client.list_jobs(**filters, limit=limit, after=after)
     return Outcome(page, lambda con: render.job_list(con, page, args.all))
+
+
+JOB_ID_HELP = "a job id or a unique start of one"
+"""The help of every job ID argument: each is resolved by `resolve_job_id`."""
+
+
+def resolve_job_id(client: Any, given: str) -> str:
+    """The whole id of the job `given` is, or is the unique start of, through coordd's
+    get_job prefix lookup (as `show` takes it), for commands that then act on that id.
+
+    Raises:
+        NotFound: no job id is or starts with it.
+        BadRequest: several job ids start with it (a few are named).
+    """
+    return client.get_job(given, prefix=True).job_id
 
 
 def show(client: Any, args: argparse.Namespace) -> Outcome:
@@ -155,20 +171,23 @@ def show(client: Any, args: argparse.Namespace) -> Outcome:
 
 
 def cancel(client: Any, args: argparse.Namespace) -> Outcome:
-    """`cancel ID`: print the job's status afterwards; a running job is told to stop
-    ("cancel requested": its holder is told at once by its control watch, else at its next
-    renew or heartbeat)."""
-    res = client.cancel(args.job_id)
+    """`cancel ID` (ID may be a unique prefix): print the job's status afterwards; a
+    running job is told to stop ("cancel requested": its holder is told at once by its
+    control watch, else at its next renew or heartbeat)."""
+    job_id = resolve_job_id(client, args.job_id)
+    res = client.cancel(job_id)
     if res.status == "running":
-        return Outcome(res, f"{args.job_id}: cancel requested (running: its worker is told "
+        return Outcome(res, f"{job_id}: cancel requested (running: its worker is told "
                             f"at once and stops it)")
-    return Outcome(res, f"{args.job_id}: {res.status}")
+    return Outcome(res, f"{job_id}: {res.status}")
 
 
 def retry(client: Any, args: argparse.Namespace) -> Outcome:
-    """`retry ID`: put a failed or cancelled job back to waiting; print its status."""
-    res = client.retry(args.job_id)
-    return Outcome(res, f"{args.job_id}: {res.status}")
+    """`retry ID` (ID may be a unique prefix): put a failed or cancelled job back to
+    waiting; print its status."""
+    job_id = resolve_job_id(client, args.job_id)
+    res = client.retry(job_id)
+    return Outcome(res, f"{job_id}: {res.status}")
 
 
 def reap(client: Any, args: argparse.Namespace) -> Outcome:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from coordctl.commands import Outcome, UsageError
+from coordctl.commands import JOB_ID_HELP, Outcome, UsageError, resolve_job_id
 from coordctl.render import safe
 from coordd.protocol import TERMINAL_STATUSES
 from coordd.protocol_logs import LOG_STREAMS, JobLogs
@@ -30,7 +30,7 @@ AddCommand = Callable[[str, str], argparse.ArgumentParser]
 def add_parsers(cmd: AddCommand) -> None:
     """Register `logs` with coordctl's parser."""
     lg = cmd("logs", "a job's model output (stdout and stderr, per attempt)")
-    lg.add_argument("job_id", metavar="ID")
+    lg.add_argument("job_id", metavar="ID", help=JOB_ID_HELP)
     lg.add_argument("--follow", "-f", action="store_true",
                     help="keep printing new output until the job has ended")
     lg.add_argument("--attempt", type=int, metavar="N", help="only attempt N")
@@ -92,10 +92,11 @@ def logs(client: Any, args: argparse.Namespace) -> Outcome:
     """`logs ID [--follow] [--attempt N] [--stream S] [--raw]`."""
     if args.follow and args.json:
         raise UsageError("--follow prints as it goes; --json takes one read")
+    job_id = resolve_job_id(client, args.job_id)  # a unique prefix, as `show` takes it
     after, chunks, status = 0, [], ""
     printer = _Printer(args.stream, args.raw)
     while True:
-        res: JobLogs = client.job_logs(args.job_id, after=after, attempt=args.attempt,
+        res: JobLogs = client.job_logs(job_id, after=after, attempt=args.attempt,
                                        limit_bytes=READ_BYTES)
         status, after = res.status, res.next_after
         for c in res.chunks:
@@ -110,8 +111,8 @@ def logs(client: Any, args: argparse.Namespace) -> Outcome:
             break
         time.sleep(FOLLOW_POLL_S)
     if not args.json and printer.chunks == 0:
-        print(f"--- no output kept for job {safe(args.job_id)} ({status}) ---", file=sys.stderr)
-    return Outcome({"job_id": args.job_id, "status": status, "chunks": chunks}, "")
+        print(f"--- no output kept for job {safe(job_id)} ({status}) ---", file=sys.stderr)
+    return Outcome({"job_id": job_id, "status": status, "chunks": chunks}, "")
 
 
 COMMANDS = {"logs": logs}

@@ -1,7 +1,7 @@
 """`coordctl top`: a live view of coordd — queues, workers with readings and gate verdicts,
 the oldest waiting jobs with why each waits, running jobs with the lease time left, recent
 failures. Refreshes in place; `q` (on a terminal) or Ctrl-C quits. `--once` prints one
-frame and exits (for scripts and tests).
+frame, without the refresh footer, and exits (for scripts and tests).
 The view fits the terminal: narrow, it drops columns by rank; short, it shows fewer rows
 (`layout`); a line never wraps; below MIN_WIDTH x MIN_HEIGHT it is one line saying so.
 """
@@ -153,11 +153,14 @@ FAILED_COLUMNS = [Column("id", 99), Column("kind", 40), Column("finished", 20),
                   Column("last error", 90, flex=True)]
 
 
-def frame(client: Any, interval: float, size: tuple[int, int | None] = (render.PIPE_WIDTH_DEFAULT, None)
+def frame(client: Any, interval: float | None,
+          size: tuple[int, int | None] = (render.PIPE_WIDTH_DEFAULT, None)
           ) -> tuple[Group, dict[str, Any]]:
     """Fetch one view (four RPCs) and return it as a renderable and as plain data.
 
     Args:
+        interval: seconds between refreshes, said in the footer; None for a one-shot
+            (`--once`): no footer, and its line holds the view.
         size: (width, height) in cells the view must fit (height None: any); columns are
             dropped by rank and rows left out (titles say how many are shown), never wrapped.
     """
@@ -173,11 +176,13 @@ def frame(client: Any, interval: float, size: tuple[int, int | None] = (render.P
                           f"{MIN_WIDTH}x{MIN_HEIGHT})"[:max(1, width)], no_wrap=True,
                           overflow="crop")), data
     head = summary(st, width)
-    footer = Text(f"refresh every {interval:g}s; q or Ctrl-C quits", style="dim", no_wrap=True,
-                  overflow="ellipsis")
+    footer = None if interval is None else Text(
+        f"refresh every {interval:g}s; q or Ctrl-C quits", style="dim", no_wrap=True,
+        overflow="ellipsis")
+    room = height + 1 if footer is None and height is not None else height  # no footer line
     waiting = st.waiting  # the oldest due ones of each priority, P0 first (coordd)
     n_head, full, (n_w, n_q, n_r, n_f) = layout(
-        len(head), [len(ws.workers), len(waiting), len(running), len(failed)], height)
+        len(head), [len(ws.workers), len(waiting), len(running), len(failed)], room)
     head = head[:n_head - 1] + head[-1:] if n_head > 1 else head[:1]
     worker_rows = [_worker_row(w) for w in ws.workers[:n_w]]
     wait_rows = [[w.job_id, w.kind, f"P{w.priority}", render.fmt_age(w.waited_s),
@@ -207,7 +212,8 @@ def frame(client: Any, interval: float, size: tuple[int, int | None] = (render.P
             parts.append(fitted(title, columns, rows, width))
         else:
             parts.append(Text(render.safe(title), no_wrap=True, overflow="ellipsis"))
-    parts.append(footer)
+    if footer is not None:
+        parts.append(footer)
     return Group(*parts), data
 
 
@@ -263,10 +269,11 @@ def _keys() -> Iterator[Any]:
 def run(client: Any, console: Console, interval: float, once: bool) -> dict[str, Any]:
     """Show the live view until `q` or Ctrl-C (or one frame with `once`); return the last
     frame's data."""
-    view, data = frame(client, interval, view_size(console))
     if once:
+        view, data = frame(client, None, view_size(console))
         console.print(view)
         return data
+    view, data = frame(client, interval, view_size(console))
     try:
         with _keys() as wait, Live(view, console=console, auto_refresh=False,
                                    screen=console.is_terminal) as live:

@@ -107,15 +107,22 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             keepalives on that session), so a standby takes over a frozen or cut-off host
             about this long after; the active probes it every third of it and exits when
             a probe fails.
-        lease_default_s / lease_min_s / lease_max_s: lease length granted (clamped).
+        lease_default_s: the lease length granted to a claim that asks for none.
+        lease_min_s: the shortest lease granted; a claim asking less gets this.
+        lease_max_s: the longest lease granted; a claim asking more gets this.
         heartbeat_stale_s: a worker whose last heartbeat is older gets no claim.
         reaper_interval_s: how often expired leases are reaped.
         max_attempts_default: attempts a job gets unless enqueue says otherwise.
-        backoff_base_s / backoff_cap_s / backoff_jitter: retry delay after a retryable
-            failure: min(cap, base * 2**(attempts-1)) * (1 + U(0, jitter)).
+        backoff_base_s: the retry delay after a job's first retryable failure; it doubles
+            with each further attempt: min(cap, base * 2**(attempts-1)) * (1 + U(0, jitter)).
+        backoff_cap_s: the longest retry delay before jitter (the doubling stops here).
+        backoff_jitter: a random share, 0 up to this, added to each retry delay (never
+            taken off), so jobs that failed together do not come back together.
         aging_interval_s: priority aging; a waiting job's effective priority improves one
             step per interval (never above P0). 0 = off (strict priority).
-        max_payload_bytes / max_result_bytes / max_checkpoint_bytes: caps on stored JSON.
+        max_payload_bytes: cap on a job's payload JSON (and its gates) at enqueue.
+        max_result_bytes: cap on a job's result JSON kept in the database.
+        max_checkpoint_bytes: cap on a checkpoint's JSON kept in the database.
         max_error_chars: a failure's error text is truncated to this.
         max_frame_bytes: RPC frame cap.
         max_inbound_bytes: partial request frames buffered, all connections together (a
@@ -123,11 +130,16 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             large frame is refused `overloaded` and its connection closed.
         frame_timeout_s: a request frame must be whole this long after its first byte, or
             its connection is closed (a trickling peer holds no buffer for ever).
-        max_unsent_bytes / max_outbound_bytes: reply bytes held for peers that do not read,
-            per connection and in all; past either, a reply over 64 KiB becomes `overloaded`.
+        max_unsent_bytes: reply bytes held unsent for one connection whose peer does not
+            read; past it, a reply over 64 KiB on that connection waits until it reads.
+        max_outbound_bytes: reply bytes held unsent, all connections together; past it, a
+            reply over 64 KiB becomes `overloaded`.
         write_stall_timeout_s: a peer that reads none of its unsent replies this long is
             dropped (its buffers freed).
-        writer_queue_max / writer_batch_max: writer back-pressure and group-commit bound.
+        writer_queue_max: writes accepted but not yet committed, per lane (new work;
+            holder calls and maintenance); past it a write is refused `overloaded`.
+        writer_batch_max: writes committed together in one transaction at most (group
+            commit).
         read_connections: read-only connections (each its own thread) serving reads.
         read_queue_max: reads waiting for a read connection; past it a read gets
             `overloaded` at once.
@@ -137,14 +149,20 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             queue and message times by it, so their durations keep their real length.
         clock_jump_s: a jump ahead larger than this (a suspend/resume) also gives each
             live lease at least one whole lease from the resume.
-        admin_uids / admin_gids: who may call admin methods. Both empty (the default):
-            root and coordd's own uid. Either set: exactly the listed uids/gids.
+        busy_timeout_ms: how long a SQLite statement waits for another process holding
+            the database file's lock (a backup tool, a `sqlite3` shell) before it fails.
+        admin_uids: the uids that may call admin methods. With admin_gids also empty
+            (the default): root and coordd's own uid. Either set: exactly those listed.
+        admin_gids: the group ids that may call admin methods (the caller process's gid,
+            as the socket reports it), beside admin_uids.
         log_json: log lines as JSON objects.
         gates: per-priority gate overrides, keys "p0".."p3".
-        preempt_gap / preempt_min_runtime_s / reservation_s: priority preemption
-            (coordd.preemption): a waiting job preempts a running one at least
-            `preempt_gap` levels lower (0 = never) that ran this long, and the freed
-            capacity is reserved for it this long.
+        preempt_gap: priority preemption (coordd.preemption): a waiting job no worker
+            has room for preempts a running one at least this many priorities lower
+            (0 = never).
+        preempt_min_runtime_s: a running job is preempted only once it has run this long.
+        reservation_s: the capacity a preemption frees is kept for the waiting job this
+            long; after it, any job may take it.
         retention_s: terminal jobs finished longer ago are pruned (with their events).
         prune_interval_s: how often the reaper prunes (and returns free pages to the disk).
         wal_size_limit_bytes: the WAL file is cut back to this size each time it restarts
@@ -155,8 +173,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             its own commit (the safety net that lets the WAL restart).
         wal_checkpoint_interval_s: seconds between background checkpoints while writes
             happen (a thread, off the writer's path; 0 = only the in-commit ones).
-        warn_db_bytes / warn_wal_bytes / warn_artifact_bytes: `status` warns past these
-            sizes (the artifact store's size as measured by the last prune or metrics scrape).
+        warn_db_bytes: `status` warns when the database file is larger.
+        warn_wal_bytes: `status` warns when the WAL file is larger.
+        warn_artifact_bytes: `status` warns when the artifact store is larger (its size as
+            measured by the last prune or metrics scrape).
         warn_p0_wait_s: `status` (and `top`) warn when a due P0 job has waited longer
             than this, naming it and why it waits (0 = never).
         metrics_port: serve Prometheus metrics over HTTP on 127.0.0.1:PORT (0 = off; the
@@ -172,9 +192,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         message_retention_s: processed messages and broadcasts older than this are purged
             by the prune round (expired messages are purged by every prune round).
         agent_stale_s: an agent whose last status update is older is shown as not live.
-        park_max_per_connection / park_max_total: parked calls (claim with wait_s,
-            wait_job, watch_worker, watch_events) allowed per connection / in all; one
-            more is refused `overloaded`.
+        park_max_per_connection: parked calls (claim with wait_s, wait_job,
+            watch_worker, watch_events) one connection may have; one more is refused
+            `overloaded`.
+        park_max_total: parked calls allowed over all connections together; one more is
+            refused `overloaded`.
         park_wait_max_s: the longest a call may stay parked (longer asks are cut to it).
         limits: fleet-wide limits by name (`[limits.NAME]`: concurrency, rate, reserve,
             budget, budget_reserve; coordd.limits); `coordctl limits set` overrides them
@@ -183,13 +205,19 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             (names or {name, units}).
         listen_tcp: "HOST:PORT" of the TCP listener for workers on other hosts ("" = off);
             TLS 1.3 with a required client certificate (coordd.tls).
-        tls_cert / tls_key / tls_client_ca: coordd's certificate and key (PEM) and the CA
-            that client certificates must chain to; all three are needed with listen_tcp.
+        tls_cert: coordd's certificate (PEM file) for its TCP and enrolment listeners;
+            needed with listen_tcp, as are tls_key and tls_client_ca.
+        tls_key: the private key (PEM file) of tls_cert; needed with listen_tcp.
+        tls_client_ca: the CA certificate(s) (PEM file) that worker and admin certificates
+            must chain to on the TCP listener; needed with listen_tcp.
         tcp_insecure_plaintext: the TCP listener speaks plaintext, no identities; only for
             tests, and refused unless listen_tcp's host is a loopback address.
-        tls_deny_workers / tls_deny_serials: worker ids and certificate serials (hex,
-            colons allowed) refused on the TCP listener; a SIGHUP loads the file again
-            (coordd.reload) and applies them if it validates.
+        tls_deny_workers: worker ids (a certificate's coordd-worker://ID) refused on the
+            TCP listener whatever their certificate; a SIGHUP loads the file again
+            (coordd.reload) and applies the list if the file validates.
+        tls_deny_serials: certificate serial numbers (hex, colons allowed) refused on the
+            TCP listener, e.g. a lost host's certificate; reloaded on SIGHUP like
+            tls_deny_workers.
         tls_handshake_timeout_s: a TLS handshake must finish within this.
         tcp_user_timeout_s: TCP_USER_TIMEOUT (with keepalive) of accepted TCP sockets: a
             peer behind a partition is dropped about this long after data stops being

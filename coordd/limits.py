@@ -37,7 +37,7 @@ LIMIT_REFUSED = "limit"  # the claim refusal code
 class LimitSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A `[limits.NAME]` table of coordd's config (every key optional)."""
 
-    concurrency: int | None = None
+    concurrency: int | None = None  # units running jobs may hold at once
     rate: str | None = None  # "N/s", "N/min", "N/h", "N/day"
     reserve: dict[str, int] = {}  # p0..p2 -> units kept for P0..PN
     budget: dict[str, str] = {}  # usage metric -> "N/window", e.g. tokens = "2000000/day"

@@ -94,10 +94,11 @@ def default_text(action: argparse.Action) -> str:
 
 def options(parser: argparse.ArgumentParser, skip: set[str] = frozenset()
             ) -> list[argparse.Action]:
-    """The parser's own arguments, less help, subcommands and those whose dest is in `skip`."""
+    """The parser's own arguments, less help, subcommands, those `--help` does not show
+    (help=SUPPRESS) and those whose dest is in `skip`."""
     return [a for a in parser._actions
             if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
-            and a.dest not in skip]
+            and a.help != argparse.SUPPRESS and a.dest not in skip]
 
 
 def help_text(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
@@ -117,7 +118,8 @@ def options_table(parser: argparse.ArgumentParser, skip: set[str] = frozenset())
     """A table of the parser's arguments: flag, value, default, required, help."""
     rows = []
     for a in options(parser, skip):
-        required = "yes" if a.required or not a.option_strings and a.nargs not in ("?", "*") \
+        needed = a.required if a.option_strings else a.nargs not in ("?", "*")
+        required = "yes" if needed \
             else "one of" if any(g.required and a in g._group_actions
                                  for g in parser._mutually_exclusive_groups) else ""
         rows.append([md.code(flag_name(a)), value_text(a), default_text(a), required,

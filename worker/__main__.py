@@ -1,6 +1,7 @@
 """`coord-worker --worker-id ID --roles R[,R...] [--socket PATH | --connect tls://HOST:PORT
 --cert PEM --key PEM --ca PEM] [--config FILE] [--readings-override FILE] [--log-json]`:
-run the worker supervisor.
+run the worker supervisor. `coord-worker enroll ...` (worker.enroll) gets this worker's
+certificate for --connect first.
 
 SIGHUP is logged and changes nothing (a reload has nothing to re-read).
 Exit codes: 0 clean stop (SIGTERM/SIGINT), 2 usage or config error (also: no configured
@@ -16,7 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from coordd.__main__ import ignore_sighup_until_handled, setup_logging
 from worker import config as config_mod
@@ -28,13 +29,35 @@ if TYPE_CHECKING:
 logger = logging.getLogger("worker")
 
 
+ENROLL_USAGE = ("coord-worker enroll --server HOST:PORT --token TOKEN --ca-sha256 FP "
+                "[--out DIR] [--roles R[,R...]]")
+EPILOG = f"""subcommand:
+  {ENROLL_USAGE}
+      get this worker's certificate (for --connect tls://) from coordd's enrolment
+      listener with a one-time token from `coordctl token create`; see
+      `coord-worker enroll --help`
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """coord-worker's parser: a usage error also names `coord-worker enroll`, which a
+    worker without its certificate runs first."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print the usage, the error and the enroll hint to stderr; exit 2."""
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n(to get a certificate for --connect "
+                     f"first: {ENROLL_USAGE}; see coord-worker enroll --help)\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (also read by docgen for the configuration reference)."""
-    p = argparse.ArgumentParser(prog="coord-worker", description="Run jobs for coordd.")
+    p = Parser(prog="coord-worker", description="Run jobs for coordd.", epilog=EPILOG,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker-id", required=True, help="this worker's id (unique in the fleet)")
     p.add_argument("--roles", required=True, help="comma-separated roles, e.g. cpu,gpu")
     p.add_argument("--socket", action="append",

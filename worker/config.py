@@ -156,8 +156,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         connect: coordd's address: a socket path, or `tls://HOST:PORT` for a coordd on
             another host ("" = `socket`); a list for an active coordd and its standbys;
             `--connect` wins.
-        tls_cert / tls_key / tls_ca: this worker's certificate and key and the fleet CA
-            (PEM files) for `tls://`; `--cert`, `--key`, `--ca` win.
+        tls_cert: this worker's certificate (PEM file) for `tls://`, as `coordctl ca
+            issue` or `coord-worker enroll` wrote it; `--cert` wins.
+        tls_key: the private key (PEM file) of tls_cert; `--key` wins.
+        tls_ca: the fleet CA (PEM file) coordd's certificate must chain to; `--ca` wins.
         connect_timeout_s: one connect (TCP + TLS handshake) must finish within this.
         refused_backoff_cap_s: after coordd refused this worker (its certificate, the
             deny-list) it dials again after 1 s, then twice as long each time, up to this.

@@ -80,6 +80,20 @@ def test_every_config_key_has_a_row(daemon, heading, cls):
     assert missing_rows(text, keys(cls)) == []
 
 
+@pytest.mark.parametrize("daemon,heading,cls", CONFIG_SECTIONS,
+                         ids=[f"{d}-{c.__name__}" for d, _, c in CONFIG_SECTIONS])
+def test_each_config_key_has_a_meaning_of_its_own(daemon, heading, cls):
+    """No key is left without a meaning, and no two keys share one (an `Attributes:`
+    entry naming several keys gives them all its text: each key gets its own entry)."""
+    notes = md.field_notes(cls)
+    names = keys(cls)
+    assert [n for n in names if not notes.get(n)] == []
+    shared = {}
+    for n in names:
+        shared.setdefault(notes[n], []).append(n)
+    assert [group for group in shared.values() if len(group) > 1] == []
+
+
 def test_every_config_range_is_shown():
     """A key the code checks a range for shows that range in its row."""
     text = page("docs/reference/configuration.md")
@@ -120,6 +134,17 @@ def test_every_coordctl_command_and_flag_is_documented():
             if row(cli_page.flag_name(opt)) not in own:
                 missing.append(f"{title} {cli_page.flag_name(opt)}")
     assert missing == []
+
+
+def test_a_suppressed_argument_has_no_row():
+    """An argument `--help` does not show (help=SUPPRESS: `limits`' trailing words) is
+    not in the reference either; an optional positional (`?`, `*`) is not required."""
+    text = RENDERED["docs/reference/coordctl.md"]
+    assert "SUPPRESS" not in text
+    own = section(text, "`coordctl limits`")
+    assert row("ARG") not in own
+    [words] = [line for line in own.splitlines() if line.startswith("| `NAME")]
+    assert "| yes |" not in words, words
 
 
 def test_every_dispatched_rpc_method_is_documented():

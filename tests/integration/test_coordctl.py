@@ -270,6 +270,30 @@ def test_show_takes_a_unique_prefix_and_names_matches_of_an_ambiguous_one(daemon
     assert "no job id starts with it" in refused(ctl(sock, "show", "fffff"), 1, "not_found")
 
 
+def test_every_command_on_a_job_takes_a_unique_prefix_as_show_does(daemon):
+    """`logs`, `cancel`, `retry` and `list --after` resolve a unique start of an id through
+    get_job's prefix lookup and act on the whole id; an ambiguous one is refused as by `show`."""
+    sock = daemon.socket
+    ids = [enqueue(sock) for _ in range(3)]
+    job_id = ids[0]
+    n = next(n for n in range(1, 17) if sum(i.startswith(job_id[:n]) for i in ids) == 1)
+    short = job_id[:n]
+    got = ok_json(ctl(sock, "--json", "logs", short))
+    assert got["job_id"] == job_id and got["status"] == "waiting", got
+    assert ok(ctl(sock, "cancel", short)) == f"{job_id}: cancelled\n"
+    assert ok(ctl(sock, "retry", short)) == f"{job_id}: waiting\n"
+    after = [j["job_id"] for j in ok_json(ctl(sock, "--json", "list", "--after", short))["jobs"]]
+    assert after == ids[1:]
+    common = os.path.commonprefix(ids)
+    for args in (("logs", common), ("cancel", common), ("retry", common),
+                 ("list", "--after", common)):
+        line = refused(ctl(sock, *args), 1, "bad_request")
+        assert "ambiguous" in line and all(i in line for i in ids), (args, line)
+    for args in (("logs", "fffff"), ("cancel", "fffff"), ("retry", "fffff")):
+        assert "no job id starts with it" in refused(ctl(sock, *args), 1, "not_found")
+    assert ok_json(ctl(sock, "--json", "show", job_id))["status"] == "waiting"
+
+
 def test_cancel_then_retry(daemon):
     job_id = enqueue(daemon.socket)
     assert ok(ctl(daemon.socket, "cancel", job_id)) == f"{job_id}: cancelled\n"
@@ -427,6 +451,7 @@ def test_top_once_and_q_quits_the_live_view(daemon):
     small = ok(ctl(daemon.socket, "top", "--once", env={"COLUMNS": "80", "LINES": "24"}))
     assert "memory_high" in small and len(small.splitlines()) <= 24, small
     assert max(len(line) for line in small.splitlines()) <= 80, small
+    assert "quits" not in out and "refresh every" not in small  # a one-shot: no footer
     doc = ok_json(ctl(daemon.socket, "top", "--json"))
     assert doc["status"]["jobs"]["waiting"] == 1 and doc["workers"][0]["worker_id"] == "w1"
 

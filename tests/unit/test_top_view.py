@@ -174,3 +174,25 @@ def test_layout_keeps_titles_first_then_tables_then_rows():
     assert top.layout(4, [3, 15, 5], None) == (4, [True, True, True], [3, 15, 5])
     head, full, rows = top.layout(4, [3, 15, 5], 24)
     assert head == 4 and full == [True, True, True] and sum(rows) == 24 - 2 - 3 - 4 * 2 - 1
+
+
+@pytest.mark.parametrize("height", [None, 24, 12])
+def test_once_prints_one_frame_without_the_refresh_footer(height):
+    """`top --once` is a one-shot: no "refresh every 1s; q or Ctrl-C quits" line, and
+    the line that footer would take holds the view instead."""
+    out = io.StringIO()
+    console = Console(file=out, width=80, height=height or 25, color_system=None,
+                      legacy_windows=False)
+    if height is None:
+        top.run(FakeClient(3, 15, 5), console, 1.0, once=True)
+    else:
+        view, _ = top.frame(FakeClient(3, 15, 5), None, (80, height))
+        console.print(view)
+    lines = out.getvalue().rstrip("\n").split("\n")
+    text = "\n".join(lines)
+    assert "refresh every" not in text and "quits" not in text, text
+    assert lines[0].startswith("coordd status") and "recent failures" in text
+    if height is not None:
+        assert len(lines) <= height, text
+        live = render_lines(FakeClient(3, 15, 5), 80, height)
+        assert len(lines) == len(live) and lines[:-1] != live[:-1]  # the footer's line used

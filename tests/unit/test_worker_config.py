@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from worker.__main__ import ENROLL_USAGE
 from worker.config import (
     PLACEHOLDERS, WorkerConfig, WorkerConfigError, expand_argv, job_env, load, parse,
 )
@@ -115,3 +117,19 @@ def test_python_placeholder_is_the_workers_interpreter():
                        {n: f"<{n}>" for n in PLACEHOLDERS}) == [sys.executable, "-m", "x",
                                                                 "<payload>"]
 
+
+
+def test_coord_worker_help_names_the_enroll_subcommand():
+    """`coord-worker --help` (and a usage error) tell a new operator `enroll` exists."""
+    out = subprocess.run([sys.executable, "-m", "worker", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "coord-worker enroll --server HOST:PORT --token TOKEN --ca-sha256 FP" in out.stdout
+    assert "coord-worker enroll --help" in out.stdout
+    bare = subprocess.run([sys.executable, "-m", "worker"], capture_output=True, text=True,
+                          timeout=60)
+    assert bare.returncode == 2 and "coord-worker enroll" in bare.stderr, bare.stderr
+    enroll = subprocess.run([sys.executable, "-m", "worker", "enroll", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    named = re.findall(r"--[a-z0-9-]+", ENROLL_USAGE)
+    assert named and all(flag in enroll.stdout for flag in named), (named, enroll.stdout)
