@@ -260,15 +260,6 @@ async def test_list_is_newest_first_with_counts(bundle):
     assert (await bundle.store.workflow_list("succeeded", 10)).workflows == []
 
 
-async def test_postgres_refuses_what_it_does_not_store_on_a_node(bundle):
-    if bundle.kind != "postgres":
-        pytest.skip("SQLite stores per-node gates, resources, limits and result schemas")
-    wf = plan(bundle, [node("a"), node("b", "a", result_schema="claims")])
-    with pytest.raises(errors.BadRequest, match="node 'b'.*result_schema"):
-        await bundle.store.workflow_submit(wf, now=T0)
-    assert (await bundle.store.workflow_list(None, 10)).workflows == []
-
-
 async def test_postgres_nodes_ending_at_once_in_two_sessions_queue_their_dependent(
         bundle, request, tmp_path):
     """Two nodes of one workflow end in two transactions at the same moment (two stores,

@@ -117,8 +117,7 @@ SQL_RENEW_BATCH = (  # $2 job ids, $3 workers, $4 tokens, $5 lease_s
 # $2 job ids, $3 workers, $4 tokens, $5 results (JSON text); $6, $7: last_error and event
 # reason of a complete that meets a requested cancel (postgres.apply.COMPLETE_TEXTS).
 # Not matched: workflow nodes (they settle in a transaction of their own,
-# postgres.workflows.complete_one) and jobs with a result schema (postgres.limits
-# .complete_checked judges them).
+# postgres.limits.complete_checked) and jobs with a result schema (judged there too).
 SQL_COMPLETE_BATCH = (
     "WITH r AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[]) "
     "AS r(job_id, worker_id, token, result_json)), "

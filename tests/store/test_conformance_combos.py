@@ -1,0 +1,210 @@
+"""Admission in combination over both stores: resource requests beside fleet limits,
+priority aging and per-job gates, on one job or one workflow node, judged in one claim
+as SQLite's coordd.claims._Judge does (gates, then resources, then limits). The same
+bodies, the same replies, on SQLite and PostgreSQL, `now` pinned."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+
+from coordd import gates, limits, resources, results
+from coordd.resources import Request
+from coordd.store import workflows as wstore
+from coordd.store.sqlite_store import SQLiteStore
+from tests.store.conftest import COOL, T0, Bundle, open_store
+from tests.store.test_conformance_limits import book, policy, ref
+
+GPU = {"gpu_devices": [{"index": 0, "memory_total_mb": 24000.0, "memory_used_mb": 0.0}],
+       "ram_mb": 64000}
+BATTERY = {**COOL, **GPU, "on_battery": True}
+# P3's own gates say mains power; these let a P3 job run on battery
+ON_BATTERY_OK = '{"require_mains": false, "power_unknown": "mains"}'
+VALID = msgspec.json.encode({"claims": [{"text": "t", "label": "opinion"}]}).decode()
+
+
+def admitting(lb: Any = None, aging_s: float = 0.0) -> Any:
+    """The claim policy of a coordd whose jobs asked for resources (coordd.intake sets
+    `resources_seen`; the PostgreSQL store knows it from its own tables)."""
+    pol = policy(lb, aging_s)
+    pol.resources_seen = True
+    return pol
+
+
+async def gpu_worker(bundle: Bundle, worker_id: str, now: float = T0, **readings: Any) -> None:
+    await bundle.store.heartbeat(worker_id, ["cpu"], {**COOL, **GPU, **readings}, now=now)
+
+
+async def reopen(bundle: Bundle, request: Any, tmp_path: Any) -> None:
+    """Close the store and open it again on the same database (a coordd restart); the
+    caller closes the new one."""
+    await bundle.store.close()
+    if bundle.kind == "sqlite":
+        from coordd.clock import FakeClock
+        bundle.store = SQLiteStore(str(tmp_path / "store.db"), FakeClock(T0))
+    else:
+        from coordd.store.postgres import PostgresStore
+        bundle.store = PostgresStore(request.getfixturevalue("pg_dsn"))
+    await bundle.store.start()
+
+
+async def test_limits_defined_a_job_asking_resources_and_naming_no_limit_is_granted(bundle):
+    """`[limits.*]` in the config does not stop a job asking for a GPU that names no
+    limit; one asking both holds the GPU and the limit's unit; each refusal says which."""
+    lb = book(api={"concurrency": 1})
+    bundle.policy = admitting(lb)
+    gpu_only = await bundle.enqueue(priority=1, resources=Request(gpus=1))
+    both = await bundle.enqueue(priority=2, resources=Request(gpus=1), limits=[("api", 1)])
+    api_only = await bundle.enqueue(priority=3, limits=[("api", 1)])
+    await gpu_worker(bundle, "g")
+    first = await bundle.claim("g", now=T0 + 1)
+    assert (first.job.job_id, first.job.gpu_ids) == (gpu_only, [0])
+    second = await bundle.claim("g", now=T0 + 2)  # `both` waits for the GPU: api_only runs
+    assert (second.job.job_id, second.job.gpu_ids) == (api_only, None)
+    none = await bundle.claim("g", now=T0 + 3)
+    assert none.job is None and none.reasons == [resources.RESOURCES]
+    await bundle.store.complete(ref(first, "g"), '"ok"', now=T0 + 4)
+    none = await bundle.claim("g", now=T0 + 5)  # the GPU is free, the api unit is not
+    assert none.job is None and none.reasons == [limits.LIMIT_REFUSED]
+    assert none.detail == "limit api: 1/1 running"
+    await bundle.store.complete(ref(second, "g"), '"ok"', now=T0 + 6)
+    got = await bundle.claim("g", now=T0 + 7)
+    assert (got.job.job_id, got.job.gpu_ids) == (both, [0])
+    views, _ = await bundle.store.limit_views(lb, ["api"], True, now=T0 + 7)
+    assert views[0].used == 1 and [h.job_id for h in views[0].holders] == [both]
+
+
+async def test_per_job_gates_once_resources_were_asked_also_after_a_restart(
+        bundle, request, tmp_path):
+    """A job with its own gates is stored and claimed by its gates after another job
+    asked for resources, and again after the store is opened anew."""
+    bundle.policy = admitting()
+    big = await bundle.enqueue(priority=3, resources=Request(gpus=1))
+    gated = bundle.job(priority=3)
+    gated.gates_json = ON_BATTERY_OK
+    await bundle.store.enqueue([gated], now=T0)
+    await gpu_worker(bundle, "g", on_battery=True)
+    got = await bundle.claim("g", now=T0 + 1)
+    assert got.job.job_id == gated.job_id  # `big` keeps P3's mains gate
+    none = await bundle.claim("g", now=T0 + 2)
+    assert none.job is None and none.reasons == [gates.ON_BATTERY], big
+    await reopen(bundle, request, tmp_path)
+    try:
+        again = bundle.job(priority=3)
+        again.gates_json = ON_BATTERY_OK
+        await bundle.store.enqueue([again], now=T0 + 3)
+        await gpu_worker(bundle, "g", now=T0 + 3, on_battery=True)
+        got = await bundle.claim("g", now=T0 + 4)
+        assert got.job.job_id == again.job_id
+        await gpu_worker(bundle, "g", now=T0 + 5)  # on mains: the GPU job's turn
+        got = await bundle.claim("g", now=T0 + 5)
+        assert (got.job.job_id, got.job.gpu_ids) == (big, [0])
+    finally:
+        await bundle.store.close()  # the fixture closes the store it opened
+
+
+async def test_aging_resources_and_a_limit_in_one_claim(bundle):
+    """Aging orders the candidates (an old P3 passes a young P1), resources and limits
+    judge each: the old P3 asking a GPU and a limit unit is taken with both; the P1 then
+    waits for the GPU, and a P2 gated job with its own gates backfills."""
+    lb = book(api={"concurrency": 1})
+    bundle.policy = admitting(lb, aging_s=60.0)
+    old = await bundle.enqueue(priority=3, resources=Request(gpus=1), limits=[("api", 1)])
+    young = await bundle.enqueue(now=T0 + 150, priority=1, resources=Request(gpus=1))
+    gated = bundle.job(priority=2)
+    gated.gates_json = '{"max_temperature_c": 99}'
+    await bundle.store.enqueue([gated], now=T0 + 160)
+    await gpu_worker(bundle, "g", now=T0 + 200)
+    got = await bundle.claim("g", now=T0 + 200)
+    assert (got.job.job_id, got.job.gpu_ids) == (old, [0])
+    got2 = await bundle.claim("g", now=T0 + 201)
+    assert (got2.job.job_id, got2.job.gpu_ids) == (gated.job_id, None)
+    none = await bundle.claim("g", now=T0 + 202)
+    assert none.job is None and none.reasons == [resources.RESOURCES], young
+    views, _ = await bundle.store.limit_views(lb, ["api"], True, now=T0 + 202)
+    assert [h.job_id for h in views[0].holders] == [old]
+
+
+async def test_a_workers_kind_defaults_are_requests_with_no_job_asking(bundle):
+    """A worker's heartbeat may name a default request per kind (`kind_resources`): it
+    applies on both stores even before any job asked for resources itself."""
+    bundle.policy = policy()
+    a = await bundle.enqueue(priority=2, kind="embed")
+    b = await bundle.enqueue(priority=2, kind="embed")
+    await gpu_worker(bundle, "g", kind_resources={"embed": {"gpus": 1}})
+    got = await bundle.claim("g", now=T0 + 1)
+    assert (got.job.job_id, got.job.gpu_ids) == (a, [0])
+    none = await bundle.claim("g", now=T0 + 2)
+    assert none.job is None and none.reasons == [resources.RESOURCES], b
+
+
+async def test_one_workers_concurrent_claims_never_share_its_gpu(bundle):
+    """Eight claims of one worker with one GPU at once: one job is granted the GPU, the
+    others are refused `resources` (on PostgreSQL, the worker's claim lock)."""
+    bundle.policy = admitting()
+    for _ in range(4):
+        await bundle.enqueue(priority=2, resources=Request(gpus=1))
+    await gpu_worker(bundle, "g")
+    got = await asyncio.gather(*(bundle.claim("g", now=T0 + 1) for _ in range(8)))
+    taken = [g for g in got if g.job is not None]
+    assert len(taken) == 1 and taken[0].job.gpu_ids == [0]
+    assert all(g.reasons == [resources.RESOURCES] for g in got if g.job is None)
+
+
+def _node(bundle: Bundle, name: str, *needs: str, **kw: Any) -> wstore.NewNode:
+    return wstore.NewNode(job_id=bundle.ids.new(T0), name=name, kind="k",
+                          required_role="cpu", priority=kw.pop("priority", 2), payload={},
+                          max_attempts=kw.pop("max_attempts", 3),
+                          needs=[(d, "skip") for d in needs], **kw)
+
+
+async def test_a_node_with_gates_resources_a_limit_and_a_result_schema(bundle):
+    """A workflow node may carry all of them (examples/workflow.toml's `result_schema`
+    among them): stored, claimed by its gates with its grant and its unit, a result
+    that fails its schema spends the attempt, a valid one succeeds and the graph goes on."""
+    lb = book(api={"concurrency": 1})
+    bundle.policy = admitting(lb)
+    a = _node(bundle, "a", priority=3, gates_json=ON_BATTERY_OK, resources=Request(gpus=1),
+              limits=[("api", 1)], result_schema="claims")
+    b = _node(bundle, "b", "a")
+    wf = wstore.NewWorkflow(workflow_id=bundle.ids.new(T0), name="combo", nodes=[a, b])
+    res = await bundle.store.workflow_submit(wf, now=T0)
+    assert res.created and res.jobs == {"a": a.job_id, "b": b.job_id}
+    await gpu_worker(bundle, "g", on_battery=True)
+    got = await bundle.claim("g", now=T0 + 1)
+    assert (got.job.job_id, got.job.gpu_ids) == (a.job_id, [0])
+    views, _ = await bundle.store.limit_views(lb, ["api"], True, now=T0 + 1)
+    assert [h.job_id for h in views[0].holders] == [a.job_id]
+    bad = await bundle.store.complete(ref(got, "g"), '{"claims": 1}', now=T0 + 2)
+    assert bad.status == "waiting" and bad.error.startswith("result_invalid (claims)")
+    views, _ = await bundle.store.limit_views(lb, ["api"], True, now=T0 + 2)
+    assert views[0].used == 0  # the unit went with the lease
+    got = await bundle.claim("g", now=T0 + 3)
+    assert (got.job.job_id, got.job.gpu_ids, got.job.attempts) == (a.job_id, [0], 2)
+    done = await bundle.store.complete(ref(got, "g"), VALID, now=T0 + 4)
+    assert done.status == "succeeded"
+    view = await bundle.store.workflow_get(wf.workflow_id)
+    assert {n.name: n.status for n in view.nodes} == {"a": "succeeded", "b": "waiting"}
+    nxt = await bundle.claim("g", now=T0 + 5)
+    assert nxt.job.job_id == b.job_id and nxt.job.payload == {
+        "inputs": {"a": msgspec.json.decode(results.check("claims", VALID))}}
+    await bundle.store.complete(ref(nxt, "g"), '"ok"', now=T0 + 6)
+    assert (await bundle.store.workflow_get(wf.workflow_id)).status == "succeeded"
+
+
+async def test_a_node_failing_its_schema_on_its_last_attempt_ends_the_graph(bundle):
+    """The last attempt's invalid result ends the node `failed` and settles its
+    workflow in the same step: its dependent is skipped, the graph ends."""
+    a = _node(bundle, "a", max_attempts=1, result_schema="claims")
+    b = _node(bundle, "b", "a")
+    wf = wstore.NewWorkflow(workflow_id=bundle.ids.new(T0), name="strict", nodes=[a, b])
+    await bundle.store.workflow_submit(wf, now=T0)
+    await bundle.worker("w")
+    got = await bundle.claim("w", now=T0 + 1)
+    bad = await bundle.store.complete(ref(got, "w"), '"not claims"', now=T0 + 2)
+    assert bad.status == "failed" and bad.error.startswith("result_invalid")
+    view = await bundle.store.workflow_get(wf.workflow_id)
+    assert ({n.name: n.status for n in view.nodes}, view.status) == (
+        {"a": "failed", "b": "skipped"}, "failed")
