@@ -264,6 +264,13 @@ CREATE TABLE limit_overrides (
 );
 """
 
+# worker_absent's look (coordd.store.postgres.workflows.skip_absent): the waiting
+# workflow nodes only. Its own step, appended last: renumbered at merge.
+MIGRATION_ABSENT = """
+CREATE INDEX jobs_workflow_waiting ON jobs (queued_at)
+    WHERE status = 'waiting' AND workflow_id IS NOT NULL;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -273,6 +280,7 @@ MIGRATIONS: tuple[str, ...] = (
     # job_resources
     MIGRATION_WORKFLOWS,  # workflows, workflow_edges, jobs.node
     MIGRATION_LIMITS,  # job_limits, limit_holds (+ release trigger), limit_claims, ...
+    MIGRATION_ABSENT,  # jobs_workflow_waiting (worker_absent's look)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

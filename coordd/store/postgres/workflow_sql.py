@@ -87,6 +87,25 @@ SQL_TOUCH_WORKFLOW = f"UPDATE workflows SET updated_at = {NOW} WHERE workflow_id
 SQL_RUNNING_WORKFLOWS = (
     "SELECT workflow_id FROM workflows WHERE status = 'running' ORDER BY created_at LIMIT $1"
 )
+# Waiting workflow nodes waiting (queued and due) for over $2 s while no worker with a
+# heartbeat within $3 s, not offline, advertises their role; $4 at most, by workflow then
+# job id (coordd.store.workflows.SQL_ABSENT's rule). Its partial index (schema
+# MIGRATION_ABSENT) holds waiting nodes only: plain jobs, however many wait, cost nothing.
+SQL_ABSENT = (
+    "SELECT j.job_id, j.workflow_id, j.required_role, "
+    f"{NOW} - greatest(j.queued_at, j.run_at) FROM jobs j "
+    "WHERE j.status = 'waiting' AND j.workflow_id IS NOT NULL "
+    f"AND j.queued_at <= {NOW} - $2::float8 AND j.run_at <= {NOW} - $2::float8 "
+    "AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.heartbeat_at >= "
+    f"{NOW} - $3::float8 AND w.offline_at IS NULL AND w.roles_json::jsonb ? j.required_role) "
+    "ORDER BY j.workflow_id, j.job_id LIMIT $4"
+)
+# the node $2, skipped if it still waits and is due for over $3 s (the workflow is locked)
+SQL_SKIP_ABSENT = (
+    f"UPDATE jobs SET status = 'skipped', last_error = $4, updated_at = {NOW}, "
+    f"finished_at = {NOW}, cancel_requested = false WHERE job_id = $2 AND status = 'waiting' "
+    f"AND queued_at <= {NOW} - $3::float8 AND run_at <= {NOW} - $3::float8 RETURNING job_id"
+)
 
 # ---------------------------------------------------------------- node ends outside a batch
 

@@ -24,6 +24,7 @@ from coordd.store.postgres import apply, sql
 from coordd.store.postgres import workflow_sql as wsql
 
 SETTLE_SWEEP_LIMIT = wstore.SETTLE_SWEEP_LIMIT
+ABSENT_LIMIT = 1000  # nodes one worker_absent round skips at most (SQLite's skip_absent)
 
 
 async def lock_of_job(conn: Any, job_id: str) -> str | None:
@@ -142,6 +143,36 @@ async def settle_running(conn: Any, now: float | None) -> int:
             if await conn.fetchval(wsql.SQL_LOCK, wid) is not None:
                 ended += await settle(conn, now, wid, touch=False) is not None
     return ended
+
+
+async def skip_absent(conn: Any, now: float | None, wait_s: float, stale_s: float,
+                      limit: int = ABSENT_LIMIT) -> list[str]:
+    """Skip (`worker_absent`, coordd.transitions.SKIPPED_ABSENT) waiting workflow nodes
+    that waited over `wait_s` while no worker with a heartbeat within `stale_s`
+    advertised their role, as coordd.store.workflows.skip_absent does on SQLite; one
+    transaction per workflow, its row locked first, then its nodes skipped (each
+    re-checked: it may have been claimed meanwhile) and the workflow settled. Returns
+    the skipped job ids."""
+    by_workflow: dict[str, list[tuple[str, str, float]]] = {}
+    for job_id, wid, role, waited in await conn.fetch(wsql.SQL_ABSENT, now, wait_s,
+                                                      stale_s, limit):
+        by_workflow.setdefault(wid, []).append((job_id, role, waited))
+    skipped: list[str] = []
+    for wid, nodes in by_workflow.items():
+        async with conn.transaction():
+            if await conn.fetchval(wsql.SQL_LOCK, wid) is None:
+                continue
+            t = tr.SKIPPED_ABSENT
+            for job_id, role, waited in nodes:
+                reason = tr.absent_reason(role, waited, wait_s)
+                if await conn.fetchval(wsql.SQL_SKIP_ABSENT, now, job_id, wait_s,
+                                       reason) is None:
+                    continue
+                await conn.execute(sql.SQL_EVENT, now, job_id, None, t.from_status,
+                                   t.to_status, reason)
+                skipped.append(job_id)
+            await settle(conn, now, wid)
+    return skipped
 
 
 # ---------------------------------------------------------------- node ends
@@ -293,6 +324,13 @@ class PostgresWorkflows:
         async with self._conn() as conn:
             return await settle_running(conn, now)
 
+    async def workflow_skip_absent(self, wait_s: float, stale_s: float, *,
+                                   now: float | None = None) -> list[str]:
+        """Skip, `worker_absent`, the waiting nodes no live worker can run (skip_absent);
+        return their job ids."""
+        async with self._conn() as conn:
+            return await skip_absent(conn, now, wait_s, stale_s)
+
 
 __all__ = ["PostgresWorkflows", "dead_letter_taken", "lock_of_job", "reap_nodes", "reopen",
-           "settle"]
+           "settle", "skip_absent"]
