@@ -208,3 +208,18 @@ async def test_a_node_failing_its_schema_on_its_last_attempt_ends_the_graph(bund
     view = await bundle.store.workflow_get(wf.workflow_id)
     assert ({n.name: n.status for n in view.nodes}, view.status) == (
         {"a": "failed", "b": "skipped"}, "failed")
+
+
+async def test_an_admitting_claim_of_a_worker_with_two_roles_keeps_claim_order(bundle):
+    """The admission walk merges the worker's roles in claim order (priority, then
+    queued_at): jobs of another role waiting ahead are never handed out nor in the way."""
+    bundle.policy = admitting(book(api={"concurrency": 9}))
+    for i in range(3):
+        await bundle.enqueue(now=T0 + i, priority=1, role="other")
+    order = [await bundle.enqueue(now=T0 + 10, priority=2, role="b"),
+             await bundle.enqueue(now=T0 + 11, priority=2, role="a", limits=[("api", 1)]),
+             await bundle.enqueue(now=T0 + 12, priority=2, role="b", resources=Request(gpus=1))]
+    first = await bundle.enqueue(now=T0 + 13, priority=1, role="a")
+    await bundle.store.heartbeat("g", ["a", "b"], {**COOL, **GPU}, now=T0 + 20)
+    got = [await bundle.claim("g", now=T0 + 20) for _ in range(5)]
+    assert [g.job.job_id if g.job else None for g in got] == [first, *order, None]

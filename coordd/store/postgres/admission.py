@@ -37,16 +37,18 @@ SQL_LIMITS_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1))"
 # $2 roles, $3 kinds (NULL: any), $4 aging_s (0: strict), $5 priorities the worker's gates
 # pass (a job with its own gates is judged at any), $6 how many. Order: effective
 # priority (aging: one step better per aging_s waited), then queued_at, priority, job id.
-# Within a level the oldest age best, so each level is an ordered walk of the claim index
-# (jobs_claim) and only the merge is sorted.
+# Within a level the oldest age best, so each level is, per role of the worker, an ordered
+# walk of the role-led claim index (jobs_claim_role: waiting jobs of other roles are never
+# stepped over), merged; only the merge of the levels is sorted.
 _EFF = (f"CASE WHEN $4::float8 > 0 THEN greatest(0, j.priority - least(3, floor(greatest(0, "
         f"{NOW} - j.queued_at) / $4::float8))::int) ELSE j.priority END")
 _LEVEL = (
+    "(SELECT c.* FROM unnest($2::text[]) AS r(role) CROSS JOIN LATERAL "
     f"(SELECT j.job_id, j.priority, j.queued_at, j.gates_json, {_EFF} AS eff, j.kind FROM jobs j "
-    f"WHERE j.status = 'waiting' AND j.priority = {{p}} AND j.run_at <= {NOW} "
-    "AND j.required_role = ANY($2::text[]) AND ($3::text[] IS NULL OR j.kind = ANY($3::text[])) "
+    f"WHERE j.status = 'waiting' AND j.required_role = r.role AND j.priority = {{p}} "
+    f"AND j.run_at <= {NOW} AND ($3::text[] IS NULL OR j.kind = ANY($3::text[])) "
     "AND ({p} = ANY($5::int[]) OR j.gates_json IS NOT NULL) "
-    "ORDER BY j.queued_at, j.job_id LIMIT $6)"
+    "ORDER BY j.queued_at, j.job_id LIMIT $6) c ORDER BY c.queued_at, c.job_id LIMIT $6)"
 )
 SQL_CANDIDATES = (
     "SELECT * FROM (" + " UNION ALL ".join(_LEVEL.format(p=p) for p in range(4))

@@ -271,6 +271,14 @@ CREATE INDEX jobs_workflow_waiting ON jobs (queued_at)
     WHERE status = 'waiting' AND workflow_id IS NOT NULL;
 """
 
+# The admission claim walks each of the worker's roles in claim order (coordd.store.
+# postgres.admission SQL_CANDIDATES). The same index as main's MIGRATION_CLAIM_ROLE (the
+# plain claim's), hence IF NOT EXISTS: its own step, appended last, renumbered at merge.
+MIGRATION_CLAIM_ROLE_ADMISSION = """
+CREATE INDEX IF NOT EXISTS jobs_claim_role ON jobs (required_role, priority, queued_at, job_id)
+    WHERE status = 'waiting';
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -281,6 +289,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_WORKFLOWS,  # workflows, workflow_edges, jobs.node
     MIGRATION_LIMITS,  # job_limits, limit_holds (+ release trigger), limit_claims, ...
     MIGRATION_ABSENT,  # jobs_workflow_waiting (worker_absent's look)
+    MIGRATION_CLAIM_ROLE_ADMISSION,  # jobs_claim_role (if main's claim did not make it)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
