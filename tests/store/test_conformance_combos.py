@@ -14,7 +14,7 @@ from coordd import gates, limits, resources, results
 from coordd.resources import Request
 from coordd.store import workflows as wstore
 from coordd.store.sqlite_store import SQLiteStore
-from tests.store.conftest import COOL, T0, Bundle, open_store
+from tests.store.conftest import COOL, T0, Bundle
 from tests.store.test_conformance_limits import book, policy, ref
 
 GPU = {"gpu_devices": [{"index": 0, "memory_total_mb": 24000.0, "memory_used_mb": 0.0}],
@@ -223,3 +223,63 @@ async def test_an_admitting_claim_of_a_worker_with_two_roles_keeps_claim_order(b
     await bundle.store.heartbeat("g", ["a", "b"], {**COOL, **GPU}, now=T0 + 20)
     got = [await bundle.claim("g", now=T0 + 20) for _ in range(5)]
     assert [g.job.job_id if g.job else None for g in got] == [first, *order, None]
+
+
+async def _counted(bundle: Bundle, now: float) -> tuple[dict[str, int], dict[str, int]]:
+    """(jobs by status, waiting by priority) counted from every job's row."""
+    from coordd.store.api import JobFilter
+    jobs = (await bundle.store.list_jobs(JobFilter(limit=1000), now=now)).jobs
+    by_status: dict[str, int] = {}
+    waiting = {f"p{p}": 0 for p in range(4)}
+    for j in jobs:
+        by_status[j.status] = by_status.get(j.status, 0) + 1
+        if j.status == "waiting":
+            waiting[f"p{j.priority}"] += 1
+    return by_status, waiting
+
+
+async def test_status_counts_follow_every_kind_of_write(bundle, request, monkeypatch):
+    """`status`'s job counts (kept by the writes on PostgreSQL, not counted by a scan)
+    equal the jobs' rows after enqueues, claims, completes, retries, cancels, a workflow
+    skipped and a reaped lease, also with writes from another store's sessions that
+    have ended since (PostgreSQL folds their shards)."""
+    jobs = [bundle.job(priority=p % 4) for p in range(8)]
+    await bundle.store.enqueue(jobs, now=T0)
+    wf = wstore.NewWorkflow(workflow_id=bundle.ids.new(T0), name="w", nodes=[
+        _node(bundle, "a", max_attempts=1), _node(bundle, "b", "a")])
+    await bundle.store.workflow_submit(wf, now=T0)
+    await bundle.worker("w")
+    got = [await bundle.claim("w", now=T0 + 1, lease_s=5.0) for _ in range(5)]
+    await bundle.store.complete(ref(got[0], "w"), '"ok"', now=T0 + 2)
+    await bundle.store.fail(ref(got[1], "w"), "again", True, lambda n: 0.0, now=T0 + 2)
+    await bundle.store.fail(ref(got[2], "w"), "no", False, lambda n: 0.0, now=T0 + 2)
+    await bundle.store.cancel(jobs[7].job_id, now=T0 + 3)
+    await bundle.store.retry(got[2].job.job_id, now=T0 + 3)
+    await bundle.store.reap(now=T0 + 20)  # got[3], got[4]: their leases expired
+    await bundle.store.workflow_cancel(wf.workflow_id, now=T0 + 21)
+    st = await bundle.store.status(30.0, now=T0 + 21)
+    by_status, waiting = await _counted(bundle, T0 + 21)
+    assert {k: v for k, v in st.jobs.items() if v} == by_status
+    assert st.waiting_by_priority == waiting
+    if bundle.kind != "postgres":
+        return
+    from coordd.store.postgres import PostgresStore
+    other = PostgresStore(request.getfixturevalue("pg_dsn"), pool_min=1, pool_max=2)
+    await other.start()  # the same tables, not emptied
+    try:
+        await other.enqueue([bundle.job(priority=1) for _ in range(3)], now=T0 + 22)
+        await other.heartbeat("o", ["cpu"], COOL, now=T0 + 22)
+        await other.claim("o", 30.0, bundle.policy, now=T0 + 22)
+    finally:
+        await other.close()
+    from coordd.store.postgres import reads
+    monkeypatch.setattr(reads, "COUNT_SHARD_ROWS_MAX", 0)  # fold at the next status
+    for _ in range(2):
+        st = await bundle.store.status(30.0, now=T0 + 23)
+        by_status, waiting = await _counted(bundle, T0 + 23)
+        assert {k: v for k, v in st.jobs.items() if v} == by_status
+        assert st.waiting_by_priority == waiting
+    async with bundle.store._conn() as conn:
+        shards = {r[0] for r in await conn.fetch("SELECT DISTINCT shard FROM job_counts")}
+        live = {r[0] for r in await conn.fetch("SELECT pid FROM pg_stat_activity")}
+    assert shards <= live | {0} and sum(by_status.values()) == 13

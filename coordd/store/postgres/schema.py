@@ -279,6 +279,56 @@ CREATE INDEX IF NOT EXISTS jobs_claim_role ON jobs (required_role, priority, que
     WHERE status = 'waiting';
 """
 
+# `status` without a scan of jobs (coordd.store.postgres.reads): jobs counted by (status,
+# priority) in the transaction of every write, by statement-level triggers over the
+# statement's transition tables. Each session adds its deltas to rows of its own shard
+# (its backend pid), so concurrent transactions never wait on one counter row; shards of
+# sessions gone are folded into shard 0 (reads.SQL_FOLD_COUNTS). The oldest waiting job's
+# age reads one entry of jobs_waiting_since. Its own step, appended last: renumbered at
+# merge.
+MIGRATION_JOB_COUNTS = """
+CREATE TABLE job_counts (
+    shard    integer NOT NULL,
+    status   text NOT NULL,
+    priority integer NOT NULL,
+    n        bigint NOT NULL,
+    PRIMARY KEY (shard, status, priority)
+);
+INSERT INTO job_counts (shard, status, priority, n)
+    SELECT 0, status, priority, count(*) FROM jobs GROUP BY status, priority;
+CREATE FUNCTION coordd_job_counts() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO job_counts AS c (shard, status, priority, n)
+        SELECT pg_backend_pid(), status, priority, count(*) FROM new_rows
+        GROUP BY status, priority ORDER BY status, priority
+        ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n + excluded.n;
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO job_counts AS c (shard, status, priority, n)
+        SELECT pg_backend_pid(), status, priority, -count(*) FROM old_rows
+        GROUP BY status, priority ORDER BY status, priority
+        ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n + excluded.n;
+    ELSE
+        INSERT INTO job_counts AS c (shard, status, priority, n)
+        SELECT pg_backend_pid(), status, priority, sum(d) FROM (
+            SELECT status, priority, 1 AS d FROM new_rows
+            UNION ALL SELECT status, priority, -1 FROM old_rows) x
+        GROUP BY status, priority HAVING sum(d) <> 0 ORDER BY status, priority
+        ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n + excluded.n;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER job_counts_insert AFTER INSERT ON jobs REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION coordd_job_counts();
+CREATE TRIGGER job_counts_update AFTER UPDATE ON jobs
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION coordd_job_counts();
+CREATE TRIGGER job_counts_delete AFTER DELETE ON jobs REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION coordd_job_counts();
+CREATE INDEX jobs_waiting_since ON jobs ((greatest(queued_at, run_at)))
+    WHERE status = 'waiting';
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -290,6 +340,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_LIMITS,  # job_limits, limit_holds (+ release trigger), limit_claims, ...
     MIGRATION_ABSENT,  # jobs_workflow_waiting (worker_absent's look)
     MIGRATION_CLAIM_ROLE_ADMISSION,  # jobs_claim_role (if main's claim did not make it)
+    MIGRATION_JOB_COUNTS,  # job_counts (+ its triggers), jobs_waiting_since
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -299,7 +350,7 @@ SQL_TAKEN_TABLES = ("SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS x(t, n)
 SQL_TRUNCATE = ("TRUNCATE job_events, leases, jobs, artifacts, workers, "
                 "message_reads, messages, agents, job_logs, enrol_tokens, reservations, "
                 "job_resources, workflow_edges, workflows, job_limits, limit_holds, "
-                "limit_claims, limit_usage, limit_overrides RESTART IDENTITY CASCADE")
+                "limit_claims, limit_usage, limit_overrides, job_counts RESTART IDENTITY CASCADE")
 
 
 async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:

@@ -242,7 +242,19 @@ SQL_LIST_JOBS_NEWEST = (
     "ORDER BY j.job_id DESC LIMIT $7"
 )
 SQL_JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = $1"
-SQL_COUNTS = "SELECT status, priority, count(*) FROM jobs GROUP BY status, priority"
+# jobs by (status, priority), summed over the sessions' shards (schema MIGRATION_JOB_COUNTS),
+# and how many shard rows there are (reads.status folds them past COUNT_SHARD_ROWS_MAX)
+SQL_COUNTS = (
+    "SELECT status, priority, sum(n)::bigint, sum(count(*)) OVER ()::int FROM job_counts "
+    "GROUP BY status, priority"
+)
+SQL_FOLD_COUNTS = (  # shards of sessions that are gone, folded into shard 0
+    "WITH gone AS (DELETE FROM job_counts WHERE shard <> 0 AND shard NOT IN "
+    "(SELECT pid FROM pg_stat_activity) RETURNING status, priority, n) "
+    "INSERT INTO job_counts AS c (shard, status, priority, n) SELECT 0, status, priority, "
+    "sum(n) FROM gone GROUP BY status, priority ORDER BY status, priority "
+    "ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n + excluded.n"
+)
 SQL_STATUS_LIVE = (  # $2 heartbeat_stale_s; the queue latency as coordd.store.latency
     f"SELECT (SELECT count(*) FROM workers), (SELECT count(*) FROM workers "
     f"WHERE heartbeat_at >= {NOW} - $2::float8 AND offline_at IS NULL), "
