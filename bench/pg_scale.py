@@ -10,6 +10,13 @@ coordd.store.postgres.admission), first on an empty queue, then after `--waiting
 role `gpu` were inserted ahead of them (queued earlier, the table ANALYZEd). Then
 `status` and `workflow_skip_absent` (`--samples` each) with those jobs waiting. Prints
 the p50s (issue 28's targets: the claim behind <= 1.5x empty; status <= 5 ms).
+
+    python -m bench.pg_scale --counts-ab [--jobs 2000] [--clients 8] [--rounds 3]
+
+The cost of status's counters (schema MIGRATION_JOB_COUNTS: a trigger on every write of
+`jobs`): `--jobs` jobs enqueued, then drained by `--clients` tasks looping plain claim ->
+complete through one PostgresStore, with the counters' triggers on and off, alternating
+for `--rounds` rounds. Prints each side's median jobs/s.
 """
 
 from __future__ import annotations
@@ -101,12 +108,66 @@ async def run(args: argparse.Namespace) -> None:
           f"({args.waiting} waiting)")
 
 
+TRIGGERS = ("job_counts_insert", "job_counts_update", "job_counts_delete")
+
+
+async def _drain(st: object, policy: ClaimPolicy, ids: JobIds, jobs: int, clients: int) -> float:
+    for i in range(0, jobs, 500):
+        await st.enqueue([_job(ids, "cpu") for _ in range(min(500, jobs - i))])  # type: ignore[attr-defined]
+
+    async def client(k: int) -> None:
+        await st.heartbeat(f"w{k}", ["cpu"], COOL)  # type: ignore[attr-defined]
+        while True:
+            got = await st.claim(f"w{k}", 30.0, policy)  # type: ignore[attr-defined]
+            if got.job is None:
+                return
+            from coordd.store.api import LeaseRef
+            await st.complete(LeaseRef(got.job.job_id, f"w{k}", got.lease.token), None)  # type: ignore[attr-defined]
+
+    t = time.perf_counter()
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    return jobs / (time.perf_counter() - t)
+
+
+async def counts_ab(args: argparse.Namespace) -> None:
+    from coordd.store.postgres import PostgresStore
+    from coordd.store.postgres.throwaway import Cluster
+    cfg = config_mod.load(None)
+    policy = ClaimPolicy(policies=cfg.policies(), heartbeat_stale_s=3600.0,
+                         aging_interval_s=0.0)
+    cluster = Cluster(port=args.port)
+    dsn = cluster.start()
+    rates: dict[str, list[float]] = {"on": [], "off": []}
+    try:
+        st = PostgresStore(dsn, pool_max=args.clients + 2)
+        await st.start()
+        ids = JobIds()
+        for _ in range(args.rounds):
+            for side in ("on", "off"):
+                async with st._conn() as conn:
+                    for name in TRIGGERS:
+                        verb = "ENABLE" if side == "on" else "DISABLE"
+                        await conn.execute(f"ALTER TABLE jobs {verb} TRIGGER {name}")
+                rates[side].append(await _drain(st, policy, ids, args.jobs, args.clients))
+        await st.close()
+    finally:
+        cluster.stop()
+    on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
+    print(f"drain of {args.jobs} jobs by {args.clients} clients, median of {args.rounds}: "
+          f"counters on {on:.0f} jobs/s, off {off:.0f} jobs/s ({on / off:.2f}x)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--waiting", type=int, default=100_000)
     p.add_argument("--samples", type=int, default=100)
     p.add_argument("--port", type=int, default=55437)
-    asyncio.run(run(p.parse_args()))
+    p.add_argument("--counts-ab", action="store_true")
+    p.add_argument("--jobs", type=int, default=2000)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    asyncio.run(counts_ab(args) if args.counts_ab else run(args))
 
 
 if __name__ == "__main__":

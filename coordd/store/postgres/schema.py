@@ -280,12 +280,13 @@ CREATE INDEX IF NOT EXISTS jobs_claim_role ON jobs (required_role, priority, que
 """
 
 # `status` without a scan of jobs (coordd.store.postgres.reads): jobs counted by (status,
-# priority) in the transaction of every write, by statement-level triggers over the
-# statement's transition tables. Each session adds its deltas to rows of its own shard
+# priority) in the transaction of every write, by row triggers that fire only when a row's
+# status or priority changes. Running jobs are not counted here: a job runs exactly while
+# it has a lease row, so `status` counts the (few) leases instead, and a claim or a complete
+# costs one counter write, not two. Each session adds its deltas to rows of its own shard
 # (its backend pid), so concurrent transactions never wait on one counter row; shards of
-# sessions gone are folded into shard 0 (reads.SQL_FOLD_COUNTS). The oldest waiting job's
-# age reads one entry of jobs_waiting_since. Its own step, appended last: renumbered at
-# merge.
+# sessions gone are folded into shard 0 (sql.SQL_FOLD_COUNTS). The oldest waiting job's age
+# reads one entry of jobs_waiting_since. Its own step, appended last: renumbered at merge.
 MIGRATION_JOB_COUNTS = """
 CREATE TABLE job_counts (
     shard    integer NOT NULL,
@@ -295,36 +296,29 @@ CREATE TABLE job_counts (
     PRIMARY KEY (shard, status, priority)
 );
 INSERT INTO job_counts (shard, status, priority, n)
-    SELECT 0, status, priority, count(*) FROM jobs GROUP BY status, priority;
+    SELECT 0, status, priority, count(*) FROM jobs WHERE status <> 'running'
+    GROUP BY status, priority;
 CREATE FUNCTION coordd_job_counts() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP = 'INSERT' THEN
+    IF TG_OP <> 'INSERT' AND OLD.status <> 'running' THEN
         INSERT INTO job_counts AS c (shard, status, priority, n)
-        SELECT pg_backend_pid(), status, priority, count(*) FROM new_rows
-        GROUP BY status, priority ORDER BY status, priority
-        ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n + excluded.n;
-    ELSIF TG_OP = 'DELETE' THEN
+        VALUES (pg_backend_pid(), OLD.status, OLD.priority, -1)
+        ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n - 1;
+    END IF;
+    IF TG_OP <> 'DELETE' AND NEW.status <> 'running' THEN
         INSERT INTO job_counts AS c (shard, status, priority, n)
-        SELECT pg_backend_pid(), status, priority, -count(*) FROM old_rows
-        GROUP BY status, priority ORDER BY status, priority
-        ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n + excluded.n;
-    ELSE
-        INSERT INTO job_counts AS c (shard, status, priority, n)
-        SELECT pg_backend_pid(), status, priority, sum(d) FROM (
-            SELECT status, priority, 1 AS d FROM new_rows
-            UNION ALL SELECT status, priority, -1 FROM old_rows) x
-        GROUP BY status, priority HAVING sum(d) <> 0 ORDER BY status, priority
-        ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n + excluded.n;
+        VALUES (pg_backend_pid(), NEW.status, NEW.priority, 1)
+        ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n + 1;
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER job_counts_insert AFTER INSERT ON jobs REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION coordd_job_counts();
-CREATE TRIGGER job_counts_update AFTER UPDATE ON jobs
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION coordd_job_counts();
-CREATE TRIGGER job_counts_delete AFTER DELETE ON jobs REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION coordd_job_counts();
+CREATE TRIGGER job_counts_insert AFTER INSERT ON jobs
+    FOR EACH ROW EXECUTE FUNCTION coordd_job_counts();
+CREATE TRIGGER job_counts_update AFTER UPDATE OF status, priority ON jobs FOR EACH ROW
+    WHEN (OLD.status <> NEW.status OR OLD.priority <> NEW.priority)
+    EXECUTE FUNCTION coordd_job_counts();
+CREATE TRIGGER job_counts_delete AFTER DELETE ON jobs
+    FOR EACH ROW EXECUTE FUNCTION coordd_job_counts();
 CREATE INDEX jobs_waiting_since ON jobs ((greatest(queued_at, run_at)))
     WHERE status = 'waiting';
 """
