@@ -26,6 +26,7 @@ import asyncio
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from coordd import config as config_mod
 from coordd.ids import JobIds
@@ -45,10 +46,10 @@ SQL_FILL = (  # $1 how many, $2 role: waiting jobs queued before any other
 )
 
 
-def _job(ids: JobIds, role: str, **kw: object) -> NewJob:
+def _job(ids: JobIds, role: str, **kw: Any) -> NewJob:
     return NewJob(job_id=ids.new(time.time()), kind="k", required_role=role, priority=2,
                   payload_json="{}", run_at=None, max_attempts=3, idempotency_key=None,
-                  max_runtime_s=None, gates_json=None, **kw)  # type: ignore[arg-type]
+                  max_runtime_s=None, gates_json=None, **kw)
 
 
 async def _p50(n: int, call: Callable[[], Awaitable[object]]) -> float:
@@ -60,21 +61,18 @@ async def _p50(n: int, call: Callable[[], Awaitable[object]]) -> float:
     return statistics.median(took) * 1000
 
 
-async def _claims(st: object, policy: ClaimPolicy, ids: JobIds, n: int) -> float:
+async def _claims(st: Any, policy: ClaimPolicy, ids: JobIds, n: int) -> float:
+    """p50 ms of `n` claims, each of a job of the worker's role just enqueued."""
+    from coordd.store.api import LeaseRef
     took = []
     for _ in range(n):
-        await st.enqueue([_job(ids, "cpu", limits=[("api", 1)])])  # type: ignore[attr-defined]
+        await st.enqueue([_job(ids, "cpu", limits=[("api", 1)])])
         t = time.perf_counter()
-        got = await st.claim("w", 30.0, policy)  # type: ignore[attr-defined]
+        got = await st.claim("w", 30.0, policy)
         took.append(time.perf_counter() - t)
         assert got.job is not None, got
-        await st.complete(_ref(got), None)  # type: ignore[attr-defined]
+        await st.complete(LeaseRef(got.job.job_id, "w", got.lease.token), None)
     return statistics.median(took) * 1000
-
-
-def _ref(got: object) -> object:
-    from coordd.store.api import LeaseRef
-    return LeaseRef(got.job.job_id, "w", got.lease.token)  # type: ignore[attr-defined]
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -111,18 +109,19 @@ async def run(args: argparse.Namespace) -> None:
 TRIGGERS = ("job_counts_insert", "job_counts_update", "job_counts_delete")
 
 
-async def _drain(st: object, policy: ClaimPolicy, ids: JobIds, jobs: int, clients: int) -> float:
+async def _drain(st: Any, policy: ClaimPolicy, ids: JobIds, jobs: int, clients: int) -> float:
+    """Enqueue `jobs`, drain them with `clients` claim -> complete loops; jobs/s."""
+    from coordd.store.api import LeaseRef
     for i in range(0, jobs, 500):
-        await st.enqueue([_job(ids, "cpu") for _ in range(min(500, jobs - i))])  # type: ignore[attr-defined]
+        await st.enqueue([_job(ids, "cpu") for _ in range(min(500, jobs - i))])
 
     async def client(k: int) -> None:
-        await st.heartbeat(f"w{k}", ["cpu"], COOL)  # type: ignore[attr-defined]
+        await st.heartbeat(f"w{k}", ["cpu"], COOL)
         while True:
-            got = await st.claim(f"w{k}", 30.0, policy)  # type: ignore[attr-defined]
+            got = await st.claim(f"w{k}", 30.0, policy)
             if got.job is None:
                 return
-            from coordd.store.api import LeaseRef
-            await st.complete(LeaseRef(got.job.job_id, f"w{k}", got.lease.token), None)  # type: ignore[attr-defined]
+            await st.complete(LeaseRef(got.job.job_id, f"w{k}", got.lease.token), None)
 
     t = time.perf_counter()
     await asyncio.gather(*(client(k) for k in range(clients)))

@@ -216,9 +216,9 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         With `policy.limits` defined, aging on, a job with its own gates waiting or
         resources asked for (by a job, or a worker's kind defaults), the order is by
         effective priority and each candidate is judged on its gates, resources and
-        limits, in any combination (coordd.store.postgres.admission). A repeated `claim_id` returns the lease
-        it granted while that lease lives. A job whose stored payload or checkpoint does
-        not decode is dead-lettered on the way.
+        limits, in any combination (coordd.store.postgres.admission). A repeated
+        `claim_id` returns the lease it granted while that lease lives. A job whose stored
+        payload or checkpoint does not decode is dead-lettered on the way.
         """
         seen = await self.resources_seen()
         admitted = admission.needed(policy, self.claims.gated) or seen
