@@ -7,7 +7,8 @@ On a throwaway cluster, a PostgresStore (the store interface, no daemon), a work
 role `cpu` claims one job of its role at a time (enqueued, then claimed, `--samples`
 times) on the admission path (a job asked for resources and a fleet limit is defined:
 coordd.store.postgres.admission), first on an empty queue, then after `--waiting` jobs of
-role `gpu` were inserted ahead of them (queued earlier, the table ANALYZEd). Then
+role `gpu` were inserted ahead of them (queued earlier, the table ANALYZEd), and with
+none of its role left (the refusal). Then
 `status` and `workflow_skip_absent` (`--samples` each) with those jobs waiting. Prints
 the p50s (issue 28's targets: the claim behind <= 1.5x empty; status <= 5 ms).
 
@@ -95,13 +96,15 @@ async def run(args: argparse.Namespace) -> None:
             await conn.execute(SQL_FILL, args.waiting, "gpu")
             await conn.execute("ANALYZE")
         behind = await _claims(st, policy, ids, args.samples)
+        none = await _p50(args.samples, lambda: st.claim("w", 30.0, policy))  # none of its role
         status = await _p50(args.samples, lambda: st.status(30.0))
         absent = await _p50(args.samples, lambda: st.workflow_skip_absent(600.0, 30.0))
         await st.close()
     finally:
         cluster.stop()
     print(f"admission claim p50: empty {empty:.2f} ms, behind {args.waiting} waiting of "
-          f"another role {behind:.2f} ms ({behind / empty:.2f}x)")
+          f"another role {behind:.2f} ms ({behind / empty:.2f}x); with none of its role "
+          f"{none:.2f} ms")
     print(f"status p50 {status:.2f} ms, workflow_skip_absent p50 {absent:.2f} ms "
           f"({args.waiting} waiting)")
 
