@@ -283,3 +283,63 @@ async def test_status_counts_follow_every_kind_of_write(bundle, request, monkeyp
         shards = {r[0] for r in await conn.fetch("SELECT DISTINCT shard FROM job_counts")}
         live = {r[0] for r in await conn.fetch("SELECT pid FROM pg_stat_activity")}
     assert shards <= live | {0} and sum(by_status.values()) == 13
+
+
+async def test_concurrent_claimers_on_gpu_jobs_with_a_limit_and_gated_jobs(bundle, request):
+    """4 one-GPU workers, each with 3 concurrent claimers (on PostgreSQL over two stores),
+    on jobs asking the GPU (some also a limit of concurrency 2) and gated jobs asking
+    nothing: a worker never runs two GPU jobs at once, the limit is never passed, every
+    job succeeds once."""
+    from coordd.store.postgres import PostgresStore
+    lb = book(api={"concurrency": 2})
+    bundle.policy = admitting(lb)
+    stores = [bundle.store]
+    try:
+        gpu_jobs = {await bundle.enqueue(resources=Request(gpus=1),
+                                         limits=[("api", 1)] if i % 2 else [])
+                    for i in range(16)}
+        limited = {j for i, j in enumerate(sorted(gpu_jobs)) if i % 2}
+        gated = [bundle.job(priority=1) for _ in range(8)]
+        for j in gated:
+            j.gates_json = '{"max_temperature_c": 99}'
+        await bundle.store.enqueue(gated, now=T0)
+        if bundle.kind == "postgres":  # a store learns of requests and gates at its start
+            other = PostgresStore(request.getfixturevalue("pg_dsn"), pool_min=1, pool_max=8)
+            await other.start()
+            stores.append(other)
+        for w in range(4):
+            await gpu_worker(bundle, f"g{w}")
+        held: dict[str, set[str]] = {f"g{w}": set() for w in range(4)}
+        peak = {"api": 0, "now": 0}
+        done: list[str] = []
+
+        async def claimer(n: int) -> None:
+            wid, st = f"g{n % 4}", stores[n % len(stores)]
+            for _ in range(3):
+                got = await st.claim(wid, 30.0, bundle.policy, now=T0 + 1)
+                if got.job is None:
+                    await asyncio.sleep(0.01)
+                    continue
+                job_id = got.job.job_id
+                if job_id in gpu_jobs:
+                    assert got.job.gpu_ids == [0] and not held[wid], (wid, held[wid])
+                    held[wid].add(job_id)
+                if job_id in limited:
+                    peak["now"] += 1
+                    peak["api"] = max(peak["api"], peak["now"])
+                await asyncio.sleep(0.005)
+                held[wid].discard(job_id)
+                peak["now"] -= job_id in limited
+                res = await st.complete(ref(got, wid), '"ok"', now=T0 + 1)
+                assert res.status == "succeeded"
+                done.append(job_id)
+
+        for _ in range(12):
+            await asyncio.gather(*(claimer(n) for n in range(12)))
+            if len(done) == 24:
+                break
+        assert sorted(done) == sorted([*gpu_jobs, *(j.job_id for j in gated)])
+        assert peak["api"] <= 2
+    finally:
+        for st in stores[1:]:
+            await st.close()
