@@ -286,8 +286,11 @@ CREATE INDEX IF NOT EXISTS jobs_claim_role ON jobs (required_role, priority, que
 # costs one counter write, not two. Each session adds its deltas to rows of its own shard
 # (its backend pid), so concurrent transactions never wait on one counter row; shards of
 # sessions gone are folded into shard 0 (sql.SQL_FOLD_COUNTS). The oldest waiting job's age
-# reads one entry of jobs_waiting_since. Its own step, appended last: renumbered at merge.
+# reads one entry of jobs_waiting_since. `jobs` is locked against writes while the counts
+# are taken and the triggers made (a coordd still running the old code writes after).
+# Its own step, appended last: renumbered at merge.
 MIGRATION_JOB_COUNTS = """
+LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE;
 CREATE TABLE job_counts (
     shard    integer NOT NULL,
     status   text NOT NULL,
