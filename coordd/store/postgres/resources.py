@@ -22,7 +22,6 @@ import msgspec
 from coordd import admission
 from coordd.protocol import ClaimResult
 from coordd.resources import Grant, Request
-from coordd.store.postgres.sql import NOW
 
 # one worker's claims, one at a time, while they admit resources (to its transaction's end)
 SQL_WORKER_LOCK = "SELECT pg_advisory_xact_lock(hashtext('coordd-claim-worker'), hashtext($1))"
