@@ -38,3 +38,10 @@ class SQLiteWorkflows:
 
     async def workflow_settle_running(self, *, now: float | None = None) -> int:
         return await self._write(wstore.settle_running, now)
+
+    async def workflow_skip_absent(self, wait_s: float, stale_s: float, *,
+                                   now: float | None = None) -> list[str]:
+        """Skip, `worker_absent`, the waiting nodes no live worker can run
+        (wstore.skip_absent); return their job ids."""
+        return await self._write(
+            lambda conn, t: wstore.skip_absent(conn, t, wait_s, stale_s), now)

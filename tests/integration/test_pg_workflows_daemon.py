@@ -70,3 +70,31 @@ async def test_workflows_on_postgres_over_the_socket(rig):
         with pytest.raises(errors.UnknownMethod, match="schedule_add: not available"):
             await c.schedule_add("nightly", "0 3 * * *", {"name": "n", "nodes": [_node("a")]})
         assert (await c.status()).jobs["succeeded"] == 4
+
+
+async def test_examples_workflow_and_resources_beside_limits_on_postgres(rig):
+    """README's `coordctl workflow submit examples/workflow.toml` (a node with a result
+    schema) is stored on PostgreSQL, and with `[limits.*]` in the config a job asking
+    for resources and naming no limit is enqueued, as is a job with its own gates after
+    it; a node with its own gates, resources and a limit too (issue 28)."""
+    import tomllib
+    from pathlib import Path
+    rig.config_extra = "limits = { api = { concurrency = 2 } }\n"
+    a = rig.coordd("a")
+    await a.wait_serving()
+    spec = tomllib.loads((Path(__file__).parents[2] / "examples" / "workflow.toml").read_text())
+    async with Client(a.socket, timeout=10) as c:
+        story = await c.workflow_submit(spec)
+        assert story.created and list(story.jobs) == ["gather", "narrate", "build"]
+        wf = await c.workflow_get(story.workflow_id)
+        assert [n.status for n in wf.nodes] == ["waiting", "blocked", "blocked"]
+        gpu = await c.enqueue(kind="m", required_role="gpu", payload={}, priority=1,
+                              resources={"gpus": 1})
+        gated = await c.enqueue(kind="m", required_role="cpu", payload={}, priority=3,
+                                gates={"max_memory_pct": 30})
+        assert (await c.get_job(gpu.job_id)).status == "waiting"
+        assert (await c.get_job(gated.job_id)).status == "waiting"
+        combo = await c.workflow_submit({"name": "combo", "nodes": [
+            {**_node("g"), "gates": {"max_memory_pct": 30}, "resources": {"gpus": 1},
+             "limits": ["api"], "result_schema": "claims"}]})
+        assert combo.created

@@ -352,13 +352,8 @@ async def test_leadership_primitive(bundle):
         assert won is True
 
 
-SQLITE_ONLY = "not in the PostgreSQL store yet (issue 20, later sessions): enqueue refuses it"
-
-
 async def test_job_gate_overrides(bundle):
     """A job's own gate overrides (here: P3 may run on battery) apply to its claim."""
-    if bundle.kind == "postgres":
-        pytest.skip(SQLITE_ONLY)
     job = bundle.job(priority=3)
     job.gates_json = '{"require_mains": false, "power_unknown": "mains"}'
     await bundle.store.enqueue([job], now=T0)

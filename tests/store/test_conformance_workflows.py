@@ -260,15 +260,6 @@ async def test_list_is_newest_first_with_counts(bundle):
     assert (await bundle.store.workflow_list("succeeded", 10)).workflows == []
 
 
-async def test_postgres_refuses_what_it_does_not_store_on_a_node(bundle):
-    if bundle.kind != "postgres":
-        pytest.skip("SQLite stores per-node gates, resources, limits and result schemas")
-    wf = plan(bundle, [node("a"), node("b", "a", result_schema="claims")])
-    with pytest.raises(errors.BadRequest, match="node 'b'.*result_schema"):
-        await bundle.store.workflow_submit(wf, now=T0)
-    assert (await bundle.store.workflow_list(None, 10)).workflows == []
-
-
 async def test_postgres_nodes_ending_at_once_in_two_sessions_queue_their_dependent(
         bundle, request, tmp_path):
     """Two nodes of one workflow end in two transactions at the same moment (two stores,
@@ -354,3 +345,30 @@ async def test_a_nodes_own_fields_are_stored_and_claimed_by_them(bundle):
     got = await bundle.claim("g", now=T0 + 2)
     assert (got.job.job_id, got.job.kind, got.job.priority) == (ids["train"], "train", 3)
     assert (await bundle.claim("c", now=T0 + 2)).job is None
+
+
+async def test_a_node_no_live_worker_can_run_is_skipped_worker_absent(bundle):
+    """A waiting node whose role no worker with a fresh heartbeat advertises is skipped
+    with reason `worker_absent` once it waited `wait_s` (not before; not while a live
+    worker offers the role), its dependents follow and its graph ends."""
+    wf = plan(bundle, [node("a"), node("build", "a", required_role="build"),
+                       node("report", "build")])
+    other = plan(bundle, [node("solo", priority=3)], name="other")  # a is claimed first
+    for w in (wf, other):
+        await bundle.store.workflow_submit(w, now=T0)
+    await bundle.store.heartbeat("old", ["build"], {}, now=T0)  # stale from T0 + 30
+    await bundle.worker("w", now=T0)
+    await run_node(bundle, "w", T0 + 1, '"A"')  # build waits from T0 + 1
+    skip = bundle.store.workflow_skip_absent
+    assert await skip(60.0, 30.0, now=T0 + 40) == []  # waited 39 s of 60
+    await bundle.worker("w", now=T0 + 100)
+    assert await skip(60.0, 30.0, now=T0 + 100) == [wf.nodes[1].job_id]
+    view = await bundle.store.workflow_get(wf.workflow_id)
+    assert statuses(view) == {"a": "succeeded", "build": "skipped", "report": "skipped"}
+    assert view.nodes[1].reason == ("worker_absent: no live worker with role build for 99s "
+                                    "(wait 60s)")
+    assert view.status == "partial" and view.nodes[2].reason is not None
+    assert (await bundle.store.workflow_get(other.workflow_id)).status == "running"
+    await bundle.worker("w", now=T0 + 200)
+    assert await skip(60.0, 30.0, now=T0 + 200) == []  # `solo`'s role has a live worker
+    assert await skip(60.0, 30.0, now=T0 + 231) == [other.nodes[0].job_id]  # not any more

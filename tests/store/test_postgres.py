@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from coordd import errors, resources
+from coordd import errors
 from coordd.store.api import LeaseRef
 from tests.store.conftest import Bundle, open_store, policy
 
@@ -104,44 +104,6 @@ async def test_batched_renews_keep_each_callers_answer(pg):
     assert isinstance(res[3], errors.LeaseLost)
     assert all(r.expires_at == 150.0 for i, r in enumerate(res) if i != 3)
     assert pg.store.renews.statements - before < len(refs)
-
-
-async def test_resources_with_aging_in_one_claim_is_refused_not_half_judged(pg):
-    job = pg.job()
-    job.resources = resources.parse_request({"gpus": 1})
-    await pg.store.enqueue([job])
-    aging = policy()
-    aging.aging_interval_s = 60.0
-    with pytest.raises(errors.BadRequest, match="does not yet combine resource requests"):
-        await pg.store.claim("a", 30.0, aging)
-
-
-async def test_resources_beside_limits_are_refused_at_enqueue_and_claims_go_on(pg):
-    """With fleet limits defined, a job asking for resources is refused when it is
-    enqueued (its producer hears why), not at every later claim of every worker; a job
-    with its own gates is refused once resources were asked for."""
-    from coordd import config as config_mod
-    from coordd.clock import FakeClock
-    from coordd.protocol import Claim, Enqueue
-    from coordd.store_service import StoreCoordinator
-    cfg = config_mod.load(None, limits={"api": {"concurrency": 2}})
-    coord = StoreCoordinator(pg.store, cfg, FakeClock(100.0))
-    await coord.load_limits()
-    with pytest.raises(errors.BadRequest, match="does not yet combine resource requests"):
-        await coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=1, payload={},
-                                    resources={"gpus": 1}))
-    plain = await coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=1,
-                                        payload={}, limits=["api"]))
-    await pg.store.heartbeat("a", ["cpu"], {}, now=None)
-    got = await coord.claim(Claim(worker_id="a"))
-    assert got.job is not None and got.job.job_id == plain.job_id
-    bare = StoreCoordinator(pg.store, config_mod.load(None), FakeClock(100.0))
-    job = pg.job()
-    job.resources = resources.parse_request({"gpus": 1})
-    await pg.store.enqueue([job])  # resources asked for, no limits: stored
-    with pytest.raises(errors.BadRequest, match="does not yet combine"):
-        await bare.enqueue(Enqueue(kind="k", required_role="cpu", priority=1, payload={},
-                                   gates={"max_memory_pct": 30}))
 
 
 async def test_wait_for_work_wakes_on_notify(pg):

@@ -1,5 +1,7 @@
-"""PostgresStore's admission claim: fleet-wide limits, priority aging and per-job gate
-overrides, decided in Python over rows read in the claim's own transaction.
+"""PostgresStore's admission claim: fleet-wide limits, priority aging, per-job gate
+overrides and resource requests, in any combination, decided in Python over rows read in
+the claim's own transaction, per candidate in SQLite's order (coordd.claims._Judge): its
+gates, then its resources (coordd.store.postgres.resources), then its limits.
 
 The plain claim (coordd.store.postgres.claims) is one SKIP LOCKED statement; it is used
 while none of these is in play. With limits defined, every claim takes one transaction-level
@@ -13,18 +15,18 @@ break: every time is the statement's NOW (the database's clock, or the pinned `n
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from coordd import gate_decision, gates
+from coordd import gate_decision, gates, resources
 from coordd import limits as lim
 from coordd import transitions as tr
 from coordd.leases import ClaimPolicy
 from coordd.protocol import ClaimResult
 from coordd.store import CLAIM_SCAN, json_decode, lenient_json
+from coordd.store.postgres import resources as pgres
 from coordd.store.postgres import sql
 from coordd.store.postgres.sql import NOW
 
@@ -35,16 +37,18 @@ SQL_LIMITS_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1))"
 # $2 roles, $3 kinds (NULL: any), $4 aging_s (0: strict), $5 priorities the worker's gates
 # pass (a job with its own gates is judged at any), $6 how many. Order: effective
 # priority (aging: one step better per aging_s waited), then queued_at, priority, job id.
-# Within a level the oldest age best, so each level is an ordered walk of the claim index
-# (jobs_claim) and only the merge is sorted.
+# Within a level the oldest age best, so each level is, per role of the worker, an ordered
+# walk of the role-led claim index (jobs_claim_role: waiting jobs of other roles are never
+# stepped over), merged; only the merge of the levels is sorted.
 _EFF = (f"CASE WHEN $4::float8 > 0 THEN greatest(0, j.priority - least(3, floor(greatest(0, "
         f"{NOW} - j.queued_at) / $4::float8))::int) ELSE j.priority END")
 _LEVEL = (
-    f"(SELECT j.job_id, j.priority, j.queued_at, j.gates_json, {_EFF} AS eff FROM jobs j "
-    f"WHERE j.status = 'waiting' AND j.priority = {{p}} AND j.run_at <= {NOW} "
-    "AND j.required_role = ANY($2::text[]) AND ($3::text[] IS NULL OR j.kind = ANY($3::text[])) "
+    "(SELECT c.* FROM unnest($2::text[]) AS r(role) CROSS JOIN LATERAL "
+    f"(SELECT j.job_id, j.priority, j.queued_at, j.gates_json, {_EFF} AS eff, j.kind FROM jobs j "
+    f"WHERE j.status = 'waiting' AND j.required_role = r.role AND j.priority = {{p}} "
+    f"AND j.run_at <= {NOW} AND ($3::text[] IS NULL OR j.kind = ANY($3::text[])) "
     "AND ({p} = ANY($5::int[]) OR j.gates_json IS NOT NULL) "
-    "ORDER BY j.queued_at, j.job_id LIMIT $6)"
+    "ORDER BY j.queued_at, j.job_id LIMIT $6) c ORDER BY c.queued_at, c.job_id LIMIT $6)"
 )
 SQL_CANDIDATES = (
     "SELECT * FROM (" + " UNION ALL ".join(_LEVEL.format(p=p) for p in range(4))
@@ -64,14 +68,17 @@ SQL_PRUNE_USAGE = (f"DELETE FROM limit_usage WHERE name = $2 AND metric = $3 "
                    f"AND at <= {NOW} - $4::float8")
 SQL_USAGE = ("SELECT coalesce(sum(amount), 0)::float8 FROM limit_usage WHERE name = $2 "
              f"AND metric = $3 AND at > {NOW} - $4::float8")
-# the take of one chosen job ($2 job, $3 worker, $4 lease_s, $5 claim_id): the row as
-# sql.SQL_CLAIM returns it, or none when another claim or a cancel got there first
+# the take of one chosen job ($2 job, $3 worker, $4 lease_s, $5 claim_id; $6..$8 its
+# resource grant, resources.grant_row): the row as sql.SQL_CLAIM returns it, or none when
+# another claim or a cancel got there first. A reservation of the job ends with it.
 SQL_TAKE = (
     f"WITH j AS (UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, "
     f"last_token = jobs.last_token + 1, updated_at = {NOW} "
     "WHERE jobs.job_id = $2 AND jobs.status = 'waiting' RETURNING jobs.*), "
+    "d AS (DELETE FROM reservations USING j WHERE reservations.job_id = j.job_id), "
     "l AS (INSERT INTO leases (job_id, worker_id, token, claim_id, granted_at, expires_at, "
-    f"lease_s) SELECT job_id, $3, last_token, $5, {NOW}, {NOW} + $4::float8, $4::float8 FROM j), "
+    "lease_s, gpu_ids, vram_mb, ram_mb) SELECT job_id, $3, last_token, $5, "
+    f"{NOW}, {NOW} + $4::float8, $4::float8, $6, $7, $8 FROM j), "
     "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     f"SELECT job_id, {NOW}, $3, 'waiting', 'running', 'claimed (token ' || last_token || ')' "
     "FROM j) "
@@ -87,11 +94,11 @@ SQL_INSERT_CLAIMS = (  # $2 names, $3 units
 )
 # worker $2's reserved jobs still waiting, oldest reservation first, as SQL_CANDIDATES' rows
 SQL_RESERVED_FOR = (
-    "SELECT j.job_id, j.priority, j.queued_at, j.gates_json, j.priority FROM reservations r "
+    "SELECT j.job_id, j.priority, j.queued_at, j.gates_json, j.priority, j.kind "
+    "FROM reservations r "
     f"JOIN jobs j ON j.job_id = r.job_id WHERE r.worker_id = $2 AND r.expires_at > {NOW} "
     "AND j.status = 'waiting' ORDER BY r.created_at, r.job_id"
 )
-SQL_DELETE_RESERVATION = "DELETE FROM reservations WHERE job_id = $1"
 SQL_RESERVED_LEFT = (  # drop worker $1's reservations whose job no longer waits; any left?
     "WITH d AS (DELETE FROM reservations r USING jobs j WHERE r.worker_id = $1 "
     "AND j.job_id = r.job_id AND j.status <> 'waiting' RETURNING r.job_id) "
@@ -174,17 +181,20 @@ async def limit_detail(r: Readings, book: lim.LimitBook, uses: Sequence[tuple[st
 
 async def claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
                 kinds_list: list[str] | None, claim_id: str | None,
-                now: float | None, reservations: Any = None) -> ClaimResult:
+                now: float | None, reservations: Any = None,
+                resources_seen: bool = False) -> ClaimResult:
     """The best job for the worker, in one transaction: first a job reserved on the worker
     by a preemption (`reservations`: the store's governance.Hint, None: no look) while its
     limits have room, then candidates in effective-priority order (a first page of
     CLAIM_SCAN, then up to SCAN), each judged on its gates (its level's, merged with its
-    own overrides) and its limits; the first that passes is taken and its units held.
-    With no job, `reasons` and `next_slot_s` as on SQLite (coordd.claims)."""
+    own overrides), its resources (once a job asked for any: `resources_seen`, or the
+    worker names kind defaults) and its limits; the first that passes is taken, its
+    grant written on its lease and its units held. With no job, `reasons` and
+    `next_slot_s` as on SQLite (coordd.claims)."""
     bad: list[Any] = []  # taken rows that do not decode: dead-lettered once this commits,
     async with conn.transaction():  # so their workflow is locked before the node (workflows)
         res = await _claim(conn, worker_id, lease_s, policy, kinds_list, claim_id, now,
-                           reservations, bad)
+                           reservations, bad, resources_seen)
     from coordd.store.postgres import claims as plain
     for row in bad:
         await plain.dead_letter(conn, now, row, worker_id)
@@ -193,7 +203,7 @@ async def claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
 
 async def _claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
                  kinds_list: list[str] | None, claim_id: str | None, now: float | None,
-                 reservations: Any, bad: list[Any]) -> ClaimResult:
+                 reservations: Any, bad: list[Any], resources_seen: bool) -> ClaimResult:
     """`claim`'s body, in its transaction."""
     book = policy.limits if policy.limits is not None and policy.limits.active else None
     if book is not None:
@@ -209,6 +219,10 @@ async def _claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
     roles = sorted({x for x in roles if isinstance(x, str)}) if isinstance(roles, list) \
         else []
     walk = _Walk(conn, now, t, policy, book, decision, hb_json, bad)
+    if pgres.active(resources_seen, hb_json):
+        readings = walk.readings()
+        walk.resources = await pgres.ClaimResources.open(
+            conn, worker_id, readings if isinstance(readings, dict) else {})
     if reservations is not None and reservations.maybe:
         got = await _reserved(conn, now, walk, reservations, worker_id, lease_s, claim_id)
         if got is not None:
@@ -241,14 +255,14 @@ async def _reserved(conn: Any, now: float | None, walk: _Walk, hint: Any, worker
                     lease_s: float, claim_id: str | None) -> ClaimResult | None:
     """The job reserved on `worker_id`, taken (its reservation gone, its units held) while
     its limits have room, as SQLite's claim does (gates not judged: the victim's slot is
-    promised to it); None otherwise, the hint lowered when no reservation is left."""
+    promised to it); while the victim's resources are not free yet, a refusal that gives
+    nobody else anything either. None otherwise, the hint lowered when no reservation is
+    left."""
     epoch = hint.epoch
     rows = await conn.fetch(SQL_RESERVED_FOR, now, worker_id)
     if rows:
-        got = await walk.take_first(list(rows), worker_id, lease_s, claim_id, gated=False)
-        if got is not None:
-            await conn.execute(SQL_DELETE_RESERVATION, got.job.job_id)
-        return got
+        return await walk.take_first(list(rows), worker_id, lease_s, claim_id,
+                                     reserved=True)
     if not await conn.fetchval(SQL_RESERVED_LEFT, worker_id) and hint.epoch == epoch:
         hint.maybe = False
     return None
@@ -256,7 +270,8 @@ async def _reserved(conn: Any, now: float | None, walk: _Walk, hint: Any, worker
 
 class _Walk:
     """One admission claim's judging of candidates: refusals gathered in `reasons` (the
-    first detail per code), the earliest rate slot in `next_slot`."""
+    first detail per code), the earliest rate slot in `next_slot`; `resources` the
+    claim's resource step (None: no job asks and the worker names no defaults)."""
 
     def __init__(self, conn: Any, now: float | None, t: float, policy: ClaimPolicy,
                  book: lim.LimitBook | None, decision: gate_decision.GateDecision,
@@ -264,42 +279,88 @@ class _Walk:
         self.conn, self.now, self.t, self.policy, self.book = conn, now, t, policy, book
         self.bad = bad  # taken rows that do not decode (claim dead-letters them)
         self.decision, self._heartbeat_json = decision, heartbeat_json
-        self._readings: dict[str, Any] | None = None
+        self._readings: Any = None
         self.limits = Readings(conn, now)
+        self.resources: pgres.ClaimResources | None = None
         self.reasons: dict[str, str] = {}
         self.next_slot: float | None = None
 
+    def readings(self) -> Any:
+        """The worker's stored readings, decoded on first use."""
+        if self._readings is None:
+            self._readings = lenient_json(self._heartbeat_json, {})
+        return self._readings
+
     async def take_first(self, rows: list[Any], worker_id: str, lease_s: float,
-                         claim_id: str | None, gated: bool = True) -> ClaimResult | None:
-        """Take the first of `rows` that passes (None: none did; `gated` False: limits
-        judged, gates not)."""
-        from coordd.store.postgres import claims as plain  # the plain claim's row decoding
+                         claim_id: str | None, reserved: bool = False
+                         ) -> ClaimResult | None:
+        """Take the first of `rows` that passes (None: none did). `reserved`: rows of
+        reservations on this worker, judged on their limits, then resources (a shortfall
+        refuses the claim), not on their gates."""
         uses: dict[str, list[tuple[str, int]]] = {}
         if self.book is not None and rows:
             for job_id, name, units in await self.conn.fetch(SQL_JOB_LIMITS_OF,
                                                              [r[0] for r in rows]):
                 uses.setdefault(job_id, []).append((name, units))
-        for job_id, prio, _queued_at, gates_json, _eff in rows:
-            if gated and not await self._gates_pass(job_id, prio, gates_json):
-                continue
+        res = self.resources
+        if res is not None:
+            await res.learn([(r[0], r[5]) for r in rows])
+        for job_id, prio, _queued_at, gates_json, _eff, _kind in rows:
             job_uses = uses.get(job_id, [])
-            if job_uses and self.book is not None:
-                why, slot = await limit_detail(self.limits, self.book, job_uses, prio, self.t)
-                if slot is not None and (self.next_slot is None or slot < self.next_slot):
-                    self.next_slot = slot
-                if why is not None:
-                    self.reasons.setdefault(lim.LIMIT_REFUSED, why)
+            if reserved:
+                if not await self._limits_pass(job_uses, prio):
                     continue
-            row = await self.conn.fetchrow(SQL_TAKE, self.now, job_id, worker_id, lease_s,
-                                           claim_id)
-            if row is None:  # taken or cancelled meanwhile
-                continue
-            with contextlib.suppress(plain.Undecodable):
-                got = plain.claimed(row)
-                await _hold(self.conn, self.now, self.book, job_id, worker_id, prio, job_uses)
+                short = res.admit(job_id) if res is not None else None
+                if short is not None:  # the victim's GPU memory is not free yet
+                    return ClaimResult(reasons=[resources.RESOURCES],
+                                       detail=f"reserved for job {job_id}: {short}")
+            else:
+                if not await self._gates_pass(job_id, prio, gates_json):
+                    continue
+                short = res.admit(job_id, prio) if res is not None else None
+                if short is not None:
+                    self.reasons.setdefault(resources.RESOURCES, short)
+                    continue
+                if not await self._limits_pass(job_uses, prio):
+                    continue
+            got = await self._take(job_id, worker_id, lease_s, claim_id, prio, job_uses)
+            if got is not None:
                 return got
-            self.bad.append(row)
         return None
+
+    async def _limits_pass(self, job_uses: list[tuple[str, int]], prio: int) -> bool:
+        """Whether the job's limits have room (always, with none defined or named)."""
+        if not job_uses or self.book is None:
+            return True
+        why, slot = await limit_detail(self.limits, self.book, job_uses, prio, self.t)
+        if slot is not None and (self.next_slot is None or slot < self.next_slot):
+            self.next_slot = slot
+        if why is not None:
+            self.reasons.setdefault(lim.LIMIT_REFUSED, why)
+            return False
+        return True
+
+    async def _take(self, job_id: str, worker_id: str, lease_s: float,
+                    claim_id: str | None, prio: int, job_uses: list[tuple[str, int]]
+                    ) -> ClaimResult | None:
+        """Take the job under a new lease with its grant and hold its units; None when
+        another claim or a cancel got there first, or its data does not decode (the row
+        kept in `bad`)."""
+        from coordd.store.postgres import claims as plain  # the plain claim's row decoding
+        grant = self.resources.grants.get(job_id) if self.resources is not None else None
+        row = await self.conn.fetchrow(SQL_TAKE, self.now, job_id, worker_id, lease_s,
+                                       claim_id, *pgres.grant_row(grant))
+        if row is None:  # taken or cancelled meanwhile
+            return None
+        try:
+            got = plain.claimed(row)
+        except plain.Undecodable:
+            self.bad.append(row)
+            return None
+        await _hold(self.conn, self.now, self.book, job_id, worker_id, prio, job_uses)
+        if grant is not None and got.job is not None:
+            got.job.gpu_ids = list(grant.gpu_ids) or None
+        return got
 
     async def _gates_pass(self, job_id: str, prio: int, gates_json: str | None) -> bool:
         """The job's gates on the worker's readings; a job whose own gates do not decode
@@ -307,11 +368,9 @@ class _Walk:
         if gates_json is None:
             refused = self.decision.refused.get(prio, [])
         else:
-            if self._readings is None:
-                self._readings = lenient_json(self._heartbeat_json, {})
             try:
                 refused = gates.evaluate(gates.merge(self.policy.policies[prio],
-                                                     json_decode(gates_json)), self._readings)
+                                                     json_decode(gates_json)), self.readings())
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 d = tr.dead_letter(tr.WAITING, gates.GATES_DECODE_ERROR, str(exc))
                 await self.conn.execute(SQL_DEAD_LETTER_WAITING, self.now, job_id,

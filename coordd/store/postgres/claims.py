@@ -22,6 +22,7 @@ from coordd.leases import ClaimPolicy
 from coordd.protocol import ClaimedJob, ClaimResult, LeaseGrant
 from coordd.store import json_decode, lenient_json, maybe_json
 from coordd.store.postgres import admission, batch, sql, workflows
+from coordd.store.postgres import resources as pgres
 
 SEEN_WORKERS_MAX = 4096  # gate decisions remembered (one per worker) before starting over
 
@@ -54,38 +55,41 @@ class Claims:
 
     async def claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy,
                     kinds: Sequence[str] | None, claim_id: str | None,
-                    now: float | None, reservations: Any = None) -> ClaimResult:
+                    now: float | None, reservations: Any = None,
+                    resources_seen: bool = False) -> ClaimResult:
         """See PostgresStore.claim. A connection lost under the statement (it may have
         committed) looks the `claim_id` up once on another: the lease it granted, if any,
-        is the answer, never left to the reaper. With limits, aging or per-job
-        gates in play, the admission path (coordd.store.postgres.admission), which takes
+        is the answer, never left to the reaper. With limits, aging, per-job gates or
+        resources in play (`resources_seen`: a job asked; or the worker's heartbeat names
+        kind defaults), the admission path (coordd.store.postgres.admission), which takes
         a job reserved on the worker first (`reservations`: the store's reservation hint).
         Raises: errors.Unavailable."""
         try:
             return await self._claim(worker_id, lease_s, policy, kinds, claim_id, now,
-                                     reservations)
+                                     reservations, resources_seen)
         except errors.Unavailable:
             if claim_id is None:
                 raise
             async with self._conn() as conn:
                 row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
-            if row is None:
-                raise
-            return claimed(row)
+                if row is not None:
+                    return await pgres.with_gpus(conn, claimed(row))
+            raise
 
     async def _claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy,
                      kinds: Sequence[str] | None, claim_id: str | None,
-                     now: float | None, reservations: Any = None) -> ClaimResult:
+                     now: float | None, reservations: Any, resources_seen: bool
+                     ) -> ClaimResult:
         kinds_list = None if kinds is None else sorted(set(kinds))
         if claim_id is not None:
             async with self._conn() as conn:
                 row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
-            if row is not None:
-                return claimed(row)
-        if admission.needed(policy, self.gated):
+                if row is not None:
+                    return await pgres.with_gpus(conn, claimed(row))
+        if admission.needed(policy, self.gated) or resources_seen:
             async with self._conn() as conn:
                 return await admission.claim(conn, worker_id, lease_s, policy, kinds_list,
-                                             claim_id, now, reservations)
+                                             claim_id, now, reservations, resources_seen)
         seen = self._seen.get(worker_id)
         if seen is not None and seen.policy is policy and seen.decision.allowed:
             row = await self.batcher.submit(now, (worker_id, claim_id, lease_s, kinds_list, seen))
@@ -107,6 +111,9 @@ class Claims:
             detail = (f"worker {worker_id} never sent a heartbeat" if hb_at is None
                       else decision.stale)
             return ClaimResult(reasons=[gates.HEARTBEAT_STALE], detail=detail)
+        if pgres.active(False, hb_json or ""):  # the worker names kind defaults: admit
+            return await admission.claim(conn, worker_id, lease_s, policy, kinds_list,
+                                         claim_id, now, None, False)
         roles = lenient_json(roles_json, [])
         roles = sorted({r for r in roles if isinstance(r, str)}) if isinstance(roles, list) else []
         if len(self._seen) >= SEEN_WORKERS_MAX:

@@ -3,9 +3,10 @@ a `complete` judged in Python (a result schema, reported usage against budgets),
 runtime overrides and the `limits` views. The claim's side is
 coordd.store.postgres.admission.
 
-A job with a `result_schema` never matches the batched complete (sql.SQL_COMPLETE_BATCH);
-it is completed here, with coordd.transitions.complete deciding, in one transaction that
-ends the lease and writes the decision, as `fail` does.
+A job with a `result_schema` and a workflow node never match the batched complete
+(sql.SQL_COMPLETE_BATCH); they are completed here, with coordd.transitions.complete
+deciding, in one transaction that ends the lease, writes the decision and settles a
+node's workflow, as `fail` does.
 """
 
 from __future__ import annotations
@@ -22,17 +23,18 @@ from coordd.protocol import CompleteResult
 from coordd.protocol_limits import LimitView
 from coordd.store import NewJob
 from coordd.store.api import Backoff, LeaseRef
-from coordd.store.postgres import admission, apply, sql
+from coordd.store.postgres import admission, apply, sql, workflows
 from coordd.store.postgres.sql import NOW
 
 SQL_ATTACH = (  # $1 job ids, $2 names, $3 units
     "INSERT INTO job_limits (job_id, name, units) "
     "SELECT * FROM unnest($1::text[], $2::text[], $3::int[])"
 )
-SQL_ANY_GATED = ("SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'waiting' "
+SQL_ANY_GATED = ("SELECT EXISTS (SELECT 1 FROM jobs WHERE status IN ('waiting', 'blocked') "
                  "AND gates_json IS NOT NULL)")
 SQL_SUCCEED = (  # $2 job, $3 result JSON
-    f"UPDATE jobs SET status = 'succeeded', result_json = $3, last_error = NULL, "
+    "UPDATE jobs SET status = 'succeeded', result_json = $3, artifact_sha256 = NULL, "
+    "last_error = NULL, "
     f"cancel_requested = false, updated_at = {NOW}, finished_at = {NOW} WHERE job_id = $2"
 )
 SQL_RECORD_USAGE = (  # $2 job, $3 metrics, $4 amounts; $5, $6: (limit, metric) with a budget
@@ -84,8 +86,11 @@ async def attach(conn: Any, jobs: Sequence[NewJob]) -> None:
 async def complete_checked(conn: Any, now: float | None, ref: LeaseRef,
                            result_json: str | None, backoff: Backoff) -> CompleteResult:
     """A fenced complete decided by coordd.transitions.complete (result schema, a requested
-    cancel), in the caller's transaction. Raises: the fencing errors."""
+    cancel), in the caller's transaction; a workflow node's workflow is locked first and
+    settled after (coordd.store.postgres.workflows' lock order). Raises: the fencing
+    errors."""
     from coordd.store.postgres.store import _end_lease  # the fenced lease end, shared
+    wid = await workflows.lock_of_job(conn, ref.job_id)
     held, t = await _end_lease(conn, now, ref)
     d = tr.complete(held, t, result_json, False, backoff)
     if d.t is tr.COMPLETED:
@@ -104,6 +109,8 @@ async def complete_checked(conn: Any, now: float | None, ref: LeaseRef,
                            d.t.to_status, d.reason)
     else:
         await apply.apply(conn, now, ref.job_id, ref.worker_id, d)
+    if d.settle:
+        await workflows.settle(conn, now, wid)
     return CompleteResult(status=d.t.to_status, error=d.invalid)
 
 
@@ -117,8 +124,13 @@ class PostgresAdmission:
     def _result_backoff(self) -> Backoff:
         return self.backoff_factory() if self.backoff_factory is not None else _no_backoff
 
+    async def attach_limits(self, conn: Any, jobs: Sequence[Any]) -> None:
+        """`attach` for new jobs or workflow nodes (in their insert's transaction)."""
+        await attach(conn, jobs)
+
     async def _gated_waiting(self) -> bool:
-        """Whether a waiting job has its own gates (claims then take the admission path)."""
+        """Whether a waiting (or blocked: a workflow node) job has its own gates (claims
+        then take the admission path)."""
         async with self._conn() as conn:
             return bool(await conn.fetchval(SQL_ANY_GATED))
 

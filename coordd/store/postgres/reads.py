@@ -13,6 +13,8 @@ from coordd.protocol import EventView, JobList, JobView
 from coordd.store.api import JobFilter, StoreStatus
 from coordd.store.postgres import sql
 
+COUNT_SHARD_ROWS_MAX = 1024  # job_counts rows `status` reads before it folds old shards
+
 
 async def get_job(conn: Any, now: float | None, job_id: str, aging_s: float) -> JobView:
     """One job with its lease and event log. Raises: errors.NotFound."""
@@ -39,9 +41,18 @@ async def list_jobs(conn: Any, now: float | None, flt: JobFilter, aging_s: float
 
 
 async def status(conn: Any, now: float | None, stale_s: float) -> StoreStatus:
-    """Workers (all, live), live leases, jobs by status and waiting by priority (counted)."""
-    jobs, waiting = views.counts_view({(s, p): n for s, p, n in await conn.fetch(sql.SQL_COUNTS)})
-    workers, live, leases, oldest = await conn.fetchrow(sql.SQL_STATUS_LIVE, now, stale_s)
+    """Workers (all, live), live leases, jobs by status and waiting by priority, from the
+    counts the writes keep (schema MIGRATION_JOB_COUNTS; running jobs: their leases), in
+    one snapshot, no scan of jobs. Past COUNT_SHARD_ROWS_MAX counter rows, the shards of
+    sessions gone are folded first."""
+    async with conn.transaction(isolation="repeatable_read"):
+        rows = await conn.fetch(sql.SQL_COUNTS)
+        workers, live, leases, oldest = await conn.fetchrow(sql.SQL_STATUS_LIVE, now, stale_s)
+    if rows and rows[0][3] > COUNT_SHARD_ROWS_MAX:
+        await conn.execute(sql.SQL_FOLD_COUNTS)
+    counts = {(s, p): n for s, p, n, _ in rows if n}
+    jobs, waiting = views.counts_view(counts)
+    jobs["running"] = leases
     return StoreStatus(workers=workers, workers_live=live, active_leases=leases, jobs=jobs,
                        waiting_by_priority=waiting, oldest_waiting_age_s=oldest)
 

@@ -1,14 +1,16 @@
 """PostgresStore's resource admission (coordd.resources decides, coordd.admission walks):
 a job's request (`job_resources`), what a lease was granted (on the lease row), and the
-claim that admits. Every statement of it is here.
+claim's resource step. Every statement of it is here.
 
-While no job ever asked for resources, claims take the batched SKIP LOCKED path of
-coordd.store.postgres.claims and nothing here runs. Once one did (`resources_seen`:
-an enqueue with a request, or a request found in the database), every claim of this
-store is `admitted_claim`: one transaction that locks the best candidates in claim order
-(SKIP LOCKED), admits them one by one with coordd.admission.Admission (the SQLite claim's
-rules: best-fit GPUs, capacity held back for a higher priority) and takes the first that
-fits, its grant written on its new lease in the same statement.
+While no job ever asked for resources (`resources_seen`: an enqueue with a request, or a
+request found in the database at start) and the worker names no kind defaults, claims
+take the batched SKIP LOCKED path of coordd.store.postgres.claims and nothing here runs.
+Otherwise the claim is the admission walk (coordd.store.postgres.admission), which judges
+each candidate's gates, then its resources (`ClaimResources`: coordd.admission.Admission,
+the SQLite claim's rules), then its limits, and writes the grant on the new lease in the
+statement that takes the job. The rule not to break: a claim reads the worker's held
+grants only under the worker's claim lock (SQL_WORKER_LOCK), so two claims of one worker
+at once never grant the same GPU.
 """
 
 from __future__ import annotations
@@ -17,15 +19,12 @@ from typing import Any
 
 import msgspec
 
-from coordd import admission, gate_decision, gates, resources
-from coordd.claims import ClaimPolicy
+from coordd import admission
 from coordd.protocol import ClaimResult
 from coordd.resources import Grant, Request
-from coordd.store import CLAIM_SCAN, lenient_json
-from coordd.store.postgres import claims, sql
-from coordd.store.postgres.sql import NOW
 
-WALK_MAX = CLAIM_SCAN * 4  # candidates one admitted claim locks and looks at
+# one worker's claims, one at a time, while they admit resources (to its transaction's end)
+SQL_WORKER_LOCK = "SELECT pg_advisory_xact_lock(hashtext('coordd-claim-worker'), hashtext($1))"
 
 SQL_INSERT_REQUESTS = (  # $1 job ids, $2 gpus, $3 vram_mb, $4 ram_mb
     "INSERT INTO job_resources (job_id, gpus, vram_mb, ram_mb) "
@@ -46,49 +45,43 @@ SQL_RESERVED_REQUESTS = (
     "JOIN job_resources q ON q.job_id = r.job_id JOIN jobs j ON j.job_id = r.job_id "
     "WHERE j.status = 'waiting'"
 )
-SQL_RESERVED_FOR = (  # worker $2's live reservation whose job waits, locked
-    "SELECT j.job_id, j.priority FROM reservations r JOIN jobs j ON j.job_id = r.job_id "
-    f"WHERE r.worker_id = $2 AND r.expires_at > {NOW} AND j.status = 'waiting' "
-    "ORDER BY r.created_at, r.job_id LIMIT 1 FOR UPDATE OF j SKIP LOCKED"
-)
-# $2 allowed priorities, $3 roles, $4 kinds (NULL: any), $5 limit: the candidates in claim
-# order, locked (those another claim holds are skipped), with their requests
-SQL_WALK = (
-    "SELECT j.job_id, j.priority, j.kind, q.gpus, q.vram_mb, q.ram_mb FROM jobs j "
-    "LEFT JOIN job_resources q ON q.job_id = j.job_id WHERE j.status = 'waiting' "
-    f"AND j.run_at <= {NOW} AND j.priority = ANY($2::int[]) "
-    "AND j.required_role = ANY($3::text[]) AND ($4::text[] IS NULL OR j.kind = ANY($4::text[])) "
-    "AND j.gates_json IS NULL ORDER BY j.priority, j.queued_at, j.job_id LIMIT $5 "
-    "FOR UPDATE OF j SKIP LOCKED"
-)
-# Take the locked job $2 for worker $3 ($4 lease_s, $5 claim_id; $6..$8 the grant): as
-# sql.SQL_CLAIM's take; its reservation, if any, ends with it.
-SQL_TAKE = (
-    "WITH j AS (UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, "
-    f"last_token = jobs.last_token + 1, updated_at = {NOW} "
-    "WHERE jobs.job_id = $2 AND jobs.status = 'waiting' RETURNING jobs.*), "
-    "d AS (DELETE FROM reservations USING j WHERE reservations.job_id = j.job_id), "
-    "l AS (INSERT INTO leases (job_id, worker_id, token, claim_id, granted_at, expires_at, "
-    f"lease_s, gpu_ids, vram_mb, ram_mb) SELECT job_id, $3, last_token, $5, {NOW}, "
-    f"{NOW} + $4::float8, $4::float8, $6, $7, $8 FROM j), "
-    "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
-    f"SELECT job_id, {NOW}, $3, 'waiting', 'running', 'claimed (token ' || last_token || ')' "
-    "FROM j) "
-    "SELECT j.job_id, j.kind, j.required_role, j.priority, j.payload_json, j.attempts, "
-    f"j.checkpoint_json, j.max_runtime_s, j.last_token, {NOW} + $4::float8, $4::float8 FROM j"
-)
 SQL_GRANT_OF = "SELECT gpu_ids, vram_mb, ram_mb FROM leases WHERE job_id = $1 AND " + _GRANTED
 SQL_REQUEST_OF = "SELECT gpus, vram_mb, ram_mb FROM job_resources WHERE job_id = $1"
 
 
-class _Admission(admission.Admission):
-    """coordd.admission.Admission over rows read beforehand: the candidates' requests
-    and the worker's held grants (no connection)."""
+def active(seen: bool, heartbeat_json: str) -> bool:
+    """Whether a claim admits resources: a job ever asked (`seen`), or the worker's
+    heartbeat names kind defaults (coordd.admission.needed, SQLite's rule)."""
+    return admission.needed(seen, heartbeat_json)
 
-    def __init__(self, worker_id: str, readings: dict[str, Any], held: list[Grant],
-                 requests: dict[str, Request], kinds: dict[str, str] | None = None) -> None:
+
+class ClaimResources(admission.Admission):
+    """coordd.admission.Admission for one claim on this store: the worker's held grants
+    read once under its claim lock (`open`), the candidates' requests and kinds learnt
+    page by page (`learn`) before they are admitted."""
+
+    def __init__(self, conn: Any, worker_id: str, readings: dict[str, Any]) -> None:
         super().__init__(None, worker_id, readings)  # type: ignore[arg-type]
-        self._held, self._requests, self._kinds = held, requests, kinds or {}
+        self._pg = conn
+        self._requests: dict[str, Request] = {}
+        self._kinds: dict[str, str] = {}
+
+    @classmethod
+    async def open(cls, conn: Any, worker_id: str,
+                   readings: dict[str, Any]) -> ClaimResources:
+        """Take the worker's claim lock and read its held grants (in the claim's
+        transaction)."""
+        await conn.execute(SQL_WORKER_LOCK, worker_id)
+        got = cls(conn, worker_id, readings)
+        got._held = [grant_of(*r) for r in await conn.fetch(SQL_HELD_GRANTS, worker_id)]
+        return got
+
+    async def learn(self, jobs: list[tuple[str, str]]) -> None:
+        """Read the requests of the candidates (job_id, kind) not seen yet."""
+        new = [j for j, _ in jobs if j not in self._kinds]
+        self._kinds.update(jobs)
+        if new:
+            self._requests.update(await _requests(self._pg, new))
 
     def request(self, job_id: str) -> Request | None:
         """The job's own request, else its kind's default on this worker."""
@@ -137,75 +130,6 @@ class ResourcesPostgres:
                            [j.resources.vram_mb for j in asking],
                            [j.resources.ram_mb for j in asking])
 
-    async def admitted_claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy,
-                             kinds: Any, claim_id: str | None,
-                             now: float | None) -> ClaimResult:
-        """The claim while requests exist (see the module docstring): a live reservation
-        on this worker first, then the candidates in claim order; with none admitted,
-        the reasons (`resources` with what is short, the gates' codes, ...)."""
-        kinds = None if kinds is None else sorted(set(kinds))
-        async with self._conn() as conn:
-            if claim_id is not None:
-                row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
-                if row is not None:
-                    return await _with_gpus(conn, claims.claimed(row))
-            while True:
-                bad: list[Any] = []  # taken rows that do not decode: dead-lettered after
-                async with conn.transaction():  # the commit, in the workflow-then-node order
-                    got = await self._admit_once(conn, worker_id, lease_s, policy, kinds,
-                                                 claim_id, now, bad)
-                for row in bad:
-                    await claims.dead_letter(conn, now, row, worker_id)
-                if got is not None:
-                    return got
-
-    async def _admit_once(self, conn: Any, worker_id: str, lease_s: float,
-                          policy: ClaimPolicy, kinds: list[str] | None,
-                          claim_id: str | None, now: float | None,
-                          bad: list[Any]) -> ClaimResult | None:
-        """One try; None when the job taken does not decode (its row put in `bad`)."""
-        t, roles_json, hb_json, hb_at = await conn.fetchrow(sql.SQL_CLAIM_WORKER, now, worker_id)
-        decision = gate_decision.decide(policy, hb_json, hb_at, t)
-        if decision.stale is not None:
-            detail = (f"worker {worker_id} never sent a heartbeat" if hb_at is None
-                      else decision.stale)
-            return ClaimResult(reasons=[gates.HEARTBEAT_STALE], detail=detail)
-        readings = lenient_json(hb_json, {})
-        readings = readings if isinstance(readings, dict) else {}
-        held = [grant_of(*r) for r in await conn.fetch(SQL_HELD_GRANTS, worker_id)]
-        reserved = await conn.fetchrow(SQL_RESERVED_FOR, now, worker_id) \
-            if self.reservation_hint.maybe else None  # type: ignore[attr-defined]
-        if reserved is not None:
-            adm = _Admission(worker_id, readings, held, await _requests(conn, [reserved[0]]))
-            short = adm.admit(reserved[0])
-            if short is not None:  # the victim's GPU memory is not free yet: nobody else's
-                return ClaimResult(reasons=[resources.RESOURCES],
-                                   detail=f"reserved for job {reserved[0]}: {short}")
-            return await _take(conn, now, worker_id, reserved[0], lease_s, claim_id, bad,
-                               adm.grants.get(reserved[0]))
-        roles = lenient_json(roles_json, [])
-        roles = sorted({r for r in roles if isinstance(r, str)}) if isinstance(roles, list) else []
-        walk = await conn.fetch(SQL_WALK, now, decision.allowed, roles, kinds, WALK_MAX) \
-            if decision.allowed else []
-        adm = _Admission(worker_id, readings, held, {
-            r[0]: Request(gpus=r[3], vram_mb=r[4], ram_mb=r[5]) for r in walk if r[3] is not None},
-            {r[0]: r[2] for r in walk})
-        why: dict[str, str] = {}
-        for job_id, prio, *_ in walk:
-            short = adm.admit(job_id, prio)
-            if short is None:
-                return await _take(conn, now, worker_id, job_id, lease_s, claim_id, bad,
-                                   adm.grants.get(job_id))
-            why.setdefault(resources.RESOURCES, short)
-        refused = [p for (p,) in await conn.fetch(sql.SQL_GATED_PRIORITIES, now, roles, kinds,
-                                                  decision.allowed)] if decision.refused else []
-        reasons = {**why, **{k: v for k, v in decision.reasons(refused).items() if k not in why}}
-        if not reasons and await conn.fetchval(sql.SQL_ANY_RUNNABLE, now) is not None:
-            reasons[gates.NO_MATCHING_ROLE] = ("no runnable job needs one of this worker's "
-                                               "roles" + (" and kinds" if kinds else ""))
-        return ClaimResult(reasons=list(reasons), detail="; ".join(reasons.values()))
-
-
 
 async def books(conn: Any) -> tuple[dict[str, list[Grant]], dict[str, list[Request]],
                                     dict[str, Grant]]:
@@ -240,25 +164,9 @@ async def _requests(conn: Any, job_ids: list[str]) -> dict[str, Request]:
             for r in await conn.fetch(SQL_REQUESTS_OF, job_ids)}
 
 
-async def _take(conn: Any, now: float | None, worker_id: str, job_id: str, lease_s: float,
-                claim_id: str | None, bad: list[Any], grant: Grant | None
-                ) -> ClaimResult | None:
-    """Take the locked job under a new lease with its grant; None if its data does not
-    decode (the row appended to `bad`, for claims.dead_letter once this commits)."""
-    row = await conn.fetchrow(SQL_TAKE, now, job_id, worker_id, lease_s, claim_id,
-                              *grant_row(grant))
-    try:
-        got = claims.claimed(row)
-    except claims.Undecodable:
-        bad.append(row)
-        return None
-    if grant is not None and got.job is not None:
-        got.job.gpu_ids = list(grant.gpu_ids) or None
-    return got
-
-
-async def _with_gpus(conn: Any, got: ClaimResult) -> ClaimResult:
-    """A replayed claim with its lease's GPUs, as the first reply had them."""
+async def with_gpus(conn: Any, got: ClaimResult) -> ClaimResult:
+    """A replayed claim (a repeated claim_id) with its lease's GPUs, as the first reply
+    had them."""
     if got.job is not None:
         row = await conn.fetchrow(SQL_GRANT_OF, got.job.job_id)
         if row is not None:

@@ -218,7 +218,7 @@ CREATE INDEX workflow_edges_dep ON workflow_edges (dep_job_id);
 
 # Fleet-wide limits (coordd.store.postgres.admission): what jobs consume, the units held
 # by running jobs (released by a trigger on every lease row that goes, as on SQLite), the
-# rate windows, reported usage and the runtime overrides. Its own step: renumbered at merge.
+# rate windows, reported usage and the runtime overrides.
 MIGRATION_LIMITS = """
 CREATE TABLE job_limits (
     job_id text NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
@@ -318,6 +318,59 @@ CREATE INDEX jobs_claim_role ON jobs (required_role, priority, queued_at, job_id
     WHERE status = 'waiting';
 """
 
+# worker_absent's look (coordd.store.postgres.workflows.skip_absent): the waiting
+# workflow nodes only.
+MIGRATION_ABSENT = """
+CREATE INDEX jobs_workflow_waiting ON jobs (queued_at)
+    WHERE status = 'waiting' AND workflow_id IS NOT NULL;
+"""
+
+# `status` without a scan of jobs (coordd.store.postgres.reads): jobs counted by (status,
+# priority) in the transaction of every write, by row triggers that fire only when a row's
+# status or priority changes. Running jobs are not counted here: a job runs exactly while
+# it has a lease row, so `status` counts the (few) leases instead, and a claim or a complete
+# costs one counter write, not two. Each session adds its deltas to rows of its own shard
+# (its backend pid), so concurrent transactions never wait on one counter row; shards of
+# sessions gone are folded into shard 0 (sql.SQL_FOLD_COUNTS). The oldest waiting job's age
+# reads one entry of jobs_waiting_since. `jobs` is locked against writes while the counts
+# are taken and the triggers made (a coordd still running the old code writes after).
+MIGRATION_JOB_COUNTS = """
+LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE;
+CREATE TABLE job_counts (
+    shard    integer NOT NULL,
+    status   text NOT NULL,
+    priority integer NOT NULL,
+    n        bigint NOT NULL,
+    PRIMARY KEY (shard, status, priority)
+);
+INSERT INTO job_counts (shard, status, priority, n)
+    SELECT 0, status, priority, count(*) FROM jobs WHERE status <> 'running'
+    GROUP BY status, priority;
+CREATE FUNCTION coordd_job_counts() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' AND OLD.status <> 'running' THEN
+        INSERT INTO job_counts AS c (shard, status, priority, n)
+        VALUES (pg_backend_pid(), OLD.status, OLD.priority, -1)
+        ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n - 1;
+    END IF;
+    IF TG_OP <> 'DELETE' AND NEW.status <> 'running' THEN
+        INSERT INTO job_counts AS c (shard, status, priority, n)
+        VALUES (pg_backend_pid(), NEW.status, NEW.priority, 1)
+        ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n + 1;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER job_counts_insert AFTER INSERT ON jobs
+    FOR EACH ROW EXECUTE FUNCTION coordd_job_counts();
+CREATE TRIGGER job_counts_update AFTER UPDATE OF status, priority ON jobs FOR EACH ROW
+    WHEN (OLD.status <> NEW.status OR OLD.priority <> NEW.priority)
+    EXECUTE FUNCTION coordd_job_counts();
+CREATE TRIGGER job_counts_delete AFTER DELETE ON jobs
+    FOR EACH ROW EXECUTE FUNCTION coordd_job_counts();
+CREATE INDEX jobs_waiting_since ON jobs ((greatest(queued_at, run_at)))
+    WHERE status = 'waiting';
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -332,6 +385,8 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_SCHEDULES,  # schedules
     MIGRATION_MAINTENANCE,  # jobs_finished
     MIGRATION_CLAIM_ROLE,  # jobs_claim_role
+    MIGRATION_ABSENT,  # jobs_workflow_waiting (worker_absent's look)
+    MIGRATION_JOB_COUNTS,  # job_counts (+ its triggers), jobs_waiting_since
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -342,7 +397,7 @@ SQL_TRUNCATE = ("TRUNCATE job_events, leases, jobs, artifacts, workers, "
                 "message_reads, messages, agents, job_logs, enrol_tokens, reservations, "
                 "job_resources, workflow_edges, workflows, job_limits, limit_holds, "
                 "limit_claims, limit_usage, limit_overrides, artifact_chunks, artifact_uploads, "
-                "schedules RESTART IDENTITY CASCADE")
+                "schedules, job_counts RESTART IDENTITY CASCADE")
 
 
 async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:

@@ -146,8 +146,7 @@ SQL_RENEW_BATCH = (  # $2 job ids, $3 workers, $4 tokens, $5 lease_s
 # $2 job ids, $3 workers, $4 tokens, $5 results (JSON text); $6, $7: last_error and event
 # reason of a complete that meets a requested cancel (postgres.apply.COMPLETE_TEXTS).
 # Not matched: workflow nodes (they settle in a transaction of their own,
-# postgres.workflows.complete_one) and jobs with a result schema (postgres.limits
-# .complete_checked judges them).
+# postgres.limits.complete_checked) and jobs with a result schema (judged there too).
 SQL_COMPLETE_BATCH = (
     "WITH r AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[]) "
     "AS r(job_id, worker_id, token, result_json)), "
@@ -276,7 +275,19 @@ SQL_OLDEST_DUE = (  # the $3 oldest due waiting jobs of level $2 (coordd.waiting
     SQL_JOB_ROW + f"WHERE j.status = 'waiting' AND j.priority = $2 AND j.run_at <= {NOW} "
     "ORDER BY j.queued_at, j.job_id LIMIT $3"
 )
-SQL_COUNTS = "SELECT status, priority, count(*) FROM jobs GROUP BY status, priority"
+# jobs by (status, priority), summed over the sessions' shards (schema MIGRATION_JOB_COUNTS),
+# and how many shard rows there are (reads.status folds them past COUNT_SHARD_ROWS_MAX)
+SQL_COUNTS = (
+    "SELECT status, priority, sum(n)::bigint, sum(count(*)) OVER ()::int FROM job_counts "
+    "GROUP BY status, priority"
+)
+SQL_FOLD_COUNTS = (  # shards of sessions that are gone, folded into shard 0
+    "WITH gone AS (DELETE FROM job_counts WHERE shard <> 0 AND shard NOT IN "
+    "(SELECT pid FROM pg_stat_activity) RETURNING status, priority, n) "
+    "INSERT INTO job_counts AS c (shard, status, priority, n) SELECT 0, status, priority, "
+    "sum(n) FROM gone GROUP BY status, priority ORDER BY status, priority "
+    "ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n + excluded.n"
+)
 SQL_STATUS_LIVE = (  # $2 heartbeat_stale_s; the queue latency as coordd.store.latency
     f"SELECT (SELECT count(*) FROM workers), (SELECT count(*) FROM workers "
     f"WHERE heartbeat_at >= {NOW} - $2::float8 AND offline_at IS NULL), "

@@ -48,10 +48,6 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
-COMBINE_REFUSED = ("the PostgreSQL store does not yet combine resource requests with fleet "
-                   "limits, priority aging or per-job gates")
-
-
 class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
                     ResourcesPostgres, PostgresAdmission, workflows.PostgresWorkflows,
                     ArtifactOps, WaitReadsPostgres, SchedulesPostgres,
@@ -68,8 +64,9 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
             refused `overloaded` (the store's backpressure).
         server_settings: PostgreSQL settings of every pool session (coordd: leader.pool_settings).
 
-    Fleet limits, priority aging, per-job gate overrides and result schemas:
-    coordd.store.postgres.admission and .limits. The hub, job logs and enrolment tokens:
+    Fleet limits, priority aging, per-job gate overrides, resource requests (in any
+    combination) and result schemas: coordd.store.postgres.admission, .resources and
+    .limits. The hub, job logs and enrolment tokens:
     coordd.store.postgres.hub, logs, enrol; governance and resources: .governance,
     .resources; workflows: .workflows. The other areas are SQLite's only.
     """
@@ -111,6 +108,8 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
             async with self._conn() as conn:
                 await schema.migrate(conn)
             self.claims.gated = await self._gated_waiting()
+            self._resources_seen = None
+            await self.resources_seen()
         except BaseException as exc:
             pool, self.pool = self.pool, None
             pool.terminate()  # a start that fails leaves no session behind
@@ -177,11 +176,8 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         """Insert the jobs in one transaction (one statement), all or none; a repeated
         idempotency key returns the existing job (created=False).
 
-        Raises: errors.InvalidState (the key names a job of another request),
-        errors.BadRequest (a feature this store does not store yet).
+        Raises: errors.InvalidState (the key names a job of another request).
         """
-        for j in jobs:
-            _check_storable(j)
         cols = [[getattr(j, f) for j in jobs] for f in (
             "job_id", "kind", "required_role", "priority", "payload_json", "max_attempts",
             "run_at", "delay_s", "idempotency_key", "max_runtime_s", "gates_json",
@@ -224,17 +220,15 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         then job id, among waiting jobs due by the database's clock whose role (and kind)
         the worker takes, at the priorities its last readings pass (coordd.gate_decision).
 
-        With `policy.limits` defined, aging on or a job with its own gates waiting, the
-        order is by effective priority and each candidate is judged on its gates and
-        limits (coordd.store.postgres.admission). A repeated `claim_id` returns the lease
-        it granted while that lease lives. A job whose stored payload or checkpoint does
-        not decode is dead-lettered on the way.
+        With `policy.limits` defined, aging on, a job with its own gates waiting or
+        resources asked for (by a job, or a worker's kind defaults), the order is by
+        effective priority and each candidate is judged on its gates, resources and
+        limits, in any combination (coordd.store.postgres.admission). A repeated
+        `claim_id` returns the lease it granted while that lease lives. A job whose stored
+        payload or checkpoint does not decode is dead-lettered on the way.
         """
-        if self._resources_seen is not False and await self.resources_seen():
-            if admission.needed(policy, self.claims.gated):  # two walks not merged yet
-                raise errors.BadRequest(COMBINE_REFUSED)
-            return await self.admitted_claim(worker_id, lease_s, policy, kinds, claim_id, now)
-        admitted = admission.needed(policy, self.claims.gated)
+        seen = await self.resources_seen()
+        admitted = admission.needed(policy, self.claims.gated) or seen
         if self.reservation_hint.maybe and not admitted:  # preemption's reservations first
             reserved = await self.reserved_claim(worker_id, lease_s, claim_id,
                                                  policy.heartbeat_stale_s, now)
@@ -242,19 +236,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
                 return reserved
         return await self.claims.claim(worker_id, lease_s, policy, kinds, claim_id, now,
                                        reservations=self.reservation_hint if admitted
-                                       else None)
-
-    async def check_combinable(self, jobs: Sequence[NewJob], policy: ClaimPolicy) -> None:
-        """Refuse, at enqueue, a job whose claims this store could not judge yet: resource
-        requests beside fleet limits, priority aging or per-job gates (two claim walks,
-        .resources and .admission, not merged). Refused here, the producer hears it and
-        every other job stays claimable. Raises: errors.BadRequest (COMBINE_REFUSED)."""
-        asks = any(j.resources is not None for j in jobs)
-        gated = any(j.gates_json for j in jobs)
-        if asks and admission.needed(policy, gated or self.claims.gated):
-            raise errors.BadRequest(COMBINE_REFUSED)
-        if gated and await self.resources_seen():
-            raise errors.BadRequest(COMBINE_REFUSED)
+                                       else None, resources_seen=seen)
 
     # ------------------------------------------------------------ lease holder calls
 
@@ -297,15 +279,11 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
     async def _complete_one(self, conn: Any, now: float | None, ref: LeaseRef,
                             result_json: str | None) -> Any:
         """A complete the batch did not match: the fencing error; else (the lease is live)
-        a workflow node, completed and settled in one transaction
-        (coordd.store.postgres.workflows), or a job with a result schema (decided in Python:
-        coordd.store.postgres.limits)."""
+        a workflow node or a job with a result schema, decided in Python and, for a node,
+        settled in the same transaction (coordd.store.postgres.limits.complete_checked)."""
         err = await _refusal(conn, now, ref)
         if not isinstance(err, _Raced):
             return err
-        if await workflows.is_node(conn, ref.job_id):
-            done = await workflows.complete_one(conn, now, ref, result_json)
-            return done if done is not None else await _refusal(conn, now, ref)
         try:
             async with conn.transaction():
                 return await complete_checked(conn, now, ref, result_json,
@@ -485,10 +463,3 @@ async def _locked_status(conn: Any, now: float | None, job_id: str,
         raise errors.NotFound(f"job {job_id} not found")
     return (row[0], row[1]) if with_now else row[0]
 
-
-def _check_storable(job: NewJob) -> None:
-    """Raise BadRequest for what this store does not store yet (not silently dropped)."""
-    missing: list[str] = []  # every NewJob field is stored now
-    if missing:
-        raise errors.BadRequest(f"the PostgreSQL store does not store {', '.join(missing)} "
-                                "yet")

@@ -33,16 +33,19 @@ SQL_INSERT_WORKFLOW = (  # $2 id, $3 name, $4 key, $5 schedule, $6 spec sha256
 )
 SQL_WORKFLOW_BY_KEY = "SELECT workflow_id, spec_sha256 FROM workflows WHERE idempotency_key = $1"
 # $2 workflow; per node, in topological order: $3 job id, $4 kind, $5 role, $6 priority,
-# $7 payload JSON, $8 status, $9 max_attempts, $10 max_runtime_s, $11 name, $12 event reason
+# $7 payload JSON, $8 status, $9 max_attempts, $10 max_runtime_s, $11 name, $12 event
+# reason, $13 gate overrides JSON, $14 result schema
 SQL_INSERT_NODES = (
     "WITH r AS (SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], "
-    "$7::text[], $8::text[], $9::int[], $10::float8[], $11::text[], $12::text[]) "
-    "WITH ORDINALITY AS r(job_id, kind, required_role, priority, payload_json, status, "
-    "max_attempts, max_runtime_s, node, reason, ord)), "
+    "$7::text[], $8::text[], $9::int[], $10::float8[], $11::text[], $12::text[], "
+    "$13::text[], $14::text[]) WITH ORDINALITY AS r(job_id, kind, required_role, priority, "
+    "payload_json, status, max_attempts, max_runtime_s, node, reason, gates_json, "
+    "result_schema, ord)), "
     "ins AS (INSERT INTO jobs (job_id, kind, required_role, priority, payload_json, status, "
     "max_attempts, run_at, queued_at, created_at, updated_at, max_runtime_s, workflow_id, "
-    "node) SELECT job_id, kind, required_role, priority, payload_json, status, max_attempts, "
-    f"{NOW}, {NOW}, {NOW}, {NOW}, max_runtime_s, $2, node FROM r ORDER BY ord) "
+    "node, gates_json, result_schema) SELECT job_id, kind, required_role, priority, "
+    f"payload_json, status, max_attempts, {NOW}, {NOW}, {NOW}, {NOW}, max_runtime_s, $2, "
+    "node, gates_json, result_schema FROM r ORDER BY ord) "
     "INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     f"SELECT job_id, {NOW}, NULL, NULL, status, reason FROM r ORDER BY ord"
 )
@@ -84,6 +87,25 @@ SQL_TOUCH_WORKFLOW = f"UPDATE workflows SET updated_at = {NOW} WHERE workflow_id
 SQL_RUNNING_WORKFLOWS = (
     "SELECT workflow_id FROM workflows WHERE status = 'running' ORDER BY created_at LIMIT $1"
 )
+# Waiting workflow nodes waiting (queued and due) for over $2 s while no worker with a
+# heartbeat within $3 s, not offline, advertises their role; $4 at most, by workflow then
+# job id (coordd.store.workflows.SQL_ABSENT's rule). Its partial index (schema
+# MIGRATION_ABSENT) holds waiting nodes only: plain jobs, however many wait, cost nothing.
+SQL_ABSENT = (
+    "SELECT j.job_id, j.workflow_id, j.required_role, "
+    f"{NOW} - greatest(j.queued_at, j.run_at) FROM jobs j "
+    "WHERE j.status = 'waiting' AND j.workflow_id IS NOT NULL "
+    f"AND j.queued_at <= {NOW} - $2::float8 AND j.run_at <= {NOW} - $2::float8 "
+    "AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.heartbeat_at >= "
+    f"{NOW} - $3::float8 AND w.offline_at IS NULL AND w.roles_json::jsonb ? j.required_role) "
+    "ORDER BY j.workflow_id, j.job_id LIMIT $4"
+)
+# the node $2, skipped if it still waits and is due for over $3 s (the workflow is locked)
+SQL_SKIP_ABSENT = (
+    f"UPDATE jobs SET status = 'skipped', last_error = $4, updated_at = {NOW}, "
+    f"finished_at = {NOW}, cancel_requested = false WHERE job_id = $2 AND status = 'waiting' "
+    f"AND queued_at <= {NOW} - $3::float8 AND run_at <= {NOW} - $3::float8 RETURNING job_id"
+)
 
 # ---------------------------------------------------------------- node ends outside a batch
 
@@ -98,10 +120,6 @@ SQL_END_EXPIRED = (  # lock the node, end its lease if still expired: what lost_
     "RETURNING l.job_id, l.worker_id) "
     "SELECT l.worker_id, j.attempts, j.max_attempts, j.cancel_requested, "
     f"{NOW} FROM j JOIN l ON l.job_id = j.job_id"
-)
-SQL_SUCCEED = (  # $2 job, $3 result JSON
-    "UPDATE jobs SET status = 'succeeded', result_json = $3, artifact_sha256 = NULL, "
-    f"updated_at = {NOW}, finished_at = {NOW}, last_error = NULL WHERE job_id = $2"
 )
 
 # ---------------------------------------------------------------- cancel, reopen

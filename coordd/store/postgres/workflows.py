@@ -17,15 +17,14 @@ from typing import Any
 from coordd import errors
 from coordd import transitions as tr
 from coordd import workflows as flows
-from coordd.protocol import CompleteResult
 from coordd.protocol_workflows import WorkflowList, WorkflowSubmitResult, WorkflowView
 from coordd.store import dumps, lenient_json
 from coordd.store import workflows as wstore
-from coordd.store.api import LeaseRef
 from coordd.store.postgres import apply, sql
 from coordd.store.postgres import workflow_sql as wsql
 
 SETTLE_SWEEP_LIMIT = wstore.SETTLE_SWEEP_LIMIT
+ABSENT_LIMIT = 1000  # nodes one worker_absent round skips at most (SQLite's skip_absent)
 
 
 async def lock_of_job(conn: Any, job_id: str) -> str | None:
@@ -49,25 +48,12 @@ async def is_node(conn: Any, job_id: str) -> bool:
 # ---------------------------------------------------------------- submit
 
 
-def check_storable(wf: wstore.NewWorkflow) -> None:
-    """Raise BadRequest for a node asking what this store does not store yet."""
-    for n in wf.nodes:
-        missing = [name for name, present in (
-            ("gates", n.gates_json is not None), ("resources", n.resources is not None),
-            ("limits", bool(n.limits)), ("result_schema", n.result_schema is not None))
-            if present]
-        if missing:
-            raise errors.BadRequest(f"node {n.name!r}: the PostgreSQL store does not store "
-                                    f"{', '.join(missing)} yet (issue 20)")
-
-
 async def insert_workflow(conn: Any, now: float | None, wf: wstore.NewWorkflow
                           ) -> WorkflowSubmitResult:
     """Insert the workflow row, every node (blocked when it has dependencies) with its
     event, and every edge, in one transaction; a repeated idempotency key with the same
     graph returns the stored workflow (created False). Raises: errors.InvalidState (the
-    key was used for another graph), errors.BadRequest (check_storable)."""
-    check_storable(wf)
+    key was used for another graph)."""
     async with conn.transaction():
         wid = await conn.fetchval(wsql.SQL_INSERT_WORKFLOW, now, wf.workflow_id, wf.name,
                                   wf.idempotency_key, wf.schedule_id, wf.spec_sha256)
@@ -84,7 +70,8 @@ async def insert_workflow(conn: Any, now: float | None, wf: wstore.NewWorkflow
             [n.priority for n in nodes], [dumps(n.payload) for n in nodes],
             [t.to_status for t, _ in enqueued], [n.max_attempts for n in nodes],
             [n.max_runtime_s for n in nodes], [n.name for n in nodes],
-            [reason for _, reason in enqueued])
+            [reason for _, reason in enqueued], [n.gates_json for n in nodes],
+            [n.result_schema for n in nodes])
         ids = {n.name: n.job_id for n in nodes}
         edges = [(n.job_id, ids[dep], policy) for n in nodes for dep, policy in n.needs]
         if edges:
@@ -158,30 +145,37 @@ async def settle_running(conn: Any, now: float | None) -> int:
     return ended
 
 
-# ---------------------------------------------------------------- node ends
-
-
-async def complete_one(conn: Any, now: float | None, ref: LeaseRef,
-                       result_json: str | None) -> CompleteResult | None:
-    """A complete the batched statement left (a workflow node, or a refusal): in one
-    transaction, the workflow locked, the lease ended if live, the job's decision
-    (coordd.transitions.complete) written and the workflow settled. None when the lease
-    is not live (nothing written: the caller reads why)."""
-    async with conn.transaction():
-        wid = await lock_of_job(conn, ref.job_id)
-        row = await conn.fetchrow(sql.SQL_END_LEASE, now, ref.job_id, ref.worker_id, ref.token)
-        if row is None:
-            return None
-        d = tr.complete(apply.held(row), row[-1], result_json, False)
-        if d.t is tr.COMPLETED:
-            await conn.execute(wsql.SQL_SUCCEED, now, ref.job_id, d.result_json)
-            await conn.execute(sql.SQL_EVENT, now, ref.job_id, ref.worker_id,
-                               d.t.from_status, d.t.to_status, d.reason)
-        else:
-            await apply.apply(conn, now, ref.job_id, ref.worker_id, d)
-        if d.settle:
+async def skip_absent(conn: Any, now: float | None, wait_s: float, stale_s: float,
+                      limit: int = ABSENT_LIMIT) -> list[str]:
+    """Skip (`worker_absent`, coordd.transitions.SKIPPED_ABSENT) waiting workflow nodes
+    that waited over `wait_s` while no worker with a heartbeat within `stale_s`
+    advertised their role, as coordd.store.workflows.skip_absent does on SQLite; one
+    transaction per workflow, its row locked first, then its nodes skipped (each
+    re-checked: it may have been claimed meanwhile) and the workflow settled. Returns
+    the skipped job ids."""
+    by_workflow: dict[str, list[tuple[str, str, float]]] = {}
+    for job_id, wid, role, waited in await conn.fetch(wsql.SQL_ABSENT, now, wait_s,
+                                                      stale_s, limit):
+        by_workflow.setdefault(wid, []).append((job_id, role, waited))
+    skipped: list[str] = []
+    for wid, nodes in by_workflow.items():
+        async with conn.transaction():
+            if await conn.fetchval(wsql.SQL_LOCK, wid) is None:
+                continue
+            t = tr.SKIPPED_ABSENT
+            for job_id, role, waited in nodes:
+                reason = tr.absent_reason(role, waited, wait_s)
+                if await conn.fetchval(wsql.SQL_SKIP_ABSENT, now, job_id, wait_s,
+                                       reason) is None:
+                    continue
+                await conn.execute(sql.SQL_EVENT, now, job_id, None, t.from_status,
+                                   t.to_status, reason)
+                skipped.append(job_id)
             await settle(conn, now, wid)
-    return CompleteResult(status=d.t.to_status, error=d.invalid)
+    return skipped
+
+
+# ---------------------------------------------------------------- node ends
 
 
 async def reap_nodes(conn: Any, now: float | None, limit: int) -> tuple[int, int]:
@@ -291,15 +285,26 @@ async def list_workflows(conn: Any, status: str | None, limit: int) -> list[Work
 
 
 class PostgresWorkflows:
-    """The workflow methods of PostgresStore (a mixin: it uses the store's `_conn`)."""
+    """The workflow methods of PostgresStore (a mixin: it uses the store's `_conn`,
+    `claims`, `store_requests` and `attach_limits`)."""
 
     _conn: Any
+    claims: Any
+    store_requests: Any
+    attach_limits: Any
 
     async def workflow_submit(self, wf: wstore.NewWorkflow, *,
                               now: float | None = None) -> WorkflowSubmitResult:
-        """Store a validated graph whole (insert_workflow)."""
-        async with self._conn() as conn:
-            return await insert_workflow(conn, now, wf)
+        """Store a validated graph whole (insert_workflow), its nodes' resource requests
+        and limits in the same transaction."""
+        async with self._conn() as conn, conn.transaction():
+            res = await insert_workflow(conn, now, wf)
+            if res.created:
+                await self.store_requests(conn, wf.nodes)
+                await self.attach_limits(conn, wf.nodes)
+        if res.created and any(n.gates_json is not None for n in wf.nodes):
+            self.claims.gated = True  # claims judge per-job gates from now on
+        return res
 
     async def workflow_get(self, workflow_id: str) -> WorkflowView:
         async with self._conn() as conn:
@@ -319,6 +324,13 @@ class PostgresWorkflows:
         async with self._conn() as conn:
             return await settle_running(conn, now)
 
+    async def workflow_skip_absent(self, wait_s: float, stale_s: float, *,
+                                   now: float | None = None) -> list[str]:
+        """Skip, `worker_absent`, the waiting nodes no live worker can run (skip_absent);
+        return their job ids."""
+        async with self._conn() as conn:
+            return await skip_absent(conn, now, wait_s, stale_s)
 
-__all__ = ["PostgresWorkflows", "complete_one", "dead_letter_taken",
-                          "lock_of_job", "reap_nodes", "reopen", "settle"]
+
+__all__ = ["PostgresWorkflows", "dead_letter_taken", "lock_of_job", "reap_nodes", "reopen",
+           "settle", "skip_absent"]
