@@ -74,6 +74,18 @@ class JobGovernance(msgspec.Struct, kw_only=True):
     grant: Any = None  # coordd.resources.Grant its lease holds, or None
 
 
+class ExplainBook(msgspec.Struct, kw_only=True):
+    """What says why waiting jobs are not running (coordd.explain, coordd.resources.
+    shortfall): the store's `now`, the workers' rows and states (as in WorkerBook), the
+    grants of every lease by worker, and the resource requests of the jobs asked about."""
+
+    now: float
+    rows: list[tuple[str, list[str], dict[str, Any], float, int]]
+    states: dict[str, Any]
+    grants: dict[str, list[Any]] = {}
+    requests: dict[str, Any] = {}
+
+
 class GovernanceStore(Protocol):
     """Governance of running work, goodbyes and the workers' view, on one store."""
 
@@ -113,6 +125,11 @@ class GovernanceStore(Protocol):
         """The job's governance as `get_job` shows it (nothing for an unknown job)."""
         ...
 
+    async def explain_book(self, job_ids: Sequence[str], *,
+                           now: float | None = None) -> ExplainBook:
+        """The workers and the requests of `job_ids` (waiting jobs) to explain them by."""
+        ...
 
-__all__ = ["Governance", "GovernanceStore", "GovernedHeartbeat", "JobGovernance", "WorkerBeat",
+
+__all__ = ["ExplainBook", "Governance", "GovernanceStore", "GovernedHeartbeat", "JobGovernance", "WorkerBeat",
            "WorkerBook"]

@@ -15,7 +15,7 @@ from coordd.store import resources as resstore
 from coordd.store import workers as wkstore
 from coordd.store.api import LeaseRef
 from coordd.store.api_governance import (
-    Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
+    ExplainBook, Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
 )
 
 
@@ -87,3 +87,15 @@ class SQLiteGovernance:
                              else None,
                              request=await self.readers.run(resstore.request_of, job_id),
                              grant=await self.readers.run(resstore.grant_of, job_id))
+
+    async def explain_book(self, job_ids: Sequence[str], *,
+                           now: float | None = None) -> ExplainBook:
+        """The reads of the waiting reasons (views.list_workers, the workers' states; the
+        grants and requests only where a job asks for resources)."""
+        rows = await self.readers.run(views.list_workers)
+        states = await self.readers.run(wkstore.worker_states)
+        requests = await self.readers.run(resstore.requests_of, list(job_ids)) \
+            if job_ids else {}
+        grants = await self.readers.run(resstore.all_grants) if requests else {}
+        return ExplainBook(now=self._now(now), rows=rows, states=states, grants=grants,
+                           requests=requests)

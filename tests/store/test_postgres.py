@@ -123,9 +123,9 @@ async def test_resources_beside_limits_are_refused_at_enqueue_and_claims_go_on(p
     from coordd import config as config_mod
     from coordd.clock import FakeClock
     from coordd.protocol import Claim, Enqueue
-    from coordd.store_service import StoreCoordinator
+    from coordd.service import Coordinator
     cfg = config_mod.load(None, limits={"api": {"concurrency": 2}})
-    coord = StoreCoordinator(pg.store, cfg, FakeClock(100.0))
+    coord = Coordinator(pg.store, cfg, FakeClock(100.0))
     await coord.load_limits()
     with pytest.raises(errors.BadRequest, match="does not yet combine resource requests"):
         await coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=1, payload={},
@@ -135,7 +135,7 @@ async def test_resources_beside_limits_are_refused_at_enqueue_and_claims_go_on(p
     await pg.store.heartbeat("a", ["cpu"], {}, now=None)
     got = await coord.claim(Claim(worker_id="a"))
     assert got.job is not None and got.job.job_id == plain.job_id
-    bare = StoreCoordinator(pg.store, config_mod.load(None), FakeClock(100.0))
+    bare = Coordinator(pg.store, config_mod.load(None), FakeClock(100.0))
     job = pg.job()
     job.resources = resources.parse_request({"gpus": 1})
     await pg.store.enqueue([job])  # resources asked for, no limits: stored

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import limit_service
+from coordd import errors, limit_service
 from coordd import transitions as tr
 from coordd.limits import LimitBook
 from coordd.protocol import CompleteResult
@@ -124,8 +124,11 @@ class PostgresAdmission:
 
     async def complete_counted(self, ref: LeaseRef, result_json: str | None,
                                usage: dict[str, float] | None, book: LimitBook,
-                               backoff: Backoff, *, now: float | None = None
-                               ) -> CompleteResult:
+                               backoff: Backoff, *, artifact: Any = None,
+                               now: float | None = None) -> CompleteResult:
+        if artifact is not None:
+            raise errors.BadRequest("complete: artifacts are not available on the "
+                                    "PostgreSQL store yet (send the result inline)")
         budgets = [(n, m) for n, d in book.defs.items() for m in d.budget]
         async with self._conn() as conn, conn.transaction():
             res = await complete_checked(conn, now, ref, result_json, backoff)

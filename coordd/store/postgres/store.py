@@ -31,6 +31,7 @@ from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
 from coordd.store.postgres.governance import GovernancePostgres
+from coordd.store.postgres.hooks import PostgresServing
 from coordd.store.postgres.resources import ResourcesPostgres
 from coordd.store.postgres.limits import PostgresAdmission, attach, complete_checked
 
@@ -43,12 +44,14 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
+ARTIFACTS_REFUSED = ("complete: artifacts are not available on the PostgreSQL store yet "
+                     "(send the result inline)")
 COMBINE_REFUSED = ("the PostgreSQL store does not yet combine resource requests with fleet "
                    "limits, priority aging or per-job gates")
 
 
-class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
-                    ResourcesPostgres, PostgresAdmission, workflows.PostgresWorkflows):
+class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostgres,
+                    PostgresAdmission, workflows.PostgresWorkflows, PostgresServing):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
@@ -68,6 +71,8 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
     """
 
     clock: Literal["app", "db"] = "db"
+    name = "PostgreSQL"
+    areas: frozenset[str] = frozenset()  # beyond the interface: none yet
 
     def __init__(self, dsn: str, *, pool_min: int = POOL_MIN_DEFAULT,
                  pool_max: int = POOL_MAX_DEFAULT, batch_items: int = batch.MAX_ITEMS_DEFAULT,
@@ -104,6 +109,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
             async with self._conn() as conn:
                 await schema.migrate(conn)
             self.claims.gated = await self._gated_waiting()
+            self.start_wakeups()
         except BaseException as exc:
             pool, self.pool = self.pool, None
             pool.terminate()  # a start that fails leaves no session behind
@@ -114,6 +120,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
 
     async def close(self) -> None:
         """Run what is batched, then close the listener and the pool. Idempotent."""
+        await self.stop_wakeups()
         for batcher in (self.claims.batcher, self.renews, self.completes):
             await batcher.drain()
         await self._listener.close()
@@ -269,10 +276,13 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
             return out
 
     async def complete(self, ref: LeaseRef, result_json: str | None, *,
-                       now: float | None = None) -> CompleteResult:
+                       artifact: Any = None, now: float | None = None) -> CompleteResult:
         """Store the result and end the job `succeeded` (`cancelled`, the result dropped,
         when a cancel was requested). Fenced; a resend under the same lease after success
-        raises errors.AlreadyCompleted."""
+        raises errors.AlreadyCompleted. Raises errors.BadRequest for an `artifact` (no
+        artifact store here yet)."""
+        if artifact is not None:
+            raise errors.BadRequest(ARTIFACTS_REFUSED)
         return await self.completes.submit(now, (ref, result_json))
 
     async def _complete_batch(self, now: float | None, items: list[Any]) -> list[Any]:
@@ -399,7 +409,9 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         async with self._conn() as conn:
             return await reads.list_jobs(conn, now, flt, self._aging_s)
 
-    async def status(self, stale_s: float, *, now: float | None = None) -> StoreStatus:
+    async def status(self, stale_s: float, *, prune_before: float | None = None,
+                     now: float | None = None) -> StoreStatus:
+        """The counts (nothing is prunable here: no prune yet)."""
         async with self._conn() as conn:
             return await reads.status(conn, now, stale_s)
 
