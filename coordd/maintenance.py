@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 from coordd import cas, store, views
 from coordd.metrics import tree_bytes
 from coordd.protocol import Empty, PruneResult
 from coordd.store import workflows as wstore
+from coordd.store.sqlite_store import file_size
 
 if TYPE_CHECKING:
     from coordd.service import Coordinator
@@ -88,11 +88,3 @@ class Maintenance:
         if took > 0:
             await c.clock.wait(self._pause, min(took, MAINTENANCE_PAUSE_MAX_S))
         return result
-
-
-def file_size(path: str) -> int:
-    """The size of `path` in bytes; 0 when it is absent or unreadable."""
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0

@@ -18,7 +18,7 @@ from coordd import errors, views
 from coordd.names import check_name
 from coordd.protocol import JOB_STATUSES, JobView
 from coordd.protocol_web import (
-    COUNT_CAP, FIND_LIMIT_MAX, FeedHead, FIND_SCAN_MAX, WEB_PARAMS, Delivery, FindJobs, FleetResult,
+    COUNT_CAP, FIND_LIMIT_MAX, FeedHead, FIND_SCAN_MAX, Delivery, FindJobs, FleetResult,
     FoundJobs, HeldLease, JobRow, JobStats, JobStatsResult, LoggedMessage, MessageLog,
     MessageLogResult, NodeRun, NoParams, Reservation, WorkflowRef, WorkflowRuns,
 )

@@ -24,7 +24,7 @@ from coordd.config import Config
 from coordd.enrol import Enrolment
 from coordd.hub import Hub
 from coordd.ids import JobIds
-from coordd.lifecycle import Lifecycle, _clip
+from coordd.lifecycle import _clip, heartbeat_state, log_lost
 from coordd.logs import JobLogStore
 from coordd.metrics import Metrics
 from coordd.names import check_name
@@ -63,10 +63,6 @@ class Coordinator(Reads, Areas):
             build both with the same `coordd.clock.anchored` clock).
         rng: source of backoff jitter (tests may seed it).
     """
-
-    # the checks of a heartbeat's kinds and the log line of lost leases (coordd.lifecycle)
-    _heartbeat_state = Lifecycle.heartbeat_state
-    _log_lost = Lifecycle.log_lost
 
     def __init__(self, store: Any, config: Config, clock: Clock,
                  rng: random.Random | None = None) -> None:
@@ -153,12 +149,12 @@ class Coordinator(Reads, Areas):
         kinds, GPU devices coordd.resources.check_readings refuses), PayloadTooLarge.
         """
         readings, _ = checked_readings(p, self.config.max_payload_bytes)
-        kinds_json, broken_json = self._heartbeat_state(p)
+        kinds_json, broken_json = heartbeat_state(p)
         beat = WorkerBeat(incarnation=p.incarnation, kinds_json=kinds_json,
                           broken_json=broken_json)
         got = await self.store.heartbeat_governed(p.worker_id, p.roles, readings, beat,
                                                   self.governance)
-        self._log_lost(p.worker_id, got.result.lost, "restarted (new incarnation)")
+        log_lost(p.worker_id, got.result.lost, "restarted (new incarnation)")
         self.meters.count_governance(p.worker_id, got.changes, got.preempted)
         res: HeartbeatResult = got.result
         if self.local is not None:
@@ -263,7 +259,7 @@ class Coordinator(Reads, Areas):
         lost = await self.store.goodbye(p.worker_id, p.incarnation)
         logger.info("worker %s said goodbye", p.worker_id,
                     extra={"action": "worker_goodbye", "worker_id": p.worker_id})
-        self._log_lost(p.worker_id, lost, "stopped")
+        log_lost(p.worker_id, lost, "stopped")
         return ReleasedResult(released=lost)
 
     async def forget_worker(self, p: ForgetWorker) -> ReleasedResult:
@@ -274,7 +270,7 @@ class Coordinator(Reads, Areas):
                                               p.force)
         logger.info("worker %s forgotten", p.worker_id,
                     extra={"action": "worker_forget", "worker_id": p.worker_id})
-        self._log_lost(p.worker_id, lost, "forgotten")
+        log_lost(p.worker_id, lost, "forgotten")
         return ReleasedResult(released=lost)
 
     def new_job_id(self) -> str:

@@ -30,7 +30,7 @@ class Governance(msgspec.Struct, kw_only=True):
 
 class WorkerBeat(msgspec.Struct, kw_only=True, frozen=True):
     """A heartbeat's part beyond roles and readings, checked and encoded
-    (coordd.lifecycle.Lifecycle.heartbeat_state)."""
+    (coordd.lifecycle.heartbeat_state)."""
 
     incarnation: str | None = None
     kinds_json: str | None = None
