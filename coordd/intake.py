@@ -68,8 +68,4 @@ def new_job(coord: "Coordinator", p: Enqueue) -> store.NewJob:
                                      uses if p.limits is not None else None)))
 
 
-def batch_item(index: int, exc: errors.CoordError) -> errors.CoordError:
-    """The same error about job `index` of a batch, its message naming it: `jobs[3]: ...`."""
-    err = type(exc)(f"jobs[{index}]: {exc.message}")
-    err.code = exc.code
-    return err
+batch_item = errors.batch_item  # the message of job `index` of a batch: `jobs[3]: ...`

@@ -303,7 +303,7 @@ class Coordinator(Reads, Areas):
         PayloadTooLarge (payload JSON over `max_payload_bytes`; nothing is written),
         InvalidState (the key was used by another request).
         """
-        return (await self._enqueue([intake.new_job(self, p)]))[0]
+        return (await self._enqueue([intake.new_job(self, p)], indexed=False))[0]
 
     async def enqueue_batch(self, p: EnqueueBatch) -> EnqueueBatchResult:
         """Add many jobs in one transaction, all or none. Raises as `enqueue`, the message
@@ -314,16 +314,17 @@ class Coordinator(Reads, Areas):
                 jobs.append(intake.new_job(self, j))
         except errors.CoordError as exc:
             raise intake.batch_item(len(jobs), exc) from exc
-        return EnqueueBatchResult(jobs=await self._enqueue(jobs))
+        return EnqueueBatchResult(jobs=await self._enqueue(jobs, indexed=True))
 
-    async def _enqueue(self, jobs: list[NewJob]) -> list[EnqueueResult]:
+    async def _enqueue(self, jobs: list[NewJob], indexed: bool) -> list[EnqueueResult]:
         try:
             await self.store.check_combinable(jobs, self._claim_policy)
         except errors.BadRequest as exc:
             logger.info("enqueue refused: %s", exc.message, extra={"action": "enqueue_refused"})
             raise
         try:
-            return await self.store.enqueue(jobs)  # type: ignore[no-any-return]
+            return await self.store.enqueue(jobs,  # type: ignore[no-any-return]
+                                            indexed=indexed)
         except errors.InvalidState as exc:  # an idempotency key taken by another request
             logger.info("enqueue refused: %s", exc.message,
                         extra={"action": "idempotency_conflict"})

@@ -45,6 +45,8 @@ AREAS: dict[str, tuple[str, ...]] = {
     "waits": tuple(PUSH_PARAMS),  # wait_job, watch_worker, watch_events
 }
 """Area -> its RPC methods, served here on a store whose `areas` names the area."""
+BEYOND_INTERFACE = frozenset(m for methods in AREAS.values() for m in methods)
+"""Every method of AREAS: what a store that offers no area (PostgreSQL today) refuses."""
 
 
 def serve(coord: Coordinator) -> SQLiteLocal | None:

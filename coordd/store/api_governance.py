@@ -131,5 +131,6 @@ class GovernanceStore(Protocol):
         ...
 
 
-__all__ = ["ExplainBook", "Governance", "GovernanceStore", "GovernedHeartbeat", "JobGovernance", "WorkerBeat",
+__all__ = ["ExplainBook", "Governance", "GovernanceStore", "GovernedHeartbeat", "JobGovernance",
+           "WorkerBeat",
            "WorkerBook"]

@@ -209,11 +209,11 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
             return HeartbeatResult(now=t, cancel=cancel)
         return await self._write(op, now, urgent=True)
 
-    async def enqueue(self, jobs: Sequence[store.NewJob], *,
+    async def enqueue(self, jobs: Sequence[store.NewJob], *, indexed: bool = False,
                       now: float | None = None) -> list[EnqueueResult]:
-        """Insert the jobs in one transaction, all or none (coordd.store.enqueue); in a
-        batch of several, an error's message names the job (`jobs[3]: ...`)."""
-        if len(jobs) == 1:
+        """Insert the jobs in one transaction, all or none (coordd.store.enqueue);
+        `indexed`: an error's message names the job's index (`jobs[3]: ...`)."""
+        if not indexed and len(jobs) == 1:
             job = jobs[0]
             return await self._write(lambda conn, t: [store.enqueue(conn, t, job)], now)
 
@@ -223,7 +223,7 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
                 for j in jobs:
                     out.append(store.enqueue(conn, t, j))
             except errors.CoordError as exc:
-                raise _batch_item(len(out), exc) from exc
+                raise errors.batch_item(len(out), exc) if indexed else exc
             return out
         return await self._write(op, now)
 
@@ -372,10 +372,3 @@ def file_size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
-
-
-def _batch_item(index: int, exc: errors.CoordError) -> errors.CoordError:
-    """The same error about job `index` of a batch, its message naming it: `jobs[3]: ...`."""
-    err = type(exc)(f"jobs[{index}]: {exc.message}")
-    err.code = exc.code
-    return err

@@ -107,3 +107,13 @@ async def test_a_parked_claim_is_woken_by_the_enqueue(coord):
     got = await asyncio.wait_for(parked, 5)  # the FakeClock never reaches the wait's end
     assert got.job is not None and got.job.job_id == job.job_id
     assert coord.push.parked == 0
+
+
+async def test_an_enqueue_error_names_its_job_in_a_batch(bundle):
+    await bundle.store.enqueue([bundle.job(idempotency_key="k", request_sha256="a")], now=T0)
+    batch = [bundle.job(), bundle.job(idempotency_key="k", request_sha256="b")]
+    with pytest.raises(errors.InvalidState, match=r"^jobs\[1\]: idempotency key 'k' is taken"):
+        await bundle.store.enqueue(batch, indexed=True, now=T0)
+    with pytest.raises(errors.InvalidState, match=r"^idempotency key 'k' is taken"):
+        await bundle.store.enqueue(batch[1:], now=T0)
+    assert (await bundle.store.status(60.0, now=T0)).jobs["waiting"] == 1  # all or none

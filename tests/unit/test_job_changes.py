@@ -54,8 +54,9 @@ async def test_an_op_that_fails_after_changing_jobs_counts_nothing(bundle):
         conn.execute("UPDATE jobs SET status = CASE job_id WHEN ? THEN 'failed' ELSE 'nope' "
                      "END WHERE job_id IN (?, ?)", (jobs[1], jobs[1], jobs[2]))
 
-    futs = [bundle.coord.store.writer.submit(take_then_fail), bundle.coord.store.writer.submit(half_done),
-            bundle.coord.store.writer.submit(lambda conn, now: None)]
+    writer = bundle.coord.store.writer
+    futs = [writer.submit(take_then_fail), writer.submit(half_done),
+            writer.submit(lambda conn, now: None)]
     for fut in futs[:2]:
         with pytest.raises(Exception):
             await fut

@@ -30,14 +30,16 @@ async def _wait_for(event: threading.Event) -> None:
 async def test_a_slow_read_does_not_hold_status(make_bundle):
     b = await make_bundle(read_connections=2)
     release, started = threading.Event(), threading.Event()
-    slow = asyncio.create_task(b.coord.store.readers.run(_blocker(release, started), heavy=True))
+    slow = asyncio.create_task(b.coord.store.readers.run(_blocker(release, started),
+                                                         heavy=True))
     await _wait_for(started)
     try:
         st = await asyncio.wait_for(b.coord.status(), 2)  # on the other connection
         assert st.jobs["waiting"] == 0
         # a second heavy read must leave the last connection to the quick ones: it waits
         release2, started2 = threading.Event(), threading.Event()
-        slow2 = asyncio.create_task(b.coord.store.readers.run(_blocker(release2, started2), heavy=True))
+        slow2 = asyncio.create_task(b.coord.store.readers.run(_blocker(release2, started2),
+                                                              heavy=True))
         await asyncio.sleep(0.05)
         assert not started2.is_set() and b.coord.store.readers.waiting == 1
         st = await asyncio.wait_for(b.coord.status(), 2)

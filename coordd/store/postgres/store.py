@@ -172,16 +172,27 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
                                             dumps(sorted(set(roles))), dumps(readings))
         return HeartbeatResult(now=t, cancel=list(cancel))
 
-    async def enqueue(self, jobs: Sequence[NewJob], *,
+    async def enqueue(self, jobs: Sequence[NewJob], *, indexed: bool = False,
                       now: float | None = None) -> list[EnqueueResult]:
         """Insert the jobs in one transaction (one statement), all or none; a repeated
-        idempotency key returns the existing job (created=False).
+        idempotency key returns the existing job (created=False). `indexed`: an error's
+        message names the job's index (`jobs[3]: ...`).
 
         Raises: errors.InvalidState (the key names a job of another request),
         errors.BadRequest (a feature this store does not store yet).
         """
-        for j in jobs:
-            _check_storable(j)
+        try:
+            return await self._enqueue(jobs, now)
+        except _Indexed as exc:
+            raise errors.batch_item(exc.index, exc.error) if indexed else exc.error
+
+    async def _enqueue(self, jobs: Sequence[NewJob], now: float | None
+                       ) -> list[EnqueueResult]:
+        for i, j in enumerate(jobs):
+            try:
+                _check_storable(j)
+            except errors.CoordError as exc:
+                raise _Indexed(i, exc) from exc
         cols = [[getattr(j, f) for j in jobs] for f in (
             "job_id", "kind", "required_role", "priority", "payload_json", "max_attempts",
             "run_at", "delay_s", "idempotency_key", "max_runtime_s", "gates_json",
@@ -194,17 +205,18 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
                 known = {r[0]: (r[1], r[2]) for r in await conn.fetch(
                     sql.SQL_BY_KEYS, [j.idempotency_key for j in repeats])}
             out = []
-            for j in jobs:
+            for i, j in enumerate(jobs):
                 if j.job_id in created:
                     out.append(EnqueueResult(job_id=j.job_id, created=True))
                     continue
                 existing, stored = known.get(j.idempotency_key, (None, None))
                 if existing is None:
-                    raise errors.InvalidState(f"job {j.job_id}: not stored (id taken)")
+                    raise _Indexed(i, errors.InvalidState(
+                        f"job {j.job_id}: not stored (id taken)"))
                 if stored is not None and stored != j.request_sha256:
-                    raise errors.InvalidState(
+                    raise _Indexed(i, errors.InvalidState(
                         f"idempotency key {j.idempotency_key!r} is taken by job {existing}, "
-                        "made by another request; a new job needs a new key")
+                        "made by another request; a new job needs a new key"))
                 out.append(EnqueueResult(job_id=existing, created=False))
             if created:
                 fresh = [j for j in jobs if j.job_id in created]
@@ -491,3 +503,11 @@ def _check_storable(job: NewJob) -> None:
     if missing:
         raise errors.BadRequest(f"the PostgreSQL store does not store {', '.join(missing)} "
                                 "yet")
+
+
+class _Indexed(Exception):
+    """`error` about job `index` of an enqueue (named in the message where `indexed`)."""
+
+    def __init__(self, index: int, error: errors.CoordError) -> None:
+        super().__init__(error.message)
+        self.index, self.error = index, error
