@@ -63,6 +63,7 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
 
     clock: Literal["app", "db"] = "app"
     name = "SQLite"
+    noun = "the database"  # what coordd says it cannot open
     areas = LOCAL_AREAS
 
     def __init__(self, path: str, clock: Clock | None = None, *, aging_s: float = 0.0,
@@ -98,15 +99,9 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
                    wal_autocheckpoint_pages=config.wal_autocheckpoint_pages,
                    checkpoint_interval_s=config.wal_checkpoint_interval_s)
 
-    noun = "the database"  # what coordd says it cannot open
-
     async def wait_dead(self, stop: Any) -> None:
         """Return (raising the writer's error) if the writer task dies before `stop`."""
         await self.writer.wait_dead(stop)
-
-    def where(self) -> str:
-        """The database file, for messages."""
-        return self.path
 
     @contextlib.contextmanager
     def hold(self, given: str | None = None) -> Iterator[None]:
@@ -124,7 +119,6 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
             raise errors.InvalidState(f"database {db} is not a regular file")
         try:
             lock = DbLock(db)
-            lock.__enter__()
         except OSError as exc:
             raise errors.InvalidState(
                 f"cannot open the database {db}: cannot create its lock file "
@@ -134,7 +128,7 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
             yield
         finally:
             self._lock = None
-            lock.__exit__(None, None, None)
+            lock.close()
 
     def attach(self, hooks: StoreHooks) -> None:
         """The coordinator's hooks: the writer wakes parked calls after each COMMIT (its

@@ -34,7 +34,8 @@ async def _check(b) -> None:
     jobs, waiting = await b.coord.store.readers.run(views.full_counts)
     st = await b.coord.status()
     assert st.jobs == jobs and st.waiting_by_priority == waiting
-    oldest = await b.coord.store.readers.run(lambda conn: conn.execute(  # a full scan: the definition
+    read = b.coord.store.readers.run
+    oldest = await read(lambda conn: conn.execute(  # a full scan, by the definition
         "SELECT min(max(queued_at, run_at)) FROM jobs NOT INDEXED WHERE status = 'waiting' "
         "AND max(queued_at, run_at) <= ?", (st.now,)).fetchone()[0])
     want = None if oldest is None else st.now - oldest

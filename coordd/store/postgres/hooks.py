@@ -19,7 +19,7 @@ from coordd import errors
 from coordd.store.api import StoreHooks
 from coordd.store.api_governance import ExplainBook
 from coordd.store.postgres import sql
-from coordd.store.postgres.leader import Leadership, pool_settings
+from coordd.store.postgres.leader import Leadership
 from coordd.store.postgres.resources import requests_of
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class PostgresServing:
                                              name="store-wakeups")
 
     async def stop_wakeups(self) -> None:
+        """Stop waking them (at `close`). Idempotent."""
         if self._pump is not None:
             pump, self._pump = self._pump, None
             pump.cancel()
@@ -146,4 +147,4 @@ class PostgresServing:
         return out
 
 
-__all__ = ["POLL_S", "PostgresServing", "pool_settings"]
+__all__ = ["POLL_S", "PostgresServing"]
