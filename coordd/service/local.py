@@ -53,7 +53,7 @@ def serve(coord: Coordinator) -> SQLiteLocal | None:
     """Bind every AREAS method on `coord`: served (SQLiteLocal) where `coord.store`
     offers the area, refused otherwise. Returns the SQLiteLocal, or None where the store
     offers no area."""
-    offered = frozenset(getattr(coord.store, "areas", ()))
+    offered = coord.store.areas
     part = SQLiteLocal(coord) if offered else None
     for area, methods in AREAS.items():
         for method in methods:
@@ -63,7 +63,7 @@ def serve(coord: Coordinator) -> SQLiteLocal | None:
 
 
 def _refusal(method: str, store: Any) -> Any:
-    note = getattr(store, "refusals", {}).get(method) or \
+    note = store.refusals.get(method) or \
         f"{method}: not available on the {store.name} store yet"
 
     async def refuse(p: Any = None) -> Any:

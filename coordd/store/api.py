@@ -10,7 +10,7 @@ the same situations by every store; results are the protocol Structs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
@@ -106,7 +106,23 @@ class Store(Protocol):
 
     clock: Literal["app", "db"]  # who supplies `now` in production
     name: str  # "SQLite", "PostgreSQL": for messages
+    noun: str  # what coordd says it cannot open: "the database", "the store"
     areas: frozenset[str]  # the areas beyond this interface it serves (coordd.service.local)
+    refusals: dict[str, str]  # method -> its refusal where not "not available ... yet"
+
+    def hold(self, given: str | None = None) -> AbstractContextManager[None]:
+        """Hold what keeps a second coordd off this store while the daemon runs, entered
+        before `start` (SQLite: the file's lock, `given` its path as configured;
+        PostgreSQL: nothing, `leader` decides). Raises: errors.InvalidState."""
+        ...
+
+    async def wait_dead(self, stop: Any) -> None:
+        """Return when the store can no longer serve (raising why), or at `stop`."""
+        ...
+
+    async def ping(self) -> None:
+        """One empty write (SQLite) or round trip (PostgreSQL): the watchdog's proof."""
+        ...
 
     def attach(self, hooks: StoreHooks) -> None:
         """Take the coordinator's hooks, before `start` (wake-ups of parked calls: SQLite
@@ -118,8 +134,14 @@ class Store(Protocol):
 
     async def heartbeat(self, worker_id: str, roles: Sequence[str], readings: dict[str, Any],
                         *, now: float | None = None) -> HeartbeatResult: ...
-    async def enqueue(self, jobs: Sequence[NewJob], *,
-                      now: float | None = None) -> list[EnqueueResult]: ...
+    async def enqueue(self, jobs: Sequence[NewJob], *, indexed: bool = False,
+                      now: float | None = None) -> list[EnqueueResult]:
+        """All or none; `indexed`: an error's message names the job (`jobs[3]: ...`)."""
+        ...
+    async def check_combinable(self, jobs: Sequence[NewJob], policy: ClaimPolicy) -> None:
+        """Refuse, before `enqueue`, a job whose claims this store cannot judge yet.
+        Raises: errors.BadRequest."""
+        ...
     async def claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy, *,
                     kinds: Sequence[str] | None = None, claim_id: str | None = None,
                     now: float | None = None) -> ClaimResult: ...
@@ -146,6 +168,10 @@ class Store(Protocol):
                      now: float | None = None) -> StoreStatus: ...
     async def restart_grace(self, *, now: float | None = None) -> int:
         """Give every stored lease at least one more `lease_s` from now; return how many."""
+        ...
+    async def resolve_id(self, what: str, given: str) -> str:
+        """The "job" or "workflow" id `given` is, or (SQLite) the one it is the start of.
+        Raises: errors.NotFound, errors.BadRequest (empty; an ambiguous prefix)."""
         ...
 
     async def wait_for_work(self, timeout: float) -> bool:

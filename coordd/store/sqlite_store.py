@@ -65,6 +65,7 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
     name = "SQLite"
     noun = "the database"  # what coordd says it cannot open
     areas = LOCAL_AREAS
+    refusals: dict[str, str] = {}  # it refuses nothing
 
     def __init__(self, path: str, clock: Clock | None = None, *, aging_s: float = 0.0,
                  read_connections: int = 2, read_queue_max: int | None = None,
