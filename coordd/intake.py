@@ -67,5 +67,3 @@ def new_job(coord: "Coordinator", p: Enqueue) -> store.NewJob:
                         else request_hash(p, max_attempts, schema,
                                      uses if p.limits is not None else None)))
 
-
-batch_item = errors.batch_item  # the message of job `index` of a batch: `jobs[3]: ...`

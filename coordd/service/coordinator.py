@@ -313,7 +313,7 @@ class Coordinator(Reads, Areas):
             for j in p.jobs:
                 jobs.append(intake.new_job(self, j))
         except errors.CoordError as exc:
-            raise intake.batch_item(len(jobs), exc) from exc
+            raise errors.batch_item(len(jobs), exc) from exc
         return EnqueueBatchResult(jobs=await self._enqueue(jobs, indexed=True))
 
     async def _enqueue(self, jobs: list[NewJob], indexed: bool) -> list[EnqueueResult]:

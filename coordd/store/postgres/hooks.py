@@ -24,6 +24,8 @@ from coordd.store.postgres.resources import requests_of
 
 logger = logging.getLogger(__name__)
 
+ARTIFACTS_REFUSED = ("complete: artifacts are not available on the PostgreSQL store yet "
+                     "(send the result inline)")
 POLL_S = 1.0  # a parked claim looks again at least this often (NOTIFY is only a hint)
 ID_CHARS = 16  # coordd.ids: 16 hex characters
 SQL_WORKFLOW_EXISTS = "SELECT 1 FROM workflows WHERE workflow_id = $1"
@@ -147,4 +149,4 @@ class PostgresServing:
         return out
 
 
-__all__ = ["POLL_S", "PostgresServing"]
+__all__ = ["ARTIFACTS_REFUSED", "POLL_S", "PostgresServing"]

@@ -23,6 +23,7 @@ from coordd.protocol_limits import LimitView
 from coordd.store import NewJob
 from coordd.store.api import Backoff, LeaseRef
 from coordd.store.postgres import admission, apply, sql
+from coordd.store.postgres.hooks import ARTIFACTS_REFUSED
 from coordd.store.postgres.sql import NOW
 
 SQL_ATTACH = (  # $1 job ids, $2 names, $3 units
@@ -127,8 +128,7 @@ class PostgresAdmission:
                                backoff: Backoff, *, artifact: Any = None,
                                now: float | None = None) -> CompleteResult:
         if artifact is not None:
-            raise errors.BadRequest("complete: artifacts are not available on the "
-                                    "PostgreSQL store yet (send the result inline)")
+            raise errors.BadRequest(ARTIFACTS_REFUSED)
         budgets = [(n, m) for n, d in book.defs.items() for m in d.budget]
         async with self._conn() as conn, conn.transaction():
             res = await complete_checked(conn, now, ref, result_json, backoff)

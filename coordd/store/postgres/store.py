@@ -31,7 +31,7 @@ from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
 from coordd.store.postgres.governance import GovernancePostgres
-from coordd.store.postgres.hooks import PostgresServing
+from coordd.store.postgres.hooks import ARTIFACTS_REFUSED, PostgresServing
 from coordd.store.postgres.resources import ResourcesPostgres
 from coordd.store.postgres.limits import PostgresAdmission, attach, complete_checked
 
@@ -44,8 +44,6 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
-ARTIFACTS_REFUSED = ("complete: artifacts are not available on the PostgreSQL store yet "
-                     "(send the result inline)")
 COMBINE_REFUSED = ("the PostgreSQL store does not yet combine resource requests with fleet "
                    "limits, priority aging or per-job gates")
 
