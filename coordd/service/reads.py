@@ -144,16 +144,19 @@ class Reads:
         waiting = [j for j in jobs if j.status == "waiting"]
         if not waiting:
             return
-        book = await self.store.explain_book([j.job_id for j in waiting]
-                                             if resources_too else [])
+        book = await self.store.explain_book()
         stale_s = self.config.heartbeat_stale_s
         for j in waiting:
             j.waiting_reason = explain.why_waiting(j, now, book.rows, book.states,
                                                    self._policies, stale_s)
-            req = book.requests.get(j.job_id)
-            if req is not None and (j.waiting_reason or "").startswith("runnable"):
-                why = resources.shortfall(req, explain.open_runners(
-                    j, now, book.rows, book.states, self._policies, stale_s), book.grants)
+        runnable = [j for j in waiting if (j.waiting_reason or "").startswith("runnable")]
+        if not (resources_too and runnable):
+            return
+        requests, grants = await self.store.resource_book([j.job_id for j in runnable])
+        for j in runnable:
+            if j.job_id in requests:
+                why = resources.shortfall(requests[j.job_id], explain.open_runners(
+                    j, now, book.rows, book.states, self._policies, stale_s), grants)
                 j.waiting_reason = why or j.waiting_reason
 
     async def _limit_reasons(self, jobs: list[JobView]) -> None:

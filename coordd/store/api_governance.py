@@ -75,15 +75,12 @@ class JobGovernance(msgspec.Struct, kw_only=True):
 
 
 class ExplainBook(msgspec.Struct, kw_only=True):
-    """What says why waiting jobs are not running (coordd.explain, coordd.resources.
-    shortfall): the store's `now`, the workers' rows and states (as in WorkerBook), the
-    grants of every lease by worker, and the resource requests of the jobs asked about."""
+    """What says why waiting jobs are not running (coordd.explain): the store's `now`, the
+    workers' rows and states (as in WorkerBook)."""
 
     now: float
     rows: list[tuple[str, list[str], dict[str, Any], float, int]]
     states: dict[str, Any]
-    grants: dict[str, list[Any]] = {}
-    requests: dict[str, Any] = {}
 
 
 class GovernanceStore(Protocol):
@@ -125,9 +122,15 @@ class GovernanceStore(Protocol):
         """The job's governance as `get_job` shows it (nothing for an unknown job)."""
         ...
 
-    async def explain_book(self, job_ids: Sequence[str], *,
-                           now: float | None = None) -> ExplainBook:
-        """The workers and the requests of `job_ids` (waiting jobs) to explain them by."""
+    async def explain_book(self, *, now: float | None = None) -> ExplainBook:
+        """The workers to explain waiting jobs by."""
+        ...
+
+    async def resource_book(self, job_ids: Sequence[str]
+                            ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+        """(job_id -> its resource request, for the jobs of `job_ids` that ask for
+        resources; worker_id -> the grants of its leases, read only when one asks), to
+        say which resource is short (coordd.resources.shortfall)."""
         ...
 
 

@@ -89,14 +89,13 @@ class SQLiteGovernance:
                              request=await self.readers.run(resstore.request_of, job_id),
                              grant=await self.readers.run(resstore.grant_of, job_id))
 
-    async def explain_book(self, job_ids: Sequence[str], *,
-                           now: float | None = None) -> ExplainBook:
-        """The reads of the waiting reasons (views.list_workers, the workers' states; the
-        grants and requests only where a job asks for resources)."""
-        rows = await self.readers.run(views.list_workers)
-        states = await self.readers.run(wkstore.worker_states)
+    async def explain_book(self, *, now: float | None = None) -> ExplainBook:
+        """The reads of the waiting reasons: views.list_workers, the workers' states."""
+        return ExplainBook(now=self._now(now), rows=await self.readers.run(views.list_workers),
+                           states=await self.readers.run(wkstore.worker_states))
+
+    async def resource_book(self, job_ids: Sequence[str]
+                            ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         requests = await self.readers.run(resstore.requests_of, list(job_ids)) \
             if job_ids else {}
-        grants = await self.readers.run(resstore.all_grants) if requests else {}
-        return ExplainBook(now=self._now(now), rows=rows, states=states, grants=grants,
-                           requests=requests)
+        return requests, (await self.readers.run(resstore.all_grants) if requests else {})

@@ -49,12 +49,11 @@ async def test_what_explains_a_waiting_job(bundle):
     asks.resources = resources.parse_request({"gpus": 1})
     await bundle.store.enqueue([asks], now=T0)
     plain = await bundle.enqueue()
-    got = await bundle.store.explain_book([asks.job_id, plain], now=T0 + 1)
+    got = await bundle.store.explain_book(now=T0 + 1)
     assert [r[0] for r in got.rows] == ["w1"] and set(got.states) == {"w1"}
-    assert set(got.requests) == {asks.job_id}
-    assert got.requests[asks.job_id] == asks.resources
-    nothing = await bundle.store.explain_book([], now=T0 + 1)
-    assert nothing.requests == {} and [r[0] for r in nothing.rows] == ["w1"]
+    requests, grants = await bundle.store.resource_book([asks.job_id, plain])
+    assert requests == {asks.job_id: asks.resources} and grants == {}
+    assert await bundle.store.resource_book([plain]) == ({}, {})  # grants read only if asked
 
 
 async def test_a_full_limit_is_the_reason_on_both_stores(bundle):

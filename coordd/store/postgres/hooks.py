@@ -20,7 +20,7 @@ from coordd.store.api import StoreHooks
 from coordd.store.api_governance import ExplainBook
 from coordd.store.postgres import sql
 from coordd.store.postgres.leader import Leadership
-from coordd.store.postgres.resources import requests_of
+from coordd.store.postgres.resources import books, requests_of
 
 logger = logging.getLogger(__name__)
 
@@ -124,15 +124,18 @@ class PostgresServing:
             deps = [tuple(r) for r in await conn.fetch(SQL_JOB_DEPS, job_id)]
         return row[0], row[1], row[2], deps  # type: ignore[return-value]
 
-    async def explain_book(self, job_ids: Sequence[str], *,
-                           now: float | None = None) -> ExplainBook:
+    async def explain_book(self, *, now: float | None = None) -> ExplainBook:
         book = await self.worker_book(now=now)
-        requests: dict[str, Any] = {}
-        if job_ids:
-            async with self._conn() as conn:
-                requests = await requests_of(conn, list(job_ids))
-        return ExplainBook(now=book.now, rows=book.rows, states=book.states,
-                           grants=book.grants if requests else {}, requests=requests)
+        return ExplainBook(now=book.now, rows=book.rows, states=book.states)
+
+    async def resource_book(self, job_ids: Sequence[str]
+                            ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+        if not job_ids:
+            return {}, {}
+        async with self._conn() as conn:
+            requests = await requests_of(conn, list(job_ids))
+            grants = (await books(conn))[0] if requests else {}
+        return requests, grants
 
     async def limits_loaded(self, book: Any) -> None:
         """Nothing to settle: the statements judge limits whether or not any is defined."""
