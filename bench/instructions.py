@@ -56,7 +56,12 @@ def _child(n: int, db: str, trace_out: str | None) -> None:
                 "user_idle_s": 3600.0}
     clock = FakeClock(1_000.0)
     cfg = config_mod.load(None, wal_checkpoint_interval_s=0.0)
-    coord = Coordinator(db, cfg, clock, rng=random.Random(7))
+    if hasattr(Coordinator, "over_sqlite"):  # one Coordinator over a store (issue 27)
+        coord = Coordinator.over_sqlite(db, cfg, clock, rng=random.Random(7))
+        writer = coord.store.writer
+    else:  # revisions before it: the Coordinator on a SQLite file
+        coord = Coordinator(db, cfg, clock, rng=random.Random(7))
+        writer = coord.writer
 
     async def setup() -> None:
         await coord.start()
@@ -78,10 +83,10 @@ def _child(n: int, db: str, trace_out: str | None) -> None:
         loop.run_until_complete(setup())
         seen: list[str] = []
         if trace_out:
-            coord.writer._conn.set_trace_callback(seen.append)
+            writer._conn.set_trace_callback(seen.append)
         functools.reduce(lambda _a, _b: loop.run_until_complete(cycles()), [None], None)
         if trace_out:
-            coord.writer._conn.set_trace_callback(None)
+            writer._conn.set_trace_callback(None)
             Path(trace_out).write_text(json.dumps(seen))
     finally:
         loop.run_until_complete(coord.close())

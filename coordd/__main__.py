@@ -97,11 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
     cfg = msgspec.structs.replace(cfg, db=db, socket=sock)
     try:
-        if cfg.store:
-            from coordd.store_daemon import StoreDaemon
-            uvloop.run(StoreDaemon(cfg, config_path=args.config).run())
-        else:
-            uvloop.run(Daemon(cfg, config_path=args.config).run())
+        uvloop.run(Daemon(cfg, config_path=args.config).run())  # over SQLite or PostgreSQL
     except StartupError as exc:  # one line on stderr (the journal under systemd), no log twin
         print(f"coordd: {exc}", file=sys.stderr)
         return 1

@@ -40,8 +40,7 @@ def digest(token: str) -> str:
 
 
 class Enrolment:
-    """The enrolment methods over a store's token operations (SQLite's:
-    coordd.store.sqlite_enrol.SQLiteEnrol over the Coordinator's writer)."""
+    """The enrolment methods over a store's token operations (coordd.store.api_enrol)."""
 
     METHODS = ENROL_METHODS
 

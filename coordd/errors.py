@@ -125,3 +125,10 @@ def error_for_code(code: str, message: str) -> CoordError:
     if err.code != code:
         err.code = code  # keep codes we don't know (a newer daemon) visible to the caller
     return err
+
+
+def batch_item(index: int, exc: CoordError) -> CoordError:
+    """The same error about job `index` of a batch, its message naming it: `jobs[3]: ...`."""
+    err = type(exc)(f"jobs[{index}]: {exc.message}")
+    err.code = exc.code
+    return err

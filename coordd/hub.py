@@ -52,8 +52,7 @@ class Hub:
     """The hub's RPC methods over a store's hub operations.
 
     Args:
-        st: the store's hub (coordd.store.sqlite_hub.SQLiteHub over the Coordinator's
-            writer, or a PostgresStore).
+        st: the store (its hub operations: coordd.store.api_hub).
         config: limits and the visibility timeout.
     """
 

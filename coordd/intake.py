@@ -67,9 +67,3 @@ def new_job(coord: "Coordinator", p: Enqueue) -> store.NewJob:
                         else request_hash(p, max_attempts, schema,
                                      uses if p.limits is not None else None)))
 
-
-def batch_item(index: int, exc: errors.CoordError) -> errors.CoordError:
-    """The same error about job `index` of a batch, its message naming it: `jobs[3]: ...`."""
-    err = type(exc)(f"jobs[{index}]: {exc.message}")
-    err.code = exc.code
-    return err

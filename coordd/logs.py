@@ -24,8 +24,7 @@ POS_MAX = 1 << 62  # byte offsets beyond this are refused (SQLite integers are s
 
 
 class JobLogStore:
-    """`log_append` and `job_logs` over a store's log operations (SQLite's:
-    coordd.store.sqlite_logs.SQLiteLogs over the Coordinator's writer)."""
+    """`log_append` and `job_logs` over a store's log operations (coordd.store.api_logs)."""
 
     def __init__(self, st: LogStore) -> None:
         self._store = st

@@ -12,7 +12,7 @@ from coordd import cas, store, views
 from coordd.metrics import tree_bytes
 from coordd.protocol import Empty, PruneResult
 from coordd.store import workflows as wstore
-from coordd.store.sqlite_maintenance import file_size  # noqa: F401 (re-exported)
+from coordd.store.sqlite_maintenance import file_size
 
 if TYPE_CHECKING:
     from coordd.service import Coordinator
@@ -88,4 +88,3 @@ class Maintenance:
         if took > 0:
             await c.clock.wait(self._pause, min(took, MAINTENANCE_PAUSE_MAX_S))
         return result
-

@@ -383,6 +383,12 @@ class Push:
             if w.limited:
                 w.wake()
 
+    def wake_claims(self) -> None:
+        """Every parked claim looks again (a store whose wake-ups do not say which role
+        and kind may have come free: PostgreSQL's NOTIFY and poll)."""
+        for w in self._claims.values():
+            w.wake()
+
     async def claim(self, worker_id: str, kinds: list[str] | None, wait_s: float,
                     attempt: ClaimAttempt) -> Any:
         """Claim for up to `wait_s` seconds: `attempt(waited_s)` until it hands out a job,

@@ -55,12 +55,13 @@ class Reaper:
         return await self._coord.reap()
 
     async def prune_if_due(self) -> PruneResult | None:
-        """Prune when `prune_interval` has passed (monotonic) since the last prune."""
+        """Prune (`Coordinator.upkeep`) when `prune_interval` has passed (monotonic) since
+        the last prune; its result, where the store serves `prune`."""
         now = self._clock.mono()
         if now < self._next_prune:
             return None
         self._next_prune = now + min(self._prune_interval, PRUNE_RETRY_S)  # if it fails
-        result = await self._coord.prune()
+        result = await self._coord.upkeep()
         self._next_prune = now + self._prune_interval
         return result
 
@@ -70,7 +71,7 @@ class Reaper:
         the steps that failed. Writes go in the writer's urgent lane (`Writer.maintenance`)."""
         failed = []
         with Writer.maintenance():
-            for name, step in (("workflows", self._coord.flows.tick), ("reap", self.run_once),
+            for name, step in (("workflows", self._coord.workflow_tick), ("reap", self.run_once),
                                ("prune", self.prune_if_due)):
                 if not await _step(name, step):
                     failed.append(name)

@@ -1,12 +1,21 @@
-"""The SQLite daemon: a Coordinator behind the socket (coordd.serving: the socket, signals,
-the orderly shutdown), with the reaper, the systemd watchdog and metrics over HTTP beside it.
+"""The daemon: a Coordinator behind the socket (coordd.serving: the socket, signals, the
+orderly shutdown), over the store the config names: SQLite (`--db PATH`) or PostgreSQL
+(`--store postgresql://...`). The same class serves both; what differs is the store.
+
+Start-up: take the socket path's lock (a second coordd on the same socket is refused at
+once, never left to find the path taken at fail-over), then the store's leadership
+(`Store.leader`: SQLite's is always won, the file's lock keeps a second coordd off it;
+PostgreSQL's is a session advisory lock: while another coordd holds it, wait as a
+standby with no listener open). Once it is ours: open the socket (and `listen_tcp`), open
+the store, give stored leases the restart grace, serve, and run the maintenance round
+(coordd.reaper), the systemd watchdog and metrics over HTTP beside it. The rule not to
+break: a coordd whose leadership is gone exits at once (exit code 3), so two coordds
+never serve the same store.
 
 Shutdown on SIGTERM/SIGINT: tell systemd STOPPING=1, stop accepting, answer new requests
-`overloaded`, let in-flight requests finish (bounded), drain the writer and commit, close
-the database connections and every peer, remove the socket file (not an activated one),
-exit 0. With `listen_tcp`, a TCP listener (coordd.tcp, TLS) serves the same dispatcher.
-SIGHUP never ends coordd: it reloads what applies (coordd.reload). With `restart_grace`,
-stored leases get one more lease period before the reaper's first round (coordd.grace).
+`overloaded`, let in-flight requests finish (bounded), drain the store's writes, close
+it and every peer, remove the socket file (not an activated one), exit 0. SIGHUP never
+ends coordd: it reloads what applies (coordd.reload).
 
 Admin methods (protocol.ADMIN_METHODS): when both `admin_uids` and `admin_gids` are
 empty (the default), root and coordd's own uid are admins; once either list is set,
@@ -19,16 +28,17 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import start_http_server
 
-from coordd import cas, errors, fdlimit, grace
-from coordd.clock import Clock
+from coordd import errors, fdlimit
+from coordd.clock import Clock, anchored
 from coordd.config import Config
-from coordd.dblock import DbLock, real_db_path
+from coordd.dblock import real_db_path
 from coordd.listener import Listener
 from coordd.reaper import Reaper
 from coordd.service import Coordinator
@@ -36,15 +46,36 @@ from coordd.serving import (  # noqa: F401 - re-exported for the callers of coor
     CLOSE_TIMEOUT_S, DRAIN_TIMEOUT_S, SOCKET_MODE, ServingDaemon, StartupError,
     activated_socket, bind_socket, lock_socket, sd_notify,
 )
+from coordd.store.dsn import store_address
 
 logger = logging.getLogger(__name__)
 
+EXIT_LEADERSHIP_LOST = 3
+LEADER_KEY = "coordd"
+
+
+def open_store(config: Config, clock: Clock) -> Any:
+    """The store `config` names, not yet started: a PostgresStore for `config.store`,
+    else a SQLiteStore on `config.db` (by its real path: SQLite names the -wal and -shm
+    files after it). Raises: StartupError (PostgreSQL without asyncpg installed)."""
+    if config.store:
+        try:
+            from coordd.store.postgres import PostgresStore
+            from coordd.store.postgres.leader import pool_settings
+        except ImportError as exc:
+            raise StartupError(f"the PostgreSQL store needs asyncpg (pip install -e "
+                               f"'.[postgres]'): {exc}") from exc
+        return PostgresStore(config.store, aging_s=config.aging_interval_s,
+                             server_settings=pool_settings(config.store_session_timeout_s))
+    from coordd.store.sqlite_store import SQLiteStore
+    return SQLiteStore.from_config(real_db_path(config.db), config, clock)
+
 
 class Daemon(ServingDaemon):
-    """coordd: a Coordinator on SQLite behind the RPC socket, with the reaper beside it.
+    """coordd: a Coordinator over the configured store behind the RPC socket.
 
     Args:
-        config: settings; `config.db` and `config.socket` must be set.
+        config: settings; `config.socket`, and `config.db` or `config.store`, must be set.
         clock: the clock (SystemClock in production).
         config_path: the config file, re-read on SIGHUP (coordd.reload).
     """
@@ -52,61 +83,120 @@ class Daemon(ServingDaemon):
     def __init__(self, config: Config, clock: Clock | None = None,
                  config_path: str | None = None) -> None:
         super().__init__(config, clock, config_path)
-        # the file's real path: SQLite names the -wal/-shm files after it
-        self.coord = Coordinator(real_db_path(config.db), config, self.clock)
-        self._db_lock = contextlib.ExitStack()
+        clock = anchored(self.clock)  # the store's writer and the coordinator share it
+        self.coord = Coordinator(open_store(config, clock), config, clock)
+        self.leader = self.coord.store.leader(LEADER_KEY, config.store_session_timeout_s)
+        self._held = contextlib.ExitStack()
+        if config.store:
+            self.serving_status = "serving (active)"
 
     def _handle(self, method: str, params: Any) -> Awaitable[Any]:
-        return getattr(self.coord, method)(params)  # the coroutine itself: one frame less
+        return getattr(self.coord, method)(params)  # type: ignore[no-any-return]
 
     def _ready_note(self) -> str:
-        return f"db {self.config.db}"
+        return f"db {self.config.db}" if not self.config.store else "PostgreSQL store"
+
+    def _lock_socket(self, path: Path) -> int:
+        try:
+            return lock_socket(path)
+        except StartupError as exc:
+            if not self.config.store or "lock held" not in str(exc):
+                raise
+            raise StartupError(f"socket {path} is in use by a running coordd (the active "
+                               "one?): a standby on the same host needs a --socket of its "
+                               "own") from None
+
+    async def run(self) -> None:
+        """Wait for leadership, then serve until `stop_event` is set; exit the process
+        (EXIT_LEADERSHIP_LOST) the moment leadership is lost.
+
+        Raises: StartupError (the store cannot be opened or reached, the socket cannot
+        be used).
+        """
+        try:
+            await super().run()
+        finally:
+            await self.leader.close()
+
+    async def _before_listen(self) -> bool:
+        """Hold the store's leadership; False if stopped while waiting for it."""
+        try:
+            if await self.leader.try_acquire():
+                return True
+        except Exception as exc:  # OSError, asyncpg errors: the store is unreachable
+            raise StartupError(f"cannot reach the store ({store_address(self.config.store)}): "
+                               f"{type(exc).__name__}: {exc}") from exc
+        logger.info("standby: waiting for the active coordd", extra={"action": "standby"})
+        sd_notify("READY=1\nSTATUS=standby: waiting for the active coordd")
+        acquire = asyncio.ensure_future(self.leader.acquire())
+        stop = asyncio.ensure_future(self.stop_event.wait())
+        await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not acquire.done():
+            acquire.cancel()
+            await asyncio.gather(acquire, return_exceptions=True)
+            logger.info("standby stopped (it never served)", extra={"action": "stopped"})
+            return False
+        acquire.result()
+        logger.info("standby: the active coordd's session ended; taking over",
+                    extra={"action": "takeover"})
+        return True
 
     async def _open(self) -> None:
-        await self._open_db()
+        store = self.coord.store
+        try:  # held while coordd runs (SQLite: the file's lock, by any of its names)
+            self._held.enter_context(store.hold(self.config.db))
+            await self.coord.start()
+        except errors.InvalidState as exc:
+            raise StartupError(exc.message) from exc
+        except errors.CoordError as exc:
+            raise StartupError(f"cannot open {store.noun}: {exc.message}") from exc
         if self.config.restart_grace:
-            await grace.grant_restart_grace(self.coord.writer)
+            n = await store.restart_grace()
+            if n:
+                logger.info("restart grace: %d lease(s) run at least one more lease "
+                            "period from now", n, extra={"action": "restart_grace", "n": n})
 
     def _side_tasks(self, tg: asyncio.TaskGroup, server: Listener) -> None:
         tg.create_task(Reaper(self.coord, self.clock).run(self.stop_event))
         tg.create_task(self._watchdog())
         tg.create_task(self._metrics_http())
-        tg.create_task(self._watch_writer())
+        tg.create_task(self._watch_store())
+        tg.create_task(self._watch_leadership(server))
 
     async def _answer_parked(self) -> None:
         await self.coord.push.close()  # every parked call answers now, before the drain
 
     async def _close(self) -> None:
-        await self.coord.close()
-        self._db_lock.close()
-
-    async def _open_db(self) -> None:
-        db = Path(self.config.db)
-        if not db.parent.is_dir():
-            raise StartupError(f"database folder {db.parent} does not exist")
-        if db.exists() and not db.is_file():
-            raise StartupError(f"database {db} is not a regular file")
-        try:  # held while coordd runs (on the file, by any name), so no second coordd
-            lock = self._db_lock.enter_context(DbLock(db))  # nor a restore swaps it
-        except errors.InvalidState as exc:
-            raise StartupError(exc.message) from exc
-        except OSError as exc:
-            raise StartupError(f"cannot open the database {db}: cannot create its lock file "
-                               f"({(exc.strerror or str(exc)).lower()})") from exc
         try:
-            await self.coord.start()
-        except errors.StoreError as exc:
-            raise StartupError(f"cannot open the database: {exc.message}") from exc
-        try:
-            lock.lock_inode()  # a file SQLite just created
-        except errors.InvalidState as exc:
-            raise StartupError(exc.message) from exc
-        with contextlib.suppress(OSError):  # workers (group coordd) write into it too
-            cas.make_dir(self.coord.artifact_dir)  # setgid, group-writable (cas.STORE_DIR_MODE)
+            await self.coord.close()
+        finally:
+            self._held.close()
 
-    async def _watch_writer(self) -> None:
-        """End coordd (through the TaskGroup) if the writer task dies: nothing else does."""
-        await self.coord.writer.wait_dead(self.stop_event)
+    async def _watch_store(self) -> None:
+        """End coordd (through the TaskGroup) if the store's writer task dies."""
+        await self.coord.store.wait_dead(self.stop_event)
+
+    async def _watch_leadership(self, server: Listener) -> None:
+        """Exit the process at once when the leadership is gone (never two serving)."""
+        watch = asyncio.ensure_future(self.leader.watch())
+        stop = asyncio.ensure_future(self.stop_event.wait())
+        await asyncio.wait({watch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not watch.done():
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+            return
+        reason = watch.result()
+        self._close_listeners(server)
+        if self._bound is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._bound)
+        logger.critical("leadership lost (%s): exiting now so that two coordds never serve "
+                        "the same store", reason, extra={"action": "leadership_lost"})
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(EXIT_LEADERSHIP_LOST)
 
     async def _metrics_http(self) -> None:
         """Serve Prometheus metrics on 127.0.0.1:`metrics_port` (if set) until stop,
@@ -144,7 +234,7 @@ class Daemon(ServingDaemon):
             return
         interval = usec / 2e6
         while not await self.clock.wait(self.stop_event, interval):
-            try:  # ping only when the writer commits: a wedged writer gets restarted
+            try:  # ping only when the store commits: a wedged writer gets restarted
                 await asyncio.wait_for(self.coord.ping(), interval)
             except (asyncio.TimeoutError, errors.CoordError):
                 continue

@@ -1,5 +1,5 @@
-"""The socket and the serve/shutdown skeleton both daemons share (coordd.server on SQLite,
-coordd.store_daemon on PostgreSQL).
+"""The socket and the serve/shutdown skeleton of the daemon (coordd.server, over either
+store).
 
 Start-up: take `<socket>.lock` (flock) first, so two starters cannot race and a standby
 keeps the path for itself; a socket file that answers means another coordd is live

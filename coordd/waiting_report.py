@@ -4,8 +4,8 @@ that has waited longer than `warn_p0_wait_s`.
 
 `oldest_due` is SQLite's read (coordd.store.waiting_heads; PostgreSQL's is
 coordd.store.postgres.reads.oldest_waiting); `report` is pure, the same on every store:
-jobs in, the list and the warnings out. `waiting` serves the SQLite Coordinator,
-`on_store` the Coordinator over the store interface.
+jobs in, the list and the warnings out; `on_store` runs it over a store for the
+Coordinator (coordd.service.reads).
 """
 
 from __future__ import annotations
@@ -65,30 +65,21 @@ def report(heads: list[Head], now: float, warn_p0_wait_s: float
                        for w in late)]
 
 
-async def waiting(read: Callable[..., Awaitable[Any]],
-                  explain: Callable[[list[JobView], float], Awaitable[None]], now: float,
-                  by_priority: dict[str, int], aging_s: float, warn_p0_wait_s: float
-                  ) -> tuple[list[WaitingJob], list[str]]:
-    """`report` over SQLite's read (`read(fn, *args)` on the read pool) for the levels
-    that have waiting jobs (`by_priority`: "p0".. -> count); `explain` fills the reasons."""
-    levels = [p for p in range(4) if by_priority.get(f"p{p}", 0)]
-    if not levels:
-        return [], []
-    heads = await read(oldest_due, now, levels, PER_LEVEL, aging_s)
-    await explain([j for _, j in heads], now)
-    return report(heads, now, warn_p0_wait_s)
-
-
 async def on_store(store: Any, by_priority: dict[str, int], policies: dict[int, Any],
-                   stale_s: float, warn_p0_wait_s: float, *, now: float | None = None
-                   ) -> tuple[list[WaitingJob], list[str]]:
-    """`report` over the store interface (`store.oldest_waiting`, `store.worker_book`), the
-    reasons from coordd.explain on the workers' rows (gates, roles, kinds, backoff)."""
+                   stale_s: float, warn_p0_wait_s: float, *, now: float | None = None,
+                   explain_waiting: Callable[[list[JobView], float], Awaitable[None]]
+                   | None = None) -> tuple[list[WaitingJob], list[str]]:
+    """`report` over the store interface (`store.oldest_waiting`) for the levels that have
+    waiting jobs (`by_priority`: "p0".. -> count). The reasons: `explain_waiting(jobs,
+    now)` (the Coordinator's: gates, roles, kinds, resources, limits), else coordd.explain
+    on the workers' rows (`store.worker_book`)."""
     levels = [p for p in range(4) if by_priority.get(f"p{p}", 0)]
     if not levels:
         return [], []
     t, heads = await store.oldest_waiting(levels, PER_LEVEL, now=now)
-    if heads:
+    if heads and explain_waiting is not None:
+        await explain_waiting([j for _, j in heads], t)
+    elif heads:
         book = await store.worker_book(now=now)
         for _, j in heads:
             j.waiting_reason = explain.why_waiting(j, t, book.rows, book.states, policies,

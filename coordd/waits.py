@@ -2,7 +2,8 @@
 
 Each looks on the read connection and, while there is nothing to answer, parks on
 coordd.push until a commit concerns it or its time is up (coordd.push has the rule:
-register, then look). Served as Coordinator methods (see Coordinator.__init__).
+register, then look). Served as Coordinator methods on a SQLite store (coordd.service.local);
+a claim's `wait_s` parks in the Coordinator's own `claim`.
 """
 
 from __future__ import annotations
@@ -12,18 +13,16 @@ from typing import Any
 
 from coordd import errors
 from coordd.names import check_name
-from coordd.protocol import TERMINAL_STATUSES, Claim, ClaimResult, JobId, JobView
+from coordd.protocol import TERMINAL_STATUSES, JobId, JobView
 from coordd.protocol_push import (
-    PUSH_PARAMS, EventsResult, FeedEvent, WaitJob, WaitJobResult, WatchEvents, WatchWorker, WorkerActions,
+    EventsResult, FeedEvent, WaitJob, WaitJobResult, WatchEvents, WatchWorker, WorkerActions,
 )
-from coordd.protocol_workers import Release
-from coordd.push import PARK_SCOPE, Push
+from coordd.push import Push
 from coordd.store import push as push_store
 
 TERMINAL = frozenset(TERMINAL_STATUSES)
 FEED_SCAN = 1000       # events looked at per look of `watch_events`
 FEED_LIMIT_MAX = 1000  # events one `watch_events` reply carries at most
-UNDELIVERED = "claim_undelivered"  # a parked claim's job, granted as its connection closed
 FEED_CURSOR_MAX = (1 << 63) - 1  # event ids are SQLite rowids
 FEED_SCANS_PER_LOOK = 8  # scans of FEED_SCAN a look makes before answering (a filter may match none)
 
@@ -42,54 +41,6 @@ class Waits:
         self._push = push
         self._read = read
         self._get_job = get_job
-        self._claim_once: Callable[[Claim], Awaitable[ClaimResult]] | None = None
-        self._release: Callable[[Release], Awaitable[Any]] | None = None
-
-    @classmethod
-    def serve(cls, coord: Any) -> "Waits":
-        """Give a Coordinator its parked calls: `coord.push` (caps from its config), the
-        writer's hooks (TEMP triggers on open, wake-ups after each COMMIT), `claim` with
-        `wait_s` around its own one-shot claim, and wait_job / watch_worker / watch_events."""
-        cfg = coord.config
-        push = coord.push = Push(coord.clock, per_connection_max=cfg.park_max_per_connection,
-                                 total_max=cfg.park_max_total, wait_max_s=cfg.park_wait_max_s)
-        coord.writer.on_open = push.attach
-        coord.writer.changes.listener = push  # jobs entering waiting or ending
-        coord.writer.on_commit = push.committed
-        coord.writer.on_rollback = push.rolled_back
-        coord.writer.on_clock_step = push.clock_stepped
-        waits = coord.waits = cls(push, coord.read, coord.get_job)
-        waits._claim_once = coord.claim
-        waits._release = coord.release
-        coord.claim = waits.claim
-        for method in PUSH_PARAMS:
-            setattr(coord, method, getattr(waits, method))
-        return waits
-
-    async def claim(self, p: Claim) -> ClaimResult:
-        """`claim`; with `wait_s` > 0 and nothing to hand out it parks (coordd.push) up to
-        `wait_s` (cut to `park_wait_max_s`) and is tried again whenever a job this worker
-        may take may have become claimable; `waited_s` in the reply says how long.
-
-        Raises: BadRequest (NaN or negative wait_s; the claim's own), Overloaded (caps).
-        """
-        wait = self._push.wait_s(p.wait_s)
-        if wait <= 0:
-            return await self._claim_once(p)
-
-        scope = PARK_SCOPE.get()
-
-        async def attempt(waited_s: float) -> ClaimResult:
-            res: ClaimResult = await self._claim_once(p)
-            res.waited_s = waited_s
-            if res.job is not None and res.lease is not None and scope is not None \
-                    and scope.closed:  # its connection went while the claim ran: nobody
-                await self._release(Release(  # would hold the lease; no attempt spent
-                    job_id=res.job.job_id, worker_id=p.worker_id, token=res.lease.token,
-                    reason=UNDELIVERED))
-                return ClaimResult(job=None, reasons=[UNDELIVERED], waited_s=waited_s)
-            return res
-        return await self._push.claim(p.worker_id, p.kinds, wait, attempt)
 
     async def wait_job(self, p: WaitJob) -> WaitJobResult:
         """The job's view once it is terminal (at once if it is), else at `timeout_s`

@@ -16,9 +16,9 @@ from typing import Any
 
 from coordd import errors, views
 from coordd.names import check_name
-from coordd.protocol import JOB_STATUSES, Heartbeat, HeartbeatResult, JobView
+from coordd.protocol import JOB_STATUSES, JobView
 from coordd.protocol_web import (
-    COUNT_CAP, FIND_LIMIT_MAX, FeedHead, FIND_SCAN_MAX, WEB_PARAMS, Delivery, FindJobs, FleetResult,
+    COUNT_CAP, FIND_LIMIT_MAX, FeedHead, FIND_SCAN_MAX, Delivery, FindJobs, FleetResult,
     FoundJobs, HeldLease, JobRow, JobStats, JobStatsResult, LoggedMessage, MessageLog,
     MessageLogResult, NodeRun, NoParams, Reservation, WorkflowRef, WorkflowRuns,
 )
@@ -74,26 +74,9 @@ class WebReads:
         self._read = read
         self._wall = clock_wall
         self.readings = ReadingsLog()
-        # set by `serve`: the Coordinator's waiting-reason explainer and aging interval
+        # set by coordd.service.local: the Coordinator's waiting-reason explainer and aging interval
         self._explain: Callable[[list[JobView], float], Awaitable[None]] | None = None
         self._aging_s = 0.0
-
-    @classmethod
-    def serve(cls, coord: Any) -> "WebReads":
-        """Give a Coordinator the web methods, and record each heartbeat's readings after
-        it committed (around the Coordinator's own `heartbeat`)."""
-        reads = coord.web_reads = cls(coord.read, coord.clock.wall)
-        reads._explain, reads._aging_s = coord.explain_waiting, coord.config.aging_interval_s
-        beat = coord.heartbeat
-
-        async def heartbeat(p: Heartbeat) -> HeartbeatResult:
-            res: HeartbeatResult = await beat(p)
-            reads.readings.add(p.worker_id, res.now, p.readings)
-            return res
-        coord.heartbeat = heartbeat
-        for method in WEB_PARAMS:
-            setattr(coord, method, getattr(reads, method))
-        return reads
 
     async def find_jobs(self, p: FindJobs) -> FoundJobs:
         """A page of jobs, newest first, matching every given filter (FindJobs).

@@ -1,6 +1,6 @@
 """The `workers` reply from stored rows, pure: one WorkerView per worker with its gate
-verdicts per priority, governance notes and resource books. Shared by coordd on SQLite
-(coordd.service) and on PostgreSQL (coordd.store_service_governance), so both say the same.
+verdicts per priority, governance notes and resource books. Built by coordd.service.reads
+over either store.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ and recurring schedules.
 
 - `workflow_submit` validates a graph here (names, unknown dependencies, duplicates,
   cycles, policies, schemas: `bad_request` with a clear message) and queues it whole in
-  one writer request: nodes without dependencies `waiting`, the others `blocked`.
+  one store transaction (coordd.service.areas): nodes without dependencies `waiting`,
+  the others `blocked`.
 - A node becomes a claim candidate when its dependencies have ended and the edges allow
   it (coordd.store.workflows.settle, run in the transaction that ended the last one).
 - The maintenance round (`tick`, from the reaper loop, through the writer) skips waiting
@@ -35,14 +36,14 @@ import msgspec
 from cronsim import CronSim, CronSimError
 
 from coordd import cron as cron_mod
-from coordd import errors, resources, results, values, views
+from coordd import errors, resources, results, values
 from coordd.names import check_duration, check_name
 from coordd.times import TIME_MIN_S
 from coordd.protocol import PRIORITIES
 from coordd.protocol_workflows import (
     EDGE_POLICIES, LIST_LIMIT_MAX, WORKFLOW_STATUSES, ListWorkflows, Need, NeedView,
     NodeArtifact, NodeView, NoParams, ScheduleAdd, ScheduleList, ScheduleName, ScheduleView,
-    WorkflowId, WorkflowList, WorkflowNode, WorkflowSubmit, WorkflowSubmitResult,
+    WorkflowNode, WorkflowSubmit, WorkflowSubmitResult,
     WorkflowView,
 )
 from coordd.store import dumps, lenient_json
@@ -181,7 +182,9 @@ def submitted(wf: wstore.NewWorkflow, res: WorkflowSubmitResult) -> WorkflowSubm
 
 
 class Workflows:
-    """The workflow and schedule operations of a Coordinator (its writer, reader, config)."""
+    """A graph's checks (`plan`, any store) and, on a store that serves schedules
+    (coordd.service.local: the SQLite side's writer and reads), the schedule methods and
+    the maintenance round (`tick`)."""
 
     def __init__(self, coord: "Coordinator") -> None:
         self._coord = coord
@@ -255,37 +258,6 @@ class Workflows:
         return self.plan(spec, schedule_id, key=f"schedule:{schedule_id}:{slot:.0f}")
 
     # ------------------------------------------------------------ RPC methods
-
-    async def submit(self, p: WorkflowSubmit) -> WorkflowSubmitResult:
-        """Validate and queue a whole graph in one transaction."""
-        wf = self.plan(p)
-        wid, created, ids = await self._coord.writer.run(
-            lambda conn, now: wstore.insert_workflow(conn, now, wf))
-        return submitted(wf, WorkflowSubmitResult(workflow_id=wid, created=created, jobs=ids))
-
-    async def get(self, p: WorkflowId) -> WorkflowView:
-        """One workflow with every node. Raises: NotFound, BadRequest (an ambiguous
-        `prefix`)."""
-        return await self._coord.read(_get, await self._resolve(p))
-
-    async def _resolve(self, p: WorkflowId) -> str:
-        if not p.prefix:
-            return p.workflow_id
-        return await self._coord.read(views.resolve_prefix, p.workflow_id, "workflow",
-                                      wstore.SQL_WORKFLOW_EXISTS, wstore.SQL_WORKFLOW_IDS_FROM)
-
-    async def list(self, p: ListWorkflows) -> WorkflowList:
-        """Workflows, newest first, with node counts by status. Raises: BadRequest."""
-        check_list(p)
-        return WorkflowList(workflows=await self._coord.read(_list, p.status, p.limit))
-
-    async def cancel(self, p: WorkflowId) -> WorkflowView:
-        """Cancel every node that has not ended (running ones stop at their holder's next
-        renew or heartbeat); return the workflow. Raises: NotFound."""
-        workflow_id = await self._resolve(p)
-        await self._coord.writer.run(
-            lambda conn, now: wstore.cancel_workflow(conn, now, workflow_id))
-        return await self._coord.read(_get, workflow_id)
 
     async def schedule_add(self, p: ScheduleAdd) -> ScheduleView:
         """Add a recurring schedule; its first slot is the first after now (UTC). A name

@@ -100,7 +100,7 @@ class Writer:
         self._batch_max = batch_max
         self._busy_timeout_ms = busy_timeout_ms
         self._steps = ClockSteps(self._clock, clock_step_s, clock_jump_s)
-        self._metrics = metrics
+        self.metrics = metrics
         self._wal_size_limit = wal_size_limit
         self._wal_autocheckpoint_pages = wal_autocheckpoint_pages
         self._linger_rounds = linger_rounds
@@ -275,8 +275,8 @@ class Writer:
                 if self.on_commit is not None:
                     self.on_commit()  # wake-ups after the COMMIT, never before (coordd.push)
                 self._checkpointer.kick()
-                if self._metrics is not None:
-                    self._metrics.observe_batch(len(batch), self.stats.commit_times[-1],
+                if self.metrics is not None:
+                    self.metrics.observe_batch(len(batch), self.stats.commit_times[-1],
                                                 [started - t for _, _, t in batch])
             except Exception as exc:  # the whole transaction failed: nothing of it is stored
                 reason = storage_reason(exc)

@@ -20,7 +20,7 @@ from coordd.clock import SystemClock
 from coordd.config import Config
 from coordd.protocol_enrol import ENROL_OPEN_METHODS
 from coordd.service import Coordinator
-from coordd.store_service import SERVED
+from coordd.service.local import BEYOND_INTERFACE
 from docgen import md
 
 LEASE_ERRORS = ("not_found", "already_completed", "lease_lost", "lease_expired")
@@ -34,7 +34,8 @@ def handlers() -> dict[str, Any]:
     """Method -> the function that serves it on SQLite: what the daemon dispatches
     (coordd.server.Daemon calls `getattr(coordinator, method)`)."""
     with tempfile.TemporaryDirectory() as tmp:  # built, never started: nothing is opened
-        coord = Coordinator(os.path.join(tmp, "coordd.db"), Config(), SystemClock())
+        coord = Coordinator.over_sqlite(os.path.join(tmp, "coordd.db"), Config(),
+                                        SystemClock())
         return {m: getattr(getattr(coord, m), "__func__", getattr(coord, m))
                 for m in protocol.PARAMS if hasattr(coord, m)}
 
@@ -233,7 +234,7 @@ def method_section(method: str, params: type[msgspec.Struct], func: Any,
     marks = []
     if method in protocol.ADMIN_METHODS:
         marks.append("admin")
-    if method not in SERVED:
+    if method in BEYOND_INTERFACE:
         marks.append("SQLite store only")
     codes = error_codes(func, funcs)
     return (f"### `{method}`\n\n" + (f"*{', '.join(marks)}*\n\n" if marks else "")
@@ -250,7 +251,7 @@ def render() -> str:
     summary_rows = [[f"[{md.code(m)}](#{m})", link(protocol.PARAMS[m]),
                      md.type_text(result_type(funcs[m]), link),
                      "admin" if m in protocol.ADMIN_METHODS else "",
-                     "" if m in SERVED else "SQLite only"] for m in methods]
+                     "SQLite only" if m in BEYOND_INTERFACE else ""] for m in methods]
     types = reachable([protocol.Request, protocol.Reply, protocol.Readings]
                       + [protocol.PARAMS[m] for m in methods]
                       + [result_type(funcs[m]) for m in methods])

@@ -60,7 +60,7 @@ async def make_bundle(tmp_path):
         clock = FakeClock(T0)
         cfg = config_mod.load(None, **overrides)
         path = str(tmp_path / f"coordd{len(made)}.db")
-        coord = Coordinator(path, cfg, clock, rng=random.Random(7))
+        coord = Coordinator.over_sqlite(path, cfg, clock, rng=random.Random(7))
         await coord.start()
         b = Bundle(coord, clock, path)
         made.append(b)

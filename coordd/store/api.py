@@ -10,7 +10,7 @@ the same situations by every store; results are the protocol Structs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
@@ -57,6 +57,35 @@ class StoreStatus(msgspec.Struct, kw_only=True):
     jobs: dict[str, int]
     waiting_by_priority: dict[str, int]
     oldest_waiting_age_s: float | None = None
+    prunable: int = 0  # terminal jobs finished before `prune_before` (SQLite: counted up to a cap)
+    db_bytes: int = 0  # the store's files (SQLite: the database and its WAL; PostgreSQL: 0)
+    wal_bytes: int = 0
+    queue_depth: int = 0  # writes queued in the store (SQLite's single writer)
+    warnings: list[str] = []  # the store's own (SQLite: the disk refused writes)
+
+
+class StoreHooks(msgspec.Struct, kw_only=True):
+    """What the coordinator hands its store once (`Store.attach`): its claim policy (a
+    store may add hints to it), preemption's reservation hint, the parked calls to wake
+    (coordd.push.Push), its metrics and its backoff factory (each call draws one backoff
+    function: a result failing its schema, a failure, wait after it)."""
+
+    policy: Any
+    reservations: Any
+    push: Any
+    meters: Any
+    backoff: Any
+
+
+class Leader(Protocol):
+    """The coordinator's leadership, held by the serving daemon (`Store.leader`)."""
+
+    async def try_acquire(self) -> bool: ...
+    async def acquire(self) -> None: ...
+    async def watch(self) -> str:
+        """Return (a reason) when the held leadership is lost; never while it holds."""
+        ...
+    async def close(self) -> None: ...
 
 
 class Store(Protocol):
@@ -76,14 +105,40 @@ class Store(Protocol):
     """
 
     clock: Literal["app", "db"]  # who supplies `now` in production
+    name: str  # "SQLite", "PostgreSQL": for messages
+    noun: str  # what coordd says it cannot open: "the database", "the store"
+    areas: frozenset[str]  # the areas beyond this interface it serves (coordd.service.local)
+    refusals: dict[str, str]  # method -> its refusal where not "not available ... yet"
+
+    def hold(self, given: str | None = None) -> AbstractContextManager[None]:
+        """Hold what keeps a second coordd off this store while the daemon runs, entered
+        before `start` (SQLite: the file's lock, `given` its path as configured;
+        PostgreSQL: nothing, `leader` decides). Raises: errors.InvalidState."""
+        ...
+
+    async def wait_dead(self, stop: Any) -> None:
+        """Return when the store can no longer serve (raising why), or at `stop`."""
+        ...
+
+    async def ping(self) -> None:
+        """One empty write (SQLite) or round trip (PostgreSQL): the watchdog's proof."""
+        ...
+
+    def attach(self, hooks: StoreHooks) -> None:
+        """Take the coordinator's hooks, before `start` (wake-ups of parked calls: SQLite
+        from its writer's commits, PostgreSQL from LISTEN and a poll)."""
+        ...
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...
 
     async def heartbeat(self, worker_id: str, roles: Sequence[str], readings: dict[str, Any],
                         *, now: float | None = None) -> HeartbeatResult: ...
-    async def enqueue(self, jobs: Sequence[NewJob], *,
-                      now: float | None = None) -> list[EnqueueResult]: ...
+    async def enqueue(self, jobs: Sequence[NewJob], *, indexed: bool = False,
+                      now: float | None = None) -> list[EnqueueResult]:
+        """All or none; `indexed`: an error's message names the job (`jobs[3]: ...`)."""
+        ...
+
     async def claim(self, worker_id: str, lease_s: float, policy: ClaimPolicy, *,
                     kinds: Sequence[str] | None = None, claim_id: str | None = None,
                     now: float | None = None) -> ClaimResult: ...
@@ -92,7 +147,10 @@ class Store(Protocol):
     async def checkpoint(self, ref: LeaseRef, checkpoint_json: str, *,
                          now: float | None = None) -> None: ...
     async def complete(self, ref: LeaseRef, result_json: str | None, *,
-                       now: float | None = None) -> CompleteResult: ...
+                       artifact: Any = None, now: float | None = None) -> CompleteResult:
+        """Store the result once (a result failing the job's schema spends the attempt
+        after the attached backoff); `artifact` (SQLite: a stored artifact's reference)."""
+        ...
     async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
                    now: float | None = None) -> StatusResult: ...
     async def release(self, ref: LeaseRef, reason: str, checkpoint_json: str | None = None,
@@ -103,7 +161,15 @@ class Store(Protocol):
 
     async def get_job(self, job_id: str, *, now: float | None = None) -> JobView: ...
     async def list_jobs(self, flt: JobFilter, *, now: float | None = None) -> JobList: ...
-    async def status(self, stale_s: float, *, now: float | None = None) -> StoreStatus: ...
+    async def status(self, stale_s: float, *, prune_before: float | None = None,
+                     now: float | None = None) -> StoreStatus: ...
+    async def restart_grace(self, *, now: float | None = None) -> int:
+        """Give every stored lease at least one more `lease_s` from now; return how many."""
+        ...
+    async def resolve_id(self, what: str, given: str) -> str:
+        """The "job" or "workflow" id `given` is, or (SQLite) the one it is the start of.
+        Raises: errors.NotFound, errors.BadRequest (empty; an ambiguous prefix)."""
+        ...
     async def oldest_waiting(self, levels: Sequence[int], per_level: int, *,
                              now: float | None = None) -> tuple[float, list[Any]]:
         """(now, [(ready time, view)]): the `per_level` oldest due waiting jobs of each
@@ -112,6 +178,12 @@ class Store(Protocol):
 
     async def wait_for_work(self, timeout: float) -> bool:
         """Return True when a job may have become claimable (a hint), False at `timeout`."""
+        ...
+
+    def leader(self, key: str, session_timeout_s: float) -> Leader:
+        """The serving daemon's leadership (SQLite: always won, never lost: one file has
+        one writer and coordd holds its lock; PostgreSQL: a session advisory lock, a
+        standby waits in `acquire`)."""
         ...
 
     def leadership(self, key: str = ..., on_lost: Callable[[], None] | None = ...
@@ -123,4 +195,4 @@ class Store(Protocol):
         ...
 
 
-__all__ = ["Backoff", "JobFilter", "LeaseRef", "Store", "StoreStatus"]
+__all__ = ["Backoff", "JobFilter", "LeaseRef", "Leader", "Store", "StoreHooks", "StoreStatus"]

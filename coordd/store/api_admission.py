@@ -22,11 +22,22 @@ class AdmissionStore(Protocol):
 
     async def complete_counted(self, ref: LeaseRef, result_json: str | None,
                                usage: dict[str, float] | None, book: LimitBook,
-                               backoff: Backoff, *, now: float | None = None
-                               ) -> CompleteResult:
+                               backoff: Backoff, *, artifact: Any = None,
+                               now: float | None = None) -> CompleteResult:
         """`complete` (a result failing its schema spends the attempt after `backoff`),
         then `usage` counted against the budgets of the job's limits, in one transaction.
         Raises: as Store.complete."""
+        ...
+
+    async def limit_reasons(self, waiting: list[tuple[str, int]], book: LimitBook, *,
+                            now: float | None = None) -> dict[str, str]:
+        """job_id -> why its limits hold it back now, for the waiting jobs
+        [(job_id, priority)] that a limit holds back."""
+        ...
+
+    async def limits_loaded(self, book: LimitBook) -> None:
+        """The coordinator installed its limits (config and stored overrides): a store
+        may settle what it keeps for them (SQLite: its release trigger)."""
         ...
 
     async def limit_overrides(self) -> list[tuple[str, dict[str, Any]]]:

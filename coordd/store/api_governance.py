@@ -30,7 +30,7 @@ class Governance(msgspec.Struct, kw_only=True):
 
 class WorkerBeat(msgspec.Struct, kw_only=True, frozen=True):
     """A heartbeat's part beyond roles and readings, checked and encoded
-    (coordd.lifecycle.Lifecycle.heartbeat_state)."""
+    (coordd.lifecycle.heartbeat_state)."""
 
     incarnation: str | None = None
     kinds_json: str | None = None
@@ -74,6 +74,15 @@ class JobGovernance(msgspec.Struct, kw_only=True):
     grant: Any = None  # coordd.resources.Grant its lease holds, or None
 
 
+class ExplainBook(msgspec.Struct, kw_only=True):
+    """What says why waiting jobs are not running (coordd.explain): the store's `now`, the
+    workers' rows and states (as in WorkerBook)."""
+
+    now: float
+    rows: list[tuple[str, list[str], dict[str, Any], float, int]]
+    states: dict[str, Any]
+
+
 class GovernanceStore(Protocol):
     """Governance of running work, goodbyes and the workers' view, on one store."""
 
@@ -113,6 +122,18 @@ class GovernanceStore(Protocol):
         """The job's governance as `get_job` shows it (nothing for an unknown job)."""
         ...
 
+    async def explain_book(self, *, now: float | None = None) -> ExplainBook:
+        """The workers to explain waiting jobs by."""
+        ...
 
-__all__ = ["Governance", "GovernanceStore", "GovernedHeartbeat", "JobGovernance", "WorkerBeat",
+    async def resource_book(self, job_ids: Sequence[str]
+                            ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+        """(job_id -> its resource request, for the jobs of `job_ids` that ask for
+        resources; worker_id -> the grants of its leases, read only when one asks), to
+        say which resource is short (coordd.resources.shortfall)."""
+        ...
+
+
+__all__ = ["ExplainBook", "Governance", "GovernanceStore", "GovernedHeartbeat", "JobGovernance",
+           "WorkerBeat",
            "WorkerBook"]

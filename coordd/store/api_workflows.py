@@ -33,6 +33,12 @@ class WorkflowStore(Protocol):
     async def workflow_cancel(self, workflow_id: str, *,
                               now: float | None = None) -> WorkflowView: ...
 
+    async def job_node(self, job_id: str) -> tuple[str | None, str | None, str | None,
+                                                   list[tuple[str, str, str]]]:
+        """(workflow_id, node name, result schema, [(dependency node, its status, edge
+        policy)] in the dependencies' order) of a job; Nones and [] for a plain job."""
+        ...
+
     async def workflow_settle_running(self, *, now: float | None = None) -> int:
         """Settle every running workflow (the maintenance backstop); return how many
         ended. SQLite needs it after an expired lease's last attempt; PostgreSQL settles

@@ -23,15 +23,21 @@ class SQLiteAdmission:
 
     async def complete_counted(self, ref: LeaseRef, result_json: str | None,
                                usage: dict[str, float] | None, book: LimitBook,
-                               backoff: Backoff, *, now: float | None = None
-                               ) -> CompleteResult:
+                               backoff: Backoff, *, artifact: Any = None,
+                               now: float | None = None) -> CompleteResult:
         def op(conn: Any, t: float) -> CompleteResult:
             res = leases.complete(conn, t, ref.job_id, ref.worker_id, ref.token, result_json,
-                                  None, backoff)
+                                  artifact, backoff)
             if usage and book.active:
                 limit_store.record_usage(conn, t, ref.job_id, usage, book)
             return res
         return await self._write(op, now, urgent=True)
+
+    async def limits_loaded(self, book: LimitBook) -> None:
+        """The book is installed: the `limit_holds_release` trigger is dropped while no
+        limit is defined nor unit held (coordd.store.limits.settle_release_trigger)."""
+        await self._write(lambda conn, t: limit_store.settle_release_trigger(
+            conn, t, active=book.active), None, urgent=True)
 
     async def limit_overrides(self) -> list[tuple[str, dict[str, Any]]]:
         return await self.readers.run(limit_store.overrides)
@@ -50,3 +56,10 @@ class SQLiteAdmission:
                           now: float | None = None) -> tuple[list[LimitView], float]:
         t = self._now(now)
         return await self.readers.run(limit_service.read_views, t, book, names, holders), t
+
+    async def limit_reasons(self, waiting: list[tuple[str, int]], book: LimitBook, *,
+                            now: float | None = None) -> dict[str, str]:
+        if not waiting or not book.active:
+            return {}
+        return await self.readers.run(limit_service._limit_reasons, self._now(now), book,
+                                      waiting)

@@ -1,8 +1,7 @@
 """Enrolment tokens on SQLite (coordd.store.api_enrol.EnrolStore): coordd.store.enrol's
 functions as ops of the single writer, reads on the read pool.
 
-`SQLiteEnrolOps` is a mixin over `self.writer`, `self.readers` and `self._clock`
-(SQLiteStore has them; `SQLiteEnrol` builds one for the Coordinator).
+`SQLiteEnrolOps` is a mixin of SQLiteStore (its `writer`, `readers` and `_clock`).
 """
 
 from __future__ import annotations
@@ -52,10 +51,3 @@ class SQLiteEnrolOps:
             if not estore.use_token(conn, t, digest, serial):
                 raise errors.PermissionDenied("enroll: this token was already used")
         await self._enrol_write(op, now)
-
-
-class SQLiteEnrol(SQLiteEnrolOps):
-    """The SQLite token store over a Coordinator's writer, read pool and clock."""
-
-    def __init__(self, writer: Writer, readers: ReadPool, clock: Clock) -> None:
-        self.writer, self.readers, self._clock = writer, readers, clock

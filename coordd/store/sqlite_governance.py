@@ -15,7 +15,7 @@ from coordd.store import resources as resstore
 from coordd.store import workers as wkstore
 from coordd.store.api import LeaseRef
 from coordd.store.api_governance import (
-    Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
+    ExplainBook, Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
 )
 
 
@@ -29,7 +29,8 @@ class SQLiteGovernance:
     async def heartbeat_governed(self, worker_id: str, roles: Sequence[str],
                                  readings: dict[str, Any], beat: WorkerBeat, gov: Governance,
                                  *, now: float | None = None) -> GovernedHeartbeat:
-        """As the SQLite Coordinator's heartbeat op (coordd.service)."""
+        """One writer op: the predecessor's leases, the heartbeat, the worker's state,
+        preemption (paced), then each held job's governance."""
         roles_json, readings_json = store.dumps(sorted(set(roles))), store.dumps(readings)
 
         def op(conn: Any, t: float) -> GovernedHeartbeat:
@@ -47,7 +48,7 @@ class SQLiteGovernance:
     async def renew_governed(self, ref: LeaseRef, lease_s: float, gov: Governance, *,
                              now: float | None = None
                              ) -> tuple[RenewResult, list[tuple[str, str]]]:
-        """As coordd.governor.Governor.renew."""
+        """`renew`, then coordd.governance.govern for the job, in one writer op."""
         def op(conn: Any, t: float) -> Any:
             res = leases.renew(conn, t, ref.job_id, ref.worker_id, ref.token, lease_s)
             actions, changes = governance.govern(conn, t, ref.worker_id, gov.policies,
@@ -69,7 +70,7 @@ class SQLiteGovernance:
                                                                 force), now)
 
     async def worker_book(self, *, now: float | None = None) -> WorkerBook:
-        """The reads of the SQLite Coordinator's `workers`."""
+        """The reads of the Coordinator's `workers`."""
         notes: dict[str, list[str]] = {}
         for worker_id, rows in (await self.readers.run(govstore.governed)).items():
             notes[worker_id] = ["governance: " + governance.describe(*g) for g in rows]
@@ -79,7 +80,7 @@ class SQLiteGovernance:
                           reserved=await self.readers.run(resstore.reserved_requests))
 
     async def job_governance(self, job_id: str, *, now: float | None = None) -> JobGovernance:
-        """The reads of coordd.governor.Governor.annotate and the Coordinator's get_job."""
+        """The reads of the Coordinator's get_job for governance."""
         held = await self.readers.run(govstore.reservation_of, job_id)
         return JobGovernance(suspension=await self.readers.run(govstore.lease_state, job_id),
                              preemptions=await self.readers.run(wkstore.preemptions, job_id),
@@ -87,3 +88,14 @@ class SQLiteGovernance:
                              else None,
                              request=await self.readers.run(resstore.request_of, job_id),
                              grant=await self.readers.run(resstore.grant_of, job_id))
+
+    async def explain_book(self, *, now: float | None = None) -> ExplainBook:
+        """The reads of the waiting reasons: views.list_workers, the workers' states."""
+        return ExplainBook(now=self._now(now), rows=await self.readers.run(views.list_workers),
+                           states=await self.readers.run(wkstore.worker_states))
+
+    async def resource_book(self, job_ids: Sequence[str]
+                            ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+        requests = await self.readers.run(resstore.requests_of, list(job_ids)) \
+            if job_ids else {}
+        return requests, (await self.readers.run(resstore.all_grants) if requests else {})

@@ -1,9 +1,9 @@
 """The hub on SQLite (coordd.store.api_hub.HubStore): coordd.store.messages' functions run
 as ops of the single writer, reads on the read pool.
 
-`SQLiteHubOps` is a mixin over `self.writer`, `self.readers` and `self._clock` (SQLiteStore
-has them; `SQLiteHub` builds one for the Coordinator). `now=None` takes the writer's `now`
-(coordd's clock); a pinned `now` replaces it for that op only.
+`SQLiteHubOps` is a mixin of SQLiteStore (its `writer`, `readers` and `_clock`).
+`now=None` takes the writer's `now` (coordd's clock); a pinned `now` replaces it for that
+op only.
 """
 
 from __future__ import annotations
@@ -85,10 +85,3 @@ class SQLiteHubOps:
         """One batch of coordd.store.messages.purge_agents."""
         return await self._hub_write(
             lambda conn, t: msg_store.purge_agents(conn, t - retention_s), now)
-
-
-class SQLiteHub(SQLiteHubOps):
-    """The SQLite hub over a Coordinator's writer, read pool and clock."""
-
-    def __init__(self, writer: Writer, readers: ReadPool, clock: Clock) -> None:
-        self.writer, self.readers, self._clock = writer, readers, clock

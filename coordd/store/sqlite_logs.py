@@ -1,8 +1,8 @@
 """A job's captured output on SQLite (coordd.store.api_logs.LogStore): coordd.store.logs'
 functions as ops of the single writer, reads on the read pool.
 
-`SQLiteLogOps` is a mixin over `self.writer` and `self.readers` (SQLiteStore has them;
-`SQLiteLogs` builds one for the Coordinator). A pinned `now` replaces the writer's.
+`SQLiteLogOps` is a mixin of SQLiteStore (its `writer` and `readers`). A pinned `now`
+replaces the writer's.
 """
 
 from __future__ import annotations
@@ -44,10 +44,3 @@ class SQLiteLogOps:
         status, rows, more = await self.readers.run(log_store.read, job_id, after, attempt,
                                                     limit_bytes)
         return log_store.view(job_id, after, status, rows, more)
-
-
-class SQLiteLogs(SQLiteLogOps):
-    """The SQLite log store over a Coordinator's writer and read pool."""
-
-    def __init__(self, writer: Writer, readers: ReadPool) -> None:
-        self.writer, self.readers = writer, readers

@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Literal
+import sqlite3
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-from coordd import leases, store, views, waiting_report
+from coordd import errors, leases, store, views, waiting_report
 from coordd.clock import Clock, SystemClock
+from coordd.dblock import DbLock
 from coordd.protocol import (
     ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList, JobView,
     RenewResult, StatusResult,
 )
 from coordd.readers import ReadPool
 from coordd.store import workflows as wstore
-from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
+from coordd.store import grace
+from coordd.store import resources as resstore
+from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreHooks, StoreStatus
 from coordd.store.sqlite_artifacts import SQLiteArtifactOps
 from coordd.store.sqlite_hub import SQLiteHubOps
-from coordd.store.sqlite_maintenance import SQLiteMaintenance
+from coordd.store.sqlite_maintenance import SQLiteMaintenance, file_size
 from coordd.store.sqlite_schedules import SQLiteSchedules
 from coordd.store.sqlite_waits import SQLiteWaitReads
 from coordd.store.sqlite_web import SQLiteWebReads
@@ -34,6 +39,12 @@ from coordd.store.sqlite_governance import SQLiteGovernance
 from coordd.store.sqlite_workflows import SQLiteWorkflows
 from coordd.store.sqlite_admission import SQLiteAdmission
 from coordd.writer import Writer
+
+if TYPE_CHECKING:
+    from coordd.config import Config
+
+LOCAL_AREAS = frozenset({"artifacts", "maintenance", "web", "schedules", "waits"})
+"""The areas beyond the store interface served on SQLite (coordd.service.local)."""
 
 
 def _no_backoff(_attempts: int) -> float:
@@ -56,24 +67,119 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
     """
 
     clock: Literal["app", "db"] = "app"
+    name = "SQLite"
+    noun = "the database"  # what coordd says it cannot open
+    areas = LOCAL_AREAS
+    refusals: dict[str, str] = {}  # it refuses nothing
 
     def __init__(self, path: str, clock: Clock | None = None, *, aging_s: float = 0.0,
-                 read_connections: int = 2) -> None:
+                 read_connections: int = 2, read_queue_max: int | None = None,
+                 busy_timeout_ms: int | None = None, **writer: Any) -> None:
         self.path = path
         self._clock = clock or SystemClock()
         self._aging_s = aging_s
-        self.writer = Writer(path, self._clock)
-        self.readers = ReadPool(path, read_connections)
+        if busy_timeout_ms is not None:
+            writer["busy_timeout_ms"] = busy_timeout_ms
+        self.writer = Writer(path, self._clock, **writer)
+        pool: dict[str, Any] = {} if read_queue_max is None else {"queue_max": read_queue_max}
+        if busy_timeout_ms is not None:
+            pool["busy_timeout_ms"] = busy_timeout_ms
+        self.readers = ReadPool(path, read_connections, **pool)
         self._work = asyncio.Event()
+        self._hooks: StoreHooks | None = None
+        self.backoff_factory: Any = None  # a result failing its schema waits (attach)
+        self._lock: DbLock | None = None  # the file's lock while `hold` holds it
+
+    @classmethod
+    def from_config(cls, path: str, config: Config, clock: Clock) -> "SQLiteStore":
+        """The store coordd runs on `path`, sized by `config` (writer queue and batches,
+        busy timeout, clock-step rules, WAL limits, read pool). `clock`: coordd's
+        (anchored: the writer takes the wall clock's steps)."""
+        return cls(path, clock, aging_s=config.aging_interval_s,
+                   read_connections=config.read_connections,
+                   read_queue_max=config.read_queue_max,
+                   busy_timeout_ms=config.busy_timeout_ms,
+                   queue_max=config.writer_queue_max, batch_max=config.writer_batch_max,
+                   clock_jump_s=config.clock_jump_s, clock_step_s=config.clock_step_s,
+                   wal_size_limit=config.wal_size_limit_bytes,
+                   wal_autocheckpoint_pages=config.wal_autocheckpoint_pages,
+                   checkpoint_interval_s=config.wal_checkpoint_interval_s)
+
+    async def wait_dead(self, stop: Any) -> None:
+        """Return (raising the writer's error) if the writer task dies before `stop`."""
+        await self.writer.wait_dead(stop)
+
+    @contextlib.contextmanager
+    def hold(self, given: str | None = None) -> Iterator[None]:
+        """Hold the database file's lock (coordd.dblock: by any of its names, so no
+        second coordd, nor a restore, swaps it) while the block runs; `start` inside it
+        also locks the inode of a file SQLite just created.
+
+        Raises: errors.InvalidState (the folder is missing, the path is not a regular
+        file, another coordd holds the lock, its lock file cannot be made).
+        """
+        db = Path(given or self.path)
+        if not db.parent.is_dir():
+            raise errors.InvalidState(f"database folder {db.parent} does not exist")
+        if db.exists() and not db.is_file():
+            raise errors.InvalidState(f"database {db} is not a regular file")
+        try:
+            lock = DbLock(db)
+        except OSError as exc:
+            raise errors.InvalidState(
+                f"cannot open the database {db}: cannot create its lock file "
+                f"({(exc.strerror or str(exc)).lower()})") from exc
+        self._lock = lock
+        try:
+            yield
+        finally:
+            self._lock = None
+            lock.close()
+
+    def attach(self, hooks: StoreHooks) -> None:
+        """The coordinator's hooks: the writer wakes parked calls after each COMMIT (its
+        TEMP triggers and job hook note what changed, coordd.push), records its batches
+        in the metrics, and the claim policy reads the writer's role/kind and
+        reservation hints (coordd.job_changes)."""
+        self._hooks = hooks
+        push, changes = hooks.push, self.writer.changes
+        self.writer.on_open = push.attach
+        changes.listener = push  # jobs entering waiting or ending
+        self.writer.on_rollback = push.rolled_back
+        self.writer.on_clock_step = push.clock_stepped
+        self.writer.metrics = hooks.meters
+        hooks.policy.role_kinds = changes.role_kinds
+        hooks.policy.reservations = changes.reservations = hooks.reservations
+        self.backoff_factory = hooks.backoff
+
+    def _committed(self) -> None:
+        self._work.set()
+        if self._hooks is not None:
+            self._hooks.push.committed()
 
     async def start(self) -> None:
-        """Open the writer (migrating the schema) and the read connections.
+        """Open the writer (migrating the schema) and the read connections; with hooks
+        attached, claims check resource requests from now on if any job asked for some.
 
         Raises: errors.StoreError (not a compatible coordd database).
         """
-        self.writer.on_commit = self._work.set
-        await self.writer.start()
-        await self.readers.start()
+        self.writer.on_commit = self._committed
+        try:
+            await self.writer.start()
+        except sqlite3.Error as exc:
+            raise errors.StoreError(f"{self.path}: {exc}") from exc
+        try:
+            if self._lock is not None:
+                self._lock.lock_inode()  # a file SQLite just created
+            await self.readers.start()
+            if self._hooks is not None and await self.readers.run(resstore.any_request):
+                self._hooks.policy.resources_seen = True
+        except sqlite3.Error as exc:
+            await self.close()
+            raise errors.StoreError(f"{self.path}: {exc}") from exc
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Close the readers, then drain and close the writer. Idempotent."""
@@ -103,10 +209,23 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
             return HeartbeatResult(now=t, cancel=cancel)
         return await self._write(op, now, urgent=True)
 
-    async def enqueue(self, jobs: Sequence[store.NewJob], *,
+    async def enqueue(self, jobs: Sequence[store.NewJob], *, indexed: bool = False,
                       now: float | None = None) -> list[EnqueueResult]:
-        """Insert the jobs in one transaction, all or none (coordd.store.enqueue)."""
-        return await self._write(lambda conn, t: [store.enqueue(conn, t, j) for j in jobs], now)
+        """Insert the jobs in one transaction, all or none (coordd.store.enqueue);
+        `indexed`: an error's message names the job's index (`jobs[3]: ...`)."""
+        if not indexed and len(jobs) == 1:
+            job = jobs[0]
+            return await self._write(lambda conn, t: [store.enqueue(conn, t, job)], now)
+
+        def op(conn: sqlite3.Connection, t: float) -> list[EnqueueResult]:
+            out: list[EnqueueResult] = []
+            try:
+                for j in jobs:
+                    out.append(store.enqueue(conn, t, j))
+            except errors.CoordError as exc:
+                raise errors.batch_item(len(out), exc) if indexed else exc
+            return out
+        return await self._write(op, now)
 
     async def claim(self, worker_id: str, lease_s: float, policy: leases.ClaimPolicy, *,
                     kinds: Sequence[str] | None = None, claim_id: str | None = None,
@@ -127,9 +246,10 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
             conn, t, ref.job_id, ref.worker_id, ref.token, checkpoint_json), now, urgent=True)
 
     async def complete(self, ref: LeaseRef, result_json: str | None, *,
-                       now: float | None = None) -> CompleteResult:
+                       artifact: Any = None, now: float | None = None) -> CompleteResult:
+        backoff = _no_backoff if self.backoff_factory is None else self.backoff_factory()
         return await self._write(lambda conn, t: leases.complete(
-            conn, t, ref.job_id, ref.worker_id, ref.token, result_json, None, _no_backoff),
+            conn, t, ref.job_id, ref.worker_id, ref.token, result_json, artifact, backoff),
             now, urgent=True)
 
     async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
@@ -146,6 +266,15 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
 
     async def reap(self, *, limit: int = 1000, now: float | None = None) -> int:
         return await self._write(lambda conn, t: store.reap_expired(conn, t, limit), now)
+
+    async def ping(self) -> None:
+        """An empty writer request (BEGIN IMMEDIATE ... COMMIT): returns once the writer
+        committed it. Raises: errors.Overloaded (queue full or shutting down)."""
+        await self.writer.run(lambda conn, now: None, urgent=True)
+
+    async def restart_grace(self, *, now: float | None = None) -> int:
+        """coordd.store.grace.restart_grace, one writer op."""
+        return await self._write(grace.restart_grace, now)
 
     async def cancel(self, job_id: str, *, now: float | None = None) -> StatusResult:
         """As the Coordinator's cancel: a workflow node's dependents follow."""
@@ -164,16 +293,33 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
         jobs = await self.readers.run(lambda conn: views.list_jobs(
             conn, self._now(now), status=flt.status, kind=flt.kind, role=flt.role,
             priority=flt.priority, limit=flt.limit, after=flt.after, aging_s=self._aging_s,
-            newest_first=flt.newest_first))
+            newest_first=flt.newest_first), heavy=True)
         return JobList(jobs=jobs, next_after=jobs[-1].job_id if len(jobs) == flt.limit else None)
 
-    async def status(self, stale_s: float, *, now: float | None = None) -> StoreStatus:
+    async def status(self, stale_s: float, *, prune_before: float | None = None,
+                     now: float | None = None) -> StoreStatus:
+        """The counts (jobs: the writer's committed counters), the file sizes, the
+        writer's queue and its storage warning."""
         t = self._now(now)
         jobs, waiting = views.counts_view(self.writer.changes.counts)  # committed counts
-        workers, live, active, oldest, _ = await self.readers.run(
-            views.status_live, t, stale_s, float("-inf"))
+        workers, live, active, oldest, prunable = await self.readers.run(
+            views.status_live, t, stale_s, float("-inf") if prune_before is None
+            else prune_before)
+        health = self.writer.health.warning()
         return StoreStatus(workers=workers, workers_live=live, active_leases=active, jobs=jobs,
-                           waiting_by_priority=waiting, oldest_waiting_age_s=oldest)
+                           waiting_by_priority=waiting, oldest_waiting_age_s=oldest,
+                           prunable=prunable, db_bytes=file_size(self.path),
+                           wal_bytes=file_size(self.path + "-wal"),
+                           queue_depth=self.writer.queue_depth,
+                           warnings=[health] if health else [])
+
+    async def resolve_id(self, what: str, given: str) -> str:
+        """The job or workflow id `given` is, or the one it is the start of
+        (coordd.views.resolve_prefix). Raises: NotFound, BadRequest (empty, ambiguous)."""
+        if what == "job":
+            return await self.readers.run(views.resolve_job_id, given)
+        return await self.readers.run(views.resolve_prefix, given, "workflow",
+                                      wstore.SQL_WORKFLOW_EXISTS, wstore.SQL_WORKFLOW_IDS_FROM)
 
     async def oldest_waiting(self, levels: Sequence[int], per_level: int, *,
                              now: float | None = None) -> tuple[float, list[Any]]:
@@ -192,6 +338,10 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
             return False
         return True
 
+    def leader(self, key: str = "coordd", session_timeout_s: float = 0.0) -> "FileLeader":
+        """Always won, never lost (see `leadership`)."""
+        return FileLeader()
+
     @contextlib.asynccontextmanager
     async def leadership(self, key: str = "coordd", on_lost: Any = None
                          ) -> AsyncIterator[bool]:
@@ -199,3 +349,21 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
         writer, and coordd takes the file's lock at start (coordd.dblock), so a second
         coordd on it never gets this far."""
         yield True
+
+
+class FileLeader:
+    """The leadership of a SQLite coordd: its file's lock (coordd.dblock) is taken at
+    start, so whoever gets this far leads until it stops."""
+
+    async def try_acquire(self) -> bool:
+        return True
+
+    async def acquire(self) -> None:
+        return None
+
+    async def watch(self) -> str:
+        await asyncio.Event().wait()  # never lost: returns only by being cancelled
+        return "never"
+
+    async def close(self) -> None:
+        return None

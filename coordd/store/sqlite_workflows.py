@@ -36,6 +36,10 @@ class SQLiteWorkflows:
         await self._write(lambda conn, t: wstore.cancel_workflow(conn, t, workflow_id), now)
         return await self.workflow_get(workflow_id)
 
+    async def job_node(self, job_id: str) -> tuple[str | None, str | None, str | None,
+                                                   list[tuple[str, str, str]]]:
+        return await self.readers.run(wstore.node_info, job_id)
+
     async def workflow_settle_running(self, *, now: float | None = None) -> int:
         return await self._write(wstore.settle_running, now)
 

@@ -1,8 +1,11 @@
-"""Fixtures that run a real coordd process on a temporary DB and socket."""
+"""Fixtures that run a real coordd process on a temporary DB (or a fresh PostgreSQL
+database on the session's throwaway cluster) and socket."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import uuid
 import resource
 import signal
 import subprocess
@@ -11,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,9 +34,11 @@ class DaemonProc:
     proc: subprocess.Popen | None = None
     env: dict[str, str] = field(default_factory=dict)
     nofile: tuple[int, int] | None = None  # RLIMIT_NOFILE (soft, hard) coordd starts under
+    store: str | None = None  # a PostgreSQL DSN: `--store` instead of `--db`
 
     def start(self, wait: bool = True) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "coordd", "--db", self.db, "--socket", self.socket]
+        where = ["--store", self.store] if self.store else ["--db", self.db]
+        argv = [sys.executable, "-m", "coordd", *where, "--socket", self.socket]
         if self.config:
             argv += ["--config", self.config]
         log = open(self.log_path, "ab")
@@ -112,5 +118,34 @@ def daemon_factory(tmp_path):
 def daemon(daemon_factory) -> DaemonProc:
     """A started coordd with the default config."""
     d = daemon_factory()
+    d.start()
+    return d
+
+
+@pytest.fixture
+def pg_db(pg_dsn: str) -> Any:
+    """A DSN of a fresh, empty database on the session's cluster (dropped after)."""
+    import asyncpg
+    name = f"t_{uuid.uuid4().hex[:12]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+    asyncio.run(admin(f"CREATE DATABASE {name}"))
+    yield pg_dsn.replace("/postgres?", f"/{name}?")
+    asyncio.run(admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_daemon(request: Any, daemon_factory: Any) -> DaemonProc:
+    """A started coordd with the default config over each store in turn: `--db` a
+    temporary file, then `--store` a fresh PostgreSQL database (skipped, with the reason,
+    where asyncpg or the server binaries are missing). The same test runs on both."""
+    d = daemon_factory(name=request.param)
+    if request.param == "postgresql":
+        d.store = request.getfixturevalue("pg_db")
     d.start()
     return d

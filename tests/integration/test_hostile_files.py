@@ -282,13 +282,13 @@ async def test_full_disk_mid_batch_no_reply_says_nothing_stored_of_a_stored_job(
     from coordd.service import Coordinator
 
     folder = tmpfs("small_batch", "size=2m")
-    coord = Coordinator(str(folder / "c.db"), config_mod.load(None), FakeClock(100.0),
+    coord = Coordinator.over_sqlite(str(folder / "c.db"), config_mod.load(None), FakeClock(100.0),
                         rng=random.Random(1))
     await coord.start()
     try:
-        coord.writer._conn.execute("PRAGMA cache_size = 20")  # spill pages mid-transaction
+        coord.store.writer._conn.execute("PRAGMA cache_size = 20")  # spill pages mid-transaction
         await coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=1, payload={}))
-        await coord.writer.checkpoint()  # the file at its size now, not when the background
+        await coord.store.writer.checkpoint()  # the file at its size now, not when the background
         st = os.statvfs(folder)          # checkpointer (every 0.1 s) gets to it
         with open(folder / "filler", "wb") as f:
             # 100 KB left: with the WAL file's old frames (~560 KB) reusable once a checkpoint
@@ -302,7 +302,7 @@ async def test_full_disk_mid_batch_no_reply_says_nothing_stored_of_a_stored_job(
                 enqueue({"n": "c"})]
         results = await asyncio.gather(*futs, return_exceptions=True)
         assert any(isinstance(r, errors.CoordError) for r in results), results
-        stored = dict(await coord._read(lambda conn: conn.execute(
+        stored = dict(await coord.store.readers.run(lambda conn: conn.execute(
             "SELECT json_extract(payload_json, '$.n'), job_id FROM jobs").fetchall()))
         for name, res in zip(("a", "big", "c"), results):
             assert (name in stored) == (not isinstance(res, BaseException)), (name, res, stored)

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 
 from coordd import errors
 from coordd.client import Client
+from tests.integration.conftest import pg_db  # noqa: F401 - the fixture, for the pg files
 from tests.integration.test_worker import COOL, MODEL, stop_workers, until, worker_toml, WorkerProc
 
 START_TIMEOUT_S = 20.0
@@ -29,23 +29,6 @@ heartbeat_stale_s = 5
 backoff_base_s = 0.2
 backoff_cap_s = 0.5
 """
-
-
-@pytest.fixture
-def pg_db(pg_dsn: str) -> Any:
-    """A DSN of a fresh, empty database on the session's cluster (dropped after)."""
-    import asyncpg
-    name = f"t_{uuid.uuid4().hex[:12]}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(pg_dsn)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-    asyncio.run(admin(f"CREATE DATABASE {name}"))
-    yield pg_dsn.replace("/postgres?", f"/{name}?")
-    asyncio.run(admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 @dataclass

@@ -35,7 +35,8 @@ async def _parked_workers(sock: str, n: int) -> list[Client]:
     return clients
 
 
-async def test_parked_workers_each_job_claimed_once(daemon):
+async def test_parked_workers_each_job_claimed_once(store_daemon):
+    daemon = store_daemon  # on either store (tests/integration/conftest.py)
     n_workers, n_jobs = 8, 60
     workers = await _parked_workers(daemon.socket, n_workers)
     got: dict[str, list[str]] = {}
@@ -90,7 +91,8 @@ def _raw_claim(sock_path: str, worker_id: str, wait_s: float) -> socket.socket:
     return s
 
 
-async def test_a_parked_claim_whose_connection_closes_is_forgotten(daemon):
+async def test_a_parked_claim_whose_connection_closes_is_forgotten(store_daemon):
+    daemon = store_daemon
     async with Client(daemon.socket, timeout=10) as c:
         await c.heartbeat("gone", ["cpu"], COOL)
         raw = _raw_claim(daemon.socket, "gone", 30)

@@ -42,7 +42,8 @@ async def test_enqueue_claim_renew_complete_status(daemon):
     assert not os.path.exists(daemon.socket)
 
 
-async def test_20_connections_claim_concurrently_no_double_handout(daemon):
+async def test_20_connections_claim_concurrently_no_double_handout(store_daemon):
+    daemon = store_daemon  # on either store (tests/integration/conftest.py)
     async with Client(daemon.socket) as admin:
         await admin.enqueue_batch([{"kind": "k", "required_role": "cpu", "priority": 2,
                                     "payload": {"i": i}} for i in range(300)])

@@ -206,15 +206,15 @@ async def test_result_schema_violation_is_refused_then_a_good_result_stored(bund
 
 
 async def test_the_limits_methods_over_either_store(bundle):
-    """The RPC layer over the store interface (StoreCoordinator, as coordd --store runs):
+    """The RPC layer over the store interface (the Coordinator, as coordd runs):
     an unknown limit is bad_request at enqueue, the limits methods answer alike."""
     from coordd import errors
     from coordd.clock import FakeClock
     from coordd.protocol import Enqueue
     from coordd.protocol_limits import LimitReset, LimitSet, LimitsQuery
-    from coordd.store_service import StoreCoordinator
+    from coordd.service import Coordinator
     cfg = config_mod.load(None, limits={"gpu": {"concurrency": 1}})
-    coord = StoreCoordinator(bundle.store, cfg, FakeClock(T0))
+    coord = Coordinator(bundle.store, cfg, FakeClock(T0))
     await coord.load_limits()
     with pytest.raises(errors.BadRequest, match="unknown limit 'nope' \\(known: gpu\\)"):
         await coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=1, payload={},

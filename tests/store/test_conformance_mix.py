@@ -17,7 +17,7 @@ from coordd.clock import FakeClock
 from coordd.protocol_workflows import WorkflowSubmit
 from coordd.resources import Request
 from coordd.store.api_governance import WorkerBeat
-from coordd.store_service import StoreCoordinator
+from coordd.service import Coordinator
 from tests.store.conftest import COOL, T0, open_store
 from tests.store.test_conformance_governance import FULL, beat, gov
 from tests.store.test_conformance_limits import book, policy, ref
@@ -79,7 +79,7 @@ async def test_concurrent_claimers_on_a_mix_of_plain_limited_and_node_jobs(bundl
     is claimed twice under one token, the limit's concurrency is never passed, no error
     but the holder-call refusals, every job ends, no unit is held once all leases are
     gone and status counts agree with the full counts."""
-    coord = StoreCoordinator(bundle.store, config_mod.load(None), FakeClock(T0))
+    coord = Coordinator(bundle.store, config_mod.load(None), FakeClock(T0))
     coord._ids = bundle.ids  # one id sequence for jobs and nodes: no collision
 
     def one_plan(nodes, name):
@@ -320,7 +320,7 @@ async def test_concurrent_reaper_and_goodbyes_amid_limited_and_node_claims(bundl
     """Claimers holding limited jobs and nodes while a reaper round and goodbyes end their
     leases at once: the holders' calls are refused with lease codes only, every unit is
     freed, every workflow moves on, and nothing is left running."""
-    coord = StoreCoordinator(bundle.store, config_mod.load(None), FakeClock(T0))
+    coord = Coordinator(bundle.store, config_mod.load(None), FakeClock(T0))
     coord._ids = bundle.ids
     lb = book(gpu={"concurrency": 4})
     bundle.policy = policy(lb)

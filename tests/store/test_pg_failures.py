@@ -299,10 +299,10 @@ async def test_a_pool_session_stuck_inside_a_transaction_loses_its_locks(request
     reaper would wait on them for as long as the server's TCP keepalive takes: hours)."""
     from coordd.config import load
     from coordd.store.postgres.leader import pool_settings
-    from coordd.store_daemon import StoreDaemon
+    from coordd.server import Daemon
     cfg = load(None, store=pg_dsn, socket=str(tmp_path / "s.sock"),
                store_session_timeout_s=0.6)
-    assert StoreDaemon(cfg).store.server_settings == pool_settings(0.6)
+    assert Daemon(cfg).coord.store.server_settings == pool_settings(0.6)
     b = await _pg(request, tmp_path, server_settings=pool_settings(0.6))
     admin = await asyncpg.connect(pg_dsn)
     locked = asyncio.Event()

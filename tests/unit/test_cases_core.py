@@ -46,7 +46,7 @@ async def test_b01_claim_runs_inside_one_begin_immediate(bundle):
     """The candidate SELECT, the status UPDATE and the lease INSERT run inside one BEGIN
     IMMEDIATE on a connection in autocommit mode (isolation_level=None), so Python's
     sqlite3 never opens or commits an implicit transaction in between."""
-    db = bundle.coord.writer._conn
+    db = bundle.coord.store.writer._conn
     assert db.isolation_level is None
     await bundle.worker("w1")
     job = await bundle.enqueue()

@@ -216,7 +216,7 @@ async def test_b37_payload_cap_and_prune_shrink_the_file(make_bundle):
         assert conn.execute("SELECT (SELECT count(*) FROM jobs) + "
                             "(SELECT count(*) FROM job_events)").fetchone()[0] == 0
         assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
-    await b.coord.writer.checkpoint()
+    await b.coord.store.writer.checkpoint()
     baseline = os.stat(b.db_path).st_size
     n = 60
     await b.worker("w1")
@@ -226,7 +226,7 @@ async def test_b37_payload_cap_and_prune_shrink_the_file(make_bundle):
     for _ in range(n):
         c = await b.claim("w1")
         await _complete(b, c.job.job_id, "w1", c.lease.token, {"blob": "r" * (100 * KiB)})
-    await b.coord.writer.checkpoint()
+    await b.coord.store.writer.checkpoint()
     assert os.stat(b.db_path).st_size > 10 * baseline
     assert (await b.coord.status()).prunable == 0
     b.clock.advance(3601)

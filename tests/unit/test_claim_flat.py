@@ -19,7 +19,7 @@ SQL_LOAD = (
 
 
 async def _claim_cost(bundle, kinds, worker: str) -> int:
-    conn = bundle.coord.writer._conn
+    conn = bundle.coord.store.writer._conn
     units = [0]
 
     def tick() -> int:
@@ -43,7 +43,7 @@ async def test_claim_cost_is_flat_in_jobs_it_cannot_take(make_bundle, foreign, k
         await b.worker("w", roles=["cpu"])
         for _ in range(3):
             await b.enqueue(priority=1, role="cpu", kind="b")
-    await full.coord.writer.run(lambda conn, now: conn.executemany(
+    await full.coord.store.writer.run(lambda conn, now: conn.executemany(
         SQL_LOAD, ((f"ahead{i:06d}", *foreign) for i in range(AHEAD))))  # P0: ahead of b
     base = await _claim_cost(empty, kinds, "w")
     cost = await _claim_cost(full, kinds, "w")

@@ -53,7 +53,7 @@ def model(jobs: list[tuple], now: float, roles: list[str], kinds: list[str] | No
 
 
 async def waiting(bundle) -> list[tuple]:
-    return await bundle.coord._read(lambda conn: conn.execute(
+    return await bundle.coord.store.readers.run(lambda conn: conn.execute(
         "SELECT job_id, priority, required_role, kind, queued_at, run_at, gates_json "
         "FROM jobs WHERE status = 'waiting'").fetchall())
 
@@ -74,7 +74,7 @@ async def test_claims_match_a_brute_force_model(make_bundle, seed):
         if g == "BAD":
             bad.append(job)
     if bad:  # stored gate overrides that no longer decode (a planted or old row)
-        await b.coord.writer.run(lambda conn, now: conn.executemany(
+        await b.coord.store.writer.run(lambda conn, now: conn.executemany(
             "UPDATE jobs SET gates_json = ? WHERE job_id = ?",
             [(rnd.choice(['{"nope": 1}', "{bad json", '{"max_memory_pct": "x"}']), j)
              for j in bad]))
@@ -87,7 +87,7 @@ async def test_claims_match_a_brute_force_model(make_bundle, seed):
         await b.worker("w", roles=roles, **readings)
         b.clock.advance(rnd.choice([0.0, 1.0, 20.0]))
         await b.worker("w", roles=roles, **readings)  # fresh heartbeat at this time
-        hb = await b.coord._read(lambda conn: conn.execute(
+        hb = await b.coord.store.readers.run(lambda conn: conn.execute(
             "SELECT heartbeat_json FROM workers WHERE worker_id = 'w'").fetchone()[0])
         jobs = await waiting(b)
         want, want_dead, want_reasons = model(jobs, b.clock.wall(), roles, kinds,

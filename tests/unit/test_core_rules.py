@@ -124,7 +124,7 @@ async def test_50_concurrent_claimers_200_jobs_each_claimed_once(bundle):
     await asyncio.gather(*(claimer(i) for i in range(50)))
     assert sorted(got) == sorted(jobs)
     assert len(set(got)) == 200
-    assert bundle.coord.writer.stats.max_batch > 1  # group commit really batched
+    assert bundle.coord.store.writer.stats.max_batch > 1  # group commit really batched
 
 
 async def test_failing_request_in_batch_does_not_roll_back_others(bundle):
@@ -136,7 +136,7 @@ async def test_failing_request_in_batch_does_not_roll_back_others(bundle):
     def bad(conn, now):
         conn.execute("INSERT INTO jobs (job_id) VALUES (NULL)")  # violates NOT NULL
 
-    bad_fut = bundle.coord.writer.submit(bad)
+    bad_fut = bundle.coord.store.writer.submit(bad)
     results = await asyncio.gather(*good, return_exceptions=True)
     with pytest.raises(errors.CoordError):
         await bad_fut
@@ -274,7 +274,7 @@ async def test_wal_grown_behind_a_reader_is_cut_back_and_status_warns(make_bundl
     pin.close()
     for i in range(400):  # commits go on
         await b.enqueue(payload={"pad": "y" * 3000, "i": i})
-    await b.coord.writer.checkpoint()  # what the background checkpointer runs every 0.1 s
+    await b.coord.store.writer.checkpoint()  # what the background checkpointer runs every 0.1 s
     await b.enqueue()  # the next write restarts the WAL and cuts it back
     assert os.stat(b.db_path + "-wal").st_size < 8 << 20 < grown  # cut back, not reused at size
     assert (await b.coord.status()).warnings == []

@@ -20,12 +20,12 @@ KINDS_READ = SQL_ROLE_KINDS.split("(", 1)[0]  # traced with its parameters bound
 
 
 async def _counts_exact(b) -> None:
-    jobs, waiting = await b.coord.read(views.full_counts)
+    jobs, waiting = await b.coord.store.readers.run(views.full_counts)
     st = await b.coord.status()
     assert st.jobs == jobs and st.waiting_by_priority == waiting
-    stored = await b.coord.read(lambda conn: sorted(
+    stored = await b.coord.store.readers.run(lambda conn: sorted(
         r for r in conn.execute("SELECT status, priority, n FROM job_counts") if r[2]))
-    full = await b.coord.read(lambda conn: sorted(conn.execute(
+    full = await b.coord.store.readers.run(lambda conn: sorted(conn.execute(
         "SELECT status, priority, count(*) FROM jobs GROUP BY status, priority")))
     assert stored == full
 
@@ -54,8 +54,9 @@ async def test_an_op_that_fails_after_changing_jobs_counts_nothing(bundle):
         conn.execute("UPDATE jobs SET status = CASE job_id WHEN ? THEN 'failed' ELSE 'nope' "
                      "END WHERE job_id IN (?, ?)", (jobs[1], jobs[1], jobs[2]))
 
-    futs = [bundle.coord.writer.submit(take_then_fail), bundle.coord.writer.submit(half_done),
-            bundle.coord.writer.submit(lambda conn, now: None)]
+    writer = bundle.coord.store.writer
+    futs = [writer.submit(take_then_fail), writer.submit(half_done),
+            writer.submit(lambda conn, now: None)]
     for fut in futs[:2]:
         with pytest.raises(Exception):
             await fut
@@ -66,7 +67,7 @@ async def test_an_op_that_fails_after_changing_jobs_counts_nothing(bundle):
 
 async def test_a_failed_batch_counts_nothing(bundle, monkeypatch):
     await bundle.enqueue()
-    writer = bundle.coord.writer
+    writer = bundle.coord.store.writer
 
     def broken_flush(conn: sqlite3.Connection) -> None:
         job_changes.JobChanges.flush(writer.changes, conn)
@@ -90,7 +91,7 @@ async def test_a_rolled_back_batch_of_several_ops_leaves_the_one_row_counts_exac
     for _ in range(3):
         await bundle.enqueue()
     held = await bundle.claim("w1")
-    writer = bundle.coord.writer
+    writer = bundle.coord.store.writer
 
     def broken_flush(conn: sqlite3.Connection) -> None:
         job_changes.JobChanges.flush(writer.changes, conn)  # the row is written
@@ -147,7 +148,7 @@ async def test_a_claim_naming_no_kinds_reads_its_kinds_once_per_refresh(bundle):
     for _ in range(5):
         await bundle.enqueue(kind="a")
     seen: list[str] = []
-    bundle.coord.writer._conn.set_trace_callback(seen.append)
+    bundle.coord.store.writer._conn.set_trace_callback(seen.append)
     try:
         for i in range(5):
             got = await bundle.claim("w1")
@@ -164,7 +165,7 @@ async def test_a_claim_naming_no_kinds_reads_its_kinds_once_per_refresh(bundle):
         assert (await bundle.claim("w1")).job is None
         assert sum(s.startswith(KINDS_READ) for s in seen) == 2  # read again: gone kinds drop
     finally:
-        bundle.coord.writer._conn.set_trace_callback(None)
+        bundle.coord.store.writer._conn.set_trace_callback(None)
 
 
 async def test_status_takes_its_job_counts_from_the_writer_and_reads_once(bundle, monkeypatch):
@@ -173,13 +174,13 @@ async def test_status_takes_its_job_counts_from_the_writer_and_reads_once(bundle
     With jobs waiting, the oldest-waiting report adds a fixed few reads (the heads of each
     waiting priority and what explains them), however long the queue."""
     reads = []
-    real = bundle.coord.readers.run
+    real = bundle.coord.store.readers.run
 
     async def run(fn, *args, **kw):
         reads.append(getattr(fn, "__name__", fn))
         return await real(fn, *args, **kw)
 
-    monkeypatch.setattr(bundle.coord.readers, "run", run)
+    monkeypatch.setattr(bundle.coord.store.readers, "run", run)
     st = await bundle.coord.status()
     assert reads == ["status_live"], reads
     await bundle.enqueue(priority=1)

@@ -271,7 +271,7 @@ async def test_runtime_override_is_kept_over_a_restart(make_bundle, tmp_path):
     await b.coord.limits_set(LimitSet(name="extra", settings={"rate": "5/s"}))
     await b.coord.close()
     cfg = config_mod.load(None, limits=OPENAI)
-    again = Coordinator(b.db_path, cfg, FakeClock(T0), rng=random.Random(1))
+    again = Coordinator.over_sqlite(b.db_path, cfg, FakeClock(T0), rng=random.Random(1))
     await again.start()
     try:
         got = {v.name: v for v in (await again.limits(LimitsQuery())).limits}
@@ -412,7 +412,7 @@ async def test_a_stored_override_that_no_longer_fits_the_config_is_skipped(make_
     await b.coord.limits_set(LimitSet(name="openai", settings={"reserve": {"p0": 3}}))
     await b.coord.close()
     cfg = config_mod.load(None, limits={"openai": {"concurrency": 2}})  # edited file
-    again = Coordinator(b.db_path, cfg, FakeClock(T0), rng=random.Random(1))
+    again = Coordinator.over_sqlite(b.db_path, cfg, FakeClock(T0), rng=random.Random(1))
     await again.start()
     try:
         view = (await again.limits(LimitsQuery(name="openai"))).limits[0]
@@ -431,7 +431,7 @@ async def test_a_preemption_reservation_does_not_pass_a_full_limit(make_bundle):
     held = await b.claim("w1")
     promised = await b.enqueue(priority=0, limits=["openai"])
     free = await b.enqueue(priority=3)
-    await b.coord.writer.run(lambda conn, now: conn.execute(
+    await b.coord.store.writer.run(lambda conn, now: conn.execute(
         SQL_INSERT_RESERVATION, (promised, "w2", held.job.job_id, now, now + 60)))
     got = await b.claim("w2")  # the promised job's limit is full: the claim goes on
     assert got.job is not None and got.job.job_id == free

@@ -20,11 +20,11 @@ TRIGGER = ("SELECT count(*) FROM sqlite_master WHERE type = 'trigger' "
 
 
 async def trigger_exists(b: Bundle) -> bool:
-    return bool(await b.coord.read(lambda conn: conn.execute(TRIGGER).fetchone()[0]))
+    return bool(await b.coord.store.readers.run(lambda conn: conn.execute(TRIGGER).fetchone()[0]))
 
 
 async def holds(b: Bundle) -> int:
-    return await b.coord.read(lambda conn: conn.execute(
+    return await b.coord.store.readers.run(lambda conn: conn.execute(
         "SELECT count(*) FROM limit_holds").fetchone()[0])
 
 
@@ -34,12 +34,12 @@ async def test_no_limit_no_trigger_program_on_a_lease_end(bundle):
     job_id = await bundle.enqueue()
     got = await bundle.claim("w")
     traced: list[str] = []
-    bundle.coord.writer._conn.set_trace_callback(traced.append)
+    bundle.coord.store.writer._conn.set_trace_callback(traced.append)
     try:
         await bundle.coord.complete(Complete(job_id=job_id, worker_id="w",
                                              token=got.lease.token, result={}))
     finally:
-        bundle.coord.writer._conn.set_trace_callback(None)
+        bundle.coord.store.writer._conn.set_trace_callback(None)
     deletes = [s for s in traced if s.startswith("DELETE FROM leases")]
     assert len(deletes) == 1, deletes  # SQLite traces it again for each trigger program
 
@@ -66,7 +66,7 @@ async def test_held_units_keep_the_trigger_over_a_restart_without_limits(make_bu
     assert await holds(b) == 1
     await b.coord.close()
     # the limit is gone from the config, the unit is still held: the trigger stays
-    again = Coordinator(b.db_path, config_mod.load(None), FakeClock(T0),
+    again = Coordinator.over_sqlite(b.db_path, config_mod.load(None), FakeClock(T0),
                         rng=random.Random(1))
     await again.start()
     try:
@@ -78,7 +78,7 @@ async def test_held_units_keep_the_trigger_over_a_restart_without_limits(make_bu
     finally:
         await again.close()
     # nothing held and no limit: the next start drops it
-    third = Coordinator(b.db_path, config_mod.load(None), FakeClock(T0),
+    third = Coordinator.over_sqlite(b.db_path, config_mod.load(None), FakeClock(T0),
                         rng=random.Random(2))
     await third.start()
     try:

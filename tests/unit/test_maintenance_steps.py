@@ -61,14 +61,14 @@ class Meter:
 
 async def test_a_big_prune_is_many_small_transactions(make_bundle):
     b = await make_bundle(retention_s=10.0)
-    await b.coord.writer.run(_load)
+    await b.coord.store.writer.run(_load)
     await b.worker("w")
     for _ in range(3):  # the planner uses the jobs indexes: optimize will want statistics
         await b.enqueue()
         await b.claim("w")
     await b.coord.list_jobs(store_list(status="succeeded"))
     b.clock.advance(100.0)
-    meter = Meter(b.coord.writer._conn)
+    meter = Meter(b.coord.store.writer._conn)
     try:
         res = await b.coord.prune()
     finally:
@@ -76,7 +76,7 @@ async def test_a_big_prune_is_many_small_transactions(make_bundle):
     assert res.pruned == JOBS
     assert len(meter.per_txn) > JOBS // store.PRUNE_BATCH
     assert max(meter.per_txn) < MAX_STEP_INSTRUCTIONS, sorted(meter.per_txn)[-5:]
-    stat = await b.coord.read(lambda conn: conn.execute(
+    stat = await b.coord.store.readers.run(lambda conn: conn.execute(
         "SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchone()[0])
     assert stat == 1  # optimize did run ANALYZE, sampled
 
@@ -89,7 +89,7 @@ def store_list(**kw):
 @pytest.mark.parametrize("pages", [store.VACUUM_PAGES])
 async def test_vacuum_frees_a_bounded_number_of_pages_per_transaction(make_bundle, pages):
     b = await make_bundle(retention_s=10.0)
-    await b.coord.writer.run(_load)
+    await b.coord.store.writer.run(_load)
     b.clock.advance(100.0)
     free_after: list[int] = []
     real = store.vacuum_step

@@ -29,7 +29,7 @@ async def test_holder_calls_admitted_while_new_work_is_refused(make_bundle):
     other = await b.enqueue()
     lease = (await b.claim("w1")).lease
     lease2 = (await b.claim("w1")).lease
-    flood = _fill_new_work_lane(b.coord.writer)
+    flood = _fill_new_work_lane(b.coord.store.writer)
     with pytest.raises(errors.Overloaded):
         await b.enqueue()
     with pytest.raises(errors.Overloaded):
@@ -50,7 +50,7 @@ async def test_holder_calls_admitted_while_new_work_is_refused(make_bundle):
 async def test_urgent_lane_committed_before_queued_new_work(make_bundle):
     b = await make_bundle(writer_queue_max=QUEUE_MAX)
     order: list[str] = []
-    w = b.coord.writer
+    w = b.coord.store.writer
     new = [w.submit(lambda conn, now, i=i: order.append(f"new{i}")) for i in range(3)]
     urgent = w.submit(lambda conn, now: order.append("urgent"), urgent=True)
     await asyncio.gather(*new, urgent)
@@ -64,7 +64,7 @@ async def test_reaper_round_not_skipped_under_an_enqueue_flood(make_bundle, capl
     await b.claim("w1", lease_s=5)
     b.clock.advance(6)
     reaper = Reaper(b.coord, b.clock, interval=1.0, prune_interval=1.0)
-    flood = _fill_new_work_lane(b.coord.writer)
+    flood = _fill_new_work_lane(b.coord.store.writer)
     assert await reaper.round() == []
     assert (await b.coord.status()).jobs["waiting"] == 1  # the expired lease was reaped
     assert "skipped" not in caplog.text
@@ -73,7 +73,7 @@ async def test_reaper_round_not_skipped_under_an_enqueue_flood(make_bundle, capl
 
 async def test_urgent_lane_has_its_own_bound(make_bundle):
     b = await make_bundle(writer_queue_max=QUEUE_MAX)
-    w = b.coord.writer
+    w = b.coord.store.writer
     futs = [w.submit(lambda conn, now: None, urgent=True) for _ in range(QUEUE_MAX)]
     with pytest.raises(errors.Overloaded, match="holder and maintenance"):
         w.submit(lambda conn, now: None, urgent=True)

@@ -100,7 +100,7 @@ async def test_run_at_timer_is_kept_across_a_restart(make_bundle, tmp_path):
     await first.coord.close()
     from coordd import config as config_mod
     from coordd.service import Coordinator
-    coord = Coordinator(first.db_path, config_mod.load(None), first.clock)
+    coord = Coordinator.over_sqlite(first.db_path, config_mod.load(None), first.clock)
     await coord.start()
     try:
         from coordd.protocol import Heartbeat

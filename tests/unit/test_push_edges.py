@@ -13,7 +13,7 @@ from coordd import errors
 from coordd.protocol import Claim, Empty, Fail, Heartbeat, JobId
 from coordd.protocol_push import WatchEvents
 from coordd.push import PARK_SCOPE, ParkScope
-from coordd.waits import UNDELIVERED
+from coordd.service.coordinator import UNDELIVERED
 from tests.conftest import COOL
 from tests.unit.test_push import asleep, parked_claim, result
 

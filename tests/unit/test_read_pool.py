@@ -30,23 +30,25 @@ async def _wait_for(event: threading.Event) -> None:
 async def test_a_slow_read_does_not_hold_status(make_bundle):
     b = await make_bundle(read_connections=2)
     release, started = threading.Event(), threading.Event()
-    slow = asyncio.create_task(b.coord._read_heavy(_blocker(release, started)))
+    slow = asyncio.create_task(b.coord.store.readers.run(_blocker(release, started),
+                                                         heavy=True))
     await _wait_for(started)
     try:
         st = await asyncio.wait_for(b.coord.status(), 2)  # on the other connection
         assert st.jobs["waiting"] == 0
         # a second heavy read must leave the last connection to the quick ones: it waits
         release2, started2 = threading.Event(), threading.Event()
-        slow2 = asyncio.create_task(b.coord._read_heavy(_blocker(release2, started2)))
+        slow2 = asyncio.create_task(b.coord.store.readers.run(_blocker(release2, started2),
+                                                              heavy=True))
         await asyncio.sleep(0.05)
-        assert not started2.is_set() and b.coord.readers.waiting == 1
+        assert not started2.is_set() and b.coord.store.readers.waiting == 1
         st = await asyncio.wait_for(b.coord.status(), 2)
         assert st.workers == 0
     finally:
         release.set()
         release2.set()
     assert await slow == 1 and await slow2 == 1
-    assert b.coord.readers.waiting == 0
+    assert b.coord.store.readers.waiting == 0
 
 
 async def test_check_does_not_stall_status(make_bundle):
@@ -61,15 +63,15 @@ async def test_check_does_not_stall_status(make_bundle):
 async def test_a_full_read_queue_answers_overloaded_at_once(make_bundle):
     b = await make_bundle(read_connections=1, read_queue_max=2)
     release, started = threading.Event(), threading.Event()
-    holder = asyncio.create_task(b.coord.read(_blocker(release, started)))
+    holder = asyncio.create_task(b.coord.store.readers.run(_blocker(release, started)))
     await _wait_for(started)
     queued = [asyncio.create_task(b.coord.status()),
               asyncio.create_task(b.coord.list_jobs(ListJobs()))]
     await asyncio.sleep(0.02)
-    assert b.coord.readers.waiting == 2
+    assert b.coord.store.readers.waiting == 2
     with pytest.raises(errors.Overloaded):  # refused, not queued behind the slow read
         await asyncio.wait_for(b.coord.get_job(JobId(job_id="nope")), 1)
-    assert b.coord.readers.refused == 1
+    assert b.coord.store.readers.refused == 1
     release.set()
     assert await holder == 1
     st, page = await asyncio.gather(*queued)

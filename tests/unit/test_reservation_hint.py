@@ -43,17 +43,17 @@ async def test_claims_skip_the_reservations_lookup_while_none_can_exist(bundle):
     for _ in range(4):
         await bundle.enqueue()
     seen: list[str] = []
-    bundle.coord.writer._conn.set_trace_callback(seen.append)
+    bundle.coord.store.writer._conn.set_trace_callback(seen.append)
     try:
         for _ in range(4):
             got = await bundle.claim("w1")
             await bundle.coord.complete(Complete(job_id=got.job.job_id, worker_id="w1",
                                                  token=got.lease.token, result={}))
     finally:
-        bundle.coord.writer._conn.set_trace_callback(None)
+        bundle.coord.store.writer._conn.set_trace_callback(None)
     looks = [s for s in seen if "reservations" in s]
     assert len(looks) == 2, looks  # the first claim's look and its "is the table empty?"
-    assert not bundle.coord.governor.reservations.maybe
+    assert not bundle.coord.governance.preemptor.hint.maybe
 
 
 async def test_a_reservation_made_after_the_hint_dropped_is_taken(make_bundle):
@@ -67,7 +67,7 @@ async def test_a_failed_batch_brings_the_reservation_and_the_hint_back(make_bund
                                                                        monkeypatch):
     b = await make_bundle(preempt_min_runtime_s=0, reservation_s=60)
     p1, p0 = await reserved_for_w1(b)
-    writer = b.coord.writer
+    writer = b.coord.store.writer
 
     def broken_flush(conn: sqlite3.Connection) -> None:
         job_changes.JobChanges.flush(writer.changes, conn)
@@ -98,14 +98,14 @@ async def test_an_op_rolled_back_brings_the_reservation_and_the_hint_back(make_b
         raise RuntimeError("boom after a write")  # the whole op is rolled back
 
     with pytest.raises(Exception, match="boom"):
-        await b.coord.writer.run(drop_then_fail)
+        await b.coord.store.writer.run(drop_then_fail)
     assert (await b.claim("w1")).job.job_id == p1
 
 
 async def test_a_reservation_written_by_another_connection_is_taken(bundle):
     await bundle.worker("w1")
     assert (await bundle.claim("w1")).job is None  # the look found none: hint down
-    assert not bundle.coord.governor.reservations.maybe
+    assert not bundle.coord.governance.preemptor.hint.maybe
     p1 = await bundle.enqueue(priority=1)
     await bundle.enqueue(priority=0)
     other = sqlite3.connect(bundle.db_path, isolation_level=None)

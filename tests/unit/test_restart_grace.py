@@ -8,14 +8,13 @@ import random
 
 from coordd import config as config_mod
 from coordd.clock import FakeClock
-from coordd.grace import grant_restart_grace
 from coordd.protocol import GetJob, Heartbeat, Renew
 from coordd.service import Coordinator
 from tests.conftest import COOL
 
 
 async def _coord(path: str, clock: FakeClock) -> Coordinator:
-    coord = Coordinator(path, config_mod.load(None), clock, rng=random.Random(7))
+    coord = Coordinator.over_sqlite(path, config_mod.load(None), clock, rng=random.Random(7))
     await coord.start()
     return coord
 
@@ -32,7 +31,7 @@ async def test_leases_get_one_lease_period_after_a_restart(bundle, tmp_path):
     clock = FakeClock(200.0)
     coord = await _coord(b.db_path, clock)
     try:
-        assert await grant_restart_grace(coord.writer) == 2
+        assert await coord.store.restart_grace() == 2
         assert (await coord.reap()).reaped == 0  # without the grace: both reaped here
         clock.advance(40)  # t=240: wa reconnects and renews; wb never comes back
         await coord.heartbeat(Heartbeat(worker_id="wa", roles=["cpu"], readings=COOL))

@@ -31,10 +31,11 @@ def _graph(rnd: random.Random, n: int) -> WorkflowSubmit:
 
 
 async def _check(b) -> None:
-    jobs, waiting = await b.coord.read(views.full_counts)
+    jobs, waiting = await b.coord.store.readers.run(views.full_counts)
     st = await b.coord.status()
     assert st.jobs == jobs and st.waiting_by_priority == waiting
-    oldest = await b.coord.read(lambda conn: conn.execute(  # a full scan, by the definition
+    read = b.coord.store.readers.run
+    oldest = await read(lambda conn: conn.execute(  # a full scan, by the definition
         "SELECT min(max(queued_at, run_at)) FROM jobs NOT INDEXED WHERE status = 'waiting' "
         "AND max(queued_at, run_at) <= ?", (st.now,)).fetchone()[0])
     want = None if oldest is None else st.now - oldest
@@ -78,7 +79,7 @@ async def test_counters_equal_a_full_count_after_random_operations(make_bundle, 
                     await b.coord.fail(Fail(job_id=job, worker_id=w, token=token, error="x",
                                             retryable=rnd.random() < 0.6))
             elif op in ("cancel", "retry"):
-                ids = await b.coord.read(lambda conn: [r[0] for r in conn.execute(
+                ids = await b.coord.store.readers.run(lambda conn: [r[0] for r in conn.execute(
                     "SELECT job_id FROM jobs")])
                 if ids:
                     fn = b.coord.cancel if op == "cancel" else b.coord.retry
@@ -86,7 +87,7 @@ async def test_counters_equal_a_full_count_after_random_operations(make_bundle, 
             elif op == "workflow":
                 await b.coord.workflow_submit(_graph(rnd, rnd.randrange(2, 6)))
             elif op == "wcancel":
-                wids = await b.coord.read(lambda conn: [r[0] for r in conn.execute(
+                wids = await b.coord.store.readers.run(lambda conn: [r[0] for r in conn.execute(
                     "SELECT workflow_id FROM workflows")])
                 if wids:
                     await b.coord.workflow_cancel(WorkflowId(workflow_id=rnd.choice(wids)))

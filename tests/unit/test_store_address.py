@@ -1,6 +1,6 @@
-"""coordd.store_daemon.store_address: where a DSN points, for "cannot reach the store"."""
+"""coordd.store.dsn.store_address: where a DSN points, for "cannot reach the store"."""
 
-from coordd.store_daemon import store_address
+from coordd.store.dsn import store_address
 
 
 def test_a_unix_socket_dsn_names_its_folder_port_and_database():

@@ -352,7 +352,7 @@ async def test_every_status_write_of_a_run_is_an_event_of_the_table(make_bundle)
     its event, in order, and each event's (from, to, cause) is a row of TABLE."""
     b = await make_bundle(max_attempts_default=2)
     coord, clock = b.coord, b.clock
-    await coord.writer.run(lambda conn, now: [conn.execute(s) for s in TRACE] and None)
+    await coord.store.writer.run(lambda conn, now: [conn.execute(s) for s in TRACE] and None)
     await b.worker("w1")
 
     async def take(job_id: str, worker: str = "w1", lease_s: float = 30.0):
@@ -397,7 +397,7 @@ async def test_every_status_write_of_a_run_is_an_event_of_the_table(make_bundle)
         await b.worker("w1")
     for column in ("payload_json", "gates_json"):  # dead letters
         j = await b.enqueue()
-        await coord.writer.run(lambda conn, now: conn.execute(
+        await coord.store.writer.run(lambda conn, now: conn.execute(
             f"UPDATE jobs SET {column} = '{{' WHERE job_id = ?", (j,)) and None)
         assert (await b.claim("w1")).job is None
     wf = await coord.workflow_submit(msgspec.convert({"name": "g", "nodes": [
@@ -421,7 +421,7 @@ async def test_every_status_write_of_a_run_is_an_event_of_the_table(make_bundle)
         events = conn.execute("SELECT job_id, from_status, to_status, reason FROM job_events "
                               "ORDER BY event_id").fetchall()
         return writes, events
-    writes, events = await coord.writer.run(read)
+    writes, events = await coord.store.writer.run(read)
     seen: set[Transition] = set()
     moves: dict[str, list[tuple]] = {}
     for job_id, frm, to, reason in events:

@@ -244,7 +244,7 @@ async def test_cancel_blocked_node_settles_its_dependents(bundle):
 
 
 async def open_coord(path: str, clock: FakeClock) -> Coordinator:
-    coord = Coordinator(path, config_mod.load(None), clock, rng=random.Random(1))
+    coord = Coordinator.over_sqlite(path, config_mod.load(None), clock, rng=random.Random(1))
     await coord.start()
     return coord
 
@@ -364,7 +364,7 @@ async def test_schedule_slot_key_holds_even_if_the_advance_were_lost(tmp_path):
     await coord.schedule_add(ScheduleAdd(name="m", cron="* * * * *", workflow=_convert(one)))
     clock.set(600.0)
     assert (await coord.flows.tick())[2] == 1
-    await coord.writer.run(lambda conn, now: conn.execute(
+    await coord.store.writer.run(lambda conn, now: conn.execute(
         "UPDATE schedules SET next_at = 600.0"))
     assert (await coord.flows.tick())[2] == 0
     assert len((await coord.workflow_list(ListWorkflows())).workflows) == 1
@@ -378,7 +378,7 @@ async def test_schedule_whose_template_broke_does_not_block_the_round(tmp_path):
     coord = await open_coord(path, clock)
     one = {"name": "w", "nodes": [{"name": "n", "kind": "k", "required_role": "cpu"}]}
     await coord.schedule_add(ScheduleAdd(name="m", cron="* * * * *", workflow=_convert(one)))
-    await coord.writer.run(lambda conn, now: conn.execute(  # e.g. a schema since removed
+    await coord.store.writer.run(lambda conn, now: conn.execute(  # e.g. a schema since removed
         "UPDATE schedules SET spec_json = json_set(spec_json, '$.nodes[0].result_schema', "
         "'gone')"))
     clock.set(600.0)

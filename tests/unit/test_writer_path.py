@@ -114,7 +114,7 @@ async def test_writer_runs_batches_on_the_loop_thread(bundle):
         seen.append(threading.current_thread().name)
         return 1
 
-    assert await bundle.coord.writer.run(op) == 1
+    assert await bundle.coord.store.writer.run(op) == 1
     assert seen == [threading.current_thread().name]
 
 
@@ -186,7 +186,7 @@ async def test_aiosqlite_internals_the_reader_relies_on(tmp_path):
 async def test_a_batch_lingers_while_requests_keep_arriving(bundle):
     """Group commit linger: requests submitted over the next loop iterations join the
     batch of the first one (one COMMIT for all), as long as each iteration brings one."""
-    writer = bundle.coord.writer
+    writer = bundle.coord.store.writer
     loop = asyncio.get_running_loop()
     futs: list[asyncio.Future] = []
 
@@ -209,7 +209,7 @@ async def test_a_batch_lingers_while_requests_keep_arriving(bundle):
 async def test_linger_is_bounded_and_a_lone_request_is_not_held(bundle):
     """A producer that submits on every iteration cannot hold a batch open forever: it
     closes after `linger_rounds` iterations; and a lone request commits by itself."""
-    writer = bundle.coord.writer
+    writer = bundle.coord.store.writer
     loop = asyncio.get_running_loop()
     futs: list[asyncio.Future] = []
     all_sent = loop.create_future()
@@ -238,7 +238,7 @@ async def test_linger_is_bounded_and_a_lone_request_is_not_held(bundle):
 async def test_an_op_failing_after_its_writes_rolls_back_alone(bundle):
     """One savepoint per batch: an op that raises after changing rows sends the batch back
     and it runs again with a savepoint per op; only that op's rows are gone."""
-    writer = bundle.coord.writer
+    writer = bundle.coord.store.writer
     writer_ran: list[str] = []
 
     def put(name: str, fail: bool = False):
@@ -259,7 +259,7 @@ async def test_an_op_failing_after_its_writes_rolls_back_alone(bundle):
     assert isinstance(results[1], errors.InvalidState)
     assert writer.stats.reruns == reruns + 1
     assert writer_ran == ["t-a", "t-b", "t-a", "t-b", "t-c"]
-    keys = await bundle.coord._read(
+    keys = await bundle.coord.store.readers.run(
         lambda conn: [r[0] for r in conn.execute("SELECT sha256 FROM artifacts ORDER BY 1")])
     assert keys == ["t-a", "t-c"]
 
@@ -267,7 +267,7 @@ async def test_an_op_failing_after_its_writes_rolls_back_alone(bundle):
 async def test_an_op_refused_before_writing_needs_no_rerun(bundle):
     """The usual failure (a fence check, a refused claim) changes no row: the batch goes on
     under its one savepoint and every other op is kept."""
-    writer = bundle.coord.writer
+    writer = bundle.coord.store.writer
     job = await bundle.enqueue()
     reruns = writer.stats.reruns
 
@@ -309,11 +309,11 @@ async def test_an_op_whose_error_cancels_the_transaction_ends_the_batch(bundle):
     """After an error that made SQLite roll back the whole transaction (no row counted
     in total_changes), the later ops of the batch must not run in autocommit: their rows
     would be stored while every reply says nothing was. Each reply matches the rows."""
-    writer = bundle.coord.writer
+    writer = bundle.coord.store.writer
     futs = [writer.submit(_put("x-a")), writer.submit(_put("x-b", cancel_transaction=True)),
             writer.submit(_put("x-c"))]
     results = await asyncio.gather(*futs, return_exceptions=True)
-    keys = await bundle.coord._read(
+    keys = await bundle.coord.store.readers.run(
         lambda conn: [r[0] for r in conn.execute("SELECT sha256 FROM artifacts ORDER BY 1")])
     for name, res in zip(("x-a", "x-b", "x-c"), results):
         assert (name in keys) == (not isinstance(res, BaseException)), (name, res, keys)
@@ -323,7 +323,7 @@ async def test_an_op_whose_error_cancels_the_transaction_ends_the_batch(bundle):
 
 async def test_a_rerun_op_whose_error_cancels_the_transaction_ends_the_batch(bundle):
     """The same in the rerun with a savepoint per op."""
-    writer = bundle.coord.writer
+    writer = bundle.coord.store.writer
     tries = {"n": 0}
 
     def write_then_fail(conn: sqlite3.Connection, now: float) -> None:
@@ -338,7 +338,7 @@ async def test_a_rerun_op_whose_error_cancels_the_transaction_ends_the_batch(bun
     futs = [writer.submit(_put("y-a")), writer.submit(cancel_on_rerun),
             writer.submit(write_then_fail), writer.submit(_put("y-c"))]
     results = await asyncio.gather(*futs, return_exceptions=True)
-    keys = await bundle.coord._read(
+    keys = await bundle.coord.store.readers.run(
         lambda conn: [r[0] for r in conn.execute("SELECT sha256 FROM artifacts ORDER BY 1")])
     assert tries["n"] == 2
     for name, res in zip(("y-a", "y-b", "y-w", "y-c"), results):
@@ -349,7 +349,7 @@ async def test_a_lone_op_runs_without_a_savepoint_and_fails_alone(bundle):
     """A batch of one op runs without SAVEPOINT / RELEASE (two statements less a batch on
     the one-client path): an op that fails after writing has the whole transaction rolled
     back, gets its own error (not "commit failed"), and the next batch goes on."""
-    writer = bundle.coord.writer
+    writer = bundle.coord.store.writer
     traced: list[str] = []
 
     def write_then_fail(conn: sqlite3.Connection, now: float) -> None:
@@ -368,7 +368,7 @@ async def test_a_lone_op_runs_without_a_savepoint_and_fails_alone(bundle):
         writer._conn.set_trace_callback(None)
     assert not any(s.startswith(("SAVEPOINT", "RELEASE")) for s in traced), traced
     assert not writer._conn.in_transaction
-    keys = await bundle.coord._read(
+    keys = await bundle.coord.store.readers.run(
         lambda conn: [r[0] for r in conn.execute("SELECT sha256 FROM artifacts ORDER BY 1")])
     assert keys == ["after"]
     assert (await bundle.coord.get_job(JobId(job_id=job))).priority == 2
@@ -379,7 +379,7 @@ async def test_a_lone_op_runs_without_a_savepoint_and_fails_alone(bundle):
 async def test_a_lone_op_rolled_back_leaves_the_outside_write_recount_to_the_next(bundle):
     """The batch a lone failing op rolled back began with a recount (another connection
     wrote): the recount is rolled back with it and taken again by the next batch."""
-    writer = bundle.coord.writer
+    writer = bundle.coord.store.writer
     await bundle.enqueue()
     other = sqlite3.connect(bundle.db_path, isolation_level=None)
     other.execute("UPDATE jobs SET status = 'cancelled', finished_at = 1")
@@ -395,6 +395,6 @@ async def test_a_lone_op_rolled_back_leaves_the_outside_write_recount_to_the_nex
     await writer.run(lambda conn, now: None)
     st = await bundle.coord.status()
     assert st.jobs.get("waiting", 0) == 0 and st.jobs["cancelled"] == 1
-    stored = await bundle.coord._read(lambda conn: sorted(
+    stored = await bundle.coord.store.readers.run(lambda conn: sorted(
         r for r in conn.execute("SELECT status, priority, n FROM job_counts") if r[2]))
     assert stored == [("cancelled", 2, 1)]

@@ -1,7 +1,7 @@
 """The restart grace on PostgreSQL: when a coordd starts serving (a restart, or a standby
 taking over), every stored lease runs at least one more of its own `lease_s` from then
-(coordd.grace is the SQLite form), so a worker that reconnects and renews keeps its job
-rather than losing it to the reaper for the time no coordd answered."""
+(coordd.store.grace is the SQLite form), so a worker that reconnects and renews keeps its
+job rather than losing it to the reaper for the time no coordd answered."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import limit_service
+from coordd import errors, limit_service
 from coordd import transitions as tr
 from coordd.limits import LimitBook
 from coordd.protocol import CompleteResult
@@ -24,6 +24,7 @@ from coordd.protocol_limits import LimitView
 from coordd.store import NewJob
 from coordd.store.api import Backoff, LeaseRef
 from coordd.store.postgres import admission, apply, sql, workflows
+from coordd.store.postgres.hooks import ARTIFACTS_REFUSED
 from coordd.store.postgres.sql import NOW
 
 SQL_ATTACH = (  # $1 job ids, $2 names, $3 units
@@ -136,8 +137,10 @@ class PostgresAdmission:
 
     async def complete_counted(self, ref: LeaseRef, result_json: str | None,
                                usage: dict[str, float] | None, book: LimitBook,
-                               backoff: Backoff, *, now: float | None = None
-                               ) -> CompleteResult:
+                               backoff: Backoff, *, artifact: Any = None,
+                               now: float | None = None) -> CompleteResult:
+        if artifact is not None:
+            raise errors.BadRequest(ARTIFACTS_REFUSED)
         budgets = [(n, m) for n, d in book.defs.items() for m in d.budget]
         async with self._conn() as conn, conn.transaction():
             res = await complete_checked(conn, now, ref, result_json, backoff)

@@ -36,6 +36,7 @@ from coordd.store.postgres.schedules import SchedulesPostgres
 from coordd.store.postgres.waits import WaitReadsPostgres
 from coordd.store.postgres.web import WebReadsPostgres
 from coordd.store.postgres.governance import GovernancePostgres
+from coordd.store.postgres.hooks import ARTIFACTS_REFUSED, PostgresServing
 from coordd.store.postgres.resources import ResourcesPostgres
 from coordd.store.postgres.limits import PostgresAdmission, attach, complete_checked
 
@@ -48,10 +49,10 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
-class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
-                    ResourcesPostgres, PostgresAdmission, workflows.PostgresWorkflows,
-                    ArtifactOps, WaitReadsPostgres, SchedulesPostgres,
-                    MaintenancePostgres, WebReadsPostgres):
+class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostgres,
+                    PostgresAdmission, workflows.PostgresWorkflows, ArtifactOps,
+                    WaitReadsPostgres, SchedulesPostgres, MaintenancePostgres,
+                    WebReadsPostgres, PostgresServing):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
@@ -72,6 +73,8 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
     """
 
     clock: Literal["app", "db"] = "db"
+    name = "PostgreSQL"
+    areas: frozenset[str] = frozenset()  # beyond the interface: none yet
 
     def __init__(self, dsn: str, *, pool_min: int = POOL_MIN_DEFAULT,
                  pool_max: int = POOL_MAX_DEFAULT, batch_items: int = batch.MAX_ITEMS_DEFAULT,
@@ -110,6 +113,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
             self.claims.gated = await self._gated_waiting()
             self._resources_seen = None
             await self.resources_seen()
+            self.start_wakeups()
         except BaseException as exc:
             pool, self.pool = self.pool, None
             pool.terminate()  # a start that fails leaves no session behind
@@ -120,6 +124,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
 
     async def close(self) -> None:
         """Run what is batched, then close the listener and the pool. Idempotent."""
+        await self.stop_wakeups()
         for batcher in (self.claims.batcher, self.renews, self.completes):
             await batcher.drain()
         await self._listener.close()
@@ -171,13 +176,21 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
                                             dumps(sorted(set(roles))), dumps(readings))
         return HeartbeatResult(now=t, cancel=list(cancel))
 
-    async def enqueue(self, jobs: Sequence[NewJob], *,
+    async def enqueue(self, jobs: Sequence[NewJob], *, indexed: bool = False,
                       now: float | None = None) -> list[EnqueueResult]:
         """Insert the jobs in one transaction (one statement), all or none; a repeated
-        idempotency key returns the existing job (created=False).
+        idempotency key returns the existing job (created=False). `indexed`: an error's
+        message names the job's index (`jobs[3]: ...`).
 
         Raises: errors.InvalidState (the key names a job of another request).
         """
+        try:
+            return await self._enqueue(jobs, now)
+        except _Indexed as exc:
+            raise errors.batch_item(exc.index, exc.error) if indexed else exc.error
+
+    async def _enqueue(self, jobs: Sequence[NewJob], now: float | None
+                       ) -> list[EnqueueResult]:
         cols = [[getattr(j, f) for j in jobs] for f in (
             "job_id", "kind", "required_role", "priority", "payload_json", "max_attempts",
             "run_at", "delay_s", "idempotency_key", "max_runtime_s", "gates_json",
@@ -190,17 +203,18 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
                 known = {r[0]: (r[1], r[2]) for r in await conn.fetch(
                     sql.SQL_BY_KEYS, [j.idempotency_key for j in repeats])}
             out = []
-            for j in jobs:
+            for i, j in enumerate(jobs):
                 if j.job_id in created:
                     out.append(EnqueueResult(job_id=j.job_id, created=True))
                     continue
                 existing, stored = known.get(j.idempotency_key, (None, None))
                 if existing is None:
-                    raise errors.InvalidState(f"job {j.job_id}: not stored (id taken)")
+                    raise _Indexed(i, errors.InvalidState(
+                        f"job {j.job_id}: not stored (id taken)"))
                 if stored is not None and stored != j.request_sha256:
-                    raise errors.InvalidState(
+                    raise _Indexed(i, errors.InvalidState(
                         f"idempotency key {j.idempotency_key!r} is taken by job {existing}, "
-                        "made by another request; a new job needs a new key")
+                        "made by another request; a new job needs a new key"))
                 out.append(EnqueueResult(job_id=existing, created=False))
             if created:
                 fresh = [j for j in jobs if j.job_id in created]
@@ -258,10 +272,13 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
             return out
 
     async def complete(self, ref: LeaseRef, result_json: str | None, *,
-                       now: float | None = None) -> CompleteResult:
+                       artifact: Any = None, now: float | None = None) -> CompleteResult:
         """Store the result and end the job `succeeded` (`cancelled`, the result dropped,
         when a cancel was requested). Fenced; a resend under the same lease after success
-        raises errors.AlreadyCompleted."""
+        raises errors.AlreadyCompleted. Raises errors.BadRequest for an `artifact` (no
+        artifact store here yet)."""
+        if artifact is not None:
+            raise errors.BadRequest(ARTIFACTS_REFUSED)
         return await self.completes.submit(now, (ref, result_json))
 
     async def _complete_batch(self, now: float | None, items: list[Any]) -> list[Any]:
@@ -384,7 +401,9 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres,
         async with self._conn() as conn:
             return await reads.list_jobs(conn, now, flt, self._aging_s)
 
-    async def status(self, stale_s: float, *, now: float | None = None) -> StoreStatus:
+    async def status(self, stale_s: float, *, prune_before: float | None = None,
+                     now: float | None = None) -> StoreStatus:
+        """The counts (nothing is prunable here: no prune yet)."""
         async with self._conn() as conn:
             return await reads.status(conn, now, stale_s)
 
@@ -463,3 +482,10 @@ async def _locked_status(conn: Any, now: float | None, job_id: str,
         raise errors.NotFound(f"job {job_id} not found")
     return (row[0], row[1]) if with_now else row[0]
 
+
+class _Indexed(Exception):
+    """`error` about job `index` of an enqueue (named in the message where `indexed`)."""
+
+    def __init__(self, index: int, error: errors.CoordError) -> None:
+        super().__init__(error.message)
+        self.index, self.error = index, error

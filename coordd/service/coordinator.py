@@ -1,0 +1,377 @@
+"""The Coordinator: the jobs' and leases' RPC methods over one store, and how the rest of
+the coordinator is put together (reads: coordd.service.reads; limits and workflows:
+coordd.service.areas; the areas the store interface does not cover yet:
+coordd.service.local).
+
+Each method takes its params Struct from coordd.protocol and returns its result Struct,
+raising a `coordd.errors.CoordError` whose `code` goes on the wire. Nothing slow runs
+inside a store's transaction: sizes and encodings are checked here, before the store is
+asked. Time: `now` is the store's (coordd's clock on SQLite, the database's on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from functools import partial
+from typing import Any
+
+import msgspec
+
+from coordd import errors, gates, governor, intake, leases, values
+from coordd.clock import Clock, anchored
+from coordd.config import Config
+from coordd.enrol import Enrolment
+from coordd.hub import Hub
+from coordd.ids import JobIds
+from coordd.lifecycle import _clip, heartbeat_state, log_lost
+from coordd.logs import JobLogStore
+from coordd.metrics import Metrics
+from coordd.names import check_name
+from coordd.protocol import (
+    HUB_PARAMS, Checkpoint, Claim, ClaimResult, Complete, CompleteResult, Empty, Enqueue,
+    EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail, Heartbeat, HeartbeatResult, JobId,
+    PruneResult, ReapResult, Renew, RenewResult, StatusResult,
+)
+from coordd.protocol_logs import LOG_PARAMS
+from coordd.protocol_workers import ForgetWorker, Goodbye, Release, ReleasedResult
+from coordd.push import PARK_SCOPE, Push
+from coordd.readers import Coalesced
+from coordd.service import local
+from coordd.service.areas import Areas
+from coordd.service.checks import checked_readings, lease_ref, truncate
+from coordd.service.reads import Reads
+from coordd.store import NewJob
+from coordd.store.api import StoreHooks
+from coordd.store.api_governance import Governance, WorkerBeat
+from coordd.times import check_duration
+from coordd.workflows import Workflows
+
+logger = logging.getLogger(__name__)
+
+REAP_LIMIT = 1000  # leases one reap ends at most
+UNDELIVERED = "claim_undelivered"  # a parked claim's job, granted as its connection closed
+
+
+class Coordinator(Reads, Areas):
+    """Every RPC method over one store.
+
+    Args:
+        store: a SQLiteStore or a PostgresStore (coordd.store.api), not yet started.
+        config: limits, defaults and gate policies.
+        clock: coordd's clock (tests pin it; on SQLite the store's writer runs on it too:
+            build both with the same `coordd.clock.anchored` clock).
+        rng: source of backoff jitter (tests may seed it).
+    """
+
+    def __init__(self, store: Any, config: Config, clock: Clock,
+                 rng: random.Random | None = None) -> None:
+        self.store = store
+        self.config = config
+        self.clock = anchored(clock)
+        self._rng = rng or random.Random()
+        self._ids = JobIds()
+        self.meters = Metrics()
+        self.artifact_bytes = 0  # the artifact store's size at the last prune or scrape
+        self._policies = config.policies()
+        self.limit_book = config.limit_book()  # fleet-wide limits (coordd.limits)
+        self._claim_policy = leases.ClaimPolicy(
+            policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
+            aging_interval_s=config.aging_interval_s, limits=self.limit_book)
+        self.governance = Governance(policies=self._policies,
+                                     preemptor=governor.preemptor(config))
+        self.push = Push(self.clock, per_connection_max=config.park_max_per_connection,
+                         total_max=config.park_max_total, wait_max_s=config.park_wait_max_s)
+        store.attach(StoreHooks(policy=self._claim_policy,
+                                reservations=self.governance.preemptor.hint,
+                                push=self.push, meters=self.meters, backoff=self._backoff))
+        self._status = Coalesced(self._status_now)  # many pollers share one read
+        self._queue_depth = 0
+        self.hub = Hub(store, config)
+        self.logs = JobLogStore(store)
+        self.enrolment = Enrolment(store, config)
+        for part, methods in ((self.hub, HUB_PARAMS), (self.logs, LOG_PARAMS),
+                              (self.enrolment, Enrolment.METHODS)):
+            for method in methods:  # served as they are by coordd.hub, .logs, .enrol
+                setattr(self, method, getattr(part, method))
+        self.local = local.serve(self)  # artifacts, maintenance, web, schedules, waits
+        self.flows = self.local.flows if self.local is not None else Workflows(self)
+
+    @classmethod
+    def over_sqlite(cls, path: str, config: Config, clock: Clock,
+                    rng: random.Random | None = None) -> "Coordinator":
+        """A Coordinator over a SQLiteStore on `path` sized by `config` (not started)."""
+        from coordd.store.sqlite_store import SQLiteStore
+        clock = anchored(clock)
+        return cls(SQLiteStore.from_config(path, config, clock), config, clock, rng)
+
+    @property
+    def artifact_dir(self) -> str | None:
+        """The artifact store's folder (SQLite: beside the database), or None."""
+        return None if self.local is None else self.local.artifact_dir
+
+    async def start(self) -> None:
+        """Open the store (creating and migrating its schema) and install the runtime
+        limit overrides kept in it.
+
+        Raises: errors.StoreError (not a compatible coordd store), errors.Unavailable.
+        """
+        await self.store.start()
+        try:
+            await self.load_limits()
+            if self.local is not None:
+                await self.local.start()
+        except BaseException:
+            await self.close()
+            raise
+
+    def resources_seen(self) -> None:
+        """A job asked for resources: claims check requests from now on (coordd.admission)."""
+        self._claim_policy.resources_seen = True
+
+    async def close(self) -> None:
+        """Answer every parked call, then close the store (SQLite: the readers, then the
+        writer drains and folds the WAL back). Idempotent."""
+        try:
+            await self.push.close()
+        finally:
+            await self.store.close()
+
+    # ------------------------------------------------------------ workers
+
+    async def heartbeat(self, p: Heartbeat) -> HeartbeatResult:
+        """Record a worker's roles and readings (stamped with the store's clock).
+
+        Returns the ids of jobs this worker holds whose cancel was requested, and each
+        held job's governance action. A new `incarnation` first ends the leases of the
+        worker's predecessor (`worker_lost`). A gate reading that is NaN or infinite is
+        stored as unknown. Raises: errors.BadRequest (empty id, bad readings types, bad
+        kinds, GPU devices coordd.resources.check_readings refuses), PayloadTooLarge.
+        """
+        readings, _ = checked_readings(p, self.config.max_payload_bytes)
+        kinds_json, broken_json = heartbeat_state(p)
+        beat = WorkerBeat(incarnation=p.incarnation, kinds_json=kinds_json,
+                          broken_json=broken_json)
+        got = await self.store.heartbeat_governed(p.worker_id, p.roles, readings, beat,
+                                                  self.governance)
+        log_lost(p.worker_id, got.result.lost, "restarted (new incarnation)")
+        self.meters.count_governance(p.worker_id, got.changes, got.preempted)
+        res: HeartbeatResult = got.result
+        if self.local is not None:
+            self.local.heard(p, res)  # the artifact folder; readings for the web view
+        return res
+
+    async def claim(self, p: Claim) -> ClaimResult:
+        """Claim the best job for `p.worker_id` (the store's claim, coordd.leases' rules).
+
+        `lease_s` is clamped to [lease_min_s, lease_max_s]. With `wait_s` > 0 and nothing
+        to hand out, the call parks (coordd.push) up to `wait_s` (cut to
+        `park_wait_max_s`) and tries again whenever a job it may take may have become
+        claimable; `waited_s` says how long. Raises: BadRequest (a bad name, NaN or
+        negative wait_s), Overloaded (parked-call caps).
+        """
+        wait = self.push.wait_s(p.wait_s)
+        if wait <= 0:
+            return await self._claim_once(p)
+        scope = PARK_SCOPE.get()
+
+        async def attempt(waited_s: float) -> ClaimResult:
+            res = await self._claim_once(p)
+            res.waited_s = waited_s
+            if res.job is not None and res.lease is not None and scope is not None \
+                    and scope.closed:  # its connection went while the claim ran: nobody
+                await self.release(Release(  # would hold the lease; no attempt spent
+                    job_id=res.job.job_id, worker_id=p.worker_id, token=res.lease.token,
+                    reason=UNDELIVERED))
+                return ClaimResult(job=None, reasons=[UNDELIVERED], waited_s=waited_s)
+            return res
+        return await self.push.claim(p.worker_id, p.kinds, wait, attempt)
+
+    async def _claim_once(self, p: Claim) -> ClaimResult:
+        check_name("worker_id", p.worker_id)
+        if p.claim_id is not None:
+            check_name("claim_id", p.claim_id)
+        result: ClaimResult = await self.store.claim(
+            p.worker_id, self._lease_s(p.lease_s), self._claim_policy, kinds=p.kinds,
+            claim_id=p.claim_id)
+        if result.job is not None:
+            self.meters.claims.inc()
+        for reason in result.reasons:
+            self.meters.refusals.labels(reason).inc()
+        return result
+
+    async def renew(self, p: Renew) -> RenewResult:
+        """Extend a lease; `action` is the job's governance action. Raises: LeaseLost,
+        LeaseExpired, AlreadyCompleted, NotFound."""
+        res, changes = await self.store.renew_governed(lease_ref(p), self._lease_s(p.lease_s),
+                                                       self.governance)
+        self.meters.count_governance(p.worker_id, changes)
+        return res  # type: ignore[no-any-return]
+
+    async def checkpoint(self, p: Checkpoint) -> dict[str, Any]:
+        """Record a job's latest checkpoint. Raises: PayloadTooLarge and the lease errors."""
+        text = values.encode("checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
+        await self.store.checkpoint(lease_ref(p), text)
+        return {}
+
+    async def complete(self, p: Complete) -> CompleteResult:
+        """Store a job's result, once; reported `usage` counts against the budgets of its
+        limits in the same transaction. Raises: AlreadyCompleted (a result is stored: treat
+        as success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound, BadRequest (bad
+        usage; an artifact where the store keeps none)."""
+        text = values.encode("result", p.result, self.config.max_result_bytes)
+        usage = self.check_usage(p.usage)
+        if p.artifact is not None and self.local is None:
+            raise errors.BadRequest(f"complete: artifacts are not available on the "
+                                    f"{self.store.name} store yet (send the result inline)")
+        if usage:
+            return await self.store.complete_counted(  # type: ignore[no-any-return]
+                lease_ref(p), text, usage, self.limit_book, self._backoff(),
+                artifact=p.artifact)
+        return await self.store.complete(lease_ref(p), text,  # type: ignore[no-any-return]
+                                         artifact=p.artifact)
+
+    async def fail(self, p: Fail) -> StatusResult:
+        """Record a failure; the error text is truncated to `max_error_chars`.
+
+        Retryable with attempts left -> waiting after exponential backoff with jitter;
+        otherwise `failed` (dead letter). Raises: the lease errors.
+        """
+        error = truncate(p.error, self.config.max_error_chars)
+        return await self.store.fail(lease_ref(p), error,  # type: ignore[no-any-return]
+                                     p.retryable, self._backoff())
+
+    async def release(self, p: Release) -> StatusResult:
+        """Hand a held job back without spending an attempt. Raises: the lease errors,
+        BadRequest, PayloadTooLarge (checkpoint)."""
+        reason = _clip(p.reason or "released", self.config.max_error_chars)
+        ckpt = None if p.checkpoint is None else values.encode(
+            "checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
+        res: StatusResult = await self.store.release(lease_ref(p), reason, ckpt)
+        logger.info("job %s released by %s: %s", p.job_id, p.worker_id, reason,
+                    extra={"action": "release", "job_id": p.job_id, "worker_id": p.worker_id})
+        return res
+
+    async def goodbye(self, p: Goodbye) -> ReleasedResult:
+        """Mark the worker offline now; leases it still holds end (`worker_lost`).
+        Raises: NotFound (never sent a heartbeat), BadRequest."""
+        check_name("worker_id", p.worker_id)
+        lost = await self.store.goodbye(p.worker_id, p.incarnation)
+        logger.info("worker %s said goodbye", p.worker_id,
+                    extra={"action": "worker_goodbye", "worker_id": p.worker_id})
+        log_lost(p.worker_id, lost, "stopped")
+        return ReleasedResult(released=lost)
+
+    async def forget_worker(self, p: ForgetWorker) -> ReleasedResult:
+        """Drop a dead worker (admin). Raises: NotFound, InvalidState (live or holding
+        leases without `force`)."""
+        check_name("worker_id", p.worker_id)
+        lost = await self.store.forget_worker(p.worker_id, self.config.heartbeat_stale_s,
+                                              p.force)
+        logger.info("worker %s forgotten", p.worker_id,
+                    extra={"action": "worker_forget", "worker_id": p.worker_id})
+        log_lost(p.worker_id, lost, "forgotten")
+        return ReleasedResult(released=lost)
+
+    def new_job_id(self) -> str:
+        """A fresh, time-ordered job id (coordd.ids): FIFO among jobs queued together."""
+        return self._ids.new(self.clock.wall())
+
+    def _backoff(self) -> Any:
+        return partial(leases.backoff_delay, base_s=self.config.backoff_base_s,
+                       cap_s=self.config.backoff_cap_s, jitter=self.config.backoff_jitter,
+                       u=self._rng.random())
+
+    # ------------------------------------------------------------ producers and admin
+
+    def check_gates(self, priority: int, overrides: dict[str, Any]) -> None:
+        """Raise BadRequest unless `overrides` are valid gate keys for `priority`."""
+        try:
+            gates.merge(self._policies[priority], overrides)
+        except msgspec.ValidationError as exc:
+            raise errors.BadRequest(f"gates: {exc}") from exc
+        idle = overrides.get("min_user_idle_s")
+        if isinstance(idle, (int, float)):
+            check_duration("gates.min_user_idle_s", idle, zero=True)
+
+    async def enqueue(self, p: Enqueue) -> EnqueueResult:
+        """Add a waiting job; a repeated idempotency key with the same request returns the
+        existing job id with created=False (the insert and the id come from one transaction).
+
+        Raises: BadRequest (priority outside 0..3, empty names, bad gates, a time or
+        duration out of range, a non-finite number; what the store cannot store),
+        PayloadTooLarge (payload JSON over `max_payload_bytes`; nothing is written),
+        InvalidState (the key was used by another request).
+        """
+        return (await self._enqueue([intake.new_job(self, p)], indexed=False))[0]
+
+    async def enqueue_batch(self, p: EnqueueBatch) -> EnqueueBatchResult:
+        """Add many jobs in one transaction, all or none. Raises as `enqueue`, the message
+        starting with the job's index in the batch (`jobs[3]: ...`)."""
+        jobs: list[NewJob] = []
+        try:
+            for j in p.jobs:
+                jobs.append(intake.new_job(self, j))
+        except errors.CoordError as exc:
+            raise errors.batch_item(len(jobs), exc) from exc
+        return EnqueueBatchResult(jobs=await self._enqueue(jobs, indexed=True))
+
+    async def _enqueue(self, jobs: list[NewJob], indexed: bool) -> list[EnqueueResult]:
+        try:
+            return await self.store.enqueue(jobs,  # type: ignore[no-any-return]
+                                            indexed=indexed)
+        except errors.InvalidState as exc:  # an idempotency key taken by another request
+            logger.info("enqueue refused: %s", exc.message,
+                        extra={"action": "idempotency_conflict"})
+            raise
+
+    async def cancel(self, p: JobId) -> StatusResult:
+        """Cancel a job; a workflow node's dependents follow their policies in the same
+        transaction. Raises: NotFound, InvalidState."""
+        return await self.store.cancel(p.job_id)  # type: ignore[no-any-return]
+
+    async def retry(self, p: JobId) -> StatusResult:
+        """Put a failed, cancelled or skipped job back to waiting (a workflow node reopens
+        its workflow). Raises: NotFound, InvalidState."""
+        return await self.store.retry(p.job_id)  # type: ignore[no-any-return]
+
+    async def ping(self) -> None:
+        """Run an empty write through the store: the watchdog's proof of a live store.
+        Raises: errors.Overloaded, errors.Unavailable, errors.CoordError."""
+        await self.store.ping()
+
+    async def reap(self, p: Empty | None = None) -> ReapResult:
+        """Reap expired leases now (the store's clock decides). Returns how many."""
+        n = await self.store.reap(limit=REAP_LIMIT)
+        if n:
+            self.meters.lease_expiries.inc(n)
+            logger.info("reaped %d expired lease(s)", n, extra={"action": "reap", "n": n})
+        return ReapResult(reaped=n)
+
+    # ------------------------------------------------------------ maintenance (coordd.reaper)
+
+    async def workflow_tick(self) -> Any:
+        """The maintenance round's workflow step: where the store serves schedules,
+        `Workflows.tick` (absent workers' nodes skipped, running workflows settled, due
+        slots started); elsewhere the store settles running workflows."""
+        if "schedules" in self.store.areas:
+            return await self.flows.tick()
+        return await self.store.workflow_settle_running()
+
+    async def upkeep(self) -> PruneResult | None:
+        """The prune round: `prune` where the store serves it (its result); elsewhere the
+        hub's share of it (expired and old messages, forgotten agents) and None."""
+        if "maintenance" in self.store.areas:
+            return await self.prune()  # type: ignore[no-any-return]
+        messages = await self.hub.purge()
+        agents = await self.hub.purge_agents()
+        if messages or agents:
+            logger.info("pruned %d message(s) and %d agent(s)", messages, agents,
+                        extra={"action": "prune", "messages": messages, "agents": agents})
+        return None
+
+    def _lease_s(self, asked: float | None) -> float:
+        if asked is None:
+            return self.config.lease_default_s
+        check_duration("lease_s", asked)  # then clamped to lease_min_s..lease_max_s
+        return min(self.config.lease_max_s, max(self.config.lease_min_s, float(asked)))

@@ -1,0 +1,155 @@
+"""PostgresStore's part of serving one coordinator (coordd.store.api: `attach`, `leader`,
+`resolve_id`) and the reads the coordinator's explanations take (`explain_book`,
+`limit_reasons`, `job_node`).
+
+Parked claims are woken from LISTEN (a NOTIFY at each commit that may free a job) and by
+a poll every POLL_S, since a NOTIFY is only a hint (coordd.store.postgres.coordination):
+every wake-up wakes every parked claim (coordd.push.Push.wake_claims), which looks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from coordd import errors
+from coordd.store.api import StoreHooks
+from coordd.store.api_governance import ExplainBook
+from coordd.store.postgres import sql
+from coordd.store.postgres.leader import Leadership
+from coordd.store.postgres.resources import books, requests_of
+
+logger = logging.getLogger(__name__)
+
+ARTIFACTS_REFUSED = ("complete: artifacts are not available on the PostgreSQL store yet "
+                     "(send the result inline)")
+POLL_S = 1.0  # a parked claim looks again at least this often (NOTIFY is only a hint)
+ID_CHARS = 16  # coordd.ids: 16 hex characters
+SQL_WORKFLOW_EXISTS = "SELECT 1 FROM workflows WHERE workflow_id = $1"
+SQL_JOB_NODE = "SELECT workflow_id, node, result_schema FROM jobs WHERE job_id = $1"
+SQL_JOB_DEPS = (  # in the dependencies' order (SQLite: the dependency's rowid, its enqueue)
+    "SELECT d.node, d.status, e.policy FROM workflow_edges e JOIN jobs d "
+    "ON d.job_id = e.dep_job_id WHERE e.job_id = $1 ORDER BY d.job_id"
+)
+
+
+class PostgresServing:
+    """Mixed into PostgresStore (its `_conn`, `dsn`, `wait_for_work`, `worker_book`,
+    `job_limits`)."""
+
+    _conn: Any
+    dsn: str
+    wait_for_work: Any
+    worker_book: Any
+    job_limits: Any
+    backoff_factory: Any
+    _hooks: StoreHooks | None = None
+    _pump: asyncio.Task[None] | None = None
+
+    noun = "the store"  # what coordd says it cannot open
+    refusals = {"backup": "backup: use pg_dump on a PostgreSQL store"}
+    """The word for a method of an area not served here, where it is not "not yet"."""
+
+    @contextlib.contextmanager
+    def hold(self, given: str | None = None) -> Iterator[None]:
+        """Nothing to hold: leadership (`leader`) keeps two coordds from serving."""
+        yield
+
+    async def wait_dead(self, stop: asyncio.Event) -> None:
+        """Nothing to watch beyond leadership: wait for `stop`."""
+        await stop.wait()
+
+    def attach(self, hooks: StoreHooks) -> None:
+        """Take the coordinator's hooks: its backoff (a result failing its schema) and
+        the parked claims `start` begins to wake."""
+        self._hooks = hooks
+        self.backoff_factory = hooks.backoff
+
+    def start_wakeups(self) -> None:
+        """Start waking the parked claims (with hooks attached; at `start`)."""
+        if self._hooks is not None and self._pump is None:
+            self._pump = asyncio.create_task(self._pump_wakeups(self._hooks.push),
+                                             name="store-wakeups")
+
+    async def stop_wakeups(self) -> None:
+        """Stop waking them (at `close`). Idempotent."""
+        if self._pump is not None:
+            pump, self._pump = self._pump, None
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+
+    async def _pump_wakeups(self, push: Any) -> None:
+        """Each NOTIFY, and each POLL_S without one, wakes every parked claim."""
+        while True:
+            try:
+                await self.wait_for_work(POLL_S)
+            except Exception as exc:  # the listener connection failed: poll meanwhile
+                logger.warning("store wake-ups: %s (parked claims poll)", exc,
+                               extra={"action": "wakeups_failed"})
+                await asyncio.sleep(POLL_S)
+            push.wake_claims()
+
+    async def ping(self) -> None:
+        """One round trip on a pool connection. Raises: errors.Unavailable, Overloaded."""
+        async with self._conn() as conn:
+            await conn.fetchval("SELECT 1")
+
+    def leader(self, key: str = "coordd", session_timeout_s: float = 0.0) -> Leadership:
+        """The coordinator's session advisory lock on a connection of its own
+        (coordd.store.postgres.leader); a standby waits in `acquire`."""
+        return Leadership(self.dsn, key, session_timeout_s)
+
+    async def resolve_id(self, what: str, given: str) -> str:
+        """`given` if such a job (workflow) exists. Ids are looked up whole here, not by
+        prefix, yet. Raises: errors.NotFound (saying so for a shorter id), BadRequest."""
+        if not given:
+            raise errors.BadRequest(f"{what}_id must not be empty")
+        stmt = sql.SQL_JOB_EXISTS if what == "job" else SQL_WORKFLOW_EXISTS
+        async with self._conn() as conn:
+            if await conn.fetchval(stmt, given) is not None:
+                return given
+        whole = (f" (the PostgreSQL store looks {what}s up by their whole {ID_CHARS}-character"
+                 " id, not a prefix, yet)") if len(given) < ID_CHARS else ""
+        raise errors.NotFound(f"{what} {given} not found{whole}")
+
+    async def job_node(self, job_id: str) -> tuple[str | None, str | None, str | None,
+                                                   list[tuple[str, str, str]]]:
+        async with self._conn() as conn:
+            row = await conn.fetchrow(SQL_JOB_NODE, job_id)
+            if row is None or row[0] is None:
+                return None, None, None, []
+            deps = [tuple(r) for r in await conn.fetch(SQL_JOB_DEPS, job_id)]
+        return row[0], row[1], row[2], deps  # type: ignore[return-value]
+
+    async def explain_book(self, *, now: float | None = None) -> ExplainBook:
+        book = await self.worker_book(now=now)
+        return ExplainBook(now=book.now, rows=book.rows, states=book.states)
+
+    async def resource_book(self, job_ids: Sequence[str]
+                            ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+        if not job_ids:
+            return {}, {}
+        async with self._conn() as conn:
+            requests = await requests_of(conn, list(job_ids))
+            grants = (await books(conn))[0] if requests else {}
+        return requests, grants
+
+    async def limits_loaded(self, book: Any) -> None:
+        """Nothing to settle: the statements judge limits whether or not any is defined."""
+
+    async def limit_reasons(self, waiting: list[tuple[str, int]], book: Any, *,
+                            now: float | None = None) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if not book.active:
+            return out
+        for job_id, priority in waiting:
+            _, why = await self.job_limits(job_id, priority, True, book, now=now)
+            if why is not None:
+                out[job_id] = why
+        return out
+
+
+__all__ = ["ARTIFACTS_REFUSED", "POLL_S", "PostgresServing"]
