@@ -27,9 +27,9 @@ from coordd.store import NewJob, dumps
 from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
 from coordd.store.postgres import apply, batch, claims, coordination, grace, reads, schema, sql
 from coordd.store.postgres import admission, workflows
-from coordd.store.postgres.fence import Raced, end_lease, refusal
 from coordd.store.postgres.artifacts import ArtifactOps
 from coordd.store.postgres.enrol import EnrolOps
+from coordd.store.postgres.fence import Raced, end_lease, refusal
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
 from coordd.store.postgres.maintenance import MaintenancePostgres
