@@ -25,14 +25,11 @@ import collections
 import contextvars
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from coordd import errors
 from coordd.frames import encode_frame
 from coordd.protocol import ErrorBody, Reply
-
-if TYPE_CHECKING:
-    from coordd.rpc import Dispatcher
 
 logger = logging.getLogger("coordd.rpc")
 
@@ -91,11 +88,22 @@ class Limits:
     write_stall_timeout_s: float = 30.0
 
 
+class Ledger(Protocol):
+    """The totals a connection's budgets are kept against, all connections together
+    (coordd.rpc.Dispatcher holds them). Bytes."""
+
+    limits: Limits
+    inbound_bytes: int   # reserved by partial frames over SMALL_FRAME_BYTES
+    outbound_bytes: int  # unsent reply bytes of connections over the high-water mark
+    reply_reserved: int  # reserved by replies being built (reserve_reply)
+    large_bytes: int     # large frames and replies handled since the last trim
+
+
 class Budgets:
     """The budget bookkeeping of one connection (mixed into coordd.rpc.Connection, whose
     attributes and methods it uses)."""
 
-    _d: "Dispatcher"
+    _d: Ledger
     _transport: "asyncio.Transport"
     _reply_reserved = 0  # bytes reserved by this connection's replies not yet written
     _reply_waiters: "collections.deque[tuple[int, asyncio.Future[None]]]"

@@ -22,7 +22,7 @@ from coordd.protocol_workflows import ScheduleView
 from coordd.store import lenient_json
 
 if TYPE_CHECKING:
-    from coordd.store.workflows import NewWorkflow
+    from coordd.store.api_workflows import NewWorkflow
 
 Slots = Callable[[str, float, float], tuple[float, float, int]]
 """(cron, stored next_at, now) -> (slot to run, next slot after now, slots passed over)."""
@@ -53,7 +53,7 @@ def add_outcome(name: str, old: tuple[str, str, float], cron: str, spec_json: st
 
 def schedule_view(row: Any) -> ScheduleView:
     """A ScheduleView of a row (schedule_id, name, cron, spec_json, next_at, last_slot,
-    fired, created_at), as coordd.store.workflows.SQL_LIST_SCHEDULES reads it."""
+    fired, created_at), as both stores' schedule list reads it."""
     sid, name, cron, spec_json, next_at, last_slot, fired, _created = row
     spec = lenient_json(spec_json, {})
     return ScheduleView(schedule_id=sid, name=name, cron=cron,

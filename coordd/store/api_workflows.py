@@ -4,15 +4,46 @@ A workflow is a graph of jobs (its nodes) queued whole; a node with dependencies
 `blocked` and is queued (`waiting`) when they have ended as its edges allow; every job
 ending of a node (complete, fail, release, cancel, the reaper, a dead letter) settles its
 workflow (coordd.transitions.settle), in the same transaction on PostgreSQL. The graph is
-validated above the store (coordd.workflows.Workflows.plan); the store stores it.
+validated above the store (coordd.workflows.Workflows.plan, into a NewWorkflow); the
+store stores it.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
+
+import msgspec
 
 from coordd.protocol_workflows import WorkflowList, WorkflowSubmitResult, WorkflowView
-from coordd.store.workflows import NewWorkflow
+
+
+class NewNode(msgspec.Struct, kw_only=True):
+    """A validated node ready to insert (payload already a dict, JSON encoded later)."""
+
+    job_id: str
+    name: str
+    kind: str
+    required_role: str
+    priority: int
+    payload: dict[str, Any]
+    max_attempts: int
+    max_runtime_s: float | None = None
+    gates_json: str | None = None
+    result_schema: str | None = None
+    needs: list[tuple[str, str]] = []  # (dependency node name, policy)
+    resources: Any = None  # a coordd.resources.Request (stored in coordd.store.resources)
+    limits: list[tuple[str, int]] = []  # fleet-wide limits it consumes (name, units)
+
+
+class NewWorkflow(msgspec.Struct, kw_only=True):
+    """A validated graph: nodes in topological order, ids chosen."""
+
+    workflow_id: str
+    name: str
+    nodes: list[NewNode]
+    idempotency_key: str | None = None
+    schedule_id: str | None = None
+    spec_sha256: str | None = None  # of the graph as submitted (coordd.workflows.spec_hash)
 
 
 class WorkflowStore(Protocol):
@@ -46,4 +77,4 @@ class WorkflowStore(Protocol):
         ...
 
 
-__all__ = ["WorkflowStore"]
+__all__ = ["NewNode", "NewWorkflow", "WorkflowStore"]

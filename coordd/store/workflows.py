@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from typing import Any
-
-import msgspec
 
 from coordd import errors
 from coordd import transitions as tr
@@ -37,6 +34,8 @@ from coordd.store import cancel, dumps, event, lenient_json, retry
 from coordd.store.resources import add_request
 from coordd.store import limits as limit_store
 from coordd.store.api_schedules import add_outcome
+from coordd.store.api_workflows import NewNode, NewWorkflow  # noqa: F401  (re-exported)
+
 
 # Statuses a node can end in; a workflow is over when every node is in one of them.
 NODE_TERMINAL = tr.NODE_TERMINAL
@@ -44,35 +43,6 @@ WORKER_ABSENT = tr.WORKER_ABSENT
 summarize = tr.summarize  # the workflow's summary (coordd.transitions)
 SETTLE_SWEEP_LIMIT = 500  # running workflows settled per maintenance round
 PRUNE_BATCH = 100  # ended workflows deleted per transaction by `prune_workflows`
-
-
-class NewNode(msgspec.Struct, kw_only=True):
-    """A validated node ready to insert (payload already a dict, JSON encoded later)."""
-
-    job_id: str
-    name: str
-    kind: str
-    required_role: str
-    priority: int
-    payload: dict[str, Any]
-    max_attempts: int
-    max_runtime_s: float | None = None
-    gates_json: str | None = None
-    result_schema: str | None = None
-    needs: list[tuple[str, str]] = []  # (dependency node name, policy)
-    resources: Any = None  # a coordd.resources.Request (stored in coordd.store.resources)
-    limits: list[tuple[str, int]] = []  # fleet-wide limits it consumes (name, units)
-
-
-class NewWorkflow(msgspec.Struct, kw_only=True):
-    """A validated graph: nodes in topological order, ids chosen."""
-
-    workflow_id: str
-    name: str
-    nodes: list[NewNode]
-    idempotency_key: str | None = None
-    schedule_id: str | None = None
-    spec_sha256: str | None = None  # of the graph as submitted (coordd.workflows.spec_hash)
 
 
 SQL_INSERT_WORKFLOW = (

@@ -13,7 +13,7 @@ import pytest
 from coordd import errors
 from coordd.ids import JobIds
 from coordd.store.api import LeaseRef
-from coordd.store.workflows import NewNode, NewWorkflow
+from coordd.store.api_workflows import NewNode, NewWorkflow
 from tests.store.conftest import T0
 
 

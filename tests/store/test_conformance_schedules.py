@@ -11,7 +11,7 @@ import pytest
 
 from coordd import errors
 from coordd.ids import JobIds
-from coordd.store.workflows import NewNode, NewWorkflow
+from coordd.store.api_workflows import NewNode, NewWorkflow
 from coordd.workflows import cron_after, due_slots
 
 T = 1_700_000_040.0  # a minute's start (cron slots are minutes)

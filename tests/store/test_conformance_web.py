@@ -10,7 +10,7 @@ from coordd import errors
 from coordd.ids import JobIds
 from coordd.store.api import LeaseRef
 from coordd.store.api_web import JobFinder
-from coordd.store.workflows import NewNode, NewWorkflow
+from coordd.store.api_workflows import NewNode, NewWorkflow
 from tests.store.conftest import T0
 from tests.store.test_conformance_hub import read, send
 

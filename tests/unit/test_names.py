@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from coordd import errors
-from coordd.__main__ import LineFormatter
+from coordd.process_start import LineFormatter
 from coordd.names import check_name
 from coordd.protocol import (
     AgentStatusUpdate, Claim, Empty, Enqueue, Heartbeat, SendMessage,

@@ -27,7 +27,7 @@ from coordd.leases import ClaimPolicy
 from coordd.protocol import ClaimResult
 from coordd.store import CLAIM_SCAN, json_decode, lenient_json
 from coordd.store.postgres import resources as pgres
-from coordd.store.postgres import sql
+from coordd.store.postgres import sql, taken
 from coordd.store.postgres.sql import NOW
 
 LIMITS_LOCK_KEY = "coordd-limits"
@@ -195,9 +195,8 @@ async def claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
     async with conn.transaction():  # so their workflow is locked before the node (workflows)
         res = await _claim(conn, worker_id, lease_s, policy, kinds_list, claim_id, now,
                            reservations, bad, resources_seen)
-    from coordd.store.postgres import claims as plain
     for row in bad:
-        await plain.dead_letter(conn, now, row, worker_id)
+        await taken.dead_letter(conn, now, row, worker_id)
     return res
 
 
@@ -346,15 +345,14 @@ class _Walk:
         """Take the job under a new lease with its grant and hold its units; None when
         another claim or a cancel got there first, or its data does not decode (the row
         kept in `bad`)."""
-        from coordd.store.postgres import claims as plain  # the plain claim's row decoding
         grant = self.resources.grants.get(job_id) if self.resources is not None else None
         row = await self.conn.fetchrow(SQL_TAKE, self.now, job_id, worker_id, lease_s,
                                        claim_id, *pgres.grant_row(grant))
         if row is None:  # taken or cancelled meanwhile
             return None
         try:
-            got = plain.claimed(row)
-        except plain.Undecodable:
+            got = taken.claimed(row)
+        except taken.Undecodable:
             self.bad.append(row)
             return None
         await _hold(self.conn, self.now, self.book, job_id, worker_id, prio, job_uses)

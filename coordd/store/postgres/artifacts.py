@@ -19,6 +19,7 @@ import msgspec
 from coordd import errors
 from coordd.protocol_transfers import ArtifactData, ArtifactPutResult
 from coordd.store.api import LeaseRef
+from coordd.store.postgres import fence
 from coordd.store.postgres.sql import NOW
 
 PATH_PREFIX = "postgresql:"
@@ -116,10 +117,9 @@ class ArtifactOps:
 
     async def _put(self, conn: Any, ref: LeaseRef, sha256: str, size: int, offset: int,
                    data: bytes, now: float | None) -> tuple[ArtifactPutResult, str | None]:
-        from coordd.store.postgres.store import _refusal  # (store.py imports this module)
         t = await conn.fetchval(SQL_ARTIFACT_FENCE, now, ref.job_id, ref.worker_id, ref.token)
         if t is None:
-            raise await _refusal(conn, now, ref)
+            raise await fence.refusal(conn, now, ref)
         await conn.execute(SQL_ARTIFACT_LOCK, sha256)
         stored = await conn.fetchrow(SQL_ARTIFACT_STORED, sha256)
         if stored is not None:
@@ -158,11 +158,10 @@ class ArtifactOps:
                            now: float | None = None) -> ArtifactData:
         """Fence, then the chunks overlapping the range, cut to it.
         Raises: the fencing errors, errors.NotFound."""
-        from coordd.store.postgres.store import _refusal  # (store.py imports this module)
         async with self._conn() as conn, conn.transaction():
             if await conn.fetchval(SQL_ARTIFACT_FENCE, now, ref.job_id, ref.worker_id,
                                    ref.token) is None:
-                raise await _refusal(conn, now, ref)
+                raise await fence.refusal(conn, now, ref)
             stored = await conn.fetchrow(SQL_ARTIFACT_STORED, sha256)
             if stored is None:
                 raise errors.NotFound(f"artifact {sha256[:12]} is not in coordd's store")

@@ -17,12 +17,12 @@ from typing import Any
 import msgspec
 
 from coordd import errors, gate_decision, gates
-from coordd import transitions as tr
 from coordd.leases import ClaimPolicy
-from coordd.protocol import ClaimedJob, ClaimResult, LeaseGrant
-from coordd.store import json_decode, lenient_json, maybe_json
-from coordd.store.postgres import admission, batch, sql, workflows
+from coordd.protocol import ClaimResult
+from coordd.store import lenient_json
+from coordd.store.postgres import admission, batch, sql
 from coordd.store.postgres import resources as pgres
+from coordd.store.postgres.taken import Undecodable, claimed, dead_letter
 
 SEEN_WORKERS_MAX = 4096  # gate decisions remembered (one per worker) before starting over
 
@@ -151,14 +151,6 @@ class Claims:
         return [got.get(i[0]) for i in items]
 
 
-class Undecodable(Exception):
-    """A taken job's stored payload or checkpoint is not JSON (`code`: coordd.gates)."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code, self.detail = code, detail
-
-
 def _worker_of(item: Any) -> str:
     return item[0]
 
@@ -168,34 +160,3 @@ def _group_of(item: Any) -> Any:
     return (lease_s, tuple(kinds_list or ()) if kinds_list is not None else None,
             tuple(seen.decision.allowed), tuple(seen.roles), seen.policy.heartbeat_stale_s,
             id(seen.policy))
-
-
-def claimed(row: Any) -> ClaimResult:
-    """A ClaimResult from (job columns..., token, expires_at, lease_s).
-
-    Raises: Undecodable (the stored payload or checkpoint is not JSON).
-    """
-    job_id, kind, role, prio, payload_json, attempts, checkpoint_json, max_runtime_s, \
-        token, expires_at, lease_s = row
-    try:
-        payload = json_decode(payload_json)
-    except msgspec.DecodeError as exc:
-        raise Undecodable(gates.PAYLOAD_DECODE_ERROR, str(exc)) from exc
-    try:
-        checkpoint = maybe_json(checkpoint_json)
-    except msgspec.DecodeError as exc:
-        raise Undecodable(gates.CHECKPOINT_DECODE_ERROR, str(exc)) from exc
-    return ClaimResult(
-        job=ClaimedJob(job_id=job_id, kind=kind, required_role=role, priority=prio,
-                       payload=payload, attempts=attempts, checkpoint=checkpoint,
-                       max_runtime_s=max_runtime_s),
-        lease=LeaseGrant(token=token, expires_at=expires_at, lease_s=lease_s))
-
-
-async def dead_letter(conn: Any, now: float | None, row: Any, worker_id: str) -> None:
-    """End `failed` a job just taken whose payload or checkpoint does not decode."""
-    try:
-        claimed(row)
-    except Undecodable as bad:
-        d = tr.dead_letter(tr.RUNNING, bad.code, bad.detail)  # counted by the take already
-        await workflows.dead_letter_taken(conn, now, row[0], worker_id, d)

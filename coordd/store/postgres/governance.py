@@ -26,7 +26,7 @@ from coordd.store.api import LeaseRef
 from coordd.store.api_governance import (
     Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
 )
-from coordd.store.postgres import admission, apply, claims, resources, sql, workflows
+from coordd.store.postgres import admission, apply, resources, sql, taken, workflows
 from coordd.store.postgres.sql import NOW
 
 PREEMPT_LOCK_KEY = "coordd-preempt"  # one preemption scan at a time (xact advisory lock)
@@ -308,16 +308,16 @@ class GovernancePostgres:
             if claim_id is not None:  # a repeated claim_id gets its lease (Claims.claim)
                 row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
                 if row is not None:
-                    return claims.claimed(row)
+                    return taken.claimed(row)
             while True:
                 row = await conn.fetchrow(SQL_RESERVED_CLAIM, now, worker_id, lease_s,
                                           claim_id, stale_s)
                 if row is None:
                     break
                 try:
-                    return claims.claimed(row)
-                except claims.Undecodable:
-                    await claims.dead_letter(conn, now, row, worker_id)
+                    return taken.claimed(row)
+                except taken.Undecodable:
+                    await taken.dead_letter(conn, now, row, worker_id)
             if not await conn.fetchval(SQL_RESERVED_LEFT, worker_id) and hint.epoch == epoch:
                 hint.maybe = False
         return None

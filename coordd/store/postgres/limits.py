@@ -23,7 +23,7 @@ from coordd.protocol import CompleteResult
 from coordd.protocol_limits import LimitView
 from coordd.store import NewJob
 from coordd.store.api import Backoff, LeaseRef
-from coordd.store.postgres import admission, apply, sql, workflows
+from coordd.store.postgres import admission, apply, fence, sql, workflows
 from coordd.store.postgres.hooks import ARTIFACTS_REFUSED
 from coordd.store.postgres.sql import NOW
 
@@ -90,9 +90,8 @@ async def complete_checked(conn: Any, now: float | None, ref: LeaseRef,
     cancel), in the caller's transaction; a workflow node's workflow is locked first and
     settled after (coordd.store.postgres.workflows' lock order). Raises: the fencing
     errors."""
-    from coordd.store.postgres.store import _end_lease  # the fenced lease end, shared
     wid = await workflows.lock_of_job(conn, ref.job_id)
-    held, t = await _end_lease(conn, now, ref)
+    held, t = await fence.end_lease(conn, now, ref)
     d = tr.complete(held, t, result_json, False, backoff)
     if d.t is tr.COMPLETED:
         await conn.execute(SQL_SUCCEED, now, ref.job_id, d.result_json)

@@ -15,6 +15,7 @@ from typing import Any
 from coordd.protocol_logs import JobLogs
 from coordd.store import logs as log_store
 from coordd.store.api import LeaseRef
+from coordd.store.postgres import fence
 from coordd.store.postgres.sql import NOW
 
 SQL_LOG_LOCK = "SELECT pg_advisory_xact_lock(hashtext('coordd-logs'), hashtext($1))"
@@ -62,13 +63,12 @@ class LogOps:
                          now: float | None = None) -> bool:
         """Fence and store the chunk, then trim past coordd.store.logs' bounds, in one
         transaction. Raises: the fencing errors (coordd.transitions.fence)."""
-        from coordd.store.postgres.store import _refusal  # (store.py imports this module)
         async with self._conn() as conn, conn.transaction():
             await conn.execute(SQL_LOG_LOCK, ref.job_id)
             fenced, stored = await conn.fetchrow(SQL_LOG_APPEND, now, ref.job_id,
                                                  ref.worker_id, ref.token, stream, pos, data)
             if not fenced:
-                raise await _refusal(conn, now, ref)
+                raise await fence.refusal(conn, now, ref)
             if stored:
                 key = (ref.job_id, ref.token, stream)
                 await conn.execute(SQL_LOG_TRIM_BYTES, *key, log_store.KEEP_BYTES)

@@ -29,6 +29,7 @@ from coordd.store.postgres import apply, batch, claims, coordination, grace, rea
 from coordd.store.postgres import admission, workflows
 from coordd.store.postgres.artifacts import ArtifactOps
 from coordd.store.postgres.enrol import EnrolOps
+from coordd.store.postgres.fence import Raced, end_lease, refusal
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
 from coordd.store.postgres.maintenance import MaintenancePostgres
@@ -268,7 +269,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
             for ref, _ in items:
                 r = got.get(ref.job_id)
                 out.append(RenewResult(expires_at=r[1], lease_s=r[2], cancel_requested=r[3])
-                           if r is not None else await _refusal(conn, now, ref, renew=True))
+                           if r is not None else await refusal(conn, now, ref, renew=True))
             return out
 
     async def complete(self, ref: LeaseRef, result_json: str | None, *,
@@ -298,8 +299,8 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
         """A complete the batch did not match: the fencing error; else (the lease is live)
         a workflow node or a job with a result schema, decided in Python and, for a node,
         settled in the same transaction (coordd.store.postgres.limits.complete_checked)."""
-        err = await _refusal(conn, now, ref)
-        if not isinstance(err, _Raced):
+        err = await refusal(conn, now, ref)
+        if not isinstance(err, Raced):
             return err
         try:
             async with conn.transaction():
@@ -314,7 +315,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
         async with self._conn() as conn:
             if await conn.fetchval(sql.SQL_CHECKPOINT, now, ref.job_id, ref.worker_id,
                                    ref.token, checkpoint_json) is None:
-                raise await _refusal(conn, now, ref)
+                raise await refusal(conn, now, ref)
 
     async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
                    now: float | None = None) -> StatusResult:
@@ -322,7 +323,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
         attempts left, else `failed` (dead letter); `cancelled` if a cancel was requested."""
         async with self._conn() as conn, conn.transaction():
             wid = await workflows.lock_of_job(conn, ref.job_id)  # the workflow, then the job
-            held, t = await _end_lease(conn, now, ref)
+            held, t = await end_lease(conn, now, ref)
             d = tr.fail(held, t, _text(error), retryable, backoff)
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d)
             if d.settle:
@@ -337,7 +338,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
         recording `checkpoint_json` first if given; `cancelled` if a cancel was requested."""
         async with self._conn() as conn, conn.transaction():
             wid = await workflows.lock_of_job(conn, ref.job_id)
-            held, t = await _end_lease(conn, now, ref)
+            held, t = await end_lease(conn, now, ref)
             d = tr.release(held, t, _text(reason))
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d, checkpoint_json)
             if d.settle:
@@ -442,35 +443,6 @@ def _job_of(item: tuple[LeaseRef, Any]) -> str:
 def _refs(refs: Any) -> tuple[list[str], list[str], list[int]]:
     refs = list(refs)
     return [r.job_id for r in refs], [r.worker_id for r in refs], [r.token for r in refs]
-
-
-async def _refusal(conn: Any, now: float | None, ref: LeaseRef,
-                   renew: bool = False) -> errors.CoordError:
-    """The typed error for a fenced statement that matched nothing: coordd.transitions'
-    fence (and, for a renew, its max-runtime rule) on the job as read right after."""
-    row = await conn.fetchrow(sql.SQL_FENCE_STATE, now, ref.job_id)
-    try:
-        h = tr.fence(None if row is None else apply.held(row), ref.job_id, ref.worker_id,
-                     ref.token, row[-1] if row is not None else 0.0)
-        if renew:
-            tr.renew(h, ref.job_id, row[-1], 0.0)
-    except errors.CoordError as exc:
-        return exc
-    return _Raced(f"job {ref.job_id}: fenced write raced; retry")
-
-
-class _Raced(errors.CoordError):
-    """A fenced statement matched nothing, yet the lease checks out: it raced (or, for a
-    complete, the job has a result schema and is completed apart)."""
-
-
-async def _end_lease(conn: Any, now: float | None, ref: LeaseRef) -> tuple[Any, float]:
-    """Lock the job and end the presented lease if it is the live one: (Held, now).
-    Raises the fencing errors."""
-    row = await conn.fetchrow(sql.SQL_END_LEASE, now, ref.job_id, ref.worker_id, ref.token)
-    if row is None:
-        raise await _refusal(conn, now, ref)
-    return apply.held(row), row[-1]
 
 
 async def _locked_status(conn: Any, now: float | None, job_id: str,

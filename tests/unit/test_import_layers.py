@@ -1,0 +1,34 @@
+"""The import layers hold: every import-linter contract in pyproject.toml's
+[tool.importlinter] is kept (issue 27 item 4; docs/decisions.md). Each contract is checked
+on its own (`lint-imports --contract ID`), so a failure names the contract and prints the
+import chains that break it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
+    "contracts"]
+RUN = ("import sys; from importlinter.cli import lint_imports; "
+       "sys.exit(lint_imports(limit_to_contracts=tuple(sys.argv[1:]), no_cache=True, "
+       "no_logo=True))")
+
+
+def test_the_layers_are_locked_in():
+    ids = {c["id"] for c in CONTRACTS}
+    assert {"stores-below-coordinator", "postgres-not-sqlite", "wire-at-the-bottom",
+            "net-layers", "worker-mcp-are-clients", "no-circles"} <= ids
+
+
+@pytest.mark.parametrize("contract_id", [c["id"] for c in CONTRACTS])
+def test_contract_is_kept(contract_id: str):
+    res = subprocess.run([sys.executable, "-c", RUN, contract_id], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, f"contract {contract_id} is broken:\n{res.stdout}{res.stderr}"
+    assert "1 kept, 0 broken" in res.stdout
