@@ -184,8 +184,10 @@ def build_parser() -> Parser:
     ls.add_argument("--all", action="store_true", help="page through every matching job")
 
     for name, help_ in (("show", "one job with its lease and event log"),
-                        ("cancel", "cancel a job (a running one stops at its next renew)"),
-                        ("retry", "put a failed or cancelled job back to waiting")):
+                        ("cancel", "cancel a job (a running one's worker stops it at once,"
+                                   " else at its next renew or heartbeat)"),
+                        ("retry", "put a failed, cancelled or skipped job back to waiting"
+                                  " (a workflow node reopens its workflow)")):
         cmd(name, help_).add_argument("job_id", metavar="ID", help=JOB_ID_HELP)
     cmd("reap", "return jobs with expired leases to waiting now")
     wk = cmd("workers", "workers, their readings, kinds and gate verdicts per priority")

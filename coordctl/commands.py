@@ -183,8 +183,8 @@ def cancel(client: Any, args: argparse.Namespace) -> Outcome:
 
 
 def retry(client: Any, args: argparse.Namespace) -> Outcome:
-    """`retry ID` (ID may be a unique prefix): put a failed or cancelled job back to
-    waiting; print its status."""
+    """`retry ID` (ID may be a unique prefix): put a failed, cancelled or skipped job back
+    to waiting (coordd.transitions.retry); print its status."""
     job_id = resolve_job_id(client, args.job_id)
     res = client.retry(job_id)
     return Outcome(res, f"{job_id}: {res.status}")

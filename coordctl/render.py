@@ -358,6 +358,11 @@ def resource_lines(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def liveness(w: Any) -> str:
+    """A WorkerView's `live` column: yes, offline (it said goodbye) or NO (silent)."""
+    return "yes" if w.live else ("offline" if w.offline_at is not None else "NO")
+
+
 def workers_table(res: WorkersResult) -> Table:
     """One row per worker: liveness, readings, leases and per-priority gate verdicts."""
     t = SafeTable(box=box.SIMPLE_HEAD, show_edge=False)
@@ -371,7 +376,7 @@ def workers_table(res: WorkersResult) -> Table:
                     for p in PRIORITIES_SHOWN]
         t.add_row(
             w.worker_id, ",".join(w.roles), f"{fmt_age(w.heartbeat_age_s)} ago",
-            "yes" if w.live else ("offline" if w.offline_at is not None else "NO"),
+            liveness(w),
             f"{mem:.0f}" if isinstance(mem, (int, float)) else "unavailable",
             _reading(r, w.notes, "temperature_c", "temperature", lambda v: f"{v:.0f}°C"),
             _reading(r, w.notes, "on_battery", "power", lambda _v: _power(r)),

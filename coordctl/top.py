@@ -223,7 +223,7 @@ def _worker_row(w: Any) -> list[str]:
     verdicts = [",".join(w.verdicts.get(p, [])) or "ok" if p in w.verdicts else "-"
                 for p in render.PRIORITIES_SHOWN]
     return [w.worker_id, ",".join(w.roles), f"{render.fmt_age(w.heartbeat_age_s)} ago",
-            "yes" if w.live else "NO",
+            render.liveness(w),
             f"{mem:.0f}" if isinstance(mem, (int, float)) else "-",
             f"{r['temperature_c']:.0f}°C" if isinstance(r.get("temperature_c"), (int, float))
             else "-",

@@ -38,6 +38,10 @@ from coordd.protocol import BackupResult
 from coordd.storage_health import storage_reason
 
 logger = logging.getLogger(__name__)
+# errno of creating the backup's first file that say the path takes none (EACCES, EPERM,
+# EROFS are answered with coordd's user; the host's own troubles are `unavailable`)
+UNWRITABLE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EINVAL,
+                        errno.ENAMETOOLONG, errno.ELOOP, errno.EOPNOTSUPP, errno.ENXIO})
 
 MANIFEST_SUFFIX = ".manifest.json"
 ARTIFACTS_SUFFIX = ".artifacts"
@@ -96,14 +100,20 @@ def backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
     fsynced and renamed into place, then opened on its own connection for `quick_check`.
 
     Raises:
-        errors.BadRequest: `dest` exists, its folder does not, or coordd's user may not
-            write there (the message names the path and the user).
+        errors.BadRequest: `dest` exists, its folder does not (or is not a folder), the
+            folder takes no new file (/proc), or coordd's user may not write there (the
+            message names the path, the OS's reason and, for a permission, the user).
         errors.Unavailable: the host refused (out of file descriptors, disk full, I/O
             error); nothing is left at `dest`: retry later.
         errors.CoordError: the copy failed or did not pass `quick_check` (it is removed).
+    Every refusal but a BadRequest is logged here (the RPC layer logs those).
     """
     try:
         return _backup(db_path, artifact_dir, dest)
+    except errors.CoordError as exc:
+        if exc.code != "bad_request":  # quick_check failed
+            _log_failure(dest, exc)
+        raise
     except (OSError, sqlite3.Error) as exc:
         dest = os.path.abspath(dest)
         if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -114,7 +124,14 @@ def backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
         with contextlib.suppress(OSError):
             os.unlink(dest)
         shutil.rmtree(dest + ARTIFACTS_SUFFIX, ignore_errors=True)
-        raise _refusal(exc, dest) from exc
+        refusal = _refusal(exc, dest)
+        _log_failure(dest, refusal)
+        raise refusal from exc
+
+
+def _log_failure(dest: str, exc: errors.CoordError) -> None:
+    logger.error("backup to %s failed: %s: %s", os.path.abspath(dest), exc.code, exc.message,
+                 extra={"action": "backup_failed", "code": exc.code})
 
 
 def running_as() -> str:
@@ -149,11 +166,19 @@ def _backup(db_path: str, artifact_dir: str, dest: str) -> BackupResult:
     dest = os.path.abspath(dest)
     dest_dir = os.path.dirname(dest)
     if not os.path.isdir(dest_dir):
+        if os.path.lexists(dest_dir):
+            raise errors.BadRequest(f"backup: {dest_dir} is not a folder")
         raise errors.BadRequest(f"backup: folder {dest_dir} does not exist")
     if any(os.path.exists(dest + s) for s in ("", MANIFEST_SUFFIX, ARTIFACTS_SUFFIX)):
         raise errors.BadRequest(f"backup: {dest} (or its manifest) exists; choose a new path")
     tmp = f"{dest}.tmp-{secrets.token_hex(4)}"
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+    except OSError as exc:  # the folder takes no new file (/proc, a bad name): the path's fault
+        if exc.errno not in UNWRITABLE:
+            raise
+        raise errors.BadRequest(f"backup: {dest} cannot be written: {exc.strerror}; choose "
+                                "a path in an ordinary folder; nothing was written") from exc
     try:  # (made first: the OS's reason, which SQLite's "unable to open" hides)
         src = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
         try:

@@ -82,14 +82,16 @@ PARK_SCOPE: contextvars.ContextVar[ParkScope | None] = contextvars.ContextVar(
 
 
 class _Waiter:
-    """One parked call: woken by `wake()`; `dirty` = something happened while it looked."""
+    """One parked call: woken by `wake()`; `dirty` = something happened while it looked;
+    `superseded` = a newer call of the same worker took its place (it ends at once)."""
 
-    __slots__ = ("event", "dirty", "scope")
+    __slots__ = ("event", "dirty", "scope", "superseded")
 
     def __init__(self, scope: ParkScope | None) -> None:
         self.event = asyncio.Event()
         self.dirty = False
         self.scope = scope
+        self.superseded = False
 
     def wake(self) -> None:
         self.dirty = True
@@ -97,12 +99,11 @@ class _Waiter:
 
     @property
     def dropped(self) -> bool:
-        return self.scope is not None and self.scope.closed
+        return self.superseded or (self.scope is not None and self.scope.closed)
 
 
 class _ClaimWaiter(_Waiter):
-    __slots__ = ("seq", "worker_id", "kinds", "idle", "credits", "gated", "limited",
-                 "superseded")
+    __slots__ = ("seq", "worker_id", "kinds", "idle", "credits", "gated", "limited")
 
     def __init__(self, scope: ParkScope | None, seq: int, worker_id: str,
                  kinds: frozenset[str] | None) -> None:
@@ -114,11 +115,6 @@ class _ClaimWaiter(_Waiter):
         self.credits: list[tuple[str, str]] = []  # (role, kind) of jobs it was woken for
         self.gated = False  # its last look met refusals a heartbeat may lift (gates, stale)
         self.limited = False  # its last look met a fleet-wide limit (units freeing lift it)
-        self.superseded = False  # the same worker claimed again: end at the next chance
-
-    @property
-    def dropped(self) -> bool:
-        return self.superseded or super().dropped
 
 
 ClaimAttempt = Callable[[float], Awaitable[Any]]  # waited_s -> a ClaimResult
@@ -458,7 +454,9 @@ class Push:
                        look: Callable[[], Awaitable[tuple[bool, Any]]]) -> Any:
         """Run `look()` -> (done, value) until done, parked between looks until a commit
         concerns `key` in `group` ("job": a terminal status; "worker": a cancel for its
-        jobs; "events": any job event), or `wait_s` passes. Returns the last value.
+        jobs; "events": any job event), or `wait_s` passes. Returns the last value. A
+        worker's new watch supersedes its older parked ones (a worker re-parks its watch
+        when a job it was told about starts again): they answer at once, without a look.
 
         Raises:
             errors.Overloaded: a cap on parked calls is reached.
@@ -470,6 +468,10 @@ class Push:
         else:
             table = self._jobs if group == "job" else self._workers
             assert key is not None
+        if group == "worker":
+            for old in self._workers.get(key, ()):  # type: ignore[arg-type]
+                old.superseded = True
+                old.wake()
         with self._slot(w):
             if group != "events":
                 registry = table.setdefault(key, set())

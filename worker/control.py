@@ -19,6 +19,7 @@ from coordd.protocol_push import WorkerActions
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+ACTIONS = ("cancel", "suspend", "resume", "vacate")
 EARLY_FRACTION = 0.5  # a watch answered sooner than this part of wait_s with nothing new: pause
 
 
@@ -28,17 +29,19 @@ def early(elapsed: float, wait_s: float) -> bool:
     return wait_s <= 0 or elapsed < EARLY_FRACTION * wait_s
 
 
-async def until(stop: asyncio.Event, call: Awaitable[T]) -> T | None:
-    """Await `call`, or give it up (cancelled) once `stop` is set; None then.
+async def until(stop: asyncio.Event, call: Awaitable[T], *more: asyncio.Event) -> T | None:
+    """Await `call`, or give it up (cancelled) once `stop` (or any of `more`) is set; None
+    then.
 
     A call already answered when `stop` comes still returns its result.
     """
     task = asyncio.ensure_future(call)
-    stopped = asyncio.ensure_future(stop.wait())
+    stopped = [asyncio.ensure_future(e.wait()) for e in (stop, *more)]
     try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, *stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        stopped.cancel()
+        for s in stopped:
+            s.cancel()
     if not task.done():
         task.cancel()
     try:
@@ -78,8 +81,24 @@ class ControlWatch:
         self._clock = clock
         self._held = held
         self._act = act or self._cancel
-        self.holding = asyncio.Event()  # set by the supervisor when it starts a job
+        self.holding = asyncio.Event()  # set when the supervisor starts a job (`started`)
         self.served = True  # False once coordd answered unknown_method
+        self._seen = WorkerActions()  # what coordd told: `seen` of the next call
+        self._sent = WorkerActions()  # `seen` of the call in flight
+        self._fresh: set[str] = set()  # jobs started since that call was sent
+        self._reask = asyncio.Event()  # the call in flight carries a started job: re-park
+
+    def started(self, job_id: str) -> None:
+        """The supervisor holds a new run of `job_id`: what coordd told about an earlier
+        lease of that id (a job cancelled, retried and claimed again) no longer counts, so
+        it leaves `seen`, and a call parked with it in its `seen` (or the pause after an
+        answer that named it before the run was held) ends: the watch asks again at once."""
+        self._fresh.add(job_id)
+        if any(job_id in getattr(told, a) for told in (self._sent, self._seen) for a in ACTIONS):
+            self._seen = WorkerActions(**{a: [j for j in getattr(self._seen, a) if j != job_id]
+                                          for a in ACTIONS})
+            self._reask.set()  # the parked call (or the pause after it) ends: ask again
+        self.holding.set()
 
     async def close(self) -> None:
         """Close the parked calls' connection (coordd drops what is parked on it)."""
@@ -94,17 +113,18 @@ class ControlWatch:
         """Watch until `stop` is set."""
         if self._wait_s <= 0:
             return
-        seen = WorkerActions()
         while not stop.is_set():
             if not self._held():
                 self.holding.clear()
                 await until(stop, self.holding.wait())
-                seen = WorkerActions()
+                self._seen = WorkerActions()
                 continue
             asked = self._clock.mono()
+            self._sent, self._fresh = self._seen, set()
+            self._reask.clear()
             try:
                 acts = await until(stop, self._client.watch_worker(
-                    self._worker_id, self._wait_s, seen))
+                    self._worker_id, self._wait_s, self._sent), self._reask)
             except errors.UnknownMethod:
                 logger.info("coordd has no watch_worker: cancels arrive with renewals",
                             extra={"action": "watch_unsupported"})
@@ -115,20 +135,28 @@ class ControlWatch:
                 await self._clock.wait(stop, self._interval)
                 continue
             if acts is None:
-                return
-            held = self._held()
-            new = False
-            for action in ("cancel", "suspend", "resume", "vacate"):
-                known = set(getattr(seen, action))
-                for job_id in getattr(acts, action):
-                    if job_id not in known and job_id in held:
-                        new = True
-                        try:
-                            self._act(job_id, action, acts.reasons.get(job_id))
-                        except Exception:
-                            logger.exception("acting on %s for %s failed", action, job_id,
-                                             extra={"action": "watch_act_failed"})
-            seen = WorkerActions(**{a: [j for j in getattr(acts, a) if j in held]
-                                    for a in ("cancel", "suspend", "resume", "vacate")})
-            if not new and early(self._clock.mono() - asked, self._wait_s):
-                await self._clock.wait(stop, self._interval)  # coordd answered early: pace
+                continue  # stopped, or re-parked without a job started since (`started`)
+            if not self._told(acts) and early(self._clock.mono() - asked, self._wait_s):
+                # coordd answered early with nothing new: pace, unless a job starts
+                await until(stop, self._clock.wait(self._reask, self._interval))
+
+    def _told(self, acts: WorkerActions) -> bool:
+        """Act on what `acts` holds that the call did not know, for held jobs; it all
+        becomes the next `seen` (a job not held yet leaves it when it starts). True if
+        anything was new."""
+        held = self._held()
+        new = False
+        for action in ACTIONS:
+            known = set(getattr(self._sent, action)) - self._fresh
+            for job_id in getattr(acts, action):
+                if job_id not in known and job_id in held:
+                    new = True
+                    try:
+                        self._act(job_id, action, acts.reasons.get(job_id))
+                    except Exception:
+                        logger.exception("acting on %s for %s failed", action, job_id,
+                                         extra={"action": "watch_act_failed"})
+        self._seen = WorkerActions(**{a: [j for j in getattr(acts, a)
+                                          if j in held or j not in self._fresh]
+                                      for a in ACTIONS})
+        return new

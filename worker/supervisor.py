@@ -300,7 +300,7 @@ class Supervisor:
     def _start_job(self, run: JobRun) -> None:
         assert self._tg is not None
         self._runs[run.job_id] = run
-        self._watch.holding.set()
+        self._watch.started(run.job_id)
         if self._stop.is_set():
             run.abort(SHUTDOWN)
         task = self._tg.create_task(self._job_task(run), name=f"job-{run.job_id}")

@@ -54,6 +54,24 @@ def test_a_backup_to_a_path_coordd_cannot_write_names_path_and_user(daemon):
     assert f"uid {os.geteuid()}" in got.stderr and "Permission denied" in got.stderr
 
 
+def test_a_backup_into_proc_is_refused_naming_path_and_reason_and_logged(daemon):
+    """/proc takes no new file (ENOENT on create): that was `internal`, never logged."""
+    got = ctl(daemon, "backup", "/proc/coordd-backup.db")
+    assert got.returncode == 1, got
+    err = " ".join(got.stderr.split())
+    assert "bad_request" in err and "/proc/coordd-backup.db cannot be written" in err, err
+    assert "No such file or directory" in err and "internal" not in err, err
+    assert "refused backup" in daemon.log() and "/proc/coordd-backup.db" in daemon.log()
+
+
+def test_a_backup_under_a_file_says_it_is_not_a_folder(daemon, tmp_path):
+    (tmp_path / "one.db").write_text("")
+    got = ctl(daemon, "backup", str(tmp_path / "one.db" / "x.db"))
+    assert got.returncode == 1, got
+    err = " ".join(got.stderr.split())
+    assert f"{tmp_path / 'one.db'} is not a folder" in err and "does not exist" not in err, err
+
+
 async def test_a_workflow_over_rpc_names_the_bad_node(daemon):
     spec = {"name": "wf", "nodes": [
         {"name": "gather", "kind": "k", "required_role": "cpu"},

@@ -15,6 +15,7 @@ from coordctl.commands import UsageError
 from coordctl.workflow import read_graph
 from coordd import backup, config, errors, store, workflows
 from coordd.errors import ConfigError
+from coordd.transitions import RETRIED
 from worker import config as wconfig
 
 pytestmark = pytest.mark.timeout(30)
@@ -143,3 +144,13 @@ def test_coordctl_points_at_the_system_socket_when_the_per_user_one_is_absent(
     shutil.rmtree(system.parent)
     assert run_coordctl(*["status"]) == 1
     assert "system service" not in capsys.readouterr().err  # no system install here
+
+
+def test_retry_help_names_every_status_retry_takes(capsys):
+    """`coordctl retry --help` said "a failed or cancelled job"; coordd also retries a
+    skipped workflow node (coordd.transitions.RETRIED)."""
+    with pytest.raises(SystemExit):
+        coordctl_main.build_parser().parse_args(["retry", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert set(RETRIED) == {"failed", "cancelled", "skipped"}
+    assert "put a failed, cancelled or skipped job back to waiting" in text, text

@@ -1,6 +1,7 @@
 """Parked calls at their edges (coordd.push, coordd.waits): a connection that closes as its
 claim is granted, roles noted while nothing was parked, feed cursors past a prune or past
-any rowid, and the run_at timer across wall-clock steps. Pinned clock."""
+any rowid, the run_at timer across wall-clock steps, and a worker's re-parked watch.
+Pinned clock."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from coordd import errors
 from coordd.protocol import Claim, Empty, Fail, Heartbeat, JobId
-from coordd.protocol_push import WatchEvents
+from coordd.protocol_push import WatchEvents, WatchWorker, WorkerActions
 from coordd.push import PARK_SCOPE, ParkScope
 from coordd.service.coordinator import UNDELIVERED
 from tests.conftest import COOL
@@ -121,3 +122,25 @@ async def test_a_run_at_due_sooner_after_a_clock_step_ahead_wakes_the_parked_cla
     await asleep(bundle, 1)
     bundle.clock.advance(56)
     assert (await result(t)).job.job_id == job
+
+
+async def test_a_workers_new_watch_supersedes_its_parked_one(bundle):
+    """A worker re-parks its watch when a job it was told about starts again (worker.control
+    `started`): the older call, given up by the worker, must not hold a parked-call slot
+    until its wait runs out (16 such on one connection refused every call after them)."""
+    await bundle.worker("w1")
+    job = await bundle.enqueue()
+    await bundle.claim("w1")
+    old = asyncio.ensure_future(bundle.coord.watch_worker(WatchWorker(
+        worker_id="w1", wait_s=60, seen=WorkerActions(cancel=[job]))))
+    other = asyncio.ensure_future(bundle.coord.watch_worker(WatchWorker(worker_id="w2",
+                                                                        wait_s=60)))
+    await asleep(bundle, 2)
+    new = asyncio.ensure_future(bundle.coord.watch_worker(WatchWorker(worker_id="w1",
+                                                                      wait_s=60)))
+    assert (await result(old)).cancel == []  # at once, with nothing (no time passed)
+    await asleep(bundle, 2)
+    assert not new.done() and not other.done() and bundle.coord.push.parked == 2
+    await bundle.coord.cancel(JobId(job_id=job))
+    assert (await result(new)).cancel == [job]
+    other.cancel()

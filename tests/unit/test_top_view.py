@@ -196,3 +196,17 @@ def test_once_prints_one_frame_without_the_refresh_footer(height):
         assert len(lines) <= height, text
         live = render_lines(FakeClient(3, 15, 5), 80, height)
         assert len(lines) == len(live) and lines[:-1] != live[:-1]  # the footer's line used
+
+
+def test_a_worker_that_said_goodbye_is_offline_as_in_coordctl_workers():
+    """`coordctl workers` said offline, `top` said NO for the same stopped worker."""
+    client = FakeClient(3, 0, 0)
+    client.workers_[1].live = False
+    client.workers_[1].offline_at = NOW - 5  # stopped: it said goodbye
+    client.workers_[2].live = False  # silent: no goodbye, heartbeats stale
+    text = "\n".join(render_lines(client, 200, None))
+    row = {line.split()[0]: line.split() for line in text.split("\n")
+           if line.strip().startswith("gpu-box-")}
+    assert "offline" in row["gpu-box-1.lab.example.org"], text
+    assert "NO" in row["gpu-box-2.lab.example.org"], text
+    assert "yes" in row["gpu-box-0.lab.example.org"], text

@@ -50,6 +50,83 @@ async def test_control_watch_acts_once_per_new_cancel_and_passes_seen():
     assert client.seen[1].cancel == ["j1"] and client.seen[2].cancel == ["j1", "j2"]
 
 
+class QueuedWatchClient:
+    """Each call takes the next answer put on `answers` (parked until there is one)."""
+
+    def __init__(self) -> None:
+        self.answers: asyncio.Queue[WorkerActions] = asyncio.Queue()
+        self.seen: list[WorkerActions] = []
+
+    async def watch_worker(self, worker_id: str, wait_s: float, seen: WorkerActions):
+        self.seen.append(seen)
+        return await self.answers.get()
+
+
+async def _calls(client, n: int) -> None:
+    for _ in range(400):
+        if len(client.seen) >= n:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{len(client.seen)} watch calls, expected {n}")
+
+
+async def test_a_job_started_again_is_watched_afresh_and_its_new_cancel_acted_on():
+    """A job cancelled, retried and claimed again by the same worker: the watch parked
+    with the old cancel in `seen` (coordd would not answer the new one) and the worker
+    would skip it as known; the cancel came only with the next heartbeat. `started`
+    re-parks the watch without it, and the new cancel is acted on."""
+    client = QueuedWatchClient()
+    acted: list[tuple[str, str]] = []
+    held = {"j1": object()}
+    cfg = SimpleNamespace(claim_wait_s=30, claim_interval_s=30)
+    watch = ControlWatch(client, "w1", cfg, SystemClock(), held=lambda: held,
+                         act=lambda j, a, r: acted.append((j, a)))
+    stop = asyncio.Event()
+    task = asyncio.create_task(watch.run(stop))
+    watch.started("j1")
+    await _calls(client, 1)
+    client.answers.put_nowait(WorkerActions(cancel=["j1"]))
+    await _calls(client, 2)  # parked again, told of j1's cancel; j1 is still ending
+    assert acted == [("j1", "cancel")] and client.seen[1].cancel == ["j1"]
+    held["j1"] = object()  # that run ended; the job was retried and claimed again
+    watch.started("j1")
+    await _calls(client, 3)  # the call carrying the old cancel was given up
+    assert client.seen[2].cancel == []
+    client.answers.put_nowait(WorkerActions(cancel=["j1"]))
+    await _calls(client, 4)
+    assert acted == [("j1", "cancel"), ("j1", "cancel")]
+    stop.set()
+    await asyncio.wait_for(task, 2)
+
+
+async def test_a_cancel_answered_before_its_claim_is_held_is_acted_on_when_it_starts():
+    """The watch's answer can name a job whose claim the supervisor has not started yet:
+    not acted on then (not held), and no pause of claim_interval_s (30 s here) may stand
+    between it and the job's start: `started` asks again at once."""
+    client = QueuedWatchClient()
+    acted: list[tuple[str, str]] = []
+    held: dict[str, object] = {"j0": object()}
+    cfg = SimpleNamespace(claim_wait_s=30, claim_interval_s=30)
+    watch = ControlWatch(client, "w1", cfg, SystemClock(), held=lambda: held,
+                         act=lambda j, a, r: acted.append((j, a)))
+    stop = asyncio.Event()
+    task = asyncio.create_task(watch.run(stop))
+    watch.started("j0")
+    await _calls(client, 1)
+    client.answers.put_nowait(WorkerActions(cancel=["j2"]))  # early, j2 not held: a pause
+    await asyncio.sleep(0.05)
+    assert acted == [] and len(client.seen) == 1
+    held["j2"] = object()
+    watch.started("j2")
+    await _calls(client, 2)
+    assert client.seen[1].cancel == []
+    client.answers.put_nowait(WorkerActions(cancel=["j2"]))
+    await _calls(client, 3)
+    assert acted == [("j2", "cancel")]
+    stop.set()
+    await asyncio.wait_for(task, 2)
+
+
 async def test_control_watch_ends_on_unknown_method():
     client = FakeWatchClient([errors.UnknownMethod("unknown method 'watch_worker'")])
     cfg = SimpleNamespace(claim_wait_s=30, claim_interval_s=0.01)
