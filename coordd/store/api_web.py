@@ -21,6 +21,8 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from coordd import errors
+from coordd.views import PREFIX_MATCHES_SHOWN, pick_prefix
 from coordd.protocol_web import Delivery, HeldLease, JobRow, LoggedMessage, Reservation
 
 PrefixOf = Literal["job", "workflow"]
@@ -129,5 +131,20 @@ class WebReads(Protocol):
         ...
 
 
-__all__ = ["JobFinder", "PrefixOf", "WebReads", "held_lease", "job_row", "logged_messages",
-           "reservation"]
+class PrefixResolve:
+    """`Store.resolve_id` for both stores (a mixin over `id_prefix_matches`): the match
+    is the store's, the verdict coordd.views.pick_prefix's."""
+
+    id_prefix_matches: Any
+
+    async def resolve_id(self, what: PrefixOf, given: str) -> str:
+        """The job or workflow id `given` is, or the one it is the start of.
+        Raises: NotFound, BadRequest (empty, ambiguous: a few matches are named)."""
+        if not given:
+            raise errors.BadRequest(f"{what}_id must not be empty")
+        ids = await self.id_prefix_matches(what, given, PREFIX_MATCHES_SHOWN + 1)
+        return pick_prefix(what, given, ids)
+
+
+__all__ = ["JobFinder", "PrefixOf", "PrefixResolve", "WebReads", "held_lease", "job_row",
+           "logged_messages", "reservation"]

@@ -11,7 +11,7 @@ from coordd.store import reads
 from coordd.store import web as web_store
 from coordd.store import workflows as wstore
 from coordd.store.api_web import (
-    JobFinder, PrefixOf, held_lease, job_row, logged_messages, reservation,
+    JobFinder, PrefixOf, PrefixResolve, held_lease, job_row, logged_messages, reservation,
 )
 
 PREFIX_SQL = {"job": (reads.SQL_JOB_EXISTS, reads.SQL_JOB_IDS_FROM),
@@ -41,7 +41,7 @@ def _messages(conn: Any, before: str | None, limit: int) -> list[LoggedMessage]:
     return logged_messages(*web_store.messages(conn, before, limit))
 
 
-class SQLiteWebReads:
+class SQLiteWebReads(PrefixResolve):
     """WebReads on the read pool (a mixin: SQLiteStore has `readers` and `_now`)."""
 
     readers: Any

@@ -14,7 +14,7 @@ from typing import Any
 from coordd import errors
 from coordd.protocol_web import HeldLease, JobRow, LoggedMessage, Reservation
 from coordd.store.api_web import (
-    JobFinder, PrefixOf, held_lease, job_row, logged_messages, reservation,
+    JobFinder, PrefixOf, PrefixResolve, held_lease, job_row, logged_messages, reservation,
 )
 from coordd.store.postgres.sql import NOW
 from coordd.store.web import EVENTS_SCAN_MAX
@@ -107,7 +107,7 @@ PREFIX_SQL = {  # ($1 exact id), ($1 prefix, $2 most)
 }
 
 
-class WebReadsPostgres:
+class WebReadsPostgres(PrefixResolve):
     """WebReads over PostgresStore's pool (`self._conn()`); see the module docstring."""
 
     _conn: Any
