@@ -28,6 +28,12 @@ def filled(daemon):
     return daemon, fill(daemon.socket)
 
 
+@pytest.fixture
+def filled_either(store_daemon):
+    """`filled` over either store: a `--db` or a `--store` coordd."""
+    return store_daemon, fill(store_daemon.socket)
+
+
 def same_uid(client, server) -> int:
     """TestClient's requests have no TCP peer: stand in for /proc (coordd_web.peer)."""
     return os.getuid()
@@ -38,8 +44,8 @@ def client(socket: str, **kw) -> TestClient:
     return TestClient(build_app(Settings(socket=socket, **kw)), base_url=BASE)
 
 
-def test_every_page_renders_real_data(filled):
-    d, ids = filled
+def test_every_page_renders_real_data(filled_either):
+    d, ids = filled_either
     with client(d.socket) as web:
         home = web.get("/")
         assert home.status_code == 200
