@@ -66,12 +66,12 @@ class WorkListener:
                     await asyncio.sleep(timeout)
                     return False
                 self._conn = conn
-                if lost or self._missed:
+                if lost:
                     logger.info("LISTEN session replaced", extra={"action": "relisten"})
-                    self._missed = False
                     self._event.set()
-                    if self.on_push is not None:
-                        self.on_push("*")
+                if (lost or self._missed) and self.on_push is not None:
+                    self.on_push("*")  # the parked calls' NOTIFYs went unheard meanwhile
+                self._missed = False
         try:
             await asyncio.wait_for(self._event.wait(), timeout)
         except TimeoutError:
