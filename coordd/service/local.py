@@ -26,7 +26,6 @@ from coordd.config import artifact_dir_for
 from coordd.maintenance import Maintenance
 from coordd.metrics import tree_bytes
 from coordd.protocol import Backup, BackupResult, Empty, Heartbeat, HeartbeatResult
-from coordd.store.api import JobFilter
 from coordd.transfers import TRANSFER_METHODS, Transfers
 from coordd.workflows import Workflows
 
@@ -123,17 +122,6 @@ class SQLiteLocal:
     def artifact_tree_bytes(self) -> int:
         """The artifact folder's size in bytes (blocking: run it in a thread)."""
         return tree_bytes(self.artifact_dir)
-
-    async def job_bytes(self, job_id: str) -> int:
-        """What a job's view will carry, before it is read (coordd.budgets)."""
-        return await self.side.read(views.job_bytes, job_id)  # type: ignore[no-any-return]
-
-    async def page_bytes(self, flt: JobFilter) -> int:
-        """What a `list_jobs` page will carry, before it is read (coordd.budgets)."""
-        return await self.side.readers.run(  # type: ignore[no-any-return]
-            lambda conn: views.page_bytes(
-                conn, status=flt.status, kind=flt.kind, role=flt.role, priority=flt.priority,
-                limit=flt.limit, after=flt.after, newest_first=flt.newest_first), heavy=True)
 
     async def check(self, p: Empty | None = None) -> dict[str, Any]:
         """Run `PRAGMA quick_check` and `foreign_key_check` on the live database."""

@@ -130,6 +130,18 @@ class WebReads(Protocol):
         with it, in id order."""
         ...
 
+    async def job_reply_bytes(self, job_id: str) -> int:
+        """The bytes of stored JSON (payload, result, checkpoint, gates, last error) the
+        job's view carries, known before its row is read (0: no such job): what
+        coordd.budgets reserves before `get_job` reads it."""
+        ...
+
+    async def page_reply_bytes(self, flt: Any) -> int:
+        """The bytes the `list_jobs` page of `flt` (a coordd.store.api.JobFilter) will
+        carry: per job coordd.views.LISTED_JOB_BYTES plus its JSON as `job_reply_bytes`;
+        an `after` that names no job sizes as an empty page."""
+        ...
+
 
 class PrefixResolve:
     """`Store.resolve_id` for both stores (a mixin over `id_prefix_matches`): the match

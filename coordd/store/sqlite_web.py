@@ -81,3 +81,13 @@ class SQLiteWebReads(PrefixResolve):
 
     async def id_prefix_matches(self, what: PrefixOf, given: str, most: int) -> list[str]:
         return await self.readers.run(views.prefix_matches, given, *PREFIX_SQL[what], most)
+
+    async def job_reply_bytes(self, job_id: str) -> int:
+        """From the record header and blob handles: the values are not read."""
+        return await self.readers.run(views.job_bytes, job_id)
+
+    async def page_reply_bytes(self, flt: Any) -> int:
+        return await self.readers.run(
+            lambda conn: views.page_bytes(
+                conn, status=flt.status, kind=flt.kind, role=flt.role, priority=flt.priority,
+                limit=flt.limit, after=flt.after, newest_first=flt.newest_first), heavy=True)
