@@ -2,13 +2,13 @@
 `Store`, this area apart): filtered job pages, counts and end rates, live leases and
 reservations, a workflow's events, the hub's message log, ids by prefix.
 
-Callers (once wired): coordd.web_reads.WebReads.find_jobs (`find_job_rows`,
+Callers: coordd.web_reads.WebReads.find_jobs (`find_job_rows`,
 `find_window_end`, `job_counts`; the waiting reasons stay above), job_stats
 (`job_counts`, `end_rates`, api_waits' `last_event_id`), fleet (`held_leases`,
 `live_reservations`, `last_event_id`), feed_head (`last_event_id`), workflow_runs
 (`workflow_events`; the runs are built above), message_log (`message_page`); the
-Coordinator's get_job and Workflows.get with `prefix` (`id_prefix_matches`, then
-coordd.views.pick_prefix decides). The checks of filters, limits and windows stay above.
+Coordinator's get_job and workflow_get with `prefix` (`resolve_id`: `id_prefix_matches`,
+then coordd.views.pick_prefix decides). The checks of filters, limits and windows stay above.
 
 Order: a page is newest first by enqueue order (SQLite: rowid; PostgreSQL: job id, which
 is time-ordered and made at enqueue), with a status by last change; every read is
@@ -22,8 +22,8 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from coordd import errors
-from coordd.views import PREFIX_MATCHES_SHOWN, pick_prefix
 from coordd.protocol_web import Delivery, HeldLease, JobRow, LoggedMessage, Reservation
+from coordd.views import PREFIX_MATCHES_SHOWN, pick_prefix
 
 PrefixOf = Literal["job", "workflow"]
 
