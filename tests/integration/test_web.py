@@ -201,10 +201,11 @@ def test_coordd_down_is_a_clear_503(tmp_path):
         assert r.status_code == 503 and "coordd is not reachable" in r.text
 
 
-def test_sse_stream_sends_feed_events_from_a_real_server(daemon, tmp_path):
-    """The live feed over a real uvicorn: coordd up, then one message per feed reply with
-    the newest event id; resuming from that id starts after it."""
+def test_sse_stream_sends_feed_events_from_a_real_server(store_daemon, tmp_path):
+    """The live feed over a real uvicorn: coordd (either store) up, then one message per
+    feed reply with the newest event id; resuming from that id starts after it."""
     import httpx
+    daemon = store_daemon
     web = start_web(tmp_path, daemon.socket)
     try:
         with SyncClient(daemon.socket) as c:
