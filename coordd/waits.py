@@ -63,6 +63,7 @@ class Waits:
 
         if wait <= 0:
             return (await look())[1]
+        await self._store.want_wakeups("t", wait)  # before the first look
         return await self._push.wait_for("job", p.job_id, wait, look)
 
     async def watch_worker(self, p: WatchWorker) -> WorkerActions:
@@ -130,4 +131,5 @@ class Waits:
 
         if wait <= 0:
             return (await look())[1]
+        await self._store.want_wakeups("e", wait)  # before the first look
         return await self._push.wait_for("events", None, wait, look)

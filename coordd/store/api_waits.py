@@ -59,6 +59,13 @@ class WaitReads(Protocol):
         """The highest event id (0 when there is none)."""
         ...
 
+    async def want_wakeups(self, what: str, for_s: float) -> None:
+        """Make sure wake-ups of `what` ("t": jobs ending, `wait_job`; "e": new events,
+        `watch_events`) are sent for at least `for_s` seconds from now; returns once that
+        is committed, before the parked call's first look. SQLite: nothing to do (the
+        writer notes every commit in process)."""
+        ...
+
     async def scheduled_jobs(self, *, now: float | None = None
                              ) -> list[tuple[float, str, str]]:
         """(run_at, role, kind) of every waiting job not yet due at `now` (Unix seconds)."""
