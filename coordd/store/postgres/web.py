@@ -18,8 +18,8 @@ from coordd.store.api_web import (
 )
 from coordd.store.postgres.sql import NOW
 from coordd.store.reads import JOB_BLOBS
-from coordd.views import LISTED_JOB_BYTES
 from coordd.store.web import EVENTS_SCAN_MAX
+from coordd.views import LISTED_JOB_BYTES
 
 _UPPER, _LOWER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz"
 _ROW_COLUMNS = (
