@@ -36,7 +36,7 @@ import itertools
 import json
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from coordd import errors
@@ -250,6 +250,27 @@ class Push:
             self._notes.clear()
             logger.exception("wake-up dispatch failed", extra={"action": "push_failed"})
 
+    def store_note(self, payload: str) -> None:
+        """A wake-up a store sends after the commit it concerns (PostgreSQL's NOTIFY,
+        coordd.store.postgres.push_sql): "t<job_id>" the job ended, "c<worker_id>" the
+        worker's jobs have a new action, "e" new job events; "*" some may have been
+        missed: every parked `wait_for` call looks again. Never raises."""
+        what, key = payload[:1], payload[1:]
+        if what == "t":
+            group: Iterable[_Waiter] = list(self._jobs.get(key, ()))
+        elif what == "c":
+            group = list(self._workers.get(key, ()))
+        elif what == "e":
+            group = list(self._events)
+        elif what == "*":
+            group = [w for g in (*self._jobs.values(), *self._workers.values(), self._events)
+                     for w in list(g)]
+        else:
+            logger.debug("unknown store wake-up %r", payload)
+            return
+        for w in group:
+            w.wake()
+
     def _dispatch(self, notes: list[tuple[str, str, Any, Any, Any]]) -> None:
         now = self._clock.wall()
         ready: dict[tuple[str, str], int] = {}  # (role, kind) -> jobs now claimable
@@ -451,12 +472,14 @@ class Push:
     # ------------------------------------------------------------ other parked calls
 
     async def wait_for(self, group: str, key: str | None, wait_s: float,
-                       look: Callable[[], Awaitable[tuple[bool, Any]]]) -> Any:
+                       look: Callable[[], Awaitable[tuple[Any, ...]]]) -> Any:
         """Run `look()` -> (done, value) until done, parked between looks until a commit
         concerns `key` in `group` ("job": a terminal status; "worker": a cancel for its
         jobs; "events": any job event), or `wait_s` passes. Returns the last value. A
         worker's new watch supersedes its older parked ones (a worker re-parks its watch
         when a job it was told about starts again): they answer at once, without a look.
+        look may return (done, value, again_s): not done, look again after `again_s`
+        even without a wake-up (None: only on one).
 
         Raises:
             errors.Overloaded: a cap on parked calls is reached.
@@ -479,12 +502,17 @@ class Push:
             try:
                 while True:
                     w.dirty = False
-                    done, value = await look()
+                    done, value, *again = await look()
                     if done or w.dropped or self.closing:
                         return value
                     if w.dirty:
                         continue
-                    if not await self._sleep(w, deadline) or w.dropped or self.closing:
+                    until = deadline if not again or again[0] is None else \
+                        min(deadline, self._clock.mono() + again[0])
+                    woken = await self._sleep(w, until)
+                    if not woken and until < deadline and not (w.dropped or self.closing):
+                        continue  # its own time to look again came
+                    if not woken or w.dropped or self.closing:
                         return value
             finally:
                 registry.discard(w)

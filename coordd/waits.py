@@ -1,9 +1,14 @@
 """The server-side waits: `wait_job`, `watch_worker`, `watch_events` (issue 15).
 
-Each looks on the read connection and, while there is nothing to answer, parks on
-coordd.push until a commit concerns it or its time is up (coordd.push has the rule:
-register, then look). Served as Coordinator methods on a SQLite store (coordd.service.local);
+Each looks through the store interface (coordd.store.api_waits) and, while there is
+nothing to answer, parks on coordd.push until a commit concerns it or its time is up
+(coordd.push has the rule: register, then look; the wake-ups come from the SQLite
+writer's commits or PostgreSQL's NOTIFY). Served as Coordinator methods on both stores;
 a claim's `wait_s` parks in the Coordinator's own `claim`.
+
+An event feed that stops short of the newest event id (PostgreSQL: before a gap of ids
+not yet committed, coordd.store.postgres.waits) looks again every GAP_LOOK_S while
+parked: a gap that turns out final (a rollback) sends no wake-up.
 """
 
 from __future__ import annotations
@@ -18,28 +23,28 @@ from coordd.protocol_push import (
     EventsResult, FeedEvent, WaitJob, WaitJobResult, WatchEvents, WatchWorker, WorkerActions,
 )
 from coordd.push import Push
-from coordd.store import push as push_store
 
 TERMINAL = frozenset(TERMINAL_STATUSES)
 FEED_SCAN = 1000       # events looked at per look of `watch_events`
 FEED_LIMIT_MAX = 1000  # events one `watch_events` reply carries at most
-FEED_CURSOR_MAX = (1 << 63) - 1  # event ids are SQLite rowids
+FEED_CURSOR_MAX = (1 << 63) - 1  # event ids are SQLite rowids / PostgreSQL bigints
+GAP_LOOK_S = 1.0       # a parked feed held back by a gap looks again this often
 FEED_SCANS_PER_LOOK = 8  # scans of FEED_SCAN a look makes before answering (a filter may match none)
 
 
 class Waits:
-    """`wait_job`, `watch_worker` and `watch_events` over one Coordinator's reads.
+    """`wait_job`, `watch_worker` and `watch_events` over one store.
 
     Args:
         push: where the calls park.
-        read: `await read(fn, *args)` runs `fn(conn, *args)` on the read connection.
+        store: the Coordinator's store (coordd.store.api_waits.WaitReads).
         get_job: the Coordinator's `get_job` (the same view `wait_job` answers with).
     """
 
-    def __init__(self, push: Push, read: Callable[..., Awaitable[Any]],
+    def __init__(self, push: Push, store: Any,
                  get_job: Callable[[JobId], Awaitable[JobView]]) -> None:
         self._push = push
-        self._read = read
+        self._store = store
         self._get_job = get_job
 
     async def wait_job(self, p: WaitJob) -> WaitJobResult:
@@ -58,6 +63,7 @@ class Waits:
 
         if wait <= 0:
             return (await look())[1]
+        await self._store.want_wakeups("t", wait)  # before the first look
         return await self._push.wait_for("job", p.job_id, wait, look)
 
     async def watch_worker(self, p: WatchWorker) -> WorkerActions:
@@ -68,12 +74,7 @@ class Waits:
         seen = p.seen
 
         async def look() -> tuple[bool, WorkerActions]:
-            acts = WorkerActions(cancel=await self._read(push_store.cancel_for_worker,
-                                                         p.worker_id))
-            for job_id, vacate, reason in await self._read(push_store.governed_for_worker,
-                                                           p.worker_id):
-                (acts.vacate if vacate else acts.suspend).append(job_id)
-                acts.reasons[job_id] = reason or ""
+            acts: WorkerActions = await self._store.worker_actions(p.worker_id)
             new = (set(acts.cancel) - set(seen.cancel) or set(acts.suspend) - set(seen.suspend)
                    or set(acts.resume) - set(seen.resume) or set(acts.vacate) - set(seen.vacate))
             return bool(new), acts
@@ -101,16 +102,13 @@ class Waits:
         statuses = None if f.to_status is None else frozenset(f.to_status)
         cursor = p.after
 
-        async def look() -> tuple[bool, EventsResult]:
+        async def look() -> tuple[bool, EventsResult, float | None]:
             nonlocal cursor
             out: list[FeedEvent] = []
             full = False
             for _ in range(FEED_SCANS_PER_LOOK):
-                rows = await self._read(push_store.feed, cursor, FEED_SCAN)
-                for row in rows:
-                    ev = FeedEvent(event_id=row[0], job_id=row[1], at=row[2],
-                                   worker_id=row[3], from_status=row[4], to_status=row[5],
-                                   reason=row[6], kind=row[7], workflow_id=row[8], node=row[9])
+                events = await self._store.feed(cursor, FEED_SCAN)
+                for ev in events:
                     cursor = ev.event_id
                     if (f.job_id is None or ev.job_id == f.job_id) \
                             and (f.workflow_id is None or ev.workflow_id == f.workflow_id) \
@@ -119,16 +117,19 @@ class Waits:
                         out.append(ev)
                         if len(out) == p.limit:
                             break
-                full = len(rows) == FEED_SCAN
-                if not rows and cursor == p.after and cursor > 0:
-                    head = await self._read(push_store.last_event)
-                    if head < cursor:  # past the head: not this database's cursor
-                        return True, EventsResult(events=[], next_after=head)
+                full = len(events) == FEED_SCAN
                 if out or not full:
                     break
-            # more left unscanned: answer now (perhaps with no event), the reader goes on
-            return bool(out) or full, EventsResult(events=out, next_after=cursor)
+            if out or full:  # more left unscanned: answer now, the reader goes on
+                return True, EventsResult(events=out, next_after=cursor), None
+            head = await self._store.last_event_id()
+            if head < cursor and cursor == p.after:  # not this database's cursor
+                return True, EventsResult(events=[], next_after=head), None
+            # events above the cursor the feed held back (a gap not settled): look again
+            again = GAP_LOOK_S if head > cursor else None
+            return False, EventsResult(events=out, next_after=cursor), again
 
         if wait <= 0:
             return (await look())[1]
+        await self._store.want_wakeups("e", wait)  # before the first look
         return await self._push.wait_for("events", None, wait, look)

@@ -1,7 +1,9 @@
 """The web view's read-only methods (issue 19): `find_jobs`, `job_stats`, `fleet`,
 `workflow_runs`, `message_log` (coordd.protocol_web).
 
-All run on the read connections (SQL in coordd.store.web); none writes. The one thing kept
+All read through the store interface (coordd.store.api_web; on SQLite and PostgreSQL
+alike); none writes. The checks of filters, limits and windows, the waiting reasons and
+the runs built from a workflow's events are decided here. The one thing kept
 in memory is each worker's last READINGS_KEPT heartbeats' numeric readings, for the
 workers page's sparklines: recorded after the heartbeat's commit, never stored, so the
 heartbeat's transaction and the claim path are untouched.
@@ -14,16 +16,15 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from coordd import errors, views
+from coordd import errors
 from coordd.names import check_name
 from coordd.protocol import JOB_STATUSES, JobView
 from coordd.protocol_web import (
-    COUNT_CAP, FIND_LIMIT_MAX, FeedHead, FIND_SCAN_MAX, Delivery, FindJobs, FleetResult,
-    FoundJobs, HeldLease, JobRow, JobStats, JobStatsResult, LoggedMessage, MessageLog,
-    MessageLogResult, NodeRun, NoParams, Reservation, WorkflowRef, WorkflowRuns,
+    COUNT_CAP, FIND_LIMIT_MAX, FeedHead, FIND_SCAN_MAX, FindJobs, FleetResult, FoundJobs,
+    JobRow, JobStats, JobStatsResult, MessageLog, MessageLogResult, NodeRun, NoParams,
+    WorkflowRef, WorkflowRuns,
 )
-from coordd.store import push as push_store
-from coordd.store import web as web_store
+from coordd.store.api_web import JobFinder
 
 READINGS_KEPT = 120     # heartbeats kept per worker (at 5 s: the last 10 minutes)
 READING_KEYS_MAX = 16   # numeric readings kept per heartbeat
@@ -62,21 +63,22 @@ class ReadingsLog:
 
 
 class WebReads:
-    """The web view's methods over one Coordinator's read connections.
+    """The web view's methods over one store (coordd.store.api_web.WebReads and
+    api_waits' `last_event_id`).
 
     Args:
-        read: `await read(fn, *args)` runs `fn(conn, *args)` on a read connection.
+        store: the Coordinator's store.
         clock_wall: coordd's wall clock.
+        explain: the Coordinator's `explain_waiting(jobs, now)` (why a waiting job waits).
     """
 
-    def __init__(self, read: Callable[..., Awaitable[Any]],
-                 clock_wall: Callable[[], float]) -> None:
-        self._read = read
+    def __init__(self, store: Any, clock_wall: Callable[[], float],
+                 explain: Callable[[list[JobView], float], Awaitable[None]] | None = None
+                 ) -> None:
+        self._store = store
         self._wall = clock_wall
+        self._explain = explain
         self.readings = ReadingsLog()
-        # set by coordd.service.local: the Coordinator's waiting-reason explainer and aging interval
-        self._explain: Callable[[list[JobView], float], Awaitable[None]] | None = None
-        self._aging_s = 0.0
 
     async def find_jobs(self, p: FindJobs) -> FoundJobs:
         """A page of jobs, newest first, matching every given filter (FindJobs).
@@ -97,43 +99,32 @@ class WebReads:
             if value is not None:
                 check_name(name, value)
         text = p.text.translate(ASCII_LOWER) if p.text else None  # as SQLite's lower()
-        filters = (p.status, p.kind, p.role, p.priority, p.worker, p.workflow_id, text)
-        before = None
-        if p.before is not None:
-            before = await self._read(web_store.cursor_of, p.before)
-            if before is None:
-                raise errors.NotFound(f"job {p.before} not found (the page's `before`)")
-        counting = any(f is not None for i, f in enumerate(filters) if i not in STATUS_ONLY)
-        found = await self._read(web_store.matches, filters, before, p.scan,
-                                 COUNT_CAP + 1 if counting else p.limit)
-        page_ids = found[:p.limit]
-        rows = await self._read(web_store.rows, page_ids) if page_ids else []
-        jobs = [JobRow(job_id=r[0], kind=r[1], required_role=r[2], priority=r[3],
-                       status=r[4], attempts=r[5], max_attempts=r[6], created_at=r[7],
-                       updated_at=r[8], run_at=r[9], last_error=r[10], worker_id=r[11],
-                       lease_expires_at=r[12], workflow_id=r[13], node=r[14]) for r in rows]
+        flt = JobFinder(status=p.status, kind=p.kind, role=p.role, priority=p.priority,
+                        worker=p.worker, workflow_id=p.workflow_id, text=text)
+        counting = any(f is not None for i, f in enumerate(flt.args()) if i not in STATUS_ONLY)
+        jobs, found = await self._store.find_job_rows(
+            flt, p.before, p.scan, COUNT_CAP + 1 if counting else p.limit, p.limit)
         await self._waiting_reasons(jobs)
-        full = len(found) > p.limit or (not counting and len(found) == p.limit)
+        full = found > p.limit or (not counting and found == p.limit)
         if p.workflow_id is not None:  # by its index, not a window
-            nxt = jobs[-1].job_id if full else None
-            return FoundJobs(jobs=jobs, next_before=nxt, scanned=len(found),
-                             count=min(len(found), COUNT_CAP),
-                             count_capped=len(found) > COUNT_CAP,
-                             exact=not full and before is None)
-        if full:
+            nxt = jobs[-1].job_id if full and jobs else None
+            return FoundJobs(jobs=jobs, next_before=nxt, scanned=found,
+                             count=min(found, COUNT_CAP), count_capped=found > COUNT_CAP,
+                             exact=not full and p.before is None)
+        if full and jobs:
             nxt: str | None = jobs[-1].job_id
         else:
-            nxt = await self._read(web_store.window_end, p.status, before, p.scan)
+            nxt = await self._store.find_window_end(p.status, p.before, p.scan)
         res = FoundJobs(jobs=jobs, next_before=nxt, scanned=p.scan)
         if not counting:  # status / priority only: the counters are exact
             total = 0
-            for status, prio, n in await self._read(web_store.counts):
+            for status, prio, n in await self._store.job_counts():
                 if (p.status is None or status == p.status) \
                         and (p.priority is None or prio == p.priority):
                     total += n
             res.count, res.exact = total, True
         else:
-            res.count, res.count_capped = min(len(found), COUNT_CAP), len(found) > COUNT_CAP
+            res.count, res.count_capped = min(found, COUNT_CAP), found > COUNT_CAP
         return res
 
     async def _waiting_reasons(self, jobs: list[JobRow]) -> None:
@@ -142,7 +133,12 @@ class WebReads:
         if not ids or self._explain is None:
             return
         now = self._wall()
-        views_ = await self._read(_job_views, now, ids, self._aging_s)
+        views_: list[JobView] = []
+        for job_id in ids:
+            try:
+                views_.append(await self._store.get_job(job_id))
+            except errors.NotFound:  # gone since its page was read
+                continue
         await self._explain(views_, now)
         why = {v.job_id: v.waiting_reason for v in views_}
         for j in jobs:
@@ -164,9 +160,9 @@ class WebReads:
         # whole buckets on the epoch's grid, so a refresh never moves a job between them
         start = (math.floor(now / p.bucket_s) - (n - 1)) * p.bucket_s
         counts = {s: [0, 0, 0, 0] for s in JOB_STATUSES}
-        for status, prio, k in await self._read(web_store.counts):
+        for status, prio, k in await self._store.job_counts():
             counts.setdefault(status, [0, 0, 0, 0])[prio] += k
-        rows, scanned = await self._read(web_store.rates, start, p.bucket_s)
+        rows, scanned = await self._store.end_rates(start, p.bucket_s)
         ended = {s: [0] * n for s in ("succeeded", "failed", "cancelled", "skipped")}
         for b, status, k in rows:
             if 0 <= b < n and status in ended:
@@ -174,23 +170,19 @@ class WebReads:
         return JobStatsResult(now=now, counts=counts,
                               bucket_starts=[start + i * p.bucket_s for i in range(n)],
                               events_scanned=scanned, **ended,
-                              head_event_id=await self._read(push_store.last_event))
+                              head_event_id=await self._store.last_event_id())
 
     async def fleet(self, p: NoParams | None = None) -> FleetResult:
         """Live leases, reservations and each worker's recent readings."""
         now = self._wall()
-        held = [HeldLease(worker_id=r[0], job_id=r[1], kind=r[2], priority=r[3],
-                          granted_at=r[4], expires_at=r[5])
-                for r in await self._read(web_store.held)]
-        res = [Reservation(worker_id=r[0], job_id=r[1], victim_job_id=r[2], expires_at=r[3])
-               for r in await self._read(web_store.reservations, now)]
-        return FleetResult(now=now, held=held, reservations=res,
+        return FleetResult(now=now, held=await self._store.held_leases(),
+                           reservations=await self._store.live_reservations(),
                            readings=self.readings.snapshot(),
-                           head_event_id=await self._read(push_store.last_event))
+                           head_event_id=await self._store.last_event_id())
 
     async def feed_head(self, p: NoParams | None = None) -> FeedHead:
         """The event feed's newest event id (0 when there is none)."""
-        return FeedHead(event_id=await self._read(push_store.last_event))
+        return FeedHead(event_id=await self._store.last_event_id())
 
     async def workflow_runs(self, p: WorkflowRef) -> WorkflowRuns:
         """Every attempt of the workflow's nodes: from each claim to the event that ended
@@ -198,8 +190,8 @@ class WebReads:
         check_name("workflow_id", p.workflow_id)
         runs: list[NodeRun] = []
         open_runs: dict[str, NodeRun] = {}
-        for node, job_id, at, worker_id, from_status, to_status in await self._read(
-                web_store.workflow_events, p.workflow_id):
+        for node, job_id, at, worker_id, from_status, to_status in \
+                await self._store.workflow_events(p.workflow_id):
             run = open_runs.get(job_id)
             if run is not None and from_status == "running" and to_status != "running":
                 run.end, run.outcome = at, to_status
@@ -219,29 +211,6 @@ class WebReads:
         """
         if not 1 <= p.limit <= FIND_LIMIT_MAX:
             raise errors.BadRequest(f"limit must be 1..{FIND_LIMIT_MAX}, got {p.limit}")
-        if p.before is not None and not await self._read(web_store.message_exists,
-                                                           p.before):
-            raise errors.NotFound(f"message {p.before} not found (the page's `before`)")
-        rows, deliveries = await self._read(web_store.messages, p.before, p.limit)
-        by_id: dict[str, list[Delivery]] = {}
-        for mid, reader, n, at, visible, done in deliveries:
-            by_id.setdefault(mid, []).append(Delivery(reader=reader, deliveries=n,
-                                                      delivered_at=at, visible_at=visible,
-                                                      processed_at=done))
-        out = [LoggedMessage(message_id=r[0], sender=r[1], recipient=r[2], message_type=r[3],
-                             priority=r[4], status=r[5], created_at=r[6], processed_at=r[7],
-                             expires_at=r[8], preview=r[9] or "",
-                             deliveries=by_id.get(r[0], [])) for r in rows]
+        out = await self._store.message_page(p.before, p.limit)
         nxt = out[-1].message_id if len(out) == p.limit else None
         return MessageLogResult(messages=out, next_before=nxt)
-
-
-def _job_views(conn: Any, now: float, job_ids: list[str], aging_s: float) -> list[JobView]:
-    """The JobViews of `job_ids` (one gone since its page was read is left out)."""
-    out = []
-    for job_id in job_ids:
-        try:
-            out.append(views.get_job(conn, now, job_id, aging_s))
-        except errors.NotFound:
-            continue
-    return out

@@ -34,6 +34,8 @@ from coordd.protocol import (
     PruneResult, ReapResult, Renew, RenewResult, StatusResult,
 )
 from coordd.protocol_logs import LOG_PARAMS
+from coordd.protocol_push import PUSH_PARAMS
+from coordd.protocol_web import WEB_PARAMS
 from coordd.protocol_workers import ForgetWorker, Goodbye, Release, ReleasedResult
 from coordd.push import PARK_SCOPE, Push
 from coordd.readers import Coalesced
@@ -45,6 +47,8 @@ from coordd.store import NewJob
 from coordd.store.api import StoreHooks
 from coordd.store.api_governance import Governance, WorkerBeat
 from coordd.times import check_duration
+from coordd.waits import Waits
+from coordd.web_reads import WebReads
 from coordd.workflows import Workflows
 
 logger = logging.getLogger(__name__)
@@ -90,11 +94,14 @@ class Coordinator(Reads, Areas):
         self.hub = Hub(store, config)
         self.logs = JobLogStore(store)
         self.enrolment = Enrolment(store, config)
+        self.web = WebReads(store, self.clock.wall, self.explain_waiting)
+        self.waits = Waits(self.push, store, self.get_job)
         for part, methods in ((self.hub, HUB_PARAMS), (self.logs, LOG_PARAMS),
-                              (self.enrolment, Enrolment.METHODS)):
-            for method in methods:  # served as they are by coordd.hub, .logs, .enrol
+                              (self.enrolment, Enrolment.METHODS), (self.web, WEB_PARAMS),
+                              (self.waits, PUSH_PARAMS)):
+            for method in methods:  # served by coordd.hub, .logs, .enrol, .web_reads, .waits
                 setattr(self, method, getattr(part, method))
-        self.local = local.serve(self)  # artifacts, maintenance, web, schedules, waits
+        self.local = local.serve(self)  # artifacts, maintenance, schedules
         self.flows = self.local.flows if self.local is not None else Workflows(self)
 
     @classmethod
@@ -157,8 +164,9 @@ class Coordinator(Reads, Areas):
         log_lost(p.worker_id, got.result.lost, "restarted (new incarnation)")
         self.meters.count_governance(p.worker_id, got.changes, got.preempted)
         res: HeartbeatResult = got.result
+        self.web.readings.add(p.worker_id, res.now, p.readings)  # the web view's history
         if self.local is not None:
-            self.local.heard(p, res)  # the artifact folder; readings for the web view
+            self.local.heard(p, res)  # the artifact folder
         return res
 
     async def claim(self, p: Claim) -> ClaimResult:

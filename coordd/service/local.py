@@ -9,8 +9,8 @@ it" and fall back.
 
 This module is the only place the coordinator reaches a store's internals: `SQLiteSide`
 hands the SQLite store's writer, read pool and files to the modules that serve these
-areas today (coordd.transfers, coordd.maintenance, coordd.backup, coordd.web_reads,
-coordd.workflows' schedules and maintenance round, coordd.waits). Moving an area onto
+areas today (coordd.transfers, coordd.maintenance, coordd.backup, coordd.workflows'
+schedules and maintenance round). Moving an area onto
 the interface: give both stores its operations, serve its methods from the Coordinator
 over `self.store`, and drop its entry here.
 """
@@ -26,12 +26,7 @@ from coordd.config import artifact_dir_for
 from coordd.maintenance import Maintenance
 from coordd.metrics import tree_bytes
 from coordd.protocol import Backup, BackupResult, Empty, Heartbeat, HeartbeatResult
-from coordd.protocol_push import PUSH_PARAMS
-from coordd.protocol_web import WEB_PARAMS
-from coordd.store.api import JobFilter
 from coordd.transfers import TRANSFER_METHODS, Transfers
-from coordd.waits import Waits
-from coordd.web_reads import WebReads
 from coordd.workflows import Workflows
 
 if TYPE_CHECKING:
@@ -40,9 +35,7 @@ if TYPE_CHECKING:
 AREAS: dict[str, tuple[str, ...]] = {
     "artifacts": TRANSFER_METHODS,  # artifact_put, artifact_get (and `complete`'s artifact)
     "maintenance": ("check", "prune", "backup"),
-    "web": tuple(WEB_PARAMS),  # find_jobs, job_stats, fleet, feed_head, workflow_runs, ...
     "schedules": ("schedule_add", "schedule_list", "schedule_remove"),
-    "waits": tuple(PUSH_PARAMS),  # wait_job, watch_worker, watch_events
 }
 """Area -> its RPC methods, served here on a store whose `areas` names the area."""
 BEYOND_INTERFACE = frozenset(m for methods in AREAS.values() for m in methods)
@@ -109,16 +102,8 @@ class SQLiteLocal:
         self.flows = Workflows(side)  # schedules and the maintenance round
         self.maintenance = Maintenance(side)
         self.transfers = Transfers(side.artifact_dir, side.read, coord.clock, coord.config)
-        self.web = WebReads(side.read, coord.clock.wall)
-        self.web._explain, self.web._aging_s = coord.explain_waiting, \
-            coord.config.aging_interval_s
-        self.waits = Waits(coord.push, side.read, coord.get_job)
         for method in TRANSFER_METHODS:
             setattr(self, method, getattr(self.transfers, method))
-        for method in WEB_PARAMS:
-            setattr(self, method, getattr(self.web, method))
-        for method in PUSH_PARAMS:
-            setattr(self, method, getattr(self.waits, method))
         self.schedule_add = self.flows.schedule_add
         self.schedule_list = self.flows.schedule_list
         self.schedule_remove = self.flows.schedule_remove
@@ -131,25 +116,12 @@ class SQLiteLocal:
             cas.make_dir(self.artifact_dir)
 
     def heard(self, p: Heartbeat, res: HeartbeatResult) -> None:
-        """After a heartbeat committed: its reply names the artifact folder; its readings
-        go to the web view's history."""
+        """After a heartbeat committed: its reply names the artifact folder."""
         res.artifact_dir = self.artifact_dir
-        self.web.readings.add(p.worker_id, res.now, p.readings)
 
     def artifact_tree_bytes(self) -> int:
         """The artifact folder's size in bytes (blocking: run it in a thread)."""
         return tree_bytes(self.artifact_dir)
-
-    async def job_bytes(self, job_id: str) -> int:
-        """What a job's view will carry, before it is read (coordd.budgets)."""
-        return await self.side.read(views.job_bytes, job_id)  # type: ignore[no-any-return]
-
-    async def page_bytes(self, flt: JobFilter) -> int:
-        """What a `list_jobs` page will carry, before it is read (coordd.budgets)."""
-        return await self.side.readers.run(  # type: ignore[no-any-return]
-            lambda conn: views.page_bytes(
-                conn, status=flt.status, kind=flt.kind, role=flt.role, priority=flt.priority,
-                limit=flt.limit, after=flt.after, newest_first=flt.newest_first), heavy=True)
 
     async def check(self, p: Empty | None = None) -> dict[str, Any]:
         """Run `PRAGMA quick_check` and `foreign_key_check` on the live database."""

@@ -97,8 +97,8 @@ class Reads:
         now = self.clock.wall()
         prefix = getattr(p, "prefix", False)  # a plain JobId (in-process callers): exact
         job_id = await self.store.resolve_id("job", p.job_id) if prefix else p.job_id
-        if self.local is not None and budgets.reply_budgeted():  # bytes reserved first
-            await budgets.reserve_reply(await self.local.job_bytes(job_id))
+        if budgets.reply_budgeted():  # the reply's bytes reserved before it is read
+            await budgets.reserve_reply(await self.store.job_reply_bytes(job_id))
         job: JobView = await self.store.get_job(job_id)
         job.workflow_id, job.node, job.result_schema, deps = await self.store.job_node(job_id)
         g = await self.store.job_governance(job_id)
@@ -132,8 +132,8 @@ class Reads:
                         limit=max(1, min(p.limit, LIST_LIMIT_MAX)), after=p.after,
                         newest_first=p.newest_first)
         now = self.clock.wall()
-        if self.local is not None and budgets.reply_budgeted():  # bytes reserved first
-            await budgets.reserve_reply(await self.local.page_bytes(flt))
+        if budgets.reply_budgeted():  # the page's bytes reserved before it is read
+            await budgets.reserve_reply(await self.store.page_reply_bytes(flt))
         page: JobList = await self.store.list_jobs(flt)
         await self.explain_waiting(page.jobs, now)
         return page

@@ -3,10 +3,10 @@ area apart): what `wait_job`, `watch_worker` and `watch_events` look at each tim
 are woken. The parking itself (coordd.push: register, then look; the wake-ups) and the
 checks of cursors, limits, waits and the event filter stay above the store.
 
-Callers (once wired): coordd.waits.Waits.wait_job (`job_status`, then the store's
-`get_job` for the reply), Waits.watch_worker (`worker_actions`), Waits.watch_events
-(`feed`, `last_event_id`), coordd.push.Push.start (`scheduled_jobs`: the timers of jobs
-not yet due).
+Callers: coordd.waits.Waits.watch_worker (`worker_actions`), Waits.watch_events
+(`feed`, `last_event_id`; `wait_job` looks with the Coordinator's `get_job`, the view it
+answers with; `job_status` is there for a cheaper look), coordd.push.Push.start
+(`scheduled_jobs`: the timers of jobs not yet due).
 """
 
 from __future__ import annotations
@@ -57,6 +57,13 @@ class WaitReads(Protocol):
 
     async def last_event_id(self) -> int:
         """The highest event id (0 when there is none)."""
+        ...
+
+    async def want_wakeups(self, what: str, for_s: float) -> None:
+        """Make sure wake-ups of `what` ("t": jobs ending, `wait_job`; "e": new events,
+        `watch_events`) are sent for at least `for_s` seconds from now; returns once that
+        is committed, before the parked call's first look. SQLite: nothing to do (the
+        writer notes every commit in process)."""
         ...
 
     async def scheduled_jobs(self, *, now: float | None = None

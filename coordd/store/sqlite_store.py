@@ -43,7 +43,7 @@ from coordd.writer import Writer
 if TYPE_CHECKING:
     from coordd.config import Config
 
-LOCAL_AREAS = frozenset({"artifacts", "maintenance", "web", "schedules", "waits"})
+LOCAL_AREAS = frozenset({"artifacts", "maintenance", "schedules"})
 """The areas beyond the store interface served on SQLite (coordd.service.local)."""
 
 
@@ -312,14 +312,6 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
                            wal_bytes=file_size(self.path + "-wal"),
                            queue_depth=self.writer.queue_depth,
                            warnings=[health] if health else [])
-
-    async def resolve_id(self, what: str, given: str) -> str:
-        """The job or workflow id `given` is, or the one it is the start of
-        (coordd.views.resolve_prefix). Raises: NotFound, BadRequest (empty, ambiguous)."""
-        if what == "job":
-            return await self.readers.run(views.resolve_job_id, given)
-        return await self.readers.run(views.resolve_prefix, given, "workflow",
-                                      wstore.SQL_WORKFLOW_EXISTS, wstore.SQL_WORKFLOW_IDS_FROM)
 
     async def oldest_waiting(self, levels: Sequence[int], per_level: int, *,
                              now: float | None = None) -> tuple[float, list[Any]]:

@@ -36,3 +36,6 @@ class SQLiteWaitReads:
     async def scheduled_jobs(self, *, now: float | None = None
                              ) -> list[tuple[float, str, str]]:
         return [tuple(r) for r in await self.readers.run(push_store.scheduled, self._now(now))]
+
+    async def want_wakeups(self, what: str, for_s: float) -> None:
+        """Nothing to do: the writer notes every commit in process."""

@@ -11,7 +11,7 @@ from coordd.store import reads
 from coordd.store import web as web_store
 from coordd.store import workflows as wstore
 from coordd.store.api_web import (
-    JobFinder, PrefixOf, held_lease, job_row, logged_messages, reservation,
+    JobFinder, PrefixOf, PrefixResolve, held_lease, job_row, logged_messages, reservation,
 )
 
 PREFIX_SQL = {"job": (reads.SQL_JOB_EXISTS, reads.SQL_JOB_IDS_FROM),
@@ -41,7 +41,7 @@ def _messages(conn: Any, before: str | None, limit: int) -> list[LoggedMessage]:
     return logged_messages(*web_store.messages(conn, before, limit))
 
 
-class SQLiteWebReads:
+class SQLiteWebReads(PrefixResolve):
     """WebReads on the read pool (a mixin: SQLiteStore has `readers` and `_now`)."""
 
     readers: Any
@@ -81,3 +81,13 @@ class SQLiteWebReads:
 
     async def id_prefix_matches(self, what: PrefixOf, given: str, most: int) -> list[str]:
         return await self.readers.run(views.prefix_matches, given, *PREFIX_SQL[what], most)
+
+    async def job_reply_bytes(self, job_id: str) -> int:
+        """From the record header and blob handles: the values are not read."""
+        return await self.readers.run(views.job_bytes, job_id)
+
+    async def page_reply_bytes(self, flt: Any) -> int:
+        return await self.readers.run(
+            lambda conn: views.page_bytes(
+                conn, status=flt.status, kind=flt.kind, role=flt.role, priority=flt.priority,
+                limit=flt.limit, after=flt.after, newest_first=flt.newest_first), heavy=True)

@@ -178,8 +178,13 @@ async def test_coordd_on_postgres_drains_with_a_real_worker(rig):
             await c.complete(jobs[0].job_id, "w1", 999, {"x": 1})
         with pytest.raises(errors.NotFound):
             await c.get_job("nope")
-        with pytest.raises(errors.NotFound, match="whole 16-character id"):  # coordctl show
-            await c.get_job(jobs[0].job_id[:8], prefix=True)
+        one = jobs[0].job_id  # coordctl show PREFIX: its shortest prefix no other job has
+        short = next(one[:n] for n in range(1, 17)
+                     if not any(j.job_id.startswith(one[:n]) for j in jobs[1:]))
+        assert (await c.get_job(short, prefix=True)).job_id == one
+        if len(short) > 1:  # one character less: another job's too
+            with pytest.raises(errors.BadRequest, match="ambiguous"):
+                await c.get_job(short[:-1], prefix=True)
         assert (await c.get_job(jobs[0].job_id, prefix=True)).job_id == jobs[0].job_id
         assert (await c.status()).jobs["succeeded"] == 12
     assert "Traceback" not in a.log() and "internal error" not in a.log()

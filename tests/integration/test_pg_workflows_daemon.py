@@ -65,8 +65,13 @@ async def test_workflows_on_postgres_over_the_socket(rig):
                 _node("x", "y"), _node("y", "x")]})
         with pytest.raises(errors.BadRequest, match="status must be one of"):
             await c.workflow_list(status="nope")
-        with pytest.raises(errors.NotFound, match="whole 16-character id"):
-            await c.workflow_get(diamond.workflow_id[:6], prefix=True)
+        ids = [w.workflow_id for w in listed]  # workflow show PREFIX
+        one = diamond.workflow_id
+        short = next(one[:n] for n in range(1, 17)
+                     if not any(i != one and i.startswith(one[:n]) for i in ids))
+        assert (await c.workflow_get(short, prefix=True)).workflow_id == one
+        with pytest.raises(errors.NotFound, match="no workflow id starts with it"):
+            await c.workflow_get("zz", prefix=True)
         with pytest.raises(errors.UnknownMethod, match="schedule_add: not available"):
             await c.schedule_add("nightly", "0 3 * * *", {"name": "n", "nodes": [_node("a")]})
         assert (await c.status()).jobs["succeeded"] == 4

@@ -15,6 +15,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from coordd import errors
 from coordd.client import Client, Disconnected
@@ -175,7 +176,27 @@ async def test_event_feed_misses_nothing_across_sigkill_and_restart(daemon):
     assert set(acked) <= enqueued  # every acknowledged enqueue has its event in the feed
 
 
-async def test_worker_gets_its_job_and_its_cancel_by_push(bench):  # noqa: F811
+class TestOnEitherStore:
+    """The tests below over a `--db` and a `--store` coordd (their `bench` fixture's
+    daemon_factory is this class's)."""
+
+    @pytest.fixture(params=["sqlite", "postgresql"])
+    def daemon_factory(self, request, daemon_factory):
+        if request.param == "sqlite":
+            return daemon_factory
+        dsn = request.getfixturevalue("pg_db")
+
+        def make(*args, **kw):
+            d = daemon_factory(*args, **kw)
+            d.store = dsn
+            return d
+        return make
+
+    async def test_worker_gets_its_job_and_its_cancel_by_push(self, bench):  # noqa: F811
+        await _job_and_cancel_by_push(bench)
+
+
+async def _job_and_cancel_by_push(bench) -> None:  # noqa: F811
     # Renewals every 10 s, heartbeats every 4 s, a 10 s poll interval: none of them can
     # explain a claim or a kill within the times asserted below; only the parked calls can.
     w = bench.start_worker(lease_s=30, heartbeat_interval_s=4, claim_interval_s=10,

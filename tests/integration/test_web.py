@@ -28,6 +28,12 @@ def filled(daemon):
     return daemon, fill(daemon.socket)
 
 
+@pytest.fixture
+def filled_either(store_daemon):
+    """`filled` over either store: a `--db` or a `--store` coordd."""
+    return store_daemon, fill(store_daemon.socket)
+
+
 def same_uid(client, server) -> int:
     """TestClient's requests have no TCP peer: stand in for /proc (coordd_web.peer)."""
     return os.getuid()
@@ -38,8 +44,8 @@ def client(socket: str, **kw) -> TestClient:
     return TestClient(build_app(Settings(socket=socket, **kw)), base_url=BASE)
 
 
-def test_every_page_renders_real_data(filled):
-    d, ids = filled
+def test_every_page_renders_real_data(filled_either):
+    d, ids = filled_either
     with client(d.socket) as web:
         home = web.get("/")
         assert home.status_code == 200
@@ -195,10 +201,11 @@ def test_coordd_down_is_a_clear_503(tmp_path):
         assert r.status_code == 503 and "coordd is not reachable" in r.text
 
 
-def test_sse_stream_sends_feed_events_from_a_real_server(daemon, tmp_path):
-    """The live feed over a real uvicorn: coordd up, then one message per feed reply with
-    the newest event id; resuming from that id starts after it."""
+def test_sse_stream_sends_feed_events_from_a_real_server(store_daemon, tmp_path):
+    """The live feed over a real uvicorn: coordd (either store) up, then one message per
+    feed reply with the newest event id; resuming from that id starts after it."""
     import httpx
+    daemon = store_daemon
     web = start_web(tmp_path, daemon.socket)
     try:
         with SyncClient(daemon.socket) as c:

@@ -116,3 +116,20 @@ async def test_an_enqueue_error_names_its_job_in_a_batch(bundle):
     with pytest.raises(errors.InvalidState, match=r"^idempotency key 'k' is taken"):
         await bundle.store.enqueue(batch[1:], now=T0)
     assert (await bundle.store.status(60.0, now=T0)).jobs["waiting"] == 1  # all or none
+
+
+async def test_ids_are_resolved_by_prefix_alike(bundle):
+    """`show PREFIX` / `workflow show PREFIX`: the one id that starts with it, an ambiguous
+    prefix named as such, on both stores."""
+    one, two = await bundle.enqueue(), await bundle.enqueue()
+    common = next(i for i in range(len(one)) if one[i] != two[i])
+    assert await bundle.store.resolve_id("job", one[:common + 1]) == one
+    assert await bundle.store.resolve_id("job", two[:common + 1]) == two
+    if common:
+        with pytest.raises(errors.BadRequest, match="ambiguous"):
+            await bundle.store.resolve_id("job", one[:common])
+    with pytest.raises(errors.NotFound, match="no job id starts with it"):
+        await bundle.store.resolve_id("job", "zz")
+    wf = plan(bundle, [node("a")])
+    await bundle.store.workflow_submit(wf, now=T0)
+    assert await bundle.store.resolve_id("workflow", wf.workflow_id[:-3]) == wf.workflow_id

@@ -143,3 +143,25 @@ async def test_ids_by_prefix(bundle):
     assert await b.store.id_prefix_matches("job", one[:common], 1) == [min(one, two)]
     assert await b.store.id_prefix_matches("job", "zz", 6) == []
     assert await b.store.id_prefix_matches("workflow", one[:2], 6) == []
+
+
+async def test_reply_bytes_are_sized_before_the_read_alike(bundle):
+    """The reply budgets of get_job and list_jobs (coordd.budgets): the same sizes from
+    either store, known before any value is read."""
+    from coordd.store.api import JobFilter
+    from coordd.views import LISTED_JOB_BYTES
+    b = bundle
+    small = await b.enqueue(payload_json='{"a":1}')
+    big = await b.enqueue(payload_json='"' + "é" * 1000 + '"', kind="other")
+    assert await b.store.job_reply_bytes(small) == 7
+    assert await b.store.job_reply_bytes(big) == 2002  # UTF-8 bytes, not characters
+    assert await b.store.job_reply_bytes("nosuch") == 0
+    every = JobFilter(limit=10)
+    assert await b.store.page_reply_bytes(every) == 2 * LISTED_JOB_BYTES + 2009
+    assert await b.store.page_reply_bytes(JobFilter(kind="other", limit=10)) == \
+        LISTED_JOB_BYTES + 2002
+    assert await b.store.page_reply_bytes(JobFilter(limit=1, newest_first=True)) == \
+        LISTED_JOB_BYTES + 2002
+    assert await b.store.page_reply_bytes(JobFilter(limit=10, after=small)) == \
+        LISTED_JOB_BYTES + 2002
+    assert await b.store.page_reply_bytes(JobFilter(limit=10, after="nosuch")) == 0

@@ -301,3 +301,36 @@ async def test_a_full_pool_is_overloaded_not_a_hang(request, tmp_path):
         assert (await st.status(30.0)).workers == 0  # served again once one is free
     finally:
         await st.close()
+
+
+async def test_push_notifies_only_what_a_parked_call_wants(pg):
+    """coordd.store.postgres.push_sql: a job ending and new events NOTIFY only while a
+    parked call wants them (claims and completes send nothing otherwise); a cancel of a
+    held job always names its holder."""
+    heard: list[str] = []
+    conn = await asyncpg.connect(pg.store.dsn)
+    await conn.add_listener("coordd_push", lambda *a: heard.append(a[3]))
+    try:
+        async def run_one() -> str:
+            job_id = await pg.enqueue()
+            got = await pg.store.claim("w1", 60.0, pg.policy)
+            await pg.store.complete(LeaseRef(got.job.job_id, "w1", got.lease.token), "1")
+            await asyncio.sleep(0.2)  # a NOTIFY arrives after its commit
+            return job_id
+
+        await pg.worker("w1", now=None)
+        await run_one()
+        assert heard == []
+        await pg.store.want_wakeups("t", 10.0)
+        await pg.store.want_wakeups("e", 10.0)
+        ended = await run_one()
+        assert f"t{ended}" in heard and "e" in heard, heard
+        heard.clear()
+        held = await pg.enqueue()
+        got = await pg.store.claim("w1", 60.0, pg.policy)
+        assert got.job.job_id == held
+        await pg.store.cancel(held)
+        await asyncio.sleep(0.2)
+        assert "cw1" in heard, heard
+    finally:
+        await conn.close()

@@ -17,21 +17,31 @@ import asyncpg
 
 from coordd.store.postgres import sql
 from coordd.store.postgres.leader import Leadership
+from coordd.store.postgres.push_sql import PUSH_CHANNEL
 
 logger = logging.getLogger(__name__)
 
 
 class WorkListener:
-    """`LISTEN coordd_work` on its own connection, opened on first use."""
+    """`LISTEN coordd_work` and `LISTEN coordd_push` on its own connection, opened on
+    first use. `on_push(payload)` takes each coordd_push NOTIFY's payload
+    (coordd.store.postgres.push_sql), and "*" when some may have been missed (the
+    session was replaced, or could not be opened)."""
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
         self._conn: Any = None
         self._event = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._missed = False  # a session failed to open: NOTIFYs went unheard
+        self.on_push: Callable[[str], None] | None = None
 
     def _heard(self, *_args: Any) -> None:
         self._event.set()
+
+    def _pushed(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        if self.on_push is not None:
+            self.on_push(payload)
 
     async def wait(self, timeout: float) -> bool:
         """True when a NOTIFY came (since the last call returned), False at `timeout`.
@@ -47,16 +57,21 @@ class WorkListener:
                 try:
                     conn = await asyncio.wait_for(asyncpg.connect(self._dsn), timeout)
                     await conn.add_listener(sql.NOTIFY_CHANNEL, self._heard)
+                    await conn.add_listener(PUSH_CHANNEL, self._pushed)
                 except (OSError, TimeoutError, asyncpg.PostgresError,
                         asyncpg.InterfaceError) as exc:
                     logger.warning("cannot LISTEN for work; polling",
                                    extra={"action": "listen_failed", "error": str(exc)})
+                    self._missed = True
                     await asyncio.sleep(timeout)
                     return False
                 self._conn = conn
                 if lost:
                     logger.info("LISTEN session replaced", extra={"action": "relisten"})
                     self._event.set()
+                if (lost or self._missed) and self.on_push is not None:
+                    self.on_push("*")  # the parked calls' NOTIFYs went unheard meanwhile
+                self._missed = False
         try:
             await asyncio.wait_for(self._event.wait(), timeout)
         except TimeoutError:

@@ -1,10 +1,13 @@
-"""PostgresStore's part of serving one coordinator (coordd.store.api: `attach`, `leader`,
-`resolve_id`) and the reads the coordinator's explanations take (`explain_book`,
-`limit_reasons`, `job_node`).
+"""PostgresStore's part of serving one coordinator (coordd.store.api: `attach`, `leader`)
+and the reads the coordinator's explanations take (`explain_book`, `limit_reasons`,
+`job_node`).
 
 Parked claims are woken from LISTEN (a NOTIFY at each commit that may free a job) and by
 a poll every POLL_S, since a NOTIFY is only a hint (coordd.store.postgres.coordination):
 every wake-up wakes every parked claim (coordd.push.Push.wake_claims), which looks again.
+The other parked calls are woken by the NOTIFYs of coordd.store.postgres.push_sql's
+triggers (coordd.push.Push.store_note), each by the one that concerns it; a listening
+session lost or never opened wakes them all.
 """
 
 from __future__ import annotations
@@ -15,10 +18,8 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from coordd import errors
 from coordd.store.api import StoreHooks
 from coordd.store.api_governance import ExplainBook
-from coordd.store.postgres import sql
 from coordd.store.postgres.leader import Leadership
 from coordd.store.postgres.resources import books, requests_of
 
@@ -27,8 +28,6 @@ logger = logging.getLogger(__name__)
 ARTIFACTS_REFUSED = ("complete: artifacts are not available on the PostgreSQL store yet "
                      "(send the result inline)")
 POLL_S = 1.0  # a parked claim looks again at least this often (NOTIFY is only a hint)
-ID_CHARS = 16  # coordd.ids: 16 hex characters
-SQL_WORKFLOW_EXISTS = "SELECT 1 FROM workflows WHERE workflow_id = $1"
 SQL_JOB_NODE = "SELECT workflow_id, node, result_schema FROM jobs WHERE job_id = $1"
 SQL_JOB_DEPS = (  # in the dependencies' order (SQLite: the dependency's rowid, its enqueue)
     "SELECT d.node, d.status, e.policy FROM workflow_edges e JOIN jobs d "
@@ -41,6 +40,7 @@ class PostgresServing:
     `job_limits`)."""
 
     _conn: Any
+    _listener: Any
     dsn: str
     wait_for_work: Any
     worker_book: Any
@@ -67,6 +67,7 @@ class PostgresServing:
         the parked claims `start` begins to wake."""
         self._hooks = hooks
         self.backoff_factory = hooks.backoff
+        self._listener.on_push = hooks.push.store_note
 
     def start_wakeups(self) -> None:
         """Start waking the parked claims (with hooks attached; at `start`)."""
@@ -101,19 +102,6 @@ class PostgresServing:
         """The coordinator's session advisory lock on a connection of its own
         (coordd.store.postgres.leader); a standby waits in `acquire`."""
         return Leadership(self.dsn, key, session_timeout_s)
-
-    async def resolve_id(self, what: str, given: str) -> str:
-        """`given` if such a job (workflow) exists. Ids are looked up whole here, not by
-        prefix, yet. Raises: errors.NotFound (saying so for a shorter id), BadRequest."""
-        if not given:
-            raise errors.BadRequest(f"{what}_id must not be empty")
-        stmt = sql.SQL_JOB_EXISTS if what == "job" else SQL_WORKFLOW_EXISTS
-        async with self._conn() as conn:
-            if await conn.fetchval(stmt, given) is not None:
-                return given
-        whole = (f" (the PostgreSQL store looks {what}s up by their whole {ID_CHARS}-character"
-                 " id, not a prefix, yet)") if len(given) < ID_CHARS else ""
-        raise errors.NotFound(f"{what} {given} not found{whole}")
 
     async def job_node(self, job_id: str) -> tuple[str | None, str | None, str | None,
                                                    list[tuple[str, str, str]]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordd import errors
+from coordd.store.postgres.push_sql import MIGRATION_PUSH
 
 MIGRATION_LOCK_KEY = "coordd-migrate"
 
@@ -387,6 +388,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CLAIM_ROLE,  # jobs_claim_role
     MIGRATION_ABSENT,  # jobs_workflow_waiting (worker_absent's look)
     MIGRATION_JOB_COUNTS,  # job_counts (+ its triggers), jobs_waiting_since
+    MIGRATION_PUSH,  # the parked calls' NOTIFY triggers (coordd.store.postgres.push_sql)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -93,6 +93,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
         self.completes = batch.Batcher(self._complete_batch, _job_of, max_items=batch_items,
                                        max_in_flight=batch_in_flight)
         self._listener = coordination.WorkListener(dsn)
+        self._wanted: dict[str, float] = {}  # the parked calls' wake-ups (postgres.waits)
         self.claims = claims.Claims(self._conn, max_items=batch_items,
                                     max_in_flight=batch_in_flight)
 

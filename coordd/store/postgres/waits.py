@@ -11,11 +11,13 @@ transactions last milliseconds, far below that.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from coordd.protocol_push import FeedEvent, WorkerActions
 from coordd.store.postgres.sql import NOW
 from coordd.store.api_waits import actions, feed_event
+from coordd.store.postgres.push_sql import SQL_WANT, WANT_SLACK_S
 
 FEED_GAP_SETTLED_S = 5.0  # a gap in event ids older than this is final (no commit to come)
 
@@ -57,6 +59,18 @@ class WaitReadsPostgres:
     """WaitReads over PostgresStore's pool (`self._conn()`); see the module docstring."""
 
     _conn: Any
+    _wanted: dict[str, float]  # what -> monotonic time its wake-ups are known on until
+
+    async def want_wakeups(self, what: str, for_s: float) -> None:
+        """push_wanted's row ahead by `for_s` + WANT_SLACK_S on the database's clock;
+        written only when the last write does not cover it (about once a minute)."""
+        need = time.monotonic() + for_s
+        if self._wanted.get(what, 0.0) >= need:
+            return
+        ahead = for_s + WANT_SLACK_S
+        async with self._conn() as conn:
+            await conn.execute(SQL_WANT, what, ahead)
+        self._wanted[what] = need + WANT_SLACK_S - 5.0  # 5 s for the round trip
 
     async def job_status(self, job_id: str) -> str | None:
         async with self._conn() as conn:

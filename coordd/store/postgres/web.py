@@ -14,10 +14,12 @@ from typing import Any
 from coordd import errors
 from coordd.protocol_web import HeldLease, JobRow, LoggedMessage, Reservation
 from coordd.store.api_web import (
-    JobFinder, PrefixOf, held_lease, job_row, logged_messages, reservation,
+    JobFinder, PrefixOf, PrefixResolve, held_lease, job_row, logged_messages, reservation,
 )
 from coordd.store.postgres.sql import NOW
+from coordd.store.reads import JOB_BLOBS
 from coordd.store.web import EVENTS_SCAN_MAX
+from coordd.views import LISTED_JOB_BYTES
 
 _UPPER, _LOWER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz"
 _ROW_COLUMNS = (
@@ -106,8 +108,22 @@ PREFIX_SQL = {  # ($1 exact id), ($1 prefix, $2 most)
                  "COLLATE \"C\", $1) ORDER BY workflow_id COLLATE \"C\" LIMIT $2"),
 }
 
+_BLOBS = " + ".join(f"coalesce(octet_length(j.{c}), 0)" for c in JOB_BLOBS)
+SQL_JOB_BYTES = f"SELECT {_BLOBS} FROM jobs j WHERE j.job_id = $1"
+_PAGE = (  # list_jobs' page ($1..$4 filters, $5 after, $6 limit): sizes, not the values
+    f"SELECT {LISTED_JOB_BYTES} + {_BLOBS} AS n, j.job_id FROM jobs j "
+    "WHERE ($1::text IS NULL OR j.status = $1) AND ($2::text IS NULL OR j.kind = $2) "
+    "AND ($3::text IS NULL OR j.required_role = $3) AND ($4::int IS NULL OR j.priority = $4) "
+)
+SQL_PAGE_BYTES = ("SELECT coalesce(sum(n), 0) FROM (" + _PAGE
+                  + "AND ($5::text IS NULL OR j.job_id > $5) ORDER BY j.job_id LIMIT $6) p")
+SQL_PAGE_BYTES_NEWEST = ("SELECT coalesce(sum(n), 0) FROM (" + _PAGE
+                         + "AND ($5::text IS NULL OR j.job_id < $5) "
+                         "ORDER BY j.job_id DESC LIMIT $6) p")
+SQL_JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = $1"
 
-class WebReadsPostgres:
+
+class WebReadsPostgres(PrefixResolve):
     """WebReads over PostgresStore's pool (`self._conn()`); see the module docstring."""
 
     _conn: Any
@@ -188,3 +204,17 @@ class WebReadsPostgres:
             if await conn.fetchval(exact, given) is not None:
                 return [given]
             return [r[0] for r in await conn.fetch(starting, given, most)]
+
+    async def job_reply_bytes(self, job_id: str) -> int:
+        """octet_length of a TOASTed value reads its header, not the value."""
+        async with self._conn() as conn:
+            return await conn.fetchval(SQL_JOB_BYTES, job_id) or 0
+
+    async def page_reply_bytes(self, flt: Any) -> int:
+        stmt = SQL_PAGE_BYTES_NEWEST if flt.newest_first else SQL_PAGE_BYTES
+        async with self._conn() as conn:
+            if flt.after is not None and await conn.fetchval(SQL_JOB_EXISTS,
+                                                             flt.after) is None:
+                return 0
+            return int(await conn.fetchval(stmt, flt.status, flt.kind, flt.role,
+                                           flt.priority, flt.after, flt.limit))
