@@ -9,39 +9,28 @@ it" and fall back.
 
 This module is the only place the coordinator reaches a store's internals: `SQLiteSide`
 hands the SQLite store's writer, read pool and files to the modules that serve these
-areas today (coordd.transfers, coordd.maintenance, coordd.backup, coordd.web_reads,
-coordd.workflows' schedules and maintenance round, coordd.waits). Moving an area onto
+areas today (coordd.web_reads, coordd.waits). Moving an area onto
 the interface: give both stores its operations, serve its methods from the Coordinator
 over `self.store`, and drop its entry here.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import TYPE_CHECKING, Any
 
-from coordd import backup, cas, errors, views
-from coordd.config import artifact_dir_for
-from coordd.maintenance import Maintenance
-from coordd.metrics import tree_bytes
-from coordd.protocol import Backup, BackupResult, Empty, Heartbeat, HeartbeatResult
+from coordd import errors, views
+from coordd.protocol import Heartbeat, HeartbeatResult
 from coordd.protocol_push import PUSH_PARAMS
 from coordd.protocol_web import WEB_PARAMS
 from coordd.store.api import JobFilter
-from coordd.transfers import TRANSFER_METHODS, Transfers
 from coordd.waits import Waits
 from coordd.web_reads import WebReads
-from coordd.workflows import Workflows
 
 if TYPE_CHECKING:
     from coordd.service.coordinator import Coordinator
 
 AREAS: dict[str, tuple[str, ...]] = {
-    "artifacts": TRANSFER_METHODS,  # artifact_put, artifact_get (and `complete`'s artifact)
-    "maintenance": ("check", "prune", "backup"),
     "web": tuple(WEB_PARAMS),  # find_jobs, job_stats, fleet, feed_head, workflow_runs, ...
-    "schedules": ("schedule_add", "schedule_list", "schedule_remove"),
     "waits": tuple(PUSH_PARAMS),  # wait_job, watch_worker, watch_events
 }
 """Area -> its RPC methods, served here on a store whose `areas` names the area."""
@@ -73,26 +62,14 @@ def _refusal(method: str, store: Any) -> Any:
 
 class SQLiteSide:
     """The Coordinator as the modules of these areas see it: its own attributes, and the
-    SQLite store's writer, read pool, database file and artifact folder."""
+    SQLite store's read pool."""
 
     def __init__(self, coord: Coordinator) -> None:
-        store = coord.store
         self._coord = coord
-        self.writer = store.writer
-        self.readers = store.readers
-        self.db_path: str = store.path
-        self.artifact_dir = artifact_dir_for(store.path)
+        self.readers = coord.store.readers
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._coord, name)
-
-    @property
-    def artifact_bytes(self) -> int:
-        return self._coord.artifact_bytes
-
-    @artifact_bytes.setter
-    def artifact_bytes(self, value: int) -> None:
-        self._coord.artifact_bytes = value
 
     async def read(self, fn: Any, *args: Any) -> Any:
         """Run `fn(conn, *args)` on a read-only connection. Raises: errors.Overloaded."""
@@ -105,40 +82,18 @@ class SQLiteLocal:
     def __init__(self, coord: Coordinator) -> None:
         side = self.side = SQLiteSide(coord)
         self._coord = coord
-        self.artifact_dir = side.artifact_dir
-        self.flows = Workflows(side)  # schedules and the maintenance round
-        self.maintenance = Maintenance(side)
-        self.transfers = Transfers(side.artifact_dir, side.read, coord.clock, coord.config)
         self.web = WebReads(side.read, coord.clock.wall)
         self.web._explain, self.web._aging_s = coord.explain_waiting, \
             coord.config.aging_interval_s
         self.waits = Waits(coord.push, side.read, coord.get_job)
-        for method in TRANSFER_METHODS:
-            setattr(self, method, getattr(self.transfers, method))
         for method in WEB_PARAMS:
             setattr(self, method, getattr(self.web, method))
         for method in PUSH_PARAMS:
             setattr(self, method, getattr(self.waits, method))
-        self.schedule_add = self.flows.schedule_add
-        self.schedule_list = self.flows.schedule_list
-        self.schedule_remove = self.flows.schedule_remove
-        self.prune = self.maintenance.prune
-
-    async def start(self) -> None:
-        """The artifact folder, made where it is missing (setgid, group-writable: workers
-        of group coordd write into it too)."""
-        with contextlib.suppress(OSError):
-            cas.make_dir(self.artifact_dir)
 
     def heard(self, p: Heartbeat, res: HeartbeatResult) -> None:
-        """After a heartbeat committed: its reply names the artifact folder; its readings
-        go to the web view's history."""
-        res.artifact_dir = self.artifact_dir
+        """After a heartbeat committed: its readings go to the web view's history."""
         self.web.readings.add(p.worker_id, res.now, p.readings)
-
-    def artifact_tree_bytes(self) -> int:
-        """The artifact folder's size in bytes (blocking: run it in a thread)."""
-        return tree_bytes(self.artifact_dir)
 
     async def job_bytes(self, job_id: str) -> int:
         """What a job's view will carry, before it is read (coordd.budgets)."""
@@ -150,19 +105,3 @@ class SQLiteLocal:
             lambda conn: views.page_bytes(
                 conn, status=flt.status, kind=flt.kind, role=flt.role, priority=flt.priority,
                 limit=flt.limit, after=flt.after, newest_first=flt.newest_first), heavy=True)
-
-    async def check(self, p: Empty | None = None) -> dict[str, Any]:
-        """Run `PRAGMA quick_check` and `foreign_key_check` on the live database."""
-        qc, fk = await self.side.readers.run(views.integrity, heavy=True)
-        return {"quick_check": qc, "foreign_key_violations": len(fk)}
-
-    async def backup(self, p: Backup) -> BackupResult:
-        """Write a verified backup at `p.dest`: the database copied with SQLite's backup API
-        while writes go on, the artifact files it refers to, and a manifest of their
-        sha256 (coordd.backup). Runs in a thread, beside the writer.
-
-        Raises: BadRequest (dest exists or its folder is missing), CoordError (the copy
-        failed its check: it is removed).
-        """
-        return await asyncio.to_thread(backup.backup, self.side.db_path, self.artifact_dir,
-                                       p.dest)

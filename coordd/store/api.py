@@ -57,8 +57,8 @@ class StoreStatus(msgspec.Struct, kw_only=True):
     jobs: dict[str, int]
     waiting_by_priority: dict[str, int]
     oldest_waiting_age_s: float | None = None
-    prunable: int = 0  # terminal jobs finished before `prune_before` (SQLite: counted up to a cap)
-    db_bytes: int = 0  # the store's files (SQLite: the database and its WAL; PostgreSQL: 0)
+    prunable: int = 0  # terminal jobs finished before `prune_before`, counted up to a cap
+    db_bytes: int = 0  # SQLite: the database file; PostgreSQL: pg_database_size
     wal_bytes: int = 0
     queue_depth: int = 0  # writes queued in the store (SQLite's single writer)
     warnings: list[str] = []  # the store's own (SQLite: the disk refused writes)

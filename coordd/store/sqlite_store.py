@@ -43,7 +43,7 @@ from coordd.writer import Writer
 if TYPE_CHECKING:
     from coordd.config import Config
 
-LOCAL_AREAS = frozenset({"artifacts", "maintenance", "web", "schedules", "waits"})
+LOCAL_AREAS = frozenset({"web", "waits"})
 """The areas beyond the store interface served on SQLite (coordd.service.local)."""
 
 
@@ -172,6 +172,7 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
             if self._lock is not None:
                 self._lock.lock_inode()  # a file SQLite just created
             await self.readers.start()
+            await asyncio.to_thread(self.make_artifact_dir)
             if self._hooks is not None and await self.readers.run(resstore.any_request):
                 self._hooks.policy.resources_seen = True
         except sqlite3.Error as exc:

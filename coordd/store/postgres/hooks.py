@@ -24,8 +24,6 @@ from coordd.store.postgres.resources import books, requests_of
 
 logger = logging.getLogger(__name__)
 
-ARTIFACTS_REFUSED = ("complete: artifacts are not available on the PostgreSQL store yet "
-                     "(send the result inline)")
 POLL_S = 1.0  # a parked claim looks again at least this often (NOTIFY is only a hint)
 ID_CHARS = 16  # coordd.ids: 16 hex characters
 SQL_WORKFLOW_EXISTS = "SELECT 1 FROM workflows WHERE workflow_id = $1"
@@ -50,7 +48,7 @@ class PostgresServing:
     _pump: asyncio.Task[None] | None = None
 
     noun = "the store"  # what coordd says it cannot open
-    refusals = {"backup": "backup: use pg_dump on a PostgreSQL store"}
+    refusals: dict[str, str] = {}
     """The word for a method of an area not served here, where it is not "not yet"."""
 
     @contextlib.contextmanager
@@ -152,4 +150,4 @@ class PostgresServing:
         return out
 
 
-__all__ = ["ARTIFACTS_REFUSED", "POLL_S", "PostgresServing"]
+__all__ = ["POLL_S", "PostgresServing"]
