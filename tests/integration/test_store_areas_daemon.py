@@ -1,8 +1,9 @@
 """Artifacts, maintenance and schedules through a real coordd over either store (issues
 27, 28): a result over the worker's inline limit and a checkpoint go through a real
 coord-worker into the store (on PostgreSQL into the database, over the connection), a
-resumed attempt gets its checkpoint back; `prune`, `check`, `status` figures, and a
-schedule's slot fired by the reaper's round."""
+resumed attempt gets its checkpoint back; `prune`, `check`, `status` figures, a
+schedule's slot fired by the reaper's round, and a node no worker can run skipped
+(`worker_absent`)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ MODEL = textwrap.dedent("""
 def fast_daemon(request: Any, daemon_factory: Any) -> Any:
     """A started coordd with quick reaper rounds and no retention, over each store in turn
     (as tests/integration/conftest.py's `store_daemon`)."""
-    d = daemon_factory(DAEMON_FAST + "retention_s = 0\n", name=request.param)
+    d = daemon_factory(DAEMON_FAST + "retention_s = 0\nworkflow_absent_wait_s = 1\n", name=request.param)
     if request.param == "postgresql":
         d.store = request.getfixturevalue("pg_db")
     d.start()
@@ -142,3 +143,21 @@ async def test_a_schedule_fires_its_slot_once(store_bench):
     assert [w["schedule_id"] for w in runs] == [view["schedule_id"]]
     assert (await c.call("schedule_remove", {"name": "n1"})) == {}
     assert (await c.call("schedule_list", {}))["schedules"] == []
+
+
+async def test_a_node_no_worker_can_run_is_skipped(store_bench):
+    c = store_bench.client
+    await c.heartbeat("wc", ["cpu"], COOL)
+    spec = {"name": "needs-gpu", "nodes": [
+        {"name": "train", "kind": "m", "required_role": "gpu"},
+        {"name": "report", "kind": "m", "required_role": "cpu", "needs": ["train"]}]}
+    wid = (await c.call("workflow_submit", spec))["workflow_id"]
+
+    async def ended() -> Any:
+        view = await c.call("workflow_get", {"workflow_id": wid})
+        return view if view["status"] != "running" else None
+    view = await store_bench.until(ended, timeout=10, what="the workflow ended")
+    nodes = {n["name"]: n for n in view["nodes"]}
+    assert nodes["train"]["status"] == "skipped"
+    assert nodes["train"]["reason"].startswith("worker_absent: no live worker with role gpu")
+    assert nodes["report"]["status"] == "skipped" and nodes["report"]["reason"]
