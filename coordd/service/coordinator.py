@@ -31,9 +31,10 @@ from coordd.metrics import Metrics
 from coordd.names import check_name
 from coordd.maintenance import Maintenance
 from coordd.protocol import (
-    HUB_PARAMS, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete, CompleteResult, Empty, Enqueue,
-    EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail, Heartbeat, HeartbeatResult, JobId,
-    PruneResult, ReapResult, Renew, RenewResult, StatusResult,
+    HUB_PARAMS, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
+    CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
+    Heartbeat, HeartbeatResult, JobId, PruneResult, ReapResult, Renew, RenewResult,
+    StatusResult,
 )
 from coordd.protocol_logs import LOG_PARAMS
 from coordd.protocol_workers import ForgetWorker, Goodbye, Release, ReleasedResult
