@@ -1,7 +1,9 @@
-"""A remote worker's files (issue 18): it keeps its own content-addressed store, uploads a
-large result or a checkpoint into coordd's (`artifact_put`, chunked and resumable) before
-naming it in `complete` / `checkpoint`, and downloads a job's checkpoint files
-(`artifact_get`, verified by SHA-256) before resuming. Records sent to coordd always name
+"""The files of a worker that does not share coordd's store (issue 18: a remote one; issue
+28: any worker of a PostgreSQL coordd, whose artifacts are in the database): it keeps its
+own content-addressed store, uploads a large result or a checkpoint into coordd's
+(`artifact_put`, chunked and resumable) before naming it in `complete` / `checkpoint`,
+and downloads a job's checkpoint files (`artifact_get`, verified by SHA-256) before
+resuming. Records sent to coordd always name
 coordd's paths, so any worker (local or remote) and a backup can use them.
 """
 
@@ -41,7 +43,9 @@ def store_dir(client: Any, coordd_store: str | None, work_dir: str) -> str:
     """Where this worker stores files: coordd's store where it shares it (shares_store),
     else this host's own beside `work_dir`."""
     local = os.path.join(os.path.dirname(work_dir), "artifacts")
-    return coordd_store if shares_store(client, coordd_store) and coordd_store else local
+    if coordd_store is not None and shares_store(client, coordd_store):
+        return coordd_store
+    return local
 
 
 def for_job(client: Any, coordd_store: str | None, store: str, run: Any,
