@@ -67,8 +67,9 @@ async def test_workflows_on_postgres_over_the_socket(rig):
             await c.workflow_list(status="nope")
         with pytest.raises(errors.NotFound, match="whole 16-character id"):
             await c.workflow_get(diamond.workflow_id[:6], prefix=True)
-        with pytest.raises(errors.UnknownMethod, match="schedule_add: not available"):
-            await c.schedule_add("nightly", "0 3 * * *", {"name": "n", "nodes": [_node("a")]})
+        added = await c.schedule_add("nightly", "0 3 * * *",
+                                     {"name": "n", "nodes": [_node("a")]})
+        assert added.created and added.name == "nightly"  # schedules: served (issue 28)
         assert (await c.status()).jobs["succeeded"] == 4
 
 
