@@ -4,7 +4,8 @@ one store (coordd.store.api: SQLiteStore or PostgresStore).
 `Coordinator` (coordd.service.coordinator) has one coroutine per RPC method (DESIGN.md,
 "Wire protocol"): the jobs and leases (coordinator), the reads and explanations (reads),
 limits and workflows (areas); the hub, job logs and enrolment are coordd.hub, coordd.logs
-and coordd.enrol over the same store. The areas the store interface does not cover yet
+and coordd.enrol, artifacts coordd.transfers, prune and check coordd.maintenance, and
+schedules coordd.workflows, over the same store. The areas the store interface does not cover yet
 are served through one seam, coordd.service.local, on a store that offers them.
 This package imports coordd's rules and the store interface; no store imports it.
 """
