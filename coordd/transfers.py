@@ -5,11 +5,11 @@ checkpoint back when it resumes it (`artifact_get`). Nothing depends on a shared
 
 Uploads are chunked, resumable and hashed: each call says where coordd stands (a worker
 that reconnects resends from there), and the file enters the store only once its SHA-256
-and size are the ones announced. Both methods are fenced like `checkpoint` (job, worker, token, unexpired
-lease), so only a lease holder can put bytes into coordd's store. The checks of the
-request are made here; the store keeps the bytes (coordd.store.api_artifacts: on SQLite
-files beside the database, file I/O in a thread; on PostgreSQL rows every coordd of the
-deployment reads).
+and size are the ones announced. Both methods are fenced like `checkpoint` (job, worker,
+token, unexpired lease), so only a lease holder can put bytes into coordd's store. The
+checks of the request are made here; the store keeps the bytes (coordd.store.
+api_artifacts: on SQLite files beside the database, file I/O in a thread; on PostgreSQL
+rows every coordd of the deployment reads).
 """
 
 from __future__ import annotations
