@@ -48,7 +48,8 @@ MODEL = textwrap.dedent("""
 def fast_daemon(request: Any, daemon_factory: Any) -> Any:
     """A started coordd with quick reaper rounds and no retention, over each store in turn
     (as tests/integration/conftest.py's `store_daemon`)."""
-    d = daemon_factory(DAEMON_FAST + "retention_s = 0\nworkflow_absent_wait_s = 1\n", name=request.param)
+    d = daemon_factory(DAEMON_FAST + "retention_s = 0\nworkflow_absent_wait_s = 1\n",
+                       name=request.param)
     if request.param == "postgresql":
         d.store = request.getfixturevalue("pg_db")
     d.start()
