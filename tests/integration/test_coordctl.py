@@ -374,7 +374,7 @@ def test_backup_then_check_the_copy(daemon, tmp_path):
         assert sorted(r[0] for r in conn.execute("SELECT job_id FROM jobs")) == ids
     assert ok_json(ctl(daemon.socket, "--json", "check")) == {
         "quick_check": "ok", "foreign_key_violations": 0,
-                                       "invariants": []}
+        "invariants": []}
     assert "exists" in refused(ctl(daemon.socket, "backup", str(dest)), 1, "bad_request")
 
 
