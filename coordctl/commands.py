@@ -296,11 +296,14 @@ def _check_line(res: dict[str, Any]) -> str:
         line += f"; jobs: {res['jobs']}"
     if "schema_version" in res:
         line += f"; schema version: {res['schema_version']}"
+    if res.get("invariants"):
+        line += f"; broken invariants: {', '.join(res['invariants'])}"
     return (f"{res['path']}: " if "path" in res else "") + line
 
 
 def _check_failure(res: dict[str, Any]) -> tuple[str, str] | None:
-    if res.get("quick_check") != "ok" or res.get("foreign_key_violations"):
+    if res.get("quick_check") != "ok" or res.get("foreign_key_violations") \
+            or res.get("invariants"):
         return ("check_failed", _check_line(res))
     return None
 

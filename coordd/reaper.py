@@ -56,7 +56,7 @@ class Reaper:
 
     async def prune_if_due(self) -> PruneResult | None:
         """Prune (`Coordinator.upkeep`) when `prune_interval` has passed (monotonic) since
-        the last prune; its result, where the store serves `prune`."""
+        the last prune; its result."""
         now = self._clock.mono()
         if now < self._next_prune:
             return None

@@ -182,9 +182,8 @@ def submitted(wf: wstore.NewWorkflow, res: WorkflowSubmitResult) -> WorkflowSubm
 
 
 class Workflows:
-    """A graph's checks (`plan`, any store) and, on a store that serves schedules
-    (coordd.service.local: the SQLite side's writer and reads), the schedule methods and
-    the maintenance round (`tick`)."""
+    """A graph's checks (`plan`), the schedule methods and the maintenance round (`tick`)
+    over the Coordinator's store (coordd.store.api_schedules, api_workflows)."""
 
     def __init__(self, coord: "Coordinator") -> None:
         self._coord = coord
@@ -271,24 +270,22 @@ class Workflows:
         now = self._coord.clock.wall()
         first = cron_after(cron, now)
         sid, spec = secrets.token_hex(8), dumps(p.workflow)
-        outcome = await self._coord.writer.run(lambda conn, _now: wstore.add_schedule(
-            conn, _now, sid, p.name, cron, spec, first, p.replace))
+        store = self._coord.store
+        outcome = await store.schedule_add(sid, p.name, cron, spec, first, p.replace)
         if outcome != "unchanged":
             logger.info("schedule %s %s: %s", p.name, outcome, cron,
                         extra={"action": "schedule_add"})
-        views = (await self.schedule_list(NoParams())).schedules
-        view = next(v for v in views if v.name == p.name)
+        view = next(v for v in await store.schedule_list() if v.name == p.name)
         view.created, view.replaced = outcome == "created", outcome == "replaced"
         return view
 
     async def schedule_list(self, p: NoParams | None = None) -> ScheduleList:
         """Every schedule with its next slot."""
-        return ScheduleList(schedules=await self._coord.read(_schedules))
+        return ScheduleList(schedules=await self._coord.store.schedule_list())
 
     async def schedule_remove(self, p: ScheduleName) -> dict[str, Any]:
         """Delete a schedule (workflows it started stay). Raises: NotFound."""
-        if not await self._coord.writer.run(
-                lambda conn, _now: wstore.remove_schedule(conn, p.name)):
+        if not await self._coord.store.schedule_remove(p.name):
             raise errors.NotFound(f"schedule {p.name} not found")
         return {}
 
@@ -297,22 +294,20 @@ class Workflows:
     async def tick(self) -> tuple[int, int, int]:
         """One maintenance round: skip nodes whose capability is absent, settle running
         workflows, start due schedule slots (ended workflows go with `Coordinator.prune`).
-        Separate writer requests, in that order: one that fails rolls back alone (what the
-        earlier ones stored stays) and ends the round; the reaper retries next interval.
+        Separate store transactions, in that order: one that fails rolls back alone (what
+        the earlier ones stored stays) and ends the round; the reaper retries next interval.
         Returns (skipped, ended, started)."""
         cfg = self._coord.config
+        store = self._coord.store
         wait_s, stale_s = cfg.workflow_absent_wait_s, cfg.heartbeat_stale_s
-        run = self._coord.writer.run
         skipped: list[str] = []
         if self._coord.clock.mono() - self._started_mono >= wait_s:
-            skipped = await run(lambda conn, now: wstore.skip_absent(conn, now, wait_s,
-                                                                     stale_s))
+            skipped = await store.workflow_skip_absent(wait_s, stale_s)
         if skipped:
             logger.warning("skipped %d workflow node(s): no worker offers their capability",
                            len(skipped), extra={"action": "worker_absent", "n": len(skipped)})
-        ended = await run(wstore.settle_running)
-        fired = await run(lambda conn, now: wstore.fire_due(conn, now, due_slots,
-                                                            self._plan_slot))
+        ended = await store.workflow_settle_running()
+        fired = await store.schedule_fire_due(due_slots, self._plan_slot)
         for name, slot, wid, passed, error in fired:
             missed = f"; {passed} missed slot(s) before it not run" if passed else ""
             if error is not None:
@@ -373,15 +368,4 @@ def workflow_views(rows: list[tuple], counts: dict[str, dict[str, int]]) -> list
     """Workflows (rows as coordd.store.workflows.SQL_LIST_WORKFLOWS) with node counts by
     status (workflow id -> status -> n), any store."""
     return [_view(r, counts.get(r[0])) for r in rows]
-
-
-def _schedules(conn: Any) -> list[ScheduleView]:
-    out = []
-    for sid, name, cron, spec_json, next_at, last_slot, fired, _created in \
-            wstore.schedule_rows(conn):
-        spec = lenient_json(spec_json, {})
-        out.append(ScheduleView(schedule_id=sid, name=name, cron=cron,
-                                workflow=spec.get("name", "?") if isinstance(spec, dict) else "?",
-                                next_at=next_at, last_slot=last_slot, fired=fired))
-    return out
 

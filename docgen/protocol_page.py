@@ -20,7 +20,6 @@ from coordd.clock import SystemClock
 from coordd.config import Config
 from coordd.protocol_enrol import ENROL_OPEN_METHODS
 from coordd.service import Coordinator
-from coordd.service.local import BEYOND_INTERFACE
 from docgen import md
 
 LEASE_ERRORS = ("not_found", "already_completed", "lease_lost", "lease_expired")
@@ -234,8 +233,6 @@ def method_section(method: str, params: type[msgspec.Struct], func: Any,
     marks = []
     if method in protocol.ADMIN_METHODS:
         marks.append("admin")
-    if method in BEYOND_INTERFACE:
-        marks.append("SQLite store only")
     codes = error_codes(func, funcs)
     return (f"### `{method}`\n\n" + (f"*{', '.join(marks)}*\n\n" if marks else "")
             + f"{about}\n\n"
@@ -250,8 +247,7 @@ def render() -> str:
     methods = sorted(funcs)
     summary_rows = [[f"[{md.code(m)}](#{m})", link(protocol.PARAMS[m]),
                      md.type_text(result_type(funcs[m]), link),
-                     "admin" if m in protocol.ADMIN_METHODS else "",
-                     "SQLite only" if m in BEYOND_INTERFACE else ""] for m in methods]
+                     "admin" if m in protocol.ADMIN_METHODS else ""] for m in methods]
     types = reachable([protocol.Request, protocol.Reply, protocol.Readings]
                       + [protocol.PARAMS[m] for m in methods]
                       + [result_type(funcs[m]) for m in methods])
@@ -264,9 +260,9 @@ def render() -> str:
                   "([reference](client.md)) wraps all of it.")
         + framing() + "\n" + EXAMPLE + "\n" + error_section()
         + "## Methods\n\n"
-        "*admin*: limited to the admin set. *SQLite only*: a coordd on the PostgreSQL store "
-        "answers `unknown_method` (clients treat that code as \"not served here\").\n\n"
-        + md.table(["method", "params", "result", "", "store"], summary_rows) + "\n"
+        "*admin*: limited to the admin set. Every method is served on both stores (SQLite "
+        "and PostgreSQL); `backup` on PostgreSQL answers `invalid_state`, naming pg_dump.\n\n"
+        + md.table(["method", "params", "result", ""], summary_rows) + "\n"
         + "".join(method_section(m, protocol.PARAMS[m], funcs[m], funcs) for m in methods)
         + "## Types\n\nEvery Struct a method's params or result names, by name. Fields with "
         "a default may be left out of a request.\n\n"

@@ -1,7 +1,9 @@
-"""A remote worker's files (issue 18): it keeps its own content-addressed store, uploads a
-large result or a checkpoint into coordd's (`artifact_put`, chunked and resumable) before
-naming it in `complete` / `checkpoint`, and downloads a job's checkpoint files
-(`artifact_get`, verified by SHA-256) before resuming. Records sent to coordd always name
+"""The files of a worker that does not share coordd's store (issue 18: a remote one; issue
+28: any worker of a PostgreSQL coordd, whose artifacts are in the database): it keeps its
+own content-addressed store, uploads a large result or a checkpoint into coordd's
+(`artifact_put`, chunked and resumable) before naming it in `complete` / `checkpoint`,
+and downloads a job's checkpoint files (`artifact_get`, verified by SHA-256) before
+resuming. Records sent to coordd always name
 coordd's paths, so any worker (local or remote) and a backup can use them.
 """
 
@@ -29,17 +31,29 @@ def is_remote(client: Any) -> bool:
     return connector is not None and connector.scheme != "unix"
 
 
+def shares_store(client: Any, coordd_store: str | None) -> bool:
+    """This worker writes straight into coordd's store: coordd is on this host and named a
+    folder (its heartbeat's `artifact_dir`; a SQLite coordd does, a PostgreSQL one keeps
+    its artifacts in the database and names none). Otherwise files travel over the
+    connection (`artifact_put` / `artifact_get`)."""
+    return coordd_store is not None and not is_remote(client)
+
+
 def store_dir(client: Any, coordd_store: str | None, work_dir: str) -> str:
-    """Where this worker stores files: coordd's store (its heartbeat names it) on coordd's
-    host, else (or for a remote coordd) this host's own beside `work_dir`."""
+    """Where this worker stores files: coordd's store where it shares it (shares_store),
+    else this host's own beside `work_dir`."""
     local = os.path.join(os.path.dirname(work_dir), "artifacts")
-    return local if is_remote(client) else coordd_store or local
+    if coordd_store is not None and shares_store(client, coordd_store):
+        return coordd_store
+    return local
 
 
-def for_job(client: Any, store: str, run: Any, worker_id: str) -> "RemoteFiles | None":
-    """The transfers of `run` (a JobRun) when coordd is remote, else None."""
-    return RemoteFiles(client, store, run.job_id, worker_id, run.token) \
-        if is_remote(client) else None
+def for_job(client: Any, coordd_store: str | None, store: str, run: Any,
+            worker_id: str) -> "RemoteFiles | None":
+    """The transfers of `run` (a JobRun) into coordd's store, or None where this worker
+    shares that store (shares_store). `store`: this worker's own (store_dir)."""
+    return None if shares_store(client, coordd_store) else \
+        RemoteFiles(client, store, run.job_id, worker_id, run.token)
 
 
 async def upload_result(files: "RemoteFiles | None", artifact: dict[str, Any] | None) -> str | None:

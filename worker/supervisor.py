@@ -190,7 +190,7 @@ class Supervisor:
 
     @property
     def artifact_dir(self) -> str:
-        """coordd's store (from the heartbeat), else (a remote coordd) this host's own."""
+        """coordd's store (a heartbeat named it), else this host's own (remote_files)."""
         return remote_files.store_dir(self._client, self._artifact_dir, self.config.work_dir)
 
     # ------------------------------------------------------------ claiming
@@ -342,7 +342,8 @@ class Supervisor:
                                     False)
             return
         values = await asyncio.to_thread(artifacts.prepare_job_dir, run.dir, job.job_id, job.payload)
-        run.files = remote_files.for_job(self._client, self.artifact_dir, run, self.worker_id)
+        run.files = remote_files.for_job(self._client, self._artifact_dir, self.artifact_dir,
+                                         run, self.worker_id)
         run.checkpoints, values["resume_from"] = await checkpoints.start(
             values["checkpoint_dir"], self.artifact_dir, run.dir, job.job_id, job.checkpoint, run.files)
         if not await self._acquire_slot(run, kind):

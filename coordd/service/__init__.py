@@ -4,8 +4,9 @@ one store (coordd.store.api: SQLiteStore or PostgresStore).
 `Coordinator` (coordd.service.coordinator) has one coroutine per RPC method (DESIGN.md,
 "Wire protocol"): the jobs and leases (coordinator), the reads and explanations (reads),
 limits and workflows (areas); the hub, job logs and enrolment are coordd.hub, coordd.logs
-and coordd.enrol over the same store. The areas the store interface does not cover yet
-are served through one seam, coordd.service.local, on a store that offers them.
+and coordd.enrol, artifacts coordd.transfers, prune and check coordd.maintenance,
+schedules coordd.workflows, the web view's reads coordd.web_reads and the parked calls
+coordd.waits, over the same store.
 This package imports coordd's rules and the store interface; no store imports it.
 """
 

@@ -1,7 +1,8 @@
 """The Coordinator: the jobs' and leases' RPC methods over one store, and how the rest of
 the coordinator is put together (reads: coordd.service.reads; limits and workflows:
-coordd.service.areas; the areas the store interface does not cover yet:
-coordd.service.local).
+coordd.service.areas; artifacts: coordd.transfers; prune and check: coordd.maintenance;
+schedules and the workflow round: coordd.workflows; the web view's reads:
+coordd.web_reads; parked calls: coordd.waits and coordd.push).
 
 Each method takes its params Struct from coordd.protocol and returns its result Struct,
 raising a `coordd.errors.CoordError` whose `code` goes on the wire. Nothing slow runs
@@ -28,10 +29,12 @@ from coordd.lifecycle import _clip, heartbeat_state, log_lost
 from coordd.logs import JobLogStore
 from coordd.metrics import Metrics
 from coordd.names import check_name
+from coordd.maintenance import Maintenance
 from coordd.protocol import (
-    HUB_PARAMS, Checkpoint, Claim, ClaimResult, Complete, CompleteResult, Empty, Enqueue,
-    EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail, Heartbeat, HeartbeatResult, JobId,
-    PruneResult, ReapResult, Renew, RenewResult, StatusResult,
+    HUB_PARAMS, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
+    CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
+    Heartbeat, HeartbeatResult, JobId, PruneResult, ReapResult, Renew, RenewResult,
+    StatusResult,
 )
 from coordd.protocol_logs import LOG_PARAMS
 from coordd.protocol_push import PUSH_PARAMS
@@ -39,7 +42,6 @@ from coordd.protocol_web import WEB_PARAMS
 from coordd.protocol_workers import ForgetWorker, Goodbye, Release, ReleasedResult
 from coordd.push import PARK_SCOPE, Push
 from coordd.readers import Coalesced
-from coordd.service import local
 from coordd.service.areas import Areas
 from coordd.service.checks import checked_readings, lease_ref, truncate
 from coordd.service.reads import Reads
@@ -49,12 +51,14 @@ from coordd.store.api_governance import Governance, WorkerBeat
 from coordd.times import check_duration
 from coordd.waits import Waits
 from coordd.web_reads import WebReads
+from coordd.transfers import TRANSFER_METHODS, Transfers
 from coordd.workflows import Workflows
 
 logger = logging.getLogger(__name__)
 
 REAP_LIMIT = 1000  # leases one reap ends at most
 UNDELIVERED = "claim_undelivered"  # a parked claim's job, granted as its connection closed
+SCHEDULE_METHODS = ("schedule_add", "schedule_list", "schedule_remove")
 
 
 class Coordinator(Reads, Areas):
@@ -101,8 +105,14 @@ class Coordinator(Reads, Areas):
                               (self.waits, PUSH_PARAMS)):
             for method in methods:  # served by coordd.hub, .logs, .enrol, .web_reads, .waits
                 setattr(self, method, getattr(part, method))
-        self.local = local.serve(self)  # artifacts, maintenance, schedules
-        self.flows = self.local.flows if self.local is not None else Workflows(self)
+        self.flows = Workflows(self)  # graphs' checks, schedules, the workflow round
+        self.maintenance = Maintenance(self)  # prune, check
+        self.transfers = Transfers(store, config)  # artifact_put, artifact_get
+        for part, methods in ((self.flows, SCHEDULE_METHODS),
+                              (self.transfers, TRANSFER_METHODS),
+                              (self.maintenance, ("prune", "check"))):
+            for method in methods:
+                setattr(self, method, getattr(part, method))
 
     @classmethod
     def over_sqlite(cls, path: str, config: Config, clock: Clock,
@@ -114,8 +124,9 @@ class Coordinator(Reads, Areas):
 
     @property
     def artifact_dir(self) -> str | None:
-        """The artifact store's folder (SQLite: beside the database), or None."""
-        return None if self.local is None else self.local.artifact_dir
+        """The artifact store's folder a worker on this host may write into (SQLite:
+        beside the database), or None (PostgreSQL: artifacts live in the database)."""
+        return self.store.artifact_dir  # type: ignore[no-any-return]
 
     async def start(self) -> None:
         """Open the store (creating and migrating its schema) and install the runtime
@@ -126,8 +137,6 @@ class Coordinator(Reads, Areas):
         await self.store.start()
         try:
             await self.load_limits()
-            if self.local is not None:
-                await self.local.start()
         except BaseException:
             await self.close()
             raise
@@ -165,8 +174,7 @@ class Coordinator(Reads, Areas):
         self.meters.count_governance(p.worker_id, got.changes, got.preempted)
         res: HeartbeatResult = got.result
         self.web.readings.add(p.worker_id, res.now, p.readings)  # the web view's history
-        if self.local is not None:
-            self.local.heard(p, res)  # the artifact folder
+        res.artifact_dir = self.artifact_dir  # None: send files with artifact_put
         return res
 
     async def claim(self, p: Claim) -> ClaimResult:
@@ -226,12 +234,9 @@ class Coordinator(Reads, Areas):
         """Store a job's result, once; reported `usage` counts against the budgets of its
         limits in the same transaction. Raises: AlreadyCompleted (a result is stored: treat
         as success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound, BadRequest (bad
-        usage; an artifact where the store keeps none)."""
+        usage; on PostgreSQL an artifact not stored first with `artifact_put`)."""
         text = values.encode("result", p.result, self.config.max_result_bytes)
         usage = self.check_usage(p.usage)
-        if p.artifact is not None and self.local is None:
-            raise errors.BadRequest(f"complete: artifacts are not available on the "
-                                    f"{self.store.name} store yet (send the result inline)")
         if usage:
             return await self.store.complete_counted(  # type: ignore[no-any-return]
                 lease_ref(p), text, usage, self.limit_book, self._backoff(),
@@ -358,25 +363,21 @@ class Coordinator(Reads, Areas):
 
     # ------------------------------------------------------------ maintenance (coordd.reaper)
 
-    async def workflow_tick(self) -> Any:
-        """The maintenance round's workflow step: where the store serves schedules,
-        `Workflows.tick` (absent workers' nodes skipped, running workflows settled, due
-        slots started); elsewhere the store settles running workflows."""
-        if "schedules" in self.store.areas:
-            return await self.flows.tick()
-        return await self.store.workflow_settle_running()
+    async def workflow_tick(self) -> tuple[int, int, int]:
+        """The maintenance round's workflow step (`Workflows.tick`): absent workers' nodes
+        skipped, running workflows settled, due schedule slots started."""
+        return await self.flows.tick()
 
-    async def upkeep(self) -> PruneResult | None:
-        """The prune round: `prune` where the store serves it (its result); elsewhere the
-        hub's share of it (expired and old messages, forgotten agents) and None."""
-        if "maintenance" in self.store.areas:
-            return await self.prune()  # type: ignore[no-any-return]
-        messages = await self.hub.purge()
-        agents = await self.hub.purge_agents()
-        if messages or agents:
-            logger.info("pruned %d message(s) and %d agent(s)", messages, agents,
-                        extra={"action": "prune", "messages": messages, "agents": agents})
-        return None
+    async def upkeep(self) -> PruneResult:
+        """The prune round (coordd.maintenance.Maintenance.prune)."""
+        return await self.maintenance.prune()
+
+    async def backup(self, p: Backup) -> BackupResult:
+        """A verified backup at `p.dest` (the store's `backup`; SQLite: coordd.backup, the
+        database copied while writes go on, the artifact files and a manifest). Raises:
+        BadRequest (dest exists or its folder is missing), CoordError (the copy failed its
+        check: it is removed); on PostgreSQL InvalidState, naming pg_dump."""
+        return await self.store.backup(p.dest)  # type: ignore[no-any-return]
 
     def _lease_s(self, asked: float | None) -> float:
         if asked is None:

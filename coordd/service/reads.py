@@ -4,7 +4,6 @@ fleet-wide limits), decided here for both stores from what the store reads."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgspec
@@ -81,8 +80,7 @@ class Reads:
         """Refresh the gauges (a `status` read, the store's write queue, the artifact
         store's size) and return every series in Prometheus text format."""
         st = await self.status()
-        if self.local is not None:
-            self.artifact_bytes = await asyncio.to_thread(self.local.artifact_tree_bytes)
+        self.artifact_bytes = await self.store.artifact_bytes()
         self.meters.set_status(st, self._queue_depth, self.artifact_bytes)
         self.meters.set_limits((await self.limits(LimitsQuery(holders=False))).limits)
         return MetricsResult(text=self.meters.render())

@@ -57,8 +57,8 @@ class StoreStatus(msgspec.Struct, kw_only=True):
     jobs: dict[str, int]
     waiting_by_priority: dict[str, int]
     oldest_waiting_age_s: float | None = None
-    prunable: int = 0  # terminal jobs finished before `prune_before` (SQLite: counted up to a cap)
-    db_bytes: int = 0  # the store's files (SQLite: the database and its WAL; PostgreSQL: 0)
+    prunable: int = 0  # terminal jobs finished before `prune_before`, counted up to a cap
+    db_bytes: int = 0  # SQLite: the database file; PostgreSQL: pg_database_size
     wal_bytes: int = 0
     queue_depth: int = 0  # writes queued in the store (SQLite's single writer)
     warnings: list[str] = []  # the store's own (SQLite: the disk refused writes)
@@ -107,8 +107,6 @@ class Store(Protocol):
     clock: Literal["app", "db"]  # who supplies `now` in production
     name: str  # "SQLite", "PostgreSQL": for messages
     noun: str  # what coordd says it cannot open: "the database", "the store"
-    areas: frozenset[str]  # the areas beyond this interface it serves (coordd.service.local)
-    refusals: dict[str, str]  # method -> its refusal where not "not available ... yet"
 
     def hold(self, given: str | None = None) -> AbstractContextManager[None]:
         """Hold what keeps a second coordd off this store while the daemon runs, entered

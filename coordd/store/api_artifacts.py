@@ -2,7 +2,7 @@
 job hands over (a result over the inline limit, a checkpoint), content-addressed by
 SHA-256, uploaded in resumable chunks and read back in ranges.
 
-Callers (once wired): coordd.transfers.Transfers.artifact_put / artifact_get (the RPC
+Callers: coordd.transfers.Transfers.artifact_put / artifact_get (the RPC
 methods of the same names; the checks of sha256 format, chunk size, offsets and the
 `max_upload_bytes` cap stay there, made before a store is called) and
 coordd.maintenance.Maintenance.prune (`artifact_sweep`, then `artifact_bytes` for the
@@ -32,7 +32,13 @@ class ArtifactStore(Protocol):
         errors.LeaseLost, LeaseExpired, AlreadyCompleted: the fence, as for `checkpoint`.
         errors.BadRequest: a finished upload whose bytes do not hash to `sha256`/`size`
             (what was gathered is dropped: the next put starts from 0).
+
+    `artifact_dir`: the folder a worker on coordd's host may write into directly (SQLite:
+    the store beside the database; named in the heartbeat's reply), or None (PostgreSQL:
+    every worker sends its files with `artifact_put`).
     """
+
+    artifact_dir: str | None
 
     async def artifact_put(self, ref: LeaseRef, sha256: str, size: int, offset: int,
                            data: bytes, *, now: float | None = None) -> ArtifactPutResult:

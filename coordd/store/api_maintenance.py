@@ -2,11 +2,12 @@
 by retention, the integrity check, backup, and the size figures `status` and `metrics`
 report.
 
-Callers (once wired): coordd.maintenance.Maintenance.prune (`prune_jobs` and
+Callers: coordd.maintenance.Maintenance.prune (`prune_jobs` and
 `prune_workflows` in batches, its pauses between them; `vacuum_step`, `checkpoint_wal`,
 `optimize`; then the artifacts' `artifact_sweep` / `artifact_bytes`,
-coordd.store.api_artifacts); the `check` RPC (`integrity_check`); `backup`
-(`backup`); `status` and `metrics` (`storage_bytes`, `prunable`). Retention, the grace
+coordd.store.api_artifacts; `storage_bytes` for its `db_bytes`); Maintenance.check
+(`integrity_check`); Coordinator.backup (`backup`); PostgreSQL's own `status`
+(`storage_bytes`, `prunable`: SQLite reads both in its status read). Retention, the grace
 of artifacts, the batch loop and the pauses stay in coordd.maintenance.
 
 What each store does: SQLite deletes in the single writer's short transactions, hands

@@ -1,7 +1,7 @@
 """The store interface's schedules (coordd.store.api's `Store`, this area apart): recurring
 workflows by cron, and the start of each slot that has come.
 
-Callers (once wired): coordd.workflows.Workflows.schedule_add (`schedule_add`, then
+Callers: coordd.workflows.Workflows.schedule_add (`schedule_add`, then
 `schedule_list` for its reply), schedule_list, schedule_remove, and Workflows.tick
 (`schedule_fire_due`, with coordd.workflows.due_slots and Workflows._plan_slot). The
 checks (name, cron, the graph) and the slot arithmetic stay there; the store applies

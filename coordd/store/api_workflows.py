@@ -53,8 +53,8 @@ class WorkflowStore(Protocol):
     Raises (both stores, the same situations):
         errors.NotFound: no such workflow.
         errors.InvalidState: a repeated idempotency key with another graph.
-        errors.BadRequest: what this store cannot store (PostgreSQL: per-node gates,
-            resources, limits, result schemas, as for enqueue).
+        errors.BadRequest: what the store cannot store (a value out of its range), as for
+            enqueue; gates, resources, limits and result schemas are stored on both.
     """
 
     async def workflow_submit(self, wf: NewWorkflow, *,
@@ -74,6 +74,16 @@ class WorkflowStore(Protocol):
         """Settle every running workflow (the maintenance backstop); return how many
         ended. SQLite needs it after an expired lease's last attempt; PostgreSQL settles
         those in the reaper's transaction, so it finds nothing left to do."""
+        ...
+
+    async def workflow_skip_absent(self, wait_s: float, stale_s: float, *,
+                                   now: float | None = None) -> list[str]:
+        """Skip (`skipped`, reason `worker_absent`) every waiting node whose
+        `required_role` no worker with a heartbeat fresher than `stale_s` has offered for
+        `wait_s` seconds and settle their workflows, in one transaction; return the
+        skipped job ids. The caller keeps its own guard (coordd.
+        workflows.Workflows.tick: nothing is skipped before coordd has itself run for
+        `wait_s`)."""
         ...
 
 

@@ -103,6 +103,12 @@ class SQLiteArtifactOps:
         """The content-addressed store beside the database (coordd.config.artifact_dir_for)."""
         return artifact_dir_for(self.path)
 
+    def make_artifact_dir(self) -> None:
+        """Blocking: the artifact folder, made where it is missing (setgid, group-writable:
+        workers of group coordd write into it too); left alone where it cannot be made."""
+        with contextlib.suppress(OSError):
+            cas.make_dir(self.artifact_dir)
+
     async def _artifact_fence(self, ref: LeaseRef, t: float) -> None:
         await self.readers.run(leases._check_lease, t, ref.job_id, ref.worker_id, ref.token)
 

@@ -43,9 +43,6 @@ from coordd.writer import Writer
 if TYPE_CHECKING:
     from coordd.config import Config
 
-LOCAL_AREAS = frozenset({"artifacts", "maintenance", "schedules"})
-"""The areas beyond the store interface served on SQLite (coordd.service.local)."""
-
 
 def _no_backoff(_attempts: int) -> float:
     return 0.0
@@ -69,8 +66,6 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
     clock: Literal["app", "db"] = "app"
     name = "SQLite"
     noun = "the database"  # what coordd says it cannot open
-    areas = LOCAL_AREAS
-    refusals: dict[str, str] = {}  # it refuses nothing
 
     def __init__(self, path: str, clock: Clock | None = None, *, aging_s: float = 0.0,
                  read_connections: int = 2, read_queue_max: int | None = None,
@@ -172,6 +167,7 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
             if self._lock is not None:
                 self._lock.lock_inode()  # a file SQLite just created
             await self.readers.start()
+            await asyncio.to_thread(self.make_artifact_dir)
             if self._hooks is not None and await self.readers.run(resstore.any_request):
                 self._hooks.policy.resources_seen = True
         except sqlite3.Error as exc:

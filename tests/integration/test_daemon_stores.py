@@ -1,8 +1,7 @@
 """The same daemon tests over either store (tests/integration/conftest.py `store_daemon`):
 a real coordd process, `--db` a file or `--store` a fresh PostgreSQL database, reached
 over its socket. One Coordinator serves both (issue 27): the replies, codes and waiting
-reasons are the same; the areas the PostgreSQL store does not serve yet are refused with
-`unknown_method` by the one seam (coordd.service.local)."""
+reasons are the same."""
 
 from __future__ import annotations
 
@@ -51,12 +50,7 @@ async def test_the_core_on_either_store(store_daemon):
         assert st.jobs["cancelled"] == 1 and st.workers == 1
         assert [w.worker_id for w in (await c.workers()).workers] == ["w1"]
 
-        # an area beyond the store interface: served on SQLite, refused on PostgreSQL
-        if store_daemon.store is None:
-            assert (await c.call("check", {}))["quick_check"] == "ok"
-        else:
-            with pytest.raises(errors.UnknownMethod,
-                               match="check: not available on the PostgreSQL store yet"):
-                await c.call("check", {})
+        # maintenance over the store interface: served on both
+        assert (await c.call("check", {}))["quick_check"] == "ok"
     assert store_daemon.stop() == 0
     assert "Traceback" not in store_daemon.log()

@@ -159,14 +159,11 @@ async def test_coordd_on_postgres_drains_with_a_real_worker(rig):
         assert sorted(j.result["echo"] for j in jobs) == list(range(12)), w.log()
         st = await c.status()
         assert st.jobs["succeeded"] == 12 and st.active_leases == 0 and st.workers == 1
-        # what the PostgreSQL store does not serve: a clear, stable refusal, coordd goes on
-        for method, params, text in (
-                ("schedule_list", {}, "schedule_list: not available on the PostgreSQL store"),
-                ("backup", {"dest": str(rig.tmp / "b.db")}, "backup: use pg_dump"),
-                ("check", {}, "check: not available on the PostgreSQL store yet")):
-            with pytest.raises(errors.UnknownMethod) as got:
-                await c.call(method, params)
-            assert text in got.value.message
+        # backup: refused with the tool to use; check and schedules are served
+        with pytest.raises(errors.InvalidState, match="pg_dump"):
+            await c.call("backup", {"dest": str(rig.tmp / "b.db")})
+        assert (await c.call("check", {}))["quick_check"] == "ok"
+        assert (await c.call("schedule_list", {}))["schedules"] == []
         # bad input: the SQLite path's checks and codes, nothing stored
         with pytest.raises(errors.BadRequest, match="priority must be 0..3"):
             await c.enqueue(kind="m", required_role="cpu", priority=7, payload={})

@@ -72,8 +72,9 @@ async def test_workflows_on_postgres_over_the_socket(rig):
         assert (await c.workflow_get(short, prefix=True)).workflow_id == one
         with pytest.raises(errors.NotFound, match="no workflow id starts with it"):
             await c.workflow_get("zz", prefix=True)
-        with pytest.raises(errors.UnknownMethod, match="schedule_add: not available"):
-            await c.schedule_add("nightly", "0 3 * * *", {"name": "n", "nodes": [_node("a")]})
+        added = await c.schedule_add("nightly", "0 3 * * *",
+                                     {"name": "n", "nodes": [_node("a")]})
+        assert added.created and added.name == "nightly"  # schedules: served (issue 28)
         assert (await c.status()).jobs["succeeded"] == 4
 
 

@@ -107,13 +107,38 @@ def stop(proc) -> int:
         return proc.wait(5)
 
 
-async def test_checkpoint_and_large_result_travel_over_the_connection(daemon_factory, fleet,
+@pytest.fixture(params=["sqlite", "postgresql"])
+def tls_daemon(request, daemon_factory, fleet):
+    """A started coordd with the fleet's TLS listener over each store in turn."""
+    d = daemon_factory(DAEMON_FAST + fleet.config(), name=request.param)
+    if request.param == "postgresql":
+        d.store = request.getfixturevalue("pg_db")
+    d.start()
+    return d
+
+
+async def _stored_bytes(d, sha256: str) -> bytes:
+    """An artifact's bytes where coordd keeps them: the file beside a SQLite database, the
+    rows of a PostgreSQL store."""
+    if d.store is None:
+        return (Path(d.db).parent / "artifacts" / sha256[:2] / sha256).read_bytes()
+    import asyncpg
+    conn = await asyncpg.connect(d.store)
+    try:
+        rows = await conn.fetch("SELECT data FROM artifact_chunks WHERE sha256 = $1 "
+                                "ORDER BY pos", sha256)
+    finally:
+        await conn.close()
+    return b"".join(r[0] for r in rows)
+
+
+async def test_checkpoint_and_large_result_travel_over_the_connection(tls_daemon, fleet,
                                                                        tmp_path):
     """A checkpointed `train` job starts on wa, is handed back when wa stops, and resumes on
     wb from the checkpoint wa uploaded; wb's result (over the inline cap) is uploaded too.
-    Each worker's store is its own folder: nothing passes through a shared filesystem."""
-    d = daemon_factory(DAEMON_FAST + fleet.config())
-    d.start()
+    Each worker's store is its own folder: nothing passes through a shared filesystem. On
+    PostgreSQL both live in the database (issue 28)."""
+    d = tls_daemon
     store = Path(d.db).parent / "artifacts"
     async with Client(d.socket, timeout=10) as c:
         job = (await c.enqueue(kind="train", required_role="cpu", priority=1,
@@ -126,8 +151,11 @@ async def test_checkpoint_and_large_result_travel_over_the_connection(daemon_fac
             ckpt = await until(recorded, 30, "checkpoint recorded")
         finally:
             assert stop(wa) == 0
-        assert Path(ckpt["path"]).parent.parent == store  # coordd's path, not wa's
-        assert Path(ckpt["path"]).read_bytes() == b"state:" + b"s" * 200000
+        if d.store is None:
+            assert Path(ckpt["path"]).parent.parent == store  # coordd's path, not wa's
+        else:
+            assert ckpt["path"] == "postgresql:" + ckpt["sha256"]
+        assert await _stored_bytes(d, ckpt["sha256"]) == b"state:" + b"s" * 200000
         wb = start_tls_worker(tmp_path, fleet, "wb", "worker-wb")
         try:
             async def done():
@@ -139,8 +167,10 @@ async def test_checkpoint_and_large_result_travel_over_the_connection(daemon_fac
     wb_log = (tmp_path / "wb.log").read_text()
     assert view.status == "succeeded", (view.last_error, wb_log)
     art = view.artifact
-    assert art is not None and Path(art.path).parent.parent == store
-    result = json.loads(Path(art.path).read_bytes())
+    assert art is not None
+    assert Path(art.path).parent.parent == store if d.store is None else \
+        art.path == "postgresql:" + art.sha256
+    result = json.loads(await _stored_bytes(d, art.sha256))
     assert result["resumed"] == 200006 and result["head"] == "state:" and result["by"] == "wb"
     assert len(result["pad"]) == 300000
     # wb fetched the checkpoint into its own store (by sha256), over the connection

@@ -7,6 +7,7 @@ model. Leases, grace periods and reaper intervals are kept short so the file sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from datetime import datetime
 import os
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,14 @@ def worker_toml(work_dir: Path, kinds: dict[str, dict[str, Any]], **settings: An
 async def bench(daemon_factory, tmp_path):
     daemon = daemon_factory(DAEMON_FAST)
     daemon.start()
+    async with bench_over(daemon, tmp_path) as b:
+        yield b
+
+
+@contextlib.asynccontextmanager
+async def bench_over(daemon: Any, tmp_path: Path) -> AsyncIterator[Bench]:
+    """A Bench over a started coordd (`daemon`, a DaemonProc); its workers are stopped
+    when the block ends."""
     model = tmp_path / "model.py"
     model.write_text(MODEL)
     piddir = tmp_path / "pids"
@@ -210,9 +219,11 @@ async def bench(daemon_factory, tmp_path):
         started.append(w)
         return w
 
-    async with Client(daemon.socket, timeout=10) as client:
-        yield Bench(tmp_path, daemon, client, piddir, start_worker)
-    stop_workers(started)
+    try:
+        async with Client(daemon.socket, timeout=10) as client:
+            yield Bench(tmp_path, daemon, client, piddir, start_worker)
+    finally:
+        stop_workers(started)
 
 
 async def test_end_to_end_batch_runs_once_and_p0_first(bench):

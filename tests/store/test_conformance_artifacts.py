@@ -156,3 +156,37 @@ async def test_a_second_coordd_on_the_database_serves_what_the_first_stored(bund
         assert got.data == data[-300_000:] and got.size == len(data)
     finally:
         await standby.close()
+
+
+async def test_complete_names_an_uploaded_artifact_on_either_store(bundle):
+    """The worker's path for a result over its inline limit: artifact_put, then complete
+    naming it; the job's view carries the artifact (issue 28: kept on PostgreSQL too)."""
+    from coordd.protocol import ArtifactRef
+    b = bundle
+    ref = await running(b)
+    data = b'{"big": "' + b"x" * 100 + b'"}'
+    done = await put_all(b, ref, data, chunk=64)
+    art = ArtifactRef(sha256=sha(data), size=len(data), path=done.path)
+    res = await b.store.complete(ref, json.dumps({"artifact": art.sha256}), artifact=art,
+                                 now=T0 + 2)
+    assert res.status == "succeeded"
+    view = await b.store.get_job(ref.job_id, now=T0 + 2)
+    assert view.artifact is not None
+    assert (view.artifact.sha256, view.artifact.size, view.artifact.path) == \
+        (art.sha256, len(data), done.path)
+    assert (await b.store.artifact_refs()) == {art.sha256: done.path}
+
+
+async def test_postgres_refuses_a_complete_naming_an_artifact_it_does_not_hold(bundle):
+    """Where the bytes live in the database, a record naming a file elsewhere would be a
+    result nobody can read: refused, the lease kept (the worker uploads and resends)."""
+    from coordd.protocol import ArtifactRef
+    b = bundle
+    if b.store.name != "PostgreSQL":
+        pytest.skip("SQLite records the path a worker on its host wrote into its folder")
+    ref = await running(b)
+    art = ArtifactRef(sha256=sha(b"elsewhere"), size=9, path="/tmp/elsewhere")
+    with pytest.raises(errors.BadRequest, match="upload it first"):
+        await b.store.complete(ref, "{}", artifact=art, now=T0 + 2)
+    view = await b.store.get_job(ref.job_id, now=T0 + 2)
+    assert view.status == "running" and view.artifact is None

@@ -60,7 +60,8 @@ async def test_prune_keeps_nodes_of_a_running_workflow(make_bundle):
     assert (await bundle.coord.workflow_list(ListWorkflows())).workflows == []
     with sqlite3.connect(bundle.db_path) as conn:
         assert conn.execute("SELECT count(*) FROM workflow_edges").fetchone()[0] == 0
-    assert (await bundle.coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0}
+    assert (await bundle.coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0,
+                                            "invariants": []}
 
 
 async def test_prune_keeps_a_reopened_workflow_whole(make_bundle):

@@ -328,7 +328,8 @@ async def test_migration_from_v2_keeps_jobs_leases_and_claim_index(tmp_path):
 
     coord = await open_coord(path, FakeClock(T0 + 1))
     try:
-        assert (await coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0}
+        assert (await coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0,
+                                         "invariants": []}
         for job_id, status in rows:
             view = await coord.get_job(JobId(job_id=job_id))
             assert view.status == status and view.payload == {"a": 1}
@@ -439,12 +440,14 @@ async def test_prune_removes_finished_nodes_with_their_edges(make_bundle):
     assert wf.status == "failed" and wf.summary["missing_roles"] == ["gather"]
     bundle.clock.advance(3601)
     assert (await bundle.coord.prune()).pruned == 3
-    assert (await bundle.coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0}
+    assert (await bundle.coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0,
+                                            "invariants": []}
     with sqlite3.connect(bundle.db_path) as conn:
         assert conn.execute("SELECT count(*) FROM workflow_edges").fetchone()[0] == 0
     await bundle.coord.flows.tick()  # the workflow row goes once its jobs are gone
     assert (await bundle.coord.workflow_list(ListWorkflows())).workflows == []
-    assert (await bundle.coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0}
+    assert (await bundle.coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0,
+                                            "invariants": []}
 
 
 async def test_workflow_cancel_ends_every_open_node(bundle):

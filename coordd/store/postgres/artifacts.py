@@ -102,6 +102,7 @@ class ArtifactOps:
     """ArtifactStore over PostgresStore's pool (`self._conn()`); see the module docstring."""
 
     _conn: Any
+    artifact_dir: str | None = None  # no folder: workers send files over the connection
 
     async def artifact_put(self, ref: LeaseRef, sha256: str, size: int, offset: int,
                            data: bytes, *, now: float | None = None) -> ArtifactPutResult:

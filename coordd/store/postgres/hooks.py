@@ -25,8 +25,6 @@ from coordd.store.postgres.resources import books, requests_of
 
 logger = logging.getLogger(__name__)
 
-ARTIFACTS_REFUSED = ("complete: artifacts are not available on the PostgreSQL store yet "
-                     "(send the result inline)")
 POLL_S = 1.0  # a parked claim looks again at least this often (NOTIFY is only a hint)
 SQL_JOB_NODE = "SELECT workflow_id, node, result_schema FROM jobs WHERE job_id = $1"
 SQL_JOB_DEPS = (  # in the dependencies' order (SQLite: the dependency's rowid, its enqueue)
@@ -50,7 +48,6 @@ class PostgresServing:
     _pump: asyncio.Task[None] | None = None
 
     noun = "the store"  # what coordd says it cannot open
-    refusals = {"backup": "backup: use pg_dump on a PostgreSQL store"}
     """The word for a method of an area not served here, where it is not "not yet"."""
 
     @contextlib.contextmanager
@@ -140,4 +137,4 @@ class PostgresServing:
         return out
 
 
-__all__ = ["ARTIFACTS_REFUSED", "POLL_S", "PostgresServing"]
+__all__ = ["POLL_S", "PostgresServing"]

@@ -24,7 +24,6 @@ from coordd.protocol_limits import LimitView
 from coordd.store import NewJob
 from coordd.store.api import Backoff, LeaseRef
 from coordd.store.postgres import admission, apply, fence, sql, workflows
-from coordd.store.postgres.hooks import ARTIFACTS_REFUSED
 from coordd.store.postgres.sql import NOW
 
 SQL_ATTACH = (  # $1 job ids, $2 names, $3 units
@@ -38,6 +37,8 @@ SQL_SUCCEED = (  # $2 job, $3 result JSON
     "last_error = NULL, "
     f"cancel_requested = false, updated_at = {NOW}, finished_at = {NOW} WHERE job_id = $2"
 )
+SQL_SET_ARTIFACT = "UPDATE jobs SET artifact_sha256 = $2 WHERE job_id = $1"
+SQL_STORED_SIZE = "SELECT size FROM artifacts WHERE sha256 = $1"
 SQL_RECORD_USAGE = (  # $2 job, $3 metrics, $4 amounts; $5, $6: (limit, metric) with a budget
     f"INSERT INTO limit_usage (name, metric, at, amount) SELECT jl.name, u.metric, {NOW}, "
     "u.amount FROM job_limits jl CROSS JOIN unnest($3::text[], $4::float8[]) AS u(metric, amount) "
@@ -85,16 +86,20 @@ async def attach(conn: Any, jobs: Sequence[NewJob]) -> None:
 
 
 async def complete_checked(conn: Any, now: float | None, ref: LeaseRef,
-                           result_json: str | None, backoff: Backoff) -> CompleteResult:
+                           result_json: str | None, backoff: Backoff,
+                           artifact: Any = None) -> CompleteResult:
     """A fenced complete decided by coordd.transitions.complete (result schema, a requested
     cancel), in the caller's transaction; a workflow node's workflow is locked first and
-    settled after (coordd.store.postgres.workflows' lock order). Raises: the fencing
-    errors."""
+    settled after (coordd.store.postgres.workflows' lock order). `artifact` (an
+    ArtifactRef): the result's file, stored already by `artifact_put`. Raises: the fencing
+    errors; errors.BadRequest (the artifact is not in the store, or has another size)."""
     wid = await workflows.lock_of_job(conn, ref.job_id)
     held, t = await fence.end_lease(conn, now, ref)
-    d = tr.complete(held, t, result_json, False, backoff)
+    d = tr.complete(held, t, result_json, artifact is not None, backoff)
     if d.t is tr.COMPLETED:
         await conn.execute(SQL_SUCCEED, now, ref.job_id, d.result_json)
+        if artifact is not None:
+            await _record_artifact(conn, ref.job_id, artifact)
         await conn.execute(sql.SQL_EVENT, now, ref.job_id, ref.worker_id, d.t.from_status,
                            d.t.to_status, d.reason)
     elif d.t is tr.INVALID_RETRY:
@@ -112,6 +117,15 @@ async def complete_checked(conn: Any, now: float | None, ref: LeaseRef,
     if d.settle:
         await workflows.settle(conn, now, wid)
     return CompleteResult(status=d.t.to_status, error=d.invalid)
+
+
+async def _record_artifact(conn: Any, job_id: str, artifact: Any) -> None:
+    size = await conn.fetchval(SQL_STORED_SIZE, artifact.sha256)
+    if size != artifact.size:
+        raise errors.BadRequest(
+            f"complete: artifact {artifact.sha256[:12]} ({artifact.size} bytes) is not in "
+            f"coordd's store; upload it first (artifact_put)")
+    await conn.execute(SQL_SET_ARTIFACT, job_id, artifact.sha256)
 
 
 class PostgresAdmission:
@@ -138,11 +152,9 @@ class PostgresAdmission:
                                usage: dict[str, float] | None, book: LimitBook,
                                backoff: Backoff, *, artifact: Any = None,
                                now: float | None = None) -> CompleteResult:
-        if artifact is not None:
-            raise errors.BadRequest(ARTIFACTS_REFUSED)
         budgets = [(n, m) for n, d in book.defs.items() for m in d.budget]
         async with self._conn() as conn, conn.transaction():
-            res = await complete_checked(conn, now, ref, result_json, backoff)
+            res = await complete_checked(conn, now, ref, result_json, backoff, artifact)
             if usage and budgets:
                 metrics = list(usage)
                 await conn.execute(SQL_RECORD_USAGE, now, ref.job_id, metrics,

@@ -37,7 +37,7 @@ from coordd.store.postgres.schedules import SchedulesPostgres
 from coordd.store.postgres.waits import WaitReadsPostgres
 from coordd.store.postgres.web import WebReadsPostgres
 from coordd.store.postgres.governance import GovernancePostgres
-from coordd.store.postgres.hooks import ARTIFACTS_REFUSED, PostgresServing
+from coordd.store.postgres.hooks import PostgresServing
 from coordd.store.postgres.resources import ResourcesPostgres
 from coordd.store.postgres.limits import PostgresAdmission, attach, complete_checked
 
@@ -70,12 +70,12 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
     combination) and result schemas: coordd.store.postgres.admission, .resources and
     .limits. The hub, job logs and enrolment tokens:
     coordd.store.postgres.hub, logs, enrol; governance and resources: .governance,
-    .resources; workflows: .workflows. The other areas are SQLite's only.
+    .resources; workflows: .workflows; artifacts, maintenance and schedules: .artifacts,
+    .maintenance, .schedules.
     """
 
     clock: Literal["app", "db"] = "db"
     name = "PostgreSQL"
-    areas: frozenset[str] = frozenset()  # beyond the interface: none yet
 
     def __init__(self, dsn: str, *, pool_min: int = POOL_MIN_DEFAULT,
                  pool_max: int = POOL_MAX_DEFAULT, batch_items: int = batch.MAX_ITEMS_DEFAULT,
@@ -277,10 +277,13 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
                        artifact: Any = None, now: float | None = None) -> CompleteResult:
         """Store the result and end the job `succeeded` (`cancelled`, the result dropped,
         when a cancel was requested). Fenced; a resend under the same lease after success
-        raises errors.AlreadyCompleted. Raises errors.BadRequest for an `artifact` (no
-        artifact store here yet)."""
+        raises errors.AlreadyCompleted. An `artifact` (stored already by `artifact_put`)
+        is recorded in one transaction of its own (limits.complete_checked); raises
+        errors.BadRequest where it is not in the store."""
         if artifact is not None:
-            raise errors.BadRequest(ARTIFACTS_REFUSED)
+            async with self._conn() as conn, conn.transaction():
+                return await complete_checked(conn, now, ref, result_json,
+                                              self._result_backoff(), artifact)
         return await self.completes.submit(now, (ref, result_json))
 
     async def _complete_batch(self, now: float | None, items: list[Any]) -> list[Any]:
@@ -405,9 +408,14 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
 
     async def status(self, stale_s: float, *, prune_before: float | None = None,
                      now: float | None = None) -> StoreStatus:
-        """The counts (nothing is prunable here: no prune yet)."""
+        """The counts, the database's size (`storage_bytes`) and how many jobs a prune
+        at `prune_before` would delete (`prunable`, counted up to its cap)."""
         async with self._conn() as conn:
-            return await reads.status(conn, now, stale_s)
+            st = await reads.status(conn, now, stale_s)
+        st.db_bytes, st.wal_bytes = await self.storage_bytes()
+        if prune_before is not None:
+            st.prunable = await self.prunable(prune_before)
+        return st
 
     async def oldest_waiting(self, levels: Sequence[int], per_level: int, *,
                              now: float | None = None) -> tuple[float, list[Any]]:

@@ -11,13 +11,15 @@ transactions last milliseconds, far below that.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from coordd.clock import SystemClock
 from coordd.protocol_push import FeedEvent, WorkerActions
 from coordd.store.postgres.sql import NOW
 from coordd.store.api_waits import actions, feed_event
 from coordd.store.postgres.push_sql import SQL_WANT, WANT_SLACK_S
+
+_MONO = SystemClock()  # this store's own memory of its wake-ups: monotonic, not the DB's
 
 FEED_GAP_SETTLED_S = 5.0  # a gap in event ids older than this is final (no commit to come)
 
@@ -64,7 +66,7 @@ class WaitReadsPostgres:
     async def want_wakeups(self, what: str, for_s: float) -> None:
         """push_wanted's row ahead by `for_s` + WANT_SLACK_S on the database's clock;
         written only when the last write does not cover it (about once a minute)."""
-        need = time.monotonic() + for_s
+        need = _MONO.mono() + for_s
         if self._wanted.get(what, 0.0) >= need:
             return
         ahead = for_s + WANT_SLACK_S
