@@ -72,8 +72,10 @@ class Transfers:
                 del self._locks[p.sha256]
 
     async def artifact_get(self, p: ArtifactGet) -> ArtifactData:
-        """Bytes of a stored file. Raises: NotFound, BadRequest, lease errors."""
-        if p.offset < 0 or not 0 < p.limit <= CHUNK_MAX_BYTES:
-            raise errors.BadRequest(f"need offset >= 0 and 0 < limit <= {CHUNK_MAX_BYTES}")
+        """Bytes of a stored file (none from its end on). Raises: NotFound, BadRequest
+        (offset outside 0..the upload cap, limit outside 1..CHUNK_MAX_BYTES), lease errors."""
+        if not 0 <= p.offset <= self._max or not 0 < p.limit <= CHUNK_MAX_BYTES:
+            raise errors.BadRequest(f"need 0 <= offset <= {self._max} and "
+                                    f"0 < limit <= {CHUNK_MAX_BYTES}")
         return await self._store.artifact_get(  # type: ignore[no-any-return]
             self._ref(p), p.sha256, p.offset, p.limit)
