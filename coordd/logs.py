@@ -19,7 +19,6 @@ from coordd.protocol_logs import (
 from coordd.store.api import LeaseRef
 from coordd.store.api_logs import LogStore
 
-CURSOR_MAX = (1 << 63) - 1  # a byte position both stores' bigint holds
 logger = logging.getLogger(__name__)
 
 POS_MAX = 1 << 62  # byte offsets beyond this are refused (SQLite integers are signed 64-bit)
@@ -56,11 +55,11 @@ class JobLogStore:
 
         Raises:
             errors.NotFound: no such job.
-            errors.BadRequest: `after` outside 0..CURSOR_MAX, `attempt` outside
+            errors.BadRequest: `after` outside 0..POS_MAX, `attempt` outside
                 0..ATTEMPTS_MAX, or `limit_bytes` outside 1..LOG_READ_MAX_BYTES.
         """
-        if not 0 <= p.after <= CURSOR_MAX:
-            raise errors.BadRequest(f"after must be 0..{CURSOR_MAX}, got {p.after}")
+        if not 0 <= p.after <= POS_MAX:
+            raise errors.BadRequest(f"after must be 0..{POS_MAX}, got {p.after}")
         if p.attempt is not None and not 0 <= p.attempt <= ATTEMPTS_MAX:
             raise errors.BadRequest(f"attempt must be 0..{ATTEMPTS_MAX}, got {p.attempt}")
         if not 1 <= p.limit_bytes <= LOG_READ_MAX_BYTES:
