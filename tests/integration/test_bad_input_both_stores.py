@@ -1,6 +1,7 @@
-"""Integers past what a store column holds get one clear `bad_request` on both stores
-(found by fuzzing every method over the socket): never `internal` (SQLite's
-OverflowError) nor PostgreSQL's own refusal text, and the same answer on both."""
+"""Bad input found by fuzzing every method over a real socket gets the same clear refusal
+on both stores: integers past what a store column holds are one `bad_request` (never
+`internal`, SQLite's OverflowError, nor PostgreSQL's own refusal text); a result naming an
+artifact coordd does not hold is refused."""
 
 from __future__ import annotations
 
