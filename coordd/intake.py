@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from coordd import errors, resources, results, store, values
 from coordd.idempotency import request_hash
 from coordd.names import check_name
-from coordd.protocol import PRIORITIES, Enqueue
+from coordd.protocol import ATTEMPTS_MAX, PRIORITIES, Enqueue
 from coordd.times import DELAY_MAX_S, check_duration, check_time
 
 if TYPE_CHECKING:
@@ -34,8 +34,8 @@ def new_job(coord: "Coordinator", p: Enqueue) -> store.NewJob:
         raise errors.BadRequest(f"priority must be 0..3, got {p.priority}")
     max_attempts = p.max_attempts if p.max_attempts is not None \
         else cfg.max_attempts_default
-    if max_attempts < 1:
-        raise errors.BadRequest(f"max_attempts must be >= 1, got {max_attempts}")
+    if not 1 <= max_attempts <= ATTEMPTS_MAX:
+        raise errors.BadRequest(f"max_attempts must be 1..{ATTEMPTS_MAX}, got {max_attempts}")
     check_duration("max_runtime_s", p.max_runtime_s)
     check_time("run_at", p.run_at)
     if p.delay_s is not None:

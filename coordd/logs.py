@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from coordd import errors
+from coordd.protocol import ATTEMPTS_MAX
 from coordd.protocol_logs import (
     LOG_CHUNK_MAX_BYTES, LOG_READ_MAX_BYTES, LOG_STREAMS, JobLogs, JobLogsQuery, LogAppend,
     LogAppendResult,
@@ -54,10 +55,13 @@ class JobLogStore:
 
         Raises:
             errors.NotFound: no such job.
-            errors.BadRequest: `after` < 0, or `limit_bytes` outside 1..LOG_READ_MAX_BYTES.
+            errors.BadRequest: `after` outside 0..POS_MAX, `attempt` outside
+                0..ATTEMPTS_MAX, or `limit_bytes` outside 1..LOG_READ_MAX_BYTES.
         """
-        if p.after < 0:
-            raise errors.BadRequest("after must be >= 0")
+        if not 0 <= p.after <= POS_MAX:
+            raise errors.BadRequest(f"after must be 0..{POS_MAX}, got {p.after}")
+        if p.attempt is not None and not 0 <= p.attempt <= ATTEMPTS_MAX:
+            raise errors.BadRequest(f"attempt must be 0..{ATTEMPTS_MAX}, got {p.attempt}")
         if not 1 <= p.limit_bytes <= LOG_READ_MAX_BYTES:
             raise errors.BadRequest(f"limit_bytes must be 1..{LOG_READ_MAX_BYTES}")
         return await self._store.job_logs(p.job_id, p.after, p.attempt, p.limit_bytes)

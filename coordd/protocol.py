@@ -20,6 +20,7 @@ from coordd.protocol_limits import LimitUse
 
 MAX_FRAME_DEFAULT = 16 << 20  # 16 MiB; client and server both enforce an explicit cap
 PRIORITIES = (0, 1, 2, 3)
+ATTEMPTS_MAX = (1 << 31) - 1  # max_attempts, a log's attempt: both stores' int column
 JOB_STATUSES = ("waiting", "running", "succeeded", "failed", "cancelled", "blocked", "skipped")
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled", "skipped")  # blocked: see workflows
 

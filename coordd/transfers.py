@@ -28,6 +28,14 @@ CHUNK_MAX_BYTES = 4 << 20
 _SHA = re.compile(r"[0-9a-f]{64}")
 
 
+class _Turn:
+    """The puts of one sha256 in flight: their lock and how many hold or wait on it."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
 class Transfers:
     """`artifact_put` / `artifact_get` over the store's artifacts
     (coordd.store.api_artifacts: files beside a SQLite database, rows in PostgreSQL).
@@ -42,7 +50,7 @@ class Transfers:
     def __init__(self, store: Any, config: Config) -> None:
         self._store = store
         self._max = config.max_upload_bytes
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _Turn] = {}
 
     def _ref(self, p: ArtifactPut | ArtifactGet) -> LeaseRef:
         if not _SHA.fullmatch(p.sha256):
@@ -62,18 +70,22 @@ class Transfers:
             raise errors.BadRequest(f"chunk at {p.offset} of {len(p.data)} bytes does not fit a "
                                     f"{p.size}-byte file (chunks up to {CHUNK_MAX_BYTES} bytes)")
         ref = self._ref(p)
-        lock = self._locks.setdefault(p.sha256, asyncio.Lock())
-        try:
-            async with lock:
+        turn = self._locks.setdefault(p.sha256, _Turn())
+        turn.users += 1  # dropped with the last user, not when the lock is free: a woken
+        try:             # waiter has not taken it yet
+            async with turn.lock:
                 return await self._store.artifact_put(  # type: ignore[no-any-return]
                     ref, p.sha256, p.size, p.offset, p.data)
         finally:
-            if not lock.locked() and self._locks.get(p.sha256) is lock:
+            turn.users -= 1
+            if turn.users == 0:
                 del self._locks[p.sha256]
 
     async def artifact_get(self, p: ArtifactGet) -> ArtifactData:
-        """Bytes of a stored file. Raises: NotFound, BadRequest, lease errors."""
-        if p.offset < 0 or not 0 < p.limit <= CHUNK_MAX_BYTES:
-            raise errors.BadRequest(f"need offset >= 0 and 0 < limit <= {CHUNK_MAX_BYTES}")
+        """Bytes of a stored file (none from its end on). Raises: NotFound, BadRequest
+        (offset outside 0..the upload cap, limit outside 1..CHUNK_MAX_BYTES), lease errors."""
+        if not 0 <= p.offset <= self._max or not 0 < p.limit <= CHUNK_MAX_BYTES:
+            raise errors.BadRequest(f"need 0 <= offset <= {self._max} and "
+                                    f"0 < limit <= {CHUNK_MAX_BYTES}")
         return await self._store.artifact_get(  # type: ignore[no-any-return]
             self._ref(p), p.sha256, p.offset, p.limit)

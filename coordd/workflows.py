@@ -39,7 +39,7 @@ from coordd import cron as cron_mod
 from coordd import errors, resources, results, values
 from coordd.names import check_duration, check_name
 from coordd.times import TIME_MIN_S
-from coordd.protocol import PRIORITIES
+from coordd.protocol import ATTEMPTS_MAX, PRIORITIES
 from coordd.protocol_workflows import (
     EDGE_POLICIES, LIST_LIMIT_MAX, WORKFLOW_STATUSES, ListWorkflows, Need, NeedView,
     NodeArtifact, NodeView, NoParams, ScheduleAdd, ScheduleList, ScheduleName, ScheduleView,
@@ -218,8 +218,8 @@ class Workflows:
             if n.priority not in PRIORITIES:
                 raise errors.BadRequest(f"node {n.name!r}: priority must be 0..3")
             attempts = n.max_attempts if n.max_attempts is not None else cfg.max_attempts_default
-            if attempts < 1:
-                raise errors.BadRequest(f"node {n.name!r}: max_attempts must be >= 1")
+            if not 1 <= attempts <= ATTEMPTS_MAX:
+                raise errors.BadRequest(f"node {n.name!r}: max_attempts must be 1..{ATTEMPTS_MAX}")
             check_duration(f"node {n.name!r}: max_runtime_s", n.max_runtime_s)
             reserved = sorted(RESERVED_PAYLOAD_KEYS & n.payload.keys())
             if reserved:

@@ -12,7 +12,7 @@ from coordd import (
     budgets, errors, explain, fdlimit, governor, limit_service, resources, views, waiting_report,
 )
 from coordd.protocol import (
-    JOB_STATUSES, Empty, GetJob, JobId, JobList, JobView, ListJobs, MetricsResult,
+    JOB_STATUSES, PRIORITIES, Empty, GetJob, JobId, JobList, JobView, ListJobs, MetricsResult,
     StatusReply, WorkersResult,
 )
 from coordd.protocol_limits import LimitsQuery, LimitUse
@@ -126,6 +126,8 @@ class Reads:
         """A page of jobs (filters: status, kind, role, priority). Raises: BadRequest."""
         if p.status is not None and p.status not in JOB_STATUSES:
             raise errors.BadRequest(f"status must be one of {', '.join(JOB_STATUSES)}")
+        if p.priority is not None and p.priority not in PRIORITIES:
+            raise errors.BadRequest(f"priority must be 0..3, got {p.priority}")
         flt = JobFilter(status=p.status, kind=p.kind, role=p.role, priority=p.priority,
                         limit=max(1, min(p.limit, LIST_LIMIT_MAX)), after=p.after,
                         newest_first=p.newest_first)

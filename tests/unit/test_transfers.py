@@ -69,3 +69,34 @@ async def test_transfers_need_the_current_lease(bundle):
     with pytest.raises(errors.BadRequest, match="64 lowercase hex"):
         await b.coord.artifact_get(ArtifactGet(job_id=job, worker_id="wa", token=token,
                                                sha256="../../etc/passwd"))
+
+
+async def test_puts_of_one_sha256_never_overlap_when_a_third_arrives():
+    """Three puts of one sha256: the first's release must not drop the turn lock while the
+    second still waits on it, or a third takes a fresh lock and overlaps the second (on
+    SQLite two threads wrote one .part file: `internal` FileNotFoundError)."""
+    import asyncio
+    from coordd.config import Config
+    from coordd.protocol_transfers import ArtifactPutResult
+    from coordd.transfers import Transfers
+
+    class Store:
+        inside = most = 0
+
+        async def artifact_put(self, ref, sha256, size, offset, data):
+            Store.inside += 1
+            Store.most = max(Store.most, Store.inside)
+            await asyncio.sleep(0.01)
+            Store.inside -= 1
+            return ArtifactPutResult(received=0)
+
+    t = Transfers(Store(), Config())
+
+    def put():
+        return t.artifact_put(ArtifactPut(job_id="j", worker_id="w", token=1, sha256="a" * 64,
+                                          size=1, data=b""))
+    first, second = asyncio.ensure_future(put()), asyncio.ensure_future(put())
+    await first  # `second` was woken but has not run yet
+    await asyncio.gather(put(), second)
+    assert Store.most == 1
+    assert not t._locks  # nothing left behind once all are done
