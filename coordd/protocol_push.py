@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 
+FEED_CURSOR_MAX = (1 << 63) - 1  # `watch_events` cursors: SQLite rowids / PostgreSQL bigints
+
 
 class WaitJob(msgspec.Struct, kw_only=True):
     """`wait_job`: answer once the job is terminal, or after `timeout_s` (coordd caps it)."""

@@ -20,14 +20,14 @@ from coordd import errors
 from coordd.names import check_name
 from coordd.protocol import TERMINAL_STATUSES, JobId, JobView
 from coordd.protocol_push import (
-    EventsResult, FeedEvent, WaitJob, WaitJobResult, WatchEvents, WatchWorker, WorkerActions,
+    FEED_CURSOR_MAX, EventsResult, FeedEvent, WaitJob, WaitJobResult, WatchEvents, WatchWorker,
+    WorkerActions,
 )
 from coordd.push import Push
 
 TERMINAL = frozenset(TERMINAL_STATUSES)
 FEED_SCAN = 1000       # events looked at per look of `watch_events`
 FEED_LIMIT_MAX = 1000  # events one `watch_events` reply carries at most
-FEED_CURSOR_MAX = (1 << 63) - 1  # event ids are SQLite rowids / PostgreSQL bigints
 GAP_LOOK_S = 1.0       # a parked feed held back by a gap looks again this often
 FEED_SCANS_PER_LOOK = 8  # scans of FEED_SCAN a look makes before answering (a filter may match none)
 
