@@ -12,13 +12,16 @@ import heapq
 import itertools
 import math
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
 from coordd import admission, gates, preemption, resources, store
 from coordd import transitions as tr
+from coordd.claim_policy import (  # noqa: F401 (coordd.claims has always named them)
+    BASE_REFUSALS_CACHED, ClaimPolicy, effective_priority,
+)
 from coordd.limits import LIMIT_REFUSED
 from coordd.protocol import ClaimedJob, ClaimResult, LeaseGrant
 from coordd.store import (
@@ -31,46 +34,7 @@ from coordd.store.governance import SQL_DELETE_RESERVATION
 from coordd.store.resources import grant_of
 
 
-BASE_REFUSALS_CACHED = 4096  # (priority, heartbeat text) pairs kept before starting over
 LIMIT_SCAN = 256  # candidates a claim may skip for their limits beyond CLAIM_SCAN
-
-
-class ClaimPolicy(msgspec.Struct, kw_only=True):
-    """What claim needs from the config: gate policies per priority and timing knobs."""
-
-    policies: dict[int, Any]  # priority -> coordd.gates.GatePolicy
-    heartbeat_stale_s: float
-    aging_interval_s: float
-    resources_seen: bool = False  # a job asked for resources: claims check requests
-    limits: Any = None  # coordd.limits.LimitBook (None or none defined: no limit work)
-    # the kinds waiting per role, kept by the writer (coordd.job_changes.RoleKinds); None:
-    # read them from the claim index at each claim
-    role_kinds: Any = None
-    # whether a reservation may exist (coordd.preemption.ReservationHint); None: always look
-    reservations: Any = None
-    # (priority, the worker's stored heartbeat JSON) -> what that priority's own gates say
-    _base: dict[tuple[int, str], list[tuple[str, str]]] = msgspec.field(default_factory=dict)
-
-    def base_refusals(self, prio: int, heartbeat_json: str,
-                      readings: Callable[[], dict[str, Any]]) -> list[tuple[str, str]]:
-        """`gates.evaluate(policies[prio], readings())`, remembered per stored heartbeat
-        text: a worker claims many times between two heartbeats, and the policies are
-        fixed for coordd's life. Do not change the returned list."""
-        key = (prio, heartbeat_json)
-        got = self._base.get(key)
-        if got is None:
-            if len(self._base) >= BASE_REFUSALS_CACHED:
-                self._base.clear()
-            got = self._base[key] = gates.evaluate(self.policies[prio], readings())
-        return got
-
-
-def effective_priority(priority: int, queued_at: float, now: float, aging_s: float) -> int:
-    """Priority after aging: one step better per `aging_s` seconds waited, never above P0."""
-    if aging_s <= 0:
-        return priority
-    steps = max(0.0, now - queued_at) // aging_s
-    return max(0, priority - int(steps)) if math.isfinite(steps) else 0
 
 
 def claim(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: float,

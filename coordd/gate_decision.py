@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from coordd.leases import ClaimPolicy
+from coordd.claim_policy import ClaimPolicy
 from coordd.store import lenient_json
 
 PRIORITIES = (0, 1, 2, 3)

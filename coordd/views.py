@@ -11,7 +11,7 @@ import sqlite3
 from typing import Any
 
 from coordd import errors
-from coordd.leases import effective_priority
+from coordd.claim_policy import effective_priority
 from coordd.protocol import JOB_STATUSES, ArtifactRef, EventView, JobView, LeaseView
 from coordd.store import PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, lenient_json
 from coordd.store.counters import SQL_COUNTS, SQL_FULL_COUNTS

@@ -19,7 +19,9 @@ from typing import Any
 
 import msgspec
 
-from coordd import errors, gates, governor, intake, leases, values
+from coordd import errors, gates, governor, intake, values
+from coordd.claim_policy import ClaimPolicy
+from coordd.transitions import backoff_delay
 from coordd.clock import Clock, anchored
 from coordd.config import Config
 from coordd.enrol import Enrolment
@@ -83,7 +85,7 @@ class Coordinator(Reads, Areas):
         self.artifact_bytes = 0  # the artifact store's size at the last prune or scrape
         self._policies = config.policies()
         self.limit_book = config.limit_book()  # fleet-wide limits (coordd.limits)
-        self._claim_policy = leases.ClaimPolicy(
+        self._claim_policy = ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s, limits=self.limit_book)
         self.governance = Governance(policies=self._policies,
@@ -291,7 +293,7 @@ class Coordinator(Reads, Areas):
         return self._ids.new(self.clock.wall())
 
     def _backoff(self) -> Any:
-        return partial(leases.backoff_delay, base_s=self.config.backoff_base_s,
+        return partial(backoff_delay, base_s=self.config.backoff_base_s,
                        cap_s=self.config.backoff_cap_s, jitter=self.config.backoff_jitter,
                        u=self._rng.random())
 

@@ -21,7 +21,7 @@ from coordd.protocol import (
 )
 
 if TYPE_CHECKING:
-    from coordd.leases import ClaimPolicy
+    from coordd.claim_policy import ClaimPolicy
     from coordd.store import NewJob
 
 Backoff = Callable[[int], float]  # attempts so far -> seconds before the retry

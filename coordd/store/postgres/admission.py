@@ -23,7 +23,7 @@ import msgspec
 from coordd import gate_decision, gates, resources
 from coordd import limits as lim
 from coordd import transitions as tr
-from coordd.leases import ClaimPolicy
+from coordd.claim_policy import ClaimPolicy
 from coordd.protocol import ClaimResult
 from coordd.store import CLAIM_SCAN, json_decode, lenient_json
 from coordd.store.postgres import resources as pgres

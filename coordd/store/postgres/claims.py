@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from coordd import errors, gate_decision, gates
-from coordd.leases import ClaimPolicy
+from coordd.claim_policy import ClaimPolicy
 from coordd.protocol import ClaimResult
 from coordd.store import lenient_json
 from coordd.store.postgres import admission, batch, sql

@@ -18,7 +18,7 @@ import asyncpg
 
 from coordd import errors
 from coordd import transitions as tr
-from coordd.leases import ClaimPolicy
+from coordd.claim_policy import ClaimPolicy
 from coordd.protocol import (
     ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList, JobView,
     RenewResult, StatusResult,
