@@ -23,7 +23,7 @@ import msgspec
 
 from coordd import errors
 from coordd.names import check_name
-from coordd.protocol_limits import LimitUse
+from coordd.protocol_limits import LimitHolder, LimitUse, LimitView
 
 WINDOWS_S = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "hour": 3600.0,
              "day": 86400.0, "d": 86400.0}
@@ -355,3 +355,28 @@ def refusals(limit: Limit, priority: int, units: int, held: int, excess: int,
         if b is not None:
             why.append(b)
     return why
+
+
+def limit_view(limit: Any, now: float, used: int, rate_used: int, frees_at: float | None,
+               budget_used: dict[str, float], waiting: int,
+               holders: list[tuple[str, str, int, int, float]]) -> LimitView:
+    """A limit's LimitView from what a store read (pure): `used` units held, `rate_used`
+    in the window, `frees_at` (a full rate: when its oldest unit frees), usage per
+    metric, waiting jobs naming it, holders (job, worker, priority, units, since)."""
+    usable: dict[str, int | None] = {}
+    for prio in range(4):
+        room = [] if limit.concurrency is None else \
+            [limit.concurrency - limit.held_back(prio) - used]
+        if limit.rate_n:
+            room.append(limit.rate_n - limit.held_back(prio) - rate_used)
+        usable[f"p{prio}"] = max(0, min(room)) if room else None
+    next_slot = None if frees_at is None else max(0.0, frees_at - now)
+    settings = limit.settings()
+    return LimitView(
+        name=limit.name, source=limit.source, concurrency=limit.concurrency, rate=limit.rate,
+        reserve=settings["reserve"], used=used, rate_used=rate_used, next_slot_s=next_slot,
+        usable=usable, waiting=waiting,
+        holders=[LimitHolder(job_id=j, worker_id=w, priority=pr, units=u, since=s)
+                 for j, w, pr, u, s in holders],
+        budget=settings["budget"], budget_used=budget_used,
+        budget_reserve={k: v for k, v in zip(RESERVE_KEYS, limit.budget_reserve) if v})

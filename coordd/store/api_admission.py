@@ -58,7 +58,7 @@ class AdmissionStore(Protocol):
 
     async def limit_views(self, book: LimitBook, names: list[str], holders: bool, *,
                           now: float | None = None) -> tuple[list[LimitView], float]:
-        """The views of the limits `names` (coordd.limit_service.limit_view) and the
+        """The views of the limits `names` (coordd.limits.limit_view) and the
         store's now."""
         ...
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordd import leases, limit_service
+from coordd import leases
 from coordd.limits import LimitBook
 from coordd.protocol import CompleteResult
 from coordd.protocol_limits import LimitView
@@ -49,17 +49,17 @@ class SQLiteAdmission:
 
     async def job_limits(self, job_id: str, priority: int, waiting: bool, book: LimitBook,
                          *, now: float | None = None) -> tuple[list[tuple[str, int]], str | None]:
-        return await self.readers.run(limit_service.read_annotation, self._now(now), book, job_id,
+        return await self.readers.run(limit_store.read_annotation, self._now(now), book, job_id,
                                       priority, waiting and book.active)
 
     async def limit_views(self, book: LimitBook, names: list[str], holders: bool, *,
                           now: float | None = None) -> tuple[list[LimitView], float]:
         t = self._now(now)
-        return await self.readers.run(limit_service.read_views, t, book, names, holders), t
+        return await self.readers.run(limit_store.read_views, t, book, names, holders), t
 
     async def limit_reasons(self, waiting: list[tuple[str, int]], book: LimitBook, *,
                             now: float | None = None) -> dict[str, str]:
         if not waiting or not book.active:
             return {}
-        return await self.readers.run(limit_service._limit_reasons, self._now(now), book,
+        return await self.readers.run(limit_store.limit_reasons, self._now(now), book,
                                       waiting)

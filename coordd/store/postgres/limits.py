@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from coordd import errors, limit_service
+from coordd import errors
 from coordd import transitions as tr
-from coordd.limits import LimitBook
+from coordd.limits import LimitBook, limit_view
 from coordd.protocol import CompleteResult
 from coordd.protocol_limits import LimitView
 from coordd.store import NewJob
@@ -214,8 +214,8 @@ class PostgresAdmission:
                 budget_used = {m: await conn.fetchval(SQL_USAGE_IN, now, name, m, b[1])
                                for m, b in limit.budget.items()}
                 who = [tuple(r) for r in await conn.fetch(SQL_HOLDERS, name)] if holders else []
-                out.append(limit_service.limit_view(limit, t, used, rate_used, frees,
-                                                    budget_used, waiting, who))
+                out.append(limit_view(limit, t, used, rate_used, frees, budget_used, waiting,
+                                      who))
             if t is None:
                 t = await conn.fetchval(sql.SQL_NOW, now)
         return out, t
