@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from coordd.claim_policy import ClaimPolicy
-from coordd.store import lenient_json
+from coordd.jsontext import lenient_json
 
 PRIORITIES = (0, 1, 2, 3)
 

@@ -18,7 +18,8 @@ import msgspec
 from coordd import gates
 from coordd.gates import GatePolicy
 from coordd.protocol_governance import JobAction
-from coordd.store import event, json_decode, lenient_json
+from coordd.jsontext import json_decode, lenient_json
+from coordd.store import event
 from coordd.store.governance import (
     SQL_HELD_BY_WORKER, SQL_HELD_ONE, SQL_SET_GOVERNANCE, SQL_WORKER_READINGS,
 )

@@ -9,7 +9,7 @@ import msgspec
 
 from coordd import errors
 from coordd.protocol import AgentView, MessageView
-from coordd.store import lenient_json
+from coordd.jsontext import lenient_json
 
 READ_REPLY_BYTES_MAX = 4 << 20  # encoded messages per read reply (and <= half the frame cap)
 

@@ -14,7 +14,7 @@ import logging
 from coordd import errors
 from coordd.names import check_name, escape
 from coordd.protocol import Heartbeat
-from coordd.store import dumps
+from coordd.jsontext import dumps
 from coordd.store.workers import WorkerState
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ import msgspec
 
 from coordd import gates, resources
 from coordd.gates import GatePolicy
-from coordd.store import event, lenient_json
+from coordd.jsontext import lenient_json
+from coordd.store import event
 from coordd.store import resources as resstore
 from coordd.store.governance import (
     SQL_ALL_HELD, SQL_ANY_PREEMPTOR, SQL_DELETE_LAPSED_RESERVATIONS, SQL_DELETE_RESERVATION,

@@ -46,7 +46,7 @@ from coordd.protocol_workflows import (
     WorkflowNode, WorkflowSubmit, WorkflowSubmitResult,
     WorkflowView,
 )
-from coordd.store import dumps, lenient_json
+from coordd.jsontext import dumps, lenient_json
 from coordd.store import workflows as wstore
 
 if TYPE_CHECKING:

@@ -20,6 +20,9 @@ from typing import Any
 
 import msgspec
 
+from coordd.jsontext import (  # noqa: F401 (re-exported: coordd.store has always named them)
+    UNDECODABLE_SHOWN_CHARS, dumps, json_decode, json_encode, lenient_json, maybe_json,
+)
 from coordd.protocol import EnqueueResult, StatusResult
 from coordd import errors
 from coordd import transitions as tr
@@ -52,12 +55,6 @@ def migrate(conn: sqlite3.Connection) -> int:
     return _schema.migrate(conn, SCHEMA_VERSION)
 
 
-json_encode = msgspec.json.encode
-json_decode = msgspec.json.decode
-
-def dumps(value: Any) -> str:
-    """Encode a JSON-compatible value as compact JSON text."""
-    return json_encode(value).decode()
 
 
 # ---------------------------------------------------------------- events
@@ -218,24 +215,6 @@ SQL_DEAD_LETTER = (
     "UPDATE jobs SET status = 'failed', attempts = attempts + ?, updated_at = ?, "
     "finished_at = ?, last_error = ? WHERE job_id = ?"
 )
-UNDECODABLE_SHOWN_CHARS = 200
-
-
-def maybe_json(text: str | None) -> Any:
-    return None if text is None else json_decode(text)
-
-
-def lenient_json(text: str | None, default: Any = None) -> Any:
-    """Decode stored JSON for display; what does not decode is shown, never raised."""
-    if text is None:
-        return default
-    try:
-        return json_decode(text)
-    except msgspec.DecodeError:
-        if default is not None:
-            return default
-        shown = text[:UNDECODABLE_SHOWN_CHARS] if isinstance(text, str) else repr(text)[:UNDECODABLE_SHOWN_CHARS]
-        return {"undecodable": shown}
 
 
 # ---------------------------------------------------------------- lease holder calls
