@@ -2,7 +2,7 @@
 of each priority with why each waits, and a warning for every P0 job (a user waiting)
 that has waited longer than `warn_p0_wait_s`.
 
-`oldest_due` is SQLite's read (coordd.store.waiting_heads; PostgreSQL's is
+SQLite's read is coordd.store.waiting_heads.oldest_due (PostgreSQL's is
 coordd.store.postgres.reads.oldest_waiting); `report` is pure, the same on every store:
 jobs in, the list and the warnings out; `on_store` runs it over a store for the
 Coordinator (coordd.service.reads).
@@ -10,39 +10,15 @@ Coordinator (coordd.service.reads).
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from coordd import explain, views
+from coordd import explain
 from coordd.protocol import JobView, WaitingJob
-from coordd.store.reads import SQL_GET_JOB
-from coordd.store.waiting_heads import (
-    SQL_PAIR_OLDEST_DUE, SQL_WAITING_ROLE_KINDS, SQL_WAITING_ROLES,
-)
 
 PER_LEVEL = 3  # the oldest due waiting jobs shown per priority
 
 Head = tuple[float, JobView]  # (when the job became runnable, its view)
-
-
-def oldest_due(conn: sqlite3.Connection, now: float, levels: list[int], per_level: int,
-               aging_s: float) -> list[Head]:
-    """The `per_level` oldest due waiting jobs of each priority in `levels` (by when they
-    entered waiting), each with its ready time; one index seek per (role, kind, level)."""
-    found: dict[int, list[tuple[float, str, str]]] = {p: [] for p in levels}
-    for (role,) in conn.execute(SQL_WAITING_ROLES).fetchall():
-        for (kind,) in conn.execute(SQL_WAITING_ROLE_KINDS, (role,)).fetchall():
-            for p in levels:
-                found[p] += [(ready, job_id, role) for job_id, ready in conn.execute(
-                    SQL_PAIR_OLDEST_DUE, (role, kind, p, now, per_level))]
-    heads: list[Head] = []
-    for p in levels:
-        for ready, job_id, _ in sorted(found[p])[:per_level]:
-            row = conn.execute(SQL_GET_JOB, (job_id,)).fetchone()
-            if row is not None:
-                heads.append((ready, views._job_view(row, now, aging_s)))
-    return heads
 
 
 def report(heads: list[Head], now: float, warn_p0_wait_s: float

@@ -41,12 +41,11 @@ from coordd.names import check_duration, check_name
 from coordd.times import TIME_MIN_S
 from coordd.protocol import PRIORITIES
 from coordd.protocol_workflows import (
-    EDGE_POLICIES, LIST_LIMIT_MAX, WORKFLOW_STATUSES, ListWorkflows, Need, NeedView,
-    NodeArtifact, NodeView, NoParams, ScheduleAdd, ScheduleList, ScheduleName, ScheduleView,
-    WorkflowNode, WorkflowSubmit, WorkflowSubmitResult,
-    WorkflowView,
+    EDGE_POLICIES, LIST_LIMIT_MAX, WORKFLOW_STATUSES, ListWorkflows, Need, NoParams,
+    ScheduleAdd, ScheduleList, ScheduleName, ScheduleView, WorkflowNode, WorkflowSubmit,
+    WorkflowSubmitResult,
 )
-from coordd.jsontext import dumps, lenient_json
+from coordd.jsontext import dumps
 from coordd.store import workflows as wstore
 
 if TYPE_CHECKING:
@@ -318,54 +317,3 @@ class Workflows:
                             wid or "(already started)", missed,
                             extra={"action": "schedule_fire", "workflow_id": wid})
         return len(skipped), ended, sum(1 for f in fired if f[2] is not None)
-
-
-# ---------------------------------------------------------------- reads (reader connection)
-
-
-def _view(row: tuple, counts: dict[str, int] | None = None) -> WorkflowView:
-    (wid, name, status, key, sid, created_at, updated_at, finished_at, summary_json) = row
-    return WorkflowView(workflow_id=wid, name=name, status=status, created_at=created_at,
-                        updated_at=updated_at, finished_at=finished_at,
-                        summary=lenient_json(summary_json), idempotency_key=key,
-                        schedule_id=sid, counts=counts or {})
-
-
-def _get(conn: Any, workflow_id: str) -> WorkflowView:
-    row = wstore.workflow_row(conn, workflow_id)
-    if row is None:
-        raise errors.NotFound(f"workflow {workflow_id} not found")
-    return workflow_view(row, *wstore.node_rows(conn, workflow_id))
-
-
-def workflow_view(row: tuple, node_rows: list[tuple], edge_rows: list[tuple]) -> WorkflowView:
-    """A workflow with every node from its stored rows (any store): `row` as
-    coordd.store.workflows.SQL_GET_WORKFLOW, nodes as SQL_NODES, edges as SQL_EDGES."""
-    names = {r[0]: r[1] for r in node_rows}
-    needs: dict[str, list[NeedView]] = {}
-    for job_id, dep_id, policy in edge_rows:
-        needs.setdefault(job_id, []).append(NeedView(node=names[dep_id], policy=policy))
-    nodes, counts = [], {}
-    for (job_id, node, status, kind, role, attempts, max_attempts, result_json, last_error,
-         a_sha, a_size, a_path) in node_rows:
-        counts[status] = counts.get(status, 0) + 1
-        nodes.append(NodeView(
-            name=node, job_id=job_id, kind=kind, required_role=role, status=status,
-            attempts=attempts, max_attempts=max_attempts, needs=needs.get(job_id, []),
-            reason=last_error, result=lenient_json(result_json),
-            artifact=NodeArtifact(sha256=a_sha, size=a_size, path=a_path) if a_sha else None))
-    view = _view(row, counts)
-    view.nodes = nodes
-    return view
-
-
-def _list(conn: Any, status: str | None, limit: int) -> list[WorkflowView]:
-    rows = wstore.workflow_rows(conn, status, limit)
-    return workflow_views(rows, wstore.workflow_counts(conn, [r[0] for r in rows]))
-
-
-def workflow_views(rows: list[tuple], counts: dict[str, dict[str, int]]) -> list[WorkflowView]:
-    """Workflows (rows as coordd.store.workflows.SQL_LIST_WORKFLOWS) with node counts by
-    status (workflow id -> status -> n), any store."""
-    return [_view(r, counts.get(r[0])) for r in rows]
-

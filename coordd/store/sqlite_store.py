@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from coordd import errors, leases, store, views, waiting_report
+from coordd import errors, leases, store, views
+from coordd.store import waiting_heads
 from coordd.clock import Clock, SystemClock
 from coordd.dblock import DbLock
 from coordd.protocol import (
@@ -312,7 +313,7 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
     async def oldest_waiting(self, levels: Sequence[int], per_level: int, *,
                              now: float | None = None) -> tuple[float, list[Any]]:
         t = self._now(now)
-        return t, await self.readers.run(waiting_report.oldest_due, t, list(levels),
+        return t, await self.readers.run(waiting_heads.oldest_due, t, list(levels),
                                          per_level, self._aging_s)
 
     # ------------------------------------------------------------ coordination

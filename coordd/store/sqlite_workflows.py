@@ -1,12 +1,13 @@
 """SQLiteStore's workflows (coordd.store.api_workflows): thin adapters over the functions
 the SQLite Coordinator calls (coordd.store.workflows through the writer, the views of
-coordd.workflows on the read pool)."""
+coordd.workflow_views on the read pool)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from coordd import workflows as flows
+from coordd import errors
+from coordd.workflow_views import workflow_view, workflow_views
 from coordd.protocol_workflows import WorkflowList, WorkflowSubmitResult, WorkflowView
 from coordd.store import workflows as wstore
 
@@ -26,10 +27,10 @@ class SQLiteWorkflows:
         return WorkflowSubmitResult(workflow_id=wid, created=created, jobs=ids)
 
     async def workflow_get(self, workflow_id: str) -> WorkflowView:
-        return await self.readers.run(flows._get, workflow_id)
+        return await self.readers.run(_get, workflow_id)
 
     async def workflow_list(self, status: str | None, limit: int) -> WorkflowList:
-        return WorkflowList(workflows=await self.readers.run(flows._list, status, limit))
+        return WorkflowList(workflows=await self.readers.run(_list, status, limit))
 
     async def workflow_cancel(self, workflow_id: str, *,
                               now: float | None = None) -> WorkflowView:
@@ -49,3 +50,17 @@ class SQLiteWorkflows:
         (wstore.skip_absent); return their job ids."""
         return await self._write(
             lambda conn, t: wstore.skip_absent(conn, t, wait_s, stale_s), now)
+
+
+def _get(conn: Any, workflow_id: str) -> WorkflowView:
+    """One workflow with every node (reader connection). Raises: errors.NotFound."""
+    row = wstore.workflow_row(conn, workflow_id)
+    if row is None:
+        raise errors.NotFound(f"workflow {workflow_id} not found")
+    return workflow_view(row, *wstore.node_rows(conn, workflow_id))
+
+
+def _list(conn: Any, status: str | None, limit: int) -> list[WorkflowView]:
+    """Workflows by `status` (None: all), at most `limit`, with node counts (reader)."""
+    rows = wstore.workflow_rows(conn, status, limit)
+    return workflow_views(rows, wstore.workflow_counts(conn, [r[0] for r in rows]))

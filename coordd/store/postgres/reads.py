@@ -60,7 +60,7 @@ async def status(conn: Any, now: float | None, stale_s: float) -> StoreStatus:
 async def oldest_waiting(conn: Any, now: float | None, levels: list[int], per_level: int,
                          aging_s: float) -> tuple[float, list[tuple[float, JobView]]]:
     """(NOW, [(ready time, view)]) of the `per_level` oldest due waiting jobs of each
-    level in `levels` (coordd.waiting_report.oldest_due's answer)."""
+    level in `levels` (coordd.store.waiting_heads.oldest_due's answer)."""
     t = await conn.fetchval(sql.SQL_NOW, now)
     heads = []
     for p in levels:

@@ -16,7 +16,7 @@ from typing import Any
 
 from coordd import errors
 from coordd import transitions as tr
-from coordd import workflows as flows
+from coordd.workflow_views import workflow_view, workflow_views
 from coordd.protocol_workflows import WorkflowList, WorkflowSubmitResult, WorkflowView
 from coordd.store import dumps, lenient_json
 from coordd.store import workflows as wstore
@@ -266,13 +266,13 @@ async def reopen(conn: Any, now: float | None, job_id: str,
 
 
 async def get_workflow(conn: Any, workflow_id: str) -> WorkflowView:
-    """One workflow with every node (coordd.workflows.workflow_view). Raises: NotFound."""
+    """One workflow with every node (coordd.workflow_views.workflow_view). Raises: NotFound."""
     row = await conn.fetchrow(wsql.SQL_GET_WORKFLOW, workflow_id)
     if row is None:
         raise errors.NotFound(f"workflow {workflow_id} not found")
     nodes = [tuple(r) for r in await conn.fetch(wsql.SQL_NODES, workflow_id)]
     edges = [tuple(r) for r in await conn.fetch(wsql.SQL_EDGES, workflow_id)]
-    return flows.workflow_view(tuple(row), nodes, edges)
+    return workflow_view(tuple(row), nodes, edges)
 
 
 async def list_workflows(conn: Any, status: str | None, limit: int) -> list[WorkflowView]:
@@ -281,7 +281,7 @@ async def list_workflows(conn: Any, status: str | None, limit: int) -> list[Work
     counts: dict[str, dict[str, int]] = {}
     for wid, st, k in await conn.fetch(wsql.SQL_WORKFLOW_COUNTS, [r[0] for r in rows]):
         counts.setdefault(wid, {})[st] = k
-    return flows.workflow_views(rows, counts)
+    return workflow_views(rows, counts)
 
 
 class PostgresWorkflows:
