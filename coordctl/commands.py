@@ -13,7 +13,6 @@ import re
 import sqlite3
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
@@ -23,7 +22,7 @@ from coordctl.inputs import (  # noqa: F401  (also imported from here by other c
     UsageError, job_fields, loads_strict, parse_json_arg, parse_time_arg, read_batch,
     read_batch_lines, read_text_arg, to_enqueue,
 )
-from coordd import views
+from coordd.store.offline import check_file  # the one offline read (pyproject: contracts)
 from coordd.errors import CoordError
 from coordd.protocol import JobList, JobView, StatusReply
 
@@ -306,30 +305,6 @@ def _check_failure(res: dict[str, Any]) -> tuple[str, str] | None:
             or res.get("invariants"):
         return ("check_failed", _check_line(res))
     return None
-
-
-def check_file(path: str) -> dict[str, Any]:
-    """Open a SQLite file read-only and run quick_check and foreign_key_check on it.
-
-    Raises:
-        FileNotFoundError: no such file.
-        sqlite3.Error: not a SQLite database (or unreadable).
-    """
-    p = Path(path).expanduser().absolute()
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such file")
-    conn = sqlite3.connect(p.as_uri() + "?mode=ro", uri=True)
-    try:
-        qc, fk = views.integrity(conn)
-        res: dict[str, Any] = {"path": str(p), "quick_check": qc,
-                               "foreign_key_violations": len(fk), "violations": fk[:100]}
-        res["schema_version"] = conn.execute("PRAGMA user_version").fetchone()[0]
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='jobs'"
-                        ).fetchone():
-            res["jobs"] = views.count_jobs(conn)
-        return res
-    finally:
-        conn.close()
 
 
 def check(client: Any, args: argparse.Namespace) -> Outcome:
