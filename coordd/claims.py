@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from coordd import admission, gates, preemption, resources, store
+from coordd import admission, gates, resources, store
 from coordd import transitions as tr
 from coordd.claim_policy import (  # noqa: F401 (coordd.claims has always named them)
     BASE_REFUSALS_CACHED, ClaimPolicy, effective_priority,
@@ -30,6 +30,7 @@ from coordd.store import (
     json_decode, lenient_json, maybe_json,
 )
 from coordd.store import limits as limit_store
+from coordd.store import sqlite_preemption
 from coordd.store.governance import SQL_DELETE_RESERVATION
 from coordd.store.resources import grant_of
 
@@ -88,7 +89,7 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
                            detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
     roles_json, heartbeat_json = worker[0], worker[1]
     judge = _Judge(policy, heartbeat_json, conn, worker_id, now)
-    reserved = preemption.reserved_claim(conn, now, worker_id, policy.reservations)
+    reserved = sqlite_preemption.reserved_claim(conn, now, worker_id, policy.reservations)
     # capacity freed by a preemption: promised to this job (while its limits have room)
     if reserved is not None and judge.admits_limits(reserved):
         short = judge.admission.admit(reserved) if judge.admission is not None else None

@@ -2,15 +2,15 @@
 
 `decide` is the one function that says `continue`, `suspend`, `resume` or `vacate` for a
 running job from its priority's GatePolicy, the worker's last readings and the lease's
-governance state; it is pure. `govern` runs it inside the writer's transaction on every
-heartbeat (all the worker's leases) and renew (that lease), stores the new state on the
-lease row and logs each transition as an event. The worker only acts on the answer, and
+governance state; it is pure, as is everything here. Each store runs `plan` inside the
+heartbeat's (all the worker's leases) and renew's (that lease) transaction, stores the new
+state on the lease row and logs each transition as an event (SQLite:
+coordd.store.sqlite_governance.govern; PostgreSQL: coordd.store.postgres.governance). The worker only acts on the answer, and
 `coordctl show`/`workers` print the stored state, so the three never disagree.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 import msgspec
@@ -18,11 +18,7 @@ import msgspec
 from coordd import gates
 from coordd.gates import GatePolicy
 from coordd.protocol_governance import JobAction
-from coordd.jsontext import json_decode, lenient_json
-from coordd.store import event
-from coordd.store.governance import (
-    SQL_HELD_BY_WORKER, SQL_HELD_ONE, SQL_SET_GOVERNANCE, SQL_WORKER_READINGS,
-)
+from coordd.jsontext import json_decode
 from coordd.times import fmt_time
 
 CONTINUE, SUSPEND, RESUME, VACATE = "continue", "suspend", "resume", "vacate"
@@ -212,25 +208,3 @@ def outcome(steps: list[Step]) -> tuple[list[JobAction], list[tuple[str, str]]]:
     """(one JobAction per step, [(action, reason code)] of the transitions)."""
     return ([JobAction(job_id=s.job_id, action=s.decision.action, reason=s.decision.reason)
              for s in steps], [s.change for s in steps if s.change is not None])
-
-
-def govern(conn: sqlite3.Connection, now: float, worker_id: str,
-           policies: dict[int, GatePolicy], job_id: str | None = None
-           ) -> tuple[list[JobAction], list[tuple[str, str]]]:
-    """Decide for every job `worker_id` holds (or only `job_id`), inside the writer's
-    transaction; store each new state on its lease and log each transition as an event.
-    Returns (one JobAction per held job, [(action, reason code)] of the transitions)."""
-    row = conn.execute(SQL_WORKER_READINGS, (worker_id,)).fetchone()
-    readings = lenient_json(row[0], {}) if row is not None else {}
-    rows = (conn.execute(SQL_HELD_BY_WORKER, (worker_id,)) if job_id is None
-            else conn.execute(SQL_HELD_ONE, (worker_id, job_id))).fetchall()
-    steps = plan(policies, readings, now, rows)
-    for st in steps:
-        d = st.decision
-        if d.state != st.before:
-            s = d.state
-            conn.execute(SQL_SET_GOVERNANCE, (s.suspended_at, s.suspend_reason, s.gate_open_at,
-                                              s.vacate_reason, s.resume_at, st.job_id))
-        if d.event is not None:
-            event(conn, st.job_id, now, worker_id, "running", "running", d.event)
-    return outcome(steps)

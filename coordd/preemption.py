@@ -2,8 +2,9 @@
 running job at least `preempt_gap` priorities lower, and the capacity it frees is
 reserved for it.
 
-`choose_victim` is pure. `preempt` runs inside the writer's transaction (on each
-heartbeat): it marks the victim's lease `vacate` (coordd.governance then tells its holder
+Everything here is pure (`choose` decides); SQLite's `preempt` runs it inside the
+writer's transaction on each heartbeat (coordd.store.sqlite_preemption; PostgreSQL's is
+coordd.store.postgres.governance): it marks the victim's lease `vacate` (coordd.governance then tells its holder
 on every heartbeat and renew until `release`) and inserts a reservation, so the claim of
 that worker takes the waiting job first (`reserved_claim`) until the reservation lapses
 after `reservation_s`. A worker's room comes from the `slots_total` / `slots` readings it
@@ -16,7 +17,6 @@ that found the table empty.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 import msgspec
@@ -24,13 +24,6 @@ import msgspec
 from coordd import gates, resources
 from coordd.gates import GatePolicy
 from coordd.jsontext import lenient_json
-from coordd.store import event
-from coordd.store import resources as resstore
-from coordd.store.governance import (
-    SQL_ALL_HELD, SQL_ANY_PREEMPTOR, SQL_DELETE_LAPSED_RESERVATIONS, SQL_DELETE_RESERVATION,
-    SQL_INSERT_RESERVATION, SQL_LIVE_WORKERS, SQL_MARK_VACATE, SQL_PREEMPTING_CANDIDATES,
-    SQL_ANY_RESERVATION, SQL_RESERVATIONS, SQL_RESERVED_FOR_WORKER,
-)
 
 CANDIDATES_MAX = 16  # waiting jobs looked at per scan, best first
 
@@ -61,19 +54,14 @@ class ReservationHint:
 
 
 class Preemptor:
-    """`preempt` on every heartbeat, its full look at workers and leases at most once per
-    `scan_interval_s` of coordd time (a backlog with a busy fleet must not cost a scan of
+    """The pace of preemption on every heartbeat (each store's walk asks `due`): its full
+    look at workers and leases at most once per `scan_interval_s` of coordd time (a backlog with a busy fleet must not cost a scan of
     every lease per heartbeat). `hint` is raised before each reservation it stores."""
 
     def __init__(self, policy: PreemptPolicy) -> None:
         self.policy = policy
         self.hint = ReservationHint()
         self._last = float("-inf")
-
-    def run(self, conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy]
-            ) -> list[tuple[str, str, str]]:
-        """As `preempt`; [] when the last full look was under `scan_interval_s` ago."""
-        return preempt(conn, now, policies, self.policy, self, self.hint)
 
     def due(self, now: float) -> bool:
         """True (and the interval restarts) when a full look may run at `now`."""
@@ -204,63 +192,3 @@ def choose(look: Look, policies: dict[int, GatePolicy], policy: PreemptPolicy,
         reserved[victim.worker_id] = reserved.get(victim.worker_id, 0) + 1
         done.append(Preemption(job_id=job_id, priority=prio, victim=victim))
     return done
-
-
-def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy],
-            policy: PreemptPolicy, pacer: Preemptor | None = None,
-            hint: ReservationHint | None = None) -> list[tuple[str, str, str]]:
-    """Drop lapsed reservations; for each waiting job that could preempt and that no live
-    worker has room for, vacate one victim and reserve its capacity (`hint` raised
-    first; the choice is `choose`). Returns [(waiting job, victim job, worker)]."""
-    conn.execute(SQL_DELETE_LAPSED_RESERVATIONS, (now,))
-    if policy.gap <= 0:
-        return []
-    if conn.execute(SQL_ANY_PREEMPTOR, (3 - policy.gap,)).fetchone() is None:
-        return []  # the common case, answered from the counters
-    if pacer is not None and not pacer.due(now):
-        return []
-    waiting = conn.execute(SQL_PREEMPTING_CANDIDATES,
-                           (3 - policy.gap, now, CANDIDATES_MAX)).fetchall()
-    if not waiting:
-        return []
-    workers = conn.execute(SQL_LIVE_WORKERS, (now - policy.stale_s,)).fetchall()
-    held: dict[str, list[Held]] = {}
-    for row in conn.execute(SQL_ALL_HELD):
-        held.setdefault(row[0], []).append(Held(*row[:6], vacating=row[6] is not None))
-    reserved: dict[str, int] = {}
-    for worker_id, *_ in conn.execute(SQL_RESERVATIONS):
-        reserved[worker_id] = reserved.get(worker_id, 0) + 1
-    needs = resstore.requests_of(conn, [row[0] for row in waiting])
-    grants = resstore.grants_by_job(conn) if needs else {}
-    look = Look(waiting=waiting, workers=workers, held=held, reserved=reserved, needs=needs,
-                grants=grants)
-    done: list[tuple[str, str, str]] = []
-    for p in choose(look, policies, policy, now):
-        victim = p.victim
-        conn.execute(SQL_MARK_VACATE, (p.why, victim.job_id))
-        event(conn, victim.job_id, now, victim.worker_id, "running", "running",
-              f"vacate: {p.why}")
-        if hint is not None:
-            hint.may_exist()
-        conn.execute(SQL_INSERT_RESERVATION, (p.job_id, victim.worker_id, victim.job_id, now,
-                                              now + policy.reservation_s))
-        event(conn, p.job_id, now, victim.worker_id, "waiting", "waiting", p.reserved_text)
-        done.append((p.job_id, victim.job_id, victim.worker_id))
-    return done
-
-
-def reserved_claim(conn: sqlite3.Connection, now: float, worker_id: str,
-                   hint: ReservationHint | None = None) -> str | None:
-    """The claim's look at reservations on `worker_id`: the reserved job still waiting, to
-    be taken first, or None. Reservations whose job no longer waits are dropped. With a
-    `hint` that says none can exist, no look; one that finds none for this worker checks
-    whether the table is empty, and if so lowers the hint."""
-    if hint is not None and not hint.maybe:
-        return None
-    for job_id, status in conn.execute(SQL_RESERVED_FOR_WORKER, (worker_id, now)).fetchall():
-        if status == "waiting":
-            return job_id
-        conn.execute(SQL_DELETE_RESERVATION, (job_id,))
-    if hint is not None and conn.execute(SQL_ANY_RESERVATION).fetchone() is None:
-        hint.maybe = False
-    return None

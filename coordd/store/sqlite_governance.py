@@ -1,21 +1,29 @@
 """SQLiteStore's governance and workers (coordd.store.api_governance): thin adapters over
-the functions the SQLite Coordinator runs (coordd.governance, coordd.preemption,
-coordd.store.workers, coordd.views), each write one op of the single writer.
+`govern` here (coordd.governance decides), coordd.store.sqlite_preemption,
+coordd.store.workers and coordd.views, each write one op of the single writer.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 from coordd import governance, leases, store, views
+from coordd.gates import GatePolicy
+from coordd.jsontext import lenient_json
+from coordd.protocol_governance import JobAction
 from coordd.protocol import HeartbeatResult, RenewResult
 from coordd.store import governance as govstore
+from coordd.store import sqlite_preemption
 from coordd.store import resources as resstore
 from coordd.store import workers as wkstore
 from coordd.store.api import LeaseRef
 from coordd.store.api_governance import (
     ExplainBook, Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
+)
+from coordd.store.governance import (
+    SQL_HELD_BY_WORKER, SQL_HELD_ONE, SQL_SET_GOVERNANCE, SQL_WORKER_READINGS,
 )
 
 
@@ -38,8 +46,8 @@ class SQLiteGovernance:
             cancel = store.heartbeat(conn, t, worker_id, roles_json, readings_json)
             wkstore.store_state(conn, worker_id, beat.incarnation, beat.kinds_json,
                                 beat.broken_json)
-            preempted = gov.preemptor.run(conn, t, gov.policies)
-            actions, changes = governance.govern(conn, t, worker_id, gov.policies)
+            preempted = sqlite_preemption.run(conn, t, gov.policies, gov.preemptor)
+            actions, changes = govern(conn, t, worker_id, gov.policies)
             return GovernedHeartbeat(
                 result=HeartbeatResult(now=t, cancel=cancel, lost=lost, actions=actions),
                 changes=changes, preempted=preempted)
@@ -48,10 +56,10 @@ class SQLiteGovernance:
     async def renew_governed(self, ref: LeaseRef, lease_s: float, gov: Governance, *,
                              now: float | None = None
                              ) -> tuple[RenewResult, list[tuple[str, str]]]:
-        """`renew`, then coordd.governance.govern for the job, in one writer op."""
+        """`renew`, then `govern` for the job, in one writer op."""
         def op(conn: Any, t: float) -> Any:
             res = leases.renew(conn, t, ref.job_id, ref.worker_id, ref.token, lease_s)
-            actions, changes = governance.govern(conn, t, ref.worker_id, gov.policies,
+            actions, changes = govern(conn, t, ref.worker_id, gov.policies,
                                                  ref.job_id)
             res.action = actions[0] if actions else None
             return res, changes
@@ -99,3 +107,25 @@ class SQLiteGovernance:
         requests = await self.readers.run(resstore.requests_of, list(job_ids)) \
             if job_ids else {}
         return requests, (await self.readers.run(resstore.all_grants) if requests else {})
+
+
+def govern(conn: sqlite3.Connection, now: float, worker_id: str,
+           policies: dict[int, GatePolicy], job_id: str | None = None
+           ) -> tuple[list[JobAction], list[tuple[str, str]]]:
+    """Decide for every job `worker_id` holds (or only `job_id`), inside the writer's
+    transaction; store each new state on its lease and log each transition as an event.
+    Returns (one JobAction per held job, [(action, reason code)] of the transitions)."""
+    row = conn.execute(SQL_WORKER_READINGS, (worker_id,)).fetchone()
+    readings = lenient_json(row[0], {}) if row is not None else {}
+    rows = (conn.execute(SQL_HELD_BY_WORKER, (worker_id,)) if job_id is None
+            else conn.execute(SQL_HELD_ONE, (worker_id, job_id))).fetchall()
+    steps = governance.plan(policies, readings, now, rows)
+    for st in steps:
+        d = st.decision
+        if d.state != st.before:
+            s = d.state
+            conn.execute(SQL_SET_GOVERNANCE, (s.suspended_at, s.suspend_reason, s.gate_open_at,
+                                              s.vacate_reason, s.resume_at, st.job_id))
+        if d.event is not None:
+            store.event(conn, st.job_id, now, worker_id, "running", "running", d.event)
+    return governance.outcome(steps)

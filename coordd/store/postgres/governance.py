@@ -254,7 +254,8 @@ class GovernancePostgres:
 
     async def _preempt(self, conn: Any, now: float | None, t: float,
                        gov: Governance) -> list[tuple[str, str, str]]:
-        """coordd.preemption.preempt on this store, inside the heartbeat's transaction."""
+        """The preemption walk (as coordd.store.sqlite_preemption.preempt on SQLite) inside
+        the heartbeat's transaction."""
         pacer = gov.preemptor
         policy = pacer.policy
         if not await conn.fetchval(SQL_PREEMPT_START, now,
