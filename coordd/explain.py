@@ -1,7 +1,7 @@
 """Why a waiting job is not running, in plain words: the one explainer behind `show`,
 `list`, `workflow show` (and any other view that says why a job waits).
 
-The claim decides with the same rules (coordd.gates, coordd.lifecycle); this module only
+The claim decides with the same rules (coordd.gates, coordd.worker_state); this module only
 words them for a person.
 """
 
@@ -12,14 +12,13 @@ from typing import Any
 import msgspec
 
 from coordd import gates
-from coordd.lifecycle import kind_absent_reason, runs_kind
 from coordd.protocol import JobView
-from coordd.store import workers as wkstore
+from coordd.worker_state import WorkerState, kind_absent_reason, runs_kind
 from coordd.times import fmt_time
 
 
 def why_waiting(job: JobView, now: float, workers: list[Any],
-                states: dict[str, wkstore.WorkerState], policies: dict[int, Any],
+                states: dict[str, WorkerState], policies: dict[int, Any],
                 stale_s: float) -> str:
     """Say why waiting `job` is not running at `now` (Unix s): backoff or a later run_at, no
     live worker with its role or its kind, or which gate (with the job's own gate
@@ -51,7 +50,7 @@ def why_waiting(job: JobView, now: float, workers: list[Any],
 
 
 def live_workers(role: str, now: float, workers: list[Any],
-                 states: dict[str, wkstore.WorkerState], stale_s: float) -> list[Any]:
+                 states: dict[str, WorkerState], stale_s: float) -> list[Any]:
     """The rows of `workers` with `role` whose heartbeat is fresh at `now` (within
     `stale_s`) and that have not said goodbye."""
     return [w for w in workers if role in w[1] and now - w[3] <= stale_s
@@ -59,7 +58,7 @@ def live_workers(role: str, now: float, workers: list[Any],
 
 
 def open_runners(job: JobView, now: float, workers: list[Any],
-                 states: dict[str, wkstore.WorkerState], policies: dict[int, Any],
+                 states: dict[str, WorkerState], policies: dict[int, Any],
                  stale_s: float) -> list[Any]:
     """The live workers that take `job`'s role and kind and whose gates are open for it:
     where only resources can keep it waiting (coordd.resources.shortfall words them)."""

@@ -15,7 +15,6 @@ from coordd import errors
 from coordd.names import check_name, escape
 from coordd.protocol import Heartbeat
 from coordd.jsontext import dumps
-from coordd.store.workers import WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -50,15 +49,3 @@ def log_lost(worker_id: str, lost: list[str], why: str) -> None:
                                          "jobs": lost})
 
 
-def runs_kind(state: WorkerState | None, kind: str) -> bool:
-    """Whether a worker takes jobs of `kind` (one that sends no kinds takes any)."""
-    return state is None or state.kinds is None or kind in state.kinds
-
-
-def kind_absent_reason(kind: str, live: list[str], states: dict[str, WorkerState]) -> str:
-    """Why no worker of `live` (ids with the job's role) takes `kind`, naming the workers
-    where it is broken and why."""
-    broken = [f"{w}: {states[w].broken_kinds[kind]}" for w in live
-              if w in states and kind in states[w].broken_kinds]
-    return f"no live worker runs kind {kind}" + (f" (broken on {'; '.join(broken)})"
-                                                  if broken else "")

@@ -276,17 +276,3 @@ def status_live(conn: sqlite3.Connection, now: float, stale_s: float, cutoff: fl
     leases = conn.execute(SQL_COUNT_LEASES).fetchone()[0]
     return (workers, live, leases, None if oldest is None else now - oldest,
             prunable(conn, cutoff))
-
-
-def reading_notes(readings: dict[str, Any]) -> list[str]:
-    """The notes `workers` prints for each gate reading a worker could not give (its reason)."""
-    notes = []
-    if readings.get("memory_used_pct") is None and readings.get("memory_reason"):
-        notes.append(f"memory: unavailable ({readings['memory_reason']})")
-    if readings.get("temperature_c") is None:
-        notes.append(f"temperature: unavailable ({readings.get('temperature_reason') or 'no reading'})")
-    if readings.get("on_battery") is None:
-        notes.append(f"power: unknown ({readings.get('power_reason') or 'no reading'})")
-    if readings.get("user_idle_s") is None:
-        notes.append(f"user idle: unknown ({readings.get('user_idle_reason') or 'no reading'})")
-    return notes

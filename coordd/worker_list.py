@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from coordd import gates, resources, views
+from coordd import gates, resources
 from coordd.gates import GatePolicy
 from coordd.protocol import WorkerView
-from coordd.store.workers import WorkerState
+from coordd.worker_state import WorkerState, reading_notes
 
 
 def worker_views(rows: list[tuple[str, list[str], dict[str, Any], float, int]], now: float,
@@ -35,7 +35,7 @@ def worker_views(rows: list[tuple[str, list[str], dict[str, Any], float, int]], 
         out.append(WorkerView(worker_id=worker_id, roles=roles, readings=readings,
                               heartbeat_at=hb_at, heartbeat_age_s=age, live=live,
                               verdicts=verdicts,
-                              notes=views.reading_notes(readings) + list(notes.get(worker_id, [])),
+                              notes=reading_notes(readings) + list(notes.get(worker_id, [])),
                               active_leases=n, kinds=state.kinds,
                               broken_kinds=state.broken_kinds,
                               incarnation=state.incarnation, offline_at=state.offline_at,
