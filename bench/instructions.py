@@ -48,7 +48,7 @@ def _child(n: int, db: str, trace_out: str | None) -> None:
     import coordd
     from coordd import config as config_mod
     from coordd.clock import FakeClock
-    from coordd.protocol import Claim, Complete, Enqueue, EnqueueBatch, Heartbeat
+    from coordd.wire.protocol import Claim, Complete, Enqueue, EnqueueBatch, Heartbeat
     from coordd.service import Coordinator
 
     print(f"coordd from {Path(coordd.__file__).parent}", file=sys.stderr)

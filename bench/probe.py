@@ -23,8 +23,8 @@ import signal
 import sys
 import time
 
-from coordd import server
-from coordd.writer import Writer
+from coordd.daemon import server
+from coordd.store.sqlite.writer import Writer
 
 _writers: list[Writer] = []
 _waits: list[list[float]] = [[]]

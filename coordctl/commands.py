@@ -22,9 +22,9 @@ from coordctl.inputs import (  # noqa: F401  (also imported from here by other c
     UsageError, job_fields, loads_strict, parse_json_arg, parse_time_arg, read_batch,
     read_batch_lines, read_text_arg, to_enqueue,
 )
-from coordd.store.offline import check_file  # the one offline read (pyproject: contracts)
+from coordd.store.sqlite.offline import check_file  # the one offline read (pyproject: contracts)
 from coordd.errors import CoordError
-from coordd.protocol import JobList, JobView, StatusReply
+from coordd.wire.protocol import JobList, JobView, StatusReply
 
 STATUS_WAITING_SHOWN = 10
 LIST_ALL_PAGE_DEFAULT = 500
@@ -183,7 +183,7 @@ def cancel(client: Any, args: argparse.Namespace) -> Outcome:
 
 def retry(client: Any, args: argparse.Namespace) -> Outcome:
     """`retry ID` (ID may be a unique prefix): put a failed, cancelled or skipped job back
-    to waiting (coordd.transitions.retry); print its status."""
+    to waiting (coordd.rules.transitions.retry); print its status."""
     job_id = resolve_job_id(client, args.job_id)
     res = client.retry(job_id)
     return Outcome(res, f"{job_id}: {res.status}")
@@ -269,7 +269,7 @@ def top(client: Any, args: argparse.Namespace) -> Outcome:
 def restore(client: Any, args: argparse.Namespace) -> Outcome:
     """`restore SRC [--db PATH]`: verify a backup (quick_check, every sha256) and install it
     as the database, with its artifacts beside it. coordd must be stopped; needs no socket."""
-    from coordd import backup as backup_mod
+    from coordd.ops import backup as backup_mod
     from coordd.config import artifact_dir_for, default_db_path
     db = os.path.abspath(os.path.expanduser(args.db or str(default_db_path())))
     try:

@@ -1,5 +1,5 @@
 """Stored JSON text: encode, decode, and decode for display (pure; every store and every
-rule that reads a stored JSON column uses these; coordd.values checks a client's values
+rule that reads a stored JSON column uses these; coordd.rules.values checks a client's values
 before they are stored)."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from starlette.templating import Jinja2Templates
 from coordctl import render
 from coordd import errors
 from coordd.client import Client
-from coordd.protocol import TERMINAL_STATUSES
+from coordd.wire.protocol import TERMINAL_STATUSES
 from coordd_web import failures, live, shapes
 from coordd_web.peer import tcp_peer_uid
 from coordd_web.security import (

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
-from coordd.process_start import ignore_sighup_until_handled, setup_logging
+from coordd.daemon.process_start import ignore_sighup_until_handled, setup_logging
 from worker import config as config_mod
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def _listed(value: str | list[str]) -> list[str]:
 
 
 def _cert_worker_id(path: str) -> str | None:
-    from coordd import pki
+    from coordd.net import pki
     with open(path, "rb") as fh:
         pem = fh.read()
     try:

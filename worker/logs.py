@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock
-from coordd.protocol_logs import LOG_CHUNK_MAX_BYTES, LOG_KEEP_BYTES as KEEP_BYTES, LOG_STREAMS
+from coordd.wire.logs import LOG_CHUNK_MAX_BYTES, LOG_KEEP_BYTES as KEEP_BYTES, LOG_STREAMS
 
 logger = logging.getLogger(__name__)
 

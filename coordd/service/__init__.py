@@ -3,10 +3,10 @@ one store (coordd.store.api: SQLiteStore or PostgresStore).
 
 `Coordinator` (coordd.service.coordinator) has one coroutine per RPC method (DESIGN.md,
 "Wire protocol"): the jobs and leases (coordinator), the reads and explanations (reads),
-limits and workflows (areas); the hub, job logs and enrolment are coordd.hub, coordd.logs
-and coordd.enrol, artifacts coordd.transfers, prune and check coordd.maintenance,
-schedules coordd.workflows, the web view's reads coordd.web_reads and the parked calls
-coordd.waits, over the same store.
+limits and workflows (areas); the hub, job logs and enrolment are coordd.service.hub, coordd.service.logs
+and coordd.service.enrol, artifacts coordd.service.transfers, prune and check coordd.service.maintenance,
+schedules coordd.service.workflows, the web view's reads coordd.service.web_reads and the parked calls
+coordd.service.waits, over the same store.
 This package imports coordd's rules and the store interface; no store imports it.
 """
 

@@ -2,7 +2,7 @@
 
 A worker takes only jobs of its roles and kinds. With the index led by
 (required_role, kind), each (role, kind) pair the worker can take is one contiguous,
-already ordered run of the index (priority, queued_at, job_id): `coordd.leases` walks one
+already ordered run of the index (priority, queued_at, job_id): `coordd.store.sqlite.leases` walks one
 cursor per pair and merges them in claim order, so a claim never steps over a job it
 could not take, however many wait ahead of it (issue 21, finding 9).
 """

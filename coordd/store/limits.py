@@ -18,10 +18,10 @@ from typing import Any
 
 import msgspec
 
-from coordd.limits import (
+from coordd.rules.limits import (
     LimitBook, budget_refusal, concurrency_refusal, limit_view, rate_excess, rate_refusal_text,
 )
-from coordd.protocol_limits import LimitView
+from coordd.wire.limits import LimitView
 
 # The limits migration (issue 17): its own step, so the lead can renumber it at merge.
 MIGRATION_LIMITS = """

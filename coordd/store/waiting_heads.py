@@ -1,5 +1,5 @@
 """SQL and SQLite's read of the oldest due waiting jobs of a priority (`status`'s waiting list,
-coordd.waiting_report), walked over the claim index (coordd.store.claim_index): one seek
+coordd.service.waiting_report), walked over the claim index (coordd.store.claim_index): one seek
 per waiting role, per kind of it, and per (role, kind, level), whatever the queue's size.
 """
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from coordd import views
-from coordd.protocol import JobView
+from coordd.store import views
+from coordd.wire.protocol import JobView
 from coordd.store.claim_index import SQL_ROLE_KINDS
 from coordd.store.reads import SQL_GET_JOB
 

@@ -13,7 +13,7 @@ import sqlite3
 
 from coordd import errors
 from coordd.store import SQL_RELEASE, end_lost_lease, lenient_json  # noqa: F401
-from coordd.worker_state import WorkerState  # noqa: F401 (re-exported)
+from coordd.rules.worker_state import WorkerState  # noqa: F401 (re-exported)
 
 WORKER_LOST = "worker_lost"
 

@@ -9,8 +9,9 @@ import sqlite3
 
 import pytest
 
-from coordd import errors, leases
-from coordd.protocol import Complete, Fail, JobId, Renew
+from coordd import errors
+from coordd.store.sqlite import leases
+from coordd.wire.protocol import Complete, Fail, JobId, Renew
 
 KiB = 1024
 MiB = 1024 * KiB

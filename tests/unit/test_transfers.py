@@ -1,4 +1,4 @@
-"""Files over the connection (issue 18, coordd.transfers): chunked, resumable from where
+"""Files over the connection (issue 18, coordd.service.transfers): chunked, resumable from where
 coordd's partial copy ends, hashed before the file enters the store, fenced by the lease."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import pytest
 
 from coordd import errors
-from coordd.protocol_transfers import ArtifactGet, ArtifactPut
+from coordd.wire.transfers import ArtifactGet, ArtifactPut
 
 
 async def _held(b):

@@ -1,0 +1,1 @@
+"""wire: TODO describe."""
