@@ -22,7 +22,7 @@ from coordctl.inputs import (  # noqa: F401  (also imported from here by other c
     UsageError, job_fields, loads_strict, parse_json_arg, parse_time_arg, read_batch,
     read_batch_lines, read_text_arg, to_enqueue,
 )
-from coordd.store.sqlite.offline import check_file  # the one offline read (pyproject: contracts)
+from coordd.store.sqlite.offline import check_file  # offline admin (pyproject: clients)
 from coordd.errors import CoordError
 from coordd.wire.protocol import JobList, JobView, StatusReply
 
@@ -269,7 +269,7 @@ def top(client: Any, args: argparse.Namespace) -> Outcome:
 def restore(client: Any, args: argparse.Namespace) -> Outcome:
     """`restore SRC [--db PATH]`: verify a backup (quick_check, every sha256) and install it
     as the database, with its artifacts beside it. coordd must be stopped; needs no socket."""
-    from coordd.ops import backup as backup_mod
+    from coordd.store.sqlite import offline as backup_mod  # restore, re-exported there
     from coordd.config import artifact_dir_for, default_db_path
     db = os.path.abspath(os.path.expanduser(args.db or str(default_db_path())))
     try:

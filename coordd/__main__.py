@@ -11,7 +11,7 @@ import msgspec
 
 from coordd import config as config_mod
 from coordd.errors import ConfigError
-from coordd.daemon.process_start import ignore_sighup_until_handled, setup_logging
+from coordd.process_start import ignore_sighup_until_handled, setup_logging
 
 logger = logging.getLogger("coordd")
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
-from coordd.daemon.process_start import ignore_sighup_until_handled, setup_logging
+from coordd.process_start import ignore_sighup_until_handled, setup_logging
 from worker import config as config_mod
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 systemd's `systemctl reload` (the unit's ExecReload), logrotate scripts and operators send
 SIGHUP routinely; it must never end coordd. What applies now: the TCP listener's TLS
-certificates and deny-lists (coordd.net.tcp). Every other setting is read at start: the
+certificates and deny-lists (coordd.daemon.tcp). Every other setting is read at start: the
 config file is loaded again by coordd.config (the loader and checks of the start) and
 otherwise only names the settings that changed in it and need a restart, so an operator
 who edited the file and reloaded is not misled. One log line per SIGHUP says what was
@@ -24,7 +24,7 @@ from coordd.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 LIVE_WHEN_TCP = frozenset({"tls_deny_workers", "tls_deny_serials"})
-"""Settings a SIGHUP applies at once when the TCP listener serves (coordd.net.tcp.reload)."""
+"""Settings a SIGHUP applies at once when the TCP listener serves (coordd.daemon.tcp.reload)."""
 FROM_ARGS = frozenset({"db", "socket"})
 """Settings the command line may give instead of the file: never compared."""
 
@@ -43,7 +43,7 @@ def reload(running: Config, config_path: str | None, listeners: Iterable[Any]) -
     The file is loaded by `coordd.config.load`, as at start: one that does not load (not
     TOML, a wrong type, a bad value) changes no setting, not even the deny-lists, and is
     one ERROR line; the certificate files are reloaded either way. `listeners`: the TCP
-    listeners serving (coordd.net.tcp.TcpListener; none without `listen_tcp`), each reloaded
+    listeners serving (coordd.daemon.tcp.TcpListener; none without `listen_tcp`), each reloaded
     with the loaded Config (None when it did not load). Never raises for a bad file.
     """
     listeners = [t for t in listeners if t is not None]

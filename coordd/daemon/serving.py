@@ -170,7 +170,7 @@ class ServingDaemon:
                  config_path: str | None = None) -> None:
         self.config = config
         self.config_path = config_path
-        self.tcp: Any = None  # coordd.net.tcp.TcpListener while serving TCP
+        self.tcp: Any = None  # coordd.daemon.tcp.TcpListener while serving TCP
         self.enrol: Any = None  # and the enrolment listener
         self.clock = clock or SystemClock()
         self.stop_event = asyncio.Event()
@@ -277,10 +277,10 @@ class ServingDaemon:
             await self._shutdown(server)
 
     def _start_tcp(self) -> None:
-        """Serve `listen_tcp` (coordd.net.tcp) if set."""
+        """Serve `listen_tcp` (coordd.daemon.tcp) if set."""
         if not self.config.listen_tcp:
             return
-        from coordd.net.tcp import TcpListener
+        from coordd.daemon.tcp import TcpListener
         try:
             self.tcp = TcpListener(self.config, self.dispatcher)
             self.tcp.start()

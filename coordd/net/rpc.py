@@ -43,7 +43,7 @@ from coordd.clock import Clock, SystemClock
 from coordd.conffile import locate
 from coordd.wire.protocol import ADMIN_METHODS, PARAMS, ErrorBody, Reply, Request
 from coordd.net.peercred import PeerCred  # noqa: F401  (re-exported: server, tests)
-from coordd.service.push import PARK_SCOPE, ParkScope
+from coordd.net.parking import PARK_SCOPE, ParkScope
 from coordd.net.budgets import (  # noqa: F401  (re-exported)
     REPLY_CONN, SMALL_FRAME_BYTES, Budgets, Limits,
 )

@@ -379,7 +379,7 @@ class Coordinator(Reads, Areas):
         return await self.maintenance.prune()
 
     async def backup(self, p: Backup) -> BackupResult:
-        """A verified backup at `p.dest` (the store's `backup`; SQLite: coordd.ops.backup, the
+        """A verified backup at `p.dest` (the store's `backup`; SQLite: coordd.store.sqlite.backup, the
         database copied while writes go on, the artifact files and a manifest). Raises:
         BadRequest (dest exists or its folder is missing), CoordError (the copy failed its
         check: it is removed); on PostgreSQL InvalidState, naming pg_dump."""

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import heapq
 import itertools
 import json
@@ -41,6 +40,7 @@ from typing import Any
 
 from coordd import errors
 from coordd.clock import Clock
+from coordd.net.parking import PARK_SCOPE, ParkScope  # noqa: F401 (re-exported)
 from coordd.rules.gates import NO_MATCHING_ROLE
 from coordd.rules.limits import LIMIT_REFUSED
 from coordd.store import push as push_store
@@ -60,25 +60,6 @@ def _roles(text: Any) -> list[str]:
     except (TypeError, ValueError):
         return []
     return [r for r in roles if isinstance(r, str)] if isinstance(roles, list) else []
-
-
-class ParkScope:
-    """The parked calls of one connection: counted for its cap, dropped when it closes."""
-
-    def __init__(self) -> None:
-        self.parked = 0
-        self.closed = False
-        self._waiters: set[_Waiter] = set()
-
-    def close(self) -> None:
-        """The peer is gone: wake its parked calls so they end without another look."""
-        self.closed = True
-        for w in list(self._waiters):
-            w.wake()
-
-
-PARK_SCOPE: contextvars.ContextVar[ParkScope | None] = contextvars.ContextVar(
-    "coordd_park_scope", default=None)
 
 
 class _Waiter:

@@ -1,4 +1,9 @@
-"""Every SQL statement coordd runs on jobs and leases, and `apply`, which writes the job
+"""The stores: the store interface every store implements (api.py, api_*.py), the SQLite
+store (sqlite/) and the PostgreSQL store (postgres/); here and in the modules beside
+api*.py, SQLite's statements. May import net, ops, rules, wire and the base modules; never
+service or daemon (the layers contract).
+
+Every SQL statement coordd runs on jobs and leases, and `apply`, which writes the job
 transitions coordd.rules.transitions decides; the schema (migrations, PRAGMAs) is
 coordd.store.schema, re-exported here.
 

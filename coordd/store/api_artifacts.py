@@ -6,7 +6,7 @@ Callers: coordd.service.transfers.Transfers.artifact_put / artifact_get (the RPC
 methods of the same names; the checks of sha256 format, chunk size, offsets and the
 `max_upload_bytes` cap stay there, made before a store is called) and
 coordd.service.maintenance.Maintenance.prune (`artifact_sweep`, then `artifact_bytes` for the
-`artifacts` figure of `status` and `metrics`); coordd.ops.backup (`artifact_refs`).
+`artifacts` figure of `status` and `metrics`); coordd.store.sqlite.backup (`artifact_refs`).
 
 Where the bytes live: SQLite keeps files beside the database
 (`<db folder>/artifacts/<sha[:2]>/<sha256>`, coordd.cas; the `path` is that file's);

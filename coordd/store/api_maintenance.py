@@ -13,7 +13,7 @@ of artifacts, the batch loop and the pauses stay in coordd.service.maintenance.
 What each store does: SQLite deletes in the single writer's short transactions, hands
 free pages back (`incremental_vacuum`), checkpoints the WAL, refreshes the planner's
 statistics, checks with `quick_check` and `foreign_key_check`, and copies itself
-(coordd.ops.backup). PostgreSQL deletes in short transactions too; autovacuum reclaims space
+(coordd.store.sqlite.backup). PostgreSQL deletes in short transactions too; autovacuum reclaims space
 and refreshes statistics (`vacuum_step` finds nothing, `checkpoint_wal` and `optimize` do
 nothing); `check` reports the pages the server found corrupt (pg_stat_database's
 checksum_failures) and rows no constraint guards; `backup` is refused, naming pg_dump.
@@ -104,9 +104,9 @@ class MaintenanceStore(Protocol):
         ...
 
     async def backup(self, dest: str, *, now: float | None = None) -> BackupResult:
-        """A verified, consistent copy at `dest` (SQLite: coordd.ops.backup.backup, the
+        """A verified, consistent copy at `dest` (SQLite: coordd.store.sqlite.backup.backup, the
         artifact files beside it). Raises: errors.BadRequest, Unavailable, CoordError
-        (see coordd.ops.backup); PostgreSQL: errors.InvalidState, naming pg_dump."""
+        (see coordd.store.sqlite.backup); PostgreSQL: errors.InvalidState, naming pg_dump."""
         ...
 
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from coordd import errors
-from coordd.daemon.process_start import LineFormatter
+from coordd.process_start import LineFormatter
 from coordd.rules.names import check_name
 from coordd.wire.protocol import (
     AgentStatusUpdate, Claim, Empty, Enqueue, Heartbeat, SendMessage,

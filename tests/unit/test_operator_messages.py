@@ -14,7 +14,7 @@ from coordctl import __main__ as coordctl_main
 from coordctl.commands import UsageError
 from coordctl.workflow import read_graph
 from coordd import config, errors, store
-from coordd.ops import backup
+from coordd.store.sqlite import backup
 from coordd.service import workflows
 from coordd.errors import ConfigError
 from coordd.rules.transitions import RETRIED

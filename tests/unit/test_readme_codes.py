@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from coordd.ops.backup import RestoreRefused
+from coordd.store.sqlite.backup import RestoreRefused
 from coordd.client import CallTimeout, Disconnected
 from coordd.wire.protocol import ERROR_CODES
 

@@ -1,6 +1,6 @@
 """Maintenance on SQLite (coordd.store.api_maintenance.MaintenanceStore): coordd.store's
 prune, vacuum and optimize functions as ops of the single writer, the checks and counts
-on the read pool, the backup of coordd.ops.backup in a thread."""
+on the read pool, the backup of coordd.store.sqlite.backup in a thread."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import os
 from typing import Any
 
-from coordd.ops import backup as backups
+from coordd.store.sqlite import backup as backups
 from coordd import store
 from coordd.store import views
 from coordd.wire.protocol import BackupResult
@@ -74,5 +74,5 @@ class SQLiteMaintenance:
         return file_size(self.path), file_size(self.path + "-wal")
 
     async def backup(self, dest: str, *, now: float | None = None) -> BackupResult:
-        """coordd.ops.backup.backup in a thread, beside the writer."""
+        """coordd.store.sqlite.backup.backup in a thread, beside the writer."""
         return await asyncio.to_thread(backups.backup, self.path, self.artifact_dir, dest)

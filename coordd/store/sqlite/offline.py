@@ -1,6 +1,6 @@
-"""The admin's offline read of a SQLite file, without a daemon (`coordctl check PATH`):
-opened read-only, never written. The one store function coordctl imports (pyproject.toml's
-import contracts allow exactly this import)."""
+"""What the admin does to a SQLite file without a daemon: `coordctl check PATH` (`check_file`,
+read-only) and `coordctl restore` (coordd.store.sqlite.backup's `restore`, re-exported). The
+one store module coordctl imports (pyproject.toml's `clients` contract allows exactly it)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from coordd.store import views
+from coordd.store.sqlite.backup import (  # noqa: F401 (coordctl restore)
+    RestoreRefused, ownership_problem, restore,
+)
 
 SQL_HAS_JOBS = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='jobs'"
 PRAGMA_USER_VERSION = "PRAGMA user_version"
