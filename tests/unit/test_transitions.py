@@ -456,7 +456,7 @@ def test_transitions_is_pure():
     import ast
     tree = ast.parse(Path(tr.__file__).read_text())
     mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    mods |= {f"{n.module}.{a.name}" if n.module == "coordd" else n.module
+    mods |= {f"{n.module}.{a.name}" if n.module in ("coordd", "coordd.rules") else n.module
              for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert mods <= {"__future__", "math", "collections.abc", "typing", "msgspec",
                     "coordd.errors", "coordd.rules.results", "coordd.rules.times"}, mods
