@@ -337,7 +337,8 @@ def job_resources(j: JobView) -> str:
 
 
 def resource_lines(res: dict[str, Any]) -> list[str]:
-    """`workers`' lines for a worker's GPUs, RAM and reservations (coordd.rules.resources.summary)."""
+    """`workers`' lines for a worker's GPUs, RAM and reservations
+    (coordd.rules.resources.summary)."""
     def mib(v: Any) -> str:
         return "?" if v is None else f"{v:.0f}"
     out = []

@@ -210,8 +210,8 @@ def render() -> str:
     """The whole page."""
     cfg = coordd_config.Config
     return (
-        md.header("Configuration", "coordd/config.py, coordd/rules/gates.py, coordd/rules/limits.py, "
-                  "worker/config.py and both daemons' argparse parsers",
+        md.header("Configuration", "coordd/config.py, coordd/rules/gates.py, "
+                  "coordd/rules/limits.py, worker/config.py and both daemons' argparse parsers",
                   "Every key of coordd's and coord-worker's TOML files: its type, default, "
                   "unit, the range the code checks, and what it does. Unknown keys are an "
                   "error in both files (a typo never falls back to a default silently). "

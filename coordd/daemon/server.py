@@ -43,7 +43,7 @@ from coordd.store.sqlite.dblock import real_db_path
 from coordd.net.listener import Listener
 from coordd.service.reaper import Reaper
 from coordd.service import Coordinator
-from coordd.daemon.serving import (  # noqa: F401 - re-exported for the callers of coordd.daemon.server
+from coordd.daemon.serving import (  # noqa: F401 - re-exported for coordd.daemon.server's callers
     CLOSE_TIMEOUT_S, DRAIN_TIMEOUT_S, SOCKET_MODE, ServingDaemon, StartupError,
     activated_socket, bind_socket, lock_socket, sd_notify,
 )

@@ -1,5 +1,6 @@
-"""What a claim needs from the config (ClaimPolicy) and priority aging: pure, the same on
-every store (coordd.store.sqlite.claims walks SQLite with it; coordd.store.postgres passes it to its SQL).
+"""What a claim needs from the config (ClaimPolicy) and priority aging: pure, the same on every
+store (coordd.store.sqlite.claims walks SQLite with it; coordd.store.postgres passes it to its
+SQL).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ class ClaimPolicy(msgspec.Struct, kw_only=True):
     aging_interval_s: float
     resources_seen: bool = False  # a job asked for resources: claims check requests
     limits: Any = None  # coordd.rules.limits.LimitBook (None or none defined: no limit work)
-    # the kinds waiting per role, kept by the writer (coordd.store.sqlite.job_changes.RoleKinds); None:
-    # read them from the claim index at each claim
+    # the kinds waiting per role, kept by the writer (coordd.store.sqlite.job_changes.
+    # RoleKinds); None: read them from the claim index at each claim
     role_kinds: Any = None
     # whether a reservation may exist (coordd.rules.preemption.ReservationHint); None: always look
     reservations: Any = None

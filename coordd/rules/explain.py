@@ -1,8 +1,8 @@
 """Why a waiting job is not running, in plain words: the one explainer behind `show`,
 `list`, `workflow show` (and any other view that says why a job waits).
 
-The claim decides with the same rules (coordd.rules.gates, coordd.rules.worker_state); this module only
-words them for a person.
+The claim decides with the same rules (coordd.rules.gates, coordd.rules.worker_state); this
+module only words them for a person.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Governance of running work: what each held job's process must be doing now.
 
-`decide` is the one function that says `continue`, `suspend`, `resume` or `vacate` for a
-running job from its priority's GatePolicy, the worker's last readings and the lease's
-governance state; it is pure, as is everything here. Each store runs `plan` inside the
-heartbeat's (all the worker's leases) and renew's (that lease) transaction, stores the new
-state on the lease row and logs each transition as an event (SQLite:
-coordd.store.sqlite.governance_ops.govern; PostgreSQL: coordd.store.postgres.governance). The worker only acts on the answer, and
-`coordctl show`/`workers` print the stored state, so the three never disagree.
+`decide` is the one function that says `continue`, `suspend`, `resume` or `vacate` for a running
+job from its priority's GatePolicy, the worker's last readings and the lease's governance state;
+it is pure, as is everything here. Each store runs `plan` inside the heartbeat's (all the
+worker's leases) and renew's (that lease) transaction, stores the new state on the lease row and
+logs each transition as an event (SQLite: coordd.store.sqlite.governance_ops.govern; PostgreSQL:
+coordd.store.postgres.governance). The worker only acts on the answer, and `coordctl
+show`/`workers` print the stored state, so the three never disagree.
 """
 
 from __future__ import annotations

@@ -2,17 +2,16 @@
 running job at least `preempt_gap` priorities lower, and the capacity it frees is
 reserved for it.
 
-Everything here is pure (`choose` decides); SQLite's `preempt` runs it inside the
-writer's transaction on each heartbeat (coordd.store.sqlite.preemption_ops; PostgreSQL's is
-coordd.store.postgres.governance): it marks the victim's lease `vacate` (coordd.rules.governance then tells its holder
-on every heartbeat and renew until `release`) and inserts a reservation, so the claim of
-that worker takes the waiting job first (`reserved_claim`) until the reservation lapses
-after `reservation_s`. A worker's room comes from the `slots_total` / `slots` readings it
-sends; a worker that sends none is never counted full, so it never loses a job here.
-The claim skips its look at reservations while `ReservationHint` says none can exist;
-the rule not to break: the hint is raised before any reservation can be stored or come
-back (an insert here, a rollback, another connection's write) and lowered only by a look
-that found the table empty.
+Everything here is pure (`choose` decides); SQLite's `preempt` runs it inside the writer's
+transaction on each heartbeat (coordd.store.sqlite.preemption_ops; PostgreSQL's is
+coordd.store.postgres.governance): it marks the victim's lease `vacate` (coordd.rules.governance
+then tells its holder on every heartbeat and renew until `release`) and inserts a reservation,
+so the claim of that worker takes the waiting job first (`reserved_claim`) until the reservation
+lapses after `reservation_s`. A worker's room comes from the `slots_total` / `slots` readings it
+sends; a worker that sends none is never counted full, so it never loses a job here. The claim
+skips its look at reservations while `ReservationHint` says none can exist; the rule not to
+break: the hint is raised before any reservation can be stored or come back (an insert here, a
+rollback, another connection's write) and lowered only by a look that found the table empty.
 """
 
 from __future__ import annotations
@@ -40,10 +39,10 @@ class PreemptPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ReservationHint:
-    """Whether a reservation may exist in the file (one per Coordinator): while `maybe`
-    is False the claim does not look (`reserved_claim`). Raised at start, by `preempt`
-    before it inserts, and by the writer whenever a batch or an op rolls back or another
-    connection wrote (coordd.store.sqlite.job_changes); lowered only when a look finds the table empty.
+    """Whether a reservation may exist in the file (one per Coordinator): while `maybe` is False
+    the claim does not look (`reserved_claim`). Raised at start, by `preempt` before it inserts,
+    and by the writer whenever a batch or an op rolls back or another connection wrote
+    (coordd.store.sqlite.job_changes); lowered only when a look finds the table empty.
     """
 
     def __init__(self) -> None:
@@ -55,9 +54,10 @@ class ReservationHint:
 
 
 class Preemptor:
-    """The pace of preemption on every heartbeat (each store's walk asks `due`): its full
-    look at workers and leases at most once per `scan_interval_s` of coordd time (a backlog with a busy fleet must not cost a scan of
-    every lease per heartbeat). `hint` is raised before each reservation it stores."""
+    """The pace of preemption on every heartbeat (each store's walk asks `due`): its full look
+    at workers and leases at most once per `scan_interval_s` of coordd time (a backlog with a
+    busy fleet must not cost a scan of every lease per heartbeat). `hint` is raised before each
+    reservation it stores."""
 
     def __init__(self, policy: PreemptPolicy) -> None:
         self.policy = policy

@@ -1,11 +1,11 @@
 """The job state machine: every allowed transition of a job and of a workflow, and the
 pure decisions that pick one.
 
-Rows in, decisions out: no SQL, no connection, no I/O. A store reads the fields a
-decision names, calls it, and applies what it returns with its own statements (the
-SQLite store in coordd.store and coordd.store.sqlite.leases; another store with its own SQL). The one
-rule: a store writes a job's `status` only as a decision from here says, so every change
-a reader can see in `job_events` is a row of TABLE (tests/unit/test_transitions.py).
+Rows in, decisions out: no SQL, no connection, no I/O. A store reads the fields a decision
+names, calls it, and applies what it returns with its own statements (the SQLite store in
+coordd.store and coordd.store.sqlite.leases; another store with its own SQL). The one rule: a
+store writes a job's `status` only as a decision from here says, so every change a reader can
+see in `job_events` is a row of TABLE (tests/unit/test_transitions.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The Coordinator: the jobs' and leases' RPC methods over one store, and how the rest of
-the coordinator is put together (reads: coordd.service.reads; limits and workflows:
-coordd.service.areas; artifacts: coordd.service.transfers; prune and check: coordd.service.maintenance;
-schedules and the workflow round: coordd.service.workflows; the web view's reads:
-coordd.service.web_reads; parked calls: coordd.service.waits and coordd.service.push).
+"""The Coordinator: the jobs' and leases' RPC methods over one store, and how the rest of the
+coordinator is put together (reads: coordd.service.reads; limits and workflows:
+coordd.service.areas; artifacts: coordd.service.transfers; prune and check:
+coordd.service.maintenance; schedules and the workflow round: coordd.service.workflows; the web
+view's reads: coordd.service.web_reads; parked calls: coordd.service.waits and
+coordd.service.push).
 
 Each method takes its params Struct from coordd.wire.protocol and returns its result Struct,
 raising a `coordd.errors.CoordError` whose `code` goes on the wire. Nothing slow runs
@@ -109,7 +110,7 @@ class Coordinator(Reads, Areas):
         for part, methods in ((self.hub, HUB_PARAMS), (self.logs, LOG_PARAMS),
                               (self.enrolment, Enrolment.METHODS), (self.web, WEB_PARAMS),
                               (self.waits, PUSH_PARAMS)):
-            for method in methods:  # served by coordd.service.hub, .logs, .enrol, .web_reads, .waits
+            for method in methods:  # served by service.hub, .logs, .enrol, .web_reads, .waits
                 setattr(self, method, getattr(part, method))
         self.flows = Workflows(self)  # graphs' checks, schedules, the workflow round
         self.maintenance = Maintenance(self)  # prune, check
@@ -148,7 +149,8 @@ class Coordinator(Reads, Areas):
             raise
 
     def resources_seen(self) -> None:
-        """A job asked for resources: claims check requests from now on (coordd.store.claim_admission)."""
+        """A job asked for resources: claims check requests from now on
+        (coordd.store.claim_admission)."""
         self._claim_policy.resources_seen = True
 
     async def close(self) -> None:
@@ -184,7 +186,8 @@ class Coordinator(Reads, Areas):
         return res
 
     async def claim(self, p: Claim) -> ClaimResult:
-        """Claim the best job for `p.worker_id` (the store's claim, coordd.store.sqlite.leases' rules).
+        """Claim the best job for `p.worker_id` (the store's claim, coordd.store.sqlite.leases'
+        rules).
 
         `lease_s` is clamped to [lease_min_s, lease_max_s]. With `wait_s` > 0 and nothing
         to hand out, the call parks (coordd.service.push) up to `wait_s` (cut to
@@ -367,7 +370,7 @@ class Coordinator(Reads, Areas):
             logger.info("reaped %d expired lease(s)", n, extra={"action": "reap", "n": n})
         return ReapResult(reaped=n)
 
-    # ------------------------------------------------------------ maintenance (coordd.service.reaper)
+    # ---------------------------------------------------------- maintenance (service.reaper)
 
     async def workflow_tick(self) -> tuple[int, int, int]:
         """The maintenance round's workflow step (`Workflows.tick`): absent workers' nodes
@@ -379,10 +382,11 @@ class Coordinator(Reads, Areas):
         return await self.maintenance.prune()
 
     async def backup(self, p: Backup) -> BackupResult:
-        """A verified backup at `p.dest` (the store's `backup`; SQLite: coordd.store.sqlite.backup, the
-        database copied while writes go on, the artifact files and a manifest). Raises:
-        BadRequest (dest exists or its folder is missing), CoordError (the copy failed its
-        check: it is removed); on PostgreSQL InvalidState, naming pg_dump."""
+        """A verified backup at `p.dest` (the store's `backup`; SQLite:
+        coordd.store.sqlite.backup, the database copied while writes go on, the artifact files
+        and a manifest). Raises: BadRequest (dest exists or its folder is missing), CoordError
+        (the copy failed its check: it is removed); on PostgreSQL InvalidState, naming
+        pg_dump."""
         return await self.store.backup(p.dest)  # type: ignore[no-any-return]
 
     def _lease_s(self, asked: float | None) -> float:

@@ -207,7 +207,8 @@ class Push:
             self._notes.append(("w", job_id, role, kind, run_at))
 
     def job_ended(self, job_id: str) -> None:
-        """A job reached a terminal status (coordd.store.sqlite.job_changes): noted if waited for."""
+        """A job reached a terminal status (coordd.store.sqlite.job_changes): noted if waited
+        for."""
         if job_id in self._jobs:
             self._notes.append(("t", job_id, None, None, None))
 

@@ -10,13 +10,13 @@ coordd.store.api_artifacts; `storage_bytes` for its `db_bytes`); Maintenance.che
 (`storage_bytes`, `prunable`: SQLite reads both in its status read). Retention, the grace
 of artifacts, the batch loop and the pauses stay in coordd.service.maintenance.
 
-What each store does: SQLite deletes in the single writer's short transactions, hands
-free pages back (`incremental_vacuum`), checkpoints the WAL, refreshes the planner's
-statistics, checks with `quick_check` and `foreign_key_check`, and copies itself
-(coordd.store.sqlite.backup). PostgreSQL deletes in short transactions too; autovacuum reclaims space
-and refreshes statistics (`vacuum_step` finds nothing, `checkpoint_wal` and `optimize` do
-nothing); `check` reports the pages the server found corrupt (pg_stat_database's
-checksum_failures) and rows no constraint guards; `backup` is refused, naming pg_dump.
+What each store does: SQLite deletes in the single writer's short transactions, hands free pages
+back (`incremental_vacuum`), checkpoints the WAL, refreshes the planner's statistics, checks
+with `quick_check` and `foreign_key_check`, and copies itself (coordd.store.sqlite.backup).
+PostgreSQL deletes in short transactions too; autovacuum reclaims space and refreshes statistics
+(`vacuum_step` finds nothing, `checkpoint_wal` and `optimize` do nothing); `check` reports the
+pages the server found corrupt (pg_stat_database's checksum_failures) and rows no constraint
+guards; `backup` is refused, naming pg_dump.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Parked calls at their edges (coordd.service.push, coordd.service.waits): a connection that closes as its
-claim is granted, roles noted while nothing was parked, feed cursors past a prune or past
-any rowid, the run_at timer across wall-clock steps, and a worker's re-parked watch.
+"""Parked calls at their edges (coordd.service.push, coordd.service.waits): a connection that
+closes as its claim is granted, roles noted while nothing was parked, feed cursors past a prune
+or past any rowid, the run_at timer across wall-clock steps, and a worker's re-parked watch.
 Pinned clock."""
 
 from __future__ import annotations

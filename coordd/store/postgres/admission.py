@@ -1,7 +1,7 @@
-"""PostgresStore's admission claim: fleet-wide limits, priority aging, per-job gate
-overrides and resource requests, in any combination, decided in Python over rows read in
-the claim's own transaction, per candidate in SQLite's order (coordd.store.sqlite.claims._Judge): its
-gates, then its resources (coordd.store.postgres.resources), then its limits.
+"""PostgresStore's admission claim: fleet-wide limits, priority aging, per-job gate overrides
+and resource requests, in any combination, decided in Python over rows read in the claim's own
+transaction, per candidate in SQLite's order (coordd.store.sqlite.claims._Judge): its gates,
+then its resources (coordd.store.postgres.resources), then its limits.
 
 The plain claim (coordd.store.postgres.claims) is one SKIP LOCKED statement; it is used
 while none of these is in play. With limits defined, every claim takes one transaction-level

@@ -1,16 +1,15 @@
-"""PostgresStore's resource admission (coordd.rules.resources decides, coordd.store.claim_admission walks):
-a job's request (`job_resources`), what a lease was granted (on the lease row), and the
-claim's resource step. Every statement of it is here.
+"""PostgresStore's resource admission (coordd.rules.resources decides,
+coordd.store.claim_admission walks): a job's request (`job_resources`), what a lease was granted
+(on the lease row), and the claim's resource step. Every statement of it is here.
 
-While no job ever asked for resources (`resources_seen`: an enqueue with a request, or a
-request found in the database at start) and the worker names no kind defaults, claims
-take the batched SKIP LOCKED path of coordd.store.postgres.claims and nothing here runs.
-Otherwise the claim is the admission walk (coordd.store.postgres.admission), which judges
-each candidate's gates, then its resources (`ClaimResources`: coordd.store.claim_admission.Admission,
-the SQLite claim's rules), then its limits, and writes the grant on the new lease in the
-statement that takes the job. The rule not to break: a claim reads the worker's held
-grants only under the worker's claim lock (SQL_WORKER_LOCK), so two claims of one worker
-at once never grant the same GPU.
+While no job ever asked for resources (`resources_seen`: an enqueue with a request, or a request
+found in the database at start) and the worker names no kind defaults, claims take the batched
+SKIP LOCKED path of coordd.store.postgres.claims and nothing here runs. Otherwise the claim is
+the admission walk (coordd.store.postgres.admission), which judges each candidate's gates, then
+its resources (`ClaimResources`: coordd.store.claim_admission.Admission, the SQLite claim's
+rules), then its limits, and writes the grant on the new lease in the statement that takes the
+job. The rule not to break: a claim reads the worker's held grants only under the worker's claim
+lock (SQL_WORKER_LOCK), so two claims of one worker at once never grant the same GPU.
 """
 
 from __future__ import annotations

@@ -266,7 +266,8 @@ async def reopen(conn: Any, now: float | None, job_id: str,
 
 
 async def get_workflow(conn: Any, workflow_id: str) -> WorkflowView:
-    """One workflow with every node (coordd.rules.workflow_views.workflow_view). Raises: NotFound."""
+    """One workflow with every node (coordd.rules.workflow_views.workflow_view). Raises:
+    NotFound."""
     row = await conn.fetchrow(wsql.SQL_GET_WORKFLOW, workflow_id)
     if row is None:
         raise errors.NotFound(f"workflow {workflow_id} not found")

@@ -7,11 +7,11 @@ and `DEST.manifest.json` (`{"db": {"sha256", "bytes"}, "artifacts": [{"sha256", 
 "missing": [sha256...], "missing_reasons": {sha256: why}}`), written last: a backup
 without its manifest is incomplete.
 
-`restore` runs with coordd stopped (it takes the lock coordd holds while it runs: coordd.store.sqlite.dblock),
-checks `quick_check` and every hash, installs the artifact files first and the database
-second (a database it replaces is kept beside it, `<db>.replaced-<UTC time>`), and
-points the copy's artifact and checkpoint paths at the artifact store beside the restored
-database. Anything that does not verify refuses the whole restore.
+`restore` runs with coordd stopped (it takes the lock coordd holds while it runs:
+coordd.store.sqlite.dblock), checks `quick_check` and every hash, installs the artifact files
+first and the database second (a database it replaces is kept beside it, `<db>.replaced-<UTC
+time>`), and points the copy's artifact and checkpoint paths at the artifact store beside the
+restored database. Anything that does not verify refuses the whole restore.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from coordd.store import claim_admission as admission
 from coordd.rules import gates
 from coordd.rules import resources
 from coordd.rules import transitions as tr
-from coordd.rules.claim_policy import (  # noqa: F401 (coordd.store.sqlite.claims has always named them)
+from coordd.rules.claim_policy import (  # noqa: F401 (claims has always named them)
     BASE_REFUSALS_CACHED, ClaimPolicy, effective_priority,
 )
 from coordd.rules.limits import LIMIT_REFUSED

@@ -15,14 +15,14 @@ from collections.abc import Callable
 
 from coordd import store
 from coordd.rules import transitions as tr
-from coordd.store.sqlite.claims import (  # noqa: F401 (coordd.store.sqlite.leases has always named them)
+from coordd.store.sqlite.claims import (  # noqa: F401 (leases has always named them)
     BASE_REFUSALS_CACHED, LIMIT_SCAN, ClaimPolicy, claim, effective_priority,
 )
 from coordd.wire.protocol import ArtifactRef, CompleteResult, RenewResult, StatusResult
 from coordd.store import SQL_CHECKPOINT, SQL_INSERT_ARTIFACT, SQL_JOB_FOR_LEASE, SQL_RENEW
 from coordd.store import limits as limit_store  # noqa: F401 (tests patch it here)
 from coordd.store import workflows
-from coordd.rules.transitions import Held, backoff_delay  # noqa: F401 (coordd.store.sqlite.leases names)
+from coordd.rules.transitions import Held, backoff_delay  # noqa: F401 (leases names them)
 
 
 def _check_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,

@@ -1,9 +1,10 @@
 """SQLiteStore: the store interface (coordd.store.api) over today's single writer.
 
-Each write is one op on coordd.store.sqlite.writer.Writer's queue (group commit, a savepoint per op)
-calling the very functions the Coordinator calls (coordd.store.sqlite.leases, coordd.store); reads run
-on coordd.store.sqlite.readers.ReadPool with coordd.store.views. `clock = "app"`: `now=None` takes the
-writer's `now` (coordd's clock); a pinned `now` replaces it for that op only.
+Each write is one op on coordd.store.sqlite.writer.Writer's queue (group commit, a savepoint per
+op) calling the very functions the Coordinator calls (coordd.store.sqlite.leases, coordd.store);
+reads run on coordd.store.sqlite.readers.ReadPool with coordd.store.views. `clock = "app"`:
+`now=None` takes the writer's `now` (coordd's clock); a pinned `now` replaces it for that op
+only.
 """
 
 from __future__ import annotations

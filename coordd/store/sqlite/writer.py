@@ -16,13 +16,13 @@ runs again with a SAVEPOINT per op. Ops are functions of (connection, now) only,
 running them again gives the same results. An op error that made SQLite cancel the whole
 transaction (SQLITE_FULL, IOERR, NOMEM, INTERRUPT can) ends the batch at once.
 
-The batch runs on the event loop's own thread with a plain `sqlite3` connection; a write
-lock held by another process is waited for with asyncio sleeps, and WAL checkpoints run
-on coordd.store.sqlite.checkpointer's thread. A batch lingers up to `linger_rounds` loop iterations
-while requests keep arriving (group commit). `now` for every op of a batch is read once,
-here; wall-clock steps are taken here too (coordd.store.sqlite.clock_steps). What each batch changes in
-jobs is seen by coordd.store.sqlite.job_changes (counters, kinds, wake-ups). Why each of these, with
-the measurements: docs/decisions.md, "writer".
+The batch runs on the event loop's own thread with a plain `sqlite3` connection; a write lock
+held by another process is waited for with asyncio sleeps, and WAL checkpoints run on
+coordd.store.sqlite.checkpointer's thread. A batch lingers up to `linger_rounds` loop iterations
+while requests keep arriving (group commit). `now` for every op of a batch is read once, here;
+wall-clock steps are taken here too (coordd.store.sqlite.clock_steps). What each batch changes
+in jobs is seen by coordd.store.sqlite.job_changes (counters, kinds, wake-ups). Why each of
+these, with the measurements: docs/decisions.md, "writer".
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class WriterStats:
         self.commit_s_total = 0.0
         self.max_batch = 0
         self.reruns = 0  # batches run again with a savepoint per op (an op failed mid-write)
-        self.wal_cuts = 0  # TRUNCATE checkpoints of a WAL past its bound (coordd.store.sqlite.checkpointer)
+        self.wal_cuts = 0  # TRUNCATE checkpoints of a WAL past its bound (sqlite.checkpointer)
         self.commit_times: collections.deque[float] = collections.deque(maxlen=4096)
 
 
@@ -274,7 +274,7 @@ class Writer:
                 await self._begin(conn)
                 outcomes = self._apply(conn, batch)
                 if self.on_commit is not None:
-                    self.on_commit()  # wake-ups after the COMMIT, never before (coordd.service.push)
+                    self.on_commit()  # wake-ups after the COMMIT, never before (service.push)
                 self._checkpointer.kick()
                 if self.metrics is not None:
                     self.metrics.observe_batch(len(batch), self.stats.commit_times[-1],
@@ -305,10 +305,10 @@ class Writer:
             await asyncio.sleep(0)  # let the loop read sockets: the next batch is what came
 
     async def _cut_wal(self, conn: sqlite3.Connection) -> None:
-        """Checkpoint with TRUNCATE on the writer's own connection (in a thread; no batch
-        runs meanwhile): the WAL went past its bound (coordd.store.sqlite.checkpointer). Readers on an
-        older snapshot make it busy (busy_timeout is 0: nothing waits) and the batch goes
-        on; the checkpointer says so again after its next round.
+        """Checkpoint with TRUNCATE on the writer's own connection (in a thread; no batch runs
+        meanwhile): the WAL went past its bound (coordd.store.sqlite.checkpointer). Readers on
+        an older snapshot make it busy (busy_timeout is 0: nothing waits) and the batch goes on;
+        the checkpointer says so again after its next round.
 
         Raises:
             sqlite3.Error: a storage refusal (the disk is still full): the batch is refused
