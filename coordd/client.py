@@ -366,7 +366,7 @@ class Client(WorkflowCalls, HubCalls, PushCalls):
 
     async def job_logs(self, job_id: str, after: int = 0, attempt: int | None = None,
                        limit_bytes: int = 1 << 20) -> JobLogs:
-        """A job's kept model output after cursor `after` (protocol_logs.JobLogs)."""
+        """A job's kept model output after cursor `after` (coordd.wire.logs.JobLogs)."""
         return await self.call("job_logs", {"job_id": job_id, "after": after,
                                             "attempt": attempt, "limit_bytes": limit_bytes},
                                JobLogs)

@@ -62,7 +62,7 @@ _LIMITS = {  # protocol.Enqueue.limits: names or {name, units}; coordd checks th
                                                 "maximum": LIMIT_UNITS_MAX, "default": 1}}}]}}
 _WORKFLOW_ID = {"type": "object", "required": ["workflow_id"], "additionalProperties": False,
                 "properties": {"workflow_id": {**_NAME, "description": "the workflow's id"}}}
-_NODE = {  # protocol_workflows.WorkflowNode: a node of a graph (docs/concepts/workflows.md)
+_NODE = {  # coordd.wire.workflows.WorkflowNode: a node of a graph (docs/concepts/workflows.md)
     "type": "object", "additionalProperties": False, "required": ["name", "kind", "required_role"],
     "properties": {
         "name": {**_NAME, "description": "the node's name, unique in the graph"},
