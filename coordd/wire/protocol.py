@@ -120,7 +120,7 @@ class Enqueue(msgspec.Struct, kw_only=True):
     gates: dict[str, Any] | None = None  # GatePolicy keys overriding its priority's policy
     result_schema: str | None = None  # a name in coordd.rules.results.SCHEMAS (checked at complete)
     delay_s: float | None = None  # not before coordd's now + this (instead of run_at)
-    resources: dict[str, Any] | None = None  # {gpus, vram_mb (per GPU), ram_mb}: rules.resources
+    resources: dict[str, Any] | None = None  # {gpus, vram_mb (per GPU), ram_mb}: coordd.rules.resources
     # fleet-wide limits it consumes (coordd.rules.limits): names or {name, units}; None = the
     # kind's default from coordd's config, [] = none
     limits: list[str | LimitUse] | None = None
@@ -231,7 +231,7 @@ class ClaimedJob(msgspec.Struct, kw_only=True):
     attempts: int
     checkpoint: Any = None
     max_runtime_s: float | None = None
-    gpu_ids: list[int] | None = None  # the GPUs granted (rules.resources): CUDA_VISIBLE_DEVICES
+    gpu_ids: list[int] | None = None  # the GPUs granted (coordd.rules.resources): CUDA_VISIBLE_DEVICES
 
 
 class LeaseGrant(msgspec.Struct, kw_only=True):
@@ -387,7 +387,7 @@ class WorkerView(msgspec.Struct, kw_only=True):
     broken_kinds: dict[str, str] = {}  # kind -> why the worker cannot run it
     incarnation: str | None = None
     offline_at: float | None = None  # when it said goodbye (not live since)
-    resources: dict[str, Any] = {}  # GPUs, RAM: advertised, held, free (rules.resources.summary)
+    resources: dict[str, Any] = {}  # GPUs, RAM: advertised, held, free (coordd.rules.resources.summary)
 
 
 class WorkersResult(msgspec.Struct, kw_only=True):
