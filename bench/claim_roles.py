@@ -22,7 +22,7 @@ import time
 
 from coordd import config as config_mod
 from coordd.ids import JobIds
-from coordd.leases import ClaimPolicy
+from coordd.store.sqlite.leases import ClaimPolicy
 from coordd.store import NewJob
 
 COOL = {"memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,

@@ -5,7 +5,7 @@ Unix socket, in one run.
 
 Per transport and N, on a fresh coordd (bench/daemon.py, the writer probe off): N workers
 connect (one connection each, in this process; a certificate per worker id, made by
-coordd.pki), heartbeat every 5 s and keep one claim parked (`wait_s` 30); then `--jobs`
+coordd.net.pki), heartbeat every 5 s and keep one claim parked (`wait_s` 30); then `--jobs`
 short jobs are enqueued in one batch and the workers drain them (claim, complete at once,
 claim again). Printed: connect cost per connection (TCP + TLS handshake, or a Unix
 connect; one at a time), coordd's RSS per connection (RSS after the connects minus before,
@@ -29,7 +29,7 @@ from pathlib import Path
 import uvloop
 
 from bench.daemon import Daemon, pct
-from coordd import pki
+from coordd.net import pki
 from coordd.client import Client
 from coordd.transport import Connector, TlsFiles
 

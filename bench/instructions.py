@@ -48,7 +48,12 @@ def _child(n: int, db: str, trace_out: str | None) -> None:
     import coordd
     from coordd import config as config_mod
     from coordd.clock import FakeClock
-    from coordd.protocol import Claim, Complete, Enqueue, EnqueueBatch, Heartbeat
+    try:  # the packaged layout (issue 27 item 4)
+        from coordd.wire.protocol import Claim, Complete, Enqueue, EnqueueBatch, Heartbeat
+    except ImportError:  # revisions before it (`--rev 9727d64`): the flat layout
+        from coordd.protocol import (  # type: ignore[no-redef]
+            Claim, Complete, Enqueue, EnqueueBatch, Heartbeat,
+        )
     from coordd.service import Coordinator
 
     print(f"coordd from {Path(coordd.__file__).parent}", file=sys.stderr)

@@ -13,8 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from coordd import gates, leases, store
-from coordd.limits import LimitBook, LimitSpec
+from coordd import store
+from coordd.rules import gates
+from coordd.store.sqlite import leases
+from coordd.rules.limits import LimitBook, LimitSpec
 
 COOL = '{"memory_used_pct": 40, "temperature_c": 40, "on_battery": false, "user_idle_s": 9999}'
 VARIANTS = ("plain", "limited", "unnamed")  # no limits / every job naming one / none naming it

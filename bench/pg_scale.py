@@ -31,9 +31,9 @@ from typing import Any
 
 from coordd import config as config_mod
 from coordd.ids import JobIds
-from coordd.leases import ClaimPolicy
-from coordd.limits import LimitBook, LimitSpec
-from coordd.resources import Request
+from coordd.store.sqlite.leases import ClaimPolicy
+from coordd.rules.limits import LimitBook, LimitSpec
+from coordd.rules.resources import Request
 from coordd.store import NewJob
 
 COOL = {"memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,

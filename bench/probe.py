@@ -23,8 +23,12 @@ import signal
 import sys
 import time
 
-from coordd import server
-from coordd.writer import Writer
+try:  # the packaged layout (issue 27 item 4)
+    from coordd.daemon import server
+    from coordd.store.sqlite.writer import Writer
+except ImportError:  # revisions before it (`--rev 9727d64`): the flat layout
+    from coordd import server  # type: ignore[no-redef]
+    from coordd.writer import Writer  # type: ignore[no-redef]
 
 _writers: list[Writer] = []
 _waits: list[list[float]] = [[]]

@@ -25,12 +25,12 @@ from typing import Any
 import uvloop
 
 from coordd import config as config_mod
-from coordd import leases
+from coordd.store.sqlite import leases
 from coordd.clock import SystemClock
 from coordd.ids import JobIds
 from coordd.store import NewJob
 from coordd.store.api import LeaseRef
-from coordd.store.sqlite_store import SQLiteStore
+from coordd.store.sqlite.store import SQLiteStore
 
 ENQUEUE_CHUNK = 1000
 

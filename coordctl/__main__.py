@@ -17,11 +17,11 @@ import msgspec
 from coordctl import ca, limits, logs, workflow
 from coordctl.commands import COMMANDS, JOB_ID_HELP, Outcome, UsageError
 from coordctl.msg import MSG_COMMANDS, add_parsers as add_msg_parsers
-from coordd import ranges
+from coordd.rules import ranges
 from coordd.client import CALL_TIMEOUT_DEFAULT
 from coordd.errors import CoordError
-from coordd.names import check_name
-from coordd.protocol import JOB_STATUSES
+from coordd.rules.names import check_name
+from coordd.wire.protocol import JOB_STATUSES
 
 SYSTEM_SOCKET = "/run/coordd/coordd.sock"
 """The socket of coordd installed as a system service (systemd/coordd.service)."""
@@ -109,7 +109,7 @@ PRIORITY = _number(int, ranges.Range(0, 3), "0..3 (P0 a user waiting .. P3 idle)
 
 
 def _name(text: str) -> str:
-    """An argparse type: a kind or role name as coordd takes it (coordd.names)."""
+    """An argparse type: a kind or role name as coordd takes it (coordd.rules.names)."""
     try:
         check_name("a name", text)
     except CoordError as exc:

@@ -1,7 +1,7 @@
 """`coordctl ca init DIR` and `coordctl ca issue (--worker ID | --admin NAME | --server NAME
-[--ip ADDR] [--dns NAME]) DIR`: the fleet's private CA (coordd.pki), files 0600; these run
+[--ip ADDR] [--dns NAME]) DIR`: the fleet's private CA (coordd.net.pki), files 0600; these run
 here, on files, and never talk to coordd. `coordctl token create --worker ID [--ttl 1h]`
-asks coordd for a one-time enrolment token (coordd.enrol)."""
+asks coordd for a one-time enrolment token (coordd.service.enrol)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from coordctl.commands import Outcome
-from coordd import pki
-from coordd.times import fmt_time
-from coordd.tls import split_host_port
+from coordd.net import pki
+from coordd.rules.times import fmt_time
+from coordd.net.tls import split_host_port
 
 AddCommand = Callable[[str, str], argparse.ArgumentParser]
 
@@ -79,7 +79,7 @@ def enroll_server(listen_enroll: str) -> str:
 def token(client: Any, args: argparse.Namespace) -> Outcome:
     """`token create`: print the token once, with the CA pin and the `coord-worker enroll`
     command a worker enrols with (--json: the raw reply, `expires_at` in Unix seconds)."""
-    from coordd.protocol_enrol import TokenCreated
+    from coordd.wire.enrol import TokenCreated
     got = client.call("token_create", {"worker_id": args.worker, "ttl_s": args.ttl}, TokenCreated)
     command = shlex.join(["coord-worker", "enroll", "--server", enroll_server(got.enroll_address),
                           "--token", got.token, "--ca-sha256", got.ca_sha256])

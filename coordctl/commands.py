@@ -13,7 +13,6 @@ import re
 import sqlite3
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
@@ -23,9 +22,9 @@ from coordctl.inputs import (  # noqa: F401  (also imported from here by other c
     UsageError, job_fields, loads_strict, parse_json_arg, parse_time_arg, read_batch,
     read_batch_lines, read_text_arg, to_enqueue,
 )
-from coordd import views
+from coordd.store.sqlite.offline import check_file  # offline admin (pyproject: clients)
 from coordd.errors import CoordError
-from coordd.protocol import JobList, JobView, StatusReply
+from coordd.wire.protocol import JobList, JobView, StatusReply
 
 STATUS_WAITING_SHOWN = 10
 LIST_ALL_PAGE_DEFAULT = 500
@@ -184,7 +183,7 @@ def cancel(client: Any, args: argparse.Namespace) -> Outcome:
 
 def retry(client: Any, args: argparse.Namespace) -> Outcome:
     """`retry ID` (ID may be a unique prefix): put a failed, cancelled or skipped job back
-    to waiting (coordd.transitions.retry); print its status."""
+    to waiting (coordd.rules.transitions.retry); print its status."""
     job_id = resolve_job_id(client, args.job_id)
     res = client.retry(job_id)
     return Outcome(res, f"{job_id}: {res.status}")
@@ -270,7 +269,7 @@ def top(client: Any, args: argparse.Namespace) -> Outcome:
 def restore(client: Any, args: argparse.Namespace) -> Outcome:
     """`restore SRC [--db PATH]`: verify a backup (quick_check, every sha256) and install it
     as the database, with its artifacts beside it. coordd must be stopped; needs no socket."""
-    from coordd import backup as backup_mod
+    from coordd.store.sqlite import offline as backup_mod  # restore, re-exported there
     from coordd.config import artifact_dir_for, default_db_path
     db = os.path.abspath(os.path.expanduser(args.db or str(default_db_path())))
     try:
@@ -306,30 +305,6 @@ def _check_failure(res: dict[str, Any]) -> tuple[str, str] | None:
             or res.get("invariants"):
         return ("check_failed", _check_line(res))
     return None
-
-
-def check_file(path: str) -> dict[str, Any]:
-    """Open a SQLite file read-only and run quick_check and foreign_key_check on it.
-
-    Raises:
-        FileNotFoundError: no such file.
-        sqlite3.Error: not a SQLite database (or unreadable).
-    """
-    p = Path(path).expanduser().absolute()
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such file")
-    conn = sqlite3.connect(p.as_uri() + "?mode=ro", uri=True)
-    try:
-        qc, fk = views.integrity(conn)
-        res: dict[str, Any] = {"path": str(p), "quick_check": qc,
-                               "foreign_key_violations": len(fk), "violations": fk[:100]}
-        res["schema_version"] = conn.execute("PRAGMA user_version").fetchone()[0]
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='jobs'"
-                        ).fetchone():
-            res["jobs"] = views.count_jobs(conn)
-        return res
-    finally:
-        conn.close()
 
 
 def check(client: Any, args: argparse.Namespace) -> Outcome:

@@ -16,8 +16,8 @@ from typing import Any
 import msgspec
 
 from coordd.errors import CoordError
-from coordd.protocol import Enqueue
-from coordd.times import DELAY_MAX_S, check_duration, check_time
+from coordd.wire.protocol import Enqueue
+from coordd.rules.times import DELAY_MAX_S, check_duration, check_time
 
 
 class UsageError(Exception):
@@ -88,7 +88,7 @@ def parse_time_arg(value: str) -> float:
     """Parse `--run-at`: Unix seconds, or ISO-8601 (no zone = local time).
 
     Raises:
-        UsageError: neither form, or outside coordd.times' range.
+        UsageError: neither form, or outside coordd.rules.times' range.
     """
     try:
         ts = float(value)

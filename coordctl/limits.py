@@ -15,8 +15,8 @@ from typing import Any
 
 from coordctl.commands import Outcome, UsageError
 from coordctl.render import safe
-from coordd.protocol_limits import LimitView
-from coordd.times import fmt_time
+from coordd.wire.limits import LimitView
+from coordd.rules.times import fmt_time
 
 AddCommand = Callable[[str, str], argparse.ArgumentParser]
 TABLES = ("reserve", "budget", "budget_reserve")

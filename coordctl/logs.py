@@ -18,8 +18,8 @@ from typing import Any, TextIO
 
 from coordctl.commands import JOB_ID_HELP, Outcome, UsageError, resolve_job_id
 from coordctl.render import safe
-from coordd.protocol import TERMINAL_STATUSES
-from coordd.protocol_logs import LOG_STREAMS, JobLogs
+from coordd.wire.protocol import TERMINAL_STATUSES
+from coordd.wire.logs import LOG_STREAMS, JobLogs
 
 FOLLOW_POLL_S = 1.0
 READ_BYTES = 1 << 20

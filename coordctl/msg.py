@@ -20,7 +20,7 @@ from coordctl.commands import Outcome, UsageError, parse_json_arg, read_text_arg
 from coordctl.render import SafeTable
 from coordd.config import default_agent_name
 from coordd.errors import CoordError
-from coordd.protocol import AgentsResult, ReadResult
+from coordd.wire.protocol import AgentsResult, ReadResult
 
 AddCommand = Callable[[str, str], argparse.ArgumentParser]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from coordd.protocol import JobList, JobView
+from coordd.wire.protocol import JobList, JobView
 
 Fetch = Callable[[str | None], JobList]  # after -> the page after it
 

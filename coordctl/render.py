@@ -20,8 +20,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from coordd.protocol import JOB_STATUSES, JobList, JobView, StatusReply, WorkersResult
-from coordd.times import fmt_time  # noqa: F401  (coordctl's views import it from here)
+from coordd.wire.protocol import JOB_STATUSES, JobList, JobView, StatusReply, WorkersResult
+from coordd.rules.times import fmt_time  # noqa: F401  (coordctl's views import it from here)
 
 PIPE_WIDTH_DEFAULT = 200
 # C0 but tab and newline, DEL, C1, and the bidirectional overrides/isolates/marks
@@ -302,7 +302,7 @@ def workers(console: Console, res: WorkersResult) -> None:
     for w in res.workers:
         for kind, why in sorted(w.broken_kinds.items()):
             console.print(f"{w.worker_id}: kind {kind} not usable: {why}")
-        for note in w.notes:  # coordd.governance: suspended or vacating jobs
+        for note in w.notes:  # coordd.rules.governance: suspended or vacating jobs
             if note.startswith("governance: "):
                 console.print(f"{w.worker_id}: job {note.removeprefix('governance: ')}")
         for line in resource_lines(w.resources):
@@ -337,7 +337,8 @@ def job_resources(j: JobView) -> str:
 
 
 def resource_lines(res: dict[str, Any]) -> list[str]:
-    """`workers`' lines for a worker's GPUs, RAM and reservations (coordd.resources.summary)."""
+    """`workers`' lines for a worker's GPUs, RAM and reservations
+    (coordd.rules.resources.summary)."""
     def mib(v: Any) -> str:
         return "?" if v is None else f"{v:.0f}"
     out = []

@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from coordctl import render
-from coordd.protocol import JOB_STATUSES
+from coordd.wire.protocol import JOB_STATUSES
 
 RUNNING_SHOWN = 15
 FAILED_SHOWN = 5

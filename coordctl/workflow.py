@@ -3,7 +3,7 @@
 `workflow submit FILE` (a TOML or JSON graph), `workflow show ID` (a tree with each
 node's state), `workflow list`, `workflow cancel ID`; `schedule add FILE [--cron EXPR]
 [--name N] [--replace]`, `schedule list`, `schedule rm NAME|ID`. A graph file is a
-`coordd.protocol_workflows.WorkflowSubmit` (unknown keys are refused):
+`coordd.wire.workflows.WorkflowSubmit` (unknown keys are refused):
 
     name = "story"
     [[nodes]]
@@ -39,9 +39,9 @@ import msgspec
 from coordctl.commands import Outcome, UsageError, loads_strict, read_text_arg
 from coordd.conffile import locate
 from coordd.errors import CoordError
-from coordd.times import fmt_time
-from coordd.values import check_finite
-from coordd.protocol_workflows import (
+from coordd.rules.times import fmt_time
+from coordd.rules.values import check_finite
+from coordd.wire.workflows import (
     LIST_LIMIT_MAX, WORKFLOW_STATUSES, ScheduleList, WorkflowSubmit, WorkflowView,
 )
 

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `coordd` command. Exit codes: 0 clean stop, 1 cannot start, 2 usage."""
     ignore_sighup_until_handled()
-    from coordd.server import Daemon, StartupError  # after the line above: ~0.3 s of imports
+    from coordd.daemon.server import Daemon, StartupError  # after the line above: ~0.3 s of imports
     import uvloop
     args = parse_args(argv)
     try:

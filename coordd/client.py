@@ -29,15 +29,15 @@ import msgspec
 
 from coordd import errors
 from coordd.client_areas import HubCalls, PushCalls, WorkflowCalls
-from coordd.protocol import (
+from coordd.wire.protocol import (
     MAX_FRAME_DEFAULT, TERMINAL_STATUSES, BackupResult, ClaimResult, CompleteResult, Enqueue,
     EnqueueBatchResult, EnqueueResult, HeartbeatResult, JobList, JobView, MetricsResult,
     ReapResult, RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
 )
-from coordd.protocol_limits import LimitsResult, LimitView
-from coordd.protocol_logs import JobLogs, LogAppendResult
-from coordd.protocol_workers import ReleasedResult
-from coordd.frames import encode_frame, read_frame
+from coordd.wire.limits import LimitsResult, LimitView
+from coordd.wire.logs import JobLogs, LogAppendResult
+from coordd.wire.workers import ReleasedResult
+from coordd.net.frames import encode_frame, read_frame
 
 if TYPE_CHECKING:
     from coordd.transport import Connector
@@ -366,7 +366,7 @@ class Client(WorkflowCalls, HubCalls, PushCalls):
 
     async def job_logs(self, job_id: str, after: int = 0, attempt: int | None = None,
                        limit_bytes: int = 1 << 20) -> JobLogs:
-        """A job's kept model output after cursor `after` (protocol_logs.JobLogs)."""
+        """A job's kept model output after cursor `after` (coordd.wire.logs.JobLogs)."""
         return await self.call("job_logs", {"job_id": job_id, "after": after,
                                             "attempt": attempt, "limit_bytes": limit_bytes},
                                JobLogs)

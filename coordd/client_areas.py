@@ -9,9 +9,9 @@ from typing import Any
 
 import msgspec
 
-from coordd.protocol import AckResult, AgentsResult, AgentView, JobView, ReadResult, SendResult
-from coordd.protocol_push import EventFilter, EventsResult, WaitJobResult, WorkerActions
-from coordd.protocol_workflows import (
+from coordd.wire.protocol import AckResult, AgentsResult, AgentView, JobView, ReadResult, SendResult
+from coordd.wire.push import EventFilter, EventsResult, WaitJobResult, WorkerActions
+from coordd.wire.workflows import (
     ScheduleList, ScheduleView, WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
 )
 

@@ -2,7 +2,7 @@
 
 Every knob has a default beside it; unknown keys are an error (a typo must not silently
 fall back to a default). Gate policies per priority live under `[gates.p0]` .. `[gates.p3]`;
-keys given there replace the built-in defaults of `coordd.gates.default_policies`.
+keys given there replace the built-in defaults of `coordd.rules.gates.default_policies`.
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ from typing import Any
 
 import msgspec
 
-from coordd import conffile, ranges
+from coordd import conffile
+from coordd.rules import ranges
 from coordd.errors import BadRequest, ConfigError
-from coordd.gates import GatePolicy, default_policies, merge
-from coordd.limits import LimitBook, LimitSpec
-from coordd.names import check_name
-from coordd.protocol_limits import LimitUse
-from coordd.protocol import MAX_FRAME_DEFAULT
-from coordd.results import SCHEMAS
+from coordd.rules.gates import GatePolicy, default_policies, merge
+from coordd.rules.limits import LimitBook, LimitSpec
+from coordd.rules.names import check_name
+from coordd.wire.limits import LimitUse
+from coordd.wire.protocol import MAX_FRAME_DEFAULT
+from coordd.rules.results import SCHEMAS
 
 LEASE_DEFAULT_S = 30.0
 LEASE_MIN_S = 1.0
@@ -85,7 +86,7 @@ RANGES: dict[str, ranges.Range] = {
     "park_wait_max_s": ranges.Range(0, 86400),
     "tls_handshake_timeout_s": _S, "tcp_user_timeout_s": _S, "max_upload_bytes": _N1,
 }
-"""The range of every numeric key (coordd.ranges.check): finite, and > 0, >= 0, >= 1 or
+"""The range of every numeric key (coordd.rules.ranges.check): finite, and > 0, >= 0, >= 1 or
 a fraction as each means."""
 GATE_RANGES: dict[str, ranges.Range] = {
     "max_memory_pct": ranges.PERCENT, "max_temperature_c": ranges.Range(-273.15),
@@ -157,7 +158,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             as the socket reports it), beside admin_uids.
         log_json: log lines as JSON objects.
         gates: per-priority gate overrides, keys "p0".."p3".
-        preempt_gap: priority preemption (coordd.preemption): a waiting job no worker
+        preempt_gap: priority preemption (coordd.rules.preemption): a waiting job no worker
             has room for preempts a running one at least this many priorities lower
             (0 = never).
         preempt_min_runtime_s: a running job is preempted only once it has run this long.
@@ -168,7 +169,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         wal_size_limit_bytes: the WAL file is cut back to this size each time it restarts
             after a checkpoint (SQLite checkpoints it every ~1,000 pages of commits); past
             it, or past half the disk's free space, the writer cuts it to 0 with a
-            TRUNCATE checkpoint (coordd.checkpointer).
+            TRUNCATE checkpoint (coordd.store.sqlite.checkpointer).
         wal_autocheckpoint_pages: past this many WAL pages the writer checkpoints inside
             its own commit (the safety net that lets the WAL restart).
         wal_checkpoint_interval_s: seconds between background checkpoints while writes
@@ -184,7 +185,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             round.
         workflow_absent_wait_s: a waiting workflow node whose capability (required_role)
             no live worker advertised for this long is skipped (reason `worker_absent`).
-        result_schemas: job kind -> result schema name (coordd.results.SCHEMAS) for jobs
+        result_schemas: job kind -> result schema name (coordd.rules.results.SCHEMAS) for jobs
             and nodes that do not name one.
         message_max_bytes: cap on a message's content JSON (and, separately, its metadata).
         message_visibility_s: a read message not acked within this comes back (at least once);
@@ -199,12 +200,12 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             refused `overloaded`.
         park_wait_max_s: the longest a call may stay parked (longer asks are cut to it).
         limits: fleet-wide limits by name (`[limits.NAME]`: concurrency, rate, reserve,
-            budget, budget_reserve; coordd.limits); `coordctl limits set` overrides them
+            budget, budget_reserve; coordd.rules.limits); `coordctl limits set` overrides them
             at runtime (kept in the database, over this file's values).
         kind_limits: kind -> the limits its jobs consume when enqueue names none
             (names or {name, units}).
         listen_tcp: "HOST:PORT" of the TCP listener for workers on other hosts ("" = off);
-            TLS 1.3 with a required client certificate (coordd.tls).
+            TLS 1.3 with a required client certificate (coordd.net.tls).
         tls_cert: coordd's certificate (PEM file) for its TCP and enrolment listeners;
             needed with listen_tcp, as are tls_key and tls_client_ca.
         tls_key: the private key (PEM file) of tls_cert; needed with listen_tcp.
@@ -214,7 +215,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             tests, and refused unless listen_tcp's host is a loopback address.
         tls_deny_workers: worker ids (a certificate's coordd-worker://ID) refused on the
             TCP listener whatever their certificate; a SIGHUP loads the file again
-            (coordd.reload) and applies the list if the file validates.
+            (coordd.daemon.reload) and applies the list if the file validates.
         tls_deny_serials: certificate serial numbers (hex, colons allowed) refused on the
             TCP listener, e.g. a lost host's certificate; reloaded on SIGHUP like
             tls_deny_workers.
@@ -223,7 +224,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             peer behind a partition is dropped about this long after data stops being
             acknowledged.
         listen_enroll: "HOST:PORT" of the enrolment listener ("" = off): TLS 1.3 without
-            a client certificate, serving only `ca_bundle` and `enroll` (coordd.enrol).
+            a client certificate, serving only `ca_bundle` and `enroll` (coordd.service.enrol).
         tls_ca_key: the fleet CA's private key, with which `enroll` signs CSRs (the CA
             certificate is the first one in tls_client_ca); needed by listen_enroll.
         max_upload_bytes: the largest file a remote worker may upload into the artifact
@@ -379,7 +380,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def _check_tcp(self) -> None:
         """The TCP listener needs TLS files, or the plaintext test mode on loopback."""
-        from coordd.tls import check_deny_lists, is_loopback, split_host_port
+        from coordd.net.tls import check_deny_lists, is_loopback, split_host_port
         check_deny_lists(self.tls_deny_workers, self.tls_deny_serials)
         if self.listen_enroll:
             split_host_port(self.listen_enroll)

@@ -1,6 +1,6 @@
 """The coordd error tree. Each class carries its stable wire `code` (DESIGN.md, "RPC").
 
-Only `coordd.rpc` maps errors to wire replies; clients rebuild the same classes from
+Only `coordd.net.rpc` maps errors to wire replies; clients rebuild the same classes from
 the code with `error_for_code`.
 """
 

@@ -10,12 +10,12 @@ import logging
 import signal
 import sys
 
-from coordd import names
+from coordd.rules import names
 
 
 def ignore_sighup_until_handled() -> None:
     """Ignore SIGHUP from the very start of a daemon's main until its event loop installs
-    its own handler (coordd.server, worker.__main__), so a SIGHUP during start-up (the
+    its own handler (coordd.daemon.server, worker.__main__), so a SIGHUP during start-up (the
     imports, the config, the database) does not end it by the default action. Children
     started while it is ignored inherit that (exec keeps SIG_IGN): call it only in the
     daemons' entry points."""

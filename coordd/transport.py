@@ -5,8 +5,8 @@ The rules not to break: the server name is pinned (`coordd`, pki.SERVER_NAME) wh
 address is dialled; every connect has a timeout; after a failed connect the next one waits
 a capped exponential backoff with full jitter (`uniform(0, min(cap, base * 2**n))`), so a
 fleet that lost coordd does not reconnect in lockstep; TCP sockets get keepalive and
-TCP_USER_TIMEOUT (coordd.tls.tune_tcp), so a partition is noticed in seconds. A refusal
-by coordd (its certificate, identity or deny-list: coordd.tls) is no outage: the next dial
+TCP_USER_TIMEOUT (coordd.net.tls.tune_tcp), so a partition is noticed in seconds. A refusal
+by coordd (its certificate, identity or deny-list: coordd.net.tls) is no outage: the next dial
 waits a backoff that doubles per refusal in a row up to REFUSED_BACKOFF_CAP_S
 (`Refusals`, shared by a program's connectors), and calls in between fail at once with
 the reason, without dialling.
@@ -20,7 +20,8 @@ import random
 import ssl
 from dataclasses import dataclass
 
-from coordd import errors, tls
+from coordd import errors
+from coordd.net import tls
 from coordd.clock import Clock, SystemClock
 
 SERVER_NAME = "coordd"
@@ -208,9 +209,9 @@ class Connector:
 
     def closed_unanswered(self, exc: BaseException | None) -> str | None:
         """Why coordd closed a TLS connection without a reply, if that was a refusal of this
-        certificate (coordd.tls logs why): the connection ended by EOF, a reset or a TLS
+        certificate (coordd.net.tls logs why): the connection ended by EOF, a reset or a TLS
         alert within `connect_timeout_s` of its connect (a partition ends by a timeout, much
-        later). What this host can see of the cause (coordd.pki.leaf_problem) is named.
+        later). What this host can see of the cause (coordd.net.pki.leaf_problem) is named.
         None: not a refusal."""
         quick = self._clock.mono() - self.opened_at <= self.connect_timeout_s
         if self.scheme != "tls" or not quick or not (exc is None or isinstance(
@@ -218,7 +219,7 @@ class Connector:
             return None
         problem = None
         if self._files is not None:
-            from coordd import pki
+            from coordd.net import pki
             try:
                 with open(self._files.cert, "rb") as c, open(self._files.ca, "rb") as a:
                     problem = pki.leaf_problem(c.read(), a.read(), self._clock.wall())

@@ -20,11 +20,11 @@ import msgspec
 from coordd import errors
 from coordd.client import Client
 from coordd.config import MESSAGE_VISIBILITY_MAX_S
-from coordd.limits import UNITS_MAX as LIMIT_UNITS_MAX
-from coordd.protocol import JOB_STATUSES, TERMINAL_STATUSES
-from coordd.protocol_workflows import EDGE_POLICIES
-from coordd.resources import MAX as RESOURCES_MAX
-from coordd.times import DELAY_MAX_S, DURATION_MAX_S, TIME_MAX_S, TIME_MIN_S
+from coordd.rules.limits import UNITS_MAX as LIMIT_UNITS_MAX
+from coordd.wire.protocol import JOB_STATUSES, TERMINAL_STATUSES
+from coordd.wire.workflows import EDGE_POLICIES
+from coordd.rules.resources import MAX as RESOURCES_MAX
+from coordd.rules.times import DELAY_MAX_S, DURATION_MAX_S, TIME_MAX_S, TIME_MIN_S
 
 WAIT_MAX_S = 300.0  # wait_for_job never holds a call longer (MCP clients time out calls)
 WAIT_DEFAULT_S = 30.0
@@ -47,7 +47,7 @@ _MESSAGE_FIELDS = {
               "description": "never delivered after this many seconds"},
     "message_id": {**_NAME, "description": "your own id: a resend with it is stored once"},
 }
-_RESOURCES = {  # coordd.resources.Request: what a job asks of its worker
+_RESOURCES = {  # coordd.rules.resources.Request: what a job asks of its worker
     "type": "object", "additionalProperties": False,
     "description": "GPUs, MiB of VRAM on each (implies 1 GPU), MiB of RAM the job needs",
     "properties": {key: {"type": "integer", "minimum": 0, "maximum": top}
@@ -62,7 +62,7 @@ _LIMITS = {  # protocol.Enqueue.limits: names or {name, units}; coordd checks th
                                                 "maximum": LIMIT_UNITS_MAX, "default": 1}}}]}}
 _WORKFLOW_ID = {"type": "object", "required": ["workflow_id"], "additionalProperties": False,
                 "properties": {"workflow_id": {**_NAME, "description": "the workflow's id"}}}
-_NODE = {  # protocol_workflows.WorkflowNode: a node of a graph (docs/concepts/workflows.md)
+_NODE = {  # coordd.wire.workflows.WorkflowNode: a node of a graph (docs/concepts/workflows.md)
     "type": "object", "additionalProperties": False, "required": ["name", "kind", "required_role"],
     "properties": {
         "name": {**_NAME, "description": "the node's name, unique in the graph"},

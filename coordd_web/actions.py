@@ -17,6 +17,7 @@ from starlette.routing import Route
 from coordd import errors
 from coordd.client import Client
 from coordd_web import failures
+from coordd_web.filters import RETRYABLE, job_filters
 from coordd_web.security import action_refusal
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,6 @@ async def reap(request: Request) -> Response:
 
 async def retry_matching(request: Request) -> Response:
     """POST /actions/retry-matching?FILTERS: retry up to RETRY_MATCHING_MAX matching jobs."""
-    from coordd_web.app import RETRYABLE, job_filters
     filters = job_filters(request)
     if filters.get("status") not in RETRYABLE:
         return _answer("retry-all-matching needs a status filter: failed, cancelled or "

@@ -28,8 +28,9 @@ from starlette.templating import Jinja2Templates
 from coordctl import render
 from coordd import errors
 from coordd.client import Client
-from coordd.protocol import TERMINAL_STATUSES
+from coordd.wire.protocol import TERMINAL_STATUSES
 from coordd_web import failures, live, shapes
+from coordd_web.filters import FILTERS, RETRYABLE, job_filters  # noqa: F401 (app names them)
 from coordd_web.peer import tcp_peer_uid
 from coordd_web.security import (
     HostGuard, PeerGuard, PeerLookup, cookie_args, session_token, token_ok,
@@ -43,8 +44,6 @@ PAGE_DEADLINE_S = 15.0  # every call of one page together
 JOBS_PAGE = 50
 RECENT_JOBS = 15
 LOG_BYTES_SHOWN = 64 << 10  # a job page shows this much of the captured output
-FILTERS = ("status", "kind", "role", "priority", "worker", "workflow", "q")
-RETRYABLE = ("failed", "cancelled", "skipped")
 
 
 @dataclass
@@ -100,23 +99,6 @@ def render(request: Request, name: str, status_code: int = 200, **ctx: Any) -> R
     return templates.TemplateResponse(request, name, {
         "actions": settings.actions, "token": session_token(request, settings.token),
         "path": request.url.path, **ctx}, status_code=status_code)
-
-
-def job_filters(request: Request) -> dict[str, Any]:
-    """The jobs filters from the query string (empty ones dropped), as find_jobs params."""
-    q = request.query_params
-    out: dict[str, Any] = {}
-    for name in FILTERS:
-        value = q.get(name, "").strip()
-        if not value:
-            continue
-        if name == "priority":
-            if value not in ("0", "1", "2", "3"):
-                raise HTTPException(400, f"priority must be 0..3, got {value!r}")
-            out["priority"] = int(value)
-        else:
-            out[{"workflow": "workflow_id", "q": "text"}.get(name, name)] = value
-    return out
 
 
 async def overview(request: Request) -> Response:

@@ -18,7 +18,7 @@ from typing import Any
 
 from coordd import errors
 from coordd.client import Client
-from coordd.protocol_push import FeedEvent
+from coordd.wire.push import FeedEvent
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
 from coordd import errors
 from coordd.client import Client
-from coordd.protocol_push import FeedEvent
-from coordd.waits import FEED_CURSOR_MAX
+from coordd.wire.push import FeedEvent
+from coordd.wire.push import FEED_CURSOR_MAX
 from coordd_web.feed import DOWN_CODES, DOWN_RETRY_S, FEED_LIMIT, PACE_S, Feed
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterator
 
 from coordctl.__main__ import build_parser
-from coordd import ranges
+from coordd.rules import ranges
 from docgen import md
 
 USAGE_COLUMNS = "80"  # argparse wraps usage lines at $COLUMNS: fixed, so the page is stable
@@ -50,7 +50,7 @@ def fixed_width() -> Iterator[None]:
 
 def type_words(action: argparse.Action) -> str:
     """The value a flag takes: its type's name and the range it checks (coordctl's
-    `_number` types carry a coordd.ranges.Range)."""
+    `_number` types carry a coordd.rules.ranges.Range)."""
     kind = action.type
     if kind is None:
         return ""

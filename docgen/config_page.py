@@ -13,9 +13,12 @@ from unittest import mock
 import msgspec
 
 from coordd import config as coordd_config
-from coordd import gates, limits, ranges, resources
+from coordd.rules import gates
+from coordd.rules import limits
+from coordd.rules import ranges
+from coordd.rules import resources
 from coordd.__main__ import build_parser as coordd_parser
-from coordd.protocol import Readings
+from coordd.wire.protocol import Readings
 from docgen import md
 from docgen.cli_page import fixed_width, options_table
 from worker import config as worker_config
@@ -207,8 +210,8 @@ def render() -> str:
     """The whole page."""
     cfg = coordd_config.Config
     return (
-        md.header("Configuration", "coordd/config.py, coordd/gates.py, coordd/limits.py, "
-                  "worker/config.py and both daemons' argparse parsers",
+        md.header("Configuration", "coordd/config.py, coordd/rules/gates.py, "
+                  "coordd/rules/limits.py, worker/config.py and both daemons' argparse parsers",
                   "Every key of coordd's and coord-worker's TOML files: its type, default, "
                   "unit, the range the code checks, and what it does. Unknown keys are an "
                   "error in both files (a typo never falls back to a default silently). "

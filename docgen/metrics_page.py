@@ -1,4 +1,4 @@
-"""docs/reference/metrics.md: every metric family coordd exports (coordd.metrics.Metrics),
+"""docs/reference/metrics.md: every metric family coordd exports (coordd.ops.metrics.Metrics),
 with its type, labels and help, read from a fresh registry."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import inspect
 
 from prometheus_client.metrics import MetricWrapperBase
 
-from coordd import metrics
+from coordd.ops import metrics
 from docgen import md
 
 SUFFIXES = {"counter": "_total", "histogram": "_bucket, _sum, _count"}
@@ -34,7 +34,7 @@ def render() -> str:
             extra = ". Buckets (`le`): " + ", ".join(f"{b:g}" for b in bounds) + ", +Inf."
         rows.append([md.code(name), kind, md.code(series), labels, fam._documentation + extra])
     return (
-        md.header("Metrics", "coordd/metrics.py",
+        md.header("Metrics", "coordd/ops/metrics.py",
                   "Every series coordd exports, in the Prometheus text format. Read them "
                   "with `coordctl metrics` (the `metrics` RPC) or, with `metrics_port` set, "
                   "over HTTP at `http://127.0.0.1:PORT/metrics`. Gauges are refreshed every "
@@ -42,6 +42,6 @@ def render() -> str:
         + "## Families\n\n"
         + md.table(["family", "type", "series", "labels", "help"], rows)
         + "\n## Label values\n\n"
-        + "From the module's own description (coordd/metrics.py):\n\n"
+        + "From the module's own description (coordd/ops/metrics.py):\n\n"
         + inspect.cleandoc(metrics.__doc__ or "").split("Series:", 1)[-1].strip()
         .replace("\nServed by", "\n\nServed by") + "\n")

@@ -1,7 +1,7 @@
 """docs/reference/protocol.md: the wire protocol, from the code. Framing and envelope
-(constants from coordd.frames, coordd.rpc, coordd.budgets), the error codes
+(constants from coordd.net.frames, coordd.net.rpc, coordd.net.budgets), the error codes
 (coordd.errors), and every RPC method the daemon dispatches: its params Struct (the
-method's entry in coordd.protocol.PARAMS), its result Struct (the return annotation of
+method's entry in coordd.wire.protocol.PARAMS), its result Struct (the return annotation of
 the Coordinator's handler) and its error codes (the handler's `Raises:`)."""
 
 from __future__ import annotations
@@ -15,15 +15,19 @@ from typing import Any
 
 import msgspec
 
-from coordd import budgets, client, errors, frames, protocol, rpc
+from coordd import client, errors
+from coordd.net import budgets
+from coordd.net import frames
+from coordd.wire import protocol
+from coordd.net import rpc
 from coordd.clock import SystemClock
 from coordd.config import Config
-from coordd.protocol_enrol import ENROL_OPEN_METHODS
+from coordd.wire.enrol import ENROL_OPEN_METHODS
 from coordd.service import Coordinator
 from docgen import md
 
 LEASE_ERRORS = ("not_found", "already_completed", "lease_lost", "lease_expired")
-"""What a handler's docstring means by "the lease errors" (coordd.transitions.check_lease)."""
+"""What a handler's docstring means by "the lease errors" (coordd.rules.transitions.check_lease)."""
 ANY_METHOD = ("bad_request", "unknown_method", "overloaded", "unavailable", "internal")
 """Codes any call may get: params that do not decode, a method this coordd does not
 serve, a full queue or shutdown, storage that refused the write, a bug."""
@@ -31,7 +35,7 @@ serve, a full queue or shutdown, storage that refused the write, a bug."""
 
 def handlers() -> dict[str, Any]:
     """Method -> the function that serves it on SQLite: what the daemon dispatches
-    (coordd.server.Daemon calls `getattr(coordinator, method)`)."""
+    (coordd.daemon.server.Daemon calls `getattr(coordinator, method)`)."""
     with tempfile.TemporaryDirectory() as tmp:  # built, never started: nothing is opened
         coord = Coordinator.over_sqlite(os.path.join(tmp, "coordd.db"), Config(),
                                         SystemClock())
@@ -201,7 +205,7 @@ PY
 
 
 def error_section() -> str:
-    """The error codes, in coordd.protocol.ERROR_CODES order, each with its class's doc."""
+    """The error codes, in coordd.wire.protocol.ERROR_CODES order, each with its class's doc."""
     rows = []
     for code in protocol.ERROR_CODES:
         cls = errors.ERROR_CODES.get(code)

@@ -12,7 +12,7 @@ import uvloop
 
 from coordd import config as config_mod
 from coordd.clock import FakeClock
-from coordd.protocol import Claim, Enqueue, Heartbeat
+from coordd.wire.protocol import Claim, Enqueue, Heartbeat
 from coordd.service import Coordinator
 
 T0 = 100.0

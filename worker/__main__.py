@@ -145,7 +145,7 @@ def _listed(value: str | list[str]) -> list[str]:
 
 
 def _cert_worker_id(path: str) -> str | None:
-    from coordd import pki
+    from coordd.net import pki
     with open(path, "rb") as fh:
         pem = fh.read()
     try:

@@ -14,8 +14,9 @@ from typing import Any
 
 import msgspec
 
-from coordd import conffile, ranges
-from coordd.resources import Request
+from coordd import conffile
+from coordd.rules import ranges
+from coordd.rules.resources import Request
 from coordd.transport import REFUSED_BACKOFF_CAP_S
 
 LEASE_S_DEFAULT = 30.0
@@ -51,7 +52,7 @@ KIND_RANGES: dict[str, ranges.Range] = {
     "timeout_s": ranges.POSITIVE_S, "slots": ranges.AT_LEAST_ONE,
     "max_result_bytes": ranges.NON_NEGATIVE,
 }
-"""The range of every numeric key of a `[kinds.*]` table (coordd.ranges.check)."""
+"""The range of every numeric key of a `[kinds.*]` table (coordd.rules.ranges.check)."""
 RANGES: dict[str, ranges.Range] = {
     "lease_s": ranges.POSITIVE_S, "heartbeat_interval_s": ranges.POSITIVE_S,
     "grace_s": ranges.NON_NEGATIVE_S, "stop_timeout_s": ranges.POSITIVE_S,
@@ -78,7 +79,7 @@ class KindConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         result_json: the result file must be JSON (else it is stored as an opaque artifact).
         env: extra environment variables for the model process.
         resources: what a job of this kind asks for when it names nothing itself
-            (`{gpus, vram_mb, ram_mb}`, coordd.resources), sent to coordd in the heartbeat.
+            (`{gpus, vram_mb, ram_mb}`, coordd.rules.resources), sent to coordd in the heartbeat.
     """
 
     argv: list[str]

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from coordd import errors
 from coordd.client import Client
 from coordd.clock import Clock
-from coordd.protocol_push import WorkerActions
+from coordd.wire.push import WorkerActions
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from rich.table import Table
 
 from coordd.client import Client
 from coordd.clock import SystemClock
-from coordd.protocol import TERMINAL_STATUSES
+from coordd.wire.protocol import TERMINAL_STATUSES
 
 DENY = frozenset({
     "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "pydoc_data",

@@ -1,5 +1,5 @@
 """`coord-worker enroll --server HOST:PORT --token T --ca-sha256 FP [--out DIR]`: get this
-worker's mTLS certificate from coordd's enrolment listener (coordd.enrol).
+worker's mTLS certificate from coordd's enrolment listener (coordd.service.enrol).
 
 The key is made here and never leaves the host. The token is sent only over a connection
 that verified coordd against the CA whose SHA-256 was pinned on the command line: first
@@ -23,9 +23,10 @@ from pathlib import Path
 
 import uvloop
 
-from coordd import errors, pki
+from coordd import errors
+from coordd.net import pki
 from coordd.client import Client
-from coordd.protocol_enrol import CaBundle, Enrolled
+from coordd.wire.enrol import CaBundle, Enrolled
 from coordd.transport import Connector
 
 

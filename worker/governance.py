@@ -1,6 +1,6 @@
 """The worker's side of governance of running work: act on coordd's per-job actions.
 
-coordd decides (coordd.governance); this module only acts, and every action is
+coordd decides (coordd.rules.governance); this module only acts, and every action is
 idempotent because coordd repeats its answer on each heartbeat and renew: `suspend`
 SIGSTOPs the model's group unless it is stopped, `resume`/`continue` SIGCONT it if it is,
 `vacate` ends the job (SIGCONT, SIGTERM, the kind's grace, SIGKILL) and the supervisor
@@ -65,7 +65,7 @@ def watch_act(held: Callable[[], dict[str, Any]],
 
 
 def capacity(config: Any) -> dict[str, Any]:
-    """The heartbeat readings that tell coordd this worker's room (coordd.preemption):
+    """The heartbeat readings that tell coordd this worker's room (coordd.rules.preemption):
     `slots_total` and `slots` per kind, from the worker config."""
     return {"slots_total": config.total_slots,
             "slots": {name: kind.slots for name, kind in config.kinds.items()}}

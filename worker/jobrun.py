@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordd.protocol import ClaimedJob
+from coordd.wire.protocol import ClaimedJob
 from worker.checkpoints import CheckpointRecorder
 from worker.config import KindConfig
 from worker.logs import LogShipper

@@ -4,7 +4,7 @@ so `coordctl logs JOB` reads them after the job folder is gone, from any machine
 Each stream is sent in order as chunks of at most LOG_CHUNK_MAX_BYTES, from the position
 coordd last acknowledged; an unacknowledged chunk is resent as it was (coordd stores a
 resend once). When a stream has more unsent bytes than coordd keeps per stream
-(protocol_logs.LOG_KEEP_BYTES), the older part is skipped: coordd would drop it anyway,
+(coordd.wire.logs.LOG_KEEP_BYTES), the older part is skipped: coordd would drop it anyway,
 and `coordctl logs` shows the gap. Shipping never holds a job up: failures are logged on
 a change of state and retried at the next interval.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock
-from coordd.protocol_logs import LOG_CHUNK_MAX_BYTES, LOG_KEEP_BYTES as KEEP_BYTES, LOG_STREAMS
+from coordd.wire.logs import LOG_CHUNK_MAX_BYTES, LOG_KEEP_BYTES as KEEP_BYTES, LOG_STREAMS
 
 logger = logging.getLogger(__name__)
 

@@ -144,7 +144,7 @@ class Probes:
         return readings if self._override is None else self._override.apply(readings)
 
     def _memory(self) -> tuple[float | None, float | None]:
-        """(percent used, total MiB: the RAM jobs may ask for, coordd.resources)."""
+        """(percent used, total MiB: the RAM jobs may ask for, coordd.rules.resources)."""
         try:
             vm = self._virtual_memory()
             pct = float(vm.percent)

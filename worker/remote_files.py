@@ -17,7 +17,7 @@ from typing import Any
 
 from coordd import cas
 from coordd.client import Client
-from coordd.protocol_transfers import ArtifactData, ArtifactPutResult
+from coordd.wire.transfers import ArtifactData, ArtifactPutResult
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""What the worker advertises for resource admission (coordd.resources), and a job's GPUs.
+"""What the worker advertises for resource admission (coordd.rules.resources), and a job's GPUs.
 
 The probes measure (worker.probes, worker.gpu); this module applies the config's
 `[resources]` overrides to that reading, adds the kinds' default requests
@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from coordd.protocol import ClaimedJob
-from coordd.resources import GPU_DEVICES_MAX
+from coordd.wire.protocol import ClaimedJob
+from coordd.rules.resources import GPU_DEVICES_MAX
 from worker.config import WorkerConfig
 
 KIND_RESOURCES = "kind_resources"

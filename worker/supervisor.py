@@ -19,7 +19,7 @@ from collections.abc import Callable
 from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
-from coordd.protocol import ClaimedJob
+from coordd.wire.protocol import ClaimedJob
 from worker import (artifacts, checkpoints, governance, orphans, remote_files, renewal,
                     resources, stopping)
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env

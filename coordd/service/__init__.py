@@ -3,11 +3,11 @@ one store (coordd.store.api: SQLiteStore or PostgresStore).
 
 `Coordinator` (coordd.service.coordinator) has one coroutine per RPC method (DESIGN.md,
 "Wire protocol"): the jobs and leases (coordinator), the reads and explanations (reads),
-limits and workflows (areas); the hub, job logs and enrolment are coordd.hub, coordd.logs
-and coordd.enrol, artifacts coordd.transfers, prune and check coordd.maintenance,
-schedules coordd.workflows, the web view's reads coordd.web_reads and the parked calls
-coordd.waits, over the same store.
-This package imports coordd's rules and the store interface; no store imports it.
+limits and workflows (areas); the hub, job logs and enrolment are hub, logs and enrol,
+artifacts transfers, prune and check maintenance, schedules workflows, the web view's
+reads web_reads and the parked calls waits and push, over the same store.
+May import store, net, ops, rules, wire and the base modules; only the daemon imports it
+(the layers contract).
 """
 
 from coordd.service.checks import LIST_LIMIT_MAX, _truncate, checked_readings

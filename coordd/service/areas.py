@@ -3,7 +3,7 @@ the runtime overrides) and workflows (`workflow_submit`, `workflow_list`,
 `workflow_cancel`; `workflow_get` is a read, coordd.service.reads) over the store's
 admission and workflow operations (coordd.store.api_admission, api_workflows).
 
-The checks are coordd.limit_service's and coordd.workflows' (`Workflows.plan` validates a
+The checks are coordd.service.limits's and coordd.service.workflows' (`Workflows.plan` validates a
 graph); a runtime limit override is stored first and only then installed in the
 LimitBook the claims read.
 """
@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from coordd import limit_service
-from coordd import workflows as flows
-from coordd.limit_service import check_override, names_asked
-from coordd.protocol_limits import LimitReset, LimitSet, LimitsQuery, LimitsResult, LimitView
-from coordd.protocol_workflows import (
+from coordd.service import limits as limit_service
+from coordd.service import workflows as flows
+from coordd.service.limits import check_override, names_asked
+from coordd.wire.limits import LimitReset, LimitSet, LimitsQuery, LimitsResult, LimitView
+from coordd.wire.workflows import (
     ListWorkflows, WorkflowId, WorkflowList, WorkflowSubmit, WorkflowSubmitResult,
     WorkflowView,
 )

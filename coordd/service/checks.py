@@ -7,9 +7,11 @@ from typing import Any
 
 import msgspec
 
-from coordd import errors, resources, values
-from coordd.names import check_name
-from coordd.protocol import Heartbeat, Readings
+from coordd import errors
+from coordd.rules import resources
+from coordd.rules import values
+from coordd.rules.names import check_name
+from coordd.wire.protocol import Heartbeat, Readings
 from coordd.store.api import LeaseRef
 
 LIST_LIMIT_MAX = 1000

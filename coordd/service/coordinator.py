@@ -1,10 +1,11 @@
-"""The Coordinator: the jobs' and leases' RPC methods over one store, and how the rest of
-the coordinator is put together (reads: coordd.service.reads; limits and workflows:
-coordd.service.areas; artifacts: coordd.transfers; prune and check: coordd.maintenance;
-schedules and the workflow round: coordd.workflows; the web view's reads:
-coordd.web_reads; parked calls: coordd.waits and coordd.push).
+"""The Coordinator: the jobs' and leases' RPC methods over one store, and how the rest of the
+coordinator is put together (reads: coordd.service.reads; limits and workflows:
+coordd.service.areas; artifacts: coordd.service.transfers; prune and check:
+coordd.service.maintenance; schedules and the workflow round: coordd.service.workflows; the web
+view's reads: coordd.service.web_reads; parked calls: coordd.service.waits and
+coordd.service.push).
 
-Each method takes its params Struct from coordd.protocol and returns its result Struct,
+Each method takes its params Struct from coordd.wire.protocol and returns its result Struct,
 raising a `coordd.errors.CoordError` whose `code` goes on the wire. Nothing slow runs
 inside a store's transaction: sizes and encodings are checked here, before the store is
 asked. Time: `now` is the store's (coordd's clock on SQLite, the database's on PostgreSQL).
@@ -19,40 +20,46 @@ from typing import Any
 
 import msgspec
 
-from coordd import errors, gates, governor, intake, leases, values
+from coordd import errors
+from coordd.rules import gates
+from coordd.service import governor
+from coordd.service import intake
+from coordd.rules import values
+from coordd.rules.claim_policy import ClaimPolicy
+from coordd.rules.transitions import backoff_delay
 from coordd.clock import Clock, anchored
 from coordd.config import Config
-from coordd.enrol import Enrolment
-from coordd.hub import Hub
+from coordd.service.enrol import Enrolment
+from coordd.service.hub import Hub
 from coordd.ids import JobIds
-from coordd.lifecycle import _clip, heartbeat_state, log_lost
-from coordd.logs import JobLogStore
-from coordd.metrics import Metrics
-from coordd.names import check_name
-from coordd.maintenance import Maintenance
-from coordd.protocol import (
+from coordd.service.lifecycle import _clip, heartbeat_state, log_lost
+from coordd.service.logs import JobLogStore
+from coordd.ops.metrics import Metrics
+from coordd.rules.names import check_name
+from coordd.service.maintenance import Maintenance
+from coordd.wire.protocol import (
     HUB_PARAMS, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
     CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
     Heartbeat, HeartbeatResult, JobId, PruneResult, ReapResult, Renew, RenewResult,
     StatusResult,
 )
-from coordd.protocol_logs import LOG_PARAMS
-from coordd.protocol_push import PUSH_PARAMS
-from coordd.protocol_web import WEB_PARAMS
-from coordd.protocol_workers import ForgetWorker, Goodbye, Release, ReleasedResult
-from coordd.push import PARK_SCOPE, Push
-from coordd.readers import Coalesced
+from coordd.wire.logs import LOG_PARAMS
+from coordd.wire.push import PUSH_PARAMS
+from coordd.wire.web import WEB_PARAMS
+from coordd.wire.workers import ForgetWorker, Goodbye, Release, ReleasedResult
+from coordd.service.push import PARK_SCOPE, Push
+from coordd.store.sqlite.readers import Coalesced
 from coordd.service.areas import Areas
 from coordd.service.checks import checked_readings, lease_ref, truncate
 from coordd.service.reads import Reads
 from coordd.store import NewJob
 from coordd.store.api import StoreHooks
 from coordd.store.api_governance import Governance, WorkerBeat
-from coordd.times import check_duration
-from coordd.waits import Waits
-from coordd.web_reads import WebReads
-from coordd.transfers import TRANSFER_METHODS, Transfers
-from coordd.workflows import Workflows
+from coordd.rules.times import check_duration
+from coordd.service.waits import Waits
+from coordd.service.web_reads import WebReads
+from coordd.service.transfers import TRANSFER_METHODS, Transfers
+from coordd.service.workflows import Workflows
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +89,8 @@ class Coordinator(Reads, Areas):
         self.meters = Metrics()
         self.artifact_bytes = 0  # the artifact store's size at the last prune or scrape
         self._policies = config.policies()
-        self.limit_book = config.limit_book()  # fleet-wide limits (coordd.limits)
-        self._claim_policy = leases.ClaimPolicy(
+        self.limit_book = config.limit_book()  # fleet-wide limits (coordd.rules.limits)
+        self._claim_policy = ClaimPolicy(
             policies=self._policies, heartbeat_stale_s=config.heartbeat_stale_s,
             aging_interval_s=config.aging_interval_s, limits=self.limit_book)
         self.governance = Governance(policies=self._policies,
@@ -103,7 +110,7 @@ class Coordinator(Reads, Areas):
         for part, methods in ((self.hub, HUB_PARAMS), (self.logs, LOG_PARAMS),
                               (self.enrolment, Enrolment.METHODS), (self.web, WEB_PARAMS),
                               (self.waits, PUSH_PARAMS)):
-            for method in methods:  # served by coordd.hub, .logs, .enrol, .web_reads, .waits
+            for method in methods:  # served by service.hub, .logs, .enrol, .web_reads, .waits
                 setattr(self, method, getattr(part, method))
         self.flows = Workflows(self)  # graphs' checks, schedules, the workflow round
         self.maintenance = Maintenance(self)  # prune, check
@@ -118,7 +125,7 @@ class Coordinator(Reads, Areas):
     def over_sqlite(cls, path: str, config: Config, clock: Clock,
                     rng: random.Random | None = None) -> "Coordinator":
         """A Coordinator over a SQLiteStore on `path` sized by `config` (not started)."""
-        from coordd.store.sqlite_store import SQLiteStore
+        from coordd.store.sqlite.store import SQLiteStore
         clock = anchored(clock)
         return cls(SQLiteStore.from_config(path, config, clock), config, clock, rng)
 
@@ -142,7 +149,8 @@ class Coordinator(Reads, Areas):
             raise
 
     def resources_seen(self) -> None:
-        """A job asked for resources: claims check requests from now on (coordd.admission)."""
+        """A job asked for resources: claims check requests from now on
+        (coordd.store.claim_admission)."""
         self._claim_policy.resources_seen = True
 
     async def close(self) -> None:
@@ -162,7 +170,7 @@ class Coordinator(Reads, Areas):
         held job's governance action. A new `incarnation` first ends the leases of the
         worker's predecessor (`worker_lost`). A gate reading that is NaN or infinite is
         stored as unknown. Raises: errors.BadRequest (empty id, bad readings types, bad
-        kinds, GPU devices coordd.resources.check_readings refuses), PayloadTooLarge.
+        kinds, GPU devices coordd.rules.resources.check_readings refuses), PayloadTooLarge.
         """
         readings, _ = checked_readings(p, self.config.max_payload_bytes)
         kinds_json, broken_json = heartbeat_state(p)
@@ -178,10 +186,11 @@ class Coordinator(Reads, Areas):
         return res
 
     async def claim(self, p: Claim) -> ClaimResult:
-        """Claim the best job for `p.worker_id` (the store's claim, coordd.leases' rules).
+        """Claim the best job for `p.worker_id` (the store's claim, coordd.store.sqlite.leases'
+        rules).
 
         `lease_s` is clamped to [lease_min_s, lease_max_s]. With `wait_s` > 0 and nothing
-        to hand out, the call parks (coordd.push) up to `wait_s` (cut to
+        to hand out, the call parks (coordd.service.push) up to `wait_s` (cut to
         `park_wait_max_s`) and tries again whenever a job it may take may have become
         claimable; `waited_s` says how long. Raises: BadRequest (a bad name, NaN or
         negative wait_s), Overloaded (parked-call caps).
@@ -291,7 +300,7 @@ class Coordinator(Reads, Areas):
         return self._ids.new(self.clock.wall())
 
     def _backoff(self) -> Any:
-        return partial(leases.backoff_delay, base_s=self.config.backoff_base_s,
+        return partial(backoff_delay, base_s=self.config.backoff_base_s,
                        cap_s=self.config.backoff_cap_s, jitter=self.config.backoff_jitter,
                        u=self._rng.random())
 
@@ -361,7 +370,7 @@ class Coordinator(Reads, Areas):
             logger.info("reaped %d expired lease(s)", n, extra={"action": "reap", "n": n})
         return ReapResult(reaped=n)
 
-    # ------------------------------------------------------------ maintenance (coordd.reaper)
+    # ---------------------------------------------------------- maintenance (service.reaper)
 
     async def workflow_tick(self) -> tuple[int, int, int]:
         """The maintenance round's workflow step (`Workflows.tick`): absent workers' nodes
@@ -369,14 +378,15 @@ class Coordinator(Reads, Areas):
         return await self.flows.tick()
 
     async def upkeep(self) -> PruneResult:
-        """The prune round (coordd.maintenance.Maintenance.prune)."""
+        """The prune round (coordd.service.maintenance.Maintenance.prune)."""
         return await self.maintenance.prune()
 
     async def backup(self, p: Backup) -> BackupResult:
-        """A verified backup at `p.dest` (the store's `backup`; SQLite: coordd.backup, the
-        database copied while writes go on, the artifact files and a manifest). Raises:
-        BadRequest (dest exists or its folder is missing), CoordError (the copy failed its
-        check: it is removed); on PostgreSQL InvalidState, naming pg_dump."""
+        """A verified backup at `p.dest` (the store's `backup`; SQLite:
+        coordd.store.sqlite.backup, the database copied while writes go on, the artifact files
+        and a manifest). Raises: BadRequest (dest exists or its folder is missing), CoordError
+        (the copy failed its check: it is removed); on PostgreSQL InvalidState, naming
+        pg_dump."""
         return await self.store.backup(p.dest)  # type: ignore[no-any-return]
 
     def _lease_s(self, asked: float | None) -> float:

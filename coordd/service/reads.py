@@ -1,5 +1,5 @@
 """The Coordinator's reads: `status`, `metrics`, `get_job`, `list_jobs`, `workers`,
-`workflow_get`, and why a waiting job is not running (coordd.explain, coordd.resources,
+`workflow_get`, and why a waiting job is not running (coordd.rules.explain, coordd.rules.resources,
 fleet-wide limits), decided here for both stores from what the store reads."""
 
 from __future__ import annotations
@@ -8,18 +8,24 @@ from typing import Any
 
 import msgspec
 
-from coordd import (
-    budgets, errors, explain, fdlimit, governor, limit_service, resources, views, waiting_report,
-)
-from coordd.protocol import (
+from coordd import errors
+from coordd.net import budgets
+from coordd.rules import explain
+from coordd.net import fdlimit
+from coordd.service import governor
+from coordd.service import limits as limit_service
+from coordd.rules import resources
+from coordd.store import views
+from coordd.service import waiting_report
+from coordd.wire.protocol import (
     JOB_STATUSES, PRIORITIES, Empty, GetJob, JobId, JobList, JobView, ListJobs, MetricsResult,
     StatusReply, WorkersResult,
 )
-from coordd.protocol_limits import LimitsQuery, LimitUse
-from coordd.protocol_workflows import WorkflowId, WorkflowView
+from coordd.wire.limits import LimitsQuery, LimitUse
+from coordd.wire.workflows import WorkflowId, WorkflowView
 from coordd.service.checks import LIST_LIMIT_MAX
 from coordd.store.api import JobFilter
-from coordd.worker_list import worker_views
+from coordd.rules.worker_list import worker_views
 
 
 class Reads:
@@ -42,7 +48,7 @@ class Reads:
         """Counts of workers, live leases and jobs by status (every status, zero where none),
         the store's sizes and warnings.
 
-        Callers that ask while a status read runs share the next one (coordd.readers.
+        Callers that ask while a status read runs share the next one (coordd.store.sqlite.readers.
         Coalesced): still read after they asked, at a fraction of the reads.
         Raises: errors.Overloaded (the read queue is full).
         """
@@ -145,7 +151,7 @@ class Reads:
         await self._limit_reasons(jobs)
 
     async def _explain(self, jobs: list[JobView], now: float, resources_too: bool) -> None:
-        """Gates, roles, kinds (coordd.explain) and, `resources_too`, which resource is
+        """Gates, roles, kinds (coordd.rules.explain) and, `resources_too`, which resource is
         short on which live worker that could run a job asking for some."""
         waiting = [j for j in jobs if j.status == "waiting"]
         if not waiting:
@@ -179,7 +185,7 @@ class Reads:
 
     async def workers(self, p: Empty | None = None) -> WorkersResult:
         """Every known worker with its readings, heartbeat age and per-priority gate
-        verdicts (coordd.worker_list)."""
+        verdicts (coordd.rules.worker_list)."""
         book = await self.store.worker_book()
         return WorkersResult(workers=worker_views(
             book.rows, book.now, self.config.heartbeat_stale_s, self._policies, book.states,

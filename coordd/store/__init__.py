@@ -1,16 +1,21 @@
-"""Every SQL statement coordd runs on jobs and leases, and `apply`, which writes the job
-transitions coordd.transitions decides; the schema (migrations, PRAGMAs) is
+"""The stores: the store interface every store implements (api.py, api_*.py), the SQLite
+store (sqlite/) and the PostgreSQL store (postgres/); here and in the modules beside
+api*.py, SQLite's statements. May import net, ops, rules, wire and the base modules; never
+service or daemon (the layers contract).
+
+Every SQL statement coordd runs on jobs and leases, and `apply`, which writes the job
+transitions coordd.rules.transitions decides; the schema (migrations, PRAGMAs) is
 coordd.store.schema, re-exported here.
 
 Functions here are synchronous and take an open `sqlite3.Connection` plus `now` (Unix
 seconds from coordd's clock: no SQL reads the time itself). Write functions are only
-called by `coordd.writer.Writer`, inside its `BEGIN IMMEDIATE` transaction; raising a
+called by `coordd.store.sqlite.writer.Writer`, inside its `BEGIN IMMEDIATE` transaction; raising a
 `CoordError` rolls back that request alone (see the writer for how).
 
 Every SQL string lives here or in a submodule (coordd.store.*). Which transition a job
-takes is decided in `coordd.transitions` (pure); `apply` writes a decision. Claims and
-the fenced lease-holder calls are in `coordd.leases`, row -> view conversion in
-`coordd.views`.
+takes is decided in `coordd.rules.transitions` (pure); `apply` writes a decision. Claims and
+the fenced lease-holder calls are in `coordd.store.sqlite.leases`, row -> view conversion in
+`coordd.store.views`.
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ from typing import Any
 
 import msgspec
 
-from coordd.protocol import EnqueueResult, StatusResult
+from coordd.jsontext import (  # noqa: F401 (re-exported: coordd.store has always named them)
+    UNDECODABLE_SHOWN_CHARS, dumps, json_decode, json_encode, lenient_json, maybe_json,
+)
+from coordd.wire.protocol import EnqueueResult, StatusResult
 from coordd import errors
-from coordd import transitions as tr
-from coordd.transitions import CANCELLED_BY_ADMIN, Decision  # noqa: F401 (re-exported)
+from coordd.rules import transitions as tr
+from coordd.rules.transitions import CANCELLED_BY_ADMIN, Decision  # noqa: F401 (re-exported)
 from coordd.store import limits as _limits, resources as _resources_schema
 from coordd.store import job_requests as _job_requests
 from coordd.store.claim_index import (  # noqa: F401 (the claim's statements)
@@ -52,12 +60,6 @@ def migrate(conn: sqlite3.Connection) -> int:
     return _schema.migrate(conn, SCHEMA_VERSION)
 
 
-json_encode = msgspec.json.encode
-json_decode = msgspec.json.decode
-
-def dumps(value: Any) -> str:
-    """Encode a JSON-compatible value as compact JSON text."""
-    return json_encode(value).decode()
 
 
 # ---------------------------------------------------------------- events
@@ -71,14 +73,14 @@ SQL_EVENT = (
 
 def event(conn: sqlite3.Connection, job_id: str, now: float, worker_id: str | None,
            from_status: str | None, to_status: str, reason: str | None) -> None:
-    """Log an event; a status change's event comes with its coordd.transitions row (a
+    """Log an event; a status change's event comes with its coordd.rules.transitions row (a
     same-status note, e.g. a governance action, names the status twice)."""
     conn.execute(SQL_EVENT, (job_id, now, worker_id, from_status, to_status, reason))
 
 
 def apply(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str | None,
           d: Decision, artifact_sha256: str | None = None) -> None:
-    """Write one decision of coordd.transitions (every job-status write but the insert,
+    """Write one decision of coordd.rules.transitions (every job-status write but the insert,
     the claim's take and the workflow node moves of coordd.store.workflows): the lease
     row goes if `d.drop_lease`, the job row gets the statement of `d.t`, and the event is
     logged. `artifact_sha256`: a succeeded job's artifact (its row inserted by the caller).
@@ -154,7 +156,7 @@ class NewJob(msgspec.Struct, kw_only=True):
     result_schema: str | None = None
     delay_s: float | None = None  # run_at is then now + delay_s (coordd's clock)
     request_sha256: str | None = None  # with an idempotency key: the request's hash
-    resources: Any = None  # a coordd.resources.Request (stored in coordd.store.resources)
+    resources: Any = None  # a coordd.rules.resources.Request (stored in coordd.store.resources)
     limits: list[tuple[str, int]] = []  # fleet-wide limits it consumes (name, units)
 
 
@@ -218,24 +220,6 @@ SQL_DEAD_LETTER = (
     "UPDATE jobs SET status = 'failed', attempts = attempts + ?, updated_at = ?, "
     "finished_at = ?, last_error = ? WHERE job_id = ?"
 )
-UNDECODABLE_SHOWN_CHARS = 200
-
-
-def maybe_json(text: str | None) -> Any:
-    return None if text is None else json_decode(text)
-
-
-def lenient_json(text: str | None, default: Any = None) -> Any:
-    """Decode stored JSON for display; what does not decode is shown, never raised."""
-    if text is None:
-        return default
-    try:
-        return json_decode(text)
-    except msgspec.DecodeError:
-        if default is not None:
-            return default
-        shown = text[:UNDECODABLE_SHOWN_CHARS] if isinstance(text, str) else repr(text)[:UNDECODABLE_SHOWN_CHARS]
-        return {"undecodable": shown}
 
 
 # ---------------------------------------------------------------- lease holder calls
@@ -292,7 +276,7 @@ def _status(conn: sqlite3.Connection, job_id: str) -> str:
 
 
 def cancel(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
-    """Cancel (coordd.transitions.cancel): waiting (or blocked) -> cancelled at once;
+    """Cancel (coordd.rules.transitions.cancel): waiting (or blocked) -> cancelled at once;
     running -> cancel requested (the holder learns it from `renew`/`heartbeat` and ends
     it); cancelled stays cancelled. Returns the status after.
 
@@ -309,7 +293,7 @@ def cancel(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
 
 def retry(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
     """Put a failed (dead letter), cancelled or skipped job back to waiting, attempts reset
-    (coordd.transitions.retry).
+    (coordd.rules.transitions.retry).
 
     Raises:
         errors.NotFound: no such job.
@@ -345,7 +329,7 @@ def reap_expired(conn: sqlite3.Connection, now: float, limit: int = 1000) -> int
 def end_lost_lease(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str,
                    attempts: int, max_attempts: int, cancel_requested: int, code: str) -> None:
     """End a lease whose holder is gone (`code`: lease_expired, worker_lost), as
-    coordd.transitions.lost_lease decides: waiting at once, at the back of its priority,
+    coordd.rules.transitions.lost_lease decides: waiting at once, at the back of its priority,
     `failed` once its attempts are spent, or `cancelled` if a cancel was requested. The
     attempt counts (it was counted at claim): a job that keeps killing its worker ends in
     the dead letter."""

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
-from coordd.protocol import (
+from coordd.wire.protocol import (
     ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList, JobView,
     RenewResult, StatusResult,
 )
 
 if TYPE_CHECKING:
-    from coordd.leases import ClaimPolicy
+    from coordd.rules.claim_policy import ClaimPolicy
     from coordd.store import NewJob
 
 Backoff = Callable[[int], float]  # attempts so far -> seconds before the retry
@@ -67,7 +67,7 @@ class StoreStatus(msgspec.Struct, kw_only=True):
 class StoreHooks(msgspec.Struct, kw_only=True):
     """What the coordinator hands its store once (`Store.attach`): its claim policy (a
     store may add hints to it), preemption's reservation hint, the parked calls to wake
-    (coordd.push.Push), its metrics and its backoff factory (each call draws one backoff
+    (coordd.service.push.Push), its metrics and its backoff factory (each call draws one backoff
     function: a result failing its schema, a failure, wait after it)."""
 
     policy: Any
@@ -171,7 +171,7 @@ class Store(Protocol):
     async def oldest_waiting(self, levels: Sequence[int], per_level: int, *,
                              now: float | None = None) -> tuple[float, list[Any]]:
         """(now, [(ready time, view)]): the `per_level` oldest due waiting jobs of each
-        priority in `levels` (coordd.waiting_report)."""
+        priority in `levels` (coordd.service.waiting_report)."""
         ...
 
     async def wait_for_work(self, timeout: float) -> bool:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from coordd.protocol import CompleteResult
-from coordd.protocol_limits import LimitView
+from coordd.wire.protocol import CompleteResult
+from coordd.wire.limits import LimitView
 from coordd.store.api import Backoff, LeaseRef
 
 if TYPE_CHECKING:
-    from coordd.limits import LimitBook
+    from coordd.rules.limits import LimitBook
 
 
 class AdmissionStore(Protocol):
@@ -58,7 +58,7 @@ class AdmissionStore(Protocol):
 
     async def limit_views(self, book: LimitBook, names: list[str], holders: bool, *,
                           now: float | None = None) -> tuple[list[LimitView], float]:
-        """The views of the limits `names` (coordd.limit_service.limit_view) and the
+        """The views of the limits `names` (coordd.rules.limits.limit_view) and the
         store's now."""
         ...
 

@@ -2,11 +2,11 @@
 job hands over (a result over the inline limit, a checkpoint), content-addressed by
 SHA-256, uploaded in resumable chunks and read back in ranges.
 
-Callers: coordd.transfers.Transfers.artifact_put / artifact_get (the RPC
+Callers: coordd.service.transfers.Transfers.artifact_put / artifact_get (the RPC
 methods of the same names; the checks of sha256 format, chunk size, offsets and the
 `max_upload_bytes` cap stay there, made before a store is called) and
-coordd.maintenance.Maintenance.prune (`artifact_sweep`, then `artifact_bytes` for the
-`artifacts` figure of `status` and `metrics`); coordd.backup (`artifact_refs`).
+coordd.service.maintenance.Maintenance.prune (`artifact_sweep`, then `artifact_bytes` for the
+`artifacts` figure of `status` and `metrics`); coordd.store.sqlite.backup (`artifact_refs`).
 
 Where the bytes live: SQLite keeps files beside the database
 (`<db folder>/artifacts/<sha[:2]>/<sha256>`, coordd.cas; the `path` is that file's);
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from coordd.protocol_transfers import ArtifactData, ArtifactPutResult
+from coordd.wire.transfers import ArtifactData, ArtifactPutResult
 from coordd.store.api import LeaseRef
 
 
@@ -66,7 +66,7 @@ class ArtifactStore(Protocol):
     async def artifact_sweep(self, before: float, *, now: float | None = None) -> int:
         """Delete the stored artifacts no job refers to (`artifact_refs`) whose last put
         was before `before` (Unix seconds); return how many. A file stored but not yet
-        recorded (a checkpoint on its way) is fresh, and kept (coordd.maintenance's
+        recorded (a checkpoint on its way) is fresh, and kept (coordd.service.maintenance's
         ARTIFACT_GRACE_S is the caller's rule)."""
         ...
 

@@ -1,5 +1,5 @@
 """Enrolment tokens in the store interface (coordd.store.api): one-time tokens, kept as
-their SHA-256, burnt by the enrolment they admit (coordd.enrol).
+their SHA-256, burnt by the enrolment they admit (coordd.service.enrol).
 
 Every call takes `now` (None in production: the store's clock). A token's checks are
 coordd.store.enrol.usable, on the store's clock, again in the transaction that burns it.

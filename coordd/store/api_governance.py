@@ -3,8 +3,8 @@ rules: `now` None in production, a pinned Unix time in tests; the coordd.errors 
 
 A governed heartbeat does in one transaction what the SQLite Coordinator's heartbeat
 does: a new incarnation ends its predecessor's leases (`worker_lost`), the readings are
-stored, preemption runs (paced, coordd.preemption), and each held job gets its action
-(coordd.governance). Decisions are the pure functions of those modules on both stores.
+stored, preemption runs (paced, coordd.rules.preemption), and each held job gets its action
+(coordd.rules.governance). Decisions are the pure functions of those modules on both stores.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from coordd.gates import GatePolicy
-from coordd.preemption import Preemptor
-from coordd.protocol import HeartbeatResult, RenewResult
+from coordd.rules.gates import GatePolicy
+from coordd.rules.preemption import Preemptor
+from coordd.wire.protocol import HeartbeatResult, RenewResult
 from coordd.store.api import LeaseRef
 
 
@@ -30,7 +30,7 @@ class Governance(msgspec.Struct, kw_only=True):
 
 class WorkerBeat(msgspec.Struct, kw_only=True, frozen=True):
     """A heartbeat's part beyond roles and readings, checked and encoded
-    (coordd.lifecycle.heartbeat_state)."""
+    (coordd.service.lifecycle.heartbeat_state)."""
 
     incarnation: str | None = None
     kinds_json: str | None = None
@@ -48,7 +48,7 @@ class GovernedHeartbeat(msgspec.Struct, kw_only=True):
 
 
 class WorkerBook(msgspec.Struct, kw_only=True):
-    """What `workers` is built from (coordd.worker_list.worker_views): the store's `now`,
+    """What `workers` is built from (coordd.rules.worker_list.worker_views): the store's `now`,
     rows (worker_id, roles, readings, heartbeat_at, active leases), worker_id ->
     WorkerState, governance notes, grants of its leases, requests its reservations hold."""
 
@@ -70,12 +70,12 @@ class JobGovernance(msgspec.Struct, kw_only=True):
     suspension: Any = None
     preemptions: int = 0
     reservation: tuple[Any, ...] | None = None
-    request: Any = None  # coordd.resources.Request the job asks for, or None
-    grant: Any = None  # coordd.resources.Grant its lease holds, or None
+    request: Any = None  # coordd.rules.resources.Request the job asks for, or None
+    grant: Any = None  # coordd.rules.resources.Grant its lease holds, or None
 
 
 class ExplainBook(msgspec.Struct, kw_only=True):
-    """What says why waiting jobs are not running (coordd.explain): the store's `now`, the
+    """What says why waiting jobs are not running (coordd.rules.explain): the store's `now`, the
     workers' rows and states (as in WorkerBook)."""
 
     now: float
@@ -130,7 +130,7 @@ class GovernanceStore(Protocol):
                             ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         """(job_id -> its resource request, for the jobs of `job_ids` that ask for
         resources; worker_id -> the grants of its leases, read only when one asks), to
-        say which resource is short (coordd.resources.shortfall)."""
+        say which resource is short (coordd.rules.resources.shortfall)."""
         ...
 
 

@@ -1,10 +1,10 @@
 """The hub's part of the store interface (coordd.store.api): messages between agents,
 their delivery to each reader, agents' status.
 
-Both stores hold the rules of coordd.hub's module docstring (at least once with an ack
+Both stores hold the rules of coordd.service.hub's module docstring (at least once with an ack
 and a visibility timeout, broadcasts per reader, expiry on the store's clock). Every call
 takes `now` like the rest of the store interface: None in production (the store's clock),
-a pinned Unix time in tests. Checks of names and sizes are coordd.hub's, made before a
+a pinned Unix time in tests. Checks of names and sizes are coordd.service.hub's, made before a
 store is called.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from coordd.protocol import AgentView, ReadResult, SendResult
+from coordd.wire.protocol import AgentView, ReadResult, SendResult
 from coordd.store.messages import NewMessage
 
 
@@ -31,7 +31,7 @@ class HubStore(Protocol):
                             ack_on_read: bool, ack: Sequence[str], frame_bytes: int, *,
                             now: float | None = None) -> ReadResult:
         """Ack `ack`, then deliver up to `limit` of the reader's messages in inbox order
-        (P0 first, then oldest) within coordd.hub_views.ReadBudget, in one transaction.
+        (P0 first, then oldest) within coordd.rules.hub_views.ReadBudget, in one transaction.
         Raises: errors.PayloadTooLarge (ReadBudget; nothing is acked or delivered)."""
         ...
 

@@ -2,14 +2,14 @@
 (fenced like `checkpoint`) and `job_logs` (by cursor), bounded as coordd.store.logs says.
 
 Every call takes `now` (None in production: the store's clock). Checks of streams,
-offsets and sizes are coordd.logs', made before a store is called.
+offsets and sizes are coordd.service.logs', made before a store is called.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from coordd.protocol_logs import JobLogs
+from coordd.wire.logs import JobLogs
 from coordd.store.api import LeaseRef
 
 

@@ -2,21 +2,21 @@
 by retention, the integrity check, backup, and the size figures `status` and `metrics`
 report.
 
-Callers: coordd.maintenance.Maintenance.prune (`prune_jobs` and
+Callers: coordd.service.maintenance.Maintenance.prune (`prune_jobs` and
 `prune_workflows` in batches, its pauses between them; `vacuum_step`, `checkpoint_wal`,
 `optimize`; then the artifacts' `artifact_sweep` / `artifact_bytes`,
 coordd.store.api_artifacts; `storage_bytes` for its `db_bytes`); Maintenance.check
 (`integrity_check`); Coordinator.backup (`backup`); PostgreSQL's own `status`
 (`storage_bytes`, `prunable`: SQLite reads both in its status read). Retention, the grace
-of artifacts, the batch loop and the pauses stay in coordd.maintenance.
+of artifacts, the batch loop and the pauses stay in coordd.service.maintenance.
 
-What each store does: SQLite deletes in the single writer's short transactions, hands
-free pages back (`incremental_vacuum`), checkpoints the WAL, refreshes the planner's
-statistics, checks with `quick_check` and `foreign_key_check`, and copies itself
-(coordd.backup). PostgreSQL deletes in short transactions too; autovacuum reclaims space
-and refreshes statistics (`vacuum_step` finds nothing, `checkpoint_wal` and `optimize` do
-nothing); `check` reports the pages the server found corrupt (pg_stat_database's
-checksum_failures) and rows no constraint guards; `backup` is refused, naming pg_dump.
+What each store does: SQLite deletes in the single writer's short transactions, hands free pages
+back (`incremental_vacuum`), checkpoints the WAL, refreshes the planner's statistics, checks
+with `quick_check` and `foreign_key_check`, and copies itself (coordd.store.sqlite.backup).
+PostgreSQL deletes in short transactions too; autovacuum reclaims space and refreshes statistics
+(`vacuum_step` finds nothing, `checkpoint_wal` and `optimize` do nothing); `check` reports the
+pages the server found corrupt (pg_stat_database's checksum_failures) and rows no constraint
+guards; `backup` is refused, naming pg_dump.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Protocol
 
 import msgspec
 
-from coordd.protocol import BackupResult
+from coordd.wire.protocol import BackupResult
 from coordd.store import PRUNE_BATCH
 from coordd.store.workflows import PRUNE_BATCH as WORKFLOW_PRUNE_BATCH
-from coordd.views import PRUNABLE_COUNTED_MAX
+from coordd.store.views import PRUNABLE_COUNTED_MAX
 
 # Invariants both stores check, as (what is wrong, SQL counting the rows that break it):
 # the same text on SQLite and PostgreSQL.
@@ -104,9 +104,9 @@ class MaintenanceStore(Protocol):
         ...
 
     async def backup(self, dest: str, *, now: float | None = None) -> BackupResult:
-        """A verified, consistent copy at `dest` (SQLite: coordd.backup.backup, the
+        """A verified, consistent copy at `dest` (SQLite: coordd.store.sqlite.backup.backup, the
         artifact files beside it). Raises: errors.BadRequest, Unavailable, CoordError
-        (see coordd.backup); PostgreSQL: errors.InvalidState, naming pg_dump."""
+        (see coordd.store.sqlite.backup); PostgreSQL: errors.InvalidState, naming pg_dump."""
         ...
 
 

@@ -1,9 +1,9 @@
 """The store interface's schedules (coordd.store.api's `Store`, this area apart): recurring
 workflows by cron, and the start of each slot that has come.
 
-Callers: coordd.workflows.Workflows.schedule_add (`schedule_add`, then
+Callers: coordd.service.workflows.Workflows.schedule_add (`schedule_add`, then
 `schedule_list` for its reply), schedule_list, schedule_remove, and Workflows.tick
-(`schedule_fire_due`, with coordd.workflows.due_slots and Workflows._plan_slot). The
+(`schedule_fire_due`, with coordd.service.workflows.due_slots and Workflows._plan_slot). The
 checks (name, cron, the graph) and the slot arithmetic stay there; the store applies
 `add_outcome` (one rule, both stores) and starts a due slot's workflow in the same
 transaction that advances the schedule. A slot starts once across every coordd of a
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from coordd import errors
-from coordd.protocol_workflows import ScheduleView
+from coordd.wire.workflows import ScheduleView
 from coordd.store import lenient_json
 
 if TYPE_CHECKING:

@@ -1,11 +1,11 @@
 """The store interface's reads for the parked calls (coordd.store.api's `Store`, this
 area apart): what `wait_job`, `watch_worker` and `watch_events` look at each time they
-are woken. The parking itself (coordd.push: register, then look; the wake-ups) and the
+are woken. The parking itself (coordd.service.push: register, then look; the wake-ups) and the
 checks of cursors, limits, waits and the event filter stay above the store.
 
-Callers: coordd.waits.Waits.watch_worker (`worker_actions`), Waits.watch_events
+Callers: coordd.service.waits.Waits.watch_worker (`worker_actions`), Waits.watch_events
 (`feed`, `last_event_id`; `wait_job` looks with the Coordinator's `get_job`, the view it
-answers with; `job_status` is there for a cheaper look), coordd.push.Push.start
+answers with; `job_status` is there for a cheaper look), coordd.service.push.Push.start
 (`scheduled_jobs`: the timers of jobs not yet due).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from coordd.protocol_push import FeedEvent, WorkerActions
+from coordd.wire.push import FeedEvent, WorkerActions
 
 
 def actions(cancel: list[str], governed: list[tuple[str, bool, str | None]]) -> WorkerActions:

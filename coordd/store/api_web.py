@@ -2,13 +2,13 @@
 `Store`, this area apart): filtered job pages, counts and end rates, live leases and
 reservations, a workflow's events, the hub's message log, ids by prefix.
 
-Callers: coordd.web_reads.WebReads.find_jobs (`find_job_rows`,
+Callers: coordd.service.web_reads.WebReads.find_jobs (`find_job_rows`,
 `find_window_end`, `job_counts`; the waiting reasons stay above), job_stats
 (`job_counts`, `end_rates`, api_waits' `last_event_id`), fleet (`held_leases`,
 `live_reservations`, `last_event_id`), feed_head (`last_event_id`), workflow_runs
 (`workflow_events`; the runs are built above), message_log (`message_page`); the
 Coordinator's get_job and workflow_get with `prefix` (`resolve_id`: `id_prefix_matches`,
-then coordd.views.pick_prefix decides). The checks of filters, limits and windows stay above.
+then coordd.store.views.pick_prefix decides). The checks of filters, limits and windows stay above.
 
 Order: a page is newest first by enqueue order (SQLite: rowid; PostgreSQL: job id, which
 is time-ordered and made at enqueue), with a status by last change; every read is
@@ -22,14 +22,14 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from coordd import errors
-from coordd.protocol_web import Delivery, HeldLease, JobRow, LoggedMessage, Reservation
-from coordd.views import PREFIX_MATCHES_SHOWN, pick_prefix
+from coordd.wire.web import Delivery, HeldLease, JobRow, LoggedMessage, Reservation
+from coordd.store.views import PREFIX_MATCHES_SHOWN, pick_prefix
 
 PrefixOf = Literal["job", "workflow"]
 
 
 class JobFinder(msgspec.Struct, frozen=True, kw_only=True):
-    """find_jobs' filters, checked (coordd.web_reads): every given one must match.
+    """find_jobs' filters, checked (coordd.service.web_reads): every given one must match.
     `text`: a substring of the payload or the last error, ASCII letters lower-cased by
     the caller (the stores fold ASCII only, as SQLite's lower())."""
 
@@ -133,19 +133,19 @@ class WebReads(Protocol):
     async def job_reply_bytes(self, job_id: str) -> int:
         """The bytes of stored JSON (payload, result, checkpoint, gates, last error) the
         job's view carries, known before its row is read (0: no such job): what
-        coordd.budgets reserves before `get_job` reads it."""
+        coordd.net.budgets reserves before `get_job` reads it."""
         ...
 
     async def page_reply_bytes(self, flt: Any) -> int:
         """The bytes the `list_jobs` page of `flt` (a coordd.store.api.JobFilter) will
-        carry: per job coordd.views.LISTED_JOB_BYTES plus its JSON as `job_reply_bytes`;
+        carry: per job coordd.store.views.LISTED_JOB_BYTES plus its JSON as `job_reply_bytes`;
         an `after` that names no job sizes as an empty page."""
         ...
 
 
 class PrefixResolve:
     """`Store.resolve_id` for both stores (a mixin over `id_prefix_matches`): the match
-    is the store's, the verdict coordd.views.pick_prefix's."""
+    is the store's, the verdict coordd.store.views.pick_prefix's."""
 
     id_prefix_matches: Any
 

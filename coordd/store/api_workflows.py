@@ -3,8 +3,8 @@
 A workflow is a graph of jobs (its nodes) queued whole; a node with dependencies waits
 `blocked` and is queued (`waiting`) when they have ended as its edges allow; every job
 ending of a node (complete, fail, release, cancel, the reaper, a dead letter) settles its
-workflow (coordd.transitions.settle), in the same transaction on PostgreSQL. The graph is
-validated above the store (coordd.workflows.Workflows.plan, into a NewWorkflow); the
+workflow (coordd.rules.transitions.settle), in the same transaction on PostgreSQL. The graph is
+validated above the store (coordd.service.workflows.Workflows.plan, into a NewWorkflow); the
 store stores it.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from coordd.protocol_workflows import WorkflowList, WorkflowSubmitResult, WorkflowView
+from coordd.wire.workflows import WorkflowList, WorkflowSubmitResult, WorkflowView
 
 
 class NewNode(msgspec.Struct, kw_only=True):
@@ -31,7 +31,7 @@ class NewNode(msgspec.Struct, kw_only=True):
     gates_json: str | None = None
     result_schema: str | None = None
     needs: list[tuple[str, str]] = []  # (dependency node name, policy)
-    resources: Any = None  # a coordd.resources.Request (stored in coordd.store.resources)
+    resources: Any = None  # a coordd.rules.resources.Request (stored in coordd.store.resources)
     limits: list[tuple[str, int]] = []  # fleet-wide limits it consumes (name, units)
 
 
@@ -43,11 +43,11 @@ class NewWorkflow(msgspec.Struct, kw_only=True):
     nodes: list[NewNode]
     idempotency_key: str | None = None
     schedule_id: str | None = None
-    spec_sha256: str | None = None  # of the graph as submitted (coordd.workflows.spec_hash)
+    spec_sha256: str | None = None  # of the graph as submitted (coordd.service.workflows.spec_hash)
 
 
 class WorkflowStore(Protocol):
-    """Workflows over one database (SQLite: coordd.store.sqlite_workflows; PostgreSQL:
+    """Workflows over one database (SQLite: coordd.store.sqlite.workflows_ops; PostgreSQL:
     coordd.store.postgres.workflows). `now` as in coordd.store.api.
 
     Raises (both stores, the same situations):

@@ -1,10 +1,10 @@
 """The claim index led by what a worker filters on, and the candidate walks over it.
 
-A worker takes only jobs of its roles and kinds. With the index led by
-(required_role, kind), each (role, kind) pair the worker can take is one contiguous,
-already ordered run of the index (priority, queued_at, job_id): `coordd.leases` walks one
-cursor per pair and merges them in claim order, so a claim never steps over a job it
-could not take, however many wait ahead of it (issue 21, finding 9).
+A worker takes only jobs of its roles and kinds. With the index led by (required_role, kind),
+each (role, kind) pair the worker can take is one contiguous, already ordered run of the index
+(priority, queued_at, job_id): `coordd.store.sqlite.leases` walks one cursor per pair and merges
+them in claim order, so a claim never steps over a job it could not take, however many wait
+ahead of it (issue 21, finding 9).
 """
 
 from __future__ import annotations

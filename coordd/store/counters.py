@@ -1,7 +1,7 @@
 """Job counters by (status, priority): the `job_counts` table and its reads.
 
 `status` reads these rows instead of counting the jobs table (O(1) at any size). Since
-v13 the writer keeps them (coordd.job_changes: one hook per job row change, one upsert
+v13 the writer keeps them (coordd.store.sqlite.job_changes: one hook per job row change, one upsert
 per changed counter per batch, in the batch's transaction); the triggers below are only
 the v10 migration's, which v13 drops.
 """

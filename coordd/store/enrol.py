@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 
 from coordd import errors
-from coordd.times import fmt_time
+from coordd.rules.times import fmt_time
 
 MIGRATION_ENROL_TOKENS = """
 CREATE TABLE enrol_tokens (

@@ -1,6 +1,6 @@
 """Schema step and SQL for governance of running work (issue 16): a lease's suspension.
 
-A lease row carries what coordd.governance decided for its job: suspended since when and
+A lease row carries what coordd.rules.governance decided for its job: suspended since when and
 why, since when its gates are open again, and whether it is being vacated. The state dies
 with the lease (release, expiry, completion), so a job starts every run unsuspended.
 Its own schema step: renumber it freely beside other branches' migrations.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from coordd.protocol_governance import Suspension
+from coordd.wire.governance import Suspension
 
 MIGRATION_GOVERNANCE = """
     ALTER TABLE leases ADD COLUMN suspended_at REAL;

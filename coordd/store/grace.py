@@ -1,5 +1,5 @@
 """The restart grace: at coordd's start every lease still stored runs at least one more of
-its own `lease_s` from then (SQLiteStore.restart_grace, run by coordd.server), so a worker
+its own `lease_s` from then (SQLiteStore.restart_grace, run by coordd.daemon.server), so a worker
 that reconnects and renews keeps its job rather than losing it to the reaper for coordd's
 downtime."""
 

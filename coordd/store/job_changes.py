@@ -1,14 +1,14 @@
-"""SQL of the writer's job-change hook: one TEMP trigger per kind of row change on `jobs`
-calls `coordd_job(...)` (coordd.job_changes.JobChanges.row), and the statements that keep
-the counters (status, priority) -> n from what the hook saw: one row, `job_totals`, read
-as the `job_counts` view.
+"""SQL of the writer's job-change hook: one TEMP trigger per kind of row change on `jobs` calls
+`coordd_job(...)` (coordd.store.sqlite.job_changes.JobChanges.row), and the statements that keep
+the counters (status, priority) -> n from what the hook saw: one row, `job_totals`, read as the
+`job_counts` view.
 
 The triggers are TEMP: they live on the writer's connection only, so nothing in the file
 runs a trigger program per row any more (the counters' persistent triggers are dropped by
 MIGRATION_COUNTERS_BY_WRITER). A job row change made by another connection is not seen:
 the writer checks the counters' totals by status at open and recounts when they differ,
 and recounts whenever `PRAGMA data_version` says another connection committed
-(coordd.job_changes).
+(coordd.store.sqlite.job_changes).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A job's idempotency key and the hash of the request that made it (schema v9).
 
-A job made with a key keeps `request_sha256` (coordd.idempotency.request_hash), so a
+A job made with a key keeps `request_sha256` (coordd.rules.idempotency.request_hash), so a
 repeated key with another request is refused instead of answered with the first job.
 Rows from before v9 have none and are not checked: any request with their key is taken as
 the same one, as it was when they were stored.

@@ -18,9 +18,10 @@ from typing import Any
 
 import msgspec
 
-from coordd.limits import (
-    LimitBook, budget_refusal, concurrency_refusal, rate_excess, rate_refusal_text,
+from coordd.rules.limits import (
+    LimitBook, budget_refusal, concurrency_refusal, limit_view, rate_excess, rate_refusal_text,
 )
+from coordd.wire.limits import LimitView
 
 # The limits migration (issue 17): its own step, so the lead can renumber it at merge.
 MIGRATION_LIMITS = """
@@ -301,3 +302,44 @@ def shift_times(conn: sqlite3.Connection, step: float) -> int:
     """Move rate-window and usage times by a wall-clock step (coordd.store.clock_steps)."""
     return (conn.execute(SQL_SHIFT_CLAIMS, (step,)).rowcount
             + conn.execute(SQL_SHIFT_USAGE, (step,)).rowcount)
+
+
+def read_annotation(conn: sqlite3.Connection, now: float, book: LimitBook, job_id: str,
+                    priority: int, waiting: bool) -> tuple[list[tuple[str, int]], str | None]:
+    """The limits a job consumes and, if `waiting`, why they hold it back (SQLite)."""
+    uses = job_limits(conn, job_id)
+    if not (uses and waiting):
+        return uses, None
+    return uses, limit_reasons(conn, now, book, [(job_id, priority)]).get(job_id)
+
+
+def limit_reasons(conn: sqlite3.Connection, now: float, book: LimitBook,
+                  jobs: list[tuple[str, int]]) -> dict[str, str]:
+    """Why each of `jobs` (id, priority) waits for a limit, for those a limit holds back."""
+    check = ClaimLimits(conn, now, book, prune=False)
+    out = {}
+    for job_id, prio in jobs:
+        check.detail = None
+        if not check.admits(prio, job_id) and check.detail is not None:
+            out[job_id] = check.detail
+    return out
+
+
+def read_views(conn: sqlite3.Connection, now: float, book: LimitBook, names: list[str],
+               with_holders: bool) -> list[LimitView]:
+    """The LimitViews of `names` (SQLite reads, `limit_view` builds them)."""
+    out = []
+    for name in names:
+        limit = book.defs[name]
+        rate_used = window_used(conn, name, now, limit.rate_window_s) \
+            if limit.rate_n else 0
+        frees = None
+        if limit.rate_n and rate_used >= limit.rate_n:  # full: when its oldest unit frees
+            frees = window_frees(conn, name, now, limit.rate_window_s,
+                                             rate_used - limit.rate_n + 1)
+        out.append(limit_view(
+            limit, now, held(conn, name), rate_used, frees,
+            {m: usage(conn, name, m, now, b[1]) for m, b in limit.budget.items()},
+            waiting_for(conn, name),
+            holders(conn, name) if with_holders else []))
+    return out

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from coordd import errors
-from coordd.protocol_logs import LOG_KEEP_BYTES as KEEP_BYTES
-from coordd.protocol_logs import JobLogs, LogChunk
+from coordd.wire.logs import LOG_KEEP_BYTES as KEEP_BYTES
+from coordd.wire.logs import JobLogs, LogChunk
 
 KEEP_CHUNKS = 512
 KEEP_ATTEMPTS = 5

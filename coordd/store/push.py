@@ -3,7 +3,7 @@ worker's pending actions, and the due times of scheduled jobs.
 
 The triggers are TEMP: they live only on the writer's own connection (nothing in the
 file changes, no migration) and call `coordd_push(what, job_id, a, b, c)`, a function
-the writer registers (coordd.push.Push.note), for every row that may wake a parked call:
+the writer registers (coordd.service.push.Push.note), for every row that may wake a parked call:
 
 - `c` a running job's cancel was requested, or coordd's governance suspended or told it to
   vacate (a = the lease holder, for `watch_worker`);
@@ -12,7 +12,7 @@ the writer registers (coordd.push.Push.note), for every row that may wake a park
   parked (a = the limit).
 
 Jobs entering `waiting` (`w`) or a terminal status (`t`) come from the writer's own job
-hook instead (coordd.job_changes), which sees every job row change anyway.
+hook instead (coordd.store.sqlite.job_changes), which sees every job row change anyway.
 
 New job events (`watch_events`) need no trigger: the highest event id after a commit says.
 The TEMP tables and their statements run on the writer's connection from the event loop,
@@ -62,7 +62,7 @@ SQL_CANCEL_FOR_WORKER = (
     "SELECT l.job_id FROM leases l JOIN jobs j ON j.job_id = l.job_id "
     "WHERE l.worker_id = ? AND j.cancel_requested = 1 ORDER BY l.job_id"
 )
-# Governance state of a worker's leases (coordd.governance keeps it on the lease row).
+# Governance state of a worker's leases (coordd.rules.governance keeps it on the lease row).
 SQL_GOVERNED_FOR_WORKER = (
     "SELECT job_id, vacate_reason IS NOT NULL, coalesce(vacate_reason, suspend_reason) "
     "FROM leases WHERE worker_id = ? AND (suspended_at IS NOT NULL OR vacate_reason IS NOT "

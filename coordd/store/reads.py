@@ -1,6 +1,6 @@
 """The read side's SQL (status counts, job rows, listings, workers) and the statements
-backup/restore run on a copy of the database. Run by `coordd.views` on the read-only
-connection and by `coordd.backup`; nothing here writes the live database.
+backup/restore run on a copy of the database. Run by `coordd.store.views` on the read-only
+connection and by `coordd.store.sqlite.backup`; nothing here writes the live database.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Schema step and SQL for resource admission (issue 16 item 3, coordd.resources).
+"""Schema step and SQL for resource admission (issue 16 item 3, coordd.rules.resources).
 
 A job's request lives in its own small table (`job_resources`, only jobs that ask), so a
 claim for a job without one never reads it and a large payload's pages are never walked
@@ -13,7 +13,7 @@ import sqlite3
 
 import msgspec
 
-from coordd.resources import Grant, Request
+from coordd.rules.resources import Grant, Request
 
 MIGRATION_RESOURCES = """
     CREATE TABLE job_resources (

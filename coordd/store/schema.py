@@ -150,7 +150,7 @@ MIGRATIONS: tuple[str, ...] = (
     _governance_schema.MIGRATION_GOVERNANCE + ";" + _governance_schema.MIGRATION_RESERVATIONS,
     _resources_schema.MIGRATION_RESOURCES,  # v13: resource requests, lease grants (issue 16)
     _limits.MIGRATION_LIMITS,  # v14: fleet-wide limits (issue 17, coordd.store.limits)
-    # v15: job_counts kept by the writer (coordd.job_changes), its triggers dropped
+    # v15: job_counts kept by the writer (coordd.store.sqlite.job_changes), its triggers dropped
     _job_changes.MIGRATION_COUNTERS_BY_WRITER,
     _enrol.MIGRATION_ENROL_TOKENS,  # v16: one-time enrolment tokens, hashed (issue 18)
     # v17: waiting jobs by ready time, max(queued_at, run_at): `status` queue latency

@@ -1,9 +1,9 @@
 """SQL of the web view's read-only methods (issue 19): filtered job pages, finished-job
 rates, live leases and reservations, workflow node runs, the hub's message log.
 
-Runs on the read-only connections (coordd.readers). Every statement is bounded: a job page
-looks at a window of at most `scan` jobs by rowid (job ids are time-ordered, so rowid order
-is enqueue order), the rates at most EVENTS_SCAN_MAX events; no new index is needed, so
+Runs on the read-only connections (coordd.store.sqlite.readers). Every statement is bounded: a
+job page looks at a window of at most `scan` jobs by rowid (job ids are time-ordered, so rowid
+order is enqueue order), the rates at most EVENTS_SCAN_MAX events; no new index is needed, so
 the writer's hot path pays nothing for this view.
 """
 

@@ -10,10 +10,10 @@ writer's transaction like the rest of coordd.store.
 from __future__ import annotations
 
 import sqlite3
-import msgspec
 
 from coordd import errors
 from coordd.store import SQL_RELEASE, end_lost_lease, lenient_json  # noqa: F401
+from coordd.rules.worker_state import WorkerState  # noqa: F401 (re-exported)
 
 WORKER_LOST = "worker_lost"
 
@@ -33,16 +33,6 @@ SQL_WORKER_STATES = (
     "SELECT worker_id, incarnation, kinds_json, broken_kinds_json, offline_at FROM workers"
 )
 SQL_PREEMPTIONS = "SELECT preemptions FROM jobs WHERE job_id = ?"
-
-
-class WorkerState(msgspec.Struct, frozen=True):
-    """What a worker last said about itself beyond readings (None: an older worker that
-    does not send it)."""
-
-    incarnation: str | None = None
-    kinds: list[str] | None = None
-    broken_kinds: dict[str, str] = {}
-    offline_at: float | None = None
 
 
 def release_worker(conn: sqlite3.Connection, now: float, worker_id: str) -> list[str]:

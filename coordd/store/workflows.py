@@ -1,5 +1,5 @@
 """Workflows and schedules in the store: their SQL, applying the transitions
-coordd.transitions decides (settle, skip); schema v5 is in
+coordd.rules.transitions decides (settle, skip); schema v5 is in
 coordd.store.workflow_schema.
 
 A workflow is a row in `workflows` plus jobs (its nodes) that carry its `workflow_id` and
@@ -28,8 +28,8 @@ import sqlite3
 from collections.abc import Callable
 
 from coordd import errors
-from coordd import transitions as tr
-from coordd.protocol import StatusResult
+from coordd.rules import transitions as tr
+from coordd.wire.protocol import StatusResult
 from coordd.store import cancel, dumps, event, lenient_json, retry
 from coordd.store.resources import add_request
 from coordd.store import limits as limit_store
@@ -40,7 +40,7 @@ from coordd.store.api_workflows import NewNode, NewWorkflow  # noqa: F401  (re-e
 # Statuses a node can end in; a workflow is over when every node is in one of them.
 NODE_TERMINAL = tr.NODE_TERMINAL
 WORKER_ABSENT = tr.WORKER_ABSENT
-summarize = tr.summarize  # the workflow's summary (coordd.transitions)
+summarize = tr.summarize  # the workflow's summary (coordd.rules.transitions)
 SETTLE_SWEEP_LIMIT = 500  # running workflows settled per maintenance round
 PRUNE_BATCH = 100  # ended workflows deleted per transaction by `prune_workflows`
 
@@ -166,7 +166,7 @@ def node_enqueued(wf: NewWorkflow, n: NewNode) -> tuple[tr.Transition, str]:
 
 def settle(conn: sqlite3.Connection, now: float, workflow_id: str,
            touch: bool = True) -> str | None:
-    """Move a workflow forward as far as its nodes' states allow (coordd.transitions.settle
+    """Move a workflow forward as far as its nodes' states allow (coordd.rules.transitions.settle
     decides; this applies: skips, promotions with the dependencies' results in the
     payload, the workflow's end and summary); return its status if it ended now (else
     None). `touch` False (the backstop sweep): `updated_at` only moves if something did.
@@ -439,7 +439,7 @@ SQL_GET_WORKFLOW = (
     "finished_at, summary_json FROM workflows WHERE workflow_id = ?"
 )
 SQL_WORKFLOW_EXISTS = "SELECT 1 FROM workflows WHERE workflow_id = ?"
-# ids in [?1, ?2): ?2 is the prefix followed by U+10FFFF (coordd.views.resolve_prefix)
+# ids in [?1, ?2): ?2 is the prefix followed by U+10FFFF (coordd.store.views.resolve_prefix)
 SQL_WORKFLOW_IDS_FROM = (
     "SELECT workflow_id FROM workflows WHERE workflow_id >= ?1 AND workflow_id < ?2 "
     "ORDER BY workflow_id LIMIT ?3")

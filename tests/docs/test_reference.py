@@ -11,7 +11,9 @@ import pytest
 
 from coordctl.__main__ import build_parser
 from coordd import config as coordd_config
-from coordd import gates, limits, protocol
+from coordd.rules import gates
+from coordd.rules import limits
+from coordd.wire import protocol
 from docgen import cli_page, config_page, md, protocol_page
 from docgen.pages import PAGES, REGENERATE, ROOT, render_all
 from worker import config as worker_config
@@ -170,7 +172,7 @@ def test_every_error_code_is_documented():
 
 def test_every_metric_family_is_documented():
     """Every family a scrape of coordd's registry yields has its row."""
-    from coordd.metrics import Metrics
+    from coordd.ops.metrics import Metrics
     text = page("docs/reference/metrics.md")
     scraped = [mf.name for mf in Metrics().registry.collect()]
     assert scraped

@@ -1,4 +1,4 @@
-"""Certificates for the TLS tests, made by coordd.pki (what `coordctl ca` runs), and a
+"""Certificates for the TLS tests, made by coordd.net.pki (what `coordctl ca` runs), and a
 coordd config serving TCP+mTLS on a free loopback port."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from coordd import pki
+from coordd.net import pki
 from coordd.transport import Connector, TlsFiles
 
 DAY = 86400.0

@@ -56,7 +56,7 @@ def test_out_of_range_integers_are_bad_requests_on_both_stores(store_daemon):
 def test_complete_refuses_an_artifact_reference_the_store_does_not_hold(store_daemon, request):
     """A result naming an artifact coordd does not hold (unknown sha256, or a stored one
     with another size or path) is refused on both stores. Open on SQLite: it stores the
-    worker's reference as given (coordd.leases.complete, SQL_INSERT_ARTIFACT), so `show`
+    worker's reference as given (coordd.store.sqlite.leases.complete, SQL_INSERT_ARTIFACT), so `show`
     reports a size and a path (e.g. /etc/passwd) that are not the stored file's."""
     if "sqlite" in request.node.name:  # runs, and must fail until SQLite checks the reference
         request.applymarker(pytest.mark.xfail(

@@ -101,7 +101,7 @@ def check_file(db: str, acked: Acked) -> dict[str, int]:
             "FROM jobs")}
         leases = conn.execute("SELECT job_id, token FROM leases").fetchall()
         # the counters the writer keeps went into each batch's own transaction: the killed
-        # file's job_counts equal a full count (coordd.job_changes)
+        # file's job_counts equal a full count (coordd.store.sqlite.job_changes)
         stored = sorted(r for r in conn.execute("SELECT status, priority, n FROM job_counts")
                         if r[2])
         full = sorted(conn.execute(

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from coordd import errors, pki
+from coordd import errors
+from coordd.net import pki
 from coordd.client import Client
 from coordd.transport import Connector, TlsFiles
 from tests.integration.fleet_certs import free_port, make_fleet

@@ -278,7 +278,7 @@ async def test_full_disk_mid_batch_no_reply_says_nothing_stored_of_a_stored_job(
 
     from coordd import config as config_mod
     from coordd.clock import FakeClock
-    from coordd.protocol import Enqueue
+    from coordd.wire.protocol import Enqueue
     from coordd.service import Coordinator
 
     folder = tmpfs("small_batch", "size=2m")

@@ -14,7 +14,7 @@ import pytest
 
 from coordd import errors
 from coordd.client import CallTimeout, Client
-from coordd.frames import HEADER
+from coordd.net.frames import HEADER
 from tests.integration.fleet_certs import free_port
 
 COOL = {"memory_used_pct": 10.0, "temperature_c": 40.0, "on_battery": False, "user_idle_s": 9999.0}

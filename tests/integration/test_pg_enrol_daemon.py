@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from coordd import errors, pki
+from coordd import errors
+from coordd.net import pki
 from coordd.client import Client
 from coordd.transport import Connector, TlsFiles
 from tests.integration.fleet_certs import free_port, make_fleet

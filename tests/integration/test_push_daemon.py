@@ -19,7 +19,7 @@ import pytest
 
 from coordd import errors
 from coordd.client import Client, Disconnected
-from coordd.rpc import encode_frame
+from coordd.net.rpc import encode_frame
 from tests.integration.test_worker import alive, bench  # noqa: F401  (the fixture)
 
 COOL = {"memory_used_pct": 30.0, "temperature_c": 40.0, "on_battery": False,

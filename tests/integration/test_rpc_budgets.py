@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordd import rpc
+from coordd.net import rpc
 from coordd.clock import FakeClock
 
 TIMEOUT_S = 10.0

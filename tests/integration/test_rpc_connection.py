@@ -1,4 +1,4 @@
-"""The RPC connection (coordd.rpc.Connection) over a real Unix socket: framing across
+"""The RPC connection (coordd.net.rpc.Connection) over a real Unix socket: framing across
 arbitrary read boundaries, pipelining past the in-flight cap, back-pressure, EOF, close.
 
 The first tests serve a Dispatcher in this process with a handler the test controls; the
@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordd import rpc
+from coordd.net import rpc
 from coordd.client import Client
 
 REPLY_TIMEOUT_S = 10.0

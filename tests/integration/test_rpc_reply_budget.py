@@ -14,8 +14,9 @@ from typing import Any
 
 import msgspec
 
-from coordd import rpc, views
-from coordd.protocol import Complete
+from coordd.net import rpc
+from coordd.store import views
+from coordd.wire.protocol import Complete
 
 RESULT = 300_000   # bytes of the job's result
 UNSENT = 1 << 20   # max_unsent_bytes: about three such replies

@@ -193,7 +193,7 @@ def _uvloop_mapped(pid: int) -> bool:
 
 
 def _hup_from_the_start(proc, ready) -> int:
-    """Watch `proc` start: once uvloop's library is loaded (before coordd.server and
+    """Watch `proc` start: once uvloop's library is loaded (before coordd.daemon.server and
     worker.supervisor are imported, and well before the event loop's SIGHUP handler),
     SIGHUP must already be ignored; then a SIGHUP every 5 ms until `ready()`. Returns the
     SIGHUPs sent."""

@@ -1,6 +1,6 @@
 """The TCP listener with mutual TLS (issue 18): identities from certificates, refusals with
 their logged reason, the deny-list, SIGHUP rotation with open connections kept. Real coordd
-processes, real TLS on loopback, certificates from coordd.pki (what `coordctl ca` runs)."""
+processes, real TLS on loopback, certificates from coordd.net.pki (what `coordctl ca` runs)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from coordd import errors, pki
+from coordd import errors
+from coordd.net import pki
 from coordd.client import Client, Disconnected
 from coordd.transport import Connector
 from tests.integration.fleet_certs import Fleet, make_fleet

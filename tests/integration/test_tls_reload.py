@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from coordd import errors, pki
+from coordd import errors
+from coordd.net import pki
 from coordd.client import Client, Disconnected
 from tests.integration.fleet_certs import Fleet, make_fleet
 

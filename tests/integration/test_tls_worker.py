@@ -1,5 +1,5 @@
 """coord-worker over TCP + mutual TLS (issue 18): real coordd and worker processes on
-loopback, certificates from coordd.pki."""
+loopback, certificates from coordd.net.pki."""
 
 from __future__ import annotations
 

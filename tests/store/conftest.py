@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from coordd import config as config_mod
-from coordd import leases
+from coordd.store.sqlite import leases
 from coordd.clock import FakeClock
 from coordd.ids import JobIds
 from coordd.store import NewJob
-from coordd.store.sqlite_store import SQLiteStore
+from coordd.store.sqlite.store import SQLiteStore
 
 T0 = 100.0
 COOL = {"memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from coordd import errors, gates
+from coordd import errors
+from coordd.rules import gates
 from coordd.store.api import JobFilter, LeaseRef
-from coordd.times import fmt_time
+from coordd.rules.times import fmt_time
 from tests.store.conftest import T0
 
 

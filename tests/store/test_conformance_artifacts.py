@@ -161,7 +161,7 @@ async def test_a_second_coordd_on_the_database_serves_what_the_first_stored(bund
 async def test_complete_names_an_uploaded_artifact_on_either_store(bundle):
     """The worker's path for a result over its inline limit: artifact_put, then complete
     naming it; the job's view carries the artifact (issue 28: kept on PostgreSQL too)."""
-    from coordd.protocol import ArtifactRef
+    from coordd.wire.protocol import ArtifactRef
     b = bundle
     ref = await running(b)
     data = b'{"big": "' + b"x" * 100 + b'"}'
@@ -180,7 +180,7 @@ async def test_complete_names_an_uploaded_artifact_on_either_store(bundle):
 async def test_postgres_refuses_a_complete_naming_an_artifact_it_does_not_hold(bundle):
     """Where the bytes live in the database, a record naming a file elsewhere would be a
     result nobody can read: refused, the lease kept (the worker uploads and resends)."""
-    from coordd.protocol import ArtifactRef
+    from coordd.wire.protocol import ArtifactRef
     b = bundle
     if b.store.name != "PostgreSQL":
         pytest.skip("SQLite records the path a worker on its host wrote into its folder")

@@ -1,6 +1,6 @@
 """Admission in combination over both stores: resource requests beside fleet limits,
 priority aging and per-job gates, on one job or one workflow node, judged in one claim
-as SQLite's coordd.claims._Judge does (gates, then resources, then limits). The same
+as SQLite's coordd.store.sqlite.claims._Judge does (gates, then resources, then limits). The same
 bodies, the same replies, on SQLite and PostgreSQL, `now` pinned."""
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ from typing import Any
 
 import msgspec
 
-from coordd import gates, limits, resources, results
-from coordd.resources import Request
+from coordd.rules import gates
+from coordd.rules import limits
+from coordd.rules import resources
+from coordd.rules import results
+from coordd.rules.resources import Request
 from coordd.store import workflows as wstore
-from coordd.store.sqlite_store import SQLiteStore
+from coordd.store.sqlite.store import SQLiteStore
 from tests.store.conftest import COOL, T0, Bundle
 from tests.store.test_conformance_limits import book, policy, ref
 
@@ -26,7 +29,7 @@ VALID = msgspec.json.encode({"claims": [{"text": "t", "label": "opinion"}]}).dec
 
 
 def admitting(lb: Any = None, aging_s: float = 0.0) -> Any:
-    """The claim policy of a coordd whose jobs asked for resources (coordd.intake sets
+    """The claim policy of a coordd whose jobs asked for resources (coordd.service.intake sets
     `resources_seen`; the PostgreSQL store knows it from its own tables)."""
     pol = policy(lb, aging_s)
     pol.resources_seen = True

@@ -1,6 +1,6 @@
 """Enrolment tokens over both stores (coordd.store.api_enrol): one use per token, expiry
 on the store's clock, a burn that two racing enrolments cannot both pass; the whole
-enrolment (coordd.enrol) over each store."""
+enrolment (coordd.service.enrol) over each store."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import time
 import pytest
 
 from coordd import config as config_mod
-from coordd import errors, pki
-from coordd.enrol import Enrolment, digest
-from coordd.protocol_enrol import Enroll, TokenCreate
+from coordd import errors
+from coordd.net import pki
+from coordd.service.enrol import Enrolment, digest
+from coordd.wire.enrol import Enroll, TokenCreate
 from tests.store.conftest import T0
 
 

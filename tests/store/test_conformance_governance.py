@@ -11,11 +11,12 @@ import asyncio
 import pytest
 
 from coordd import config as config_mod
-from coordd import errors, governor
-from coordd.resources import Grant, Request
+from coordd import errors
+from coordd.service import governor
+from coordd.rules.resources import Grant, Request
 from coordd.store.api import LeaseRef
 from coordd.store.api_governance import Governance, WorkerBeat
-from coordd.worker_list import worker_views
+from coordd.rules.worker_list import worker_views
 from tests.store.conftest import COOL, T0, policy
 
 HOT = {**COOL, "temperature_c": 85.0}  # over P3's 80 C, under the critical 95 C
@@ -255,7 +256,7 @@ async def test_a_job_asking_for_a_gpu_it_cannot_get_waits_with_reason_resources(
     (saying what is short) while a job asking for nothing backfills, and is granted the
     GPU once the first ends."""
     pol = policy()
-    pol.resources_seen = True  # as a coordd does once a job asks (coordd.intake)
+    pol.resources_seen = True  # as a coordd does once a job asks (coordd.service.intake)
     a = await bundle.enqueue(priority=2, resources=Request(gpus=1))
     b = await bundle.enqueue(priority=2, resources=Request(gpus=1, ram_mb=1000))
     plain = await bundle.enqueue(priority=3)

@@ -1,6 +1,6 @@
 """The agent message hub over both stores (coordd.store.api_hub): the rules of
 tests/unit/test_hub_rules.py and test_hub_limits.py with a pinned `now`, the checks
-through coordd.hub.Hub over each store, the same replies and errors from SQLite and
+through coordd.service.hub.Hub over each store, the same replies and errors from SQLite and
 PostgreSQL."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 from coordd import config as config_mod
 from coordd import errors
-from coordd.hub import Hub
-from coordd.protocol import (
+from coordd.service.hub import Hub
+from coordd.wire.protocol import (
     AckMessages, AgentQuery, AgentStatusUpdate, BroadcastMessage, ReadMessages, SendMessage,
 )
 from coordd.store import dumps

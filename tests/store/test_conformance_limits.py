@@ -10,8 +10,10 @@ import msgspec
 import pytest
 
 from coordd import config as config_mod
-from coordd import gates, leases, limits
-from coordd.limits import LimitBook, LimitSpec
+from coordd.rules import gates
+from coordd.store.sqlite import leases
+from coordd.rules import limits
+from coordd.rules.limits import LimitBook, LimitSpec
 from coordd.store.api import LeaseRef
 from tests.store.conftest import T0
 
@@ -210,8 +212,8 @@ async def test_the_limits_methods_over_either_store(bundle):
     an unknown limit is bad_request at enqueue, the limits methods answer alike."""
     from coordd import errors
     from coordd.clock import FakeClock
-    from coordd.protocol import Enqueue
-    from coordd.protocol_limits import LimitReset, LimitSet, LimitsQuery
+    from coordd.wire.protocol import Enqueue
+    from coordd.wire.limits import LimitReset, LimitSet, LimitsQuery
     from coordd.service import Coordinator
     cfg = config_mod.load(None, limits={"gpu": {"concurrency": 1}})
     coord = Coordinator(bundle.store, cfg, FakeClock(T0))

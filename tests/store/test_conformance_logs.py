@@ -1,5 +1,5 @@
 """A job's captured output over both stores (coordd.store.api_logs): the rules of
-tests/unit/test_job_logs.py with a pinned `now`, the checks through coordd.logs over each
+tests/unit/test_job_logs.py with a pinned `now`, the checks through coordd.service.logs over each
 store, the same replies and errors from SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from coordd import errors
-from coordd.logs import JobLogStore
-from coordd.protocol_logs import LOG_CHUNK_MAX_BYTES, JobLogsQuery, LogAppend
+from coordd.service.logs import JobLogStore
+from coordd.wire.logs import LOG_CHUNK_MAX_BYTES, JobLogsQuery, LogAppend
 from coordd.store import logs as log_store
 from coordd.store.api import LeaseRef
 from tests.store.conftest import T0

@@ -11,11 +11,12 @@ import msgspec
 import pytest
 
 from coordd import config as config_mod
-from coordd import errors, limits
-from coordd import workflows as flows
+from coordd import errors
+from coordd.rules import limits
+from coordd.service import workflows as flows
 from coordd.clock import FakeClock
-from coordd.protocol_workflows import WorkflowSubmit
-from coordd.resources import Request
+from coordd.wire.workflows import WorkflowSubmit
+from coordd.rules.resources import Request
 from coordd.store.api_governance import WorkerBeat
 from coordd.service import Coordinator
 from tests.store.conftest import COOL, T0, open_store

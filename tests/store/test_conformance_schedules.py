@@ -12,7 +12,7 @@ import pytest
 from coordd import errors
 from coordd.ids import JobIds
 from coordd.store.api_workflows import NewNode, NewWorkflow
-from coordd.workflows import cron_after, due_slots
+from coordd.service.workflows import cron_after, due_slots
 
 T = 1_700_000_040.0  # a minute's start (cron slots are minutes)
 EVERY_MINUTE, HOURLY = "* * * * *", "0 * * * *"
@@ -24,7 +24,7 @@ def spec(name: str = "nightly", **kw) -> str:
 
 
 def planner(ids: JobIds):
-    """The slot's workflow as coordd.workflows.Workflows._plan_slot makes it (one node)."""
+    """The slot's workflow as coordd.service.workflows.Workflows._plan_slot makes it (one node)."""
     def plan(spec_json: str, schedule_id: str, slot: float) -> NewWorkflow:
         s = json.loads(spec_json)
         if s.get("broken"):

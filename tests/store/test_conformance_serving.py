@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from coordd import config as config_mod
-from coordd import errors, resources
+from coordd import errors
+from coordd.rules import resources
 from coordd.clock import FakeClock
-from coordd.protocol import Claim, Enqueue, Heartbeat
+from coordd.wire.protocol import Claim, Enqueue, Heartbeat
 from coordd.service import Coordinator
-from coordd.store.sqlite_store import SQLiteStore
+from coordd.store.sqlite.store import SQLiteStore
 from tests.store.conftest import COOL, T0
 from tests.store.test_conformance_limits import book, policy, ref
 from tests.store.test_conformance_workflows import node, plan

@@ -1,13 +1,13 @@
 """Issue 31 item 8 over both stores: the oldest due waiting jobs of each priority
 (`oldest_waiting`) and `status`'s waiting list and late-P0 warning built on them
-(coordd.waiting_report.on_store, as the Coordinator over the store interface runs it).
+(coordd.service.waiting_report.on_store, as the Coordinator over the store interface runs it).
 `now` pinned: two P0 jobs wait 20 minutes, one of a kind no live worker runs, one for a
 role no live worker has."""
 
 from __future__ import annotations
 
 from coordd import config as config_mod
-from coordd import waiting_report
+from coordd.service import waiting_report
 from coordd.store.api_governance import WorkerBeat
 from tests.store.conftest import COOL, T0
 from tests.store.test_conformance_governance import gov

@@ -146,10 +146,10 @@ async def test_ids_by_prefix(bundle):
 
 
 async def test_reply_bytes_are_sized_before_the_read_alike(bundle):
-    """The reply budgets of get_job and list_jobs (coordd.budgets): the same sizes from
+    """The reply budgets of get_job and list_jobs (coordd.net.budgets): the same sizes from
     either store, known before any value is read."""
     from coordd.store.api import JobFilter
-    from coordd.views import LISTED_JOB_BYTES
+    from coordd.store.views import LISTED_JOB_BYTES
     b = bundle
     small = await b.enqueue(payload_json='{"a":1}')
     big = await b.enqueue(payload_json='"' + "é" * 1000 + '"', kind="other")

@@ -11,16 +11,16 @@ import pytest
 
 from coordd import config as config_mod
 from coordd import errors
-from coordd import workflows as flows
+from coordd.service import workflows as flows
 from coordd.clock import FakeClock
-from coordd.protocol_workflows import WorkflowSubmit
+from coordd.wire.workflows import WorkflowSubmit
 from coordd.store.api import LeaseRef
 from coordd.service import Coordinator
 from tests.store.conftest import T0, open_store
 
 
 def plan(bundle: Any, nodes: list[dict[str, Any]], name: str = "wf", **kw: Any) -> Any:
-    """A validated graph (the RPC's own checks: coordd.workflows.Workflows.plan)."""
+    """A validated graph (the RPC's own checks: coordd.service.workflows.Workflows.plan)."""
     coord = Coordinator(bundle.store, config_mod.load(None), FakeClock(T0))
     spec = msgspec.convert({"name": name, "nodes": nodes, **kw}, WorkflowSubmit)
     return flows.Workflows(coord).plan(spec)

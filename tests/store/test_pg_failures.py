@@ -299,7 +299,7 @@ async def test_a_pool_session_stuck_inside_a_transaction_loses_its_locks(request
     reaper would wait on them for as long as the server's TCP keepalive takes: hours)."""
     from coordd.config import load
     from coordd.store.postgres.leader import pool_settings
-    from coordd.server import Daemon
+    from coordd.daemon.server import Daemon
     cfg = load(None, store=pg_dsn, socket=str(tmp_path / "s.sock"),
                store_session_timeout_s=0.6)
     assert Daemon(cfg).coord.store.server_settings == pool_settings(0.6)

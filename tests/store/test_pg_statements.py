@@ -1,17 +1,17 @@
 """Every PostgreSQL statement that writes jobs.status serves a transition of
-coordd.transitions (as tests/unit/test_transitions.py holds for SQLite's), and the texts
+coordd.rules.transitions (as tests/unit/test_transitions.py holds for SQLite's), and the texts
 the one-statement paths write are the state machine's (no database needed)."""
 
 from __future__ import annotations
 
 import re
 
-from coordd import transitions as tr
+from coordd.rules import transitions as tr
 from coordd.store.postgres import apply, sql
 
 WRITES_STATUS = re.compile(r"UPDATE jobs SET (?:(?!WHERE).)*\bstatus = |INSERT INTO jobs \(",
                            re.S)
-STATUS_WRITES = {  # statement -> the transitions it writes (coordd.transitions causes)
+STATUS_WRITES = {  # statement -> the transitions it writes (coordd.rules.transitions causes)
     "SQL_ENQUEUE": "enqueue", "SQL_CLAIM": "claim", "SQL_CLAIM_BATCH": "claim",
     "SQL_CLAIM_ROLES": "claim", "SQL_CLAIM_BATCH_ROLES": "claim",
     "SQL_DEAD_LETTER_TAKEN": "dead_letter", "SQL_COMPLETE_BATCH": "complete/cancel_requested",

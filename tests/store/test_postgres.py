@@ -235,13 +235,14 @@ async def test_a_value_postgresql_cannot_store_is_bad_request(pg):
 
 DRAINER = """
 import asyncio, sys
-from coordd import config, leases
+from coordd import config
+from coordd.rules.claim_policy import ClaimPolicy
 from coordd.store.api import LeaseRef
 from coordd.store.postgres import PostgresStore
 async def main():
     cfg = config.load(None)
-    pol = leases.ClaimPolicy(policies=cfg.policies(), heartbeat_stale_s=3600,
-                             aging_interval_s=0.0)
+    pol = ClaimPolicy(policies=cfg.policies(), heartbeat_stale_s=3600,
+                      aging_interval_s=0.0)
     st = PostgresStore(sys.argv[1], pool_max=10)
     await st.start()
     async def one(n):

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from coordctl.commands import missing_artifacts_message
-from coordd import backup, cas
-from coordd.protocol import BackupResult
+from coordd import cas
+from coordd.store.sqlite import backup
+from coordd.wire.protocol import BackupResult
 
 COORDD_UID, WORKER_UID, GROUP = 40100, 40101, 40100  # uids no real account uses
 

@@ -10,10 +10,10 @@ import sqlite3
 import pytest
 
 from coordd import errors
-from coordd.protocol import (
+from coordd.wire.protocol import (
     Claim, Enqueue, EnqueueBatch, Heartbeat, ReadMessages, Renew, SendMessage,
 )
-from coordd.times import TIME_MAX_S
+from coordd.rules.times import TIME_MAX_S
 from tests.conftest import COOL
 from tests.unit.test_stored_values import FIELDS, NAMED, _rows, _store_each
 
@@ -61,7 +61,7 @@ async def test_delay_s_runs_on_coordds_clock_and_range_edges_are_accepted(bundle
 
 
 def _id(job_id):
-    from coordd.protocol import JobId
+    from coordd.wire.protocol import JobId
     return JobId(job_id=job_id)
 
 

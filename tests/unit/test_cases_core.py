@@ -9,8 +9,10 @@ import sqlite3
 
 import pytest
 
-from coordd import errors, leases
-from coordd.protocol import Complete, Fail, JobId, Renew
+from coordd import errors
+from coordd.service import coordinator as coordinator_mod
+from coordd.store.sqlite import leases
+from coordd.wire.protocol import Complete, Fail, JobId, Renew
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -300,7 +302,7 @@ async def test_b14_failure_path_error_leaves_lease_and_job_follows_expiry(bundle
 
     def broken(*a, **kw):
         raise RuntimeError("the failure path itself breaks")
-    monkeypatch.setattr(leases, "backoff_delay", broken)
+    monkeypatch.setattr(coordinator_mod, "backoff_delay", broken)  # the Coordinator's backoff
     with pytest.raises(errors.CoordError) as exc:
         await _fail(bundle, job, "w1", c.lease.token, "transient")
     assert exc.value.code == "internal"

@@ -13,9 +13,9 @@ import msgspec
 import pytest
 
 from coordd import errors, store
-from coordd.protocol import ADMIN_METHODS, PARAMS, Complete, Empty, Enqueue, ListJobs
-from coordd.reaper import Reaper
-from coordd.times import fmt_time
+from coordd.wire.protocol import ADMIN_METHODS, PARAMS, Complete, Empty, Enqueue, ListJobs
+from coordd.service.reaper import Reaper
+from coordd.rules.times import fmt_time
 from tests.unit.test_cases_core import KiB, MiB, _complete, _db, _fail, _job, _renew
 
 # ---------------------------------------------------------------- B31
@@ -253,7 +253,7 @@ async def test_b37_candidate_selection_never_reads_the_payload(bundle):
 
 
 async def test_b37_prune_keeps_shared_artifacts_and_runs_from_the_reaper(make_bundle):
-    from coordd.protocol import ArtifactRef
+    from coordd.wire.protocol import ArtifactRef
     b = await make_bundle(retention_s=100.0, prune_interval_s=50.0)
     await b.worker("w1")
     art = ArtifactRef(sha256="ab" * 32, size=3, path="ab/abab")
@@ -400,7 +400,7 @@ async def test_b37_retention_removes_old_artifact_files_and_nothing_else(make_bu
     """Prune deletes the artifact file of a pruned job; a file a kept job refers to, a
     checkpoint file, and a fresh unrecorded file (a worker mid-store) all stay."""
     from coordd import cas
-    from coordd.protocol import ArtifactRef, Checkpoint, Complete
+    from coordd.wire.protocol import ArtifactRef, Checkpoint, Complete
     b = await make_bundle(retention_s=100.0, warn_artifact_bytes=250)
     store_dir = b.coord.artifact_dir
 

@@ -8,7 +8,7 @@ import re
 import time
 from pathlib import Path
 
-from coordd import pki
+from coordd.net import pki
 from worker import enroll
 
 ROOT = Path(__file__).resolve().parents[2]

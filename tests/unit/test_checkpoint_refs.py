@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from coordd import cas, views
-from coordd.protocol import Checkpoint
+from coordd import cas
+from coordd.store import views
+from coordd.wire.protocol import Checkpoint
 from coordd.store import reads
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordd import gates, store
+from coordd import store
+from coordd.rules import gates
 from coordd.store import lenient_json
 
 ROLES = ("cpu", "gpu", "tpu")

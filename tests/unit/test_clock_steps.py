@@ -9,7 +9,7 @@ import pytest
 
 from coordd import errors
 from coordd.clock import AnchoredClock, FakeClock
-from coordd.protocol import Fail, ReadMessages, Renew, SendMessage
+from coordd.wire.protocol import Fail, ReadMessages, Renew, SendMessage
 
 # forward below clock_jump_s (an NTP step, no suspend grace), and back, small and large
 STEPS = [45.0, -45.0, -600.0, -86400.0]

@@ -1,5 +1,5 @@
 """Every numeric key of coordd's and the worker's config is range-checked in one place
-(coordd.ranges): 0, -1, NaN and infinity each either pass (where the key's range holds
+(coordd.rules.ranges): 0, -1, NaN and infinity each either pass (where the key's range holds
 them) or are a one-line config error naming the key; coordd exits 2, never a traceback."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import sys
 import msgspec
 import pytest
 
-from coordd import config, ranges
+from coordd import config
+from coordd.rules import ranges
 from coordd.errors import ConfigError
 from worker import config as wconfig
 

@@ -5,7 +5,7 @@ is numbered as another run of it."""
 from __future__ import annotations
 
 from coordctl.logs import _Printer
-from coordd.protocol_logs import LogChunk
+from coordd.wire.logs import LogChunk
 
 
 def chunk(seq: int, attempt: int, token: int, data: bytes, pos: int = 0) -> LogChunk:

@@ -12,7 +12,7 @@ import pytest
 
 from coordctl import __main__ as ctl_main
 from coordctl import commands
-from coordd.protocol import JobList, JobView
+from coordd.wire.protocol import JobList, JobView
 
 PAGE = 3
 

@@ -9,7 +9,7 @@ import re
 from rich.console import Console
 
 from coordctl.render import status_table
-from coordd.protocol import StatusReply
+from coordd.wire.protocol import StatusReply
 
 
 def _text(st: StatusReply) -> str:
@@ -37,8 +37,8 @@ def test_status_lists_the_oldest_waiting_and_show_says_when_a_suspension_resumes
     waiting jobs `status` sent, P0 first, with why; `show` of a suspended job whose gates
     are open says when it resumes."""
     from coordctl import render
-    from coordd.protocol import JobView, LeaseView, WaitingJob
-    from coordd.protocol_governance import Suspension
+    from coordd.wire.protocol import JobView, LeaseView, WaitingJob
+    from coordd.wire.governance import Suspension
     st = StatusReply(workers=1, workers_live=1, active_leases=0, jobs={"waiting": 2},
                      waiting_by_priority={"p0": 1, "p3": 1}, warnings=["late"],
                      waiting=[WaitingJob(job_id="a1", kind="train", required_role="cpu",

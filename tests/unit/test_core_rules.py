@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from coordd import errors
-from coordd.protocol import Checkpoint, Complete, Fail, JobId, ListJobs, Renew
+from coordd.wire.protocol import Checkpoint, Complete, Fail, JobId, ListJobs, Renew
 from tests.conftest import T0
 
 
@@ -130,7 +130,7 @@ async def test_50_concurrent_claimers_200_jobs_each_claimed_once(bundle):
 async def test_failing_request_in_batch_does_not_roll_back_others(bundle):
     await bundle.worker("w1")
     # one enqueue that fails inside the transaction (duplicate primary key) among good ones
-    good = [bundle.coord.enqueue(__import__("coordd.protocol").protocol.Enqueue(
+    good = [bundle.coord.enqueue(__import__("coordd.wire.protocol", fromlist=["_"]).Enqueue(
         kind="k", required_role="cpu", priority=1, payload={"i": i})) for i in range(5)]
 
     def bad(conn, now):
@@ -219,7 +219,7 @@ async def test_list_jobs_pages_and_filters(bundle):
 
 
 async def test_enqueue_validation(bundle):
-    from coordd.protocol import Enqueue
+    from coordd.wire.protocol import Enqueue
     with pytest.raises(errors.BadRequest):
         await bundle.coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=4))
     with pytest.raises(errors.BadRequest):
@@ -235,7 +235,7 @@ async def test_claim_with_kinds_only_takes_kinds_the_worker_runs(bundle):
     await bundle.worker("w1")
     train = await bundle.enqueue(priority=0, kind="train")
     kw = await bundle.enqueue(priority=2, kind="keywords")
-    from coordd.protocol import Claim
+    from coordd.wire.protocol import Claim
     res = await bundle.coord.claim(Claim(worker_id="w1", kinds=["keywords"]))
     assert res.job.job_id == kw
     none = await bundle.coord.claim(Claim(worker_id="w1", kinds=["keywords"]))

@@ -1,13 +1,14 @@
 """The TCP deny-lists are checked by coordd.config like every other setting, at start and
-on SIGHUP's reload alike (coordd.reload loads the file with coordd.config.load)."""
+on SIGHUP's reload alike (coordd.daemon.reload loads the file with coordd.config.load)."""
 
 from __future__ import annotations
 
 import pytest
 
-from coordd import config, reload
+from coordd import config
+from coordd.daemon import reload
 from coordd.errors import ConfigError
-from coordd.tls import DenyList, TlsPeer
+from coordd.net.tls import DenyList, TlsPeer
 
 
 @pytest.mark.parametrize("text,why", [

@@ -8,11 +8,11 @@ import asyncio
 import pytest
 
 from coordd import errors
-from coordd.gates import GatePolicy
-from coordd.governance import GovState, decide
-from coordd.protocol import Heartbeat, JobId, Renew
-from coordd.protocol_push import WatchWorker, WorkerActions
-from coordd.protocol_workers import Release
+from coordd.rules.gates import GatePolicy
+from coordd.rules.governance import GovState, decide
+from coordd.wire.protocol import Heartbeat, JobId, Renew
+from coordd.wire.push import WatchWorker, WorkerActions
+from coordd.wire.workers import Release
 from tests.conftest import COOL
 from tests.unit.test_push import asleep
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from coordd.protocol import ClaimedJob
+from coordd.wire.protocol import ClaimedJob
 from worker import config as wconfig
 from worker import resources
 from worker.gpu import GpuProbe

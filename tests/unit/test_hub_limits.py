@@ -10,7 +10,7 @@ import pytest
 
 from coordd import config as config_mod
 from coordd import errors
-from coordd.protocol import (
+from coordd.wire.protocol import (
     AgentQuery, AgentStatusUpdate, BroadcastMessage, ReadMessages, SendMessage,
 )
 from coordd.store import messages as msg_store

@@ -7,10 +7,10 @@ import sqlite3
 import pytest
 
 from coordd import errors
-from coordd.protocol import (
+from coordd.wire.protocol import (
     AckMessages, AgentQuery, AgentStatusUpdate, BroadcastMessage, ReadMessages, SendMessage,
 )
-from coordd.reaper import Reaper
+from coordd.service.reaper import Reaper
 
 
 def _count(db_path: str, table: str = "messages") -> int:

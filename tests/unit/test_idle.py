@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from coordd import gates
+from coordd.rules import gates
 from coordd.config import Config
 from worker.idle import (
     Session, SourceUnknown, display_sessions, gnome_idle, logind_sessions, session_idle_source,

@@ -1,4 +1,4 @@
-"""The writer's job hook (coordd.job_changes): the status counters it keeps are exact
+"""The writer's job hook (coordd.store.sqlite.job_changes): the status counters it keeps are exact
 through op rollbacks, failed batches and writes by other connections; no trigger program
 of the file runs per job row; a claim that names no kinds reads its role's kinds once per
 refresh, not once per claim, and still sees a kind the moment a job of it waits."""
@@ -10,8 +10,10 @@ import sqlite3
 
 import pytest
 
-from coordd import job_changes, store, views
-from coordd.protocol import Claim, Complete
+from coordd import store
+from coordd.store.sqlite import job_changes
+from coordd.store import views
+from coordd.wire.protocol import Claim, Complete
 from coordd.store.claim_index import SQL_ROLE_KINDS
 
 from tests.conftest import T0

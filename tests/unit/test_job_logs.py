@@ -1,4 +1,4 @@
-"""A job's captured output in coordd (coordd.logs, coordd.store.logs): fenced like a
+"""A job's captured output in coordd (coordd.service.logs, coordd.store.logs): fenced like a
 checkpoint, a resend stored once, bounded per stream and per job, read by cursor, pruned
 with its job. Pinned clock, a real SQLite file."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from coordd import errors
-from coordd.protocol import Fail, JobId
-from coordd.protocol_logs import LOG_CHUNK_MAX_BYTES, JobLogsQuery, LogAppend
+from coordd.wire.protocol import Fail, JobId
+from coordd.wire.logs import LOG_CHUNK_MAX_BYTES, JobLogsQuery, LogAppend
 from coordd.store import logs as log_store
 
 

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from coordctl import render
-from coordd.protocol import JobView, LeaseView
+from coordd.wire.protocol import JobView, LeaseView
 
 NOW = 1_800_000_000.0
 STALE = "released: worker_shutdown"

@@ -12,12 +12,13 @@ import random
 import pytest
 
 from coordd import config as config_mod
-from coordd import errors, leases
+from coordd import errors
+from coordd.store.sqlite import leases
 from coordd.clock import FakeClock
-from coordd.protocol import Claim, Complete, Fail, JobId, ListJobs
-from coordd.protocol_limits import LimitReset, LimitSet, LimitsQuery, LimitUse
-from coordd.protocol_workers import Goodbye, Release
-from coordd.protocol_workflows import WorkflowId, WorkflowNode, WorkflowSubmit
+from coordd.wire.protocol import Claim, Complete, Fail, JobId, ListJobs
+from coordd.wire.limits import LimitReset, LimitSet, LimitsQuery, LimitUse
+from coordd.wire.workers import Goodbye, Release
+from coordd.wire.workflows import WorkflowId, WorkflowNode, WorkflowSubmit
 from coordd.service import Coordinator
 from coordd.store import CLAIM_SCAN
 from coordd.store import limits as limit_store

@@ -10,8 +10,8 @@ import random
 
 from coordd import config as config_mod
 from coordd.clock import FakeClock
-from coordd.protocol import Complete
-from coordd.protocol_limits import LimitSet
+from coordd.wire.protocol import Complete
+from coordd.wire.limits import LimitSet
 from coordd.service import Coordinator
 from tests.conftest import T0, Bundle
 

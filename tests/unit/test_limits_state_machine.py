@@ -28,9 +28,11 @@ from hypothesis.stateful import (
     RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test,
 )
 
-from coordd import errors, gates, leases, store
+from coordd import errors, store
+from coordd.rules import gates
+from coordd.store.sqlite import leases
 from coordd.clock import FakeClock
-from coordd.limits import LimitBook, LimitSpec
+from coordd.rules.limits import LimitBook, LimitSpec
 from coordd.store import workers as wkstore
 
 WORKERS = ("w1", "w2")

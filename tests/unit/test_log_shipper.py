@@ -8,7 +8,7 @@ import logging
 
 from coordd import errors
 from coordd.client import Disconnected
-from coordd.protocol_logs import LOG_CHUNK_MAX_BYTES, LOG_KEEP_BYTES
+from coordd.wire.logs import LOG_CHUNK_MAX_BYTES, LOG_KEEP_BYTES
 from worker.logs import LogShipper
 
 

@@ -82,7 +82,7 @@ async def test_a_big_prune_is_many_small_transactions(make_bundle):
 
 
 def store_list(**kw):
-    from coordd.protocol import ListJobs
+    from coordd.wire.protocol import ListJobs
     return ListJobs(limit=10, **kw)
 
 

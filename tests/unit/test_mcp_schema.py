@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from coordd.protocol import Enqueue  # noqa: E402
-from coordd.protocol_workflows import WorkflowNode  # noqa: E402
+from coordd.wire.protocol import Enqueue  # noqa: E402
+from coordd.wire.workflows import WorkflowNode  # noqa: E402
 from coordd_mcp.tools import BY_NAME  # noqa: E402
 
 

@@ -8,11 +8,11 @@ import pytest
 
 from coordd import errors
 from coordd.process_start import LineFormatter
-from coordd.names import check_name
-from coordd.protocol import (
+from coordd.rules.names import check_name
+from coordd.wire.protocol import (
     AgentStatusUpdate, Claim, Empty, Enqueue, Heartbeat, SendMessage,
 )
-from coordd.protocol_workflows import ListWorkflows, ScheduleAdd
+from coordd.wire.workflows import ListWorkflows, ScheduleAdd
 from tests.unit.test_workflows import _convert
 
 BAD = ["a\nb", "a\rb", "\x1b[2J", "a\x00", "a\x7f", "a\x85b", "a\x9bb", "a\u202eb",

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from coordd import __main__ as cli
-from coordd import server
+from coordd.daemon import server
 from coordd.service import Coordinator
-from coordd.store.sqlite_store import SQLiteStore
+from coordd.store.sqlite.store import SQLiteStore
 
 
 def test_db_and_store_build_the_same_coordinator_over_different_stores(tmp_path, monkeypatch):

@@ -13,9 +13,11 @@ import pytest
 from coordctl import __main__ as coordctl_main
 from coordctl.commands import UsageError
 from coordctl.workflow import read_graph
-from coordd import backup, config, errors, store, workflows
+from coordd import config, errors, store
+from coordd.store.sqlite import backup
+from coordd.service import workflows
 from coordd.errors import ConfigError
-from coordd.transitions import RETRIED
+from coordd.rules.transitions import RETRIED
 from worker import config as wconfig
 
 pytestmark = pytest.mark.timeout(30)
@@ -148,7 +150,7 @@ def test_coordctl_points_at_the_system_socket_when_the_per_user_one_is_absent(
 
 def test_retry_help_names_every_status_retry_takes(capsys):
     """`coordctl retry --help` said "a failed or cancelled job"; coordd also retries a
-    skipped workflow node (coordd.transitions.RETRIED)."""
+    skipped workflow node (coordd.rules.transitions.RETRIED)."""
     with pytest.raises(SystemExit):
         coordctl_main.build_parser().parse_args(["retry", "--help"])
     text = " ".join(capsys.readouterr().out.split())

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from coordd import errors
-from coordd.protocol import Checkpoint, Complete, Renew
-from coordd.reaper import Reaper
-from coordd.writer import Writer
+from coordd.wire.protocol import Checkpoint, Complete, Renew
+from coordd.service.reaper import Reaper
+from coordd.store.sqlite.writer import Writer
 
 QUEUE_MAX = 8
 

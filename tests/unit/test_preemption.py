@@ -3,9 +3,9 @@ preempt_min_runtime_s, reservations held and lapsing. Pinned clock, real SQLite.
 
 from __future__ import annotations
 
-from coordd.preemption import Held, PreemptPolicy, choose_victim
-from coordd.protocol import Heartbeat, JobId
-from coordd.protocol_workers import Release
+from coordd.rules.preemption import Held, PreemptPolicy, choose_victim
+from coordd.wire.protocol import Heartbeat, JobId
+from coordd.wire.workers import Release
 from tests.conftest import COOL
 
 ONE_SLOT = {"slots_total": 1, "slots": {"k": 1}}

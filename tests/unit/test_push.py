@@ -11,12 +11,12 @@ import msgspec
 import pytest
 
 from coordd import errors
-from coordd.protocol import Claim, Complete, Empty, Enqueue, JobId
-from coordd.protocol_push import (
+from coordd.wire.protocol import Claim, Complete, Empty, Enqueue, JobId
+from coordd.wire.push import (
     EventFilter, WaitJob, WatchEvents, WatchWorker, WorkerActions,
 )
-from coordd.protocol_workflows import WorkflowSubmit
-from coordd.push import PARK_SCOPE, ParkScope
+from coordd.wire.workflows import WorkflowSubmit
+from coordd.service.push import PARK_SCOPE, ParkScope
 from tests.conftest import T0
 
 
@@ -103,7 +103,7 @@ async def test_run_at_timer_is_kept_across_a_restart(make_bundle, tmp_path):
     coord = Coordinator.over_sqlite(first.db_path, config_mod.load(None), first.clock)
     await coord.start()
     try:
-        from coordd.protocol import Heartbeat
+        from coordd.wire.protocol import Heartbeat
         await coord.heartbeat(Heartbeat(worker_id="w1", roles=["cpu"],
                                         readings={"memory_used_pct": 10.0}))
         t = asyncio.ensure_future(coord.claim(Claim(worker_id="w1", wait_s=60.0)))
@@ -189,7 +189,7 @@ async def test_priority_order_holds_across_parked_workers(bundle):
     jobs = (await bundle.coord.enqueue_batch(msgspec.convert({"jobs": [
         {"kind": "k", "required_role": "cpu", "priority": 3, "payload": {}},
         {"kind": "k", "required_role": "cpu", "priority": 0, "payload": {}}]},
-        type=__import__("coordd.protocol", fromlist=["EnqueueBatch"]).EnqueueBatch))).jobs
+        type=__import__("coordd.wire.protocol", fromlist=["EnqueueBatch"]).EnqueueBatch))).jobs
     await settle()
     assert t1.result().job.job_id == jobs[1].job_id and t1.result().job.priority == 0
     assert t2.result().job.job_id == jobs[0].job_id
@@ -336,7 +336,7 @@ async def test_wait_job_answers_when_the_job_ends_and_at_its_timeout(bundle):
     got = await bundle.claim("w1")
     t = asyncio.ensure_future(bundle.coord.wait_job(WaitJob(job_id=job, timeout_s=60)))
     await asleep(bundle, 1)
-    await bundle.coord.renew(__import__("coordd.protocol", fromlist=["Renew"]).Renew(
+    await bundle.coord.renew(__import__("coordd.wire.protocol", fromlist=["Renew"]).Renew(
         job_id=job, worker_id="w1", token=got.lease.token))
     await asleep(bundle, 1)  # a commit about the job that does not end it
     assert not t.done()

@@ -1,6 +1,6 @@
-"""Parked calls at their edges (coordd.push, coordd.waits): a connection that closes as its
-claim is granted, roles noted while nothing was parked, feed cursors past a prune or past
-any rowid, the run_at timer across wall-clock steps, and a worker's re-parked watch.
+"""Parked calls at their edges (coordd.service.push, coordd.service.waits): a connection that
+closes as its claim is granted, roles noted while nothing was parked, feed cursors past a prune
+or past any rowid, the run_at timer across wall-clock steps, and a worker's re-parked watch.
 Pinned clock."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import contextvars
 import pytest
 
 from coordd import errors
-from coordd.protocol import Claim, Empty, Fail, Heartbeat, JobId
-from coordd.protocol_push import WatchEvents, WatchWorker, WorkerActions
-from coordd.push import PARK_SCOPE, ParkScope
+from coordd.wire.protocol import Claim, Empty, Fail, Heartbeat, JobId
+from coordd.wire.push import WatchEvents, WatchWorker, WorkerActions
+from coordd.service.push import PARK_SCOPE, ParkScope
 from coordd.service.coordinator import UNDELIVERED
 from tests.conftest import COOL
 from tests.unit.test_push import asleep, parked_claim, result
@@ -41,7 +41,7 @@ async def test_a_claim_granted_as_its_connection_closes_hands_the_job_back(bundl
 
 
 async def test_a_parked_claim_wakes_for_its_new_role_noted_while_nothing_was_parked(bundle):
-    """Roles a worker heartbeats while no claim is parked are not noted by coordd.push;
+    """Roles a worker heartbeats while no claim is parked are not noted by coordd.service.push;
     a claim parked after them must still wake for a job of its new role."""
     await bundle.worker("w2", roles=["gpu"])
     t = parked_claim(bundle, "w2")

@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from coordd import errors
-from coordd.protocol import JobId, ListJobs
-from coordd.readers import ReadPool
+from coordd.wire.protocol import JobId, ListJobs
+from coordd.store.sqlite.readers import ReadPool
 
 
 def _blocker(release: threading.Event, started: threading.Event):
@@ -105,7 +105,7 @@ async def test_a_cancelled_waiter_gives_its_place_back(tmp_path):
 async def test_status_pollers_share_reads_and_still_see_earlier_writes(make_bundle, monkeypatch):
     """16 status calls at once cost two reads; a status asked after a write has committed
     is read after it, even while an older status read is still running."""
-    from coordd import views
+    from coordd.store import views
     b = await make_bundle()
     res = await asyncio.gather(*(b.coord.status() for _ in range(16)))
     assert b.coord._status.runs == 2 and all(r.jobs == res[0].jobs for r in res)

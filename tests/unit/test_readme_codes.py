@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from coordd.backup import RestoreRefused
+from coordd.store.sqlite.backup import RestoreRefused
 from coordd.client import CallTimeout, Disconnected
-from coordd.protocol import ERROR_CODES
+from coordd.wire.protocol import ERROR_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
 OWN_CODE = re.compile(r'(?:fail\(|failure = \(|return \(|Outcome\([^\n]*\()"([a-z_]+)", ')

@@ -1,5 +1,5 @@
 """A refused client backs off (coordd.transport.Refusals) and coordd logs a refused peer
-once per episode (coordd.tls.RefusalLog): issue 31 item 5. Injected clock and rng."""
+once per episode (coordd.net.tls.RefusalLog): issue 31 item 5. Injected clock and rng."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import time
 
 from coordd.clock import FakeClock
-from coordd.tls import RefusalLog
+from coordd.net.tls import RefusalLog
 from coordd.transport import Connector, Refusals
 from tests.integration.fleet_certs import make_fleet
 
@@ -49,7 +49,7 @@ def test_while_one_dial_is_out_the_other_connections_wait():
 def test_refusal_log_once_per_episode_per_host_and_reason(caplog):
     clock = FakeClock()
     log = RefusalLog(clock=clock, quiet_s=900.0, max_keys=3)
-    caplog.set_level(logging.WARNING, logger="coordd.tls")
+    caplog.set_level(logging.WARNING, logger="coordd.net.tls")
     for _ in range(20):
         log.note("10.0.0.7", "certificate has expired", "refused a TLS handshake", "tls_refused")
         clock.advance(60)  # a worker at its backoff cap

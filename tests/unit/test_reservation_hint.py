@@ -1,5 +1,5 @@
 """The claim's look at preemption reservations is skipped while none can exist
-(coordd.preemption.ReservationHint), and a reservation is never missed: not after
+(coordd.rules.preemption.ReservationHint), and a reservation is never missed: not after
 preemption stores one, not after a rollback brings one back, not after another
 connection wrote one. Pinned clock, real SQLite."""
 
@@ -10,9 +10,9 @@ import sqlite3
 
 import pytest
 
-from coordd import job_changes
-from coordd.protocol import Claim, Complete, Heartbeat
-from coordd.protocol_workers import Release
+from coordd.store.sqlite import job_changes
+from coordd.wire.protocol import Claim, Complete, Heartbeat
+from coordd.wire.workers import Release
 from tests.conftest import COOL
 
 ONE_SLOT = {"slots_total": 1, "slots": {"k": 1}}
@@ -92,7 +92,7 @@ async def test_an_op_rolled_back_brings_the_reservation_and_the_hint_back(make_b
 
     def drop_then_fail(conn: sqlite3.Connection, now: float) -> None:
         conn.execute("DELETE FROM reservations")
-        from coordd import leases
+        from coordd.store.sqlite import leases
         leases.claim(conn, now, "w2", 30.0, None, policy)  # finds none: hint down
         assert not policy.reservations.maybe
         raise RuntimeError("boom after a write")  # the whole op is rolled back

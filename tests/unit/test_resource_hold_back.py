@@ -4,7 +4,7 @@ priorities; they backfill only what it cannot use. FakeClock, real SQLite."""
 
 from __future__ import annotations
 
-from coordd.protocol import Complete, Heartbeat, JobId
+from coordd.wire.protocol import Complete, Heartbeat, JobId
 from tests.conftest import COOL
 
 

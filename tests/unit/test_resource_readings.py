@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from coordd import errors, resources
-from coordd.protocol import Heartbeat
-from coordd.resources import GPU_DEVICES_MAX, WHOLE_GPU_USED_MAX_MB, Grant, Request
+from coordd import errors
+from coordd.rules import resources
+from coordd.wire.protocol import Heartbeat
+from coordd.rules.resources import GPU_DEVICES_MAX, WHOLE_GPU_USED_MAX_MB, Grant, Request
 from tests.conftest import COOL
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from coordd import errors, resources
-from coordd.protocol import Heartbeat, JobId, ListJobs
-from coordd.protocol_workers import Goodbye
-from coordd.resources import Grant, Request
+from coordd import errors
+from coordd.rules import resources
+from coordd.wire.protocol import Heartbeat, JobId, ListJobs
+from coordd.wire.workers import Goodbye
+from coordd.rules.resources import Grant, Request
 from tests.conftest import COOL
 
 def gpu(index, total, used, temp=50.0):
@@ -127,7 +128,7 @@ async def test_two_jobs_whose_requests_exceed_one_gpu_never_hold_it_at_once(bund
 
 
 async def _complete(bundle, claimed):
-    from coordd.protocol import Complete
+    from coordd.wire.protocol import Complete
     await bundle.coord.complete(Complete(job_id=claimed.job.job_id, worker_id="w1",
                                          token=claimed.lease.token, result={}))
 
@@ -219,7 +220,7 @@ async def test_a_p0_needing_vram_preempts_the_p3_run_holding_it(make_bundle):
     act = {a.job_id: (a.action, a.reason) for a in reply.actions}[p3]
     assert act[0] == "vacate" and act[1].startswith(f"preempted_by {p0}")
     assert (await bundle.claim("w1")).detail.startswith(f"reserved for job {p0}: vram")
-    from coordd.protocol_workers import Release
+    from coordd.wire.workers import Release
     await bundle.coord.release(Release(job_id=p3, worker_id="w1", token=held.lease.token,
                                        reason="vacated"))
     await beat(bundle, **box(gpu(0, 16000, 300)), **slots)  # its memory is free now
@@ -232,7 +233,7 @@ async def test_a_p0_needing_vram_preempts_the_p3_run_holding_it(make_bundle):
 
 async def test_a_workflow_node_names_resources_like_a_job(bundle):
     import msgspec
-    from coordd.protocol_workflows import WorkflowSubmit
+    from coordd.wire.workflows import WorkflowSubmit
     spec = msgspec.convert({"name": "g", "nodes": [
         {"name": "a", "kind": "k", "required_role": "cpu", "resources": {"vram_mb": 9000}}]},
         WorkflowSubmit)

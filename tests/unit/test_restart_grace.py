@@ -8,7 +8,7 @@ import random
 
 from coordd import config as config_mod
 from coordd.clock import FakeClock
-from coordd.protocol import GetJob, Heartbeat, Renew
+from coordd.wire.protocol import GetJob, Heartbeat, Renew
 from coordd.service import Coordinator
 from tests.conftest import COOL
 

@@ -1,4 +1,4 @@
-"""coordd.rpc.Connection driven by a fake transport through random schedules: bytes cut
+"""coordd.net.rpc.Connection driven by a fake transport through random schedules: bytes cut
 anywhere, write pauses, requests finishing in any order, EOF. Every request is served
 once, in order, never while blocked, every one is answered, and the connection never
 stalls with work it could do."""
@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordd import rpc
+from coordd.net import rpc
 
 
 def frame(obj: Any) -> bytes:

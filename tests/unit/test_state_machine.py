@@ -24,8 +24,11 @@ from hypothesis.stateful import (
     RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test,
 )
 
-from coordd import errors, gates, leases, store, views
-from coordd.job_changes import JobChanges
+from coordd import errors, store
+from coordd.rules import gates
+from coordd.store.sqlite import leases
+from coordd.store import views
+from coordd.store.sqlite.job_changes import JobChanges
 
 WORKERS = ("w1", "w2", "w3")
 POLICY = leases.ClaimPolicy(policies=gates.default_policies(), heartbeat_stale_s=30.0,

@@ -13,9 +13,10 @@ import sqlite3
 import msgspec
 import pytest
 
-from coordd import store, views
-from coordd.protocol import Complete, Enqueue, EnqueueBatch, Fail, JobId, ListJobs
-from coordd.protocol_workflows import WorkflowId, WorkflowSubmit
+from coordd import store
+from coordd.store import views
+from coordd.wire.protocol import Complete, Enqueue, EnqueueBatch, Fail, JobId, ListJobs
+from coordd.wire.workflows import WorkflowId, WorkflowSubmit
 
 ROLES = ("cpu", "gpu")
 KINDS = ("a", "b", "c")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import sqlite3
 
-from coordd import errors, protocol
-from coordd.storage_health import LOG_EVERY_S, StorageHealth, storage_reason
+from coordd import errors
+from coordd.wire import protocol
+from coordd.store.sqlite.storage_health import LOG_EVERY_S, StorageHealth, storage_reason
 
 
 def _sqlite_error(code: int, text: str) -> sqlite3.OperationalError:
@@ -36,7 +37,7 @@ def test_unavailable_is_a_stable_wire_code():
 def test_an_episode_is_logged_once_then_summed_up(caplog):
     h = StorageHealth()
     full = _sqlite_error(13, "database or disk is full")
-    caplog.set_level(logging.INFO, logger="coordd.storage_health")
+    caplog.set_level(logging.INFO, logger="coordd.store.sqlite.storage_health")
     mono = 0.0
     for _ in range(200):  # 200 refused batches over 20 s
         err = h.refuse(full, "disk full", 3, 1000.0 + mono, mono)

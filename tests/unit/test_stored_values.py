@@ -1,4 +1,4 @@
-"""Every client JSON value coordd stores passes one check (coordd.values): nesting depth,
+"""Every client JSON value coordd stores passes one check (coordd.rules.values): nesting depth,
 JSON types and size, refused with a stable code naming the field, nothing written."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import sqlite3
 
 import pytest
 
-from coordd import errors, values
-from coordd.protocol import (
+from coordd import errors
+from coordd.rules import values
+from coordd.wire.protocol import (
     AgentStatusUpdate, BroadcastMessage, Checkpoint, Complete, Enqueue, EnqueueBatch,
     Heartbeat, SendMessage,
 )

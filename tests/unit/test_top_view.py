@@ -11,7 +11,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from coordctl import top
-from coordd.protocol import (
+from coordd.wire.protocol import (
     JobList, JobView, LeaseView, StatusReply, WaitingJob, WorkersResult, WorkerView,
 )
 

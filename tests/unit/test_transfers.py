@@ -1,4 +1,4 @@
-"""Files over the connection (issue 18, coordd.transfers): chunked, resumable from where
+"""Files over the connection (issue 18, coordd.service.transfers): chunked, resumable from where
 coordd's partial copy ends, hashed before the file enters the store, fenced by the lease."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import pytest
 
 from coordd import errors
-from coordd.protocol_transfers import ArtifactGet, ArtifactPut
+from coordd.wire.transfers import ArtifactGet, ArtifactPut
 
 
 async def _held(b):
@@ -77,8 +77,8 @@ async def test_puts_of_one_sha256_never_overlap_when_a_third_arrives():
     SQLite two threads wrote one .part file: `internal` FileNotFoundError)."""
     import asyncio
     from coordd.config import Config
-    from coordd.protocol_transfers import ArtifactPutResult
-    from coordd.transfers import Transfers
+    from coordd.wire.transfers import ArtifactPutResult
+    from coordd.service.transfers import Transfers
 
     class Store:
         inside = most = 0

@@ -1,4 +1,4 @@
-"""The job state machine (coordd.transitions): its decisions as pure functions, every row
+"""The job state machine (coordd.rules.transitions): its decisions as pure functions, every row
 of its table reached by a decision, and every status the SQLite store writes in a run
 over the real service explained by an event whose (from, to, cause) is a row of it."""
 
@@ -15,11 +15,11 @@ import pytest
 
 import coordd.store
 from coordd import errors
-from coordd import transitions as tr
-from coordd.protocol import Complete, Empty, Enqueue, Fail, JobId
-from coordd.protocol_workers import Goodbye, Release
-from coordd.protocol_workflows import WorkflowSubmit
-from coordd.transitions import Held, Transition
+from coordd.rules import transitions as tr
+from coordd.wire.protocol import Complete, Empty, Enqueue, Fail, JobId
+from coordd.wire.workers import Goodbye, Release
+from coordd.wire.workflows import WorkflowSubmit
+from coordd.rules.transitions import Held, Transition
 
 
 def held(**kw: Any) -> Held:
@@ -273,7 +273,7 @@ def test_every_decision_is_a_row_of_the_table_and_every_row_is_reached():
 
 
 def _table_doc() -> str:
-    """The docstring under TABLE in coordd/transitions.py (a module-level string)."""
+    """The docstring under TABLE in coordd/rules/transitions.py (a module-level string)."""
     text = Path(tr.__file__).read_text()
     return text[text.index("TABLE: frozenset"):text.index("WORKFLOW_TABLE")]
 
@@ -292,7 +292,7 @@ WRITES_STATUS = re.compile(r"UPDATE jobs SET (?:(?!WHERE).)*\bstatus = |INSERT I
 
 def test_every_status_writing_statement_is_known():
     """A new statement that writes jobs.status must serve a transition of the table (add
-    it here with its cause, and apply a decision of coordd.transitions with it)."""
+    it here with its cause, and apply a decision of coordd.rules.transitions with it)."""
     found = set()
     for info in pkgutil.iter_modules(coordd.store.__path__):
         mod = importlib.import_module(f"coordd.store.{info.name}")
@@ -452,14 +452,14 @@ async def test_every_status_write_of_a_run_is_an_event_of_the_table(make_bundle)
 
 
 def test_transitions_is_pure():
-    """coordd.transitions imports no store, no sqlite3, no I/O: a second store can call it."""
+    """coordd.rules.transitions imports no store, no sqlite3, no I/O: a second store can call it."""
     import ast
     tree = ast.parse(Path(tr.__file__).read_text())
     mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    mods |= {f"{n.module}.{a.name}" if n.module == "coordd" else n.module
+    mods |= {f"{n.module}.{a.name}" if n.module in ("coordd", "coordd.rules") else n.module
              for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert mods <= {"__future__", "math", "collections.abc", "typing", "msgspec",
-                    "coordd.errors", "coordd.results", "coordd.times"}, mods
+                    "coordd.errors", "coordd.rules.results", "coordd.rules.times"}, mods
     assert "execute(" not in Path(tr.__file__).read_text()
 
 

@@ -12,11 +12,11 @@ import pytest
 from rich.console import Console
 
 from coordctl import render, top, workflow as wf_render
-from coordd.protocol import (
+from coordd.wire.protocol import (
     AgentQuery, AgentStatusUpdate, Empty, JobId, ListJobs, ReadMessages, SendMessage,
 )
-from coordd.protocol_workflows import ListWorkflows, WorkflowId
-from coordd.times import fmt_time
+from coordd.wire.workflows import ListWorkflows, WorkflowId
+from coordd.rules.times import fmt_time
 from tests.unit.test_workflow_input import ONE
 from tests.unit.test_workflows import _convert
 
@@ -70,7 +70,7 @@ async def _fill(bundle) -> list[str]:
 
 def _convert_schedule():
     import msgspec
-    from coordd.protocol_workflows import ScheduleAdd
+    from coordd.wire.workflows import ScheduleAdd
     return msgspec.convert({"name": "s", "cron": "0 * * * *", "workflow": ONE}, ScheduleAdd)
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from coordd import config as config_mod
 from coordd import errors
-from coordd import waiting_report
-from coordd.protocol import Heartbeat, JobView
+from coordd.service import waiting_report
+from coordd.wire.protocol import Heartbeat, JobView
 from tests.conftest import COOL
 
 

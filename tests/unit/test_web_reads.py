@@ -1,13 +1,13 @@
-"""The web view's read-only methods (coordd.web_reads, issue 19) on a pinned clock."""
+"""The web view's read-only methods (coordd.service.web_reads, issue 19) on a pinned clock."""
 
 from __future__ import annotations
 
 import pytest
 
 from coordd import errors
-from coordd.protocol import Complete, Fail, JobId
-from coordd.protocol_web import FindJobs, JobStats, MessageLog, WorkflowRef
-from coordd.protocol_workflows import WorkflowNode, WorkflowSubmit
+from coordd.wire.protocol import Complete, Fail, JobId
+from coordd.wire.web import FindJobs, JobStats, MessageLog, WorkflowRef
+from coordd.wire.workflows import WorkflowNode, WorkflowSubmit
 
 
 async def test_find_jobs_pages_newest_first_with_filters_and_counts(bundle):

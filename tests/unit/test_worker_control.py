@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 from coordd import errors
 from coordd.clock import SystemClock
-from coordd.protocol import ClaimResult, HeartbeatResult
-from coordd.protocol_push import WorkerActions
+from coordd.wire.protocol import ClaimResult, HeartbeatResult
+from coordd.wire.push import WorkerActions
 from worker.config import from_dict
 from worker.control import ControlWatch, until
 from worker.supervisor import Supervisor

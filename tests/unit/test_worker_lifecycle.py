@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from coordd import errors
-from coordd.protocol import Complete, Fail, Heartbeat, JobId, ListJobs, Renew
-from coordd.protocol_workers import ForgetWorker, Goodbye, Release
+from coordd.wire.protocol import Complete, Fail, Heartbeat, JobId, ListJobs, Renew
+from coordd.wire.workers import ForgetWorker, Goodbye, Release
 from tests.conftest import COOL
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from coordd.protocol import ClaimedJob
+from coordd.wire.protocol import ClaimedJob
 from worker import stopping
 from worker.jobrun import CANCELLED, SHUTDOWN, TIMEOUT, JobRun
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from coordd import errors
-from coordd.protocol import Empty
-from coordd.protocol_workflows import ScheduleAdd
+from coordd.wire.protocol import Empty
+from coordd.wire.workflows import ScheduleAdd
 from tests.unit.test_workflows import _convert
 
 ONE = {"name": "w", "nodes": [{"name": "n", "kind": "k", "required_role": "cpu"}]}
@@ -54,7 +54,7 @@ def test_unknown_graph_keys_refused_client_and_server_side(tmp_path, text, key):
 
     from coordctl.commands import UsageError
     from coordctl.workflow import read_graph
-    from coordd.rpc import _param_decoders
+    from coordd.net.rpc import _param_decoders
     path = tmp_path / "g.toml"
     path.write_text(text)
     with pytest.raises(UsageError, match=f"unknown field `{key}`"):
@@ -100,7 +100,7 @@ async def test_schedule_add_same_name_other_spec_refused_unless_replace(bundle):
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 1e308, 0.0,
                                    -1.0, 30 * 86400.0 + 1])
 async def test_max_runtime_must_be_finite_and_at_most_30_days(bundle, value):
-    from coordd.protocol import Enqueue
+    from coordd.wire.protocol import Enqueue
     with pytest.raises(errors.BadRequest, match="max_runtime_s must be > 0 and at most"):
         await bundle.coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=2,
                                            max_runtime_s=value))
@@ -111,7 +111,7 @@ async def test_max_runtime_must_be_finite_and_at_most_30_days(bundle, value):
 
 
 async def test_run_at_must_be_finite_and_30_days_runtime_is_fine(bundle):
-    from coordd.protocol import Enqueue
+    from coordd.wire.protocol import Enqueue
     for value in (float("nan"), float("inf")):
         with pytest.raises(errors.BadRequest, match="run_at must be a finite Unix time"):
             await bundle.coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=2,
@@ -129,7 +129,7 @@ async def test_reserved_payload_keys_refused_at_submit(bundle, key):
 
 
 async def test_idempotency_key_with_another_graph_refused(bundle):
-    from coordd.protocol_workflows import ListWorkflows
+    from coordd.wire.workflows import ListWorkflows
     two = {"name": "w", "idempotency_key": "k1", "nodes": [
         {"name": "a", "kind": "k", "required_role": "cpu", "payload": {"x": 1, "y": 2}},
         {"name": "b", "kind": "k", "required_role": "cpu", "needs": ["a"]}]}
@@ -154,7 +154,7 @@ async def test_idempotency_key_with_another_graph_refused(bundle):
 @pytest.mark.parametrize("limit", ["0", "-1", "1001", "x"])
 async def test_workflow_list_limit_out_of_range_refused(bundle, limit, capsys):
     from coordctl.__main__ import build_parser
-    from coordd.protocol_workflows import ListWorkflows
+    from coordd.wire.workflows import ListWorkflows
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["workflow", "list", "--limit", limit])
     assert exc.value.code == 2 and "--limit" in capsys.readouterr().err
@@ -181,7 +181,7 @@ NODE_JSON = '{"name": "w", "nodes": [{"name": "a", "kind": "k", "required_role":
 def test_non_finite_numbers_in_a_graph_file_are_named_as_for_payloads(tmp_path, name, text,
                                                                        fragment):
     """A workflow file gets the check `--payload` gets (coordctl.commands.loads_strict and
-    coordd.values.check_finite), not `JSON is malformed: invalid character`."""
+    coordd.rules.values.check_finite), not `JSON is malformed: invalid character`."""
     from coordctl.commands import UsageError
     from coordctl.workflow import read_graph
     path = tmp_path / name

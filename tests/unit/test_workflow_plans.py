@@ -11,9 +11,9 @@ import msgspec
 import pytest
 
 from coordd import errors, store
-from coordd.protocol_workflows import ListWorkflows, WorkflowSubmit
+from coordd.wire.workflows import ListWorkflows, WorkflowSubmit
 from coordd.store import workflows as wstore
-from coordd.workflows import EDGES_MAX, NODES_MAX
+from coordd.service.workflows import EDGES_MAX, NODES_MAX
 
 JOB_PK = "sqlite_autoindex_jobs_1"
 WF_PK = "sqlite_autoindex_workflows_1"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from coordd.protocol import ArtifactRef, Complete, JobId
-from coordd.protocol_workflows import ListWorkflows, WorkflowId
+from coordd.wire.protocol import ArtifactRef, Complete, JobId
+from coordd.wire.workflows import ListWorkflows, WorkflowId
 from tests.unit.test_workflows import _convert, run_node
 
 ART = ArtifactRef(sha256="cd" * 32, size=5, path="cd/cdcd")
@@ -85,7 +85,7 @@ async def test_prune_keeps_a_reopened_workflow_whole(make_bundle):
 
 async def test_summary_reasons_for_cancel_and_no_stale_reason_after_retry(bundle):
     """Every cancelled node has a reason in the summary; a retried node shows none."""
-    from coordd.protocol import Fail
+    from coordd.wire.protocol import Fail
     await bundle.worker("w", roles=["cpu"])
     sub = await bundle.coord.workflow_submit(fan_in())  # a, c waiting; b blocked
     got = await bundle.claim("w")  # a running

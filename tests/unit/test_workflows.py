@@ -13,8 +13,8 @@ import pytest
 from coordd import config as config_mod
 from coordd import errors, store
 from coordd.clock import FakeClock
-from coordd.protocol import Claim, Complete, Empty, Enqueue, Fail, Heartbeat, JobId
-from coordd.protocol_workflows import (
+from coordd.wire.protocol import Claim, Complete, Empty, Enqueue, Fail, Heartbeat, JobId
+from coordd.wire.workflows import (
     ListWorkflows, ScheduleAdd, ScheduleName, WorkflowId, WorkflowSubmit,
 )
 from coordd.service import Coordinator

@@ -12,7 +12,7 @@ import pytest
 
 from coordd import errors, store
 from coordd.ids import JobIds
-from coordd.protocol import Enqueue, EnqueueBatch, JobId
+from coordd.wire.protocol import Enqueue, EnqueueBatch, JobId
 
 
 def test_job_ids_increase_even_when_the_clock_stands_still_or_steps_back():

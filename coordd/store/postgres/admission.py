@@ -1,7 +1,7 @@
-"""PostgresStore's admission claim: fleet-wide limits, priority aging, per-job gate
-overrides and resource requests, in any combination, decided in Python over rows read in
-the claim's own transaction, per candidate in SQLite's order (coordd.claims._Judge): its
-gates, then its resources (coordd.store.postgres.resources), then its limits.
+"""PostgresStore's admission claim: fleet-wide limits, priority aging, per-job gate overrides
+and resource requests, in any combination, decided in Python over rows read in the claim's own
+transaction, per candidate in SQLite's order (coordd.store.sqlite.claims._Judge): its gates,
+then its resources (coordd.store.postgres.resources), then its limits.
 
 The plain claim (coordd.store.postgres.claims) is one SKIP LOCKED statement; it is used
 while none of these is in play. With limits defined, every claim takes one transaction-level
@@ -9,7 +9,7 @@ advisory lock first (LIMITS_LOCK_KEY), so the units held, the rate window and th
 reads are the last committed ones and no other claim changes them before its commit: that
 is what keeps N concurrent claimers within a concurrency of N. Units are released by the
 `limit_holds_release` trigger on every lease row that goes (schema.MIGRATION_LIMITS).
-The verdicts are coordd.limits' and coordd.gates' (shared with SQLite); the rule not to
+The verdicts are coordd.rules.limits' and coordd.rules.gates' (shared with SQLite); the rule not to
 break: every time is the statement's NOW (the database's clock, or the pinned `now`).
 """
 
@@ -20,11 +20,13 @@ from typing import Any
 
 import msgspec
 
-from coordd import gate_decision, gates, resources
-from coordd import limits as lim
-from coordd import transitions as tr
-from coordd.leases import ClaimPolicy
-from coordd.protocol import ClaimResult
+from coordd.rules import gate_decision
+from coordd.rules import gates
+from coordd.rules import resources
+from coordd.rules import limits as lim
+from coordd.rules import transitions as tr
+from coordd.rules.claim_policy import ClaimPolicy
+from coordd.wire.protocol import ClaimResult
 from coordd.store import CLAIM_SCAN, json_decode, lenient_json
 from coordd.store.postgres import resources as pgres
 from coordd.store.postgres import sql, taken
@@ -190,7 +192,7 @@ async def claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
     own overrides), its resources (once a job asked for any: `resources_seen`, or the
     worker names kind defaults) and its limits; the first that passes is taken, its
     grant written on its lease and its units held. With no job, `reasons` and
-    `next_slot_s` as on SQLite (coordd.claims)."""
+    `next_slot_s` as on SQLite (coordd.store.sqlite.claims)."""
     bad: list[Any] = []  # taken rows that do not decode: dead-lettered once this commits,
     async with conn.transaction():  # so their workflow is locked before the node (workflows)
         res = await _claim(conn, worker_id, lease_s, policy, kinds_list, claim_id, now,
@@ -362,7 +364,7 @@ class _Walk:
 
     async def _gates_pass(self, job_id: str, prio: int, gates_json: str | None) -> bool:
         """The job's gates on the worker's readings; a job whose own gates do not decode
-        is dead-lettered (coordd.transitions.dead_letter)."""
+        is dead-lettered (coordd.rules.transitions.dead_letter)."""
         if gates_json is None:
             refused = self.decision.refused.get(prio, [])
         else:

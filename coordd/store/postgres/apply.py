@@ -1,6 +1,6 @@
-"""PostgresStore's side of coordd.transitions: the decisions written with its statements.
+"""PostgresStore's side of coordd.rules.transitions: the decisions written with its statements.
 
-The job state machine is coordd.transitions (pure), shared with the SQLite store; this
+The job state machine is coordd.rules.transitions (pure), shared with the SQLite store; this
 module maps each decision to the statement that writes it (as coordd.store.apply does for
 SQLite), and gives the two one-statement paths (the batched complete, the reaper) the
 texts of the decisions they stand for, so their CASE branches write what the state
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordd import transitions as tr
+from coordd.rules import transitions as tr
 from coordd.store.postgres import sql
 
 _WORKER = "\x00worker\x00"  # stands for the lost worker's id in a decision's text

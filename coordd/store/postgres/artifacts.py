@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from coordd import errors
-from coordd.protocol_transfers import ArtifactData, ArtifactPutResult
+from coordd.wire.transfers import ArtifactData, ArtifactPutResult
 from coordd.store.api import LeaseRef
 from coordd.store.postgres import fence
 from coordd.store.postgres.sql import NOW
@@ -85,7 +85,7 @@ _Record = msgspec.json.Decoder()
 
 def checkpoint_refs(checkpoint_json: str) -> list[tuple[str, str]]:
     """(sha256, path) of the file a checkpoint record names and of its `previous` ones,
-    as coordd.views.artifact_refs reads them on SQLite (text sha256 and path only)."""
+    as coordd.store.views.artifact_refs reads them on SQLite (text sha256 and path only)."""
     try:
         rec = _Record.decode(checkpoint_json)
     except msgspec.DecodeError:

@@ -1,5 +1,5 @@
 """PostgresStore's claim: gates decided in Python from the worker's last heartbeat
-(coordd.gate_decision), the job taken by one SKIP LOCKED statement on the database clock.
+(coordd.rules.gate_decision), the job taken by one SKIP LOCKED statement on the database clock.
 
 A worker's decision is remembered with the heartbeat (at, readings, roles) it was made
 from; the next claim sends that heartbeat along and the statement takes a job only if it
@@ -16,9 +16,11 @@ from typing import Any
 
 import msgspec
 
-from coordd import errors, gate_decision, gates
-from coordd.leases import ClaimPolicy
-from coordd.protocol import ClaimResult
+from coordd import errors
+from coordd.rules import gate_decision
+from coordd.rules import gates
+from coordd.rules.claim_policy import ClaimPolicy
+from coordd.wire.protocol import ClaimResult
 from coordd.store import lenient_json
 from coordd.store.postgres import admission, batch, sql
 from coordd.store.postgres import resources as pgres

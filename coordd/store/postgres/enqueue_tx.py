@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordd import errors, values
+from coordd import errors
+from coordd.rules import values
 from coordd.clock import Clock, SystemClock
-from coordd.idempotency import request_hash
+from coordd.rules.idempotency import request_hash
 from coordd.ids import JobIds
-from coordd.names import check_name
-from coordd.protocol import PRIORITIES, Enqueue
+from coordd.rules.names import check_name
+from coordd.wire.protocol import PRIORITIES, Enqueue
 from coordd.store.postgres import sql
-from coordd.times import check_duration, check_time
+from coordd.rules.times import check_duration, check_time
 
 MAX_PAYLOAD_BYTES_DEFAULT = 1 << 20  # coordd's max_payload_bytes default
 MAX_ATTEMPTS_DEFAULT = 3

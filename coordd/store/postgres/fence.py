@@ -1,7 +1,7 @@
 """The fencing of PostgresStore's lease-holding statements, shared by its areas (jobs,
 limits, artifacts, logs): a fenced statement carries the lease (job, worker, token) in its
 WHERE, and when it matches nothing, `refusal` reads the job again and says why in
-coordd.transitions' words; `end_lease` is the fenced lease end of a complete or a fail.
+coordd.rules.transitions' words; `end_lease` is the fenced lease end of a complete or a fail.
 """
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from coordd import errors
-from coordd import transitions as tr
+from coordd.rules import transitions as tr
 from coordd.store.api import LeaseRef
 from coordd.store.postgres import apply, sql
 
 
 async def refusal(conn: Any, now: float | None, ref: LeaseRef,
                   renew: bool = False) -> errors.CoordError:
-    """The typed error for a fenced statement that matched nothing: coordd.transitions'
+    """The typed error for a fenced statement that matched nothing: coordd.rules.transitions'
     fence (and, for a renew, its max-runtime rule) on the job as read right after."""
     row = await conn.fetchrow(sql.SQL_FENCE_STATE, now, ref.job_id)
     try:

@@ -1,8 +1,8 @@
 """PostgresStore's governance of running work and of workers (coordd.store.api_governance):
 a lease's suspend/resume/vacate state, preemption's reservations, incarnations and
 goodbyes, the workers' view. Every statement of it is here; the decisions are the pure
-functions SQLite uses (coordd.governance.plan, coordd.preemption.choose,
-coordd.transitions.lost_lease's texts).
+functions SQLite uses (coordd.rules.governance.plan, coordd.rules.preemption.choose,
+coordd.rules.transitions.lost_lease's texts).
 
 The rule not to break: a lease's governance state is decided and written only with its
 lease row locked (`FOR UPDATE OF l`) in the transaction that read it (a renew's also by
@@ -16,10 +16,12 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from coordd import errors, governance, preemption
-from coordd import transitions as tr
-from coordd.protocol import ClaimResult, HeartbeatResult, RenewResult
-from coordd.protocol_governance import Suspension
+from coordd import errors
+from coordd.rules import governance
+from coordd.rules import preemption
+from coordd.rules import transitions as tr
+from coordd.wire.protocol import ClaimResult, HeartbeatResult, RenewResult
+from coordd.wire.governance import Suspension
 from coordd.store import dumps, lenient_json
 from coordd.store import workers as wkstore
 from coordd.store.api import LeaseRef
@@ -40,7 +42,7 @@ SQL_SET_STATE = (  # $1 worker, $2 incarnation, $3 kinds JSON, $4 broken kinds J
     "offline_at = NULL WHERE worker_id = $1"
 )
 SQL_SET_OFFLINE = f"UPDATE workers SET offline_at = {NOW} WHERE worker_id = $2"
-# Every lease of worker $2 ends as coordd.transitions.lost_lease(worker_lost) decides (the
+# Every lease of worker $2 ends as coordd.rules.transitions.lost_lease(worker_lost) decides (the
 # reaper's lease ends, sql.END_LOST_LEASES); $3..$9 its texts (WORKER_LOST_TEXTS).
 SQL_LOSE_WORKER = (
     "WITH x AS (SELECT job_id FROM leases WHERE worker_id = $2 ORDER BY job_id FOR UPDATE), "
@@ -56,7 +58,7 @@ SQL_DELETE_WORKER = "DELETE FROM workers WHERE worker_id = $1"
 
 # ---------------------------------------------------------------- governance of leases
 
-_HELD = (  # coordd.governance.plan's rows
+_HELD = (  # coordd.rules.governance.plan's rows
     "l.job_id, j.priority, j.gates_json, l.suspended_at, l.suspend_reason, l.gate_open_at, "
     "l.vacate_reason, l.resume_at"
 )
@@ -98,7 +100,7 @@ SQL_LIVE_WORKERS = (  # $2 heartbeat_stale_s
     "SELECT worker_id, roles_json, heartbeat_json, kinds_json FROM workers "
     f"WHERE heartbeat_at >= {NOW} - $2::float8 AND offline_at IS NULL ORDER BY worker_id"
 )
-SQL_ALL_HELD = (  # coordd.preemption.Held's columns, then whether it is being vacated
+SQL_ALL_HELD = (  # coordd.rules.preemption.Held's columns, then whether it is being vacated
     "SELECT l.worker_id, l.job_id, j.kind, j.priority, l.granted_at, "
     "CASE WHEN j.checkpoint_json IS NOT NULL AND j.updated_at > l.granted_at "
     "THEN j.updated_at ELSE l.granted_at END, l.vacate_reason IS NOT NULL "
@@ -146,7 +148,7 @@ SQL_JOB_GOVERNANCE = (  # the lease's state, preemptions, the reservation (or NU
 
 # ---------------------------------------------------------------- workers
 
-SQL_WORKERS = (  # coordd.views.list_workers's row, the worker's state, then NOW
+SQL_WORKERS = (  # coordd.store.views.list_workers's row, the worker's state, then NOW
     "SELECT w.worker_id, w.roles_json, w.heartbeat_json, w.heartbeat_at, "
     "(SELECT count(*) FROM leases l WHERE l.worker_id = w.worker_id), w.incarnation, "
     f"w.kinds_json, w.broken_kinds_json, w.offline_at, {NOW} FROM workers w "
@@ -155,7 +157,7 @@ SQL_WORKERS = (  # coordd.views.list_workers's row, the worker's state, then NOW
 
 
 class Hint(preemption.ReservationHint):
-    """coordd.preemption.ReservationHint for a store written by many connections at
+    """coordd.rules.preemption.ReservationHint for a store written by many connections at
     once: a look that found no reservation lowers it only if nothing raised it since the
     look began (`epoch`)."""
 
@@ -254,7 +256,8 @@ class GovernancePostgres:
 
     async def _preempt(self, conn: Any, now: float | None, t: float,
                        gov: Governance) -> list[tuple[str, str, str]]:
-        """coordd.preemption.preempt on this store, inside the heartbeat's transaction."""
+        """The preemption walk (as coordd.store.sqlite.preemption_ops.preempt on SQLite) inside
+        the heartbeat's transaction."""
         pacer = gov.preemptor
         policy = pacer.policy
         if not await conn.fetchval(SQL_PREEMPT_START, now,
@@ -297,7 +300,7 @@ class GovernancePostgres:
 
     async def reserved_claim(self, worker_id: str, lease_s: float, claim_id: str | None,
                              stale_s: float, now: float | None) -> ClaimResult | None:
-        """The claim's look at reservations on `worker_id` (coordd.preemption.
+        """The claim's look at reservations on `worker_id` (coordd.rules.preemption.
         reserved_claim): the reserved job taken under a new lease, or None (and the hint
         lowered when no reservation is left)."""
         hint = self.reservation_hint
@@ -363,7 +366,7 @@ class GovernancePostgres:
 
 
 def _plan_one(gov: Governance, row: Any) -> list[governance.Step]:
-    """coordd.governance.plan for SQL_HELD_ONE's row ([] when the lease is gone)."""
+    """coordd.rules.governance.plan for SQL_HELD_ONE's row ([] when the lease is gone)."""
     if row is None:
         return []
     return governance.plan(gov.policies, lenient_json(row[1], {}), row[0], [tuple(row)[2:]])

@@ -4,9 +4,9 @@ and the reads the coordinator's explanations take (`explain_book`, `limit_reason
 
 Parked claims are woken from LISTEN (a NOTIFY at each commit that may free a job) and by
 a poll every POLL_S, since a NOTIFY is only a hint (coordd.store.postgres.coordination):
-every wake-up wakes every parked claim (coordd.push.Push.wake_claims), which looks again.
+every wake-up wakes every parked claim (coordd.service.push.Push.wake_claims), which looks again.
 The other parked calls are woken by the NOTIFYs of coordd.store.postgres.push_sql's
-triggers (coordd.push.Push.store_note), each by the one that concerns it; a listening
+triggers (coordd.service.push.Push.store_note), each by the one that concerns it; a listening
 session lost or never opened wakes them all.
 """
 

@@ -1,5 +1,5 @@
 """The hub on PostgreSQL (coordd.store.api_hub.HubStore): its statements and the mixin
-PostgresStore inherits. The rules are coordd.hub's; the time is the database's (`NOW`).
+PostgresStore inherits. The rules are coordd.service.hub's; the time is the database's (`NOW`).
 
 A reader's read and ack run under a transaction advisory lock on its name, so two calls
 of one reader never hand out the same message or undo an ack (SQLite's single writer
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from coordd.hub_views import ReadBudget, agent_view
-from coordd.protocol import AgentView, ReadResult, SendResult
+from coordd.rules.hub_views import ReadBudget, agent_view
+from coordd.wire.protocol import AgentView, ReadResult, SendResult
 from coordd.store import messages as msg_store
 from coordd.store.postgres.sql import NOW
 
@@ -132,7 +132,7 @@ class HubOps:
     async def read_messages(self, reader: str, limit: int, visibility_s: float,
                             ack_on_read: bool, ack: Sequence[str], frame_bytes: int, *,
                             now: float | None = None) -> ReadResult:
-        """Ack, then deliver within coordd.hub_views.ReadBudget, in one transaction under
+        """Ack, then deliver within coordd.rules.hub_views.ReadBudget, in one transaction under
         the reader's lock. Raises: errors.PayloadTooLarge (nothing acked or delivered)."""
         budget = ReadBudget(frame_bytes)
         async with self._conn() as conn, conn.transaction():

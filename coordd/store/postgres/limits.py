@@ -4,7 +4,7 @@ runtime overrides and the `limits` views. The claim's side is
 coordd.store.postgres.admission.
 
 A job with a `result_schema` and a workflow node never match the batched complete
-(sql.SQL_COMPLETE_BATCH); they are completed here, with coordd.transitions.complete
+(sql.SQL_COMPLETE_BATCH); they are completed here, with coordd.rules.transitions.complete
 deciding, in one transaction that ends the lease, writes the decision and settles a
 node's workflow, as `fail` does.
 """
@@ -16,11 +16,11 @@ from typing import Any
 
 import msgspec
 
-from coordd import errors, limit_service
-from coordd import transitions as tr
-from coordd.limits import LimitBook
-from coordd.protocol import CompleteResult
-from coordd.protocol_limits import LimitView
+from coordd import errors
+from coordd.rules import transitions as tr
+from coordd.rules.limits import LimitBook, limit_view
+from coordd.wire.protocol import CompleteResult
+from coordd.wire.limits import LimitView
 from coordd.store import NewJob
 from coordd.store.api import Backoff, LeaseRef
 from coordd.store.postgres import admission, apply, fence, sql, workflows
@@ -88,7 +88,7 @@ async def attach(conn: Any, jobs: Sequence[NewJob]) -> None:
 async def complete_checked(conn: Any, now: float | None, ref: LeaseRef,
                            result_json: str | None, backoff: Backoff,
                            artifact: Any = None) -> CompleteResult:
-    """A fenced complete decided by coordd.transitions.complete (result schema, a requested
+    """A fenced complete decided by coordd.rules.transitions.complete (result schema, a requested
     cancel), in the caller's transaction; a workflow node's workflow is locked first and
     settled after (coordd.store.postgres.workflows' lock order). `artifact` (an
     ArtifactRef): the result's file, stored already by `artifact_put`. Raises: the fencing
@@ -214,8 +214,8 @@ class PostgresAdmission:
                 budget_used = {m: await conn.fetchval(SQL_USAGE_IN, now, name, m, b[1])
                                for m, b in limit.budget.items()}
                 who = [tuple(r) for r in await conn.fetch(SQL_HOLDERS, name)] if holders else []
-                out.append(limit_service.limit_view(limit, t, used, rate_used, frees,
-                                                    budget_used, waiting, who))
+                out.append(limit_view(limit, t, used, rate_used, frees, budget_used, waiting,
+                                      who))
             if t is None:
                 t = await conn.fetchval(sql.SQL_NOW, now)
         return out, t

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordd.protocol_logs import JobLogs
+from coordd.wire.logs import JobLogs
 from coordd.store import logs as log_store
 from coordd.store.api import LeaseRef
 from coordd.store.postgres import fence
@@ -62,7 +62,7 @@ class LogOps:
     async def log_append(self, ref: LeaseRef, stream: str, pos: int, data: bytes, *,
                          now: float | None = None) -> bool:
         """Fence and store the chunk, then trim past coordd.store.logs' bounds, in one
-        transaction. Raises: the fencing errors (coordd.transitions.fence)."""
+        transaction. Raises: the fencing errors (coordd.rules.transitions.fence)."""
         async with self._conn() as conn, conn.transaction():
             await conn.execute(SQL_LOG_LOCK, ref.job_id)
             fenced, stored = await conn.fetchrow(SQL_LOG_APPEND, now, ref.job_id,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordd import errors
-from coordd.protocol import BackupResult
+from coordd.wire.protocol import BackupResult
 from coordd.store.api_maintenance import (
     INVARIANTS, PRUNABLE_COUNTED_MAX, PRUNE_BATCH, WORKFLOW_PRUNE_BATCH, Integrity,
     invariant_problems,

@@ -1,4 +1,4 @@
-"""The wake-ups of the parked calls on PostgreSQL (coordd.push): triggers that NOTIFY
+"""The wake-ups of the parked calls on PostgreSQL (coordd.service.push): triggers that NOTIFY
 PUSH_CHANNEL at the commit of a change a parked `wait_job`, `watch_worker` or
 `watch_events` waits for, as SQLite's TEMP triggers and job hook note it
 (coordd.store.push). The payload is what changed:

@@ -1,15 +1,16 @@
 """PostgresStore's reads: one job, a keyset page of jobs, the status counts.
 
 Rows have the columns of coordd.store.reads.SQL_JOB_ROW, so the views are built by the
-same code as SQLite's (coordd.views): a job looks the same from either store.
+same code as SQLite's (coordd.store.views): a job looks the same from either store.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from coordd import errors, views
-from coordd.protocol import EventView, JobList, JobView
+from coordd import errors
+from coordd.store import views
+from coordd.wire.protocol import EventView, JobList, JobView
 from coordd.store.api import JobFilter, StoreStatus
 from coordd.store.postgres import sql
 
@@ -60,7 +61,7 @@ async def status(conn: Any, now: float | None, stale_s: float) -> StoreStatus:
 async def oldest_waiting(conn: Any, now: float | None, levels: list[int], per_level: int,
                          aging_s: float) -> tuple[float, list[tuple[float, JobView]]]:
     """(NOW, [(ready time, view)]) of the `per_level` oldest due waiting jobs of each
-    level in `levels` (coordd.waiting_report.oldest_due's answer)."""
+    level in `levels` (coordd.store.waiting_heads.oldest_due's answer)."""
     t = await conn.fetchval(sql.SQL_NOW, now)
     heads = []
     for p in levels:

@@ -1,16 +1,15 @@
-"""PostgresStore's resource admission (coordd.resources decides, coordd.admission walks):
-a job's request (`job_resources`), what a lease was granted (on the lease row), and the
-claim's resource step. Every statement of it is here.
+"""PostgresStore's resource admission (coordd.rules.resources decides,
+coordd.store.claim_admission walks): a job's request (`job_resources`), what a lease was granted
+(on the lease row), and the claim's resource step. Every statement of it is here.
 
-While no job ever asked for resources (`resources_seen`: an enqueue with a request, or a
-request found in the database at start) and the worker names no kind defaults, claims
-take the batched SKIP LOCKED path of coordd.store.postgres.claims and nothing here runs.
-Otherwise the claim is the admission walk (coordd.store.postgres.admission), which judges
-each candidate's gates, then its resources (`ClaimResources`: coordd.admission.Admission,
-the SQLite claim's rules), then its limits, and writes the grant on the new lease in the
-statement that takes the job. The rule not to break: a claim reads the worker's held
-grants only under the worker's claim lock (SQL_WORKER_LOCK), so two claims of one worker
-at once never grant the same GPU.
+While no job ever asked for resources (`resources_seen`: an enqueue with a request, or a request
+found in the database at start) and the worker names no kind defaults, claims take the batched
+SKIP LOCKED path of coordd.store.postgres.claims and nothing here runs. Otherwise the claim is
+the admission walk (coordd.store.postgres.admission), which judges each candidate's gates, then
+its resources (`ClaimResources`: coordd.store.claim_admission.Admission, the SQLite claim's
+rules), then its limits, and writes the grant on the new lease in the statement that takes the
+job. The rule not to break: a claim reads the worker's held grants only under the worker's claim
+lock (SQL_WORKER_LOCK), so two claims of one worker at once never grant the same GPU.
 """
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ from typing import Any
 
 import msgspec
 
-from coordd import admission
-from coordd.protocol import ClaimResult
-from coordd.resources import Grant, Request
+from coordd.store import claim_admission as admission
+from coordd.wire.protocol import ClaimResult
+from coordd.rules.resources import Grant, Request
 
 # one worker's claims, one at a time, while they admit resources (to its transaction's end)
 SQL_WORKER_LOCK = "SELECT pg_advisory_xact_lock(hashtext('coordd-claim-worker'), hashtext($1))"
@@ -51,12 +50,12 @@ SQL_REQUEST_OF = "SELECT gpus, vram_mb, ram_mb FROM job_resources WHERE job_id =
 
 def active(seen: bool, heartbeat_json: str) -> bool:
     """Whether a claim admits resources: a job ever asked (`seen`), or the worker's
-    heartbeat names kind defaults (coordd.admission.needed, SQLite's rule)."""
+    heartbeat names kind defaults (coordd.store.claim_admission.needed, SQLite's rule)."""
     return admission.needed(seen, heartbeat_json)
 
 
 class ClaimResources(admission.Admission):
-    """coordd.admission.Admission for one claim on this store: the worker's held grants
+    """coordd.store.claim_admission.Admission for one claim on this store: the worker's held grants
     read once under its claim lock (`open`), the candidates' requests and kinds learnt
     page by page (`learn`) before they are admitted."""
 

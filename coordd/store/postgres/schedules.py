@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordd import errors
-from coordd.protocol_workflows import ScheduleView
+from coordd.wire.workflows import ScheduleView
 from coordd.store.api_schedules import Fired, Plan, Slots, add_outcome, schedule_view
 from coordd.store.postgres import workflows
 from coordd.store.postgres.sql import NOW

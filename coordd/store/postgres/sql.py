@@ -125,10 +125,10 @@ SQL_DEAD_LETTER_TAKEN = (  # a job just taken whose stored data does not decode
 
 # ---------------------------------------------------------------- lease holder calls
 
-# Why a fenced call matched nothing: the job as coordd.transitions.fence reads it.
+# Why a fenced call matched nothing: the job as coordd.rules.transitions.fence reads it.
 _HELD = ("j.status, j.cancel_requested, j.max_runtime_s, j.attempts, j.max_attempts, "
          "j.last_token, l.worker_id, l.token, l.granted_at, l.expires_at, j.result_schema, "
-         "j.workflow_id")  # coordd.transitions.Held, in its order
+         "j.workflow_id")  # coordd.rules.transitions.Held, in its order
 SQL_FENCE_STATE = (
     f"SELECT {_HELD}, {NOW} FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id "
     "WHERE j.job_id = $2"
@@ -204,7 +204,7 @@ SQL_RETRY = (
     f"updated_at = {NOW}, finished_at = NULL, cancel_requested = false, last_error = NULL "
     "WHERE job_id = $2 RETURNING run_at"
 )
-# The leases of the CTE `x` (job ids, locked by it) end as coordd.transitions.lost_lease
+# The leases of the CTE `x` (job ids, locked by it) end as coordd.rules.transitions.lost_lease
 # decides: waiting again at the back of its priority, failed once attempts are spent,
 # cancelled if a cancel was requested, an event each; $3..$9 its texts (the reaper's,
 # postgres.apply.REAP_TEXTS, or a lost worker's). Leaves the CTE `j` (job_id, status).
@@ -232,7 +232,7 @@ END_LOST_LEASES = (
 # One idempotent statement: expired leases (oldest first, $2 at most; rows another reaper
 # holds are skipped) end, their jobs go back to waiting at the back of their priority, or
 # to failed once attempts are spent, or cancelled if a cancel was requested, as
-# coordd.transitions.lost_lease decides; $3..$9 its texts (postgres.apply.REAP_TEXTS).
+# coordd.rules.transitions.lost_lease decides; $3..$9 its texts (postgres.apply.REAP_TEXTS).
 # Workflow nodes' leases are left to postgres.workflows.reap_nodes (settled with them).
 SQL_REAP = (
     "WITH x AS (SELECT l.job_id FROM leases l JOIN jobs n ON n.job_id = l.job_id "
@@ -271,7 +271,7 @@ SQL_LIST_JOBS_NEWEST = (
     "ORDER BY j.job_id DESC LIMIT $7"
 )
 SQL_JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = $1"
-SQL_OLDEST_DUE = (  # the $3 oldest due waiting jobs of level $2 (coordd.waiting_report)
+SQL_OLDEST_DUE = (  # the $3 oldest due waiting jobs of level $2 (coordd.service.waiting_report)
     SQL_JOB_ROW + f"WHERE j.status = 'waiting' AND j.priority = $2 AND j.run_at <= {NOW} "
     "ORDER BY j.queued_at, j.job_id LIMIT $3"
 )

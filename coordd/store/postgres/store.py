@@ -17,9 +17,9 @@ from typing import Any, Literal
 import asyncpg
 
 from coordd import errors
-from coordd import transitions as tr
-from coordd.leases import ClaimPolicy
-from coordd.protocol import (
+from coordd.rules import transitions as tr
+from coordd.rules.claim_policy import ClaimPolicy
+from coordd.wire.protocol import (
     ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList, JobView,
     RenewResult, StatusResult,
 )
@@ -234,7 +234,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
                     now: float | None = None) -> ClaimResult:
         """The best job for the worker under a new lease: strict priority, then queued_at,
         then job id, among waiting jobs due by the database's clock whose role (and kind)
-        the worker takes, at the priorities its last readings pass (coordd.gate_decision).
+        the worker takes, at the priorities its last readings pass (coordd.rules.gate_decision).
 
         With `policy.limits` defined, aging on, a job with its own gates waiting or
         resources asked for (by a job, or a worker's kind defaults), the order is by

@@ -1,7 +1,7 @@
 """A job just taken by a PostgreSQL claim (the plain claim, coordd.store.postgres.claims,
 and the admission path, coordd.store.postgres.admission): its row decoded into the
 ClaimResult the worker gets, or, when its stored payload or checkpoint is not JSON, the
-job ended `failed` (coordd.transitions.dead_letter).
+job ended `failed` (coordd.rules.transitions.dead_letter).
 """
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from typing import Any
 
 import msgspec
 
-from coordd import gates
-from coordd import transitions as tr
-from coordd.protocol import ClaimedJob, ClaimResult, LeaseGrant
+from coordd.rules import gates
+from coordd.rules import transitions as tr
+from coordd.wire.protocol import ClaimedJob, ClaimResult, LeaseGrant
 from coordd.store import json_decode, maybe_json
 from coordd.store.postgres import workflows
 
 
 class Undecodable(Exception):
-    """A taken job's stored payload or checkpoint is not JSON (`code`: coordd.gates)."""
+    """A taken job's stored payload or checkpoint is not JSON (`code`: coordd.rules.gates)."""
 
     def __init__(self, code: str, detail: str) -> None:
         super().__init__(detail)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordd.clock import SystemClock
-from coordd.protocol_push import FeedEvent, WorkerActions
+from coordd.wire.push import FeedEvent, WorkerActions
 from coordd.store.postgres.sql import NOW
 from coordd.store.api_waits import actions, feed_event
 from coordd.store.postgres.push_sql import SQL_WANT, WANT_SLACK_S

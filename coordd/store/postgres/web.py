@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from coordd import errors
-from coordd.protocol_web import HeldLease, JobRow, LoggedMessage, Reservation
+from coordd.wire.web import HeldLease, JobRow, LoggedMessage, Reservation
 from coordd.store.api_web import (
     JobFinder, PrefixOf, PrefixResolve, held_lease, job_row, logged_messages, reservation,
 )
 from coordd.store.postgres.sql import NOW
 from coordd.store.reads import JOB_BLOBS
 from coordd.store.web import EVENTS_SCAN_MAX
-from coordd.views import LISTED_JOB_BYTES
+from coordd.store.views import LISTED_JOB_BYTES
 
 _UPPER, _LOWER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz"
 _ROW_COLUMNS = (

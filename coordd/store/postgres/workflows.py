@@ -1,8 +1,8 @@
 """PostgresStore's workflows (coordd.store.api_workflows): a graph stored whole, its nodes
 queued as their dependencies end, settled in the transaction of every node's end.
 
-The decisions are coordd.transitions' (settle, cancel, lost_lease, complete), the views
-coordd.workflows', the checks of a repeated key and the node events
+The decisions are coordd.rules.transitions' (settle, cancel, lost_lease, complete), the views
+coordd.service.workflows', the checks of a repeated key and the node events
 coordd.store.workflows': this module holds the statements (workflow_sql) and the order
 they run in. The rule not to break: every transaction that changes a workflow node locks
 the workflow's row first (`lock_of_job`), then the node's; settle runs only under that
@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from coordd import errors
-from coordd import transitions as tr
-from coordd import workflows as flows
-from coordd.protocol_workflows import WorkflowList, WorkflowSubmitResult, WorkflowView
+from coordd.rules import transitions as tr
+from coordd.rules.workflow_views import workflow_view, workflow_views
+from coordd.wire.workflows import WorkflowList, WorkflowSubmitResult, WorkflowView
 from coordd.store import dumps, lenient_json
 from coordd.store import workflows as wstore
 from coordd.store.postgres import apply, sql
@@ -87,7 +87,7 @@ async def insert_workflow(conn: Any, now: float | None, wf: wstore.NewWorkflow
 async def settle(conn: Any, now: float | None, workflow_id: str | None,
                  touch: bool = True) -> str | None:
     """Move a workflow forward as far as its nodes' states allow, as
-    coordd.store.workflows.settle does on SQLite (coordd.transitions.settle decides);
+    coordd.store.workflows.settle does on SQLite (coordd.rules.transitions.settle decides);
     return its status if it ended now. Runs in the caller's transaction, which holds the
     workflow's lock. `workflow_id` None (the job was no node): nothing."""
     if workflow_id is None:
@@ -147,7 +147,7 @@ async def settle_running(conn: Any, now: float | None) -> int:
 
 async def skip_absent(conn: Any, now: float | None, wait_s: float, stale_s: float,
                       limit: int = ABSENT_LIMIT) -> list[str]:
-    """Skip (`worker_absent`, coordd.transitions.SKIPPED_ABSENT) waiting workflow nodes
+    """Skip (`worker_absent`, coordd.rules.transitions.SKIPPED_ABSENT) waiting workflow nodes
     that waited over `wait_s` while no worker with a heartbeat within `stale_s`
     advertised their role, as coordd.store.workflows.skip_absent does on SQLite; one
     transaction per workflow, its row locked first, then its nodes skipped (each
@@ -180,7 +180,7 @@ async def skip_absent(conn: Any, now: float | None, wait_s: float, stale_s: floa
 
 async def reap_nodes(conn: Any, now: float | None, limit: int) -> tuple[int, int]:
     """End up to `limit` expired leases of workflow nodes, one transaction each (the
-    workflow locked first), as coordd.transitions.lost_lease decides; a node that ended
+    workflow locked first), as coordd.rules.transitions.lost_lease decides; a node that ended
     (attempts spent, a requested cancel) settles its workflow there. Returns (ended
     leases, jobs requeued)."""
     n = requeued = 0
@@ -222,7 +222,7 @@ async def dead_letter_taken(conn: Any, now: float | None, job_id: str, worker_id
 
 
 async def cancel_workflow(conn: Any, now: float | None, workflow_id: str) -> int:
-    """Cancel every node not yet ended (coordd.transitions.cancel: blocked and waiting at
+    """Cancel every node not yet ended (coordd.rules.transitions.cancel: blocked and waiting at
     once, running by request), then settle; return how many. Raises: errors.NotFound."""
     async with conn.transaction():
         if await conn.fetchval(wsql.SQL_LOCK, workflow_id) is None:
@@ -266,13 +266,14 @@ async def reopen(conn: Any, now: float | None, job_id: str,
 
 
 async def get_workflow(conn: Any, workflow_id: str) -> WorkflowView:
-    """One workflow with every node (coordd.workflows.workflow_view). Raises: NotFound."""
+    """One workflow with every node (coordd.rules.workflow_views.workflow_view). Raises:
+    NotFound."""
     row = await conn.fetchrow(wsql.SQL_GET_WORKFLOW, workflow_id)
     if row is None:
         raise errors.NotFound(f"workflow {workflow_id} not found")
     nodes = [tuple(r) for r in await conn.fetch(wsql.SQL_NODES, workflow_id)]
     edges = [tuple(r) for r in await conn.fetch(wsql.SQL_EDGES, workflow_id)]
-    return flows.workflow_view(tuple(row), nodes, edges)
+    return workflow_view(tuple(row), nodes, edges)
 
 
 async def list_workflows(conn: Any, status: str | None, limit: int) -> list[WorkflowView]:
@@ -281,7 +282,7 @@ async def list_workflows(conn: Any, status: str | None, limit: int) -> list[Work
     counts: dict[str, dict[str, int]] = {}
     for wid, st, k in await conn.fetch(wsql.SQL_WORKFLOW_COUNTS, [r[0] for r in rows]):
         counts.setdefault(wid, {})[st] = k
-    return flows.workflow_views(rows, counts)
+    return workflow_views(rows, counts)
 
 
 class PostgresWorkflows:

@@ -1,0 +1,521 @@
+"""The single writer: one task owns the write connection and group-commits requests.
+
+Callers `submit(op)` an operation `op(conn, now) -> result` and await its future. The
+writer drains what is queued (up to `batch_max`, the urgent lane first: coordd.store.sqlite.lanes),
+opens `BEGIN IMMEDIATE`, runs the ops (an op that raises rolls back alone and fails only
+its own future), `COMMIT`s once, and only then resolves the futures: no reply reports a
+state that is not yet durable (DESIGN.md, "The single writer").
+
+How an op rolls back alone: the batch runs under one SAVEPOINT (a batch of one op runs
+without: its transaction holds nothing else, so an op that fails after writing rolls it
+all back, and a recount or clock step it began with is taken again by the next batch).
+An op that raises having changed no row (`Connection.total_changes` unchanged: the usual
+refusal, a fence check or a constraint hit by its first write, which SQLite undoes
+itself) needs nothing undone. An op that raises after changing rows sends the batch back to that savepoint, and the batch
+runs again with a SAVEPOINT per op. Ops are functions of (connection, now) only, so
+running them again gives the same results. An op error that made SQLite cancel the whole
+transaction (SQLITE_FULL, IOERR, NOMEM, INTERRUPT can) ends the batch at once.
+
+The batch runs on the event loop's own thread with a plain `sqlite3` connection; a write lock
+held by another process is waited for with asyncio sleeps, and WAL checkpoints run on
+coordd.store.sqlite.checkpointer's thread. A batch lingers up to `linger_rounds` loop iterations
+while requests keep arriving (group commit). `now` for every op of a batch is read once, here;
+wall-clock steps are taken here too (coordd.store.sqlite.clock_steps). What each batch changes
+in jobs is seen by coordd.store.sqlite.job_changes (counters, kinds, wake-ups). Why each of
+these, with the measurements: docs/decisions.md, "writer".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import sqlite3
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from coordd import errors, store
+from coordd.store.sqlite import lanes
+from coordd.store.sqlite.checkpointer import WalCheckpointer
+from coordd.clock import Clock, anchored
+from coordd.store.sqlite.clock_steps import ClockSteps
+from coordd.store.sqlite.job_changes import JobChanges
+from coordd.ops.metrics import Metrics
+from coordd.store.sqlite.storage_health import StorageHealth, storage_reason
+
+logger = logging.getLogger(__name__)
+
+WriteOp = Callable[[sqlite3.Connection, float], Any]
+LINGER_ROUNDS = 4  # loop iterations a batch may wait for more requests (see above)
+
+
+class WriterStats:
+    """Counters the writer keeps: batches, requests, commit seconds (for metrics and bench)."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.requests = 0
+        self.commit_s_total = 0.0
+        self.max_batch = 0
+        self.reruns = 0  # batches run again with a savepoint per op (an op failed mid-write)
+        self.wal_cuts = 0  # TRUNCATE checkpoints of a WAL past its bound (sqlite.checkpointer)
+        self.commit_times: collections.deque[float] = collections.deque(maxlen=4096)
+
+
+class Writer:
+    """Own the write connection to `path`; serialize and group-commit every mutation.
+
+    Args:
+        path: the SQLite file (created if missing; schema migrated on start).
+        clock: where `now` comes from.
+        queue_max: requests accepted but not yet committed, per lane (new work; holder
+            calls and maintenance); past it `submit` raises `errors.Overloaded`.
+        batch_max: requests per transaction at most.
+        busy_timeout_ms: SQLite busy timeout, for outside processes holding the file.
+        clock_step_s: a wall-clock step larger than this (either way) re-anchors coordd's
+            clock and moves the stored times by it (see the module doc).
+        clock_jump_s: a jump ahead larger than this (a suspend) also gives live leases a
+            whole lease from the resume (0 = off).
+        metrics: where batch sizes, commit times and queue waits are recorded.
+        wal_size_limit: bytes the WAL file is cut back to once a checkpoint lets it
+            restart (SQLite's journal_size_limit): a WAL a reader let grow shrinks again.
+        wal_autocheckpoint_pages: past this many WAL pages the writer checkpoints inside
+            its own commit (SQLite's auto-checkpoint): the safety net that lets the WAL
+            restart; the background checkpointer keeps it from doing much.
+        checkpoint_interval_s: seconds between background PASSIVE checkpoints while
+            commits happen (0 = none: every checkpoint runs inside a commit).
+        linger_rounds: loop iterations a batch waits while more requests keep arriving
+            (0 = run what is queued at once).
+    """
+
+    def __init__(self, path: str, clock: Clock, *, queue_max: int = 20_000,
+                 batch_max: int = 1024, busy_timeout_ms: int = 10_000,
+                 clock_jump_s: float = 60.0, clock_step_s: float = 1.0,
+                 metrics: Metrics | None = None,
+                 wal_size_limit: int = 64 << 20, wal_autocheckpoint_pages: int = 10_000,
+                 checkpoint_interval_s: float = 0.1,
+                 linger_rounds: int = LINGER_ROUNDS) -> None:
+        self._path = path
+        self._clock = anchored(clock)
+        self._batch_max = batch_max
+        self._busy_timeout_ms = busy_timeout_ms
+        self._steps = ClockSteps(self._clock, clock_step_s, clock_jump_s)
+        self.metrics = metrics
+        self._wal_size_limit = wal_size_limit
+        self._wal_autocheckpoint_pages = wal_autocheckpoint_pages
+        self._linger_rounds = linger_rounds
+        self._lanes = lanes.Lanes(queue_max)  # (op, future, submitted at): new / urgent
+        self._wakeup = asyncio.Event()
+        self._conn: sqlite3.Connection | None = None
+        self._checkpointer = WalCheckpointer(path, checkpoint_interval_s, wal_size_limit)
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.stats = WriterStats()
+        self.health = StorageHealth()  # disk full / I/O errors: `unavailable`, logged once
+        self.changes = JobChanges()  # status counters, waiting kinds, wake-up rows
+        # Commit hooks (coordd.service.push): `on_open(conn)` once the schema is migrated; after
+        # each batch `on_commit()` once its COMMIT is done, or `on_rollback()`;
+        # `on_clock_step(step_s)` after a batch whose COMMIT moved the stored times by a
+        # wall-clock step (coordd.store.clock_steps).
+        self.on_open: Callable[[sqlite3.Connection], None] | None = None
+        self.on_clock_step: Callable[[float], None] | None = None
+        self.on_commit: Callable[[], None] | None = None
+        self.on_rollback: Callable[[], None] | None = None
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests accepted and not yet committed (both lanes)."""
+        return len(self._lanes)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def maintenance() -> Iterator[None]:
+        """Within this block (and the tasks it starts), this task's submits go in the
+        urgent lane: coordd's own rounds are not refused with the producers' work."""
+        with lanes.maintenance():
+            yield
+
+    async def start(self) -> None:
+        """Open the connection (WAL, synchronous=NORMAL, foreign keys, busy timeout),
+        migrate the schema and start the writer task. Idempotent.
+
+        Raises:
+            errors.StoreError: the file is not a (compatible) coordd SQLite database.
+        """
+        if self._task is not None:
+            return
+        # Open once first: a file that cannot be opened fails here, before any connection
+        # or thread of ours exists for it.
+        await asyncio.to_thread(_probe_open, self._path)
+        # check_same_thread=False: opened and migrated in a worker thread (a migration
+        # can take a while), used only by the loop's thread afterwards.
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            await asyncio.to_thread(self._setup, conn)
+        except BaseException:
+            conn.close()
+            raise
+        if self.on_open is not None:
+            try:
+                self.on_open(conn)
+            except BaseException:
+                conn.close()
+                raise
+        self._conn = conn
+        self._checkpointer.start()
+        self._closing = False  # started again after a stop: taking requests again
+        self._task = asyncio.create_task(self._run(), name="coordd-writer")
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            store.prepare_new_file(conn)  # before WAL and the first table, or it is ignored
+            mode = conn.execute(store.PRAGMAS_WRITER[0]).fetchone()[0]
+            if mode.lower() != "wal":
+                raise errors.StoreError(f"{self._path}: could not enable WAL (mode {mode})")
+            for pragma in store.PRAGMAS_WRITER[1:]:
+                conn.execute(pragma)
+            conn.execute(store.PRAGMA_JOURNAL_SIZE_LIMIT.format(self._wal_size_limit))
+            conn.execute(store.PRAGMA_WAL_AUTOCHECKPOINT.format(self._wal_autocheckpoint_pages))
+            store.migrate(conn)
+            self.changes.open(conn)
+            conn.execute("PRAGMA busy_timeout = 0")  # from now on `_begin` waits, not SQLite
+        except sqlite3.DatabaseError as exc:
+            raise errors.StoreError(f"{self._path}: {exc}") from exc
+
+    def submit(self, op: WriteOp, urgent: bool = False) -> asyncio.Future[Any]:
+        """Queue `op` for the next group commit; return the future of its result.
+
+        `urgent`: a holder call (or maintenance: also inside `maintenance()`); it goes in
+        the urgent lane, bounded apart from new work and committed first.
+
+        Raises:
+            errors.Overloaded: the op's lane is full, or the writer is shutting down.
+        """
+        if self._closing or self._task is None:
+            raise errors.Overloaded("writer is not accepting requests (shutting down)")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._lanes.add((op, fut, self._clock.mono()), urgent)
+        self._wakeup.set()
+        return fut
+
+    async def run(self, op: WriteOp, urgent: bool = False) -> Any:
+        """Submit `op` and await its result (its CoordError is raised here)."""
+        return await self.submit(op, urgent)
+
+    async def checkpoint(self) -> tuple[int, int, int]:
+        """Copy the WAL into the database file now, without waiting for readers (after a
+        prune, so the file shrinks); on the checkpointer's thread and connection. SQLite's
+        (busy, log frames, checkpointed frames).
+
+        Raises:
+            errors.Overloaded: the writer is not running.
+        """
+        if self._conn is None:
+            raise errors.Overloaded("writer is not running")
+        return await asyncio.to_thread(self._checkpointer.run_now)
+
+    async def wait_dead(self, stop: asyncio.Event) -> None:
+        """Return once `stop` is set; if the writer task ends first, raise.
+
+        Raises:
+            errors.StoreError: the writer task ended while coordd was not stopping.
+        """
+        task = self._task
+        if task is None:
+            return
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if task.done() and not self._closing:
+            exc = None if task.cancelled() else task.exception()
+            raise errors.StoreError(f"the writer task ended: {exc!r}") from exc
+
+    async def stop(self) -> None:
+        """Stop intake, commit everything already accepted, close the connection. Idempotent."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            try:
+                await self._task
+            finally:
+                self._task = None
+        await asyncio.to_thread(self._checkpointer.stop)
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            try:
+                conn.execute(store.PRAGMA_CHECKPOINT_TRUNCATE)
+            except sqlite3.Error as exc:  # readers still open: the WAL is folded next time
+                logger.warning("WAL checkpoint at close failed: %s", exc)
+            finally:
+                conn.close()
+
+    async def _run(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        queued = self._lanes
+        while True:
+            if not queued:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            await self._linger()
+            batch = queued.take(self._batch_max)
+            started = self._clock.mono()
+            try:
+                ck = self._checkpointer
+                if ck.wal_over_bound or ck.low_space and ck.check_bound():
+                    await self._cut_wal(conn)  # before the batch can grow the WAL further
+                await self._begin(conn)
+                outcomes = self._apply(conn, batch)
+                if self.on_commit is not None:
+                    self.on_commit()  # wake-ups after the COMMIT, never before (service.push)
+                self._checkpointer.kick()
+                if self.metrics is not None:
+                    self.metrics.observe_batch(len(batch), self.stats.commit_times[-1],
+                                                [started - t for _, _, t in batch])
+            except Exception as exc:  # the whole transaction failed: nothing of it is stored
+                reason = storage_reason(exc)
+                if reason is not None:
+                    err = self.health.refuse(exc, reason, len(batch), self._clock.wall(),
+                                             self._clock.mono())
+                    self._checkpointer.kick()  # a WAL past its bound is cut once space allows
+                else:
+                    logger.error("group commit failed: %s", exc,
+                                 extra={"action": "commit_failed", "n": len(batch)})
+                    err = _batch_error(exc)
+                outcomes = [(False, err)] * len(batch)
+                if self.on_rollback is not None:
+                    self.on_rollback()
+            else:
+                if self.health.reason is not None:
+                    self.health.committed(self._clock.mono())
+            for (_, fut, _t), (ok, value) in zip(batch, outcomes):
+                if fut.done():
+                    continue  # the caller went away; the op is committed all the same
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
+            await asyncio.sleep(0)  # let the loop read sockets: the next batch is what came
+
+    async def _cut_wal(self, conn: sqlite3.Connection) -> None:
+        """Checkpoint with TRUNCATE on the writer's own connection (in a thread; no batch runs
+        meanwhile): the WAL went past its bound (coordd.store.sqlite.checkpointer). Readers on
+        an older snapshot make it busy (busy_timeout is 0: nothing waits) and the batch goes on;
+        the checkpointer says so again after its next round.
+
+        Raises:
+            sqlite3.Error: a storage refusal (the disk is still full): the batch is refused
+                with it, since its commit could only grow the WAL into the space the
+                checkpoint needs; the next batch tries again.
+        """
+        try:
+            busy, _log, _done = await asyncio.to_thread(
+                lambda: conn.execute(store.PRAGMA_CHECKPOINT_TRUNCATE).fetchone())
+        except sqlite3.Error as exc:
+            if storage_reason(exc) is not None:
+                raise
+            logger.warning("WAL TRUNCATE checkpoint failed: %s", exc,
+                           extra={"action": "wal_cut_failed"})
+            busy = 1
+        self._checkpointer.wal_over_bound = False
+        if not busy:
+            self.stats.wal_cuts += 1
+
+    async def _linger(self) -> None:
+        """Yield to the loop while each iteration brings more requests, at most
+        `linger_rounds` times or until a full batch is queued (see the module docstring)."""
+        queued = self._lanes
+        for _ in range(self._linger_rounds):
+            n = len(queued)
+            if n >= self._batch_max:
+                return
+            await asyncio.sleep(0)
+            if len(queued) == n:
+                return
+
+    async def _begin(self, conn: sqlite3.Connection) -> None:
+        """BEGIN IMMEDIATE; while another process holds the write lock, retry after asyncio
+        sleeps (1 ms doubling to 50 ms) so the loop keeps serving reads and heartbeats,
+        until the sleeps add up to `busy_timeout_ms`; then the OperationalError propagates
+        (the batch gets `overloaded`, see `_batch_error`)."""
+        budget_s = self._busy_timeout_ms / 1000
+        delay = 0.001
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if budget_s <= 0:
+                    raise
+            await asyncio.sleep(min(delay, budget_s))
+            budget_s -= delay
+            delay = min(delay * 2, 0.05)
+
+    def _apply(self, conn: sqlite3.Connection,
+               batch: list[tuple[WriteOp, asyncio.Future[Any], float]]) -> list[tuple[Any, Any]]:
+        """Run one batch inside the open BEGIN IMMEDIATE (see the module docstring), COMMIT."""
+        t0 = self._clock.mono()
+        now = self._clock.wall()
+        try:
+            self.changes.begin(conn)
+            step = self._steps.check(conn, now)
+            now += step
+            if len(batch) == 1:
+                outcomes = self._run_alone(conn, batch[0][0], now)
+            else:
+                outcomes = self._run_ops(conn, batch, now)
+                if outcomes is None:
+                    self.stats.reruns += 1
+                    outcomes = self._run_ops_one_savepoint_each(conn, batch, now)
+            if conn.in_transaction:  # not when a lone op failing after writes rolled it back
+                self.changes.flush(conn)
+                conn.execute("COMMIT")
+        except BaseException:
+            self.changes.discard()
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if outcomes[0][0] is not None:  # committed
+            self.changes.committed()
+            if step:  # after the COMMIT: a step seen in a rolled-back batch is seen again
+                self._clock.shift(step)
+                if self.on_clock_step is not None:
+                    self.on_clock_step(step)
+            self._steps.last_seen = now
+        else:
+            outcomes = [(False, outcomes[0][1])]
+        dt = self._clock.mono() - t0
+        st = self.stats
+        st.batches += 1
+        st.requests += len(batch)
+        st.commit_s_total += dt
+        st.max_batch = max(st.max_batch, len(batch))
+        st.commit_times.append(dt)
+        return outcomes
+
+    def _run_alone(self, conn: sqlite3.Connection, op: WriteOp,
+                   now: float) -> list[tuple[bool | None, Any]]:
+        """A batch of one op, without a SAVEPOINT: an op that raises after changing rows
+        has the whole transaction rolled back here ([(None, error)]: nothing to commit;
+        a recount or clock step the batch began with is taken again by the next one)."""
+        changes, mark = conn.total_changes, len(self.changes.journal)
+        try:
+            return [(True, op(conn, now))]
+        except Exception as exc:
+            _check_still_in_transaction(conn, exc)
+            if conn.total_changes == changes:
+                self.changes.undo(mark)  # a statement that failed midway undid its rows
+                return [(False, self._op_error(exc))]
+            err = self._op_error(exc)
+            conn.execute("ROLLBACK")
+            self.changes.discard()
+            return [(None, err)]
+
+    def _run_ops(self, conn: sqlite3.Connection,
+                 batch: list[tuple[WriteOp, asyncio.Future[Any], float]],
+                 now: float) -> list[tuple[bool, Any]] | None:
+        """All ops under one savepoint; None (and nothing of the batch kept) when an op
+        raised after changing rows."""
+        conn.execute("SAVEPOINT batch")
+        outcomes: list[tuple[bool, Any]] = []
+        journal = self.changes.journal
+        for op, _, _ in batch:
+            changes, mark = conn.total_changes, len(journal)
+            try:
+                outcomes.append((True, op(conn, now)))
+            except Exception as exc:
+                _check_still_in_transaction(conn, exc)
+                if conn.total_changes != changes:
+                    conn.execute("ROLLBACK TO batch")
+                    conn.execute("RELEASE batch")
+                    self.changes.undo(0)
+                    return None
+                self.changes.undo(mark)  # a statement that failed midway undid its rows
+                outcomes.append((False, self._op_error(exc)))
+        conn.execute("RELEASE batch")
+        return outcomes
+
+    def _run_ops_one_savepoint_each(self, conn: sqlite3.Connection,
+                                    batch: list[tuple[WriteOp, asyncio.Future[Any], float]],
+                                    now: float) -> list[tuple[bool, Any]]:
+        outcomes: list[tuple[bool, Any]] = []
+        journal = self.changes.journal
+        for op, _, _ in batch:
+            conn.execute("SAVEPOINT op")
+            mark = len(journal)
+            try:
+                outcomes.append((True, op(conn, now)))
+                conn.execute("RELEASE op")
+            except Exception as exc:
+                _check_still_in_transaction(conn, exc)
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+                self.changes.undo(mark)
+                outcomes.append((False, self._op_error(exc)))
+        return outcomes
+
+    def _op_error(self, exc: Exception) -> errors.CoordError:
+        """The error an op's caller gets: its CoordError, `unavailable` for a storage
+        refusal (disk full inside the statement), or `internal` (logged) for a bug."""
+        if isinstance(exc, errors.CoordError):
+            return exc
+        reason = storage_reason(exc)
+        if reason is not None:
+            return self.health.refuse(exc, reason, 1, self._clock.wall(), self._clock.mono())
+        logger.error("write op failed", exc_info=exc, extra={"action": "op_failed"})
+        return errors.CoordError(f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _check_still_in_transaction(conn: sqlite3.Connection, exc: Exception) -> None:
+    """Raise if the op's error made SQLite roll back the whole transaction.
+
+    SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM or SQLITE_INTERRUPT on a write may cancel the
+    entire transaction, not only the statement (https://sqlite.org/lang_transaction.html),
+    and without touching `total_changes`. The ops after it would then run in autocommit
+    mode, each of its writes committed at once, while the batch ends with "nothing stored"
+    for every request: the batch must end here (nothing of it is stored: true).
+    """
+    if not conn.in_transaction:
+        raise errors.CoordError(
+            f"the transaction was rolled back by SQLite ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+
+
+def _batch_error(exc: Exception) -> errors.CoordError:
+    """The error every request of a failed batch gets: nothing of the batch is stored.
+
+    A busy or locked file (an outside process held the write lock past the busy
+    timeout) is `overloaded`, which callers retry; no reply says "database is locked".
+    """
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+        return errors.Overloaded("the database file is busy (held by another process past "
+                                 "the busy timeout); nothing was stored, retry")
+    return errors.CoordError(f"commit failed, nothing stored: {exc}")
+
+
+def _probe_open(path: str) -> None:
+    """Open `path` and read its schema version; raise StoreError if SQLite cannot.
+
+    Raises:
+        errors.StoreError: the file cannot be opened or is not a database.
+    """
+    try:
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute("PRAGMA schema_version").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise errors.StoreError(f"{path}: {exc}") from exc
