@@ -1,4 +1,5 @@
-"""The coordd error tree. Each class carries its stable wire `code` (DESIGN.md, "RPC").
+"""The coordd error tree. Each class carries its stable wire `code`
+(docs/reference/protocol.md, "Error codes").
 
 Only `coordd.net.rpc` maps errors to wire replies; clients rebuild the same classes from
 the code with `error_for_code`.

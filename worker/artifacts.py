@@ -3,7 +3,7 @@ artifact store of coordd.cas.
 
 Blocking file I/O: call these from a thread (`asyncio.to_thread`) in async code. A file is
 copied to a temp name, fsynced, renamed into place and its folder fsynced *before* coordd is
-told about it (DESIGN.md, "The single writer": nothing slow inside a transaction).
+told about it (docs/internals/design.md: nothing slow inside a transaction).
 """
 
 from __future__ import annotations

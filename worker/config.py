@@ -1,4 +1,5 @@
-"""The worker's configuration: a TOML file decoded into `WorkerConfig` (DESIGN.md, "Admin surface").
+"""The worker's configuration: a TOML file decoded into `WorkerConfig`
+(docs/reference/configuration.md).
 
 Unknown keys are errors, so a typo never silently falls back to a default. A file without a
 `[kinds]` table (or no file at all) gets the built-in kinds `train` and `embed`.

@@ -16,8 +16,8 @@ from worker.process import ModelProcess
 logger = logging.getLogger("worker.supervisor")
 
 class SendStamp:
-    """The monotonic time a request frame was written: a lease runs from there (DESIGN.md,
-    "Wire protocol"); pass it as the client's `on_sent`, which re-stamps it."""
+    """The monotonic time a request frame was written: a lease runs from there
+    (docs/reference/protocol.md); pass it as the client's `on_sent`, which re-stamps it."""
 
     def __init__(self, clock: Any) -> None:
         self._clock = clock

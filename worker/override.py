@@ -1,5 +1,6 @@
 """`coord-worker --readings-override FILE`: a JSON object whose keys replace the probes'
-readings, read again on every heartbeat (DESIGN.md), for drills and tests of the gates.
+readings, read again on every heartbeat (docs/reference/configuration.md), for drills
+and tests of the gates.
 
 The rule not to break: reading it never blocks the heartbeat. It is read like a config
 file (coordd.conffile: O_NONBLOCK, a regular file only, at most MAX_BYTES, UTF-8), so a

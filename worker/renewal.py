@@ -1,5 +1,5 @@
 """Lease renewal of one job the worker holds: the supervisor's deadline is the monotonic
-moment a claim/renew was *sent* plus the granted `lease_s` (DESIGN.md, "Wire protocol"),
+moment a claim/renew was *sent* plus the granted `lease_s` (docs/reference/protocol.md),
 so a frozen or partitioned worker finds out on its own that its lease is gone.
 """
 

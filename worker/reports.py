@@ -1,6 +1,6 @@
 """The worker's reports to coordd: `complete`, `fail` and `release` of a job it holds.
 
-The rule not to break: a report is sent only while the lease is held (DESIGN.md), and
+The rule not to break: a report is sent only while the lease is held (docs/concepts/leases.md), and
 resent on a lost reply or on `unavailable` (coordd's storage refused it) until the lease
 ends, so a result the model produced is not lost to a transient error; while the worker
 stops, each gets SHUTDOWN_REPORT_TIMEOUT_S at most.

@@ -3,7 +3,7 @@
 Why the lease is timed here and not trusted to coordd: a supervisor that was frozen (SIGSTOP,
 a blocked loop, a suspend) must find out on its own that its lease is gone and kill its model
 tree before anything else (CASES B07). Its deadline is the monotonic moment the claim/renew
-was *sent* plus the granted `lease_s` (DESIGN.md, "Wire protocol"); past it, or on
+was *sent* plus the granted `lease_s` (docs/reference/protocol.md); past it, or on
 `lease_lost`/`lease_expired`, the tree is killed and no result is ever reported.
 """
 

@@ -1,7 +1,7 @@
 """Resource gates: pure predicates over a worker's last readings. No I/O.
 
 A `GatePolicy` holds the limits for one priority; `evaluate` returns the refusal reason
-codes (DESIGN.md, "Resource gates"): `memory_high`, `too_hot`, `on_battery`,
+codes (docs/concepts/gates.md): `memory_high`, `too_hot`, `on_battery`,
 `user_active`. Unknown readings (null) follow the explicit `*_unknown` knobs; the defaults
 are the decisions in shared/cases/CASES.md: unknown temperature is allowed, unknown power
 counts as battery for P3 idle work and as mains for P0..P2, unknown user idle fails closed.

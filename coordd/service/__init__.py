@@ -1,8 +1,9 @@
 """The coordinator: every RPC method, its checks and the maintenance round, once, over
 one store (coordd.store.api: SQLiteStore or PostgresStore).
 
-`Coordinator` (coordd.service.coordinator) has one coroutine per RPC method (DESIGN.md,
-"Wire protocol"): the jobs and leases (coordinator), the reads and explanations (reads),
+`Coordinator` (coordd.service.coordinator) has one coroutine per RPC method
+(docs/reference/protocol.md): the jobs and leases (coordinator), the reads and
+explanations (reads),
 limits and workflows (areas); the hub, job logs and enrolment are hub, logs and enrol,
 artifacts transfers, prune and check maintenance, schedules workflows, the web view's
 reads web_reads and the parked calls waits and push, over the same store.

@@ -1,8 +1,9 @@
 """The wire schema: msgspec Structs for every request and reply. Data only, no I/O.
 
-Frame: 4-byte big-endian unsigned length N, then N bytes of msgpack (DESIGN.md, "Wire
-protocol"). A request is `{"id": int, "method": str, "params": map}`; a reply is
-`{"id": int, "result": ...}` or `{"id": int, "error": {"code": str, "message": str}}`.
+Frame: 4-byte big-endian unsigned length N, then N bytes of msgpack
+(docs/reference/protocol.md). A request is `{"id": int, "method": str, "params": map}`;
+a reply is `{"id": int, "result": ...}` or `{"id": int, "error": {"code": str, "message":
+str}}`.
 Times are Unix seconds (float); durations are seconds; job ids are strings.
 
 Evolution rules (msgspec docs/schema-evolution.rst): new fields get defaults and go last;

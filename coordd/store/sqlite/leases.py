@@ -3,7 +3,7 @@
 Like everything in coordd.store, these run inside the writer's transaction and take
 `now` from coordd's clock. Each lease carries a token that only grows for its job;
 `renew`, `checkpoint`, `complete`, `fail` and `release` are refused unless the presented
-lease is the job's current one and `now < expires_at` (DESIGN.md, "Leases and fencing";
+lease is the job's current one and `now < expires_at` (docs/concepts/leases.md;
 the check is coordd.rules.transitions.fence, what each call does to the job is its decision
 there). Claims are coordd.store.sqlite.claims (re-exported here under their old names).
 """

@@ -4,7 +4,7 @@ Callers `submit(op)` an operation `op(conn, now) -> result` and await its future
 writer drains what is queued (up to `batch_max`, the urgent lane first: coordd.store.sqlite.lanes),
 opens `BEGIN IMMEDIATE`, runs the ops (an op that raises rolls back alone and fails only
 its own future), `COMMIT`s once, and only then resolves the futures: no reply reports a
-state that is not yet durable (DESIGN.md, "The single writer").
+state that is not yet durable (docs/internals/design.md).
 
 How an op rolls back alone: the batch runs under one SAVEPOINT (a batch of one op runs
 without: its transaction holds nothing else, so an op that fails after writing rolls it
