@@ -4,6 +4,7 @@ RLIMIT_NOFILE, and idle clients holding every descriptor it has."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -77,7 +78,13 @@ def test_out_of_fds_coordd_stays_up_refuses_explicitly_and_recovers(daemon_facto
                 raise
             time.sleep(0.1)
     log = d.log()
-    assert log.count("out of file descriptors (limit 64)") == 1, log
+    # Logged once per episode, not once per failed accept. On a loaded machine a descriptor
+    # may come free between two accepts (a reaper round closing a file), which ends one
+    # episode and starts another; each episode still logs once, and far fewer lines than
+    # the failures they count.
+    episodes = log.count("out of file descriptors (limit 64)")
+    failures = sum(int(n) for n in re.findall(r"available again after (\d+) failure", log))
+    assert 1 <= episodes <= 3 and failures > episodes, log
     assert "maintenance step prune failed" not in log or "Traceback" not in log, log
     assert "file descriptors available again" in log, log
     assert d.stop() == 0, d.log()
