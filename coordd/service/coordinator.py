@@ -48,7 +48,7 @@ from coordd.wire.push import PUSH_PARAMS
 from coordd.wire.web import WEB_PARAMS
 from coordd.wire.workers import ForgetWorker, Goodbye, Release, ReleasedResult
 from coordd.service.push import PARK_SCOPE, Push
-from coordd.store.sqlite.readers import Coalesced
+from coordd.service.coalesced import Coalesced
 from coordd.service.areas import Areas
 from coordd.service.checks import checked_readings, lease_ref, truncate
 from coordd.service.reads import Reads
@@ -121,14 +121,6 @@ class Coordinator(Reads, Areas):
             for method in methods:
                 setattr(self, method, getattr(part, method))
 
-    @classmethod
-    def over_sqlite(cls, path: str, config: Config, clock: Clock,
-                    rng: random.Random | None = None) -> "Coordinator":
-        """A Coordinator over a SQLiteStore on `path` sized by `config` (not started)."""
-        from coordd.store.sqlite.store import SQLiteStore
-        clock = anchored(clock)
-        return cls(SQLiteStore.from_config(path, config, clock), config, clock, rng)
-
     @property
     def artifact_dir(self) -> str | None:
         """The artifact store's folder a worker on this host may write into (SQLite:
@@ -186,8 +178,8 @@ class Coordinator(Reads, Areas):
         return res
 
     async def claim(self, p: Claim) -> ClaimResult:
-        """Claim the best job for `p.worker_id` (the store's claim, coordd.store.sqlite.leases'
-        rules).
+        """Claim the best job for `p.worker_id` (the store's claim under the ClaimPolicy,
+        coordd.rules.claim_policy: priority, aging, gates, resources, limits).
 
         `lease_s` is clamped to [lease_min_s, lease_max_s]. With `wait_s` > 0 and nothing
         to hand out, the call parks (coordd.service.push) up to `wait_s` (cut to
