@@ -35,7 +35,7 @@ from coordd.ids import JobIds
 from coordd.service.lifecycle import _clip, heartbeat_state, log_lost
 from coordd.service.logs import JobLogStore
 from coordd.ops.metrics import Metrics
-from coordd.rules.names import check_name
+from coordd.rules.names import check_id, check_name
 from coordd.service.maintenance import Maintenance
 from coordd.wire.protocol import (
     HUB_PARAMS, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
@@ -233,17 +233,18 @@ class Coordinator(Reads, Areas):
 
     async def complete(self, p: Complete) -> CompleteResult:
         """Store a job's result, once; reported `usage` counts against the budgets of its
-        limits in the same transaction. Raises: AlreadyCompleted (a result is stored: treat
-        as success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound, BadRequest (bad
-        usage; on PostgreSQL an artifact not stored first with `artifact_put`)."""
+        limits in the same transaction; a result `artifact` is recorded as the store holds
+        it (Transfers.held). Raises: AlreadyCompleted (a result is stored: treat as
+        success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound, BadRequest (bad
+        usage; an artifact the store does not hold with that size: upload it first)."""
         text = values.encode("result", p.result, self.config.max_result_bytes)
         usage = self.check_usage(p.usage)
+        art = None if p.artifact is None else await self.transfers.held(p.artifact)
         if usage:
             return await self.store.complete_counted(  # type: ignore[no-any-return]
-                lease_ref(p), text, usage, self.limit_book, self._backoff(),
-                artifact=p.artifact)
+                lease_ref(p), text, usage, self.limit_book, self._backoff(), artifact=art)
         return await self.store.complete(lease_ref(p), text,  # type: ignore[no-any-return]
-                                         artifact=p.artifact)
+                                         artifact=art)
 
     async def fail(self, p: Fail) -> StatusResult:
         """Record a failure; the error text is truncated to `max_error_chars`.
@@ -341,12 +342,14 @@ class Coordinator(Reads, Areas):
 
     async def cancel(self, p: JobId) -> StatusResult:
         """Cancel a job; a workflow node's dependents follow their policies in the same
-        transaction. Raises: NotFound, InvalidState."""
+        transaction. Raises: NotFound, InvalidState, BadRequest."""
+        check_id("job_id", p.job_id)
         return await self.store.cancel(p.job_id)  # type: ignore[no-any-return]
 
     async def retry(self, p: JobId) -> StatusResult:
         """Put a failed, cancelled or skipped job back to waiting (a workflow node reopens
-        its workflow). Raises: NotFound, InvalidState."""
+        its workflow). Raises: NotFound, InvalidState, BadRequest."""
+        check_id("job_id", p.job_id)
         return await self.store.retry(p.job_id)  # type: ignore[no-any-return]
 
     async def ping(self) -> None:
