@@ -49,8 +49,9 @@ class Reads:
         """Counts of workers, live leases and jobs by status (every status, zero where none),
         the store's sizes and warnings.
 
-        Callers that ask while a status read runs share the next one (coordd.service.coalesced.
-        Coalesced): still read after they asked, at a fraction of the reads.
+        Callers that ask while a status read runs share the next one
+        (coordd.service.coalesced.Coalesced): still read after they asked, at a fraction of
+        the reads.
         Raises: errors.Overloaded (the read queue is full).
         """
         return await self._status()  # type: ignore[no-any-return]

@@ -65,8 +65,8 @@ class Transfers:
         Puts of one sha256 take turns here (the store's files or rows of one upload).
 
         Raises: BadRequest (bad sha256/size/offset, a file that does not hash as announced,
-        a size other than the stored artifact's), PayloadTooLarge (over the cap), lease
-        errors as for `checkpoint`.
+        a size other than the stored artifact's), PayloadTooLarge (over the cap),
+        lease errors as for `checkpoint`.
         """
         if p.size < 0:
             raise errors.BadRequest(f"size must be >= 0 bytes, not {p.size}")
