@@ -9,9 +9,10 @@ all back, and a recount or clock step it began with is taken again by the next b
 An op that raises having changed no row (`Connection.total_changes` unchanged: the usual
 refusal, a fence check or a constraint hit by its first write, which SQLite undoes
 itself) needs nothing undone. An op that raises after changing rows sends the batch back
-to that savepoint, and the batch runs again with a SAVEPOINT per op. Ops are functions of (connection, now) only, so
-running them again gives the same results. An op error that made SQLite cancel the whole
-transaction (SQLITE_FULL, IOERR, NOMEM, INTERRUPT can) ends the batch at once.
+to that savepoint, and the batch runs again with a SAVEPOINT per op. Ops are functions of
+(connection, now) only, so running them again gives the same results. An op error that
+made SQLite cancel the whole transaction (SQLITE_FULL, IOERR, NOMEM, INTERRUPT can) ends
+the batch at once.
 """
 
 from __future__ import annotations
