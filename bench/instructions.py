@@ -61,8 +61,12 @@ def _child(n: int, db: str, trace_out: str | None) -> None:
                 "user_idle_s": 3600.0}
     clock = FakeClock(1_000.0)
     cfg = config_mod.load(None, wal_checkpoint_interval_s=0.0)
-    if hasattr(Coordinator, "over_sqlite"):  # one Coordinator over a store (issue 27)
-        coord = Coordinator.over_sqlite(db, cfg, clock, rng=random.Random(7))
+    try:  # the daemon builds the SQLite store (issue 27: the coordinator names no store)
+        from coordd.daemon.server import sqlite_coordinator
+    except ImportError:
+        sqlite_coordinator = getattr(Coordinator, "over_sqlite", None)
+    if sqlite_coordinator is not None:  # one Coordinator over a store (issue 27)
+        coord = sqlite_coordinator(db, cfg, clock, rng=random.Random(7))
         writer = coord.store.writer
     else:  # revisions before it: the Coordinator on a SQLite file
         coord = Coordinator(db, cfg, clock, rng=random.Random(7))

@@ -23,7 +23,7 @@ from coordd.net import rpc
 from coordd.clock import SystemClock
 from coordd.config import Config
 from coordd.wire.enrol import ENROL_OPEN_METHODS
-from coordd.service import Coordinator
+from coordd.daemon.server import sqlite_coordinator
 from docgen import md
 
 LEASE_ERRORS = ("not_found", "already_completed", "lease_lost", "lease_expired")
@@ -37,8 +37,8 @@ def handlers() -> dict[str, Any]:
     """Method -> the function that serves it on SQLite: what the daemon dispatches
     (coordd.daemon.server.Daemon calls `getattr(coordinator, method)`)."""
     with tempfile.TemporaryDirectory() as tmp:  # built, never started: nothing is opened
-        coord = Coordinator.over_sqlite(os.path.join(tmp, "coordd.db"), Config(),
-                                        SystemClock())
+        coord = sqlite_coordinator(os.path.join(tmp, "coordd.db"), Config(),
+                                   SystemClock())
         return {m: getattr(getattr(coord, m), "__func__", getattr(coord, m))
                 for m in protocol.PARAMS if hasattr(coord, m)}
 

@@ -13,6 +13,7 @@ import uvloop
 from coordd import config as config_mod
 from coordd.clock import FakeClock
 from coordd.wire.protocol import Claim, Enqueue, Heartbeat
+from coordd.daemon.server import sqlite_coordinator
 from coordd.service import Coordinator
 
 T0 = 100.0
@@ -60,7 +61,7 @@ async def make_bundle(tmp_path):
         clock = FakeClock(T0)
         cfg = config_mod.load(None, **overrides)
         path = str(tmp_path / f"coordd{len(made)}.db")
-        coord = Coordinator.over_sqlite(path, cfg, clock, rng=random.Random(7))
+        coord = sqlite_coordinator(path, cfg, clock, rng=random.Random(7))
         await coord.start()
         b = Bundle(coord, clock, path)
         made.append(b)

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import sys
 from collections.abc import Awaitable
 from pathlib import Path
@@ -70,6 +71,15 @@ def open_store(config: Config, clock: Clock) -> Any:
                              server_settings=pool_settings(config.store_session_timeout_s))
     from coordd.store.sqlite.store import SQLiteStore
     return SQLiteStore.from_config(real_db_path(config.db), config, clock)
+
+
+def sqlite_coordinator(path: str, config: Config, clock: Clock,
+                       rng: random.Random | None = None) -> Coordinator:
+    """A Coordinator over a SQLiteStore on `path` sized by `config`, not started: what
+    `coordd --db PATH` builds, for tests, benches and docgen. `rng`: backoff jitter."""
+    from coordd.store.sqlite.store import SQLiteStore
+    clock = anchored(clock)  # the store's writer and the coordinator share it
+    return Coordinator(SQLiteStore.from_config(path, config, clock), config, clock, rng)
 
 
 class Daemon(ServingDaemon):

@@ -31,6 +31,17 @@ def check_name(what: str, value: str, limit: int = NAME_MAX_CHARS) -> None:
     """
     if not value or len(value) > limit:
         raise errors.BadRequest(f"{what} must be 1..{limit} characters")
+    check_id(what, value)
+
+
+def check_id(what: str, value: str) -> None:
+    """Refuse an id (or an id's prefix) a caller names that holds a forbidden character:
+    coordd's ids never do, and PostgreSQL's text cannot even hold a NUL. An empty or
+    unknown id is left to the lookup (`not_found`).
+
+    Raises:
+        errors.BadRequest: naming `what` and the first forbidden character.
+    """
     bad = FORBIDDEN.search(value)
     if bad is not None:
         raise errors.BadRequest(

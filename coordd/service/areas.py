@@ -15,6 +15,7 @@ from typing import Any
 
 from coordd.service import limits as limit_service
 from coordd.service import workflows as flows
+from coordd.rules.names import check_id
 from coordd.service.limits import check_override, names_asked
 from coordd.wire.limits import LimitReset, LimitSet, LimitsQuery, LimitsResult, LimitView
 from coordd.wire.workflows import (
@@ -100,6 +101,7 @@ class Areas:
     async def workflow_cancel(self, p: WorkflowId) -> WorkflowView:
         """Cancel every node that has not ended (running ones stop at their holder's next
         renew or heartbeat); return the workflow. Raises: NotFound, BadRequest."""
+        check_id("workflow_id", p.workflow_id)
         wid = await self.store.resolve_id("workflow", p.workflow_id) if p.prefix \
             else p.workflow_id
         return await self.store.workflow_cancel(wid)  # type: ignore[no-any-return]

@@ -10,7 +10,7 @@ import msgspec
 from coordd import errors
 from coordd.rules import resources
 from coordd.rules import values
-from coordd.rules.names import check_name
+from coordd.rules.names import check_id, check_name
 from coordd.wire.protocol import Heartbeat, Readings
 from coordd.store.api import LeaseRef
 
@@ -48,5 +48,8 @@ _truncate = truncate  # the name the callers of coordd.service knew
 
 
 def lease_ref(p: Any) -> LeaseRef:
-    """The lease a holder call's params present (job_id, worker_id, token)."""
+    """The lease a holder call's params present (job_id, worker_id, token).
+    Raises: errors.BadRequest (a control character in an id: coordd.rules.names.check_id)."""
+    check_id("job_id", p.job_id)
+    check_id("worker_id", p.worker_id)
     return LeaseRef(job_id=p.job_id, worker_id=p.worker_id, token=p.token)

@@ -35,7 +35,7 @@ from coordd.ids import JobIds
 from coordd.service.lifecycle import _clip, heartbeat_state, log_lost
 from coordd.service.logs import JobLogStore
 from coordd.ops.metrics import Metrics
-from coordd.rules.names import check_name
+from coordd.rules.names import check_id, check_name
 from coordd.service.maintenance import Maintenance
 from coordd.wire.protocol import (
     HUB_PARAMS, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
@@ -48,7 +48,7 @@ from coordd.wire.push import PUSH_PARAMS
 from coordd.wire.web import WEB_PARAMS
 from coordd.wire.workers import ForgetWorker, Goodbye, Release, ReleasedResult
 from coordd.service.push import PARK_SCOPE, Push
-from coordd.store.sqlite.readers import Coalesced
+from coordd.service.coalesced import Coalesced
 from coordd.service.areas import Areas
 from coordd.service.checks import checked_readings, lease_ref, truncate
 from coordd.service.reads import Reads
@@ -121,14 +121,6 @@ class Coordinator(Reads, Areas):
             for method in methods:
                 setattr(self, method, getattr(part, method))
 
-    @classmethod
-    def over_sqlite(cls, path: str, config: Config, clock: Clock,
-                    rng: random.Random | None = None) -> "Coordinator":
-        """A Coordinator over a SQLiteStore on `path` sized by `config` (not started)."""
-        from coordd.store.sqlite.store import SQLiteStore
-        clock = anchored(clock)
-        return cls(SQLiteStore.from_config(path, config, clock), config, clock, rng)
-
     @property
     def artifact_dir(self) -> str | None:
         """The artifact store's folder a worker on this host may write into (SQLite:
@@ -186,8 +178,8 @@ class Coordinator(Reads, Areas):
         return res
 
     async def claim(self, p: Claim) -> ClaimResult:
-        """Claim the best job for `p.worker_id` (the store's claim, coordd.store.sqlite.leases'
-        rules).
+        """Claim the best job for `p.worker_id` (the store's claim under the ClaimPolicy,
+        coordd.rules.claim_policy: priority, aging, gates, resources, limits).
 
         `lease_s` is clamped to [lease_min_s, lease_max_s]. With `wait_s` > 0 and nothing
         to hand out, the call parks (coordd.service.push) up to `wait_s` (cut to
@@ -241,17 +233,18 @@ class Coordinator(Reads, Areas):
 
     async def complete(self, p: Complete) -> CompleteResult:
         """Store a job's result, once; reported `usage` counts against the budgets of its
-        limits in the same transaction. Raises: AlreadyCompleted (a result is stored: treat
-        as success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound, BadRequest (bad
-        usage; on PostgreSQL an artifact not stored first with `artifact_put`)."""
+        limits in the same transaction; a result `artifact` is recorded as the store holds
+        it (Transfers.held). Raises: AlreadyCompleted (a result is stored: treat as
+        success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound, BadRequest (bad
+        usage; an artifact the store does not hold with that size: upload it first)."""
         text = values.encode("result", p.result, self.config.max_result_bytes)
         usage = self.check_usage(p.usage)
+        art = None if p.artifact is None else await self.transfers.held(p.artifact)
         if usage:
             return await self.store.complete_counted(  # type: ignore[no-any-return]
-                lease_ref(p), text, usage, self.limit_book, self._backoff(),
-                artifact=p.artifact)
+                lease_ref(p), text, usage, self.limit_book, self._backoff(), artifact=art)
         return await self.store.complete(lease_ref(p), text,  # type: ignore[no-any-return]
-                                         artifact=p.artifact)
+                                         artifact=art)
 
     async def fail(self, p: Fail) -> StatusResult:
         """Record a failure; the error text is truncated to `max_error_chars`.
@@ -349,12 +342,14 @@ class Coordinator(Reads, Areas):
 
     async def cancel(self, p: JobId) -> StatusResult:
         """Cancel a job; a workflow node's dependents follow their policies in the same
-        transaction. Raises: NotFound, InvalidState."""
+        transaction. Raises: NotFound, InvalidState, BadRequest."""
+        check_id("job_id", p.job_id)
         return await self.store.cancel(p.job_id)  # type: ignore[no-any-return]
 
     async def retry(self, p: JobId) -> StatusResult:
         """Put a failed, cancelled or skipped job back to waiting (a workflow node reopens
-        its workflow). Raises: NotFound, InvalidState."""
+        its workflow). Raises: NotFound, InvalidState, BadRequest."""
+        check_id("job_id", p.job_id)
         return await self.store.retry(p.job_id)  # type: ignore[no-any-return]
 
     async def ping(self) -> None:

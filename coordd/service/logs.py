@@ -16,7 +16,8 @@ from coordd.wire.logs import (
     LOG_CHUNK_MAX_BYTES, LOG_READ_MAX_BYTES, LOG_STREAMS, JobLogs, JobLogsQuery, LogAppend,
     LogAppendResult,
 )
-from coordd.store.api import LeaseRef
+from coordd.rules.names import check_id
+from coordd.service.checks import lease_ref
 from coordd.store.api_logs import LogStore
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class JobLogStore:
             raise errors.PayloadTooLarge(
                 f"log chunk is {len(p.data)} bytes, over {LOG_CHUNK_MAX_BYTES}")
         return LogAppendResult(stored=await self._store.log_append(
-            LeaseRef(p.job_id, p.worker_id, p.token), p.stream, p.pos, p.data))
+            lease_ref(p), p.stream, p.pos, p.data))
 
     async def job_logs(self, p: JobLogsQuery) -> JobLogs:
         """A job's kept output after cursor `after`, oldest first.
@@ -64,4 +65,5 @@ class JobLogStore:
             raise errors.BadRequest(f"attempt must be 0..{ATTEMPTS_MAX}, got {p.attempt}")
         if not 1 <= p.limit_bytes <= LOG_READ_MAX_BYTES:
             raise errors.BadRequest(f"limit_bytes must be 1..{LOG_READ_MAX_BYTES}")
+        check_id("job_id", p.job_id)
         return await self._store.job_logs(p.job_id, p.after, p.attempt, p.limit_bytes)

@@ -24,6 +24,7 @@ from coordd.wire.protocol import (
 from coordd.wire.limits import LimitsQuery, LimitUse
 from coordd.wire.workflows import WorkflowId, WorkflowView
 from coordd.service.checks import LIST_LIMIT_MAX
+from coordd.rules.names import check_id
 from coordd.store.api import JobFilter
 from coordd.rules.worker_list import worker_views
 
@@ -48,8 +49,9 @@ class Reads:
         """Counts of workers, live leases and jobs by status (every status, zero where none),
         the store's sizes and warnings.
 
-        Callers that ask while a status read runs share the next one (coordd.store.sqlite.readers.
-        Coalesced): still read after they asked, at a fraction of the reads.
+        Callers that ask while a status read runs share the next one
+        (coordd.service.coalesced.Coalesced): still read after they asked, at a fraction of
+        the reads.
         Raises: errors.Overloaded (the read queue is full).
         """
         return await self._status()  # type: ignore[no-any-return]
@@ -100,6 +102,7 @@ class Reads:
         """
         now = self.clock.wall()
         prefix = getattr(p, "prefix", False)  # a plain JobId (in-process callers): exact
+        check_id("job_id", p.job_id)
         job_id = await self.store.resolve_id("job", p.job_id) if prefix else p.job_id
         if budgets.reply_budgeted():  # the reply's bytes reserved before it is read
             await budgets.reserve_reply(await self.store.job_reply_bytes(job_id))
@@ -195,6 +198,7 @@ class Reads:
         """One workflow with every node; a waiting node's `reason` says why it is not
         running, as `show` does for a job. Raises: NotFound, BadRequest (an ambiguous
         `prefix`)."""
+        check_id("workflow_id", p.workflow_id)
         wid = await self.store.resolve_id("workflow", p.workflow_id) if p.prefix \
             else p.workflow_id
         wf: WorkflowView = await self.store.workflow_get(wid)

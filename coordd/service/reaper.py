@@ -17,7 +17,6 @@ from coordd.net import fdlimit
 from coordd.clock import Clock
 from coordd.wire.protocol import PruneResult, ReapResult
 from coordd.service import Coordinator
-from coordd.store.sqlite.writer import Writer
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +28,8 @@ class Reaper:
     seconds, and `Coordinator.prune` every `prune_interval` seconds (defaults: the
     config's `reaper_interval_s` and `prune_interval_s`), until stopped.
 
-    Expiry is judged by coordd's clock inside the writer's transaction, never by the
-    caller's; a wall-clock jump (suspend) is handled by the writer before any reap. The
+    Expiry is judged by the store's clock inside its transaction, never by the caller's;
+    a wall-clock jump (suspend) is handled by the store before any reap. The
     waits run on the clock's monotonic time, so a wall-clock jump neither wakes the loop
     early nor makes it spin.
     """
@@ -69,9 +68,10 @@ class Reaper:
     async def round(self) -> list[str]:
         """One round: workflows (absent workers, settling, schedules), reap, prune when due.
         Each step's failure is logged and leaves the others to run; returns the names of
-        the steps that failed. Writes go in the writer's urgent lane (`Writer.maintenance`)."""
+        the steps that failed. The store serves them as maintenance
+        (`maintenance_window`: on SQLite the writer's urgent lane)."""
         failed = []
-        with Writer.maintenance():
+        with self._coord.store.maintenance_window():
             for name, step in (("workflows", self._coord.workflow_tick), ("reap", self.run_once),
                                ("prune", self.prune_if_due)):
                 if not await _step(name, step):

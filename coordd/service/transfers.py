@@ -20,8 +20,11 @@ from typing import Any
 
 from coordd import errors
 from coordd.config import Config
+from coordd.wire.protocol import ArtifactRef
 from coordd.wire.transfers import ArtifactData, ArtifactGet, ArtifactPut, ArtifactPutResult
 from coordd.store.api import LeaseRef
+from coordd.store.api_artifacts import not_held
+from coordd.service.checks import lease_ref
 
 TRANSFER_METHODS = ("artifact_put", "artifact_get")
 CHUNK_MAX_BYTES = 4 << 20
@@ -55,16 +58,19 @@ class Transfers:
     def _ref(self, p: ArtifactPut | ArtifactGet) -> LeaseRef:
         if not _SHA.fullmatch(p.sha256):
             raise errors.BadRequest("sha256 must be 64 lowercase hex digits")
-        return LeaseRef(job_id=p.job_id, worker_id=p.worker_id, token=p.token)
+        return lease_ref(p)
 
     async def artifact_put(self, p: ArtifactPut) -> ArtifactPutResult:
         """Take one chunk; answer how many bytes coordd holds (and the path when done).
         Puts of one sha256 take turns here (the store's files or rows of one upload).
 
-        Raises: BadRequest (bad sha256/size/offset, a file that does not hash as announced),
-        PayloadTooLarge (over the cap), lease errors as for `checkpoint`.
+        Raises: BadRequest (bad sha256/size/offset, a file that does not hash as announced,
+        a size other than the stored artifact's), PayloadTooLarge (over the cap),
+        lease errors as for `checkpoint`.
         """
-        if not 0 <= p.size <= self._max:
+        if p.size < 0:
+            raise errors.BadRequest(f"size must be >= 0 bytes, not {p.size}")
+        if p.size > self._max:
             raise errors.PayloadTooLarge(f"artifact of {p.size} bytes: the cap is {self._max}")
         if len(p.data) > CHUNK_MAX_BYTES or p.offset < 0 or p.offset + len(p.data) > p.size:
             raise errors.BadRequest(f"chunk at {p.offset} of {len(p.data)} bytes does not fit a "
@@ -80,6 +86,20 @@ class Transfers:
             turn.users -= 1
             if turn.users == 0:
                 del self._locks[p.sha256]
+
+    async def held(self, artifact: ArtifactRef) -> ArtifactRef:
+        """The store's own reference to the artifact a result names (`complete`): what is
+        recorded for the job, the store's size and path, never the worker's path.
+
+        Raises: BadRequest (a malformed sha256; the store does not hold it with
+        `artifact.size` bytes: the worker uploads it with `artifact_put` and resends).
+        """
+        if not _SHA.fullmatch(artifact.sha256):
+            raise errors.BadRequest("artifact sha256 must be 64 lowercase hex digits")
+        held = await self._store.artifact_held(artifact.sha256)
+        if held is None or held.size != artifact.size:
+            raise errors.BadRequest(not_held(artifact.sha256, artifact.size))
+        return held  # type: ignore[no-any-return]
 
     async def artifact_get(self, p: ArtifactGet) -> ArtifactData:
         """Bytes of a stored file (none from its end on). Raises: NotFound, BadRequest

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from coordd.wire.protocol import ArtifactRef
 from coordd.wire.transfers import ArtifactData, ArtifactPutResult
 from coordd.store.api import LeaseRef
 
@@ -31,7 +32,9 @@ class ArtifactStore(Protocol):
         errors.NotFound: no such job (the fence) or no such stored artifact (a get).
         errors.LeaseLost, LeaseExpired, AlreadyCompleted: the fence, as for `checkpoint`.
         errors.BadRequest: a finished upload whose bytes do not hash to `sha256`/`size`
-            (what was gathered is dropped: the next put starts from 0).
+            (what was gathered is dropped: the next put starts from 0); a put announcing
+            another size than the stored artifact's (`stored_with_other_size`: nothing
+            is stored, the stored artifact stays).
 
     `artifact_dir`: the folder a worker on coordd's host may write into directly (SQLite:
     the store beside the database; named in the heartbeat's reply), or None (PostgreSQL:
@@ -58,6 +61,13 @@ class ArtifactStore(Protocol):
         Raises: errors.NotFound (not stored, or still uploading)."""
         ...
 
+    async def artifact_held(self, sha256: str) -> ArtifactRef | None:
+        """The store's own reference to the stored artifact `sha256` (its size, and its
+        path: SQLite's file, PostgreSQL's `postgresql:<sha256>`), or None where it holds
+        none (never stored, swept, or still uploading). `sha256` is 64 lowercase hex
+        digits (the caller checks it: on SQLite it names a file)."""
+        ...
+
     async def artifact_refs(self) -> dict[str, str]:
         """sha256 -> path of every artifact a job refers to: a succeeded job's result
         artifact and its checkpoint record's file (and the record's `previous` ones)."""
@@ -75,4 +85,18 @@ class ArtifactStore(Protocol):
         ...
 
 
-__all__ = ["ArtifactStore"]
+def stored_with_other_size(sha256: str, stored: int, size: int) -> str:
+    """`artifact_put`'s refusal, the same text on both stores: `sha256` is stored with
+    `stored` bytes and a put announced `size`."""
+    return f"artifact {sha256[:12]} is stored with {stored} bytes, not {size}"
+
+
+def not_held(sha256: str, size: int) -> str:
+    """`complete`'s refusal of a result artifact the store does not hold with `size`
+    bytes (coordd.service.transfers decides; PostgreSQL's complete says the same where
+    the artifact went between that check and its transaction)."""
+    return (f"complete: artifact {sha256[:12]} ({size} bytes) is not in coordd's store; "
+            f"upload it first (artifact_put)")
+
+
+__all__ = ["ArtifactStore", "not_held", "stored_with_other_size"]

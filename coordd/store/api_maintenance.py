@@ -7,7 +7,8 @@ Callers: coordd.service.maintenance.Maintenance.prune (`prune_jobs` and
 `optimize`; then the artifacts' `artifact_sweep` / `artifact_bytes`,
 coordd.store.api_artifacts; `storage_bytes` for its `db_bytes`); Maintenance.check
 (`integrity_check`); Coordinator.backup (`backup`); PostgreSQL's own `status`
-(`storage_bytes`, `prunable`: SQLite reads both in its status read). Retention, the grace
+(`storage_bytes`, `prunable`: SQLite reads both in its status read); the maintenance
+round's `maintenance_window` (coordd.service.reaper). Retention, the grace
 of artifacts, the batch loop and the pauses stay in coordd.service.maintenance.
 
 What each store does: SQLite deletes in the single writer's short transactions, hands free pages
@@ -21,6 +22,7 @@ guards; `backup` is refused, naming pg_dump.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import msgspec
@@ -107,6 +109,15 @@ class MaintenanceStore(Protocol):
         """A verified, consistent copy at `dest` (SQLite: coordd.store.sqlite.backup.backup, the
         artifact files beside it). Raises: errors.BadRequest, Unavailable, CoordError
         (see coordd.store.sqlite.backup); PostgreSQL: errors.InvalidState, naming pg_dump."""
+        ...
+
+    def maintenance_window(self) -> AbstractContextManager[None]:
+        """Within this block (and the tasks it starts) the store serves the calls as
+        coordd's own maintenance round (coordd.service.reaper), which must not be refused
+        with the producers' work. SQLite: their writes go in the single writer's urgent
+        lane (coordd.store.sqlite.lanes), bounded apart from new work. PostgreSQL: nothing
+        to do, the pool has no lanes (a round's statement waits for a connection like any
+        call, and a step refused `overloaded` is tried again next round)."""
         ...
 
 

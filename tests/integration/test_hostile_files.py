@@ -279,11 +279,11 @@ async def test_full_disk_mid_batch_no_reply_says_nothing_stored_of_a_stored_job(
     from coordd import config as config_mod
     from coordd.clock import FakeClock
     from coordd.wire.protocol import Enqueue
-    from coordd.service import Coordinator
+    from coordd.daemon.server import sqlite_coordinator
 
     folder = tmpfs("small_batch", "size=2m")
-    coord = Coordinator.over_sqlite(str(folder / "c.db"), config_mod.load(None), FakeClock(100.0),
-                        rng=random.Random(1))
+    coord = sqlite_coordinator(str(folder / "c.db"), config_mod.load(None), FakeClock(100.0),
+                               rng=random.Random(1))
     await coord.start()
     try:
         coord.store.writer._conn.execute("PRAGMA cache_size = 20")  # spill pages mid-transaction

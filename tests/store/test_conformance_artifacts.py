@@ -177,9 +177,44 @@ async def test_complete_names_an_uploaded_artifact_on_either_store(bundle):
     assert (await b.store.artifact_refs()) == {art.sha256: done.path}
 
 
+async def test_a_store_says_whether_it_holds_an_artifact_and_where(bundle):
+    """`artifact_held`: None until an upload is whole (the coordinator refuses a result
+    naming it), then the store's own size and path, the path `artifact_put` answered."""
+    b = bundle
+    ref = await running(b)
+    data = b"held bytes" * 10
+    assert await b.store.artifact_held(sha(data)) is None
+    await b.store.artifact_put(ref, sha(data), len(data), 0, data[:7], now=T0 + 1)
+    assert await b.store.artifact_held(sha(data)) is None  # still uploading
+    done = await b.store.artifact_put(ref, sha(data), len(data), 7, data[7:], now=T0 + 1)
+    assert done.done
+    held = await b.store.artifact_held(sha(data))
+    assert (held.sha256, held.size, held.path) == (sha(data), len(data), done.path)
+
+
+async def test_a_put_of_another_size_than_the_stored_one_is_refused_alike(bundle):
+    """Both stores refuse it with one message, storing nothing and keeping the stored
+    artifact (SQLite gathered a part and refused only once it hashed wrong)."""
+    from coordd.store.api_artifacts import stored_with_other_size
+    b = bundle
+    ref = await running(b)
+    data = b"sized" * 20
+    done = await put_all(b, ref, data, chunk=len(data))
+    for size in (10, 1000):
+        with pytest.raises(errors.BadRequest) as exc:
+            await b.store.artifact_put(ref, sha(data), size, 0, b"x" * 10, now=T0 + 2)
+        assert str(exc.value) == stored_with_other_size(sha(data), len(data), size)
+    assert (await b.store.artifact_held(sha(data))).size == len(data)
+    got = await b.store.artifact_get(ref, sha(data), 0, 1 << 20, now=T0 + 2)
+    assert (got.data, got.size) == (data, len(data))
+    assert (await b.store.artifact_put(ref, sha(data), len(data), 0, b"",
+                                       now=T0 + 2)).path == done.path
+
+
 async def test_postgres_refuses_a_complete_naming_an_artifact_it_does_not_hold(bundle):
-    """Where the bytes live in the database, a record naming a file elsewhere would be a
-    result nobody can read: refused, the lease kept (the worker uploads and resends)."""
+    """The coordinator refuses such a result on both stores (coordd.service.transfers.held);
+    PostgreSQL's complete checks again in its transaction, for an artifact swept between
+    that check and it: refused, the lease kept (the worker uploads and resends)."""
     from coordd.wire.protocol import ArtifactRef
     b = bundle
     if b.store.name != "PostgreSQL":

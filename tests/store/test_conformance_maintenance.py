@@ -140,3 +140,25 @@ async def test_backup_copies_sqlite_and_is_refused_on_postgres_naming_pg_dump(bu
         return
     res = await b.store.backup(dest)
     assert (res.path, res.quick_check, res.jobs) == (dest, "ok", 1)
+
+
+
+async def test_a_maintenance_window_serves_the_round_as_maintenance(bundle):
+    """Inside `maintenance_window` the store's calls work as outside it (both stores); on
+    SQLite the writes go in the writer's urgent lane, apart from the producers' work (the
+    reaper enters it for every round), and only inside it."""
+    b = bundle
+    job, _ = await finished(b, now=T0)
+    with b.store.maintenance_window():
+        if b.kind == "sqlite":
+            lanes = b.store.writer._lanes
+            fut = b.store.writer.submit(lambda conn, now: None)
+            assert (len(lanes.urgent), len(lanes.new)) == (1, 0)
+            await fut
+        assert await b.store.prune_jobs(T0 + 10, now=T0 + 100) == (1, 0)
+        assert await b.store.reap(now=T0 + 100) == 0
+    assert await b.store.job_status(job) is None
+    if b.kind == "sqlite":
+        fut = b.store.writer.submit(lambda conn, now: None)
+        assert (len(lanes.urgent), len(lanes.new)) == (0, 1)  # the window is closed
+        await fut

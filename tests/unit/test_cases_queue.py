@@ -12,7 +12,7 @@ import time
 import msgspec
 import pytest
 
-from coordd import errors, store
+from coordd import cas, errors, store
 from coordd.wire.protocol import ADMIN_METHODS, PARAMS, Complete, Empty, Enqueue, ListJobs
 from coordd.service.reaper import Reaper
 from coordd.rules.times import fmt_time
@@ -256,7 +256,11 @@ async def test_b37_prune_keeps_shared_artifacts_and_runs_from_the_reaper(make_bu
     from coordd.wire.protocol import ArtifactRef
     b = await make_bundle(retention_s=100.0, prune_interval_s=50.0)
     await b.worker("w1")
-    art = ArtifactRef(sha256="ab" * 32, size=3, path="ab/abab")
+    src = os.path.join(os.path.dirname(b.db_path), "result.bin")
+    with open(src, "wb") as fh:
+        fh.write(b"abc")
+    f = cas.store_file(b.coord.artifact_dir, src)  # what a worker on coordd's host does
+    art = ArtifactRef(sha256=f.sha256, size=3, path=f.path)
     first = await b.enqueue()
     c = await b.claim("w1")
     await b.coord.complete(Complete(job_id=first, worker_id="w1", token=c.lease.token,

@@ -19,7 +19,7 @@ from coordd.wire.protocol import Claim, Complete, Fail, JobId, ListJobs
 from coordd.wire.limits import LimitReset, LimitSet, LimitsQuery, LimitUse
 from coordd.wire.workers import Goodbye, Release
 from coordd.wire.workflows import WorkflowId, WorkflowNode, WorkflowSubmit
-from coordd.service import Coordinator
+from coordd.daemon.server import sqlite_coordinator
 from coordd.store import CLAIM_SCAN
 from coordd.store import limits as limit_store
 from tests.conftest import T0, Bundle
@@ -272,7 +272,7 @@ async def test_runtime_override_is_kept_over_a_restart(make_bundle, tmp_path):
     await b.coord.limits_set(LimitSet(name="extra", settings={"rate": "5/s"}))
     await b.coord.close()
     cfg = config_mod.load(None, limits=OPENAI)
-    again = Coordinator.over_sqlite(b.db_path, cfg, FakeClock(T0), rng=random.Random(1))
+    again = sqlite_coordinator(b.db_path, cfg, FakeClock(T0), rng=random.Random(1))
     await again.start()
     try:
         got = {v.name: v for v in (await again.limits(LimitsQuery())).limits}
@@ -413,7 +413,7 @@ async def test_a_stored_override_that_no_longer_fits_the_config_is_skipped(make_
     await b.coord.limits_set(LimitSet(name="openai", settings={"reserve": {"p0": 3}}))
     await b.coord.close()
     cfg = config_mod.load(None, limits={"openai": {"concurrency": 2}})  # edited file
-    again = Coordinator.over_sqlite(b.db_path, cfg, FakeClock(T0), rng=random.Random(1))
+    again = sqlite_coordinator(b.db_path, cfg, FakeClock(T0), rng=random.Random(1))
     await again.start()
     try:
         view = (await again.limits(LimitsQuery(name="openai"))).limits[0]

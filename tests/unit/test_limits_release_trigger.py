@@ -12,7 +12,7 @@ from coordd import config as config_mod
 from coordd.clock import FakeClock
 from coordd.wire.protocol import Complete
 from coordd.wire.limits import LimitSet
-from coordd.service import Coordinator
+from coordd.daemon.server import sqlite_coordinator
 from tests.conftest import T0, Bundle
 
 TRIGGER = ("SELECT count(*) FROM sqlite_master WHERE type = 'trigger' "
@@ -66,8 +66,8 @@ async def test_held_units_keep_the_trigger_over_a_restart_without_limits(make_bu
     assert await holds(b) == 1
     await b.coord.close()
     # the limit is gone from the config, the unit is still held: the trigger stays
-    again = Coordinator.over_sqlite(b.db_path, config_mod.load(None), FakeClock(T0),
-                        rng=random.Random(1))
+    again = sqlite_coordinator(b.db_path, config_mod.load(None), FakeClock(T0),
+                               rng=random.Random(1))
     await again.start()
     try:
         b2 = Bundle(again, b.clock, b.db_path)
@@ -78,8 +78,8 @@ async def test_held_units_keep_the_trigger_over_a_restart_without_limits(make_bu
     finally:
         await again.close()
     # nothing held and no limit: the next start drops it
-    third = Coordinator.over_sqlite(b.db_path, config_mod.load(None), FakeClock(T0),
-                        rng=random.Random(2))
+    third = sqlite_coordinator(b.db_path, config_mod.load(None), FakeClock(T0),
+                               rng=random.Random(2))
     await third.start()
     try:
         assert not await trigger_exists(Bundle(third, b.clock, b.db_path))

@@ -77,7 +77,7 @@ async def test_urgent_lane_has_its_own_bound(make_bundle):
     futs = [w.submit(lambda conn, now: None, urgent=True) for _ in range(QUEUE_MAX)]
     with pytest.raises(errors.Overloaded, match="holder and maintenance"):
         w.submit(lambda conn, now: None, urgent=True)
-    with Writer.maintenance():
+    with b.coord.store.maintenance_window():
         with pytest.raises(errors.Overloaded):
             w.submit(lambda conn, now: None)
     futs.append(w.submit(lambda conn, now: None))  # new work: the other lane

@@ -99,8 +99,8 @@ async def test_run_at_timer_is_kept_across_a_restart(make_bundle, tmp_path):
     job = await first.enqueue(run_at=T0 + 20)
     await first.coord.close()
     from coordd import config as config_mod
-    from coordd.service import Coordinator
-    coord = Coordinator.over_sqlite(first.db_path, config_mod.load(None), first.clock)
+    from coordd.daemon.server import sqlite_coordinator
+    coord = sqlite_coordinator(first.db_path, config_mod.load(None), first.clock)
     await coord.start()
     try:
         from coordd.wire.protocol import Heartbeat

@@ -195,10 +195,10 @@ async def test_a_restarted_coordd_still_checks_stored_requests(make_bundle, tmp_
     await first.enqueue(resources={"gpus": 1})
     await first.coord.close()
     from coordd import config as config_mod
-    from coordd.service import Coordinator
+    from coordd.daemon.server import sqlite_coordinator
     from coordd.clock import FakeClock
-    coord = Coordinator.over_sqlite(first.db_path, config_mod.load(None),
-                                    FakeClock(first.clock.wall()))
+    coord = sqlite_coordinator(first.db_path, config_mod.load(None),
+                               FakeClock(first.clock.wall()))
     await coord.start()
     try:
         assert coord._claim_policy.resources_seen is True

@@ -9,12 +9,13 @@ import random
 from coordd import config as config_mod
 from coordd.clock import FakeClock
 from coordd.wire.protocol import GetJob, Heartbeat, Renew
+from coordd.daemon.server import sqlite_coordinator
 from coordd.service import Coordinator
 from tests.conftest import COOL
 
 
 async def _coord(path: str, clock: FakeClock) -> Coordinator:
-    coord = Coordinator.over_sqlite(path, config_mod.load(None), clock, rng=random.Random(7))
+    coord = sqlite_coordinator(path, config_mod.load(None), clock, rng=random.Random(7))
     await coord.start()
     return coord
 

@@ -3,13 +3,23 @@ the summary gives every ended node its reason (and a retried one none)."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
+from coordd import cas
 from coordd.wire.protocol import ArtifactRef, Complete, JobId
 from coordd.wire.workflows import ListWorkflows, WorkflowId
 from tests.unit.test_workflows import _convert, run_node
 
-ART = ArtifactRef(sha256="cd" * 32, size=5, path="cd/cdcd")
+
+
+def stored_artifact(bundle) -> ArtifactRef:
+    """A 5-byte file in coordd's artifact store, as a worker on its host writes it."""
+    src = os.path.join(os.path.dirname(bundle.db_path), "result.bin")
+    with open(src, "wb") as fh:
+        fh.write(b"cdcdc")
+    f = cas.store_file(bundle.coord.artifact_dir, src)
+    return ArtifactRef(sha256=f.sha256, size=f.size, path=f.path)
 
 
 def fan_in():
@@ -27,8 +37,9 @@ async def test_prune_keeps_nodes_of_a_running_workflow(make_bundle):
     sub = await bundle.coord.workflow_submit(fan_in())
     got = await bundle.claim("w")
     assert got.job.job_id == sub.jobs["a"]
+    art = stored_artifact(bundle)
     await bundle.coord.complete(Complete(job_id=got.job.job_id, worker_id="w",
-                                         token=got.lease.token, result={"a": 1}, artifact=ART))
+                                         token=got.lease.token, result={"a": 1}, artifact=art))
     slow = await bundle.claim("s", lease_s=600)
     assert slow.job.job_id == sub.jobs["c"]
     bundle.clock.advance(15)  # a ended 15 s ago (> retention); c still runs
@@ -36,14 +47,14 @@ async def test_prune_keeps_nodes_of_a_running_workflow(make_bundle):
     assert (await bundle.coord.prune()).pruned == 0
     await bundle.coord.flows.tick()
     a = await bundle.coord.get_job(JobId(job_id=sub.jobs["a"]))
-    assert a.status == "succeeded" and a.artifact == ART
+    assert a.status == "succeeded" and a.artifact == art
     await bundle.coord.complete(Complete(job_id=slow.job.job_id, worker_id="s",
                                          token=slow.lease.token, result={"c": 1}))
     await bundle.worker("w", roles=["cpu"])
     job, _ = await run_node(bundle, "w", {"b": 1})
     assert job.job_id == sub.jobs["b"]
     assert job.payload["inputs"] == {"a": {"a": 1}, "c": {"c": 1}}
-    assert job.payload["input_artifacts"]["a"]["sha256"] == ART.sha256
+    assert job.payload["input_artifacts"]["a"]["sha256"] == art.sha256
     assert "missing_inputs" not in job.payload
     wf = await bundle.coord.workflow_get(WorkflowId(workflow_id=sub.workflow_id))
     assert wf.status == "succeeded" and wf.summary["succeeded"] == ["a", "c", "b"]

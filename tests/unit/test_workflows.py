@@ -17,6 +17,7 @@ from coordd.wire.protocol import Claim, Complete, Empty, Enqueue, Fail, Heartbea
 from coordd.wire.workflows import (
     ListWorkflows, ScheduleAdd, ScheduleName, WorkflowId, WorkflowSubmit,
 )
+from coordd.daemon.server import sqlite_coordinator
 from coordd.service import Coordinator
 from tests.conftest import T0
 
@@ -244,7 +245,7 @@ async def test_cancel_blocked_node_settles_its_dependents(bundle):
 
 
 async def open_coord(path: str, clock: FakeClock) -> Coordinator:
-    coord = Coordinator.over_sqlite(path, config_mod.load(None), clock, rng=random.Random(1))
+    coord = sqlite_coordinator(path, config_mod.load(None), clock, rng=random.Random(1))
     await coord.start()
     return coord
 

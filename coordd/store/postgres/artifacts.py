@@ -17,8 +17,10 @@ from typing import Any
 import msgspec
 
 from coordd import errors
+from coordd.wire.protocol import ArtifactRef
 from coordd.wire.transfers import ArtifactData, ArtifactPutResult
 from coordd.store.api import LeaseRef
+from coordd.store.api_artifacts import stored_with_other_size
 from coordd.store.postgres import fence
 from coordd.store.postgres.sql import NOW
 
@@ -125,8 +127,8 @@ class ArtifactOps:
         stored = await conn.fetchrow(SQL_ARTIFACT_STORED, sha256)
         if stored is not None:
             if stored[0] != size:
-                return ArtifactPutResult(received=0), (
-                    f"artifact {sha256[:12]} is stored with {stored[0]} bytes, not {size}")
+                return ArtifactPutResult(received=0), \
+                    stored_with_other_size(sha256, stored[0], size)
             await conn.execute(SQL_ARTIFACT_TOUCH, sha256, t)
             return ArtifactPutResult(received=size, done=True, path=stored[1]), None
         have = await conn.fetchval(SQL_UPLOAD, sha256) or 0
@@ -170,6 +172,12 @@ class ArtifactOps:
         out = b"".join(bytes(data)[max(offset - pos, 0):offset + limit - pos]
                        for pos, data in rows)
         return ArtifactData(data=out, size=stored[0])
+
+    async def artifact_held(self, sha256: str) -> ArtifactRef | None:
+        async with self._conn() as conn:
+            stored = await conn.fetchrow(SQL_ARTIFACT_STORED, sha256)
+        return None if stored is None else \
+            ArtifactRef(sha256=sha256, size=stored[0], path=stored[1])
 
     async def artifact_refs(self) -> dict[str, str]:
         """Results' artifacts, then the checkpoint records' files (decoded here)."""

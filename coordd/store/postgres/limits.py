@@ -23,6 +23,7 @@ from coordd.wire.protocol import CompleteResult
 from coordd.wire.limits import LimitView
 from coordd.store import NewJob
 from coordd.store.api import Backoff, LeaseRef
+from coordd.store.api_artifacts import not_held
 from coordd.store.postgres import admission, apply, fence, sql, workflows
 from coordd.store.postgres.sql import NOW
 
@@ -120,11 +121,12 @@ async def complete_checked(conn: Any, now: float | None, ref: LeaseRef,
 
 
 async def _record_artifact(conn: Any, job_id: str, artifact: Any) -> None:
+    """Point the job at its result artifact. The coordinator checked that the store holds
+    it (coordd.service.transfers); checked again here, in the transaction, for one swept
+    since (the job's row would name a row that is gone)."""
     size = await conn.fetchval(SQL_STORED_SIZE, artifact.sha256)
     if size != artifact.size:
-        raise errors.BadRequest(
-            f"complete: artifact {artifact.sha256[:12]} ({artifact.size} bytes) is not in "
-            f"coordd's store; upload it first (artifact_put)")
+        raise errors.BadRequest(not_held(artifact.sha256, artifact.size))
     await conn.execute(SQL_SET_ARTIFACT, job_id, artifact.sha256)
 
 

@@ -12,6 +12,8 @@ included, with the server's own tools).
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractContextManager
 from typing import Any
 
 from coordd import errors
@@ -136,3 +138,7 @@ class MaintenancePostgres:
     async def backup(self, dest: str, *, now: float | None = None) -> BackupResult:
         """Refused: errors.InvalidState naming pg_dump (BACKUP_REFUSED)."""
         raise errors.InvalidState(BACKUP_REFUSED)
+
+    def maintenance_window(self) -> AbstractContextManager[None]:
+        """Nothing to do: the pool has one queue, no lanes (MaintenanceStore's docstring)."""
+        return contextlib.nullcontext()

@@ -19,8 +19,10 @@ from coordd.store.sqlite import leases
 from coordd.store import views
 from coordd.config import artifact_dir_for
 from coordd.ops.metrics import tree_bytes
+from coordd.wire.protocol import ArtifactRef
 from coordd.wire.transfers import ArtifactData, ArtifactPutResult
 from coordd.store.api import LeaseRef
+from coordd.store.api_artifacts import stored_with_other_size
 
 UPLOADS = ".uploads"
 
@@ -38,12 +40,15 @@ def put_chunk(root: str, sha256: str, size: int, offset: int, data: bytes,
               at: float | None = None) -> ArtifactPutResult:
     """Blocking: take one chunk of an upload into the store at `root` (see
     ArtifactStore.artifact_put); `at` stamps the stored file (None: the system's time).
-    Raises: errors.BadRequest (the finished file does not hash as announced)."""
+    Raises: errors.BadRequest (the finished file does not hash as announced, or the
+    artifact is stored with another size)."""
     dest = stored_path(root, sha256)
-    with contextlib.suppress(FileNotFoundError):
-        if os.stat(dest).st_size == size:  # stored already (a resend, or the same bytes)
-            _touch(dest, at)  # fresh: prune's sweep keeps it
-            return ArtifactPutResult(received=size, done=True, path=dest)
+    held = held_file(root, sha256)
+    if held is not None:  # stored already (a resend, or the same bytes)
+        if held.size != size:
+            raise errors.BadRequest(stored_with_other_size(sha256, held.size, size))
+        _touch(dest, at)  # fresh: prune's sweep keeps it
+        return ArtifactPutResult(received=size, done=True, path=dest)
     folder = os.path.join(root, UPLOADS)
     cas.make_dir(root)
     cas.make_dir(folder)
@@ -78,6 +83,17 @@ def put_chunk(root: str, sha256: str, size: int, offset: int, data: bytes,
     os.rename(part, dest)
     cas.fsync_dir(sub)
     return ArtifactPutResult(received=got, done=True, path=dest)
+
+
+def held_file(root: str, sha256: str) -> ArtifactRef | None:
+    """Blocking: the stored file of `sha256` in the store at `root` as a reference (its
+    size and path), or None where there is none."""
+    path = stored_path(root, sha256)
+    try:
+        size = os.stat(path).st_size
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return ArtifactRef(sha256=sha256, size=size, path=path)
 
 
 def read_range(root: str, sha256: str, offset: int, limit: int) -> ArtifactData:
@@ -127,6 +143,10 @@ class SQLiteArtifactOps:
         """Fence on the read pool, then `read_range` in a thread."""
         await self._artifact_fence(ref, self._now(now))
         return await asyncio.to_thread(read_range, self.artifact_dir, sha256, offset, limit)
+
+    async def artifact_held(self, sha256: str) -> ArtifactRef | None:
+        """`held_file` in a thread (the file, whatever the artifacts table records)."""
+        return await asyncio.to_thread(held_file, self.artifact_dir, sha256)
 
     async def artifact_refs(self) -> dict[str, str]:
         """coordd.store.views.artifact_refs on the read pool (a heavy read)."""

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+from contextlib import AbstractContextManager
 from typing import Any
 
 from coordd.store.sqlite import backup as backups
+from coordd.store.sqlite import lanes
 from coordd import store
 from coordd.store import views
 from coordd.wire.protocol import BackupResult
@@ -76,3 +78,7 @@ class SQLiteMaintenance:
     async def backup(self, dest: str, *, now: float | None = None) -> BackupResult:
         """coordd.store.sqlite.backup.backup in a thread, beside the writer."""
         return await asyncio.to_thread(backups.backup, self.path, self.artifact_dir, dest)
+
+    def maintenance_window(self) -> AbstractContextManager[None]:
+        """The writer's urgent lane for this task's writes (coordd.store.sqlite.lanes)."""
+        return lanes.maintenance()
