@@ -38,8 +38,7 @@ from coordd.ops.metrics import Metrics
 from coordd.rules.names import check_name
 from coordd.service.maintenance import Maintenance
 from coordd.wire.protocol import (
-    HUB_PARAMS, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
-    CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
+    HUB_PARAMS, Backup, BackupResult, Checkpoint, Complete, CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
     Heartbeat, HeartbeatResult, JobId, PruneResult, ReapResult, Renew, RenewResult,
     StatusResult,
 )
@@ -47,7 +46,8 @@ from coordd.wire.logs import LOG_PARAMS
 from coordd.wire.push import PUSH_PARAMS
 from coordd.wire.web import WEB_PARAMS
 from coordd.wire.workers import ForgetWorker, Goodbye, Release, ReleasedResult
-from coordd.service.push import PARK_SCOPE, Push
+from coordd.service.dispatch import Dispatch, check_claim
+from coordd.service.push import Push
 from coordd.store.sqlite.readers import Coalesced
 from coordd.service.areas import Areas
 from coordd.service.checks import checked_readings, lease_ref, truncate
@@ -64,11 +64,10 @@ from coordd.service.workflows import Workflows
 logger = logging.getLogger(__name__)
 
 REAP_LIMIT = 1000  # leases one reap ends at most
-UNDELIVERED = "claim_undelivered"  # a parked claim's job, granted as its connection closed
 SCHEDULE_METHODS = ("schedule_add", "schedule_list", "schedule_remove")
 
 
-class Coordinator(Reads, Areas):
+class Coordinator(Dispatch, Reads, Areas):
     """Every RPC method over one store.
 
     Args:
@@ -185,46 +184,6 @@ class Coordinator(Reads, Areas):
         res.artifact_dir = self.artifact_dir  # None: send files with artifact_put
         return res
 
-    async def claim(self, p: Claim) -> ClaimResult:
-        """Claim the best job for `p.worker_id` (the store's claim, coordd.store.sqlite.leases'
-        rules).
-
-        `lease_s` is clamped to [lease_min_s, lease_max_s]. With `wait_s` > 0 and nothing
-        to hand out, the call parks (coordd.service.push) up to `wait_s` (cut to
-        `park_wait_max_s`) and tries again whenever a job it may take may have become
-        claimable; `waited_s` says how long. Raises: BadRequest (a bad name, NaN or
-        negative wait_s), Overloaded (parked-call caps).
-        """
-        wait = self.push.wait_s(p.wait_s)
-        if wait <= 0:
-            return await self._claim_once(p)
-        scope = PARK_SCOPE.get()
-
-        async def attempt(waited_s: float) -> ClaimResult:
-            res = await self._claim_once(p)
-            res.waited_s = waited_s
-            if res.job is not None and res.lease is not None and scope is not None \
-                    and scope.closed:  # its connection went while the claim ran: nobody
-                await self.release(Release(  # would hold the lease; no attempt spent
-                    job_id=res.job.job_id, worker_id=p.worker_id, token=res.lease.token,
-                    reason=UNDELIVERED))
-                return ClaimResult(job=None, reasons=[UNDELIVERED], waited_s=waited_s)
-            return res
-        return await self.push.claim(p.worker_id, p.kinds, wait, attempt)
-
-    async def _claim_once(self, p: Claim) -> ClaimResult:
-        check_name("worker_id", p.worker_id)
-        if p.claim_id is not None:
-            check_name("claim_id", p.claim_id)
-        result: ClaimResult = await self.store.claim(
-            p.worker_id, self._lease_s(p.lease_s), self._claim_policy, kinds=p.kinds,
-            claim_id=p.claim_id)
-        if result.job is not None:
-            self.meters.claims.inc()
-        for reason in result.reasons:
-            self.meters.refusals.labels(reason).inc()
-        return result
-
     async def renew(self, p: Renew) -> RenewResult:
         """Extend a lease; `action` is the job's governance action. Raises: LeaseLost,
         LeaseExpired, AlreadyCompleted, NotFound."""
@@ -241,38 +200,56 @@ class Coordinator(Reads, Areas):
 
     async def complete(self, p: Complete) -> CompleteResult:
         """Store a job's result, once; reported `usage` counts against the budgets of its
-        limits in the same transaction. Raises: AlreadyCompleted (a result is stored: treat
-        as success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound, BadRequest (bad
-        usage; on PostgreSQL an artifact not stored first with `artifact_put`)."""
+        limits in the same transaction; with `next`, then claim the worker's next job
+        (coordd.service.dispatch). Raises: AlreadyCompleted (a result is stored: treat as
+        success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound, BadRequest (bad
+        usage, a bad `next`; on PostgreSQL an artifact not stored first with
+        `artifact_put`): nothing is claimed then."""
         text = values.encode("result", p.result, self.config.max_result_bytes)
         usage = self.check_usage(p.usage)
+        self._check_next(p)
         if usage:
-            return await self.store.complete_counted(  # type: ignore[no-any-return]
+            res: CompleteResult = await self.store.complete_counted(
                 lease_ref(p), text, usage, self.limit_book, self._backoff(),
                 artifact=p.artifact)
-        return await self.store.complete(lease_ref(p), text,  # type: ignore[no-any-return]
-                                         artifact=p.artifact)
+        else:
+            res = await self.store.complete(lease_ref(p), text, artifact=p.artifact)
+        res.next = await self.claim_next(p.worker_id, p.next)
+        return res
 
     async def fail(self, p: Fail) -> StatusResult:
-        """Record a failure; the error text is truncated to `max_error_chars`.
+        """Record a failure; the error text is truncated to `max_error_chars`; `next` as
+        `complete`'s.
 
         Retryable with attempts left -> waiting after exponential backoff with jitter;
         otherwise `failed` (dead letter). Raises: the lease errors.
         """
         error = truncate(p.error, self.config.max_error_chars)
-        return await self.store.fail(lease_ref(p), error,  # type: ignore[no-any-return]
-                                     p.retryable, self._backoff())
+        self._check_next(p)
+        res: StatusResult = await self.store.fail(lease_ref(p), error, p.retryable,
+                                                  self._backoff())
+        res.next = await self.claim_next(p.worker_id, p.next)
+        return res
 
     async def release(self, p: Release) -> StatusResult:
-        """Hand a held job back without spending an attempt. Raises: the lease errors,
-        BadRequest, PayloadTooLarge (checkpoint)."""
+        """Hand a held job back without spending an attempt; `next` as `complete`'s.
+        Raises: the lease errors, BadRequest, PayloadTooLarge (checkpoint)."""
         reason = _clip(p.reason or "released", self.config.max_error_chars)
         ckpt = None if p.checkpoint is None else values.encode(
             "checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
+        self._check_next(p)
         res: StatusResult = await self.store.release(lease_ref(p), reason, ckpt)
         logger.info("job %s released by %s: %s", p.job_id, p.worker_id, reason,
                     extra={"action": "release", "job_id": p.job_id, "worker_id": p.worker_id})
+        res.next = await self.claim_next(p.worker_id, p.next)
         return res
+
+    def _check_next(self, p: Any) -> None:
+        """Refuse a bad `next` before the report is stored (BadRequest)."""
+        if p.next is not None:
+            check_claim(p.worker_id, p.next.claim_id, p.next.max_jobs)
+            if p.next.lease_s is not None:
+                check_duration("next.lease_s", p.next.lease_s)
 
     async def goodbye(self, p: Goodbye) -> ReleasedResult:
         """Mark the worker offline now; leases it still holds end (`worker_lost`).
