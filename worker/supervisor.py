@@ -36,6 +36,7 @@ from worker.waits import signame as _signame, wait_any as _wait_any
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_POLL_S = 0.5
+CALL_TIMEOUT_S = 10.0
 STDERR_TAIL_BYTES = 2000
 FORCE_MARGIN_S = 2.0
 """At stop, job tasks still running this long before `stop_timeout_s` are cancelled (SIGKILL)."""
