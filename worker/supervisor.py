@@ -216,7 +216,8 @@ class Supervisor(ClaimLoop):
             finally:
                 run.finished.set()
                 renewer.cancel()
-                self._runs.pop(run.job_id, None)
+                if self._runs.get(run.job_id) is run:  # not a next claim's new run of it
+                    del self._runs[run.job_id]
                 self._wake.set()
         if resources.holds_gpu(run.job) and not self._stop.is_set():
             await self.heartbeat_once()  # the freed VRAM, seen now: a parked claim wakes

@@ -18,4 +18,4 @@ class ClaimAsk(msgspec.Struct, kw_only=True):
     lease_s: float | None = None  # None: lease_default_s; clamped to lease_min_s..lease_max_s
     claim_id: str | None = None  # a repeated claim with this id returns the lease it granted
     kinds: list[str] | None = None  # only jobs of these kinds (None = any kind)
-    max_jobs: int = 1  # up to this many jobs, each with its own lease (1..MAX_JOBS_MAX)
+    max_jobs: int = 1  # up to this many jobs (1..64), each with its own lease

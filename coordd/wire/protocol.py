@@ -250,8 +250,8 @@ class LeaseGrant(msgspec.Struct, kw_only=True):
 class Granted(msgspec.Struct, kw_only=True):
     """One more job a claim with `max_jobs` > 1 took, under its own lease."""
 
-    job: ClaimedJob
-    lease: LeaseGrant
+    job: ClaimedJob  # as a claim's `job`
+    lease: LeaseGrant  # its own lease and fencing token
 
 
 class ClaimResult(msgspec.Struct, kw_only=True):
