@@ -9,7 +9,8 @@ CPU seconds, so the client's share of the 2 cores is visible.
 
 A drain claims its next job in the `complete` that ends the last one (eager dispatch,
 coordd.wire.claims) when both the client library and the daemon under test have it (an
-older tree, `--rev 9727d64`: a plain `claim` per job); `rpcs` counts the calls either way.
+older tree, `--rev 9727d64`, or COORDD_BENCH_EAGER=0: a plain `claim` per job); `rpcs`
+counts the calls either way.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import array
 import asyncio
 import inspect
 import multiprocessing as mp
+import os
 import resource
 import time
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ ROLES = ["cpu"]
 READINGS = {"memory_used_pct": 10.0, "temperature_c": 40.0, "on_battery": False,
             "user_idle_s": 3600.0}
 CALL_TIMEOUT_S = 300.0
+EAGER = os.environ.get("COORDD_BENCH_EAGER", "1") != "0"  # 0: a claim per job, always
 READY_TIMEOUT_S = 120.0
 
 
@@ -133,7 +136,7 @@ async def _proc_main(kind: str, sock: str, specs: list, batch: int, ready, go, o
     await asyncio.get_running_loop().run_in_executor(None, go.wait)
     cpu0 = _cpu()
     if kind == "drain":
-        coros = [_drain(c, w, batch) for c, w in zip(clients, specs)]
+        coros = [_drain(c, w, batch, EAGER) for c, w in zip(clients, specs)]
     elif kind == "enqueue":
         coros = [_enqueue_one(c, ids) for c, ids in zip(clients, specs)]
     else:
