@@ -1,7 +1,7 @@
 """The client library: how a program talks to coordd (workers, coordctl, scripts).
 
-`Client` is asyncio (its workflow, hub and push calls are in coordd.client_areas);
-`SyncClient` wraps it for scripts. Both:
+`Client` is asyncio (a worker's calls are in coordd.client_leases; the admin, workflow, hub
+and push calls in coordd.client_areas); `SyncClient` wraps it for scripts. Both:
 
 - enforce the same explicit frame cap as the daemon (protocol.MAX_FRAME_DEFAULT);
 - time out each call (`timeout` seconds, `asyncio.TimeoutError` -> `CallTimeout`);

@@ -1,6 +1,7 @@
 """The client library's typed calls, grouped by area: jobs and admin, workflows and
-schedules, the agent message hub, and parked calls (push). `coordd.client.Client` inherits them all: use it,
-not these classes, which only hold the wrappers (each area's methods beside each other).
+schedules, the agent message hub, and parked calls (push). `coordd.client.Client` inherits
+them all: use it, not these classes, which only hold the wrappers (each area's methods
+beside each other).
 """
 
 from __future__ import annotations

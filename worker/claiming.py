@@ -93,7 +93,8 @@ class ClaimLoop:
                 await self._clock.wait(self._wake, interval)
                 continue
             stale = (self._last_heartbeat is None  # the heartbeat loop keeps it fresh after
-                     or self._clock.mono() - self._last_heartbeat >= 2 * self.config.heartbeat_interval_s)
+                     or self._clock.mono() - self._last_heartbeat
+                     >= 2 * self.config.heartbeat_interval_s)
             if stale and not await self.heartbeat_once():
                 await self._clock.wait(self._wake, self._link.delay(interval))
                 continue

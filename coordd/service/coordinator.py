@@ -38,9 +38,9 @@ from coordd.ops.metrics import Metrics
 from coordd.rules.names import check_name
 from coordd.service.maintenance import Maintenance
 from coordd.wire.protocol import (
-    HUB_PARAMS, Backup, BackupResult, Checkpoint, Complete, CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
-    Heartbeat, HeartbeatResult, JobId, PruneResult, ReapResult, Renew, RenewResult,
-    StatusResult,
+    HUB_PARAMS, Backup, BackupResult, Checkpoint, Complete, CompleteResult, Empty, Enqueue,
+    EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail, Heartbeat, HeartbeatResult, JobId,
+    PruneResult, ReapResult, Renew, RenewResult, StatusResult,
 )
 from coordd.wire.logs import LOG_PARAMS
 from coordd.wire.push import PUSH_PARAMS
