@@ -46,7 +46,7 @@ from coordd.wire.logs import LOG_PARAMS
 from coordd.wire.push import PUSH_PARAMS
 from coordd.wire.web import WEB_PARAMS
 from coordd.wire.workers import ForgetWorker, Goodbye, Release, ReleasedResult
-from coordd.service.dispatch import Dispatch, check_claim
+from coordd.service.dispatch import Dispatch
 from coordd.service.push import Push
 from coordd.store.sqlite.readers import Coalesced
 from coordd.service.areas import Areas
@@ -207,15 +207,15 @@ class Coordinator(Dispatch, Reads, Areas):
         `artifact_put`): nothing is claimed then."""
         text = values.encode("result", p.result, self.config.max_result_bytes)
         usage = self.check_usage(p.usage)
-        self._check_next(p)
+        nxt = self.next_claim(p)
+        then = {"then": nxt} if nxt is not None and self.next_in_report else {}
         if usage:
             res: CompleteResult = await self.store.complete_counted(
                 lease_ref(p), text, usage, self.limit_book, self._backoff(),
-                artifact=p.artifact)
+                artifact=p.artifact, **then)
         else:
-            res = await self.store.complete(lease_ref(p), text, artifact=p.artifact)
-        res.next = await self.claim_next(p.worker_id, p.next)
-        return res
+            res = await self.store.complete(lease_ref(p), text, artifact=p.artifact, **then)
+        return await self._then(res, nxt, then)
 
     async def fail(self, p: Fail) -> StatusResult:
         """Record a failure; the error text is truncated to `max_error_chars`; `next` as
@@ -225,11 +225,10 @@ class Coordinator(Dispatch, Reads, Areas):
         otherwise `failed` (dead letter). Raises: the lease errors.
         """
         error = truncate(p.error, self.config.max_error_chars)
-        self._check_next(p)
-        res: StatusResult = await self.store.fail(lease_ref(p), error, p.retryable,
-                                                  self._backoff())
-        res.next = await self.claim_next(p.worker_id, p.next)
-        return res
+        nxt = self.next_claim(p)
+        then = {"then": nxt} if nxt is not None and self.next_in_report else {}
+        res = await self.store.fail(lease_ref(p), error, p.retryable, self._backoff(), **then)
+        return await self._then(res, nxt, then)  # type: ignore[no-any-return]
 
     async def release(self, p: Release) -> StatusResult:
         """Hand a held job back without spending an attempt; `next` as `complete`'s.
@@ -237,19 +236,18 @@ class Coordinator(Dispatch, Reads, Areas):
         reason = _clip(p.reason or "released", self.config.max_error_chars)
         ckpt = None if p.checkpoint is None else values.encode(
             "checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
-        self._check_next(p)
-        res: StatusResult = await self.store.release(lease_ref(p), reason, ckpt)
+        nxt = self.next_claim(p)
+        then = {"then": nxt} if nxt is not None and self.next_in_report else {}
+        res = await self.store.release(lease_ref(p), reason, ckpt, **then)
         logger.info("job %s released by %s: %s", p.job_id, p.worker_id, reason,
                     extra={"action": "release", "job_id": p.job_id, "worker_id": p.worker_id})
-        res.next = await self.claim_next(p.worker_id, p.next)
-        return res
+        return await self._then(res, nxt, then)  # type: ignore[no-any-return]
 
-    def _check_next(self, p: Any) -> None:
-        """Refuse a bad `next` before the report is stored (BadRequest)."""
-        if p.next is not None:
-            check_claim(p.worker_id, p.next.claim_id, p.next.max_jobs)
-            if p.next.lease_s is not None:
-                check_duration("next.lease_s", p.next.lease_s)
+    async def _then(self, res: Any, nxt: Any, then: dict[str, Any]) -> Any:
+        """A report's reply with its next claim: run in the same write (`then`: counted
+        here), or now, apart."""
+        res.next = self.counted(res.next) if then else await self.claim_next(nxt)
+        return res
 
     async def goodbye(self, p: Goodbye) -> ReleasedResult:
         """Mark the worker offline now; leases it still holds end (`worker_lost`).

@@ -5,8 +5,10 @@ and the next claim a lease holder's `complete`, `fail` or `release` makes in the
 The rule not to break: every job is handed out by the store's one claim (coordd.store.api
 `claim`), so priority order, gates, limits, reservations and preemption hold for each job
 exactly as for single claims; a batch is that many claims in a row, stopping at the first
-that finds nothing. A next claim runs only after its report succeeded: a refused report
-(a stale fencing token, already completed) raises before anything is claimed.
+that finds nothing (coordd.rules.claim_batch). A next claim runs only after its report
+succeeded: a refused report (a stale fencing token, already completed) raises before
+anything is claimed. A store that can (SQLite: `next_in_report`) runs the report and its
+next claim in one write, the claims decided here (NextClaim); otherwise they are two.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import logging
 from typing import Any
 
 from coordd import errors
+from coordd.rules.claim_batch import Batch, NextClaim
 from coordd.rules.names import NAME_MAX_CHARS, check_name
+from coordd.rules.times import check_duration
 from coordd.wire.claims import MAX_JOBS_MAX, ClaimAsk
 from coordd.wire.protocol import Claim, ClaimResult, Granted
 from coordd.wire.workers import Release
@@ -27,12 +31,6 @@ UNDELIVERED = "claim_undelivered"  # a parked claim's job, granted as its connec
 NEXT_FAILED = "next_claim_failed"  # the report stored, its next claim did not run (detail)
 
 
-def batch_claim_id(claim_id: str | None, i: int) -> str | None:
-    """The claim id of the `i`-th job (0-based) of a batch claimed with `claim_id`: the
-    first keeps it, the others add `.i`, so a repeated batch returns the same leases."""
-    return claim_id if claim_id is None or i == 0 else f"{claim_id}.{i}"
-
-
 def check_claim(worker_id: str, claim_id: str | None, max_jobs: int) -> None:
     """Raise BadRequest for a bad worker id, claim id or `max_jobs` (before anything is
     written)."""
@@ -42,12 +40,6 @@ def check_claim(worker_id: str, claim_id: str | None, max_jobs: int) -> None:
     if claim_id is not None:
         check_name("claim_id", claim_id,
                    NAME_MAX_CHARS - len(f".{max_jobs - 1}") if max_jobs > 1 else NAME_MAX_CHARS)
-
-
-def ask_claim(worker_id: str, ask: ClaimAsk) -> Claim:
-    """The `claim` params a report's `next` stands for."""
-    return Claim(worker_id=worker_id, lease_s=ask.lease_s, claim_id=ask.claim_id,
-                 kinds=ask.kinds, max_jobs=ask.max_jobs)
 
 
 class Dispatch:
@@ -91,41 +83,57 @@ class Dispatch:
             return res
         return await self.push.claim(p.worker_id, p.kinds, wait, attempt)
 
-    async def claim_next(self, worker_id: str, ask: ClaimAsk | None) -> ClaimResult | None:
-        """The next claim of a report that succeeded (None: not asked). A claim that fails
-        (storage, overload) is a result with no job (`next_claim_failed`): the report is
-        stored either way, and the worker parks a plain claim."""
+    def next_claim(self, p: Any) -> NextClaim | None:
+        """The next claim a report's params ask for (None: not asked), checked before the
+        report is stored. Raises: BadRequest (a bad claim id, max_jobs, lease_s)."""
+        ask: ClaimAsk | None = p.next
         if ask is None:
             return None
+        check_claim(p.worker_id, ask.claim_id, ask.max_jobs)
+        if ask.lease_s is not None:
+            check_duration("next.lease_s", ask.lease_s)
+        return NextClaim(worker_id=p.worker_id, lease_s=self._lease_s(ask.lease_s),
+                         policy=self._claim_policy, kinds=ask.kinds, claim_id=ask.claim_id,
+                         max_jobs=ask.max_jobs)
+
+    @property
+    def next_in_report(self) -> bool:
+        """The store runs a report and its next claim in one write (SQLite)."""
+        return bool(getattr(self.store, "next_in_report", False))
+
+    async def claim_next(self, nxt: NextClaim | None) -> ClaimResult | None:
+        """The next claim of a report that succeeded (None: not asked), on a store that ran
+        them apart. A claim that fails (storage, overload) is a result with no job
+        (`next_claim_failed`): the report is stored either way; the worker parks a claim."""
+        if nxt is None:
+            return None
         try:
-            return await self._claim_batch(ask_claim(worker_id, ask))
+            return await self._claim_batch(Claim(
+                worker_id=nxt.worker_id, lease_s=nxt.lease_s, claim_id=nxt.claim_id,
+                kinds=nxt.kinds, max_jobs=nxt.max_jobs), clamped=True)
         except errors.CoordError as exc:
-            logger.warning("next claim for %s failed: %s", worker_id, exc,
-                           extra={"action": "claim_next_failed", "worker_id": worker_id})
+            logger.warning("next claim for %s failed: %s", nxt.worker_id, exc,
+                           extra={"action": "claim_next_failed", "worker_id": nxt.worker_id})
             return ClaimResult(reasons=[NEXT_FAILED], detail=f"{exc.code}: {exc}")
 
-    async def _claim_batch(self, p: Claim) -> ClaimResult:
-        """Up to `p.max_jobs` claims in a row; the first that finds nothing ends the batch
-        (its reasons and `next_slot_s` say why)."""
+    async def _claim_batch(self, p: Claim, clamped: bool = False) -> ClaimResult:
+        """Up to `p.max_jobs` claims in a row (coordd.rules.claim_batch)."""
         check_claim(p.worker_id, p.claim_id, p.max_jobs)
-        lease_s = self._lease_s(p.lease_s)
-        first = await self._claim_one(p, lease_s, p.claim_id)
-        if first.job is None:
-            return first
-        for i in range(1, p.max_jobs):
-            res = await self._claim_one(p, lease_s, batch_claim_id(p.claim_id, i))
-            if res.job is None or res.lease is None:
-                first.reasons, first.detail = res.reasons, res.detail
-                first.next_slot_s = res.next_slot_s
+        lease_s = p.lease_s if clamped and p.lease_s is not None else self._lease_s(p.lease_s)
+        batch = Batch(p.claim_id, p.max_jobs)
+        for claim_id in batch.ids():
+            if not batch.add(await self.store.claim(
+                    p.worker_id, lease_s, self._claim_policy, kinds=p.kinds,
+                    claim_id=claim_id)):
                 break
-            first.more.append(Granted(job=res.job, lease=res.lease))
-        return first
+        assert batch.result is not None
+        return self.counted(batch.result)
 
-    async def _claim_one(self, p: Claim, lease_s: float, claim_id: str | None) -> ClaimResult:
-        result: ClaimResult = await self.store.claim(
-            p.worker_id, lease_s, self._claim_policy, kinds=p.kinds, claim_id=claim_id)
-        if result.job is not None:
-            self.meters.claims.inc()
-        for reason in result.reasons:
-            self.meters.refusals.labels(reason).inc()
-        return result
+    def counted(self, res: ClaimResult | None) -> Any:
+        """Count a claim's jobs and refusals in the metrics; returns `res`."""
+        if res is not None:
+            if res.job is not None:
+                self.meters.claims.inc(1 + len(res.more))
+            for reason in res.reasons:
+                self.meters.refusals.labels(reason).inc()
+        return res

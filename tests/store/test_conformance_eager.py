@@ -175,3 +175,19 @@ async def test_fail_and_release_with_next_claim_by_priority(coord):
     assert released.next.job.job_id == p1  # handed back, then the best job again: itself
     assert released.next.lease.token > failed.next.lease.token
     assert (await coord.get_job(_id(p3))).status == "waiting"
+
+
+async def test_on_sqlite_the_report_and_its_next_claim_are_one_write(coord):
+    """SQLite runs both in one writer request (one transaction: both or neither);
+    PostgreSQL, whose store runs them apart, answers the same."""
+    await beat(coord)
+    a, b = await enqueue(coord), await enqueue(coord)
+    got = await coord.claim(Claim(worker_id="w1"))
+    stats = getattr(getattr(coord.store, "writer", None), "stats", None)
+    before = None if stats is None else stats.requests
+    res = await coord.complete(Complete(job_id=a, worker_id="w1", token=got.lease.token,
+                                        next=ClaimAsk()))
+    assert res.next.job.job_id == b
+    assert coord.next_in_report == (stats is not None)
+    if stats is not None:
+        assert stats.requests - before == 1
