@@ -24,14 +24,16 @@ from tests.store.conftest import COOL, T0
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def coord(request: Any, tmp_path: Any) -> Any:
-    """A started Coordinator over a fresh store of each kind, with a limit `gpu` of 2."""
+    """A started Coordinator over a fresh store of each kind, with a limit `gpu` of 2 and
+    preemption from the first second of a run."""
     clock = FakeClock(T0)
     if request.param == "sqlite":
         st: Any = SQLiteStore(str(tmp_path / "c.db"), clock)
     else:
         from coordd.store.postgres import PostgresStore
         st = PostgresStore(request.getfixturevalue("pg_dsn"))
-    cfg = config_mod.load(None, limits={"gpu": LimitSpec(concurrency=2)})
+    cfg = config_mod.load(None, limits={"gpu": LimitSpec(concurrency=2)},
+                          preempt_min_runtime_s=0.0)
     c = Coordinator(st, cfg, clock)
     await c.start()
     if request.param == "postgres":
@@ -191,3 +193,28 @@ async def test_on_sqlite_the_report_and_its_next_claim_are_one_write(coord):
     assert coord.next_in_report == (stats is not None)
     if stats is not None:
         assert stats.requests - before == 1
+
+
+async def test_a_vacated_jobs_release_with_next_takes_the_reserved_p0(coord):
+    """Preemption: a P0 no worker has room for vacates a P3 and holds a reservation on its
+    worker; the victim's release with `next` hands the reserved P0 to that worker at once
+    (the reservation is used up), and the P3 waits."""
+    full = {"slots_total": 1}
+    await beat(coord, **full)
+    p3 = await enqueue(coord, 3)
+    got = await coord.claim(Claim(worker_id="w1", lease_s=300))
+    assert got.job.job_id == p3
+    p0 = await enqueue(coord, 0)
+    hb = await coord.heartbeat(Heartbeat(worker_id="w1", roles=["cpu"],
+                                         readings={**COOL, **full}))
+    assert [(a.job_id, a.action) for a in hb.actions] == [(p3, "vacate")]
+    res = await coord.release(Release(job_id=p3, worker_id="w1", token=got.lease.token,
+                                      reason="vacated", next=ClaimAsk(kinds=["k"])))
+    assert res.status == "waiting" and res.next.job.job_id == p0
+    assert (await coord.get_job(_id(p3))).status == "waiting"
+    p0_view = await coord.get_job(_id(p0))
+    assert p0_view.lease.token == res.next.lease.token
+    assert any((e.reason or "").startswith("reserved on w1") for e in p0_view.events)
+    p0_view = await coord.get_job(_id(p0))
+    assert p0_view.lease.token == res.next.lease.token
+    assert any((e.reason or "").startswith("reserved on w1") for e in p0_view.events)
