@@ -110,16 +110,16 @@ class Dispatch:
         try:
             return await self._claim_batch(Claim(
                 worker_id=nxt.worker_id, lease_s=nxt.lease_s, claim_id=nxt.claim_id,
-                kinds=nxt.kinds, max_jobs=nxt.max_jobs), clamped=True)
+                kinds=nxt.kinds, max_jobs=nxt.max_jobs))  # (clamping again changes nothing)
         except errors.CoordError as exc:
             logger.warning("next claim for %s failed: %s", nxt.worker_id, exc,
                            extra={"action": "claim_next_failed", "worker_id": nxt.worker_id})
             return ClaimResult(reasons=[NEXT_FAILED], detail=f"{exc.code}: {exc}")
 
-    async def _claim_batch(self, p: Claim, clamped: bool = False) -> ClaimResult:
+    async def _claim_batch(self, p: Claim) -> ClaimResult:
         """Up to `p.max_jobs` claims in a row (coordd.rules.claim_batch)."""
         check_claim(p.worker_id, p.claim_id, p.max_jobs)
-        lease_s = p.lease_s if clamped and p.lease_s is not None else self._lease_s(p.lease_s)
+        lease_s = self._lease_s(p.lease_s)
         batch = Batch(p.claim_id, p.max_jobs)
         for claim_id in batch.ids():
             if not batch.add(await self.store.claim(
