@@ -1,6 +1,7 @@
 """`python -m bench.instructions`: instructions and SQL statements per claim + complete.
 
     python -m bench.instructions [--jobs 2000] [--rev REV ...] [--no-tree] [--statements]
+                                 [--eager]
 
 A deterministic figure for a noisy machine: one client's claim -> complete cycles run
 in-process against a Coordinator (no RPC: the writer, the store and the claim path), and
@@ -15,7 +16,9 @@ Each revision given with --rev is extracted to a temp folder (`git archive`, as
 The clock is a FakeClock, pinned (moving it would wake coordd's timers on every cycle, which
 a real clock does not); the background checkpointer thread is off
 (`wal_checkpoint_interval_s = 0`) so no other thread runs during the cycles. Python's
-hash seed is pinned. See bench/README.md.
+hash seed is pinned. With `--eager`, each complete claims the next job (`next`, eager
+dispatch: one call per job instead of two) where the measured tree has it; a revision
+without it runs the plain loop, and the line says so. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ DEFAULT_JOBS = 2000
 TOGGLE = "functools_reduce"  # the C function the measured cycles run inside
 
 
-def _child(n: int, db: str, trace_out: str | None) -> None:
+def _child(n: int, db: str, trace_out: str | None, eager: bool = False) -> None:
     """The measured loop (run in a subprocess whose PYTHONPATH names the source): set-up,
     the cycles inside functools.reduce (what callgrind counts), then the close."""
     import asyncio
@@ -55,6 +58,13 @@ def _child(n: int, db: str, trace_out: str | None) -> None:
             Claim, Complete, Enqueue, EnqueueBatch, Heartbeat,
         )
     from coordd.service import Coordinator
+    ask = None
+    if eager:
+        try:
+            from coordd.wire.claims import ClaimAsk
+            ask = ClaimAsk(lease_s=30.0)
+        except ImportError:  # a revision without eager dispatch: the plain loop
+            print("eager dispatch: not in this revision", file=sys.stderr)
 
     print(f"coordd from {Path(coordd.__file__).parent}", file=sys.stderr)
     readings = {"memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,
@@ -81,11 +91,19 @@ def _child(n: int, db: str, trace_out: str | None) -> None:
                 for j in range(i, min(n, i + 500))]))
 
     async def cycles() -> None:
-        for _ in range(n):
-            got = await coord.claim(Claim(worker_id="w1", lease_s=30.0))
+        got = None
+        for i in range(n):
+            if got is None:
+                got = await coord.claim(Claim(worker_id="w1", lease_s=30.0))
             assert got.job is not None, got
-            await coord.complete(Complete(job_id=got.job.job_id, worker_id="w1",
-                                          token=got.lease.token, result={"ok": 1}))
+            if ask is None or i == n - 1:
+                await coord.complete(Complete(job_id=got.job.job_id, worker_id="w1",
+                                              token=got.lease.token, result={"ok": 1}))
+                got = None
+            else:
+                got = (await coord.complete(Complete(
+                    job_id=got.job.job_id, worker_id="w1", token=got.lease.token,
+                    result={"ok": 1}, next=ask))).next
 
     loop = uvloop.new_event_loop()
     try:
@@ -124,13 +142,15 @@ def _source(rev: str | None) -> tuple[Path, str, Path | None]:
 
 
 def _run_child(src: Path, n: int, work: Path, *, callgrind: bool,
-               trace_out: Path | None = None) -> int | None:
+               trace_out: Path | None = None, eager: bool = False) -> int | None:
     """Run the loop for `src`; with `callgrind`, the instructions counted (Ir)."""
     db = work / f"c{os.getpid()}-{len(list(work.iterdir()))}.db"
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), "--db", str(db)]
     if trace_out is not None:
         cmd += ["--trace-out", str(trace_out)]
+    if eager:
+        cmd.append("--eager")
     out = work / "callgrind.out"
     if callgrind:
         cmd = ["valgrind", "--tool=callgrind", f"--toggle-collect={TOGGLE}",
@@ -146,14 +166,15 @@ def _run_child(src: Path, n: int, work: Path, *, callgrind: bool,
     raise SystemExit(f"no totals in {out}")
 
 
-def measure(rev: str | None, n: int, statements_only: bool) -> dict:
+def measure(rev: str | None, n: int, statements_only: bool, eager: bool = False) -> dict:
     """Instructions (Ir) and statements per claim + complete for the tree or `rev`."""
     src, label, tmp = _source(rev)
+    label += " eager" if eager else ""
     try:
         with tempfile.TemporaryDirectory(prefix="coordd-instr-") as w:
             work = Path(w)
             trace = work / "trace.json"
-            _run_child(src, n, work, callgrind=False, trace_out=trace)
+            _run_child(src, n, work, callgrind=False, trace_out=trace, eager=eager)
             traced = json.loads(trace.read_text())
             # SQLite traces a statement again at the start of each trigger program it
             # runs (a TEMP trigger, a persistent one, a foreign key action), with the
@@ -162,7 +183,8 @@ def measure(rev: str | None, n: int, statements_only: bool) -> dict:
             shapes = collections.Counter(_shape(s) for s in stmts)
             triggers = collections.Counter(_shape(s) for i, s in enumerate(traced)
                                            if i and traced[i - 1] == s)
-            ir = None if statements_only else _run_child(src, n, work, callgrind=True)
+            ir = None if statements_only else _run_child(src, n, work, callgrind=True,
+                                                         eager=eager)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -185,20 +207,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="count statements only (no valgrind run)")
     p.add_argument("--by-statement", action="store_true",
                    help="print the statements per job by statement")
+    p.add_argument("--eager", action="store_true",
+                   help="each complete claims the next job (eager dispatch) where it can")
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--db", help=argparse.SUPPRESS)
     p.add_argument("--trace-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child is not None:
-        _child(args.child, args.db, args.trace_out)
+        _child(args.child, args.db, args.trace_out, args.eager)
         return 0
     if not args.statements and shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (or use --statements)")
     targets = [*args.rev, *([] if args.no_tree else [None])]
     results = []
     for rev in targets:
-        r = measure(rev, args.jobs, args.statements)
+        r = measure(rev, args.jobs, args.statements, args.eager)
         results.append(r)
         ir = "n/a" if r["ir_per_job"] is None else f"{r['ir_per_job'] / 1e3:,.1f}k"
         print(f"{r['label']:<28} Ir/job {ir:>9}   SQL statements/job "

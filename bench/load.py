@@ -6,13 +6,20 @@ has sent its heartbeat), then opens a shared gate so all connections start toget
 Wall time runs from the gate to the last connection finishing (perf_counter is
 CLOCK_MONOTONIC, comparable across processes on Linux). Each process reports its own
 CPU seconds, so the client's share of the 2 cores is visible.
+
+A drain claims its next job in the `complete` that ends the last one (eager dispatch,
+coordd.wire.claims) when both the client library and the daemon under test have it (an
+older tree, `--rev 9727d64`, or COORDD_BENCH_EAGER=0: a plain `claim` per job); `rpcs`
+counts the calls either way.
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
+import inspect
 import multiprocessing as mp
+import os
 import resource
 import time
 from dataclasses import dataclass
@@ -26,6 +33,7 @@ ROLES = ["cpu"]
 READINGS = {"memory_used_pct": 10.0, "temperature_c": 40.0, "on_battery": False,
             "user_idle_s": 3600.0}
 CALL_TIMEOUT_S = 300.0
+EAGER = os.environ.get("COORDD_BENCH_EAGER", "1") != "0"  # 0: a claim per job, always
 READY_TIMEOUT_S = 120.0
 
 
@@ -38,6 +46,7 @@ class PhaseResult:
     client_cpu_s: float
     claim_lat: array.array
     complete_lat: array.array
+    rpcs: int = 0  # drain: claim and complete calls made
 
     @property
     def rate(self) -> float:
@@ -63,20 +72,56 @@ async def _enqueue_batches(c: Client, ids: range, batch: int) -> tuple[int, list
     return n, [], []
 
 
-async def _drain(c: Client, worker_id: str, limit: int) -> tuple[int, list, list]:
+def _next_ask() -> object | None:
+    """A `next` for complete when this client library has eager dispatch, else None."""
+    try:
+        from coordd.wire.claims import ClaimAsk
+    except ImportError:  # an older tree (--rev)
+        return None
+    return ClaimAsk() if "next" in inspect.signature(Client.complete).parameters else None
+
+
+async def _drain(c: Client, worker_id: str, limit: int,
+                 eager: bool = True) -> tuple[int, list, list, int]:
+    """Claim and complete until nothing is left (or `limit` jobs): with eager dispatch
+    (see the module doc) the complete brings the next job; a claim's latency is that of
+    the call that brought its job. Returns (jobs, claim latencies, complete latencies,
+    calls made)."""
     claims: list[float] = []
     completes: list[float] = []
     pc = time.perf_counter
+    ask = _next_ask() if eager else None
+    rpcs = 0
+    r = None
     while limit <= 0 or len(claims) < limit:
-        t0 = pc()
-        r = await c.claim(worker_id)
+        if r is None:
+            t0 = pc()
+            r = await c.claim(worker_id)
+            rpcs += 1
+            t1 = pc()
+            if r.job is None:
+                break
+            claims.append(t1 - t0)
         t1 = pc()
-        if r.job is None:
-            return len(claims), claims, completes
-        claims.append(t1 - t0)
-        await c.complete(r.job.job_id, worker_id, r.lease.token, None)
-        completes.append(pc() - t1)
-    return len(claims), claims, completes
+        more = ask is not None and (limit <= 0 or len(claims) < limit)
+        if more:
+            done = await c.complete(r.job.job_id, worker_id, r.lease.token, None, next=ask)
+        else:
+            done = await c.complete(r.job.job_id, worker_id, r.lease.token, None)
+        rpcs += 1
+        t2 = pc()
+        completes.append(t2 - t1)
+        nxt = done.next if more else None
+        if more and nxt is None:
+            ask = None  # the daemon under test does not claim on complete: plain claims
+        if nxt is not None and nxt.job is not None:
+            claims.append(t2 - t1)
+            r = nxt
+        elif nxt is not None:  # nothing due (the queue is drained)
+            break
+        else:
+            r = None
+    return len(claims), claims, completes, rpcs
 
 
 async def _proc_main(kind: str, sock: str, specs: list, batch: int, ready, go, out) -> None:
@@ -91,21 +136,22 @@ async def _proc_main(kind: str, sock: str, specs: list, batch: int, ready, go, o
     await asyncio.get_running_loop().run_in_executor(None, go.wait)
     cpu0 = _cpu()
     if kind == "drain":
-        coros = [_drain(c, w, batch) for c, w in zip(clients, specs)]
+        coros = [_drain(c, w, batch, EAGER) for c, w in zip(clients, specs)]
     elif kind == "enqueue":
         coros = [_enqueue_one(c, ids) for c, ids in zip(clients, specs)]
     else:
         coros = [_enqueue_batches(c, ids, batch) for c, ids in zip(clients, specs)]
-    results = await asyncio.gather(*coros)
+    results = [(*r, 0)[:4] for r in await asyncio.gather(*coros)]
     t_end = time.perf_counter()
     cpu = _cpu() - cpu0
     for c in clients:
         await c.close()
     claims, completes = array.array("d"), array.array("d")
-    for _, cl, co in results:
+    for _, cl, co, _ in results:
         claims.extend(cl)
         completes.extend(co)
-    out.put((sum(r[0] for r in results), t_end, cpu, claims.tobytes(), completes.tobytes()))
+    out.put((sum(r[0] for r in results), t_end, cpu, claims.tobytes(), completes.tobytes(),
+             sum(r[3] for r in results)))
 
 
 def _proc_entry(*args) -> None:  # type: ignore[no-untyped-def]
@@ -154,4 +200,4 @@ def run_phase(kind: str, sock: str, n_conns: int, n_procs: int, n_jobs: int = 0,
         completes.frombytes(g[4])
     return PhaseResult(wall_s=max(g[1] for g in got) - t_go, done=sum(g[0] for g in got),
                        client_cpu_s=sum(g[2] for g in got), claim_lat=claims,
-                       complete_lat=completes)
+                       complete_lat=completes, rpcs=sum(g[5] for g in got))

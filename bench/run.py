@@ -141,6 +141,7 @@ def one_round(i: int, workdir: Path, args: argparse.Namespace, n: int,
               + (f", {ratios[f'drain{c}_vs_huey']:.2f}x huey end-to-end"
                  f" ({ratios[f'drain{c}_vs_huey_drain']:.2f}x its drain)" if huey else "")
               + f" | claim p50 {d['claim_ms_p50']:.2f} p99 {d['claim_ms_p99']:.2f} ms"
+              f" | calls/job {_f(d.get('rpcs_per_job'))}"
               f" | req/commit {_f(w['requests_per_commit'])} commit {_f(w['commit_ms_mean'])} ms"
               f" wait p50 {_f(w['queue_wait_ms_p50'])} p99 {_f(w['queue_wait_ms_p99'])} ms"
               f" | coordd cpu {d['coordd_cpu_s']:.1f}s ({d['coordd_cores']:.2f} cores)"
@@ -177,7 +178,7 @@ def medians(rounds: list[dict], clients: list[int]) -> dict:
     for c in clients:
         k = str(c)
         for f in ("jobs_s", "claim_ms_p50", "claim_ms_p99", "complete_ms_p50", "coordd_cpu_s",
-                  "coordd_cores", "client_cpu_s", "coordd_peak_rss_mb"):
+                  "coordd_cores", "client_cpu_s", "coordd_peak_rss_mb", "rpcs_per_job"):
             m[f"drain{c}_{f}"] = agg(lambda r, f=f: r["drain"][k][f])
         for f in ("requests_per_commit", "commit_ms_mean", "commit_ms_p99",
                   "queue_wait_ms_p50", "queue_wait_ms_p99"):

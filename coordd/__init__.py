@@ -8,6 +8,7 @@ pyproject.toml's import-linter contracts keep it, top to bottom:
 - rules/   pure decisions; wire/: the protocol's Structs (import nothing of coordd).
 
 Beside them, the base modules any layer may import (clock, errors, ids, jsontext, config,
-conffile, cas, process_start) and the client library (client, client_areas, transport,
-failover: `coordd.client` is public API), which import no daemon, service, store or ops.
+conffile, cas, process_start) and the client library (client, client_areas, client_leases,
+transport, failover: `coordd.client` is public API), which import no daemon, service, store
+or ops.
 """

@@ -1,7 +1,7 @@
 """The client library: how a program talks to coordd (workers, coordctl, scripts).
 
-`Client` is asyncio (its workflow, hub and push calls are in coordd.client_areas);
-`SyncClient` wraps it for scripts. Both:
+`Client` is asyncio (a worker's calls are in coordd.client_leases; the admin, workflow, hub
+and push calls in coordd.client_areas); `SyncClient` wraps it for scripts. Both:
 
 - enforce the same explicit frame cap as the daemon (protocol.MAX_FRAME_DEFAULT);
 - time out each call (`timeout` seconds, `asyncio.TimeoutError` -> `CallTimeout`);
@@ -28,15 +28,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from coordd import errors
-from coordd.client_areas import HubCalls, PushCalls, WorkflowCalls
+from coordd.client_areas import AdminCalls, HubCalls, PushCalls, WorkflowCalls
+from coordd.client_leases import LeaseCalls
 from coordd.wire.protocol import (
-    MAX_FRAME_DEFAULT, TERMINAL_STATUSES, BackupResult, ClaimResult, CompleteResult, Enqueue,
-    EnqueueBatchResult, EnqueueResult, HeartbeatResult, JobList, JobView, MetricsResult,
-    ReapResult, RenewResult, ReplyHeader, StatusReply, StatusResult, WorkersResult,
+    MAX_FRAME_DEFAULT, TERMINAL_STATUSES, Enqueue, EnqueueBatchResult, EnqueueResult, JobView,
+    ReplyHeader,
 )
-from coordd.wire.limits import LimitsResult, LimitView
-from coordd.wire.logs import JobLogs, LogAppendResult
-from coordd.wire.workers import ReleasedResult
 from coordd.net.frames import encode_frame, read_frame
 
 if TYPE_CHECKING:
@@ -99,7 +96,7 @@ def _shown(bad: str) -> str:
         return f"characters {bad!r}"
 
 
-class Client(WorkflowCalls, HubCalls, PushCalls):
+class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
     """An asyncio connection to coordd; many calls may be in flight at once.
 
     Args:
@@ -298,30 +295,6 @@ class Client(WorkflowCalls, HubCalls, PushCalls):
 
     # ------------------------------------------------------------ typed helpers
 
-    async def heartbeat(self, worker_id: str, roles: list[str], readings: dict[str, Any],
-                        **fields: Any) -> HeartbeatResult:
-        """Send a heartbeat (`fields`: incarnation, kinds, broken_kinds of
-        protocol.Heartbeat); returns coordd's time and held jobs to cancel."""
-        return await self.call("heartbeat", {"worker_id": worker_id, "roles": roles,
-                                             "readings": readings, **fields}, HeartbeatResult)
-
-    async def release(self, job_id: str, worker_id: str, token: int, reason: str,
-                      checkpoint: Any = None) -> StatusResult:
-        """Hand a held job back without spending its attempt (protocol.Release)."""
-        return await self.call("release", {"job_id": job_id, "worker_id": worker_id,
-                                           "token": token, "reason": reason,
-                                           "checkpoint": checkpoint}, StatusResult)
-
-    async def goodbye(self, worker_id: str, incarnation: str | None = None) -> ReleasedResult:
-        """Say this worker stops: offline at once; leases it still holds end."""
-        return await self.call("goodbye", {"worker_id": worker_id, "incarnation": incarnation},
-                               ReleasedResult)
-
-    async def forget_worker(self, worker_id: str, force: bool = False) -> ReleasedResult:
-        """Drop a dead worker from `workers` (`force`: a live one too; admin)."""
-        return await self.call("forget_worker", {"worker_id": worker_id, "force": force},
-                               ReleasedResult)
-
     async def enqueue(self, **fields: Any) -> EnqueueResult:
         """Enqueue one job (fields of protocol.Enqueue)."""
         return await self.call("enqueue", Enqueue(**fields), EnqueueResult)
@@ -329,120 +302,6 @@ class Client(WorkflowCalls, HubCalls, PushCalls):
     async def enqueue_batch(self, jobs: list[dict[str, Any]]) -> EnqueueBatchResult:
         """Enqueue many jobs in one transaction."""
         return await self.call("enqueue_batch", {"jobs": jobs}, EnqueueBatchResult)
-
-    async def claim(self, worker_id: str, lease_s: float | None = None,
-                    claim_id: str | None = None, kinds: list[str] | None = None,
-                    wait_s: float = 0.0, on_sent: Callable[[], None] | None = None) -> ClaimResult:
-        """Claim a job (see protocol.Claim); `kinds` limits it to kinds this worker runs;
-        `wait_s` > 0 parks the claim at coordd up to that long while nothing is claimable
-        (an older coordd answers at once)."""
-        params = {"worker_id": worker_id, "lease_s": lease_s, "claim_id": claim_id,
-                  "kinds": kinds}
-        if wait_s > 0:
-            params["wait_s"] = wait_s
-            return await self.call("claim", params, ClaimResult, timeout=self.timeout + wait_s,
-                                   on_sent=on_sent)
-        return await self.call("claim", params, ClaimResult, on_sent=on_sent)
-
-    async def renew(self, job_id: str, worker_id: str, token: int,
-                    lease_s: float | None = None,
-                    on_sent: Callable[[], None] | None = None) -> RenewResult:
-        """Renew a lease (`on_sent`: see `call`)."""
-        return await self.call("renew", {"job_id": job_id, "worker_id": worker_id,
-                                         "token": token, "lease_s": lease_s}, RenewResult,
-                               on_sent=on_sent)
-
-    async def checkpoint(self, job_id: str, worker_id: str, token: int, checkpoint: Any) -> None:
-        """Record a checkpoint."""
-        await self.call("checkpoint", {"job_id": job_id, "worker_id": worker_id,
-                                       "token": token, "checkpoint": checkpoint})
-
-    async def log_append(self, job_id: str, worker_id: str, token: int, stream: str, pos: int,
-                         data: bytes) -> LogAppendResult:
-        """Store bytes `pos..` of an attempt's `stream` ("stdout"/"stderr"); fenced."""
-        return await self.call("log_append", {"job_id": job_id, "worker_id": worker_id,
-                                              "token": token, "stream": stream, "pos": pos,
-                                              "data": data}, LogAppendResult)
-
-    async def job_logs(self, job_id: str, after: int = 0, attempt: int | None = None,
-                       limit_bytes: int = 1 << 20) -> JobLogs:
-        """A job's kept model output after cursor `after` (coordd.wire.logs.JobLogs)."""
-        return await self.call("job_logs", {"job_id": job_id, "after": after,
-                                            "attempt": attempt, "limit_bytes": limit_bytes},
-                               JobLogs)
-
-    async def complete(self, job_id: str, worker_id: str, token: int, result: Any,
-                       artifact: dict[str, Any] | None = None,
-                       usage: dict[str, float] | None = None) -> CompleteResult:
-        """Report a result (`usage`: counted against the job's limit budgets)."""
-        params = {"job_id": job_id, "worker_id": worker_id, "token": token, "result": result,
-                  "artifact": artifact}
-        if usage:
-            params["usage"] = usage
-        return await self.call("complete", params, CompleteResult)
-
-    async def fail(self, job_id: str, worker_id: str, token: int, error: str,
-                   retryable: bool) -> StatusResult:
-        """Report a failure."""
-        return await self.call("fail", {"job_id": job_id, "worker_id": worker_id,
-                                        "token": token, "error": error,
-                                        "retryable": retryable}, StatusResult)
-
-    async def cancel(self, job_id: str) -> StatusResult:
-        """Cancel a job."""
-        return await self.call("cancel", {"job_id": job_id}, StatusResult)
-
-    async def retry(self, job_id: str) -> StatusResult:
-        """Retry a failed or cancelled job."""
-        return await self.call("retry", {"job_id": job_id}, StatusResult)
-
-    async def reap(self) -> ReapResult:
-        """Reap expired leases now."""
-        return await self.call("reap", {}, ReapResult)
-
-    async def status(self) -> StatusReply:
-        """Counts of workers, leases and jobs."""
-        return await self.call("status", {}, StatusReply)
-
-    async def get_job(self, job_id: str, prefix: bool = False) -> JobView:
-        """One job with lease and events; with `prefix`, `job_id` may be the start of one
-        job's id (BadRequest if it starts several)."""
-        params: dict[str, Any] = {"job_id": job_id}
-        if prefix:
-            params["prefix"] = True
-        return await self.call("get_job", params, JobView)
-
-    async def list_jobs(self, **filters: Any) -> JobList:
-        """A page of jobs (status, kind, role, priority, limit, after)."""
-        return await self.call("list_jobs", filters, JobList)
-
-    async def workers(self) -> WorkersResult:
-        """Workers with readings and gate verdicts."""
-        return await self.call("workers", {}, WorkersResult)
-
-    async def backup(self, dest: str) -> BackupResult:
-        """Make a verified backup at `dest` (a path on coordd's host)."""
-        return await self.call("backup", {"dest": dest}, BackupResult)
-
-    async def check(self) -> dict[str, Any]:
-        """quick_check and foreign_key_check of the live database."""
-        return await self.call("check", {})
-
-    async def metrics(self) -> MetricsResult:
-        """Every metric series, as Prometheus text."""
-        return await self.call("metrics", {}, MetricsResult)
-
-    async def limits(self, name: str | None = None) -> LimitsResult:
-        """Fleet-wide limits (or one) with their use now and who holds units."""
-        return await self.call("limits", {"name": name}, LimitsResult)
-
-    async def limits_set(self, name: str, settings: dict[str, Any]) -> LimitView:
-        """Change (or create) a limit at runtime (admin); kept over a restart."""
-        return await self.call("limits_set", {"name": name, "settings": settings}, LimitView)
-
-    async def limits_reset(self, name: str) -> LimitsResult:
-        """Drop a limit's runtime override (admin): back to the config."""
-        return await self.call("limits_reset", {"name": name}, LimitsResult)
 
     async def wait_for(self, job_id: str, timeout: float, poll_s: float = 0.2) -> JobView:
         """Wait until the job is terminal; return it. Waits at coordd (`wait_job`); against

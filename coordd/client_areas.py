@@ -1,6 +1,7 @@
-"""The client library's typed calls, grouped by area: workflows and schedules, the agent
-message hub, and parked calls (push). `coordd.client.Client` inherits them all: use it,
-not these classes, which only hold the wrappers (each area's methods beside each other).
+"""The client library's typed calls, grouped by area: jobs and admin, workflows and
+schedules, the agent message hub, and parked calls (push). `coordd.client.Client` inherits
+them all: use it, not these classes, which only hold the wrappers (each area's methods
+beside each other).
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from typing import Any
 
 import msgspec
 
-from coordd.wire.protocol import AckResult, AgentsResult, AgentView, JobView, ReadResult, SendResult
+from coordd.wire.limits import LimitsResult, LimitView
+from coordd.wire.protocol import (
+    AckResult, AgentsResult, AgentView, BackupResult, JobList, JobView, MetricsResult,
+    ReadResult, ReapResult, SendResult, StatusReply, StatusResult, WorkersResult,
+)
 from coordd.wire.push import EventFilter, EventsResult, WaitJobResult, WorkerActions
 from coordd.wire.workflows import (
     ScheduleList, ScheduleView, WorkflowList, WorkflowSubmit, WorkflowSubmitResult, WorkflowView,
@@ -25,6 +30,66 @@ class Caller:
                    timeout: float | None = None, on_sent: Any = None) -> Any:
         """Send one request and return its decoded result (coordd.client.Client.call)."""
         raise NotImplementedError
+
+
+class AdminCalls(Caller):
+    """Jobs, workers and the admin calls (docs/reference/protocol.md)."""
+
+    async def cancel(self, job_id: str) -> StatusResult:
+        """Cancel a job."""
+        return await self.call("cancel", {"job_id": job_id}, StatusResult)
+
+    async def retry(self, job_id: str) -> StatusResult:
+        """Retry a failed or cancelled job."""
+        return await self.call("retry", {"job_id": job_id}, StatusResult)
+
+    async def reap(self) -> ReapResult:
+        """Reap expired leases now."""
+        return await self.call("reap", {}, ReapResult)
+
+    async def status(self) -> StatusReply:
+        """Counts of workers, leases and jobs."""
+        return await self.call("status", {}, StatusReply)
+
+    async def get_job(self, job_id: str, prefix: bool = False) -> JobView:
+        """One job with lease and events; with `prefix`, `job_id` may be the start of one
+        job's id (BadRequest if it starts several)."""
+        params: dict[str, Any] = {"job_id": job_id}
+        if prefix:
+            params["prefix"] = True
+        return await self.call("get_job", params, JobView)
+
+    async def list_jobs(self, **filters: Any) -> JobList:
+        """A page of jobs (status, kind, role, priority, limit, after)."""
+        return await self.call("list_jobs", filters, JobList)
+
+    async def workers(self) -> WorkersResult:
+        """Workers with readings and gate verdicts."""
+        return await self.call("workers", {}, WorkersResult)
+
+    async def backup(self, dest: str) -> BackupResult:
+        """Make a verified backup at `dest` (a path on coordd's host)."""
+        return await self.call("backup", {"dest": dest}, BackupResult)
+
+    async def check(self) -> dict[str, Any]:
+        """quick_check and foreign_key_check of the live database."""
+        return await self.call("check", {})
+
+    async def metrics(self) -> MetricsResult:
+        """Every metric series, as Prometheus text."""
+        return await self.call("metrics", {}, MetricsResult)
+
+    async def limits(self, name: str | None = None) -> LimitsResult:
+        """Fleet-wide limits (or one) with their use now and who holds units."""
+        return await self.call("limits", {"name": name}, LimitsResult)
+
+    async def limits_set(self, name: str, settings: dict[str, Any]) -> LimitView:
+        """Change (or create) a limit at runtime (admin); kept over a restart."""
+        return await self.call("limits_set", {"name": name, "settings": settings}, LimitView)
+
+    async def limits_reset(self, name: str) -> LimitsResult:
+        """Drop a limit's runtime override (admin): back to the config."""
+        return await self.call("limits_reset", {"name": name}, LimitsResult)
 
 
 class WorkflowCalls(Caller):

@@ -39,35 +39,47 @@ class Reporter:
     """
 
     def __init__(self, client: Client, worker_id: str, clock: Clock,
-                 stop: asyncio.Event) -> None:
+                 stop: asyncio.Event, eager: Any = None) -> None:
         self._client, self.worker_id, self._clock, self._stop = client, worker_id, clock, stop
         self._never = asyncio.Event()
+        self._eager = eager  # worker.claiming.ClaimLoop: each report's next claim, or None
 
     async def send(self, run: JobRun, method: str, **params: Any) -> Any:
         """Send `method` (complete, fail, release) while we hold the lease; resend on a
         lost reply, and on `unavailable` (coordd's storage refused it) until the lease
-        ends. Returns the reply, or None if dropped. Raises: errors.AlreadyCompleted,
-        other errors.CoordError refusals."""
+        ends. With an `eager` claim loop, the report asks for the worker's next job
+        (`next`) and the jobs it brings are started. Returns the reply, or None if
+        dropped. Raises: errors.AlreadyCompleted, other errors.CoordError refusals."""
         stopping = self._stop.is_set()
         timeout = SHUTDOWN_REPORT_TIMEOUT_S if stopping else REPORT_TIMEOUT_S
         give_up = self._clock.mono() + (timeout if stopping else REPORT_RETRY_MAX_S)
         call = getattr(self._client, method)
-        unavailable = False
+        unavailable = resent = False
+        ask = None if self._eager is None else self._eager.next_ask(run)
+        if ask is not None:
+            params["next"] = ask
         while True:
             if not run.holds_lease(self._clock.mono()):
                 logger.warning("job %s: lease gone, %s not sent", run.job_id, method,
                                extra={"action": "report_dropped", "job_id": run.job_id})
                 return None
             try:
+                sent = self._clock.mono()
                 res = await asyncio.wait_for(
                     call(run.job_id, self.worker_id, run.token, **params), timeout)
                 run.finished.set()  # the lease ends with this report: stop renewing it
+                if ask is not None:
+                    await self._eager.take_next(ask, res.next, sent, replay=False)
                 return res
             except errors.AlreadyCompleted:
                 run.finished.set()
+                if ask is not None and resent:  # stored by the lost one: its next claim too
+                    await self._eager.take_next(ask, None, 0.0, replay=True)
                 raise
             except LEASE_GONE as exc:
                 run.lease_gone = True
+                if ask is not None and resent:
+                    await self._eager.take_next(ask, None, 0.0, replay=True)
                 logger.warning("job %s: %s refused: %s", run.job_id, method, exc,
                                extra={"action": "report_refused", "job_id": run.job_id})
                 return None
@@ -81,6 +93,7 @@ class Reporter:
                     return None
                 await self._clock.wait(self._never, RETRY_S)
             except (Disconnected, CallTimeout, errors.Overloaded, TimeoutError) as exc:
+                resent = resent or not isinstance(exc, errors.Overloaded)  # may be stored
                 if self._clock.mono() >= give_up:
                     logger.warning("job %s: %s not delivered: %s", run.job_id, method, exc,
                                    extra={"action": "report_lost", "job_id": run.job_id})

@@ -19,15 +19,15 @@ from collections.abc import Callable
 from coordd import errors
 from coordd.client import CallTimeout, Client, Disconnected
 from coordd.clock import Clock, SystemClock
-from coordd.wire.protocol import ClaimedJob
 from worker import (artifacts, checkpoints, governance, orphans, remote_files, renewal,
                     resources, stopping)
+from worker.claiming import ClaimLoop
 from worker.config import KindConfig, WorkerConfig, expand_argv, job_env
-from worker.jobrun import CANCELLED, LEASE_LOST, SHUTDOWN, TIMEOUT, JobRun, SendStamp
+from worker.jobrun import CANCELLED, LEASE_LOST, SHUTDOWN, TIMEOUT, JobRun
 from worker.kinds import KindHealth
 from worker.link import Link
 from worker.logs import LogShipper
-from worker.control import ControlWatch, early, until
+from worker.control import ControlWatch
 from worker.probes import Probes
 from worker.process import ModelProcess, classify_exit
 from worker.reports import LEASE_GONE, REPORT_TIMEOUT_S, SHUTDOWN_REPORT_TIMEOUT_S, Reporter
@@ -42,7 +42,7 @@ FORCE_MARGIN_S = 2.0
 """At stop, job tasks still running this long before `stop_timeout_s` are cancelled (SIGKILL)."""
 
 
-class Supervisor:
+class Supervisor(ClaimLoop):
     """Run jobs for one worker id until `request_stop`.
 
     Args:
@@ -69,7 +69,7 @@ class Supervisor:
         self._probes = probes or Probes(override_path=override_path, mono=self._clock.mono,
                                         wall=self._clock.wall)
         self._stop = asyncio.Event()
-        self._reports = Reporter(self._client, worker_id, self._clock, self._stop)
+        self._reports = Reporter(self._client, worker_id, self._clock, self._stop, eager=self)
         self._wake = asyncio.Event()  # a slot freed, or stop
         self._never = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -158,9 +158,9 @@ class Supervisor:
                 self.worker_id, self.roles, readings, incarnation=self.incarnation,
                 kinds=self.kinds.usable(), broken_kinds=self.kinds.broken())
         except errors.CoordError as exc:
-            self._note_down(exc)
+            self._link.failed(exc)
             return False
-        self._note_up()
+        self._link.answered()
         self._last_heartbeat = sent
         if reply.lost:
             logger.warning("coordd released %d job(s) of this worker's previous run: %s",
@@ -175,12 +175,6 @@ class Supervisor:
             governance.act(self._runs.get(a.job_id), a.action, a.reason, self._clock.mono())
         return True
 
-    def _note_down(self, exc: Exception) -> None:
-        self._link.failed(exc)  # logged once per outage (worker.link)
-
-    def _note_up(self) -> None:
-        self._link.answered()
-
     async def _goodbye(self) -> None:
         try:
             await asyncio.wait_for(self._client.goodbye(self.worker_id, self.incarnation),
@@ -192,110 +186,6 @@ class Supervisor:
     def artifact_dir(self) -> str:
         """coordd's store (a heartbeat named it), else this host's own (remote_files)."""
         return remote_files.store_dir(self._client, self._artifact_dir, self.config.work_dir)
-
-    # ------------------------------------------------------------ claiming
-
-    def _claimable(self) -> list[str]:
-        """The usable kinds with a free slot: a claim names only these, so a job of a full
-        kind stays waiting at coordd (where preemption can see it) instead of being held
-        here until a slot of its kind frees."""
-        held: dict[str, int] = {}
-        for r in self._runs.values():
-            held[r.job.kind] = held.get(r.job.kind, 0) + 1
-        return [k for k in self.kinds.usable()
-                if k not in self.config.kinds or held.get(k, 0) < self.config.kinds[k].slots]
-
-    def _can_claim(self) -> bool:
-        if any(r.waiting_for_slot for r in self._runs.values()):
-            return False  # a job already waits for a slot of its kind: take no more
-        return len(self._runs) < self.config.total_slots and bool(self._claimable())
-
-    async def _claim_loop(self) -> None:
-        interval = self.config.claim_interval_s
-        while not self._stop.is_set():
-            self._wake.clear()
-            if not self._can_claim():
-                await self._clock.wait(self._wake, interval)
-                continue
-            stale = (self._last_heartbeat is None  # the heartbeat loop keeps it fresh after
-                     or self._clock.mono() - self._last_heartbeat >= 2 * self.config.heartbeat_interval_s)
-            if stale and not await self.heartbeat_once():
-                await self._clock.wait(self._wake, self._link.delay(interval))
-                continue
-            asked = self._clock.mono()
-            # some kinds full: the claim names the others, parked no longer than the idle
-            # poll; a slot that frees meanwhile is claimed for at once by a second claim
-            # (this one runs out in the background: every reply is read, none orphaned)
-            kinds = self._claimable()
-            full = len(kinds) < len(self.kinds.usable())
-            wait_s = min(self.config.claim_wait_s, interval) if full else self.config.claim_wait_s
-            call = asyncio.ensure_future(self.claim_once(wait_s, kinds))
-            if full and await self._widened(call, kinds):
-                self._tg.create_task(self._adopt(call), name="claim-superseded")
-                continue
-            got = await until(self._stop, call)
-            if got is None:  # answered early (an older coordd, an error): poll's pause
-                if early(self._clock.mono() - asked, self.config.claim_wait_s):
-                    await self._clock.wait(self._wake, interval)
-                continue
-            self._start_job(self._new_run(got))
-
-    async def _widened(self, call: asyncio.Future[object], kinds: list[str]) -> bool:
-        """Wait for `call` (a claim naming `kinds`) to be answered, or for a freed slot
-        to make a kind outside `kinds` claimable (True: claim again now), or stop."""
-        while not call.done() and not self._stop.is_set():
-            await _wait_any(self._wake, future=call)
-            if self._wake.is_set() and not call.done():
-                self._wake.clear()
-                if self._can_claim() and not set(self._claimable()) <= set(kinds):
-                    return True
-        return False
-
-    async def _adopt(self, call: asyncio.Future[tuple[ClaimedJob, int, float] | None]) -> None:
-        """Run the job a superseded claim still brings (a kind that is full again waits
-        for its slot here), so no lease it was granted is left unread."""
-        got = await until(self._stop, call)
-        if got is not None:
-            self._start_job(self._new_run(got))
-
-    def _new_run(self, got: tuple[ClaimedJob, int, float]) -> JobRun:
-        return JobRun(job=got[0], token=got[1], deadline=got[2],
-                      dir=os.path.join(self.config.work_dir, artifacts.safe_name(got[0].job_id)),
-                      kind=self.config.kinds.get(got[0].kind))
-
-    async def claim_once(self, wait_s: float = 0.0, kinds: list[str] | None = None
-                         ) -> tuple[ClaimedJob, int, float] | None:
-        """Claim one job of `kinds` (default: the claimable ones): (job, token, monotonic
-        lease deadline), or None.
-
-        A fresh claim_id per attempt, resent once on a lost reply, so a lost reply leaves no
-        orphan lease. `wait_s` > 0 parks it at coordd; the lease runs from send + waited_s.
-        """
-        claim_id = uuid.uuid4().hex
-        sent = SendStamp(self._clock)  # re-stamped when the frame is written (a reconnect first)
-        for attempt in (1, 2):
-            try:
-                res = await self._watch.client.claim(self.worker_id, self.config.lease_s, claim_id,
-                                               kinds=self._claimable() if kinds is None else kinds,
-                                               wait_s=wait_s, on_sent=sent)
-                break
-            except (Disconnected, CallTimeout) as exc:
-                if attempt == 2 or self._stop.is_set():
-                    self._note_down(exc)
-                    return None
-            except errors.CoordError as exc:
-                logger.warning("claim refused: %s", exc, extra={"action": "claim_error"})
-                return None
-        self._note_up()
-        if res.job is None or res.lease is None:
-            if "heartbeat_stale" in res.reasons:
-                self._last_heartbeat = None
-            logger.debug("nothing to claim", extra={"action": "claim_none", "reasons": res.reasons})
-            return None
-        logger.info("claimed %s (%s, P%d, attempt %d)", res.job.job_id, res.job.kind,
-                    res.job.priority, res.job.attempts,
-                    extra={"action": "claim", "job_id": res.job.job_id, "token": res.lease.token})
-        return res.job, res.lease.token, sent.at + res.waited_s + res.lease.lease_s
 
     def _start_job(self, run: JobRun) -> None:
         assert self._tg is not None
@@ -326,7 +216,8 @@ class Supervisor:
             finally:
                 run.finished.set()
                 renewer.cancel()
-                self._runs.pop(run.job_id, None)
+                if self._runs.get(run.job_id) is run:  # not a next claim's new run of it
+                    del self._runs[run.job_id]
                 self._wake.set()
         if resources.holds_gpu(run.job) and not self._stop.is_set():
             await self.heartbeat_once()  # the freed VRAM, seen now: a parked claim wakes
@@ -503,4 +394,4 @@ class Supervisor:
         if isinstance(exc, LEASE_GONE):
             self._lose_lease(run, f"{exc.code}: {exc}")
         elif isinstance(exc, (Disconnected, CallTimeout, TimeoutError)):
-            self._note_down(exc)  # one line per outage; the loop backs off
+            self._link.failed(exc)  # one line per outage; the loop backs off

@@ -38,16 +38,16 @@ from coordd.ops.metrics import Metrics
 from coordd.rules.names import check_id, check_name
 from coordd.service.maintenance import Maintenance
 from coordd.wire.protocol import (
-    HUB_PARAMS, Backup, BackupResult, Checkpoint, Claim, ClaimResult, Complete,
-    CompleteResult, Empty, Enqueue, EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail,
-    Heartbeat, HeartbeatResult, JobId, PruneResult, ReapResult, Renew, RenewResult,
-    StatusResult,
+    HUB_PARAMS, Backup, BackupResult, Checkpoint, Complete, CompleteResult, Empty, Enqueue,
+    EnqueueBatch, EnqueueBatchResult, EnqueueResult, Fail, Heartbeat, HeartbeatResult, JobId,
+    PruneResult, ReapResult, Renew, RenewResult, StatusResult,
 )
 from coordd.wire.logs import LOG_PARAMS
 from coordd.wire.push import PUSH_PARAMS
 from coordd.wire.web import WEB_PARAMS
 from coordd.wire.workers import ForgetWorker, Goodbye, Release, ReleasedResult
-from coordd.service.push import PARK_SCOPE, Push
+from coordd.service.dispatch import Dispatch
+from coordd.service.push import Push
 from coordd.service.coalesced import Coalesced
 from coordd.service.areas import Areas
 from coordd.service.checks import checked_readings, lease_ref, truncate
@@ -64,11 +64,10 @@ from coordd.service.workflows import Workflows
 logger = logging.getLogger(__name__)
 
 REAP_LIMIT = 1000  # leases one reap ends at most
-UNDELIVERED = "claim_undelivered"  # a parked claim's job, granted as its connection closed
 SCHEDULE_METHODS = ("schedule_add", "schedule_list", "schedule_remove")
 
 
-class Coordinator(Reads, Areas):
+class Coordinator(Dispatch, Reads, Areas):
     """Every RPC method over one store.
 
     Args:
@@ -177,46 +176,6 @@ class Coordinator(Reads, Areas):
         res.artifact_dir = self.artifact_dir  # None: send files with artifact_put
         return res
 
-    async def claim(self, p: Claim) -> ClaimResult:
-        """Claim the best job for `p.worker_id` (the store's claim under the ClaimPolicy,
-        coordd.rules.claim_policy: priority, aging, gates, resources, limits).
-
-        `lease_s` is clamped to [lease_min_s, lease_max_s]. With `wait_s` > 0 and nothing
-        to hand out, the call parks (coordd.service.push) up to `wait_s` (cut to
-        `park_wait_max_s`) and tries again whenever a job it may take may have become
-        claimable; `waited_s` says how long. Raises: BadRequest (a bad name, NaN or
-        negative wait_s), Overloaded (parked-call caps).
-        """
-        wait = self.push.wait_s(p.wait_s)
-        if wait <= 0:
-            return await self._claim_once(p)
-        scope = PARK_SCOPE.get()
-
-        async def attempt(waited_s: float) -> ClaimResult:
-            res = await self._claim_once(p)
-            res.waited_s = waited_s
-            if res.job is not None and res.lease is not None and scope is not None \
-                    and scope.closed:  # its connection went while the claim ran: nobody
-                await self.release(Release(  # would hold the lease; no attempt spent
-                    job_id=res.job.job_id, worker_id=p.worker_id, token=res.lease.token,
-                    reason=UNDELIVERED))
-                return ClaimResult(job=None, reasons=[UNDELIVERED], waited_s=waited_s)
-            return res
-        return await self.push.claim(p.worker_id, p.kinds, wait, attempt)
-
-    async def _claim_once(self, p: Claim) -> ClaimResult:
-        check_name("worker_id", p.worker_id)
-        if p.claim_id is not None:
-            check_name("claim_id", p.claim_id)
-        result: ClaimResult = await self.store.claim(
-            p.worker_id, self._lease_s(p.lease_s), self._claim_policy, kinds=p.kinds,
-            claim_id=p.claim_id)
-        if result.job is not None:
-            self.meters.claims.inc()
-        for reason in result.reasons:
-            self.meters.refusals.labels(reason).inc()
-        return result
-
     async def renew(self, p: Renew) -> RenewResult:
         """Extend a lease; `action` is the job's governance action. Raises: LeaseLost,
         LeaseExpired, AlreadyCompleted, NotFound."""
@@ -234,37 +193,54 @@ class Coordinator(Reads, Areas):
     async def complete(self, p: Complete) -> CompleteResult:
         """Store a job's result, once; reported `usage` counts against the budgets of its
         limits in the same transaction; a result `artifact` is recorded as the store holds
-        it (Transfers.held). Raises: AlreadyCompleted (a result is stored: treat as
+        it (Transfers.held); with `next`, then claim the worker's next job
+        (coordd.service.dispatch). Raises: AlreadyCompleted (a result is stored: treat as
         success), LeaseLost, LeaseExpired, PayloadTooLarge, NotFound, BadRequest (bad
-        usage; an artifact the store does not hold with that size: upload it first)."""
+        usage, a bad `next`, an artifact the store does not hold with that size: upload it
+        first): nothing is claimed then."""
         text = values.encode("result", p.result, self.config.max_result_bytes)
         usage = self.check_usage(p.usage)
+        nxt = self.next_claim(p)
         art = None if p.artifact is None else await self.transfers.held(p.artifact)
+        then = {"then": nxt} if nxt is not None and self.next_in_report else {}
         if usage:
-            return await self.store.complete_counted(  # type: ignore[no-any-return]
-                lease_ref(p), text, usage, self.limit_book, self._backoff(), artifact=art)
-        return await self.store.complete(lease_ref(p), text,  # type: ignore[no-any-return]
-                                         artifact=art)
+            res: CompleteResult = await self.store.complete_counted(
+                lease_ref(p), text, usage, self.limit_book, self._backoff(),
+                artifact=art, **then)
+        else:
+            res = await self.store.complete(lease_ref(p), text, artifact=art, **then)
+        return await self._then(res, nxt, then)
 
     async def fail(self, p: Fail) -> StatusResult:
-        """Record a failure; the error text is truncated to `max_error_chars`.
+        """Record a failure; the error text is truncated to `max_error_chars`; `next` as
+        `complete`'s.
 
         Retryable with attempts left -> waiting after exponential backoff with jitter;
         otherwise `failed` (dead letter). Raises: the lease errors.
         """
         error = truncate(p.error, self.config.max_error_chars)
-        return await self.store.fail(lease_ref(p), error,  # type: ignore[no-any-return]
-                                     p.retryable, self._backoff())
+        nxt = self.next_claim(p)
+        then = {"then": nxt} if nxt is not None and self.next_in_report else {}
+        res = await self.store.fail(lease_ref(p), error, p.retryable, self._backoff(), **then)
+        return await self._then(res, nxt, then)  # type: ignore[no-any-return]
 
     async def release(self, p: Release) -> StatusResult:
-        """Hand a held job back without spending an attempt. Raises: the lease errors,
-        BadRequest, PayloadTooLarge (checkpoint)."""
+        """Hand a held job back without spending an attempt; `next` as `complete`'s.
+        Raises: the lease errors, BadRequest, PayloadTooLarge (checkpoint)."""
         reason = _clip(p.reason or "released", self.config.max_error_chars)
         ckpt = None if p.checkpoint is None else values.encode(
             "checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
-        res: StatusResult = await self.store.release(lease_ref(p), reason, ckpt)
+        nxt = self.next_claim(p)
+        then = {"then": nxt} if nxt is not None and self.next_in_report else {}
+        res = await self.store.release(lease_ref(p), reason, ckpt, **then)
         logger.info("job %s released by %s: %s", p.job_id, p.worker_id, reason,
                     extra={"action": "release", "job_id": p.job_id, "worker_id": p.worker_id})
+        return await self._then(res, nxt, then)  # type: ignore[no-any-return]
+
+    async def _then(self, res: Any, nxt: Any, then: dict[str, Any]) -> Any:
+        """A report's reply with its next claim: run in the same write (`then`: counted
+        here), or now, apart."""
+        res.next = self.counted(res.next) if then else await self.claim_next(nxt)
         return res
 
     async def goodbye(self, p: Goodbye) -> ReleasedResult:

@@ -147,7 +147,10 @@ class Store(Protocol):
     async def complete(self, ref: LeaseRef, result_json: str | None, *,
                        artifact: Any = None, now: float | None = None) -> CompleteResult:
         """Store the result once (a result failing the job's schema spends the attempt
-        after the attached backoff); `artifact` (SQLite: a stored artifact's reference)."""
+        after the attached backoff); `artifact` (SQLite: a stored artifact's reference).
+        A store whose `next_in_report` is True also takes `then` (a
+        coordd.rules.claim_batch.NextClaim) on complete, complete_counted, fail and
+        release: the next claim runs in the report's own write, its result in `next`."""
         ...
     async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
                    now: float | None = None) -> StatusResult: ...

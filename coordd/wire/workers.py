@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from coordd.wire.claims import ClaimAsk
+
 
 class Release(msgspec.Struct, kw_only=True):
     """`release`: hand a held job back without spending an attempt, fenced like
@@ -23,6 +25,7 @@ class Release(msgspec.Struct, kw_only=True):
     token: int
     reason: str = ""
     checkpoint: Any = None
+    next: ClaimAsk | None = None  # then claim the worker's next job (coordd.wire.claims)
 
 
 class Goodbye(msgspec.Struct, kw_only=True):

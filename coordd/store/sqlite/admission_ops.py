@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from coordd.store.sqlite import leases
+from coordd.rules.claim_batch import NextClaim
 from coordd.rules.limits import LimitBook
+from coordd.store.sqlite.claims import with_next
 from coordd.wire.protocol import CompleteResult
 from coordd.wire.limits import LimitView
 from coordd.store import limits as limit_store
@@ -24,14 +26,15 @@ class SQLiteAdmission:
     async def complete_counted(self, ref: LeaseRef, result_json: str | None,
                                usage: dict[str, float] | None, book: LimitBook,
                                backoff: Backoff, *, artifact: Any = None,
-                               now: float | None = None) -> CompleteResult:
+                               now: float | None = None,
+                               then: NextClaim | None = None) -> CompleteResult:
         def op(conn: Any, t: float) -> CompleteResult:
             res = leases.complete(conn, t, ref.job_id, ref.worker_id, ref.token, result_json,
                                   artifact, backoff)
             if usage and book.active:
                 limit_store.record_usage(conn, t, ref.job_id, usage, book)
             return res
-        return await self._write(op, now, urgent=True)
+        return await self._write(with_next(op, then), now, urgent=True)
 
     async def limits_loaded(self, book: LimitBook) -> None:
         """The book is installed: the `limit_holds_release` trigger is dropped while no

@@ -12,7 +12,7 @@ import heapq
 import itertools
 import math
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -22,6 +22,7 @@ from coordd.store import claim_admission as admission
 from coordd.rules import gates
 from coordd.rules import resources
 from coordd.rules import transitions as tr
+from coordd.rules.claim_batch import Batch, NextClaim
 from coordd.rules.claim_policy import (  # noqa: F401 (claims has always named them)
     BASE_REFUSALS_CACHED, ClaimPolicy, effective_priority,
 )
@@ -336,3 +337,30 @@ def _claimed(conn: sqlite3.Connection, job_id: str, lease: LeaseGrant) -> ClaimR
                        if (grant := grant_of(conn, job_id)) is not None else None),
         lease=lease,
     )
+
+
+def claim_next(conn: sqlite3.Connection, now: float, nxt: NextClaim) -> ClaimResult:
+    """A report's next claim, run in the report's own write: up to `nxt.max_jobs` claims
+    in a row (coordd.rules.claim_batch, the Coordinator's rule)."""
+    kinds_json = None if nxt.kinds is None else store.dumps(list(nxt.kinds))
+    batch = Batch(nxt.claim_id, nxt.max_jobs)
+    for claim_id in batch.ids():
+        if not batch.add(claim(conn, now, nxt.worker_id, nxt.lease_s, claim_id, nxt.policy,
+                               kinds_json)):
+            break
+    assert batch.result is not None
+    return batch.result
+
+
+def with_next(op: Callable[[Any, float], Any], nxt: NextClaim | None
+              ) -> Callable[[Any, float], Any]:
+    """`op` (a report: complete, fail, release) followed by its next claim in the same
+    write; a report that raises claims nothing. `nxt` None: `op` itself."""
+    if nxt is None:
+        return op
+
+    def both(conn: Any, t: float) -> Any:
+        res = op(conn, t)
+        res.next = claim_next(conn, t, nxt)
+        return res
+    return both

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from coordd import errors, store
 from coordd.store.sqlite import leases
+from coordd.store.sqlite.claims import with_next
+from coordd.rules.claim_batch import NextClaim
 from coordd.store import views
 from coordd.store import waiting_heads
 from coordd.clock import Clock, SystemClock
@@ -245,24 +247,30 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
         await self._write(lambda conn, t: leases.checkpoint(
             conn, t, ref.job_id, ref.worker_id, ref.token, checkpoint_json), now, urgent=True)
 
+    next_in_report = True
+    """complete, fail and release take `then` (a NextClaim): the next claim runs in the
+    report's own write (coordd.store.sqlite.claims.with_next)."""
+
     async def complete(self, ref: LeaseRef, result_json: str | None, *,
-                       artifact: Any = None, now: float | None = None) -> CompleteResult:
+                       artifact: Any = None, now: float | None = None,
+                       then: NextClaim | None = None) -> CompleteResult:
         backoff = _no_backoff if self.backoff_factory is None else self.backoff_factory()
-        return await self._write(lambda conn, t: leases.complete(
+        return await self._write(with_next(lambda conn, t: leases.complete(
             conn, t, ref.job_id, ref.worker_id, ref.token, result_json, artifact, backoff),
-            now, urgent=True)
+            then), now, urgent=True)
 
     async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
-                   now: float | None = None) -> StatusResult:
-        return await self._write(lambda conn, t: leases.fail(
+                   now: float | None = None, then: NextClaim | None = None) -> StatusResult:
+        return await self._write(with_next(lambda conn, t: leases.fail(
             conn, t, ref.job_id, ref.worker_id, ref.token, error, retryable, backoff),
-            now, urgent=True)
+            then), now, urgent=True)
 
     async def release(self, ref: LeaseRef, reason: str, checkpoint_json: str | None = None,
-                      *, now: float | None = None) -> StatusResult:
-        return await self._write(lambda conn, t: leases.release(
+                      *, now: float | None = None,
+                      then: NextClaim | None = None) -> StatusResult:
+        return await self._write(with_next(lambda conn, t: leases.release(
             conn, t, ref.job_id, ref.worker_id, ref.token, reason, checkpoint_json),
-            now, urgent=True)
+            then), now, urgent=True)
 
     async def reap(self, *, limit: int = 1000, now: float | None = None) -> int:
         return await self._write(lambda conn, t: store.reap_expired(conn, t, limit), now)

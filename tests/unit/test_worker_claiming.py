@@ -1,0 +1,113 @@
+"""The worker's side of eager dispatch (worker.claiming, worker.reports): how many jobs a
+claim asks for, when a report asks for the next job and for which kinds, and a report
+whose reply was lost claiming again with the same claim_id."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from coordd import errors
+from coordd.client import Disconnected
+from coordd.clock import SystemClock
+from coordd.wire.protocol import ClaimedJob, ClaimResult, CompleteResult
+from worker.config import from_dict
+from worker.jobrun import JobRun
+from worker.reports import Reporter
+from worker.supervisor import Supervisor
+
+
+class Idle:
+    async def close(self) -> None:
+        pass
+
+
+def supervisor(tmp_path: Any) -> Supervisor:
+    argv = {"argv": ["true"]}
+    cfg = from_dict({"work_dir": str(tmp_path),
+                     "kinds": {"a": {**argv, "slots": 2}, "b": {**argv, "slots": 1}}})
+    return Supervisor(Idle, "w1", ["cpu"], cfg,
+                      probes=SimpleNamespace(read=lambda: {}))  # type: ignore[arg-type]
+
+
+def hold(sup: Supervisor, job_id: str, kind: str) -> JobRun:
+    run = JobRun(job=ClaimedJob(job_id=job_id, kind=kind, required_role="cpu", priority=2,
+                                payload={}, attempts=1),
+                 token=1, deadline=1e12, dir="/nonexistent", kind=sup.config.kinds[kind])
+    sup._runs[job_id] = run
+    return run
+
+
+async def test_a_claim_asks_for_no_more_jobs_than_any_named_kind_has_free(tmp_path):
+    sup = supervisor(tmp_path)
+    assert sup._free_slots(["a", "b"]) == 1 and sup._free_slots(["a"]) == 2
+    hold(sup, "j1", "a")
+    assert sup._claimable() == ["a", "b"] and sup._free_slots(["a", "b"]) == 1
+    hold(sup, "j2", "b")
+    assert sup._claimable() == ["a"] and sup._free_slots(["a"]) == 1
+
+
+async def test_a_report_asks_for_the_next_job_only_when_the_worker_was_full(tmp_path):
+    sup = supervisor(tmp_path)
+    a1 = hold(sup, "j1", "a")
+    assert sup.next_ask(a1) is None  # not full: the claim loop has a claim out
+    hold(sup, "j2", "a")
+    b = hold(sup, "j3", "b")
+    ask = sup.next_ask(b)  # full: the ended job's kind, one job
+    assert ask is not None and ask.kinds == ["b"] and ask.max_jobs == 1 and ask.claim_id
+    ask = sup.next_ask(a1)
+    assert ask is not None and ask.kinds == ["a"] and ask.max_jobs == 1
+    sup.request_stop()
+    assert sup.next_ask(b) is None  # stopping: nothing more
+
+
+class Eager:
+    def __init__(self) -> None:
+        self.taken: list[tuple[Any, bool]] = []
+
+    def next_ask(self, run: JobRun) -> Any:
+        return SimpleNamespace(claim_id="c1")
+
+    async def take_next(self, ask: Any, res: Any, sent: float, replay: bool) -> None:
+        self.taken.append((res, replay))
+
+
+class LossyClient:
+    """complete: the first reply is lost (it was stored), the resend answers
+    already_completed."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    async def complete(self, job_id: str, worker_id: str, token: int, **kw: Any) -> Any:
+        self.calls.append(kw)
+        if len(self.calls) == 1:
+            raise Disconnected("reply lost")
+        raise errors.AlreadyCompleted("stored")
+
+
+async def test_a_lost_reports_next_claim_is_claimed_again_by_its_claim_id(tmp_path):
+    sup = supervisor(tmp_path)
+    run = hold(sup, "j1", "a")
+    eager, client = Eager(), LossyClient()
+    reports = Reporter(client, "w1", SystemClock(), asyncio.Event(),  # type: ignore[arg-type]
+                       eager=eager)
+    await reports.complete(run, ({"ok": 1}, None))
+    assert [c["next"].claim_id for c in client.calls] == ["c1", "c1"]
+    assert eager.taken == [(None, True)]  # replayed: the lease it was granted, if any
+
+
+async def test_a_reports_next_job_is_handed_to_the_claim_loop(tmp_path):
+    sup = supervisor(tmp_path)
+    run = hold(sup, "j1", "a")
+    eager = Eager()
+    nxt = ClaimResult()
+
+    class Client:
+        async def complete(self, *a: Any, **kw: Any) -> Any:
+            return CompleteResult(next=nxt)
+    reports = Reporter(Client(), "w1", SystemClock(), asyncio.Event(),  # type: ignore[arg-type]
+                       eager=eager)
+    await reports.complete(run, ({"ok": 1}, None))
+    assert eager.taken == [(nxt, False)]
