@@ -27,7 +27,7 @@ def test_only_clock_reads_time():
 
 def test_sql_lives_in_store():
     """Every SQL statement of the daemon is in the coordd/store package (one module per
-    area: jobs and leases in __init__, the others beside it)."""
+    area: jobs and leases in jobs.py, the others beside it)."""
     offenders = [
         f"{p.relative_to(ROOT)}:{n}" for p in _sources("coordd")
         if "store" not in p.relative_to(ROOT / "coordd").parts[:-1]

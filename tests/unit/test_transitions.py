@@ -469,5 +469,5 @@ def test_store_apply_refuses_transitions_it_does_not_write(tmp_path):
     coordd.store.migrate(conn)
     for t in (tr.CLAIMED, tr.ENQUEUED, tr.PROMOTED, tr.SKIPPED_DEP, tr.REBLOCKED):
         with pytest.raises(ValueError, match="does not write"):
-            coordd.store.apply(conn, 1.0, "j", None, tr.Decision(t=t))
+            coordd.store.jobs.apply(conn, 1.0, "j", None, tr.Decision(t=t))
     conn.close()

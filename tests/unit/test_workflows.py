@@ -12,6 +12,7 @@ import pytest
 
 from coordd import config as config_mod
 from coordd import errors, store
+from coordd.store import schema
 from coordd.clock import FakeClock
 from coordd.wire.protocol import Claim, Complete, Empty, Enqueue, Fail, Heartbeat, JobId
 from coordd.wire.workflows import (
@@ -300,7 +301,7 @@ async def test_bad_cron_refused(bundle):
 # ---------------------------------------------------------------- migration
 
 
-V2_SCHEMA = store.MIGRATIONS[:2]
+V2_SCHEMA = schema.MIGRATIONS[:2]
 
 
 async def test_migration_from_v2_keeps_jobs_leases_and_claim_index(tmp_path):
@@ -308,7 +309,7 @@ async def test_migration_from_v2_keeps_jobs_leases_and_claim_index(tmp_path):
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA foreign_keys=ON")
     for script in V2_SCHEMA:
-        for stmt in store._split(script):
+        for stmt in schema._split(script):
             conn.execute(stmt)
     conn.execute("PRAGMA user_version = 2")
     rows = [("j1", "waiting"), ("j2", "running"), ("j3", "succeeded")]
