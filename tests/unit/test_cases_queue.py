@@ -12,7 +12,7 @@ import time
 import msgspec
 import pytest
 
-from coordd import errors, store
+from coordd import errors
 from coordd.store import claim_index, jobs
 from coordd.wire.protocol import ADMIN_METHODS, PARAMS, Complete, Empty, Enqueue, ListJobs
 from coordd.service.reaper import Reaper
