@@ -1,7 +1,7 @@
 """The two baselines every coordd figure is divided by, measured on the same N jobs.
 
 - `bare_sqlite`: the naive in-process loop. One process, plain `sqlite3`, coordd's own
-  schema (`coordd.store.schema.migrate`, i.e. the DDL in `schema.MIGRATIONS`) and writer PRAGMAs,
+  schema (`coordd.store.migrate`, i.e. the DDL in `store.MIGRATIONS`) and writer PRAGMAs,
   and coordd's own SQL strings: one `BEGIN IMMEDIATE` transaction per claim (candidate
   through the `jobs_claim` index, take the job, insert the lease, log the event) and one
   per complete (fence check, delete the lease, store the result, log the event). No RPC,
@@ -19,8 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from coordd.jsontext import dumps
-from coordd.store import schema
+from coordd import store
 
 ROLE, KIND = "cpu", "bench"
 # coordd's statements (coordd.store SQL_*) restated here with fixed bindings, so the
@@ -65,14 +64,14 @@ ENQUEUE_BATCH = 500
 def _connect(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA busy_timeout = 10000")
-    for pragma in schema.PRAGMAS_WRITER:
+    for pragma in store.PRAGMAS_WRITER:
         conn.execute(pragma)
-    schema.migrate(conn)
+    store.migrate(conn)
     return conn
 
 
 def _job_row(i: int, now: float) -> tuple:
-    return (f"b{i:08x}", "bench", "cpu", 1, dumps({"i": i}), 3, now, now, now, now,
+    return (f"b{i:08x}", "bench", "cpu", 1, store.dumps({"i": i}), 3, now, now, now, now,
             None, None, None)
 
 

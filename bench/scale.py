@@ -16,7 +16,7 @@ from pathlib import Path
 from bench.daemon import Daemon, pct
 from bench.load import run_phase
 from bench.baselines import SQL_ENQUEUE, SQL_EVENT
-from coordd.jsontext import dumps
+from coordd import store
 
 WARMUP = 50
 CLAIMS = 1000
@@ -34,7 +34,7 @@ def preload(db: str, n: int) -> float:
     for lo in range(0, n, CHUNK):
         ids = range(lo, min(n, lo + CHUNK))
         conn.executemany(SQL_ENQUEUE, (
-            (f"s{i:09x}", "bench", "cpu", 1, dumps({"i": i}), 3, base + i * 1e-3,
+            (f"s{i:09x}", "bench", "cpu", 1, store.dumps({"i": i}), 3, base + i * 1e-3,
              base + i * 1e-3, base + i * 1e-3, base + i * 1e-3, None, None, None)
             for i in ids))
         conn.executemany(SQL_EVENT, (

@@ -14,9 +14,10 @@ PostgreSQL store (coordd.store.postgres) has its own statements and imports none
 SQLite's store.
 
 This module holds no code; it names a few things from the modules where they live, for
-the callers that reach them through the package: the store interface's `NewJob`, the
-claim's `CLAIM_SCAN`, the stored-JSON helpers (coordd.jsontext) and the schema's PRAGMAs
-and `migrate` (coordd.store.schema).
+the callers that reach them through the package (the PostgreSQL store, the SQLite writer,
+the service's intake, and bench/, which also runs against revisions before this layout):
+the store interface's `NewJob`, the claim's `CLAIM_SCAN`, the stored-JSON helpers
+(coordd.jsontext) and the schema's PRAGMAs and `migrate` (coordd.store.schema).
 """
 
 from __future__ import annotations
