@@ -27,7 +27,7 @@ from coordd.config_defaults import (
     MESSAGE_MAX_BYTES, MESSAGE_VISIBILITY_S, AGENT_STALE_S, WARN_P0_WAIT_S,
     PARK_MAX_PER_CONNECTION, PARK_MAX_TOTAL, PARK_WAIT_MAX_S, GATE_RANGES, RANGES,
 )
-from coordd.config_defaults import MESSAGE_VISIBILITY_MAX_S  # noqa: F401 (service.hub names it here)
+from coordd.config_defaults import MESSAGE_VISIBILITY_MAX_S  # noqa: F401 (service.hub)
 from coordd.rules import ranges
 from coordd.errors import BadRequest, ConfigError
 from coordd.rules.gates import GatePolicy, default_policies, merge

@@ -121,7 +121,7 @@ SQL_LEASE_BY_CLAIM_ID = (
     "SELECT job_id, token, expires_at, lease_s FROM leases "
     "WHERE worker_id = ? AND claim_id = ? AND expires_at > ?"
 )
-# Candidate walks over the claim index: coordd.store.claim_index (imported here).
+# Candidate walks over the claim index: coordd.store.claim_index.
 SQL_TAKE = (
     "UPDATE jobs SET status = 'running', attempts = attempts + 1, "
     "last_token = last_token + 1, updated_at = ? WHERE job_id = ? AND status = 'waiting' "
