@@ -1,7 +1,7 @@
 """How a running job ends: its holder's `complete`, `fail` and `release` (after fencing),
 a lease whose holder is gone (`lost_lease`: expired, or the worker lost), a claim's dead
-letter of undecodable data, and the retry delay (`backoff_delay`). Each returns the
-Decision a store writes; no I/O.
+letter of undecodable data (and a claim's event reason), and the retry delay
+(`backoff_delay`). Each returns the Decision a store writes; no I/O.
 """
 
 from __future__ import annotations
