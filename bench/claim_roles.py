@@ -23,7 +23,7 @@ import time
 from coordd import config as config_mod
 from coordd.ids import JobIds
 from coordd.store.sqlite.leases import ClaimPolicy
-from coordd.store import NewJob
+from coordd.store.api import NewJob
 
 COOL = {"memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,
         "user_idle_s": 3600.0}

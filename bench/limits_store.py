@@ -13,7 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from coordd import store
+from coordd.store import jobs, workers
+from coordd.store.api import NewJob
+from coordd.store.schema import PRAGMAS_WRITER, migrate
 from coordd.rules import gates
 from coordd.store.sqlite import leases
 from coordd.rules.limits import LimitBook, LimitSpec
@@ -25,20 +27,20 @@ VARIANTS = ("plain", "limited", "unnamed")  # no limits / every job naming one /
 def _one(variant: str, n: int, folder: str) -> float:
     conn = sqlite3.connect(str(Path(folder) / f"{variant}.db"), isolation_level=None)
     try:
-        for pragma in store.PRAGMAS_WRITER:
+        for pragma in PRAGMAS_WRITER:
             conn.execute(pragma)
-        store.migrate(conn)
+        migrate(conn)
         book = LimitBook({} if variant == "plain" else {"bench": LimitSpec(concurrency=1000)})
         policy = leases.ClaimPolicy(policies=gates.default_policies(), heartbeat_stale_s=1e9,
                                     aging_interval_s=0.0, limits=book)
         uses = [("bench", 1)] if variant == "limited" else []
         conn.execute("BEGIN")
         for i in range(n):
-            store.enqueue(conn, 1.0, store.NewJob(
+            jobs.enqueue(conn, 1.0, NewJob(
                 job_id=f"j{i:08d}", kind="k", required_role="cpu", priority=1,
                 payload_json="{}", run_at=None, max_attempts=3, idempotency_key=None,
                 max_runtime_s=None, gates_json=None, limits=uses))
-        store.heartbeat(conn, 1.0, "w", '["cpu"]', COOL)
+        workers.heartbeat(conn, 1.0, "w", '["cpu"]', COOL)
         conn.execute("COMMIT")
         t0 = time.process_time()
         for _ in range(n):

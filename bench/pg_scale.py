@@ -34,7 +34,7 @@ from coordd.ids import JobIds
 from coordd.store.sqlite.leases import ClaimPolicy
 from coordd.rules.limits import LimitBook, LimitSpec
 from coordd.rules.resources import Request
-from coordd.store import NewJob
+from coordd.store.api import NewJob
 
 COOL = {"memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,
         "user_idle_s": 3600.0, "gpu_devices": [{"index": 0, "memory_total_mb": 24000.0,

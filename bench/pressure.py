@@ -32,7 +32,7 @@ from typing import Any
 import uvloop
 
 from bench.daemon import Daemon, pct
-from coordd import store
+from coordd.jsontext import dumps
 from coordd.client import Client
 
 WARMUP = 50
@@ -113,7 +113,7 @@ def preload(db: str, groups: list[tuple[int, str, str, int, str]], t0: float) ->
             ids = range(i + lo, i + min(n, lo + CHUNK))
             fin = None if status == "waiting" else 0.0
             conn.executemany(SQL_PRELOAD, (
-                (f"p{j:09x}", kind, role, prio, store.dumps({"i": j}), status, t0 + j * 1e-3,
+                (f"p{j:09x}", kind, role, prio, dumps({"i": j}), status, t0 + j * 1e-3,
                  t0 + j * 1e-3, t0 + j * 1e-3, t0 + j * 1e-3,
                  None if fin is None else t0 + j * 1e-3) for j in ids))
             conn.executemany(SQL_PRELOAD_EVENT, ((f"p{j:09x}", t0 + j * 1e-3, status)

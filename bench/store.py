@@ -28,7 +28,7 @@ from coordd import config as config_mod
 from coordd.store.sqlite import leases
 from coordd.clock import SystemClock
 from coordd.ids import JobIds
-from coordd.store import NewJob
+from coordd.store.api import NewJob
 from coordd.store.api import LeaseRef
 from coordd.store.sqlite.store import SQLiteStore
 

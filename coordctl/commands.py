@@ -270,7 +270,7 @@ def restore(client: Any, args: argparse.Namespace) -> Outcome:
     """`restore SRC [--db PATH]`: verify a backup (quick_check, every sha256) and install it
     as the database, with its artifacts beside it. coordd must be stopped; needs no socket."""
     from coordd.store.sqlite import offline as backup_mod  # restore, re-exported there
-    from coordd.config import artifact_dir_for, default_db_path
+    from coordd.paths import artifact_dir_for, default_db_path
     db = os.path.abspath(os.path.expanduser(args.db or str(default_db_path())))
     try:
         res = backup_mod.restore(os.path.expanduser(args.src), db, artifact_dir_for(db))

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from coordctl.commands import Outcome, UsageError, parse_json_arg, read_text_arg
 from coordctl.render import SafeTable
-from coordd.config import default_agent_name
+from coordd.paths import default_agent_name
 from coordd.errors import CoordError
 from coordd.wire.protocol import AgentsResult, ReadResult
 

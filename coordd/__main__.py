@@ -10,6 +10,7 @@ import sys
 import msgspec
 
 from coordd import config as config_mod
+from coordd import paths
 from coordd.errors import ConfigError
 from coordd.process_start import ignore_sighup_until_handled, setup_logging
 
@@ -46,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coordd: {exc}", file=sys.stderr)
         return 2
     setup_logging(args.log_json or cfg.log_json)
-    db = args.db or cfg.db or str(config_mod.default_db_path())
-    sock = args.socket or cfg.socket or str(config_mod.default_socket_path())
+    db = args.db or cfg.db or str(paths.default_db_path())
+    sock = args.socket or cfg.socket or str(paths.default_socket_path())
     for path, given in ((db, args.db or cfg.db or cfg.store), (sock, args.socket or cfg.socket)):
         if not given:  # a default location: create our own folder; a given one must exist
             os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)

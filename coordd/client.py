@@ -114,7 +114,7 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
         if connector is not None:
             path = connector.endpoint
         if path is None:
-            from coordd.config import default_socket_path
+            from coordd.paths import default_socket_path
             path = default_socket_path()
         self.path = str(path)
         if connector is None and "://" in self.path:

@@ -7,16 +7,27 @@ keys given there replace the built-in defaults of `coordd.rules.gates.default_po
 
 from __future__ import annotations
 
-import getpass
 import os
 import re
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from coordd import conffile
+# Here: Config (every key, its meaning, the rules between keys) and `load`. Each numeric
+# key's named default and range: coordd.config_defaults; default file locations: coordd.paths.
+from coordd.config_defaults import (
+    LEASE_DEFAULT_S, LEASE_MIN_S, LEASE_MAX_S, HEARTBEAT_STALE_S, REAPER_INTERVAL_S,
+    MAX_ATTEMPTS_DEFAULT, BACKOFF_BASE_S, BACKOFF_CAP_S, BACKOFF_JITTER, MAX_PAYLOAD_BYTES,
+    MAX_RESULT_BYTES, MAX_CHECKPOINT_BYTES, MAX_ERROR_CHARS, WRITER_QUEUE_MAX,
+    MAX_INBOUND_BYTES, FRAME_TIMEOUT_S, MAX_UNSENT_BYTES, MAX_OUTBOUND_BYTES,
+    WRITE_STALL_TIMEOUT_S, WRITER_BATCH_MAX, READ_CONNECTIONS, READ_QUEUE_MAX, CLOCK_JUMP_S,
+    CLOCK_STEP_S, BUSY_TIMEOUT_MS, RETENTION_S, PRUNE_INTERVAL_S, WORKFLOW_ABSENT_WAIT_S,
+    MESSAGE_MAX_BYTES, MESSAGE_VISIBILITY_S, AGENT_STALE_S, WARN_P0_WAIT_S,
+    PARK_MAX_PER_CONNECTION, PARK_MAX_TOTAL, PARK_WAIT_MAX_S, GATE_RANGES, RANGES,
+)
+from coordd.config_defaults import MESSAGE_VISIBILITY_MAX_S  # noqa: F401 (service.hub)
 from coordd.rules import ranges
 from coordd.errors import BadRequest, ConfigError
 from coordd.rules.gates import GatePolicy, default_policies, merge
@@ -25,74 +36,6 @@ from coordd.rules.names import check_name
 from coordd.wire.limits import LimitUse
 from coordd.wire.protocol import MAX_FRAME_DEFAULT
 from coordd.rules.results import SCHEMAS
-
-LEASE_DEFAULT_S = 30.0
-LEASE_MIN_S = 1.0
-LEASE_MAX_S = 3600.0
-HEARTBEAT_STALE_S = 30.0
-REAPER_INTERVAL_S = 5.0
-MAX_ATTEMPTS_DEFAULT = 3
-BACKOFF_BASE_S = 5.0
-BACKOFF_CAP_S = 600.0
-BACKOFF_JITTER = 0.25
-MAX_PAYLOAD_BYTES = 1 << 20
-MAX_RESULT_BYTES = 8 << 20
-MAX_CHECKPOINT_BYTES = 1 << 20
-MAX_ERROR_CHARS = 4000
-WRITER_QUEUE_MAX = 20_000
-MAX_INBOUND_BYTES = 256 << 20
-FRAME_TIMEOUT_S = 60.0
-MAX_UNSENT_BYTES = 32 << 20
-MAX_OUTBOUND_BYTES = 256 << 20
-WRITE_STALL_TIMEOUT_S = 30.0
-WRITER_BATCH_MAX = 1024
-READ_CONNECTIONS = 4
-READ_QUEUE_MAX = 256
-CLOCK_JUMP_S = 60.0
-CLOCK_STEP_S = 1.0
-BUSY_TIMEOUT_MS = 10_000
-RETENTION_S = 7 * 86400.0
-PRUNE_INTERVAL_S = 3600.0
-WORKFLOW_ABSENT_WAIT_S = 300.0
-MESSAGE_MAX_BYTES = 256 << 10
-MESSAGE_VISIBILITY_S = 60.0
-MESSAGE_VISIBILITY_MAX_S = 12 * 3600.0  # the longest a read may hide a message (config or read)
-AGENT_STALE_S = 300.0
-WARN_P0_WAIT_S = 300.0  # a user waiting five minutes: something is wrong
-PARK_MAX_PER_CONNECTION = 16
-PARK_MAX_TOTAL = 10_000
-PARK_WAIT_MAX_S = 300.0
-
-_S, _S0, _N0, _N1 = ranges.POSITIVE_S, ranges.NON_NEGATIVE_S, ranges.NON_NEGATIVE, ranges.AT_LEAST_ONE
-RANGES: dict[str, ranges.Range] = {
-    "lease_default_s": _S, "lease_min_s": _S, "lease_max_s": _S, "heartbeat_stale_s": _S,
-    "reaper_interval_s": _S, "store_session_timeout_s": _S, "max_attempts_default": _N1, "backoff_base_s": _S0,
-    "backoff_cap_s": _S0, "backoff_jitter": ranges.FRACTION, "aging_interval_s": _S0,
-    "max_payload_bytes": _N1, "max_result_bytes": _N1, "max_checkpoint_bytes": _N1,
-    "max_error_chars": _N1, "max_frame_bytes": ranges.Range(1024),
-    "max_inbound_bytes": _N1, "frame_timeout_s": _S, "max_unsent_bytes": _N1,
-    "max_outbound_bytes": _N1, "write_stall_timeout_s": _S, "writer_queue_max": _N1,
-    "writer_batch_max": _N1, "read_connections": _N1, "read_queue_max": _N0,
-    "clock_jump_s": _S0, "clock_step_s": _S, "busy_timeout_ms": _N0, "admin_uids": _N0,
-    "admin_gids": _N0, "retention_s": _S0, "prune_interval_s": _S,
-    "metrics_port": ranges.Range(0, 65535), "wal_size_limit_bytes": _N0,
-    "wal_autocheckpoint_pages": _N1, "wal_checkpoint_interval_s": _S0, "warn_db_bytes": _N0,
-    "warn_wal_bytes": _N0, "warn_artifact_bytes": _N0, "warn_p0_wait_s": _S0,
-    "workflow_absent_wait_s": _S,
-    "message_max_bytes": _N1, "agent_stale_s": _S, "message_retention_s": _S0,
-    "message_visibility_s": ranges.Range(0, MESSAGE_VISIBILITY_MAX_S, low_open=True),
-    "preempt_gap": ranges.Range(0, 3), "preempt_min_runtime_s": _S0, "reservation_s": _S,
-    "park_max_per_connection": _N0, "park_max_total": _N0,
-    "park_wait_max_s": ranges.Range(0, 86400),
-    "tls_handshake_timeout_s": _S, "tcp_user_timeout_s": _S, "max_upload_bytes": _N1,
-}
-"""The range of every numeric key (coordd.rules.ranges.check): finite, and > 0, >= 0, >= 1 or
-a fraction as each means."""
-GATE_RANGES: dict[str, ranges.Range] = {
-    "max_memory_pct": ranges.PERCENT, "max_temperature_c": ranges.Range(-273.15),
-    "min_battery_pct": ranges.PERCENT, "min_user_idle_s": _S0,
-    "max_gpu_temperature_c": ranges.Range(-273.15),
-}
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -307,56 +250,20 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     restart_grace: bool = True
 
     def __post_init__(self) -> None:
-        ranges.check(self, RANGES)
+        ranges.check(self, RANGES)  # each numeric key's own range; then the rules between keys
         if self.store and not is_postgres(self.store):
             raise ValueError(f"store must be a postgresql:// DSN (or empty for SQLite), "
                              f"got {self.store.partition('://')[0]!r}")
         if not 0 < self.lease_min_s <= self.lease_default_s <= self.lease_max_s:
             raise ValueError("need 0 < lease_min_s <= lease_default_s <= lease_max_s")
-        if self.max_attempts_default < 1:
-            raise ValueError("max_attempts_default must be >= 1")
         if self.backoff_base_s < 0 or self.backoff_cap_s < self.backoff_base_s:
             raise ValueError("need 0 <= backoff_base_s <= backoff_cap_s")
-        if self.backoff_jitter < 0:
-            raise ValueError("backoff_jitter must be >= 0")
-        if self.aging_interval_s < 0:
-            raise ValueError("aging_interval_s must be >= 0")
-        if self.writer_batch_max < 1 or self.writer_queue_max < 1:
-            raise ValueError("writer_batch_max and writer_queue_max must be >= 1")
-        if self.read_connections < 1 or self.read_queue_max < 0:
-            raise ValueError("read_connections must be >= 1 and read_queue_max >= 0")
-        if self.max_frame_bytes < 1024:
-            raise ValueError("max_frame_bytes must be >= 1024")
-        if min(self.max_inbound_bytes, self.max_unsent_bytes, self.max_outbound_bytes) < 1 \
-                or not (self.frame_timeout_s > 0 and self.write_stall_timeout_s > 0):
-            raise ValueError("max_inbound_bytes, max_unsent_bytes, max_outbound_bytes, "
-                             "frame_timeout_s and write_stall_timeout_s must be > 0")
         if min(self.max_inbound_bytes, self.max_outbound_bytes) < self.max_frame_bytes:
             raise ValueError("max_inbound_bytes and max_outbound_bytes must be >= "
                              "max_frame_bytes (or no frame of that size could pass)")
-        if min(self.wal_size_limit_bytes, self.warn_db_bytes, self.warn_wal_bytes,
-               self.warn_artifact_bytes) < 0 or self.wal_autocheckpoint_pages < 1:
-            raise ValueError("sizes must be >= 0 and wal_autocheckpoint_pages >= 1")
-        if not self.clock_step_s > 0 or not self.clock_jump_s >= 0:  # NaN too
-            raise ValueError("need clock_step_s > 0 and clock_jump_s >= 0")
-        if self.wal_checkpoint_interval_s < 0:
-            raise ValueError("wal_checkpoint_interval_s must be >= 0")
-        if not 0 <= self.metrics_port <= 65535:
-            raise ValueError("metrics_port must be 0..65535")
-        if self.retention_s < 0 or self.prune_interval_s <= 0:
-            raise ValueError("need retention_s >= 0 and prune_interval_s > 0")
-        if self.workflow_absent_wait_s <= 0:
-            raise ValueError("workflow_absent_wait_s must be > 0")
         unknown = sorted(set(self.result_schemas.values()) - set(SCHEMAS))
         if unknown:
             raise ValueError(f"result_schemas: unknown schema(s) {unknown}; known: {sorted(SCHEMAS)}")
-        if self.message_max_bytes < 1 or self.message_retention_s < 0 \
-                or self.agent_stale_s <= 0:
-            raise ValueError("need message_max_bytes >= 1, message_retention_s >= 0, "
-                             "agent_stale_s > 0")
-        if not 0 < self.message_visibility_s <= MESSAGE_VISIBILITY_MAX_S:  # refuses NaN too
-            raise ValueError(f"message_visibility_s must be > 0 and <= "
-                             f"{MESSAGE_VISIBILITY_MAX_S:g}, got {self.message_visibility_s}")
         self._check_tcp()
         bad = set(self.gates) - {"p0", "p1", "p2", "p3"}
         if bad:
@@ -459,44 +366,3 @@ def _source(message: str, given: dict[str, Any], path: str | os.PathLike[str] | 
     if key is not None and key.group(1) in given:
         return "--" + key.group(1).replace("_", "-")
     return f"config {path or '(defaults)'}"
-
-
-def default_state_dir() -> Path:
-    """Return `$XDG_STATE_HOME/coordd` (default ~/.local/state/coordd)."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
-    return Path(base) / "coordd"
-
-
-def default_socket_path() -> Path:
-    """Return `$COORDD_SOCKET`, else `$XDG_RUNTIME_DIR/coordd/coordd.sock`, else one in the state dir."""
-    env = os.environ.get("COORDD_SOCKET")
-    if env:
-        return Path(env)
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "coordd" / "coordd.sock"
-    return default_state_dir() / "coordd.sock"
-
-
-def default_agent_name(tool: str) -> str:
-    """The agent name a client tool acts as in the message hub: `$COORD_AGENT`, else
-    `<tool>:<login>` (`<tool>:uid<N>` when the login cannot be looked up)."""
-    env = os.environ.get("COORD_AGENT")
-    if env:
-        return env
-    try:
-        return f"{tool}:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return f"{tool}:uid{os.getuid()}"
-
-
-def artifact_dir_for(db_path: str | os.PathLike[str]) -> str:
-    """The content-addressed artifact store beside a database: `<db folder>/artifacts`,
-    the folder of the file itself (symlinks resolved), whatever name reached it."""
-    return os.path.join(os.path.dirname(os.path.realpath(db_path)), "artifacts")
-
-
-def default_db_path() -> Path:
-    """Return `$COORDD_DB`, else `<state dir>/coordd.db`."""
-    env = os.environ.get("COORDD_DB")
-    return Path(env) if env else default_state_dir() / "coordd.db"

@@ -20,7 +20,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from coordd.client import CALL_TIMEOUT_DEFAULT, Client
-from coordd.config import default_agent_name
+from coordd.paths import default_agent_name
 from coordd_mcp.tools import TOOLS, ToolFailure, call
 
 logger = logging.getLogger("coordd_mcp")

@@ -19,7 +19,7 @@ import msgspec
 
 from coordd import errors
 from coordd.client import Client
-from coordd.config import MESSAGE_VISIBILITY_MAX_S
+from coordd.config_defaults import MESSAGE_VISIBILITY_MAX_S
 from coordd.rules.limits import UNITS_MAX as LIMIT_UNITS_MAX
 from coordd.wire.protocol import JOB_STATUSES, TERMINAL_STATUSES
 from coordd.wire.workflows import EDGE_POLICIES

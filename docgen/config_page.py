@@ -13,6 +13,7 @@ from unittest import mock
 import msgspec
 
 from coordd import config as coordd_config
+from coordd import config_defaults
 from coordd.rules import gates
 from coordd.rules import limits
 from coordd.rules import ranges
@@ -74,7 +75,7 @@ def gates_section() -> str:
     for f in msgspec.structs.fields(gates.GatePolicy):
         rows.append([md.code(f.name), md.type_text(f.type)]
                     + [md.code(md.value_text(getattr(policies[p], f.name))) for p in range(4)]
-                    + [range_text(f.name, coordd_config.GATE_RANGES.get(f.name)),
+                    + [range_text(f.name, config_defaults.GATE_RANGES.get(f.name)),
                        notes.get(f.name, "")])
     return (
         "### `[gates.p0]` .. `[gates.p3]`: gate policies\n\n"
@@ -210,8 +211,9 @@ def render() -> str:
     """The whole page."""
     cfg = coordd_config.Config
     return (
-        md.header("Configuration", "coordd/config.py, coordd/rules/gates.py, "
-                  "coordd/rules/limits.py, worker/config.py and both daemons' argparse parsers",
+        md.header("Configuration", "coordd/config.py, coordd/config_defaults.py, "
+                  "coordd/rules/gates.py, coordd/rules/limits.py, worker/config.py and both "
+                  "daemons' argparse parsers",
                   "Every key of coordd's and coord-worker's TOML files: its type, default, "
                   "unit, the range the code checks, and what it does. Unknown keys are an "
                   "error in both files (a typo never falls back to a default silently). "
@@ -222,7 +224,7 @@ def render() -> str:
         f"{later_paragraphs(coordd_config.__doc__)} "
         "A SIGHUP re-reads the file and applies what can change at runtime.\n\n"
         "### Top-level keys\n\n"
-        + md.table(HEAD, key_rows(cfg, coordd_config.RANGES))
+        + md.table(HEAD, key_rows(cfg, config_defaults.RANGES))
         + "\nChecked when the file is loaded, beyond each key's range:\n\n"
         + checks(cfg.__post_init__, cfg._check_tcp) + "\n"
         + gates_section() + limits_section()

@@ -27,7 +27,7 @@ from coordd.daemon.server import sqlite_coordinator
 from docgen import md
 
 LEASE_ERRORS = ("not_found", "already_completed", "lease_lost", "lease_expired")
-"""What a handler's docstring means by "the lease errors" (coordd.rules.transitions.check_lease)."""
+"""What a handler's docstring means by "the lease errors" (coordd.rules.transitions.fence)."""
 ANY_METHOD = ("bad_request", "unknown_method", "overloaded", "unavailable", "internal")
 """Codes any call may get: params that do not decode, a method this coordd does not
 serve, a full queue or shutdown, storage that refused the write, a bug."""

@@ -13,6 +13,7 @@ import msgspec
 
 from coordd.rules import gates
 
+CLAIM_SCAN = 16  # candidates a claim looks at per priority level before giving up on that level
 BASE_REFUSALS_CACHED = 4096  # (priority, heartbeat text) pairs kept before starting over
 
 

@@ -3,7 +3,7 @@
 A job made with a key stores `request_hash` of its request (jobs.request_sha256, schema
 v9); a later enqueue with that key is the same request when its hash is the same (it gets
 the stored job back, `created` False) and is refused with `invalid_state` otherwise
-(coordd.store.enqueue). Workflows do the same with their graph (coordd.service.workflows.spec_hash).
+(coordd.store.jobs.enqueue). Workflows do the same with their graph (coordd.service.workflows.spec_hash).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from coordd.wire.workflows import NeedView, NodeArtifact, NodeView, WorkflowView
 
 def workflow_view(row: tuple, node_rows: list[tuple], edge_rows: list[tuple]) -> WorkflowView:
     """A workflow with every node from its stored rows (any store): `row` as
-    coordd.store.workflows.SQL_GET_WORKFLOW, nodes as SQL_NODES, edges as SQL_EDGES."""
+    coordd.store.workflow_reads.SQL_GET_WORKFLOW, nodes as SQL_NODES, edges as SQL_EDGES."""
     names = {r[0]: r[1] for r in node_rows}
     needs: dict[str, list[NeedView]] = {}
     for job_id, dep_id, policy in edge_rows:
@@ -29,7 +29,7 @@ def workflow_view(row: tuple, node_rows: list[tuple], edge_rows: list[tuple]) ->
 
 
 def workflow_views(rows: list[tuple], counts: dict[str, dict[str, int]]) -> list[WorkflowView]:
-    """Workflows (rows as coordd.store.workflows.SQL_LIST_WORKFLOWS) with node counts by
+    """Workflows (rows as coordd.store.workflow_reads.SQL_LIST_WORKFLOWS) with node counts by
     status (workflow id -> status -> n), any store."""
     return [_view(r, counts.get(r[0])) for r in rows]
 

@@ -22,9 +22,29 @@ from coordd.wire.protocol import (
 
 if TYPE_CHECKING:
     from coordd.rules.claim_policy import ClaimPolicy
-    from coordd.store import NewJob
 
 Backoff = Callable[[int], float]  # attempts so far -> seconds before the retry
+
+
+class NewJob(msgspec.Struct, kw_only=True):
+    """A validated job ready to insert, what `Store.enqueue` takes (sizes already checked,
+    JSON already encoded)."""
+
+    job_id: str
+    kind: str
+    required_role: str
+    priority: int
+    payload_json: str
+    run_at: float | None
+    max_attempts: int
+    idempotency_key: str | None
+    max_runtime_s: float | None
+    gates_json: str | None
+    result_schema: str | None = None
+    delay_s: float | None = None  # run_at is then now + delay_s (coordd's clock)
+    request_sha256: str | None = None  # with an idempotency key: the request's hash
+    resources: Any = None  # a coordd.rules.resources.Request (stored in coordd.store.resources)
+    limits: list[tuple[str, int]] = []  # fleet-wide limits it consumes (name, units)
 
 
 class LeaseRef(msgspec.Struct, frozen=True):

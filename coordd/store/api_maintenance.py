@@ -28,7 +28,7 @@ from typing import Protocol
 import msgspec
 
 from coordd.wire.protocol import BackupResult
-from coordd.store import PRUNE_BATCH
+from coordd.store.upkeep import PRUNE_BATCH
 from coordd.store.workflows import PRUNE_BATCH as WORKFLOW_PRUNE_BATCH
 from coordd.store.views import PRUNABLE_COUNTED_MAX
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from coordd import errors
 from coordd.wire.workflows import ScheduleView
-from coordd.store import lenient_json
+from coordd.jsontext import lenient_json
 
 if TYPE_CHECKING:
     from coordd.store.api_workflows import NewWorkflow

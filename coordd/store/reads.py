@@ -5,7 +5,7 @@ connection and by `coordd.store.sqlite.backup`; nothing here writes the live dat
 
 from __future__ import annotations
 
-from coordd.store import SQL_PRUNE_WHERE
+from coordd.store.upkeep import SQL_PRUNE_WHERE
 
 # what `prune` would delete, counted up to ?2 rows
 SQL_PRUNABLE_CAPPED = "SELECT count(*) FROM (SELECT 1 " + SQL_PRUNE_WHERE + " LIMIT ?2)"

@@ -13,7 +13,8 @@ from typing import Any
 from coordd import errors
 from coordd.rules.claim_policy import effective_priority
 from coordd.wire.protocol import JOB_STATUSES, ArtifactRef, EventView, JobView, LeaseView
-from coordd.store import PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK, lenient_json
+from coordd.jsontext import lenient_json
+from coordd.store.schema import PRAGMA_FOREIGN_KEY_CHECK, PRAGMA_QUICK_CHECK
 from coordd.store.counters import SQL_COUNTS, SQL_FULL_COUNTS
 from coordd.store.latency import SQL_OLDEST_READY
 from coordd.store.reads import (

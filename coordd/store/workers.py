@@ -1,4 +1,5 @@
-"""Worker incarnations, advertised kinds, goodbyes and forgetting; leases a worker lost.
+"""A worker's row in the SQLite store: the heartbeat's upsert, incarnations, advertised
+kinds, goodbyes and forgetting; leases a worker lost.
 
 A worker sends an `incarnation` (an id per start) in each heartbeat. A heartbeat whose
 incarnation differs from the stored one means the worker restarted: every lease still
@@ -12,7 +13,8 @@ from __future__ import annotations
 import sqlite3
 
 from coordd import errors
-from coordd.store import SQL_RELEASE, end_lost_lease, lenient_json  # noqa: F401
+from coordd.jsontext import lenient_json
+from coordd.store.jobs import end_lost_lease
 from coordd.rules.worker_state import WorkerState  # noqa: F401 (re-exported)
 
 WORKER_LOST = "worker_lost"
@@ -33,6 +35,25 @@ SQL_WORKER_STATES = (
     "SELECT worker_id, incarnation, kinds_json, broken_kinds_json, offline_at FROM workers"
 )
 SQL_PREEMPTIONS = "SELECT preemptions FROM jobs WHERE job_id = ?"
+
+SQL_HEARTBEAT = (
+    "INSERT INTO workers (worker_id, roles_json, heartbeat_json, heartbeat_at, first_seen_at) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE SET "
+    "roles_json = excluded.roles_json, heartbeat_json = excluded.heartbeat_json, "
+    "heartbeat_at = excluded.heartbeat_at"
+)
+SQL_CANCEL_REQUESTED_FOR_WORKER = (
+    "SELECT l.job_id FROM leases l JOIN jobs j ON j.job_id = l.job_id "
+    "WHERE l.worker_id = ? AND j.cancel_requested = 1"
+)
+
+
+def heartbeat(conn: sqlite3.Connection, now: float, worker_id: str, roles_json: str,
+              readings_json: str) -> list[str]:
+    """Record a heartbeat (coordd's clock); return the ids of jobs this worker holds whose
+    cancel was requested. `roles_json` and `readings_json` are encoded by the caller."""
+    conn.execute(SQL_HEARTBEAT, (worker_id, roles_json, readings_json, now, now))
+    return [r[0] for r in conn.execute(SQL_CANCEL_REQUESTED_FOR_WORKER, (worker_id,))]
 
 
 def release_worker(conn: sqlite3.Connection, now: float, worker_id: str) -> list[str]:

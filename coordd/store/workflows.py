@@ -1,6 +1,7 @@
-"""Workflows and schedules in the store: their SQL, applying the transitions
-coordd.rules.transitions decides (settle, skip); schema v5 is in
-coordd.store.workflow_schema.
+"""Workflows in the SQLite store: inserting a graph and applying the transitions
+coordd.rules.transitions decides for it (settle, skip, reopen, cancel, prune); schema v5
+is in coordd.store.workflow_schema, schedules in coordd.store.schedules, the reads in
+coordd.store.workflow_reads.
 
 A workflow is a row in `workflows` plus jobs (its nodes) that carry its `workflow_id` and
 their node `name`, and `workflow_edges` (dependent -> dependency, with a policy). A node
@@ -25,16 +26,16 @@ tests/unit/test_workflow_plans.py checks each plan with skewed statistics loaded
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
 
 from coordd import errors
 from coordd.rules import transitions as tr
 from coordd.wire.protocol import StatusResult
-from coordd.store import cancel, dumps, event, lenient_json, retry
+from coordd.jsontext import dumps, lenient_json
+from coordd.store.jobs import cancel, event, retry
 from coordd.store.resources import add_request
 from coordd.store import limits as limit_store
-from coordd.store.api_schedules import add_outcome
 from coordd.store.api_workflows import NewNode, NewWorkflow  # noqa: F401  (re-exported)
+from coordd.store.workflow_reads import SQL_EDGES, workflow_row
 
 
 # Statuses a node can end in; a workflow is over when every node is in one of them.
@@ -60,12 +61,6 @@ SQL_INSERT_NODE = (
 )
 SQL_INSERT_EDGE = "INSERT INTO workflow_edges (job_id, dep_job_id, policy) VALUES (?, ?, ?)"
 SQL_NODE_IDS = "SELECT node, job_id FROM jobs INDEXED BY jobs_workflow WHERE workflow_id = ?"
-SQL_NODES = (
-    "SELECT j.job_id, j.node, j.status, j.kind, j.required_role, j.attempts, j.max_attempts, "
-    "j.result_json, j.last_error, a.sha256, a.size, a.path "
-    "FROM jobs j INDEXED BY jobs_workflow LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 "
-    "WHERE j.workflow_id = ? ORDER BY j.rowid"
-)
 SQL_SETTLE_NODES = (
     "SELECT job_id, node, status, required_role, last_error FROM jobs INDEXED BY jobs_workflow "
     "WHERE workflow_id = ? ORDER BY rowid"
@@ -74,10 +69,6 @@ SQL_NODE_PAYLOAD = "SELECT payload_json FROM jobs WHERE job_id = ?"
 SQL_DEP_RESULT = (
     "SELECT j.result_json, a.sha256, a.size, a.path FROM jobs j "
     "LEFT JOIN artifacts a ON a.sha256 = j.artifact_sha256 WHERE j.job_id = ?"
-)
-SQL_EDGES = (
-    "SELECT e.job_id, e.dep_job_id, e.policy FROM jobs j INDEXED BY jobs_workflow "
-    "CROSS JOIN workflow_edges e NOT INDEXED ON e.job_id = j.job_id WHERE j.workflow_id = ?"
 )
 SQL_PROMOTE = (
     "UPDATE jobs SET status = 'waiting', payload_json = ?, queued_at = ?, updated_at = ? "
@@ -264,7 +255,7 @@ def settle_job(conn: sqlite3.Connection, now: float, job_id: str) -> None:
 
 
 def cancel_job(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
-    """An admin cancel (coordd.store.cancel), then the node's workflow settles: its
+    """An admin cancel (coordd.store.jobs.cancel), then the node's workflow settles: its
     dependents follow their policies in the same transaction."""
     res = cancel(conn, now, job_id)
     settle_job(conn, now, job_id)
@@ -272,7 +263,7 @@ def cancel_job(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResul
 
 
 def retry_job(conn: sqlite3.Connection, now: float, job_id: str) -> StatusResult:
-    """An admin retry (coordd.store.retry); a workflow node reopens its workflow (`reopen`)
+    """An admin retry (coordd.store.jobs.retry); a workflow node reopens its workflow (`reopen`)
     and the reply has the node's status after (blocked: it waits for dependencies)."""
     res = retry(conn, now, job_id)
     node = reopen(conn, now, job_id)
@@ -321,7 +312,7 @@ SQL_PRUNE_WORKFLOWS = (
 
 
 def cancel_workflow(conn: sqlite3.Connection, now: float, workflow_id: str) -> int:
-    """Cancel every node not yet ended (coordd.store.cancel: blocked and waiting ones at
+    """Cancel every node not yet ended (coordd.store.jobs.cancel: blocked and waiting ones at
     once, running ones by request, ended by their holder); return how many.
 
     Raises:
@@ -339,156 +330,3 @@ def cancel_workflow(conn: sqlite3.Connection, now: float, workflow_id: str) -> i
 def prune_workflows(conn: sqlite3.Connection, cutoff: float, limit: int = PRUNE_BATCH) -> int:
     """Delete ended workflows finished before `cutoff` whose jobs `prune` has removed."""
     return conn.execute(SQL_PRUNE_WORKFLOWS, (cutoff, limit)).rowcount
-
-
-# ---------------------------------------------------------------- schedules
-
-
-SQL_INSERT_SCHEDULE = (
-    "INSERT INTO schedules (schedule_id, name, cron, spec_json, next_at, created_at, "
-    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING "
-    "RETURNING schedule_id"
-)
-SQL_DUE_SCHEDULES = (
-    "SELECT schedule_id, name, cron, spec_json, next_at FROM schedules INDEXED BY schedules_due "
-    "WHERE next_at <= ? ORDER BY next_at LIMIT ?"
-)
-SQL_ADVANCE_SCHEDULE = (
-    "UPDATE schedules SET next_at = ?, last_slot = ?, fired = fired + 1, updated_at = ? "
-    "WHERE schedule_id = ? AND next_at = ?"
-)
-SQL_LIST_SCHEDULES = (
-    "SELECT schedule_id, name, cron, spec_json, next_at, last_slot, fired, created_at "
-    "FROM schedules ORDER BY name"
-)
-SQL_DELETE_SCHEDULE = "DELETE FROM schedules WHERE name = ? OR schedule_id = ?"
-
-
-SQL_SCHEDULE_BY_NAME = (
-    "SELECT schedule_id, cron, spec_json, next_at FROM schedules WHERE name = ?"
-)
-SQL_REPLACE_SCHEDULE = (
-    "UPDATE schedules SET cron = ?, spec_json = ?, next_at = ?, updated_at = ? "
-    "WHERE schedule_id = ?"
-)
-
-
-def add_schedule(conn: sqlite3.Connection, now: float, schedule_id: str, name: str,
-                 cron: str, spec_json: str, next_at: float, replace: bool = False) -> str:
-    """Insert a schedule; return `created`, `unchanged` (this name exists with this very
-    cron and workflow: a repeated add) or `replaced` (`replace`: the existing schedule
-    takes the new cron and workflow, and keeps its id, count and last slot; its next slot
-    stays unless the cron changed): coordd.store.api_schedules.add_outcome.
-
-    Raises:
-        errors.InvalidState: the name exists with another cron or workflow, no `replace`.
-    """
-    if conn.execute(SQL_INSERT_SCHEDULE, (schedule_id, name, cron, spec_json, next_at,
-                                          now, now)).fetchone() is not None:
-        return "created"
-    old_id, old_cron, old_spec, old_next = conn.execute(SQL_SCHEDULE_BY_NAME,
-                                                        (name,)).fetchone()
-    outcome, next_at = add_outcome(name, (old_cron, old_spec, old_next), cron, spec_json,
-                                   next_at, replace)
-    if outcome == "replaced":
-        conn.execute(SQL_REPLACE_SCHEDULE, (cron, spec_json, next_at, now, old_id))
-    return outcome
-
-
-def remove_schedule(conn: sqlite3.Connection, name: str) -> bool:
-    """Delete a schedule by name or id; False if there was none."""
-    return conn.execute(SQL_DELETE_SCHEDULE, (name, name)).rowcount > 0
-
-
-def fire_due(conn: sqlite3.Connection, now: float,
-             slots: Callable[[str, float, float], tuple[float, float, int]],
-             plan: Callable[[str, str, float], NewWorkflow], limit: int = 100
-             ) -> list[tuple[str, float, str | None, int, str | None]]:
-    """Start one workflow for each schedule whose next slot has come, and advance it.
-
-    `slots(cron, next_at, now)` gives (the slot to run, the next slot after now, how many
-    older slots it passes over); `plan(spec_json, schedule_id, slot)` builds the workflow,
-    whose idempotency key `schedule:<id>:<slot>` makes a second start of one slot
-    impossible even if the advance were lost. Insert and advance share the transaction.
-    A template that no longer validates (raises CoordError) does not start and does not
-    hold the others up: its slot passes, with the error in the return value.
-    Returns (schedule name, slot, workflow_id if newly started, slots passed over,
-    error) per due schedule.
-    """
-    out: list[tuple[str, float, str | None, int, str | None]] = []
-    for schedule_id, name, cron, spec_json, next_at in conn.execute(
-            SQL_DUE_SCHEDULES, (now, limit)).fetchall():
-        slot, following, passed = slots(cron, next_at, now)
-        wid: str | None = None
-        error = None
-        try:
-            wid, created, _ = insert_workflow(conn, now, plan(spec_json, schedule_id, slot))
-            wid = wid if created else None
-        except errors.CoordError as exc:
-            error = str(exc)
-        conn.execute(SQL_ADVANCE_SCHEDULE, (following, slot, now, schedule_id, next_at))
-        out.append((name, slot, wid, passed, error))
-    return out
-
-
-# ---------------------------------------------------------------- reads
-
-
-SQL_GET_WORKFLOW = (
-    "SELECT workflow_id, name, status, idempotency_key, schedule_id, created_at, updated_at, "
-    "finished_at, summary_json FROM workflows WHERE workflow_id = ?"
-)
-SQL_WORKFLOW_EXISTS = "SELECT 1 FROM workflows WHERE workflow_id = ?"
-# ids in [?1, ?2): ?2 is the prefix followed by U+10FFFF (coordd.store.views.resolve_prefix)
-SQL_WORKFLOW_IDS_FROM = (
-    "SELECT workflow_id FROM workflows WHERE workflow_id >= ?1 AND workflow_id < ?2 "
-    "ORDER BY workflow_id LIMIT ?3")
-SQL_LIST_WORKFLOWS = (
-    "SELECT workflow_id, name, status, idempotency_key, schedule_id, created_at, updated_at, "
-    "finished_at, summary_json FROM workflows WHERE (?1 IS NULL OR status = ?1) "
-    "ORDER BY created_at DESC, rowid DESC LIMIT ?2"
-)
-SQL_WORKFLOW_COUNTS = (
-    "SELECT workflow_id, status, count(*) FROM jobs INDEXED BY jobs_workflow WHERE workflow_id IN "
-    "(SELECT value FROM json_each(?)) GROUP BY workflow_id, status"
-)
-
-
-def workflow_row(conn: sqlite3.Connection, workflow_id: str) -> tuple | None:
-    return conn.execute(SQL_GET_WORKFLOW, (workflow_id,)).fetchone()
-
-
-def workflow_rows(conn: sqlite3.Connection, status: str | None, limit: int) -> list[tuple]:
-    return conn.execute(SQL_LIST_WORKFLOWS, (status, limit)).fetchall()
-
-
-def workflow_counts(conn: sqlite3.Connection, ids: list[str]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for wid, status, n in conn.execute(SQL_WORKFLOW_COUNTS, (dumps(ids),)):
-        out.setdefault(wid, {})[status] = n
-    return out
-
-
-def node_rows(conn: sqlite3.Connection, workflow_id: str) -> tuple[list[tuple], list[tuple]]:
-    """(nodes, edges) of a workflow as stored."""
-    return (conn.execute(SQL_NODES, (workflow_id,)).fetchall(),
-            conn.execute(SQL_EDGES, (workflow_id,)).fetchall())
-
-
-def schedule_rows(conn: sqlite3.Connection) -> list[tuple]:
-    return conn.execute(SQL_LIST_SCHEDULES).fetchall()
-
-
-SQL_JOB_NODE = "SELECT workflow_id, node, result_schema FROM jobs WHERE job_id = ?"
-SQL_JOB_DEPS = (
-    "SELECT d.node, d.status, e.policy FROM workflow_edges e NOT INDEXED "
-    "CROSS JOIN jobs d ON d.job_id = e.dep_job_id WHERE e.job_id = ? ORDER BY d.rowid"
-)
-
-
-def node_info(conn: sqlite3.Connection, job_id: str
-              ) -> tuple[str | None, str | None, str | None, list[tuple[str, str, str]]]:
-    """(workflow_id, node name, result schema, [(dependency, its status, policy)]) of a job."""
-    row = conn.execute(SQL_JOB_NODE, (job_id,)).fetchone() or (None, None, None)
-    deps = conn.execute(SQL_JOB_DEPS, (job_id,)).fetchall() if row[0] else []
-    return row[0], row[1], row[2], deps

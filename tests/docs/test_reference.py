@@ -11,8 +11,10 @@ import pytest
 
 from coordctl.__main__ import build_parser
 from coordd import config as coordd_config
+from coordd import config_defaults
 from coordd.rules import gates
 from coordd.rules import limits
+from coordd.rules import ranges
 from coordd.wire import protocol
 from docgen import cli_page, config_page, md, protocol_page
 from docgen.pages import PAGES, REGENERATE, ROOT, render_all
@@ -99,7 +101,7 @@ def test_each_config_key_has_a_meaning_of_its_own(daemon, heading, cls):
 def test_every_config_range_is_shown():
     """A key the code checks a range for shows that range in its row."""
     text = page("docs/reference/configuration.md")
-    for name, rule in {**coordd_config.RANGES, **worker_config.RANGES}.items():
+    for name, rule in {**config_defaults.RANGES, **worker_config.RANGES}.items():
         shown = md.cell(config_page.range_text(name, rule))
         assert re.search(rf"^\| `{name}` \|.*\| {re.escape(shown)} \|", text, re.M), name
 
@@ -196,8 +198,8 @@ def test_a_new_config_key_makes_the_page_stale(monkeypatch):
     class Config(coordd_config.Config, kw_only=True, forbid_unknown_fields=True):
         new_knob_s: float = 2.5
 
-    monkeypatch.setattr(coordd_config, "RANGES", {**coordd_config.RANGES,
-                                                  "new_knob_s": coordd_config.ranges.POSITIVE_S})
+    monkeypatch.setattr(config_defaults, "RANGES", {**config_defaults.RANGES,
+                                                    "new_knob_s": ranges.POSITIVE_S})
     monkeypatch.setattr(coordd_config, "Config", Config)
     text = config_page.render()
     assert text != page("docs/reference/configuration.md")

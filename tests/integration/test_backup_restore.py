@@ -13,7 +13,7 @@ from pathlib import Path
 
 from coordd import cas
 from coordd.client import SyncClient
-from coordd.config import artifact_dir_for
+from coordd.paths import artifact_dir_for
 from tests.integration.conftest import DaemonProc
 
 COOL = {"memory_used_pct": 10.0}

@@ -169,7 +169,7 @@ async def test_second_daemon_on_another_name_of_the_db_refused(daemon_factory, t
 
 def test_artifact_store_follows_the_file_not_the_name(tmp_path):
     """A symlinked or `..` name of the database has the real file's artifact store."""
-    from coordd.config import artifact_dir_for
+    from coordd.paths import artifact_dir_for
     real = tmp_path / "state" / "coordd.db"
     real.parent.mkdir()
     real.touch()

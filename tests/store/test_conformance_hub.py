@@ -17,7 +17,7 @@ from coordd.service.hub import Hub
 from coordd.wire.protocol import (
     AckMessages, AgentQuery, AgentStatusUpdate, BroadcastMessage, ReadMessages, SendMessage,
 )
-from coordd.store import dumps
+from coordd.jsontext import dumps
 from coordd.store.messages import NewMessage
 from tests.store.conftest import T0
 

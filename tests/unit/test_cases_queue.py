@@ -12,7 +12,8 @@ import time
 import msgspec
 import pytest
 
-from coordd import cas, errors, store
+from coordd import cas, errors
+from coordd.store import claim_index, jobs
 from coordd.wire.protocol import ADMIN_METHODS, PARAMS, Complete, Empty, Enqueue, ListJobs
 from coordd.service.reaper import Reaper
 from coordd.rules.times import fmt_time
@@ -246,10 +247,10 @@ async def test_b37_payload_cap_and_prune_shrink_the_file(make_bundle):
 
 async def test_b37_candidate_selection_never_reads_the_payload(bundle):
     with _db(bundle) as conn:
-        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + store.SQL_PAIR_WALK,
+        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + claim_index.SQL_PAIR_WALK,
                                            ("cpu", "k", 0, 1e18))]
     assert any("USING COVERING INDEX jobs_claim" in p for p in plan), plan
-    assert "payload" not in store.SQL_PAIR_WALK and "payload" not in store.SQL_PAIR_LEVEL
+    assert "payload" not in claim_index.SQL_PAIR_WALK and "payload" not in claim_index.SQL_PAIR_LEVEL
 
 
 async def test_b37_prune_keeps_shared_artifacts_and_runs_from_the_reaper(make_bundle):
@@ -339,7 +340,7 @@ async def test_b41_other_undecodable_columns_dead_lettered_too(bundle):
 
 
 async def test_b43_idempotent_enqueue_survives_lost_reply(bundle):
-    assert "RETURNING job_id" in store.SQL_ENQUEUE  # insert and id in one statement
+    assert "RETURNING job_id" in jobs.SQL_ENQUEUE  # insert and id in one statement
     req = Enqueue(kind="k", required_role="cpu", priority=1, payload={"a": 1},
                   idempotency_key="K")
     lost = asyncio.create_task(bundle.coord.enqueue(req))

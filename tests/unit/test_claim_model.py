@@ -17,7 +17,7 @@ import pytest
 
 from coordd import store
 from coordd.rules import gates
-from coordd.store import lenient_json
+from coordd.jsontext import lenient_json
 
 ROLES = ("cpu", "gpu", "tpu")
 KINDS = ("a", "b", "c", "d")

@@ -11,7 +11,7 @@ import sys
 import msgspec
 import pytest
 
-from coordd import config
+from coordd import config, config_defaults
 from coordd.rules import ranges
 from coordd.errors import ConfigError
 from worker import config as wconfig
@@ -26,12 +26,12 @@ def _numeric_fields(struct: type[msgspec.Struct]) -> set[str]:
 
 
 def test_every_numeric_key_has_a_range():
-    assert _numeric_fields(config.Config) == set(config.RANGES)
+    assert _numeric_fields(config.Config) == set(config_defaults.RANGES)
     assert _numeric_fields(wconfig.WorkerConfig) == set(wconfig.RANGES)
     assert _numeric_fields(wconfig.KindConfig) == set(wconfig.KIND_RANGES)
     assert {"max_memory_pct", "max_temperature_c", "min_battery_pct", "min_user_idle_s",
             "max_gpu_temperature_c"} == \
-        set(config.GATE_RANGES)
+        set(config_defaults.GATE_RANGES)
 
 
 def _toml(key: str, text: str, as_list: bool) -> str:
@@ -43,12 +43,12 @@ def _is_int(struct: type[msgspec.Struct], key: str) -> bool:
 
 
 @pytest.mark.parametrize("text", list(VALUES))
-@pytest.mark.parametrize("key", sorted(config.RANGES))
+@pytest.mark.parametrize("key", sorted(config_defaults.RANGES))
 def test_coordd_key_out_of_range_is_a_config_error_naming_it(tmp_path, key, text):
     path = tmp_path / "c.toml"
     path.write_text(_toml(key, text, key.startswith("admin_")))
     value = VALUES[text]
-    in_range = config.RANGES[key].holds(value) and (
+    in_range = config_defaults.RANGES[key].holds(value) and (
         value == int(value) or not _is_int(config.Config, key))
     try:
         config.load(path)  # in range: accepted (0 where the key means "off" or "none") ...
@@ -60,11 +60,11 @@ def test_coordd_key_out_of_range_is_a_config_error_naming_it(tmp_path, key, text
 
 
 @pytest.mark.parametrize("text", list(VALUES))
-@pytest.mark.parametrize("key", sorted(config.GATE_RANGES))
+@pytest.mark.parametrize("key", sorted(config_defaults.GATE_RANGES))
 def test_gate_key_out_of_range_names_its_table(tmp_path, key, text):
     path = tmp_path / "c.toml"
     path.write_text(f"[gates.p2]\n{key} = {text}\n")
-    if config.GATE_RANGES[key].holds(VALUES[text]):
+    if config_defaults.GATE_RANGES[key].holds(VALUES[text]):
         config.load(path)
         return
     with pytest.raises(ConfigError, match=f"gates.p2.{key} must be"):

@@ -222,10 +222,11 @@ async def test_ack_only_counts_the_readers_own_deliveries(bundle):
 
 def test_a_v2_database_gains_the_hub_tables_on_upgrade(tmp_path):
     from coordd import store
+    from coordd.store import schema
     conn = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
     try:
-        for script in store.MIGRATIONS[:2]:  # a database written by the previous coordd
-            for stmt in store._split(script):
+        for script in schema.MIGRATIONS[:2]:  # a database written by the previous coordd
+            for stmt in schema._split(script):
                 conn.execute(stmt)
         conn.execute("PRAGMA user_version = 2")
         assert store.migrate(conn) == store.SCHEMA_VERSION

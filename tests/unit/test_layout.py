@@ -27,7 +27,7 @@ def test_only_clock_reads_time():
 
 def test_sql_lives_in_store():
     """Every SQL statement of the daemon is in the coordd/store package (one module per
-    area: jobs and leases in __init__, the others beside it)."""
+    area: jobs and leases in jobs.py, the others beside it)."""
     offenders = [
         f"{p.relative_to(ROOT)}:{n}" for p in _sources("coordd")
         if "store" not in p.relative_to(ROOT / "coordd").parts[:-1]
@@ -37,10 +37,22 @@ def test_sql_lives_in_store():
     assert offenders == []
 
 
+# Modules still over 400 lines, each being split by what its parts do (issue 27 item 4);
+# take a module off this list once it is under 400.
+STILL_OVER_400 = {
+    "coordd/client.py", "coordd/net/rpc.py", "coordd/service/push.py",
+    "coordd/store/postgres/schema.py", "coordd/store/postgres/store.py",
+    "coordd/store/sqlite/writer.py", "coordd/wire/protocol.py", "worker/supervisor.py",
+}
+
+
 def test_modules_stay_small():
-    """One concern per module: none grows past 600 lines (STYLE asks for about 400)."""
-    big = [f"{p.relative_to(ROOT)}: {n}" for p in _sources("coordd", "worker", "coordctl")
-           if (n := len(p.read_text().splitlines())) > 600]
+    """One concern per module: none grows past 400 lines (STYLE section 1), but the few
+    listed in STILL_OVER_400, which stay under 600."""
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+             for p in _sources("coordd", "worker", "coordctl")}
+    big = [f"{m}: {n}" for m, n in sorted(sizes.items())
+           if n > (600 if m in STILL_OVER_400 else 400)]
     assert big == []
 
 

@@ -20,7 +20,7 @@ from coordd.wire.limits import LimitReset, LimitSet, LimitsQuery, LimitUse
 from coordd.wire.workers import Goodbye, Release
 from coordd.wire.workflows import WorkflowId, WorkflowNode, WorkflowSubmit
 from coordd.daemon.server import sqlite_coordinator
-from coordd.store import CLAIM_SCAN
+from coordd.rules.claim_policy import CLAIM_SCAN
 from coordd.store import limits as limit_store
 from tests.conftest import T0, Bundle
 

@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 )
 
 from coordd import errors, store
+from coordd.store import jobs
 from coordd.rules import gates
 from coordd.store.sqlite import leases
 from coordd.clock import FakeClock
@@ -132,12 +133,12 @@ class LimitMachine(RuleBasedStateMachine):
                            priority=priority, payload_json="{}", run_at=None, max_attempts=3,
                            idempotency_key=None, max_runtime_s=None, gates_json=None,
                            limits=sorted(uses))
-        assert self.run(lambda c, now: store.enqueue(c, now, job)).created
+        assert self.run(lambda c, now: jobs.enqueue(c, now, job)).created
         self.uses[job.job_id], self.prio[job.job_id] = sorted(uses), priority
 
     @rule(worker=st.sampled_from(WORKERS), lease_s=st.sampled_from([5.0, 30.0]))
     def claim(self, worker: str, lease_s: float) -> None:
-        self.run(lambda c, now: store.heartbeat(c, now, worker, '["cpu"]', COOL))
+        self.run(lambda c, now: wkstore.heartbeat(c, now, worker, '["cpu"]', COOL))
         expected = self.oracle()
         res = self.run(lambda c, now: leases.claim(c, now, worker, lease_s, None, self.policy))
         got = None if res.job is None else res.job.job_id
@@ -173,7 +174,7 @@ class LimitMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def cancel(self, data) -> None:
         job_id = data.draw(st.sampled_from(sorted(self.uses)))
-        self.run(lambda c, now: store.cancel(c, now, job_id))
+        self.run(lambda c, now: jobs.cancel(c, now, job_id))
 
     @rule(worker=st.sampled_from(WORKERS))
     def goodbye(self, worker: str) -> None:
@@ -181,7 +182,7 @@ class LimitMachine(RuleBasedStateMachine):
 
     @rule()
     def reap(self) -> None:
-        self.run(lambda c, now: store.reap_expired(c, now))
+        self.run(lambda c, now: jobs.reap_expired(c, now))
 
     @rule(dt=st.sampled_from([0.0, 0.5, 5.0, 19.5, 20.0, 30.0, 60.0]))
     def advance(self, dt: float) -> None:

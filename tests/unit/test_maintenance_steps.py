@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordd import store
+from coordd.store import upkeep
 
 JOBS = 12_000  # finished long ago: pruned
 KEPT = 20_000  # finished recently: kept, and the statistics must cover them
@@ -74,7 +74,7 @@ async def test_a_big_prune_is_many_small_transactions(make_bundle):
     finally:
         meter.close()
     assert res.pruned == JOBS
-    assert len(meter.per_txn) > JOBS // store.PRUNE_BATCH
+    assert len(meter.per_txn) > JOBS // upkeep.PRUNE_BATCH
     assert max(meter.per_txn) < MAX_STEP_INSTRUCTIONS, sorted(meter.per_txn)[-5:]
     stat = await b.coord.store.readers.run(lambda conn: conn.execute(
         "SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchone()[0])
@@ -86,24 +86,24 @@ def store_list(**kw):
     return ListJobs(limit=10, **kw)
 
 
-@pytest.mark.parametrize("pages", [store.VACUUM_PAGES])
+@pytest.mark.parametrize("pages", [upkeep.VACUUM_PAGES])
 async def test_vacuum_frees_a_bounded_number_of_pages_per_transaction(make_bundle, pages):
     b = await make_bundle(retention_s=10.0)
     await b.coord.store.writer.run(_load)
     b.clock.advance(100.0)
     free_after: list[int] = []
-    real = store.vacuum_step
+    real = upkeep.vacuum_step
 
-    def step(conn, max_pages=store.VACUUM_PAGES):
+    def step(conn, max_pages=upkeep.VACUUM_PAGES):
         before = conn.execute("PRAGMA freelist_count").fetchone()[0]
         left = real(conn, max_pages)
         free_after.append(before - left)
         return left
 
-    store.vacuum_step = step
+    upkeep.vacuum_step = step
     try:
         await b.coord.prune()
     finally:
-        store.vacuum_step = real
+        upkeep.vacuum_step = real
     assert sum(free_after) > pages  # there was more to free than one step may
     assert max(free_after) <= pages <= 128

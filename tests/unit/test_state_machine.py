@@ -25,6 +25,7 @@ from hypothesis.stateful import (
 )
 
 from coordd import errors, store
+from coordd.store import jobs, workers
 from coordd.rules import gates
 from coordd.store.sqlite import leases
 from coordd.store import views
@@ -94,13 +95,13 @@ class CoordMachine(RuleBasedStateMachine):
                            priority=priority, payload_json='{"n": %d}' % self.seq, run_at=None,
                            max_attempts=max_attempts, idempotency_key=None, max_runtime_s=None,
                            gates_json=None)
-        res = self.run(lambda c, now: store.enqueue(c, now, job))
+        res = self.run(lambda c, now: jobs.enqueue(c, now, job))
         assert res.created
         self.jobs.append(job.job_id)
 
     @rule(worker=st.sampled_from(WORKERS), hot=st.booleans())
     def heartbeat(self, worker: str, hot: bool) -> None:
-        self.run(lambda c, now: store.heartbeat(c, now, worker, '["cpu"]', HOT if hot else COOL))
+        self.run(lambda c, now: workers.heartbeat(c, now, worker, '["cpu"]', HOT if hot else COOL))
 
     @rule(worker=st.sampled_from(WORKERS), lease_s=st.sampled_from([5.0, 30.0]),
           fresh=st.booleans())
@@ -163,18 +164,18 @@ class CoordMachine(RuleBasedStateMachine):
     def cancel(self, data) -> None:
         if self.jobs:
             job_id = data.draw(st.sampled_from(self.jobs))
-            self.run(lambda c, now: store.cancel(c, now, job_id))
+            self.run(lambda c, now: jobs.cancel(c, now, job_id))
 
     @precondition(lambda self: bool(self.jobs))
     @rule(data=st.data())
     def retry(self, data) -> None:
         if self.jobs:
             job_id = data.draw(st.sampled_from(self.jobs))
-            self.run(lambda c, now: store.retry(c, now, job_id))
+            self.run(lambda c, now: jobs.retry(c, now, job_id))
 
     @rule()
     def reap(self) -> None:
-        self.run(lambda c, now: store.reap_expired(c, now))
+        self.run(lambda c, now: jobs.reap_expired(c, now))
 
     @rule(dt=st.floats(0.0, 60.0, allow_nan=False))
     def advance(self, dt: float) -> None:

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from coordd import store
-from coordd.store import views
+from coordd.store import schema, views
 from coordd.wire.protocol import Complete, Enqueue, EnqueueBatch, Fail, JobId, ListJobs
 from coordd.wire.workflows import WorkflowId, WorkflowSubmit
 
@@ -112,12 +112,7 @@ async def test_counters_survive_the_migration_from_a_database_that_had_jobs(tmp_
     path = str(tmp_path / "v6.db")
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA foreign_keys=ON")
-    saved = store.SCHEMA_VERSION
-    try:
-        store.SCHEMA_VERSION = 6
-        store.migrate(conn)
-    finally:
-        store.SCHEMA_VERSION = saved
+    schema.migrate(conn, 6)
     for i, (status, prio) in enumerate([("waiting", 1), ("waiting", 1), ("succeeded", 2),
                                          ("failed", 0)]):
         conn.execute("INSERT INTO jobs (job_id, kind, required_role, priority, payload_json, "

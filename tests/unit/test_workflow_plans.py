@@ -12,6 +12,7 @@ import pytest
 
 from coordd import errors, store
 from coordd.wire.workflows import ListWorkflows, WorkflowSubmit
+from coordd.store import schedules, upkeep, workflow_reads
 from coordd.store import workflows as wstore
 from coordd.service.workflows import EDGES_MAX, NODES_MAX
 
@@ -79,8 +80,9 @@ def test_hot_workflow_statements_search_their_index_whatever_the_stats(stats):
         conn.execute("DELETE FROM sqlite_stat1")
         conn.executemany("INSERT INTO sqlite_stat1 VALUES (?, ?, ?)", stats)
         conn.execute("ANALYZE sqlite_master")  # reload the statistics
-    sqls = {name: getattr(wstore, name) for name in HOT}
-    sqls["SQL_PRUNE_PICK"] = store.SQL_PRUNE_PICK
+    modules = (wstore, workflow_reads, schedules)  # SQLite's workflow statements
+    sqls = {name: next(getattr(m, name) for m in modules if hasattr(m, name)) for name in HOT}
+    sqls["SQL_PRUNE_PICK"] = upkeep.SQL_PRUNE_PICK
     expected = {**HOT, "SQL_PRUNE_PICK": ["jobs_finished", WF_PK]}
     bad = {}
     for name, sql in sqls.items():

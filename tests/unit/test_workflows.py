@@ -1,5 +1,7 @@
 """Workflows (issue 8) on a pinned clock: graphs, capability routing, degradation, result
-schemas, schedules, and the v2 -> v5 migration. No sleeps: time moves with FakeClock."""
+schemas, retry and cancel of nodes, prune. No sleeps: time moves with FakeClock. Schedules
+are in tests/unit/test_schedules.py, the v2 -> v5 migration in
+tests/unit/test_workflow_migration.py."""
 
 from __future__ import annotations
 
@@ -11,12 +13,10 @@ import msgspec
 import pytest
 
 from coordd import config as config_mod
-from coordd import errors, store
+from coordd import errors
 from coordd.clock import FakeClock
-from coordd.wire.protocol import Claim, Complete, Empty, Enqueue, Fail, Heartbeat, JobId
-from coordd.wire.workflows import (
-    ListWorkflows, ScheduleAdd, ScheduleName, WorkflowId, WorkflowSubmit,
-)
+from coordd.wire.protocol import Complete, Fail, Heartbeat, JobId
+from coordd.wire.workflows import ListWorkflows, WorkflowId, WorkflowSubmit
 from coordd.daemon.server import sqlite_coordinator
 from coordd.service import Coordinator
 from tests.conftest import T0
@@ -241,153 +241,15 @@ async def test_cancel_blocked_node_settles_its_dependents(bundle):
     assert wf.status == "partial"
 
 
-# ---------------------------------------------------------------- schedules
+# ---------------------------------------------------------------- a Coordinator on a file
 
 
 async def open_coord(path: str, clock: FakeClock) -> Coordinator:
+    """A started Coordinator over the SQLite file `path` (opened again: a restart; also
+    tests/unit/test_schedules.py and test_workflow_migration.py)."""
     coord = sqlite_coordinator(path, config_mod.load(None), clock, rng=random.Random(1))
     await coord.start()
     return coord
-
-
-async def test_schedule_enqueues_each_slot_once_across_restart(tmp_path):
-    path = str(tmp_path / "sched.db")
-    clock = FakeClock(600.0)  # 00:10:00 UTC, 1 Jan 1970
-    coord = await open_coord(path, clock)
-    one = {"name": "nightly", "nodes": [{"name": "n", "kind": "k", "required_role": "cpu"}]}
-    added = await coord.schedule_add(ScheduleAdd(name="every5", cron="*/5 * * * *",
-                                                 workflow=_convert(one)))
-    assert added.created and added.next_at == 900.0
-    again = await coord.schedule_add(ScheduleAdd(name="every5", cron="*/5 * * * *",
-                                                 workflow=_convert(one)))
-    assert not again.created and again.schedule_id == added.schedule_id
-    assert (await coord.flows.tick())[2] == 0
-    clock.set(900.0)
-    assert (await coord.flows.tick())[2] == 1
-    assert (await coord.flows.tick())[2] == 0  # same slot, same round of time: nothing
-    await coord.close()  # restart at the same moment: the slot is not started again
-    coord = await open_coord(path, clock)
-    assert (await coord.flows.tick())[2] == 0
-    clock.set(1199.0)
-    assert (await coord.flows.tick())[2] == 0
-    clock.set(1200.0)
-    assert (await coord.flows.tick())[2] == 1
-    await coord.close()
-    # down from 1200 to 2150: slots 1500, 1800, 2100 missed -> the latest (2100) runs once
-    clock.set(2150.0)
-    coord = await open_coord(path, clock)
-    assert (await coord.flows.tick())[2] == 1
-    assert (await coord.flows.tick())[2] == 0
-    sched = (await coord.schedule_list(Empty())).schedules[0]
-    assert (sched.fired, sched.last_slot, sched.next_at) == (3, 2100.0, 2400.0)
-    wfs = (await coord.workflow_list(ListWorkflows())).workflows
-    assert sorted(w.idempotency_key for w in wfs) == [
-        f"schedule:{sched.schedule_id}:{s}" for s in (1200, 2100, 900)]
-    assert all(w.schedule_id == sched.schedule_id for w in wfs)
-    await coord.schedule_remove(ScheduleName(name="every5"))
-    assert (await coord.schedule_list(Empty())).schedules == []
-    with pytest.raises(errors.NotFound):
-        await coord.schedule_remove(ScheduleName(name="every5"))
-    await coord.close()
-
-
-async def test_bad_cron_refused(bundle):
-    one = {"name": "x", "nodes": [{"name": "n", "kind": "k", "required_role": "cpu"}]}
-    with pytest.raises(errors.BadRequest, match="cron"):
-        await bundle.coord.schedule_add(ScheduleAdd(name="s", cron="61 * * * *",
-                                                    workflow=_convert(one)))
-
-
-# ---------------------------------------------------------------- migration
-
-
-V2_SCHEMA = store.MIGRATIONS[:2]
-
-
-async def test_migration_from_v2_keeps_jobs_leases_and_claim_index(tmp_path):
-    path = str(tmp_path / "v2.db")
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA foreign_keys=ON")
-    for script in V2_SCHEMA:
-        for stmt in store._split(script):
-            conn.execute(stmt)
-    conn.execute("PRAGMA user_version = 2")
-    rows = [("j1", "waiting"), ("j2", "running"), ("j3", "succeeded")]
-    for job_id, status in rows:
-        conn.execute(
-            "INSERT INTO jobs (job_id, kind, required_role, priority, payload_json, status, "
-            "attempts, max_attempts, run_at, queued_at, created_at, updated_at, "
-            "idempotency_key, last_token, result_json) "
-            "VALUES (?, 'k', 'cpu', 1, '{\"a\": 1}', ?, 1, 3, ?, ?, ?, ?, ?, 1, ?)",
-            (job_id, status, T0, T0, T0, T0, f"key-{job_id}",
-             '{"r": 1}' if status == "succeeded" else None))
-    conn.execute("INSERT INTO leases (job_id, worker_id, token, granted_at, expires_at, "
-                 "lease_s) VALUES ('j2', 'w1', 1, ?, ?, 600)", (T0, T0 + 600))
-    conn.execute("INSERT INTO job_events (job_id, at, to_status, reason) "
-                 "VALUES ('j1', ?, 'waiting', 'enqueued')", (T0,))
-    conn.close()
-
-    coord = await open_coord(path, FakeClock(T0 + 1))
-    try:
-        assert (await coord.check()) == {"quick_check": "ok", "foreign_key_violations": 0,
-                                         "invariants": []}
-        for job_id, status in rows:
-            view = await coord.get_job(JobId(job_id=job_id))
-            assert view.status == status and view.payload == {"a": 1}
-        j2 = await coord.get_job(JobId(job_id="j2"))
-        assert j2.lease is not None and j2.lease.worker_id == "w1"  # no cascade on rebuild
-        assert (await coord.get_job(JobId(job_id="j3"))).result == {"r": 1}
-        assert [e.reason for e in (await coord.get_job(JobId(job_id="j1"))).events] == ["enqueued"]
-        # the idempotency key still dedups, and the old job is still claimable
-        again = await coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=1,
-                                            idempotency_key="key-j1"))
-        assert (again.job_id, again.created) == ("j1", False)
-        await coord.heartbeat(Heartbeat(worker_id="w2", roles=["cpu"],
-                                        readings={"memory_used_pct": 10.0}))
-        got = await coord.claim(Claim(worker_id="w2", lease_s=30))
-        assert got.job is not None and got.job.job_id == "j1"
-    finally:
-        await coord.close()
-    conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
-    claim_sql = conn.execute(
-        "SELECT sql FROM sqlite_master WHERE name = 'jobs_claim'").fetchone()[0]
-    assert "WHERE status = 'waiting'" in claim_sql
-    conn.close()
-
-
-async def test_schedule_slot_key_holds_even_if_the_advance_were_lost(tmp_path):
-    """The idempotency key `schedule:<id>:<slot>` is the second guard: put next_at back
-    by hand (as if the advance had been lost) and the slot still starts only once."""
-    path = str(tmp_path / "s.db")
-    clock = FakeClock(590.0)
-    coord = await open_coord(path, clock)
-    one = {"name": "w", "nodes": [{"name": "n", "kind": "k", "required_role": "cpu"}]}
-    await coord.schedule_add(ScheduleAdd(name="m", cron="* * * * *", workflow=_convert(one)))
-    clock.set(600.0)
-    assert (await coord.flows.tick())[2] == 1
-    await coord.store.writer.run(lambda conn, now: conn.execute(
-        "UPDATE schedules SET next_at = 600.0"))
-    assert (await coord.flows.tick())[2] == 0
-    assert len((await coord.workflow_list(ListWorkflows())).workflows) == 1
-    assert (await coord.status()).jobs["waiting"] == 1
-    await coord.close()
-
-
-async def test_schedule_whose_template_broke_does_not_block_the_round(tmp_path):
-    path = str(tmp_path / "b.db")
-    clock = FakeClock(590.0)
-    coord = await open_coord(path, clock)
-    one = {"name": "w", "nodes": [{"name": "n", "kind": "k", "required_role": "cpu"}]}
-    await coord.schedule_add(ScheduleAdd(name="m", cron="* * * * *", workflow=_convert(one)))
-    await coord.store.writer.run(lambda conn, now: conn.execute(  # e.g. a schema since removed
-        "UPDATE schedules SET spec_json = json_set(spec_json, '$.nodes[0].result_schema', "
-        "'gone')"))
-    clock.set(600.0)
-    assert (await coord.flows.tick())[2] == 0
-    sched = (await coord.schedule_list(Empty())).schedules[0]
-    assert sched.next_at == 660.0  # the slot passed; the next one is due as usual
-    await coord.close()
 
 
 async def test_retry_of_skipped_node_reopens_the_workflow(make_bundle):

@@ -11,6 +11,7 @@ import aiosqlite
 import pytest
 
 from coordd import errors, store
+from coordd.store import claim_index, upkeep
 from coordd.ids import JobIds
 from coordd.wire.protocol import Enqueue, EnqueueBatch, JobId
 
@@ -35,8 +36,8 @@ async def test_a_batch_is_claimed_in_submission_order(bundle):
     assert got == [r.job_id for r in res.jobs]
 
 
-@pytest.mark.parametrize("sql,args", [(store.SQL_PAIR_WALK, ("cpu", "k", 0, 1e18)),
-                                      (store.SQL_PAIR_LEVEL, ("cpu", "k", 1, 1e18, 1e18, 16))])
+@pytest.mark.parametrize("sql,args", [(claim_index.SQL_PAIR_WALK, ("cpu", "k", 0, 1e18)),
+                                      (claim_index.SQL_PAIR_LEVEL, ("cpu", "k", 1, 1e18, 1e18, 16))])
 def test_claim_walk_is_one_index_range_per_role_and_kind_no_sort(sql, args):
     """A claim walks, per (role, kind) pair of the worker, one range of the claim index
     (led by role and kind) in claim order: no temp B-tree (v2 sorted every job tied on
@@ -54,7 +55,7 @@ def test_kinds_of_a_role_are_found_by_index_seeks():
     one seek per waiting kind, never a scan of the role's jobs."""
     conn = sqlite3.connect(":memory:")
     store.migrate(conn)
-    plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + store.SQL_ROLE_KINDS,
+    plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + claim_index.SQL_ROLE_KINDS,
                                                  ("cpu",)))
     assert "COVERING INDEX jobs_claim (required_role=? AND kind>?)" in plan, plan
     assert "TEMP B-TREE" not in plan, plan
@@ -146,13 +147,13 @@ async def test_an_outside_write_lock_does_not_freeze_the_loop(make_bundle):
 async def test_background_checkpointer_runs_after_commits(make_bundle, monkeypatch):
     """Commits kick the checkpointer thread, which checkpoints on its own thread."""
     threads: list[str] = []
-    real = store.wal_checkpoint
+    real = upkeep.wal_checkpoint
 
     def spy(conn: sqlite3.Connection) -> tuple[int, int, int]:
         threads.append(threading.current_thread().name)
         return real(conn)
 
-    monkeypatch.setattr(store, "wal_checkpoint", spy)
+    monkeypatch.setattr(upkeep, "wal_checkpoint", spy)
     b = await make_bundle(wal_checkpoint_interval_s=0.01)
     for _ in range(20):
         await b.enqueue()

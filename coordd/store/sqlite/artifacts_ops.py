@@ -17,7 +17,7 @@ from typing import Any
 from coordd import cas, errors
 from coordd.store.sqlite import leases
 from coordd.store import views
-from coordd.config import artifact_dir_for
+from coordd.paths import artifact_dir_for
 from coordd.ops.metrics import tree_bytes
 from coordd.wire.protocol import ArtifactRef
 from coordd.wire.transfers import ArtifactData, ArtifactPutResult
@@ -118,7 +118,7 @@ class SQLiteArtifactOps:
 
     @property
     def artifact_dir(self) -> str:
-        """The content-addressed store beside the database (coordd.config.artifact_dir_for)."""
+        """The content-addressed store beside the database (coordd.paths.artifact_dir_for)."""
         return artifact_dir_for(self.path)
 
     def make_artifact_dir(self) -> None:

@@ -29,7 +29,7 @@ import os
 import sqlite3
 import threading
 
-from coordd import store
+from coordd.store import upkeep
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class WalCheckpointer:
         with self._lock:
             if self._conn is None:
                 raise sqlite3.ProgrammingError("checkpointer is not started")
-            return store.wal_checkpoint(self._conn)
+            return upkeep.wal_checkpoint(self._conn)
 
     def wal_bound(self) -> int:
         """The WAL file's bound now, in bytes: the configured limit, and WAL_FREE_SHARE of

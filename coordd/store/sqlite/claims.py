@@ -17,21 +17,23 @@ from typing import Any
 
 import msgspec
 
-from coordd import store
+from coordd.store import jobs as jobstore
 from coordd.store import claim_admission as admission
 from coordd.rules import gates
 from coordd.rules import resources
 from coordd.rules import transitions as tr
 from coordd.rules.claim_batch import Batch, NextClaim
 from coordd.rules.claim_policy import (  # noqa: F401 (claims has always named them)
-    BASE_REFUSALS_CACHED, ClaimPolicy, effective_priority,
+    BASE_REFUSALS_CACHED, CLAIM_SCAN, ClaimPolicy, effective_priority,
 )
 from coordd.rules.limits import LIMIT_REFUSED
 from coordd.wire.protocol import ClaimedJob, ClaimResult, LeaseGrant
-from coordd.store import (
-    CLAIM_SCAN, SQL_ANY_RUNNABLE, SQL_CLAIMED_JOB, SQL_INSERT_LEASE, SQL_PAIR_LEVEL,
-    SQL_PAIR_WALK, SQL_ROLE_KINDS, SQL_LEASE_BY_CLAIM_ID, SQL_TAKE, SQL_WORKER, event,
-    json_decode, lenient_json, maybe_json,
+from coordd.jsontext import json_decode, lenient_json, maybe_json
+from coordd.store.claim_index import (
+    SQL_ANY_RUNNABLE, SQL_PAIR_LEVEL, SQL_PAIR_WALK, SQL_ROLE_KINDS,
+)
+from coordd.store.jobs import (
+    SQL_CLAIMED_JOB, SQL_INSERT_LEASE, SQL_LEASE_BY_CLAIM_ID, SQL_TAKE, SQL_WORKER, event,
 )
 from coordd.store import limits as limit_store
 from coordd.store.sqlite import preemption_ops as sqlite_preemption
@@ -324,7 +326,7 @@ def _dead_letter(conn: sqlite3.Connection, now: float, job_id: str, worker_id: s
                  from_status: str, code: str, detail: str) -> None:
     """End a job `failed` because its stored data does not decode (terminal: no retry;
     coordd.rules.transitions.dead_letter)."""
-    store.apply(conn, now, job_id, worker_id, tr.dead_letter(from_status, code, detail))
+    jobstore.apply(conn, now, job_id, worker_id, tr.dead_letter(from_status, code, detail))
 
 
 def _claimed(conn: sqlite3.Connection, job_id: str, lease: LeaseGrant) -> ClaimResult:

@@ -9,12 +9,12 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from coordd import store
+from coordd.jsontext import dumps, lenient_json
+from coordd.store.jobs import event
 from coordd.rules import governance
 from coordd.store.sqlite import leases
 from coordd.store import views
 from coordd.rules.gates import GatePolicy
-from coordd.jsontext import lenient_json
 from coordd.wire.governance import JobAction
 from coordd.wire.protocol import HeartbeatResult, RenewResult
 from coordd.store import governance as govstore
@@ -42,11 +42,11 @@ class SQLiteGovernance:
                                  *, now: float | None = None) -> GovernedHeartbeat:
         """One writer op: the predecessor's leases, the heartbeat, the worker's state,
         preemption (paced), then each held job's governance."""
-        roles_json, readings_json = store.dumps(sorted(set(roles))), store.dumps(readings)
+        roles_json, readings_json = dumps(sorted(set(roles))), dumps(readings)
 
         def op(conn: Any, t: float) -> GovernedHeartbeat:
             lost = wkstore.release_predecessor(conn, t, worker_id, beat.incarnation)
-            cancel = store.heartbeat(conn, t, worker_id, roles_json, readings_json)
+            cancel = wkstore.heartbeat(conn, t, worker_id, roles_json, readings_json)
             wkstore.store_state(conn, worker_id, beat.incarnation, beat.kinds_json,
                                 beat.broken_json)
             preempted = sqlite_preemption.run(conn, t, gov.policies, gov.preemptor)
@@ -130,5 +130,5 @@ def govern(conn: sqlite3.Connection, now: float, worker_id: str,
             conn.execute(SQL_SET_GOVERNANCE, (s.suspended_at, s.suspend_reason, s.gate_open_at,
                                               s.vacate_reason, s.resume_at, st.job_id))
         if d.event is not None:
-            store.event(conn, st.job_id, now, worker_id, "running", "running", d.event)
+            event(conn, st.job_id, now, worker_id, "running", "running", d.event)
     return governance.outcome(steps)

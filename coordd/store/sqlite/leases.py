@@ -13,13 +13,13 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
-from coordd import store
+from coordd.store import jobs
 from coordd.rules import transitions as tr
 from coordd.store.sqlite.claims import (  # noqa: F401 (leases has always named them)
     BASE_REFUSALS_CACHED, LIMIT_SCAN, ClaimPolicy, claim, effective_priority,
 )
 from coordd.wire.protocol import ArtifactRef, CompleteResult, RenewResult, StatusResult
-from coordd.store import SQL_CHECKPOINT, SQL_INSERT_ARTIFACT, SQL_JOB_FOR_LEASE, SQL_RENEW
+from coordd.store.jobs import SQL_CHECKPOINT, SQL_INSERT_ARTIFACT, SQL_JOB_FOR_LEASE, SQL_RENEW
 from coordd.store import limits as limit_store  # noqa: F401 (tests patch it here)
 from coordd.store import workflows
 from coordd.rules.transitions import Held, backoff_delay  # noqa: F401 (leases names them)
@@ -107,6 +107,6 @@ def release(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, t
 def _apply(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str, held: Held,
            d: tr.Decision, artifact_sha256: str | None = None) -> None:
     """Write a holder call's decision, then settle the node's workflow if it ended."""
-    store.apply(conn, now, job_id, worker_id, d, artifact_sha256)
+    jobs.apply(conn, now, job_id, worker_id, d, artifact_sha256)
     if d.settle:
         workflows.settle(conn, now, held.workflow_id)

@@ -11,7 +11,7 @@ from typing import Any
 
 from coordd.store.sqlite import backup as backups
 from coordd.store.sqlite import lanes
-from coordd import store
+from coordd.store import upkeep
 from coordd.store import views
 from coordd.wire.protocol import BackupResult
 from coordd.store import workflows as wstore
@@ -48,8 +48,8 @@ class SQLiteMaintenance:
 
     async def prune_jobs(self, cutoff: float, limit: int = PRUNE_BATCH, *,
                          now: float | None = None) -> tuple[int, int]:
-        """coordd.store.prune_batch, one writer op."""
-        return await self._write(lambda conn, _t: store.prune_batch(conn, cutoff, limit), now)
+        """coordd.store.upkeep.prune_batch, one writer op."""
+        return await self._write(lambda conn, _t: upkeep.prune_batch(conn, cutoff, limit), now)
 
     async def prune_workflows(self, cutoff: float, limit: int = WORKFLOW_PRUNE_BATCH, *,
                               now: float | None = None) -> int:
@@ -60,13 +60,13 @@ class SQLiteMaintenance:
         return await self.readers.run(views.prunable, cutoff, most)
 
     async def vacuum_step(self, *, now: float | None = None) -> int:
-        return await self._write(lambda conn, _t: store.vacuum_step(conn), now)
+        return await self._write(lambda conn, _t: upkeep.vacuum_step(conn), now)
 
     async def checkpoint_wal(self) -> None:
         await self.writer.checkpoint()
 
     async def optimize(self, *, now: float | None = None) -> None:
-        await self._write(lambda conn, _t: store.optimize(conn), now)
+        await self._write(lambda conn, _t: upkeep.optimize(conn), now)
 
     async def integrity_check(self) -> Integrity:
         """quick_check, foreign_key_check and INVARIANTS on one read connection."""

@@ -9,7 +9,7 @@ from coordd.rules.gates import GatePolicy
 from coordd.rules.preemption import (
     CANDIDATES_MAX, Held, Look, PreemptPolicy, Preemptor, ReservationHint, choose,
 )
-from coordd.store import event
+from coordd.store.jobs import event
 from coordd.store import resources as resstore
 from coordd.store.governance import (
     SQL_ALL_HELD, SQL_ANY_PREEMPTOR, SQL_ANY_RESERVATION, SQL_DELETE_LAPSED_RESERVATIONS,

@@ -1,12 +1,12 @@
-"""Schedules on SQLite (coordd.store.api_schedules.ScheduleStore): coordd.store.workflows'
-schedule functions as ops of the single writer, the list on the read pool."""
+"""Schedules on SQLite (coordd.store.api_schedules.ScheduleStore): coordd.store.schedules'
+functions as ops of the single writer, the list on the read pool."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from coordd.wire.workflows import ScheduleView
-from coordd.store import workflows as wstore
+from coordd.store import schedules
 from coordd.store.api_schedules import Fired, Plan, Slots, schedule_view
 
 
@@ -20,17 +20,17 @@ class SQLiteSchedules:
     async def schedule_add(self, schedule_id: str, name: str, cron: str, spec_json: str,
                            next_at: float, replace: bool = False, *,
                            now: float | None = None) -> str:
-        return await self._write(lambda conn, t: wstore.add_schedule(
+        return await self._write(lambda conn, t: schedules.add_schedule(
             conn, t, schedule_id, name, cron, spec_json, next_at, replace), now)
 
     async def schedule_list(self) -> list[ScheduleView]:
-        return [schedule_view(r) for r in await self.readers.run(wstore.schedule_rows)]
+        return [schedule_view(r) for r in await self.readers.run(schedules.schedule_rows)]
 
     async def schedule_remove(self, name: str, *, now: float | None = None) -> bool:
-        return await self._write(lambda conn, _t: wstore.remove_schedule(conn, name), now)
+        return await self._write(lambda conn, _t: schedules.remove_schedule(conn, name), now)
 
     async def schedule_fire_due(self, slots: Slots, plan: Plan, *, limit: int = 100,
                                 now: float | None = None) -> list[Fired]:
-        """coordd.store.workflows.fire_due in one writer op."""
-        return await self._write(lambda conn, t: wstore.fire_due(conn, t, slots, plan, limit),
+        """coordd.store.schedules.fire_due in one writer op."""
+        return await self._write(lambda conn, t: schedules.fire_due(conn, t, slots, plan, limit),
                                  now)

@@ -16,7 +16,10 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from coordd import errors, store
+from coordd import errors
+from coordd.jsontext import dumps
+from coordd.store import jobs as jobstore
+from coordd.store import workers as wkstore
 from coordd.store.sqlite import leases
 from coordd.store.sqlite.claims import with_next
 from coordd.rules.claim_batch import NextClaim
@@ -32,7 +35,7 @@ from coordd.store.sqlite.readers import ReadPool
 from coordd.store import workflows as wstore
 from coordd.store import grace
 from coordd.store import resources as resstore
-from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreHooks, StoreStatus
+from coordd.store.api import Backoff, JobFilter, LeaseRef, NewJob, StoreHooks, StoreStatus
 from coordd.store.sqlite.artifacts_ops import SQLiteArtifactOps
 from coordd.store.sqlite.hub_ops import SQLiteHubOps
 from coordd.store.sqlite.maintenance_ops import SQLiteMaintenance, file_size
@@ -203,27 +206,27 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
 
     async def heartbeat(self, worker_id: str, roles: Sequence[str], readings: dict[str, Any],
                         *, now: float | None = None) -> HeartbeatResult:
-        """Record the worker's roles and readings (see coordd.store.heartbeat)."""
-        roles_json, readings_json = store.dumps(sorted(set(roles))), store.dumps(readings)
+        """Record the worker's roles and readings (see coordd.store.workers.heartbeat)."""
+        roles_json, readings_json = dumps(sorted(set(roles))), dumps(readings)
 
         def op(conn: Any, t: float) -> HeartbeatResult:
-            cancel = store.heartbeat(conn, t, worker_id, roles_json, readings_json)
+            cancel = wkstore.heartbeat(conn, t, worker_id, roles_json, readings_json)
             return HeartbeatResult(now=t, cancel=cancel)
         return await self._write(op, now, urgent=True)
 
-    async def enqueue(self, jobs: Sequence[store.NewJob], *, indexed: bool = False,
+    async def enqueue(self, jobs: Sequence[NewJob], *, indexed: bool = False,
                       now: float | None = None) -> list[EnqueueResult]:
-        """Insert the jobs in one transaction, all or none (coordd.store.enqueue);
+        """Insert the jobs in one transaction, all or none (coordd.store.jobs.enqueue);
         `indexed`: an error's message names the job's index (`jobs[3]: ...`)."""
         if not indexed and len(jobs) == 1:
             job = jobs[0]
-            return await self._write(lambda conn, t: [store.enqueue(conn, t, job)], now)
+            return await self._write(lambda conn, t: [jobstore.enqueue(conn, t, job)], now)
 
         def op(conn: sqlite3.Connection, t: float) -> list[EnqueueResult]:
             out: list[EnqueueResult] = []
             try:
                 for j in jobs:
-                    out.append(store.enqueue(conn, t, j))
+                    out.append(jobstore.enqueue(conn, t, j))
             except errors.CoordError as exc:
                 raise errors.batch_item(len(out), exc) if indexed else exc
             return out
@@ -233,7 +236,7 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
                     kinds: Sequence[str] | None = None, claim_id: str | None = None,
                     now: float | None = None) -> ClaimResult:
         """The best job for the worker under a new lease (coordd.store.sqlite.leases.claim)."""
-        kinds_json = None if kinds is None else store.dumps(list(kinds))
+        kinds_json = None if kinds is None else dumps(list(kinds))
         return await self._write(lambda conn, t: leases.claim(
             conn, t, worker_id, lease_s, claim_id, policy, kinds_json), now)
 
@@ -273,7 +276,7 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
             then), now, urgent=True)
 
     async def reap(self, *, limit: int = 1000, now: float | None = None) -> int:
-        return await self._write(lambda conn, t: store.reap_expired(conn, t, limit), now)
+        return await self._write(lambda conn, t: jobstore.reap_expired(conn, t, limit), now)
 
     async def ping(self) -> None:
         """An empty writer request (BEGIN IMMEDIATE ... COMMIT): returns once the writer

@@ -10,13 +10,13 @@ from coordd.store import views
 from coordd.wire.web import HeldLease, JobRow, LoggedMessage, Reservation
 from coordd.store import reads
 from coordd.store import web as web_store
-from coordd.store import workflows as wstore
+from coordd.store import workflow_reads as wreads
 from coordd.store.api_web import (
     JobFinder, PrefixOf, PrefixResolve, held_lease, job_row, logged_messages, reservation,
 )
 
 PREFIX_SQL = {"job": (reads.SQL_JOB_EXISTS, reads.SQL_JOB_IDS_FROM),
-              "workflow": (wstore.SQL_WORKFLOW_EXISTS, wstore.SQL_WORKFLOW_IDS_FROM)}
+              "workflow": (wreads.SQL_WORKFLOW_EXISTS, wreads.SQL_WORKFLOW_IDS_FROM)}
 
 
 def _find(conn: Any, flt: JobFinder, before: str | None, scan: int, cap: int,

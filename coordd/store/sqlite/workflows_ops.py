@@ -9,6 +9,7 @@ from typing import Any
 from coordd import errors
 from coordd.rules.workflow_views import workflow_view, workflow_views
 from coordd.wire.workflows import WorkflowList, WorkflowSubmitResult, WorkflowView
+from coordd.store import workflow_reads as wreads
 from coordd.store import workflows as wstore
 
 
@@ -39,7 +40,7 @@ class SQLiteWorkflows:
 
     async def job_node(self, job_id: str) -> tuple[str | None, str | None, str | None,
                                                    list[tuple[str, str, str]]]:
-        return await self.readers.run(wstore.node_info, job_id)
+        return await self.readers.run(wreads.node_info, job_id)
 
     async def workflow_settle_running(self, *, now: float | None = None) -> int:
         return await self._write(wstore.settle_running, now)
@@ -54,13 +55,13 @@ class SQLiteWorkflows:
 
 def _get(conn: Any, workflow_id: str) -> WorkflowView:
     """One workflow with every node (reader connection). Raises: errors.NotFound."""
-    row = wstore.workflow_row(conn, workflow_id)
+    row = wreads.workflow_row(conn, workflow_id)
     if row is None:
         raise errors.NotFound(f"workflow {workflow_id} not found")
-    return workflow_view(row, *wstore.node_rows(conn, workflow_id))
+    return workflow_view(row, *wreads.node_rows(conn, workflow_id))
 
 
 def _list(conn: Any, status: str | None, limit: int) -> list[WorkflowView]:
     """Workflows by `status` (None: all), at most `limit`, with node counts (reader)."""
-    rows = wstore.workflow_rows(conn, status, limit)
-    return workflow_views(rows, wstore.workflow_counts(conn, [r[0] for r in rows]))
+    rows = wreads.workflow_rows(conn, status, limit)
+    return workflow_views(rows, wreads.workflow_counts(conn, [r[0] for r in rows]))
