@@ -5,24 +5,23 @@ The rule not to break: a wake-up is issued only after the COMMIT that makes its 
 visible, and never lost. The store notes what may wake a parked call inside the
 transaction and calls `committed()` after each COMMIT (or `rolled_back()`), and only then
 are waiters woken (coordd.service.push_notes; SQLite: coordd.store.sqlite.wakeups). Every
-parked call registers before
-it looks (claim attempt, job read, feed read), so a commit that lands while it looks
-marks it and it looks again instead of sleeping past it. A spurious wake-up (a rolled
-back savepoint's note, a job someone else took) costs one more look, never a wrong
-answer. Nothing here runs inside a transaction or holds one while parked.
+parked call registers before it looks (claim attempt, job read, feed read), so a commit
+that lands while it looks marks it and it looks again instead of sleeping past it. A
+spurious wake-up (a rolled back savepoint's note, a job someone else took) costs one more
+look, never a wrong answer. Nothing here runs inside a transaction or holds one while
+parked.
 
 Claims: a job entering `waiting` gives one wake credit, in arrival order, to the first
 idle parked claim whose worker may hold its role and kind; a woken claim that finds
 nothing although something was refused (gates, roles) passes its credit on to the next
 one; a claim in flight is marked to look again. A `run_at` in the future goes on the
-run_at timer (coordd.service.run_at). A worker's new claim supersedes
-its older parked ones (a worker claims again at once when a slot frees while its claim
-names only its other kinds): they answer with nothing, without another look, or with the
-job a look under way takes. A heartbeat wakes that worker's
-parked claims when their last answer was a gate or staleness refusal. Units of a
-fleet-wide limit that free (a lease ends) or a limit changed at runtime wake the parked
-claims whose last answer was a limit refusal; one refused by a rate looks again when its
-next slot frees (`next_slot_s` of its answer).
+run_at timer (coordd.service.run_at). A worker's new claim supersedes its older parked
+ones (a worker claims again at once when a slot frees while its claim names only its other
+kinds): they answer with nothing, without another look, or with the job a look under way
+takes. A heartbeat wakes that worker's parked claims when their last answer was a gate or
+staleness refusal. Units of a fleet-wide limit that free (a lease ends) or a limit changed
+at runtime wake the parked claims whose last answer was a limit refusal; one refused by a
+rate looks again when its next slot frees (`next_slot_s` of its answer).
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -43,8 +41,6 @@ from coordd.service.parked import ClaimAttempt, ClaimWaiter, Waiter
 from coordd.service.push_notes import Note, NoteIntake
 from coordd.service.run_at import DUE_SLACK_S, RunAtTimer, Scheduled
 from coordd.store.api_waits import WaitReads
-
-logger = logging.getLogger(__name__)
 
 PARK_PER_CONNECTION_DEFAULT = 16
 PARK_TOTAL_DEFAULT = 10_000
@@ -238,7 +234,7 @@ class Push(NoteIntake):
             errors.Overloaded: a cap on parked calls is reached (nothing was claimed).
         """
         w = ClaimWaiter(PARK_SCOPE.get(), next(self._seq), worker_id,
-                         None if kinds is None else frozenset(kinds))
+                        None if kinds is None else frozenset(kinds))
         # the roles noted last may be stale (noted only while claims are parked): unknown
         # until this worker's next heartbeat, so any job may wake it (it looks, or parks)
         self.roles.pop(worker_id, None)
