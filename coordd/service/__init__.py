@@ -6,7 +6,8 @@ one store (coordd.store.api: SQLiteStore or PostgresStore).
 explanations (reads),
 limits and workflows (areas); the hub, job logs and enrolment are hub, logs and enrol,
 artifacts transfers, prune and check maintenance, schedules workflows, the web view's
-reads web_reads and the parked calls waits and push, over the same store.
+reads web_reads and the parked calls waits and push (with parked, push_notes, run_at),
+over the same store.
 May import store, net, ops, rules, wire and the base modules; only the daemon imports it
 (the layers contract).
 """

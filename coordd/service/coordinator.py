@@ -94,7 +94,7 @@ class Coordinator(Dispatch, Reads, Areas):
             aging_interval_s=config.aging_interval_s, limits=self.limit_book)
         self.governance = Governance(policies=self._policies,
                                      preemptor=governor.preemptor(config))
-        self.push = Push(self.clock, per_connection_max=config.park_max_per_connection,
+        self.push = Push(self.clock, store, per_connection_max=config.park_max_per_connection,
                          total_max=config.park_max_total, wait_max_s=config.park_wait_max_s)
         store.attach(StoreHooks(policy=self._claim_policy,
                                 reservations=self.governance.preemptor.hint,

@@ -5,8 +5,8 @@ checks of cursors, limits, waits and the event filter stay above the store.
 
 Callers: coordd.service.waits.Waits.watch_worker (`worker_actions`), Waits.watch_events
 (`feed`, `last_event_id`; `wait_job` looks with the Coordinator's `get_job`, the view it
-answers with; `job_status` is there for a cheaper look), coordd.service.push.Push.start
-(`scheduled_jobs`: the timers of jobs not yet due).
+answers with; `job_status` is there for a cheaper look; `scheduled_jobs`: the timers of
+jobs not yet due), coordd.service.push.Push.claim (`claims_parked`).
 """
 
 from __future__ import annotations
@@ -69,6 +69,13 @@ class WaitReads(Protocol):
     async def scheduled_jobs(self, *, now: float | None = None
                              ) -> list[tuple[float, str, str]]:
         """(run_at, role, kind) of every waiting job not yet due at `now` (Unix seconds)."""
+        ...
+
+    def claims_parked(self, on: bool) -> None:
+        """Whether any claim is parked (or looking) now: told when the first one parks
+        and when the last one leaves, from the event loop, never inside a write. A store
+        may note heartbeats and freed limit units only meanwhile (SQLite); it must not
+        block and never raises."""
         ...
 
 

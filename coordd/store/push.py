@@ -3,7 +3,8 @@ worker's pending actions, and the due times of scheduled jobs.
 
 The triggers are TEMP: they live only on the writer's own connection (nothing in the
 file changes, no migration) and call `coordd_push(what, job_id, a, b, c)`, a function
-the writer registers (coordd.service.push.Push.note), for every row that may wake a parked call:
+the writer registers (coordd.store.sqlite.wakeups: coordd.service.push.Push.note), for every
+row that may wake a parked call:
 
 - `c` a running job's cancel was requested, or coordd's governance suspended or told it to
   vacate (a = the lease holder, for `watch_worker`);

@@ -14,7 +14,7 @@ from coordd import errors
 from coordd.wire.protocol import Claim, Empty, Fail, Heartbeat, JobId
 from coordd.wire.push import WatchEvents, WatchWorker, WorkerActions
 from coordd.service.push import PARK_SCOPE, ParkScope
-from coordd.service.coordinator import UNDELIVERED
+from coordd.service.dispatch import UNDELIVERED
 from tests.conftest import COOL
 from tests.unit.test_push import asleep, parked_claim, result
 

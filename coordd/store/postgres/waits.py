@@ -63,6 +63,10 @@ class WaitReadsPostgres:
     _conn: Any
     _wanted: dict[str, float]  # what -> monotonic time its wake-ups are known on until
 
+    def claims_parked(self, on: bool) -> None:
+        """Nothing to do: every NOTIFY and every poll wakes every parked claim
+        (coordd.store.postgres.hooks), so no heartbeat or freed limit unit needs noting."""
+
     async def want_wakeups(self, what: str, for_s: float) -> None:
         """push_wanted's row ahead by `for_s` + WANT_SLACK_S on the database's clock;
         written only when the last write does not cover it (about once a minute)."""

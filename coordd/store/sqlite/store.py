@@ -41,6 +41,7 @@ from coordd.store.sqlite.hub_ops import SQLiteHubOps
 from coordd.store.sqlite.maintenance_ops import SQLiteMaintenance, file_size
 from coordd.store.sqlite.schedules_ops import SQLiteSchedules
 from coordd.store.sqlite.waits_ops import SQLiteWaitReads
+from coordd.store.sqlite.wakeups import SQLiteWakeups
 from coordd.store.sqlite.web_ops import SQLiteWebReads
 from coordd.store.sqlite.logs_ops import SQLiteLogOps
 from coordd.store.sqlite.enrol_ops import SQLiteEnrolOps
@@ -59,7 +60,7 @@ def _no_backoff(_attempts: int) -> float:
 
 class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
                   SQLiteWorkflows, SQLiteAdmission, SQLiteArtifactOps, SQLiteWaitReads,
-                  SQLiteSchedules, SQLiteMaintenance, SQLiteWebReads):
+                  SQLiteSchedules, SQLiteMaintenance, SQLiteWebReads, SQLiteWakeups):
     """The store over one SQLite file (created and migrated on `start`); the hub's, job
     logs', enrolment tokens', governance's, workflows' and admission's operations too
     (coordd.store.sqlite.hub_ops, sqlite_logs, sqlite_enrol, sqlite_governance,
@@ -142,15 +143,12 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
 
     def attach(self, hooks: StoreHooks) -> None:
         """The coordinator's hooks: the writer wakes parked calls after each COMMIT (its
-        TEMP triggers and job hook note what changed, coordd.service.push), records its batches
-        in the metrics, and the claim policy reads the writer's role/kind and
+        TEMP triggers and job hook note what changed, coordd.store.sqlite.wakeups), records
+        its batches in the metrics, and the claim policy reads the writer's role/kind and
         reservation hints (coordd.store.sqlite.job_changes)."""
         self._hooks = hooks
-        push, changes = hooks.push, self.writer.changes
-        self.writer.on_open = push.attach
-        changes.listener = push  # jobs entering waiting or ending
-        self.writer.on_rollback = push.rolled_back
-        self.writer.on_clock_step = push.clock_stepped
+        changes = self.writer.changes
+        self.attach_wakeups(hooks.push)
         self.writer.metrics = hooks.meters
         hooks.policy.role_kinds = changes.role_kinds
         hooks.policy.reservations = changes.reservations = hooks.reservations

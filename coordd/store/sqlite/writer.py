@@ -90,7 +90,7 @@ class Writer(BatchApply):
         self.stats = WriterStats()
         self.health = StorageHealth()  # disk full / I/O errors: `unavailable`, logged once
         self.changes = JobChanges()  # status counters, waiting kinds, wake-up rows
-        # Commit hooks (coordd.service.push): `on_open(conn)` once the schema is migrated; after
+        # Commit hooks (coordd.store.sqlite.wakeups): `on_open(conn)` once the schema is migrated; after
         # each batch `on_commit()` once its COMMIT is done, or `on_rollback()`;
         # `on_clock_step(step_s)` after a batch whose COMMIT moved the stored times by a
         # wall-clock step (coordd.store.clock_steps).
