@@ -17,6 +17,8 @@ from typing import Any
 
 import msgspec
 
+from coordd.jsontext import dumps
+
 from coordd.store import jobs as jobstore
 from coordd.store import claim_admission as admission
 from coordd.rules import gates
@@ -344,7 +346,7 @@ def _claimed(conn: sqlite3.Connection, job_id: str, lease: LeaseGrant) -> ClaimR
 def claim_next(conn: sqlite3.Connection, now: float, nxt: NextClaim) -> ClaimResult:
     """A report's next claim, run in the report's own write: up to `nxt.max_jobs` claims
     in a row (coordd.rules.claim_batch, the Coordinator's rule)."""
-    kinds_json = None if nxt.kinds is None else store.dumps(list(nxt.kinds))
+    kinds_json = None if nxt.kinds is None else dumps(list(nxt.kinds))
     batch = Batch(nxt.claim_id, nxt.max_jobs)
     for claim_id in batch.ids():
         if not batch.add(claim(conn, now, nxt.worker_id, nxt.lease_s, claim_id, nxt.policy,
