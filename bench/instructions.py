@@ -1,6 +1,7 @@
 """`python -m bench.instructions`: instructions and SQL statements per claim + complete.
 
     python -m bench.instructions [--jobs 2000] [--rev REV ...] [--no-tree] [--statements]
+    python -m bench.instructions --rpc [--jobs 300] [--rev REV ...] [--rpc-idle] [--cprofile DIR]
 
 A deterministic figure for a noisy machine: one client's claim -> complete cycles run
 in-process against a Coordinator (no RPC: the writer, the store and the claim path), and
@@ -15,7 +16,9 @@ Each revision given with --rev is extracted to a temp folder (`git archive`, as
 The clock is a FakeClock, pinned (moving it would wake coordd's timers on every cycle, which
 a real clock does not); the background checkpointer thread is off
 (`wal_checkpoint_interval_s = 0`) so no other thread runs during the cycles. Python's
-hash seed is pinned. See bench/README.md.
+hash seed is pinned. With `--rpc` a real daemon serves the cycles over its socket instead
+(bench/rpc_instructions.py): instructions per RPC, the request path included. See
+bench/README.md.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JOBS = 2000
+RPC_JOBS = 300  # --rpc's default: python under callgrind serves ~100 cycles a second
 TOGGLE = "functools_reduce"  # the C function the measured cycles run inside
 
 
@@ -104,6 +108,37 @@ _WORDS = re.compile(r"'[^']*'|\b\d+(\.\d+)?\b")
 def _shape(stmt: str) -> str:
     """A traced statement with its bound values blanked, cut to 90 characters."""
     return " ".join(_WORDS.sub("?", stmt).split())[:90]
+
+
+def _rpc(args: argparse.Namespace, targets: list[str | None]) -> int:
+    """`--rpc`: instructions per RPC of a real daemon (bench/rpc_instructions.py)."""
+    from bench import rpc_instructions
+    n = args.jobs if args.jobs != DEFAULT_JOBS else RPC_JOBS
+    results = []
+    for rev in targets:
+        src, label, tmp = _source(rev)
+        try:
+            r = rpc_instructions.measure(src, label, n, idle=args.rpc_idle,
+                                         cprofile_dir=args.cprofile)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        results.append(r)
+        if args.cprofile:
+            print(f"{label}: cProfile of the daemon over {n} cycles -> {r['profile']}")
+            print("\n".join(rpc_instructions.profile_top(r["profile"])), flush=True)
+            continue
+        idle = f"   idle phase {r['ir_idle'] / 1e3:,.1f}k" if "ir_idle" in r else ""
+        print(f"{label:<28} daemon Ir/job {r['ir_per_job'] / 1e3:,.1f}k   Ir/RPC "
+              f"{r['ir_per_rpc'] / 1e3:,.1f}k{idle}", flush=True)
+    if len(results) > 1 and not args.cprofile:
+        base = results[0]
+        for r in results[1:]:
+            print(f"{r['label']} / {base['label']}: Ir/RPC "
+                  f"{r['ir_per_rpc'] / base['ir_per_rpc']:.3f}x")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
 
 
 def _source(rev: str | None) -> tuple[Path, str, Path | None]:
@@ -181,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="count statements only (no valgrind run)")
     p.add_argument("--by-statement", action="store_true",
                    help="print the statements per job by statement")
+    p.add_argument("--rpc", action="store_true",
+                   help=f"a real daemon over its socket: Ir per RPC (default --jobs {RPC_JOBS})")
+    p.add_argument("--rpc-idle", action="store_true",
+                   help="with --rpc: also count the measured phase with no cycles")
+    p.add_argument("--cprofile", metavar="DIR",
+                   help="with --rpc: cProfile the daemon's cycles (no valgrind); top by own time")
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--db", help=argparse.SUPPRESS)
@@ -189,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         _child(args.child, args.db, args.trace_out)
         return 0
-    if not args.statements and shutil.which("valgrind") is None:
+    if not (args.statements or args.cprofile) and shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (or use --statements)")
     targets = [*args.rev, *([] if args.no_tree else [None])]
+    if args.rpc or args.cprofile:
+        return _rpc(args, targets)
     results = []
     for rev in targets:
         r = measure(rev, args.jobs, args.statements)
