@@ -119,7 +119,7 @@ def _rpc(args: argparse.Namespace, targets: list[str | None]) -> int:
         src, label, tmp = _source(rev)
         try:
             r = rpc_instructions.measure(src, label, n, idle=args.rpc_idle,
-                                         cprofile_dir=args.cprofile)
+                                         cprofile_dir=args.cprofile, keep=args.keep)
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --rpc: also count the measured phase with no cycles")
     p.add_argument("--cprofile", metavar="DIR",
                    help="with --rpc: cProfile the daemon's cycles (no valgrind); top by own time")
+    p.add_argument("--keep", metavar="DIR",
+                   help="with --rpc: keep callgrind's output here (for callgrind_annotate)")
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--db", help=argparse.SUPPRESS)

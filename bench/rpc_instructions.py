@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -210,8 +211,9 @@ def profile_top(path: str, top: int = 25) -> list[str]:
 
 
 def measure(src: Path, label: str, n: int, *, idle: bool = False,
-            cprofile_dir: str | None = None) -> dict:
-    """Ir per RPC and per job of the daemon serving `n` claim + complete cycles."""
+            cprofile_dir: str | None = None, keep: str | None = None) -> dict:
+    """Ir per RPC and per job of the daemon serving `n` claim + complete cycles; `keep`: a
+    folder to copy callgrind's output to (for callgrind_annotate)."""
     with tempfile.TemporaryDirectory(prefix="coordd-rpc-instr-") as w:
         work = Path(w)
         result: dict = {"label": label, "jobs": n}
@@ -223,6 +225,11 @@ def measure(src: Path, label: str, n: int, *, idle: bool = False,
             return result
         ir = run(src, n, work, callgrind=True)
         result.update(ir_total=ir, ir_per_job=ir / n, ir_per_rpc=ir / (2 * n))
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            kept = Path(keep) / f"callgrind.{label.split()[0].replace('/', '_')}.out"
+            shutil.copyfile(work / "callgrind.rpc.out", kept)
+            result["callgrind_out"] = str(kept)
         if idle:
             result["ir_idle"] = run(src, 0, work, callgrind=True)
         return result
