@@ -1,7 +1,8 @@
 """`python -m bench.instructions`: instructions and SQL statements per claim + complete.
 
     python -m bench.instructions [--jobs 2000] [--rev REV ...] [--no-tree] [--statements]
-    python -m bench.instructions --rpc [--jobs 300] [--rev REV ...] [--rpc-idle] [--cprofile DIR]
+    python -m bench.instructions --rpc [--jobs 300] [--rpc-clients K] [--rev REV ...]
+                                 [--rpc-idle] [--keep DIR] [--cprofile DIR]
 
 A deterministic figure for a noisy machine: one client's claim -> complete cycles run
 in-process against a Coordinator (no RPC: the writer, the store and the claim path), and
@@ -119,7 +120,8 @@ def _rpc(args: argparse.Namespace, targets: list[str | None]) -> int:
         src, label, tmp = _source(rev)
         try:
             r = rpc_instructions.measure(src, label, n, idle=args.rpc_idle,
-                                         cprofile_dir=args.cprofile, keep=args.keep)
+                                         cprofile_dir=args.cprofile, keep=args.keep,
+                                         k=args.rpc_clients)
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -129,7 +131,7 @@ def _rpc(args: argparse.Namespace, targets: list[str | None]) -> int:
             print("\n".join(rpc_instructions.profile_top(r["profile"])), flush=True)
             continue
         idle = f"   idle phase {r['ir_idle'] / 1e3:,.1f}k" if "ir_idle" in r else ""
-        print(f"{label:<28} daemon Ir/job {r['ir_per_job'] / 1e3:,.1f}k   Ir/RPC "
+        print(f"{label:<28} {r['clients']:>2} conn daemon Ir/job {r['ir_per_job'] / 1e3:,.1f}k   Ir/RPC "
               f"{r['ir_per_rpc'] / 1e3:,.1f}k{idle}", flush=True)
     if len(results) > 1 and not args.cprofile:
         base = results[0]
@@ -218,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="print the statements per job by statement")
     p.add_argument("--rpc", action="store_true",
                    help=f"a real daemon over its socket: Ir per RPC (default --jobs {RPC_JOBS})")
+    p.add_argument("--rpc-clients", type=int, default=1, metavar="K",
+                   help="with --rpc: K connections, their requests sent in rounds (default 1)")
     p.add_argument("--rpc-idle", action="store_true",
                    help="with --rpc: also count the measured phase with no cycles")
     p.add_argument("--cprofile", metavar="DIR",

@@ -5,8 +5,10 @@ its Unix socket in a child process under valgrind's callgrind; this process is t
 (a bare socket client of its own, the same for every revision, so only the daemon's side
 differs). After the set-up (a heartbeat, the jobs enqueued in batches of 500, WARMUP
 cycles) the daemon's loop runs inside `functools.reduce` (callgrind's `--toggle-collect`)
-while the client runs N claim -> complete cycles, one request at a time; then the loop
-leaves it. Everything the daemon does for those 2N requests is counted: the frames, the
+while the client runs N claim -> complete cycles, one request at a time (or, with
+`--rpc-clients K`, over K connections in rounds: K claims sent together, their replies
+read, then K completes: the requests of a round arrive together, as under load); then
+the loop leaves it. Everything the daemon does for those 2N requests is counted: the frames, the
 decoding, the dispatch, the coordinator, the writer's SQL, the replies.
 
 The daemon's clock is a FakeClock, pinned, and the checkpointer thread is off, so no timer
@@ -107,8 +109,14 @@ class BareClient:
         self.buf = b""
 
     def call(self, method: str, params: dict) -> dict:
+        self.send(method, params)
+        return self.reply(method)
+
+    def send(self, method: str, params: dict) -> None:
         body = self.enc.encode({"id": next(self.ids), "method": method, "params": params})
         self.sock.sendall(HEADER.pack(len(body)) + body)
+
+    def reply(self, method: str) -> dict:
         while True:
             if len(self.buf) >= 4:
                 (n,) = HEADER.unpack_from(self.buf)
@@ -123,19 +131,28 @@ class BareClient:
                 raise RuntimeError("coordd closed the connection")
             self.buf += chunk
 
-    def cycle(self) -> None:
-        got = self.call("claim", {"worker_id": "w1", "lease_s": 30.0})
-        assert got.get("job"), got
-        self.call("complete", {"job_id": got["job"]["job_id"], "worker_id": "w1",
-                               "token": got["lease"]["token"], "result": {"ok": 1}})
-
     def close(self) -> None:
         self.sock.close()
 
 
+def cycle(clients: list[BareClient]) -> None:
+    """One claim -> complete on every client: the claims sent together, then the replies
+    read; the completes likewise (so k clients' requests arrive in the same rounds)."""
+    for i, c in enumerate(clients):
+        c.send("claim", {"worker_id": f"w{i}", "lease_s": 30.0})
+    got = [c.reply("claim") for c in clients]
+    for i, (c, g) in enumerate(zip(clients, got)):
+        assert g.get("job"), g
+        c.send("complete", {"job_id": g["job"]["job_id"], "worker_id": f"w{i}",
+                            "token": g["lease"]["token"], "result": {"ok": 1}})
+    for c in clients:
+        c.reply("complete")
+
+
 def run(src: Path, n: int, work: Path, *, callgrind: bool, prof: str | None = None,
-        toggle: str = "functools_reduce") -> int | None:
-    """Start the daemon child for `src`, set up, run `n` counted cycles; Ir with callgrind."""
+        toggle: str = "functools_reduce", k: int = 1) -> int | None:
+    """Start the daemon child for `src`, set up, run `n` counted jobs over `k` connections
+    (n // k rounds of k claims, then k completes); Ir with callgrind."""
     sock_path = str(work / f"d{len(list(work.iterdir()))}.sock")
     db = sock_path[:-5] + ".db"
     ctl_r, ctl_w = os.pipe()
@@ -153,6 +170,7 @@ def run(src: Path, n: int, work: Path, *, callgrind: bool, prof: str | None = No
     os.close(ctl_r)
     os.close(ack_w)
     client = None
+    clients: list[BareClient] = []
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while client is None:
@@ -165,24 +183,26 @@ def run(src: Path, n: int, work: Path, *, callgrind: bool, prof: str | None = No
                 if time.monotonic() > deadline:
                     raise SystemExit("the daemon did not come up") from None
                 time.sleep(0.2)
-        client.call("heartbeat", {"worker_id": "w1", "roles": ["cpu"], "readings": {
-            "memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,
-            "user_idle_s": 3600.0}})
-        total = n + WARMUP
+        clients = [client, *(BareClient(sock_path) for _ in range(k - 1))]
+        for i, c in enumerate(clients):
+            c.call("heartbeat", {"worker_id": f"w{i}", "roles": ["cpu"], "readings": {
+                "memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,
+                "user_idle_s": 3600.0}})
+        total = n + WARMUP * k
         for i in range(0, total, 500):
             client.call("enqueue_batch", {"jobs": [
                 {"kind": "k", "required_role": "cpu", "priority": 2, "payload": {"i": j}}
                 for j in range(i, min(total, i + 500))]})
         for _ in range(WARMUP):
-            client.cycle()
+            cycle(clients)
         os.write(ctl_w, b"m")
         assert os.read(ack_r, 1) == b"g"
-        for _ in range(n):
-            client.cycle()
+        for _ in range(n // k):
+            cycle(clients)
         os.write(ctl_w, b"e")
     finally:
-        if client is not None:
-            client.close()
+        for c in clients or ([client] if client is not None else []):
+            c.close()
         os.close(ctl_w)
         if proc.wait(START_TIMEOUT_S) != 0:
             raise SystemExit(f"the daemon failed ({proc.returncode}):\n"
@@ -211,19 +231,20 @@ def profile_top(path: str, top: int = 25) -> list[str]:
 
 
 def measure(src: Path, label: str, n: int, *, idle: bool = False,
-            cprofile_dir: str | None = None, keep: str | None = None) -> dict:
+            cprofile_dir: str | None = None, keep: str | None = None, k: int = 1) -> dict:
     """Ir per RPC and per job of the daemon serving `n` claim + complete cycles; `keep`: a
     folder to copy callgrind's output to (for callgrind_annotate)."""
     with tempfile.TemporaryDirectory(prefix="coordd-rpc-instr-") as w:
         work = Path(w)
-        result: dict = {"label": label, "jobs": n}
+        n -= n % k
+        result: dict = {"label": label, "jobs": n, "clients": k}
         if cprofile_dir:
             Path(cprofile_dir).mkdir(parents=True, exist_ok=True)
             prof = str(Path(cprofile_dir) / f"{label.split()[0].replace('/', '_')}.pstats")
-            run(src, n, work, callgrind=False, prof=prof)
+            run(src, n, work, callgrind=False, prof=prof, k=k)
             result["profile"] = prof
             return result
-        ir = run(src, n, work, callgrind=True)
+        ir = run(src, n, work, callgrind=True, k=k)
         result.update(ir_total=ir, ir_per_job=ir / n, ir_per_rpc=ir / (2 * n))
         if keep:
             Path(keep).mkdir(parents=True, exist_ok=True)
@@ -231,7 +252,7 @@ def measure(src: Path, label: str, n: int, *, idle: bool = False,
             shutil.copyfile(work / "callgrind.rpc.out", kept)
             result["callgrind_out"] = str(kept)
         if idle:
-            result["ir_idle"] = run(src, 0, work, callgrind=True)
+            result["ir_idle"] = run(src, 0, work, callgrind=True, k=k)
         return result
 
 
