@@ -10,7 +10,7 @@ before it is closed (the flush is cut off after FLUSH_TIMEOUT_S).
 
 The per-request path is kept short: each request's task runs in a copy of the
 connection's own context (its park scope and reply connection set once, at the start),
-and its bookkeeping is one done callback.
+and its bookkeeping is done in its last step (no done callback).
 """
 
 from __future__ import annotations
@@ -20,19 +20,17 @@ import collections
 import contextvars
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Coroutine
+from typing import Any, Protocol, cast
 
 import msgspec
 
 from coordd import errors
-from coordd.net.budgets import REPLY_CONN, SMALL_FRAME_BYTES, Budgets
+from coordd.net.budgets import REPLY_CONN, SMALL_FRAME_BYTES, Budgets, Ledger
 from coordd.net.frames import HEADER, FrameTooLarge, encode_frame
 from coordd.net.parking import PARK_SCOPE, ParkScope
 from coordd.net.peercred import PeerCred
 from coordd.wire.protocol import ErrorBody, Reply, Request
-
-if TYPE_CHECKING:
-    from coordd.net.rpc import Dispatcher
 
 logger = logging.getLogger("coordd.net.rpc")
 
@@ -45,6 +43,19 @@ _decode_request = msgspec.msgpack.Decoder(Request).decode
 _encode = msgspec.msgpack.Encoder().encode
 
 PeerOf = Callable[[asyncio.BaseTransport], PeerCred]
+
+
+class Host(Ledger, Protocol):
+    """What a connection uses of the coordd.net.rpc.Dispatcher that accepted it."""
+
+    _max_frame: int
+    _closing: bool
+    _tasks: set[asyncio.Task[None]]
+    _conns: set["Connection"]
+
+    def _mono(self) -> float: ...
+    def _one(self, req: Request, conn: "Connection") -> Coroutine[Any, Any, None]: ...
+    def _closed(self, conn: "Connection") -> None: ...
 
 
 def _enter(conn: "Connection") -> None:
@@ -66,7 +77,7 @@ class Connection(Budgets, asyncio.Protocol):
     peer: PeerCred
     _transport: asyncio.Transport
 
-    def __init__(self, dispatcher: "Dispatcher", peer_of: PeerOf | None = None) -> None:
+    def __init__(self, dispatcher: Host, peer_of: PeerOf | None = None) -> None:
         self._d = dispatcher
         self._peer_of = peer_of
         self._loop = asyncio.get_running_loop()
@@ -91,7 +102,6 @@ class Connection(Budgets, asyncio.Protocol):
         self._tls = False
         self._ctx = contextvars.copy_context()  # each request's task runs in a copy of it
         self._ctx.run(_enter, self)
-        self._on_done = self._done  # one bound method, not one per request
 
     # -------------------------------------------------------------- asyncio.Protocol
 
@@ -194,7 +204,8 @@ class Connection(Budgets, asyncio.Protocol):
         max_frame = self._d._max_frame
         while end - pos >= HEADER.size:
             if (self._write_paused or self._inflight >= INFLIGHT_PER_CONNECTION
-                    or self._reply_waiters):  # _blocked(), inline: once per frame  # the rest waits in _buf; read on only up to READ_AHEAD
+                    or self._reply_waiters):  # _blocked(), inline; the rest waits in _buf,
+                # read on only up to READ_AHEAD_BYTES
                 self._need = 0
                 if end - pos >= READ_AHEAD_BYTES:
                     self._pause_reading()
@@ -246,11 +257,10 @@ class Connection(Budgets, asyncio.Protocol):
             return
         task = self._loop.create_task(self._d._one(req, self), context=self._ctx.copy())
         self._inflight += 1
-        self._d._tasks.add(task)
-        task.add_done_callback(self._on_done)
+        self._d._tasks.add(task)  # Dispatcher._one ends with self._done()
 
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._d._tasks.discard(task)
+    def _done(self) -> None:
+        """A request's last step: it has replied; serve what waited for it, or close."""
         self._inflight -= 1
         if self._finishing:
             if not self._inflight:

@@ -139,9 +139,11 @@ class Dispatcher:
             conn.send_error(req.id, errors.CoordError(f"internal error: {type(exc).__name__}"))
         else:
             conn.send_result(req.id, result, method)
-        finally:
+        finally:  # the request's bookkeeping, here rather than in a done callback
             if conn._reply_reserved:
                 conn._release_reply()
+            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            conn._done()
 
     def connections(self) -> list[Connection]:
         """The open connections (a copy)."""
@@ -178,7 +180,9 @@ class Dispatcher:
         self._closing = True
 
     async def drain(self, timeout: float) -> None:
-        """Wait up to `timeout` seconds for in-flight requests to finish, then cancel the rest."""
+        """Wait up to `timeout` seconds for in-flight requests to finish, then cancel the rest
+        (one cancelled before it began leaves its connection's count: close_connections
+        closes it regardless)."""
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
             for t in pending:
