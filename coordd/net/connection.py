@@ -50,7 +50,7 @@ class Host(Ledger, Protocol):
 
     _max_frame: int
     _closing: bool
-    _tasks: set[asyncio.Task[None]]
+    _tasks: dict[int, asyncio.Task[None]]
     _conns: set["Connection"]
 
     def _mono(self) -> float: ...
@@ -257,7 +257,7 @@ class Connection(Budgets, asyncio.Protocol):
             return
         task = self._loop.create_task(self._d._one(req, self), context=self._ctx.copy())
         self._inflight += 1
-        self._d._tasks.add(task)  # Dispatcher._one ends with self._done()
+        self._d._tasks[id(req)] = task  # Dispatcher._one ends with self._done()
 
     def _done(self) -> None:
         """A request's last step: it has replied; serve what waited for it, or close."""

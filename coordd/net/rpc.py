@@ -88,7 +88,7 @@ class Dispatcher:
         self._is_admin = is_admin
         self.limits = limits or Limits()
         self._mono = (clock or SystemClock()).mono
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[int, asyncio.Task[None]] = {}  # in flight, by id() of their Request
         self._conns: set[Connection] = set()
         self._all_closed: asyncio.Future[None] | None = None
         self._closing = False
@@ -142,7 +142,7 @@ class Dispatcher:
         finally:  # the request's bookkeeping, here rather than in a done callback
             if conn._reply_reserved:
                 conn._release_reply()
-            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._tasks.pop(id(req), None)
             conn._done()
 
     def connections(self) -> list[Connection]:
@@ -184,7 +184,7 @@ class Dispatcher:
         (one cancelled before it began leaves its connection's count: close_connections
         closes it regardless)."""
         if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            _, pending = await asyncio.wait(set(self._tasks.values()), timeout=timeout)
             for t in pending:
                 t.cancel()
             if pending:
