@@ -131,7 +131,8 @@ def _rpc(args: argparse.Namespace, targets: list[str | None]) -> int:
             print("\n".join(rpc_instructions.profile_top(r["profile"])), flush=True)
             continue
         idle = f"   idle phase {r['ir_idle'] / 1e3:,.1f}k" if "ir_idle" in r else ""
-        print(f"{label:<28} {r['clients']:>2} conn daemon Ir/job {r['ir_per_job'] / 1e3:,.1f}k   Ir/RPC "
+        print(f"{label:<28} {r['clients']:>2} conn daemon Ir/job "
+              f"{r['ir_per_job'] / 1e3:,.1f}k   Ir/RPC "
               f"{r['ir_per_rpc'] / 1e3:,.1f}k{idle}", flush=True)
     if len(results) > 1 and not args.cprofile:
         base = results[0]

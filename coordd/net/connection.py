@@ -19,8 +19,7 @@ import asyncio
 import collections
 import contextvars
 import logging
-from collections.abc import Callable
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, cast
 
 import msgspec
