@@ -1,8 +1,6 @@
 """`python -m bench.instructions`: instructions and SQL statements per claim + complete.
 
     python -m bench.instructions [--jobs 2000] [--rev REV ...] [--no-tree] [--statements]
-    python -m bench.instructions --rpc [--jobs 300] [--rpc-clients K] [--rev REV ...]
-                                 [--rpc-idle] [--keep DIR] [--cprofile DIR]
 
 A deterministic figure for a noisy machine: one client's claim -> complete cycles run
 in-process against a Coordinator (no RPC: the writer, the store and the claim path), and
@@ -14,12 +12,17 @@ else the machine is doing. A second, plain run traces the writer connection's SQ
 
 Each revision given with --rev is extracted to a temp folder (`git archive`, as
 `bench.run --rev` does) and measured with this file, so the loop is the same for both.
+
+    python -m bench.instructions --rpc [--jobs 300] [--rpc-clients K] [--rev REV ...]
+                                 [--rpc-idle] [--keep DIR] [--cprofile DIR]
+
+With `--rpc` a real daemon serves the cycles over its socket instead
+(bench/rpc_instructions.py): instructions per RPC, the request path included.
+
 The clock is a FakeClock, pinned (moving it would wake coordd's timers on every cycle, which
 a real clock does not); the background checkpointer thread is off
 (`wal_checkpoint_interval_s = 0`) so no other thread runs during the cycles. Python's
-hash seed is pinned. With `--rpc` a real daemon serves the cycles over its socket instead
-(bench/rpc_instructions.py): instructions per RPC, the request path included. See
-bench/README.md.
+hash seed is pinned. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ def _shape(stmt: str) -> str:
 def _rpc(args: argparse.Namespace, targets: list[str | None]) -> int:
     """`--rpc`: instructions per RPC of a real daemon (bench/rpc_instructions.py)."""
     from bench import rpc_instructions
+    if not args.cprofile and shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (or use --cprofile)")
     n = args.jobs if args.jobs != DEFAULT_JOBS else RPC_JOBS
     results = []
     for rev in targets:
@@ -215,10 +220,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rev", action="append", default=[],
                    help="also measure coordd as committed at this revision (repeatable)")
     p.add_argument("--no-tree", action="store_true", help="skip the working tree")
-    p.add_argument("--statements", action="store_true",
-                   help="count statements only (no valgrind run)")
-    p.add_argument("--by-statement", action="store_true",
-                   help="print the statements per job by statement")
     p.add_argument("--rpc", action="store_true",
                    help=f"a real daemon over its socket: Ir per RPC (default --jobs {RPC_JOBS})")
     p.add_argument("--rpc-clients", type=int, default=1, metavar="K",
@@ -229,19 +230,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --rpc: cProfile the daemon's cycles (no valgrind); top by own time")
     p.add_argument("--keep", metavar="DIR",
                    help="with --rpc: keep callgrind's output here (for callgrind_annotate)")
+    p.add_argument("--statements", action="store_true",
+                   help="count statements only (no valgrind run)")
+    p.add_argument("--by-statement", action="store_true",
+                   help="print the statements per job by statement")
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--db", help=argparse.SUPPRESS)
     p.add_argument("--trace-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.rpc or args.cprofile:  # a real daemon (bench/rpc_instructions.py)
+        return _rpc(args, [*args.rev, *([] if args.no_tree else [None])])
     if args.child is not None:
         _child(args.child, args.db, args.trace_out)
         return 0
-    if not (args.statements or args.cprofile) and shutil.which("valgrind") is None:
+    if not args.statements and shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (or use --statements)")
     targets = [*args.rev, *([] if args.no_tree else [None])]
-    if args.rpc or args.cprofile:
-        return _rpc(args, targets)
     results = []
     for rev in targets:
         r = measure(rev, args.jobs, args.statements)
