@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import select
 import shutil
 import socket
 import struct
@@ -197,7 +198,8 @@ def run(src: Path, n: int, work: Path, *, callgrind: bool, prof: str | None = No
         for _ in range(WARMUP):
             cycle(clients)
         os.write(ctl_w, b"m")
-        assert os.read(ack_r, 1) == b"g"
+        if not select.select([ack_r], [], [], START_TIMEOUT_S)[0] or os.read(ack_r, 1) != b"g":
+            raise SystemExit("the daemon did not start the counted phase")
         for _ in range(n // k):
             cycle(clients)
         os.write(ctl_w, b"e")
@@ -205,7 +207,12 @@ def run(src: Path, n: int, work: Path, *, callgrind: bool, prof: str | None = No
         for c in clients or ([client] if client is not None else []):
             c.close()
         os.close(ctl_w)
-        if proc.wait(START_TIMEOUT_S) != 0:
+        try:
+            proc.wait(START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.returncode != 0:
             raise SystemExit(f"the daemon failed ({proc.returncode}):\n"
                              f"{(work / 'daemon.log').read_text()[-3000:]}")
         os.close(ack_r)
