@@ -13,6 +13,13 @@ else the machine is doing. A second, plain run traces the writer connection's SQ
 
 Each revision given with --rev is extracted to a temp folder (`git archive`, as
 `bench.run --rev` does) and measured with this file, so the loop is the same for both.
+
+    python -m bench.instructions --rpc [--jobs 300] [--rpc-clients K] [--rev REV ...]
+                                 [--rpc-idle] [--keep DIR] [--cprofile DIR]
+
+With `--rpc` a real daemon serves the cycles over its socket instead
+(bench/rpc_instructions.py): instructions per RPC, the request path included.
+
 The clock is a FakeClock, pinned (moving it would wake coordd's timers on every cycle, which
 a real clock does not); the background checkpointer thread is off
 (`wal_checkpoint_interval_s = 0`) so no other thread runs during the cycles. Python's
@@ -36,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JOBS = 2000
+RPC_JOBS = 300  # --rpc's default: python under callgrind serves ~100 cycles a second
 TOGGLE = "functools_reduce"  # the C function the measured cycles run inside
 
 
@@ -128,6 +136,41 @@ def _shape(stmt: str) -> str:
     return " ".join(_WORDS.sub("?", stmt).split())[:90]
 
 
+def _rpc(args: argparse.Namespace, targets: list[str | None]) -> int:
+    """`--rpc`: instructions per RPC of a real daemon (bench/rpc_instructions.py)."""
+    from bench import rpc_instructions
+    if not args.cprofile and shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (or use --cprofile)")
+    n = args.jobs if args.jobs != DEFAULT_JOBS else RPC_JOBS
+    results = []
+    for rev in targets:
+        src, label, tmp = _source(rev)
+        try:
+            r = rpc_instructions.measure(src, label, n, idle=args.rpc_idle,
+                                         cprofile_dir=args.cprofile, keep=args.keep,
+                                         k=args.rpc_clients)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        results.append(r)
+        if args.cprofile:
+            print(f"{label}: cProfile of the daemon over {n} cycles -> {r['profile']}")
+            print("\n".join(rpc_instructions.profile_top(r["profile"])), flush=True)
+            continue
+        idle = f"   idle phase {r['ir_idle'] / 1e3:,.1f}k" if "ir_idle" in r else ""
+        print(f"{label:<28} {r['clients']:>2} conn daemon Ir/job "
+              f"{r['ir_per_job'] / 1e3:,.1f}k   Ir/RPC "
+              f"{r['ir_per_rpc'] / 1e3:,.1f}k{idle}", flush=True)
+    if len(results) > 1 and not args.cprofile:
+        base = results[0]
+        for r in results[1:]:
+            print(f"{r['label']} / {base['label']}: Ir/RPC "
+                  f"{r['ir_per_rpc'] / base['ir_per_rpc']:.3f}x")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
 def _source(rev: str | None) -> tuple[Path, str, Path | None]:
     """(folder on PYTHONPATH, label, temp folder to remove) for the tree or `rev`."""
     if rev is None:
@@ -203,6 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rev", action="append", default=[],
                    help="also measure coordd as committed at this revision (repeatable)")
     p.add_argument("--no-tree", action="store_true", help="skip the working tree")
+    p.add_argument("--rpc", action="store_true",
+                   help=f"a real daemon over its socket: Ir per RPC (default --jobs {RPC_JOBS})")
+    p.add_argument("--rpc-clients", type=int, default=1, metavar="K",
+                   help="with --rpc: K connections, their requests sent in rounds (default 1)")
+    p.add_argument("--rpc-idle", action="store_true",
+                   help="with --rpc: also count the measured phase with no cycles")
+    p.add_argument("--cprofile", metavar="DIR",
+                   help="with --rpc: cProfile the daemon's cycles (no valgrind); top by own time")
+    p.add_argument("--keep", metavar="DIR",
+                   help="with --rpc: keep callgrind's output here (for callgrind_annotate)")
     p.add_argument("--statements", action="store_true",
                    help="count statements only (no valgrind run)")
     p.add_argument("--by-statement", action="store_true",
@@ -214,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--db", help=argparse.SUPPRESS)
     p.add_argument("--trace-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.rpc or args.cprofile:  # a real daemon (bench/rpc_instructions.py)
+        return _rpc(args, [*args.rev, *([] if args.no_tree else [None])])
     if args.child is not None:
         _child(args.child, args.db, args.trace_out, args.eager)
         return 0

@@ -1,5 +1,5 @@
 """The RPC layer's byte and time budgets (issue 21): `Limits`, and the part of
-`coordd.net.rpc.Connection` that enforces them (`Budgets`, a mixin it inherits).
+`coordd.net.connection.Connection` that enforces them (`Budgets`, a mixin it inherits).
 
 Budgets (`Limits`, issue 21): a frame must arrive whole within `frame_timeout_s` of its
 first byte; a frame over SMALL_FRAME_BYTES reserves its announced length from a global
@@ -35,7 +35,7 @@ logger = logging.getLogger("coordd.net.rpc")
 
 SMALL_FRAME_BYTES = 64 * 1024  # frames up to this size pass the byte budgets unchecked
 
-# set by coordd.net.rpc for each request's task: its connection, and the bytes it reserved
+# set in each request's task (coordd.net.connection): its connection, and the bytes it reserved
 REPLY_CONN: contextvars.ContextVar["Budgets | None"] = contextvars.ContextVar(
     "coordd_reply_conn", default=None)
 _RESERVED: contextvars.ContextVar[int] = contextvars.ContextVar("coordd_reply_reserved",
@@ -100,7 +100,7 @@ class Ledger(Protocol):
 
 
 class Budgets:
-    """The budget bookkeeping of one connection (mixed into coordd.net.rpc.Connection, whose
+    """The budget bookkeeping of one connection (mixed into coordd.net.connection.Connection, whose
     attributes and methods it uses)."""
 
     _d: Ledger

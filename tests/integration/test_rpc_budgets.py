@@ -159,7 +159,7 @@ async def test_replies_to_a_peer_that_does_not_read_are_bounded(make_served):
     lazy = await sv.peer()
     await loop.sock_sendall(lazy, b"".join(req(i) for i in range(1, 21)))  # 4 MB of replies
     conn = next(iter(sv.dispatcher._conns))
-    await until(lambda: sv.dispatcher._tasks == set() and conn._write_paused, "replies made")
+    await until(lambda: not sv.dispatcher._tasks and conn._write_paused, "replies made")
     unsent = conn._transport.get_write_buffer_size()
     assert unsent <= 600_000 + BLOB, unsent
     assert sv.dispatcher.outbound_bytes == unsent

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordd.net import rpc
+from coordd.net import connection, rpc
 from coordd.client import Client
 
 REPLY_TIMEOUT_S = 10.0
@@ -301,7 +301,7 @@ async def test_close_connections_gives_up_on_a_peer_that_does_not_read(served):
 async def test_flush_after_eof_is_cut_off_after_the_flush_timeout(served, monkeypatch):
     """A peer that half-closes and never reads its (large) replies is dropped after
     FLUSH_TIMEOUT_S instead of holding the connection and its buffer forever."""
-    monkeypatch.setattr(rpc, "FLUSH_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(connection, "FLUSH_TIMEOUT_S", 0.2)
     served.gate.set()
     served.reply_bytes = 500_000
     with raw_peer(served.path) as peer:
