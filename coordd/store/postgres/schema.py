@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordd import errors
-from coordd.store.postgres.push_sql import MIGRATION_PUSH
+from coordd.store.postgres.push_sql import MIGRATION_CLAIM_WAKE, MIGRATION_PUSH
 
 MIGRATION_LOCK_KEY = "coordd-migrate"
 
@@ -389,6 +389,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_ABSENT,  # jobs_workflow_waiting (worker_absent's look)
     MIGRATION_JOB_COUNTS,  # job_counts (+ its triggers), jobs_waiting_since
     MIGRATION_PUSH,  # the parked calls' NOTIFY triggers (coordd.store.postgres.push_sql)
+    MIGRATION_CLAIM_WAKE,  # the parked claims' NOTIFY triggers (push_sql: role and kind)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

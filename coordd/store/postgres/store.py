@@ -36,6 +36,7 @@ from coordd.store.postgres.maintenance import MaintenancePostgres
 from coordd.store.postgres.schedules import SchedulesPostgres
 from coordd.store.postgres.waits import WaitReadsPostgres
 from coordd.store.postgres.web import WebReadsPostgres
+from coordd.store.postgres.beats import BeatsPostgres
 from coordd.store.postgres.governance import GovernancePostgres
 from coordd.store.postgres.hooks import PostgresServing
 from coordd.store.postgres.resources import ResourcesPostgres
@@ -50,8 +51,9 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
-class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostgres,
-                    PostgresAdmission, workflows.PostgresWorkflows, ArtifactOps,
+class PostgresStore(HubOps, LogOps, EnrolOps, BeatsPostgres, GovernancePostgres,
+                    ResourcesPostgres, PostgresAdmission, workflows.PostgresWorkflows,
+                    ArtifactOps,
                     WaitReadsPostgres, SchedulesPostgres, MaintenancePostgres,
                     WebReadsPostgres, PostgresServing):
     """The store over one PostgreSQL database (schema migrated on `start`).
@@ -115,7 +117,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
             self.claims.gated = await self._gated_waiting()
             self._resources_seen = None
             await self.resources_seen()
-            self.start_wakeups()
+            await self.start_wakeups()
         except BaseException as exc:
             pool, self.pool = self.pool, None
             pool.terminate()  # a start that fails leaves no session behind
@@ -176,6 +178,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
         async with self._conn() as conn:
             t, cancel = await conn.fetchrow(sql.SQL_HEARTBEAT, now, worker_id,
                                             dumps(sorted(set(roles))), dumps(readings))
+        self.beat_stored(worker_id, roles)
         return HeartbeatResult(now=t, cancel=list(cancel))
 
     async def enqueue(self, jobs: Sequence[NewJob], *, indexed: bool = False,
@@ -222,7 +225,6 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
                 fresh = [j for j in jobs if j.job_id in created]
                 await self.store_requests(conn, fresh)
                 await attach(conn, fresh)
-                await conn.execute(sql.SQL_NOTIFY)
         if any(j.gates_json is not None and j.job_id in created for j in jobs):
             self.claims.gated = True  # claims judge per-job gates from now on
         return out
@@ -332,8 +334,6 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d)
             if d.settle:
                 await workflows.settle(conn, now, wid)
-            if d.t is tr.FAIL_RETRY and d.run_at is not None and d.run_at <= t:
-                await conn.execute(sql.SQL_NOTIFY)  # runnable at once: wake claimers
         return StatusResult(status=d.t.to_status, run_at=d.run_at)
 
     async def release(self, ref: LeaseRef, reason: str, checkpoint_json: str | None = None,
@@ -347,8 +347,6 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d, checkpoint_json)
             if d.settle:
                 await workflows.settle(conn, now, wid)
-            if d.t is tr.RELEASED:
-                await conn.execute(sql.SQL_NOTIFY)
         return StatusResult(status=d.t.to_status, run_at=d.run_at)
 
     # ------------------------------------------------------------ admin, reaper
@@ -358,10 +356,8 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
         workflow nodes' one transaction each, settling their workflows
         (workflows.reap_nodes)."""
         async with self._conn() as conn:
-            n, requeued = await conn.fetchrow(sql.SQL_REAP, now, limit, *apply.REAP_TEXTS)
-            nodes, nodes_requeued = await workflows.reap_nodes(conn, now, limit - n)
-            if requeued or nodes_requeued:
-                await conn.execute(sql.SQL_NOTIFY)
+            n, _ = await conn.fetchrow(sql.SQL_REAP, now, limit, *apply.REAP_TEXTS)
+            nodes, _ = await workflows.reap_nodes(conn, now, limit - n)
         return n + nodes
 
     async def restart_grace(self, *, now: float | None = None) -> int:
@@ -391,7 +387,6 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
             d = tr.retry(status, job_id, t)
             await apply.apply(conn, now, job_id, None, d)
             node = await workflows.reopen(conn, now, job_id, wid)  # a node reopens its graph
-            await conn.execute(sql.SQL_NOTIFY)
         if node is not None and node != d.t.to_status:
             return StatusResult(status=node)
         return StatusResult(status=d.t.to_status, run_at=d.run_at)
