@@ -101,14 +101,20 @@ class WorkListener:
         self._event.clear()
         return True
 
-    async def keep(self, timeout: float, retry_s: float) -> None:
-        """Keep a session listening: return when one was opened (the first one too),
-        when it ended, at `timeout`, or `retry_s` after failing to open one. Whoever
-        waits on its NOTIFYs looks again at each return."""
+    async def keep(self, timeout: float, retry_s: float) -> str:
+        """Keep a session listening; return why it returned: "opened" (a new session, the
+        first one too), "ended" (it ended), "timeout", or "failed" (none could be opened,
+        after `retry_s`)."""
         opened = await self._open(retry_s)
-        if opened is False:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ended.wait(), timeout)
+        if opened is None:
+            return "failed"
+        if opened:
+            return "opened"
+        try:
+            await asyncio.wait_for(self._ended.wait(), timeout)
+        except TimeoutError:
+            return "timeout"
+        return "ended"
 
     async def close(self) -> None:
         """Close the listening connection. Idempotent."""

@@ -8,8 +8,9 @@ names them, coordd.store.postgres.push_sql, whoever wrote the job: a standby's c
 too); a run_at ahead goes on push's timer; a limit's units freed wake the claims a limit
 refused; a heartbeat stored here wakes that worker's gated claims (`beat_stored`). Since
 a NOTIFY is only a hint, every parked claim also looks again when a LISTEN session opens
-(the first one too: nothing was heard before it), every SAFETY_S, and every POLL_S while
-no session can be opened. The other parked calls are woken by the NOTIFYs of coordd.store.postgres.push_sql's
+or ends (the first one too: nothing was heard before it) and every POLL_S while no session
+can be opened; every SAFETY_S one statement reads the jobs due by role and kind and
+gives their wake credits again (an idle fleet: one read, no claim looks). The other parked calls are woken by the NOTIFYs of coordd.store.postgres.push_sql's
 triggers (coordd.service.push.Push.store_note), each by the one that concerns it; a listening
 session lost or never opened wakes them all.
 """
@@ -27,6 +28,7 @@ from coordd.store.api import StoreHooks
 from coordd.store.api_governance import ExplainBook
 from coordd.store.postgres.leader import Leadership
 from coordd.store.postgres.push_sql import US
+from coordd.store.postgres.sql import NOW
 from coordd.store.postgres.resources import books, requests_of
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,10 @@ _WALL = SystemClock()  # a run_at ahead: the database's delay from coordd's wall
 
 POLL_S = 1.0  # parked claims look again this often while no LISTEN session opens
 SAFETY_S = 30.0  # ... and this often while one listens (a NOTIFY is only a hint)
+SQL_DUE_BY_ROLE = (  # $2: counted up to this many per role and kind
+    "SELECT required_role, kind, least(count(*), $2) FROM jobs WHERE status = 'waiting' "
+    f"AND run_at <= {NOW} GROUP BY required_role, kind"
+)
 SQL_JOB_NODE = "SELECT workflow_id, node, result_schema FROM jobs WHERE job_id = $1"
 SQL_JOB_DEPS = (  # in the dependencies' order (SQLite: the dependency's rowid, its enqueue)
     "SELECT d.node, d.status, e.policy FROM workflow_edges e JOIN jobs d "
@@ -120,17 +126,31 @@ class PostgresServing:
             await asyncio.gather(pump, return_exceptions=True)
 
     async def _pump_wakeups(self, push: Any) -> None:
-        """Keep the LISTEN session; every parked claim looks again whenever one opens or
-        ends, every SAFETY_S, and every POLL_S while none opens."""
+        """Keep the LISTEN session. Every parked claim looks again when one opens or ends
+        (NOTIFYs may have gone unheard) and every POLL_S while none opens; every SAFETY_S
+        the safety look wakes claims for the jobs due then (`_safety_look`)."""
         while True:
             try:
-                await self._listener.keep(SAFETY_S, POLL_S)
-            except Exception as exc:  # the listener connection failed: poll meanwhile
+                why = await self._listener.keep(SAFETY_S, POLL_S)
+                if why == "timeout":
+                    await self._safety_look(push)
+                    continue
+            except Exception as exc:  # the listener or the look failed: poll meanwhile
                 logger.warning("store wake-ups: %s (parked claims poll)", exc,
                                extra={"action": "wakeups_failed"})
                 await asyncio.sleep(POLL_S)
             push.wake_claims()
 
+    async def _safety_look(self, push: Any) -> None:
+        """One statement: the waiting jobs due now, by role and kind, each a wake credit
+        (as their NOTIFYs would have given), so an idle fleet costs one read per SAFETY_S,
+        not a look by every parked claim."""
+        if not push.parked:
+            return
+        async with self._conn() as conn:
+            rows = await conn.fetch(SQL_DUE_BY_ROLE, None, push.parked)
+        for role, kind, n in rows:
+            push.job_ready(role, kind, n)
     async def ping(self) -> None:
         """One round trip on a pool connection. Raises: errors.Unavailable, Overloaded."""
         async with self._conn() as conn:
