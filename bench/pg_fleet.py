@@ -6,8 +6,8 @@ throwaway PostgreSQL cluster:
   knows their roles (coordd.service.push); then the CPU that coordd and every postgres
   process spend over a window, as a % of one core (target: <= 2% for 500);
 - `heartbeats`: N workers heartbeating every `every_s` (spread evenly over the period, one
-  connection each) for a window: beats sent, answered, refused, and their p50/p99
-  (target: all 1,000 at 5 s get through, 200/s);
+  connection each) for a window, each with a parked claim meanwhile or not: beats sent,
+  answered, refused, and their p50/p99 (target: all 1,000 at 5 s get through, 200/s);
 - `prune`: cycles of enqueue -> claim -> complete -> prune on one PostgresStore: rows and
   table sizes after each cycle stay flat (bounded), not growing with the cycles.
 """
@@ -95,9 +95,10 @@ async def parked(cluster: Any, dsn: str, workers: int, window_s: float) -> dict[
             "answered_early": answered}
 
 
-async def heartbeats(dsn: str, workers: int, every_s: float, window_s: float
-                     ) -> dict[str, float]:
-    """`workers` heartbeating every `every_s` for `window_s` through one coordd."""
+async def heartbeats(dsn: str, workers: int, every_s: float, window_s: float,
+                     park: bool = False) -> dict[str, float]:
+    """`workers` heartbeating every `every_s` for `window_s` through one coordd; `park`:
+    each also holds a parked claim meanwhile (an idle fleet as it runs)."""
     from bench.daemon import Daemon
     d = Daemon(Path(tempfile.mkdtemp(prefix="bench-pg-beats-")) / "d", probe=False,
                store=dsn)
@@ -106,8 +107,14 @@ async def heartbeats(dsn: str, workers: int, every_s: float, window_s: float
     took: list[float] = []
     refused: dict[str, int] = {}
     sent = 0
+    claims: list[asyncio.Future[Any]] = []
     try:
         clients = await _connect(d.socket, workers)
+        if park:
+            for i, c in enumerate(clients):
+                await c.heartbeat(f"w{i}", ["cpu"], COOL)
+                claims.append(asyncio.ensure_future(
+                    c.claim(f"w{i}", 30, f"p{i}", wait_s=window_s + 60)))
         start = time.monotonic() + 1.0
 
         async def worker(i: int, c: Client) -> None:
@@ -129,6 +136,9 @@ async def heartbeats(dsn: str, workers: int, every_s: float, window_s: float
         t0 = time.monotonic()
         await asyncio.gather(*(worker(i, c) for i, c in enumerate(clients)))
         span = time.monotonic() - t0 - 1.0
+        for f in claims:
+            f.cancel()
+        await asyncio.gather(*claims, return_exceptions=True)
         for c in clients:
             await c.close()
     finally:

@@ -23,7 +23,8 @@ for `--rounds` rounds. Prints each side's median jobs/s.
 
 Through a real coordd on the cluster (bench.pg_fleet): the CPU of `--parked` idle workers'
 parked claims (coordd + postgres, % of one core; target <= 2%), `--beats` workers
-heartbeating every 5 s for the window (target: all answered, 200/s at 1,000), and prune
+heartbeating every 5 s for the window (target: all answered, 200/s at 1,000), then the
+same with a parked claim each, and prune
 keeping the tables bounded (rows and sizes after each of `--prune-cycles` cycles of
 `--prune-jobs` jobs).
 """
@@ -174,7 +175,7 @@ async def fleet(args: argparse.Namespace) -> None:
     cluster = Cluster(port=args.port)
     dsn = cluster.start()
     try:
-        for step in ("parked", "beats", "prune"):
+        for step in ("parked", "beats", "beats+parked", "prune"):
             name, db = await asyncio.to_thread(fresh_database, dsn)
             if step == "parked" and args.parked:
                 r = await pg_fleet.parked(cluster, db, args.parked, args.window_s)
@@ -182,9 +183,11 @@ async def fleet(args: argparse.Namespace) -> None:
                       f"{r['coordd_pct']:.2f}% + postgres {r['postgres_pct']:.2f}% = "
                       f"{r['coordd_pct'] + r['postgres_pct']:.2f}% of one core "
                       f"({r['answered_early']:.0f} answered early)", flush=True)
-            elif step == "beats" and args.beats:
-                r = await pg_fleet.heartbeats(db, args.beats, 5.0, args.window_s)
-                print(f"{args.beats} workers heartbeating every 5 s, {args.window_s:g} s: "
+            elif step.startswith("beats") and args.beats:
+                park = step == "beats+parked"
+                r = await pg_fleet.heartbeats(db, args.beats, 5.0, args.window_s, park)
+                print(f"{args.beats} workers heartbeating every 5 s"
+                      f"{', each with a parked claim' if park else ''}, {args.window_s:g} s: "
                       f"{r['answered']:.0f} of {r['sent']:.0f} answered "
                       f"({r['per_s']:.1f}/s of {r['target_per_s']:.0f}/s), "
                       f"{r['refused']:.0f} refused, p50 {r['p50_ms']:.2f} ms, "
