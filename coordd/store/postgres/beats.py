@@ -6,8 +6,8 @@ and returns what the rest needs: the stored incarnation, the held jobs whose can
 requested, how many leases the worker holds, and whether a preemption look may be due
 (coordd.store.postgres.governance's SQL_PREEMPT_START). It moves the incarnation only
 where no predecessor's leases must end first; a new incarnation ends them
-(governance.lose_worker) and takes its place in one transaction of its own, so a crash between
-the two leaves the old incarnation stored and the next beat ends them again. Preemption
+(governance.lose_worker) and takes its place in one transaction of its own, so a crash
+between the two leaves the old incarnation stored and the next beat ends them again. Preemption
 and the held leases' governance then run in their own transactions (each decided with
 its rows locked, as before).
 """
@@ -45,6 +45,7 @@ SQL_BEAT = (
     "$8::int >= 0 AND EXISTS (SELECT 1 FROM jobs WHERE status = 'waiting' "
     "AND priority <= $8)"
 )
+SQL_LOCK_INCARNATION = "SELECT incarnation FROM workers WHERE worker_id = $1 FOR UPDATE"
 SQL_SET_INCARNATION = "UPDATE workers SET incarnation = $2 WHERE worker_id = $1"
 
 
@@ -88,8 +89,5 @@ class BeatsPostgres:
         return GovernedHeartbeat(
             result=HeartbeatResult(now=t, cancel=list(cancel), lost=lost, actions=actions),
             changes=changes, preempted=preempted)
-
-
-SQL_LOCK_INCARNATION = "SELECT incarnation FROM workers WHERE worker_id = $1 FOR UPDATE"
 
 __all__ = ["BeatsPostgres", "SQL_BEAT"]

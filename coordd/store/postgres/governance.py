@@ -361,8 +361,8 @@ async def write_steps(conn: Any, now: float | None, worker_id: str, token: int |
 
 async def lose_worker(conn: Any, now: float | None, worker_id: str) -> list[str]:
     """End every lease of `worker_id` as `worker_lost` and settle the workflows of the
-    nodes among them (locked first: coordd.store.postgres.workflows' lock order); wake
-    claimers if one requeued. In the caller's transaction."""
+    nodes among them (locked first: coordd.store.postgres.workflows' lock order); a job
+    requeued wakes claimers through its trigger. In the caller's transaction."""
     wids = await workflows.lock_of_worker(conn, worker_id)
     rows = await conn.fetch(SQL_LOSE_WORKER, now, worker_id, *WORKER_LOST_TEXTS)
     for wid in wids:

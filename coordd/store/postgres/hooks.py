@@ -10,9 +10,11 @@ refused; a heartbeat stored here wakes that worker's gated claims (`beat_stored`
 a NOTIFY is only a hint, every parked claim also looks again when a LISTEN session opens
 or ends (the first one too: nothing was heard before it) and every POLL_S while no session
 can be opened; every SAFETY_S one statement reads the jobs due by role and kind and
-gives their wake credits again (an idle fleet: one read, no claim looks). The other parked calls are woken by the NOTIFYs of coordd.store.postgres.push_sql's
-triggers (coordd.service.push.Push.store_note), each by the one that concerns it; a listening
-session lost or never opened wakes them all.
+gives their wake credits again (an idle fleet: one read, no claim looks).
+
+The other parked calls are woken by the NOTIFYs of coordd.store.postgres.push_sql's
+triggers (coordd.service.push.Push.store_note), each by the one that concerns it; a
+listening session lost or never opened wakes them all.
 """
 
 from __future__ import annotations
@@ -97,15 +99,16 @@ class PostgresServing:
         if push is None:
             return
         what, rest = payload[:1], payload[1:]
-        if what == "w":
-            role, kind, ahead, job_id = rest.split(US, 3)
+        fields = rest.split(US, 3)
+        if what == "w" and len(fields) == 4:
+            role, kind, ahead, job_id = fields
             push.job_waiting(job_id, role, kind,
                              _WALL.wall() + float(ahead) if ahead else None)
             if self._flush is None:
                 self._flush = asyncio.get_running_loop().call_soon(self._committed, push)
         elif what == "l":
             push.limits_changed()
-        else:  # an old-style hint, or one this coordd does not know: everyone looks
+        else:  # an old-style hint (empty), or one this coordd does not know: all look
             push.wake_claims()
 
     def _committed(self, push: Any) -> None:
@@ -151,6 +154,7 @@ class PostgresServing:
             rows = await conn.fetch(SQL_DUE_BY_ROLE, None, push.parked)
         for role, kind, n in rows:
             push.job_ready(role, kind, n)
+
     async def ping(self) -> None:
         """One round trip on a pool connection. Raises: errors.Unavailable, Overloaded."""
         async with self._conn() as conn:

@@ -9,7 +9,6 @@ however often a statement reads it.
 from __future__ import annotations
 
 NOW = "coalesce($1::float8, extract(epoch FROM now())::float8)"
-NOTIFY_CHANNEL = "coordd_work"  # push_sql.WORK_CHANNEL: jobs entering waiting (triggers)
 
 SQL_NOW = f"SELECT {NOW}"
 SQL_EVENT = (
