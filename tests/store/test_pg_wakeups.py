@@ -100,3 +100,50 @@ async def test_a_job_of_another_role_wakes_no_parked_claim(served):
     await b.store.enqueue([b.job(role="cpu")], now=None)
     res = await asyncio.wait_for(fut, 5)
     assert res.job is not None and looks == before + 1
+
+
+async def test_a_limit_hold_freed_wakes_the_claim_a_limit_refused(served):
+    """`l<limit>`: a lease holding a limit's unit ends, so the parked claim that the limit
+    refused looks again at once (before: at the next poll)."""
+    from coordd.rules.limits import LimitBook, LimitSpec
+    from coordd.store.api import LeaseRef
+    b, push = served
+    b.policy = policy()
+    b.policy.limits = LimitBook({"api": LimitSpec(concurrency=1)})
+    await b.store.heartbeat("w", ["cpu"], COOL)
+    await b.store.heartbeat("v", ["cpu"], COOL)
+    first, second = b.job(limits=[("api", 1)]), b.job(limits=[("api", 1)])
+    await b.store.enqueue([first, second], now=None)
+    held = await b.store.claim("v", 30.0, b.policy)
+    assert held.job is not None and held.job.job_id == first.job_id
+    fut = asyncio.ensure_future(push.claim(
+        "w", None, 20.0, lambda _w: b.store.claim("w", 30.0, b.policy)))
+    await asyncio.sleep(0.5)
+    assert not fut.done()
+    await b.store.complete(LeaseRef(first.job_id, "v", held.lease.token), "1")
+    res = await asyncio.wait_for(fut, 5)
+    assert res.job is not None and res.job.job_id == second.job_id
+
+
+async def test_an_idle_workers_heartbeat_is_one_statement(pg_dsn):
+    """coordd.store.postgres.beats: a beat of a worker holding nothing is one round trip
+    (before: BEGIN, five statements, COMMIT)."""
+    from coordd.store.api_governance import Governance, WorkerBeat
+    from coordd.store.postgres import PostgresStore
+    from coordd import config as config_mod
+    from coordd.service import governor
+    st = PostgresStore(pg_dsn, pool_min=1, pool_max=1)
+    await st.start()
+    try:
+        await st.truncate()
+        cfg = config_mod.load(None)
+        gov = Governance(policies=cfg.policies(), preemptor=governor.preemptor(cfg))
+        beat = WorkerBeat(incarnation="i1", kinds_json=None, broken_json=None)
+        await st.heartbeat_governed("w", ["cpu"], COOL, beat, gov)
+        ran: list[str] = []
+        async with st.pool.acquire() as conn:
+            conn.add_query_logger(lambda q: ran.append(q.query))
+        await st.heartbeat_governed("w", ["cpu"], COOL, beat, gov)
+        assert len(ran) == 1, ran
+    finally:
+        await st.close()
