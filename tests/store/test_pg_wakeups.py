@@ -147,3 +147,30 @@ async def test_an_idle_workers_heartbeat_is_one_statement(pg_dsn):
         assert len(ran) == 1, ran
     finally:
         await st.close()
+
+
+async def test_a_resent_claim_id_is_one_round_trip_and_replays_on_both_paths(served):
+    """coordd.store.postgres.claims: a fresh claim id costs no look-up (one statement);
+    a resent one is refused by leases_claim_id and answered with the lease it granted,
+    on the plain path and on the admission path (a fleet limit defined)."""
+    from coordd.rules.limits import LimitBook, LimitSpec
+    b, push = served
+    await b.store.heartbeat("w", ["cpu"], COOL)
+    await b.store.enqueue([b.job() for _ in range(4)], now=None)
+    await b.store.claim("w", 30.0, b.policy)  # the gate decision remembered
+    ran = []
+    held = [await b.store.pool.acquire() for _ in range(b.store.pool.get_size())]
+    for conn in held:  # each pool connection once
+        conn.add_query_logger(lambda q: ran.append(q.query))
+    for conn in held:
+        await b.store.pool.release(conn)
+    first = await b.store.claim("w", 30.0, b.policy, claim_id="c1")
+    ran = [q for q in ran if "jit" not in q and "typeinfo" not in q]  # asyncpg's own
+    assert first.job is not None and len(ran) == 1 and "INSERT INTO leases" in ran[0], ran
+    again = await b.store.claim("w", 30.0, b.policy, claim_id="c1")
+    assert again.job.job_id == first.job.job_id and again.lease.token == first.lease.token
+    limited = policy()
+    limited.limits = LimitBook({"api": LimitSpec(concurrency=10)})
+    one = await b.store.claim("w", 30.0, limited, claim_id="c2")
+    two = await b.store.claim("w", 30.0, limited, claim_id="c2")
+    assert one.job is not None and two.job.job_id == one.job.job_id
