@@ -73,7 +73,8 @@ class PostgresStore(LeaseEndsPostgres, HubOps, LogOps, EnrolOps, BeatsPostgres,
     .limits. The hub, job logs and enrolment tokens:
     coordd.store.postgres.hub, logs, enrol; governance and resources: .governance,
     .resources; workflows: .workflows; artifacts, maintenance and schedules: .artifacts,
-    .maintenance, .schedules.
+    .maintenance, .schedules; fail, release, reap, cancel, retry: .lease_ends; the
+    governed heartbeat: .beats; the parked claims' wake-ups: .hooks.
     """
 
     clock: Literal["app", "db"] = "db"
