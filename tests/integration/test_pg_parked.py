@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import asyncpg
+import pytest
 
 from coordd.client import Client
 from coordd.rules.gates import NO_MATCHING_ROLE
@@ -124,6 +125,7 @@ def _looks(metrics_text: str) -> float:
     return 0.0
 
 
+@pytest.mark.slow
 async def test_idle_parked_claims_send_no_statements(rig):  # noqa: F811
     """40 parked claims and only a job of a role none of them takes: in 4 s no claim
     looks again (each look would count a `no_matching_role` refusal; before, every claim
