@@ -7,9 +7,9 @@ On a throwaway cluster, a PostgresStore (the store interface, no daemon), a work
 role `cpu` claims one job of its role at a time (enqueued, then claimed, `--samples`
 times) on the admission path (a job asked for resources and a fleet limit is defined:
 coordd.store.postgres.admission), first on an empty queue, then after `--waiting` jobs of
-role `gpu` were inserted ahead of them (queued earlier, the table VACUUMed and ANALYZEd: no
-autovacuum of the fill runs while the claims are timed), and with
-none of its role left (the refusal). Then
+role `gpu` were inserted ahead of them (queued earlier, the table VACUUMed and ANALYZEd:
+no autovacuum of the fill runs while the claims are timed), and with none of its role
+left (the refusal). Then
 `status` and `workflow_skip_absent` (`--samples` each) with those jobs waiting. Prints
 the p50s (issue 28's targets: the claim behind <= 1.5x empty; status <= 5 ms).
 
@@ -25,9 +25,8 @@ for `--rounds` rounds. Prints each side's median jobs/s.
 Through a real coordd on the cluster (bench.pg_fleet): the CPU of `--parked` idle workers'
 parked claims (coordd + postgres, % of one core; target <= 2%), `--beats` workers
 heartbeating every 5 s for the window (target: all answered, 200/s at 1,000), then the
-same with a parked claim each, and prune
-keeping the tables bounded (rows and sizes after each of `--prune-cycles` cycles of
-`--prune-jobs` jobs).
+same with a parked claim each, and prune keeping the tables bounded (rows and sizes after
+each of `--prune-cycles` cycles of `--prune-jobs` jobs).
 """
 
 from __future__ import annotations
