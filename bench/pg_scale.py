@@ -7,8 +7,9 @@ On a throwaway cluster, a PostgresStore (the store interface, no daemon), a work
 role `cpu` claims one job of its role at a time (enqueued, then claimed, `--samples`
 times) on the admission path (a job asked for resources and a fleet limit is defined:
 coordd.store.postgres.admission), first on an empty queue, then after `--waiting` jobs of
-role `gpu` were inserted ahead of them (queued earlier, the table ANALYZEd), and with
-none of its role left (the refusal). Then
+role `gpu` were inserted ahead of them (queued earlier, the table VACUUMed and ANALYZEd:
+no autovacuum of the fill runs while the claims are timed), and with none of its role
+left (the refusal). Then
 `status` and `workflow_skip_absent` (`--samples` each) with those jobs waiting. Prints
 the p50s (issue 28's targets: the claim behind <= 1.5x empty; status <= 5 ms).
 
@@ -18,6 +19,14 @@ The cost of status's counters (schema MIGRATION_JOB_COUNTS: a trigger on every w
 `jobs`): `--jobs` jobs enqueued, then drained by `--clients` tasks looping plain claim ->
 complete through one PostgresStore, with the counters' triggers on and off, alternating
 for `--rounds` rounds. Prints each side's median jobs/s.
+
+    python -m bench.pg_scale --fleet [--parked 500] [--beats 1000] [--window-s 20]
+
+Through a real coordd on the cluster (bench.pg_fleet): the CPU of `--parked` idle workers'
+parked claims (coordd + postgres, % of one core; target <= 2%), `--beats` workers
+heartbeating every 5 s for the window (target: all answered, 200/s at 1,000), then the
+same with a parked claim each, and prune keeping the tables bounded (rows and sizes after
+each of `--prune-cycles` cycles of `--prune-jobs` jobs).
 """
 
 from __future__ import annotations
@@ -94,7 +103,7 @@ async def run(args: argparse.Namespace) -> None:
         empty = await _claims(st, policy, ids, args.samples)
         async with st._conn() as conn:
             await conn.execute(SQL_FILL, args.waiting, "gpu")
-            await conn.execute("ANALYZE")
+            await conn.execute("VACUUM (ANALYZE)")  # not autovacuum mid-measure
         behind = await _claims(st, policy, ids, args.samples)
         none = await _p50(args.samples, lambda: st.claim("w", 30.0, policy))  # none of its role
         status = await _p50(args.samples, lambda: st.status(30.0))
@@ -159,6 +168,41 @@ async def counts_ab(args: argparse.Namespace) -> None:
           f"counters on {on:.0f} jobs/s, off {off:.0f} jobs/s ({on / off:.2f}x)")
 
 
+async def fleet(args: argparse.Namespace) -> None:
+    from bench import pg_fleet
+    from bench.drain_stores import _database, fresh_database
+    from coordd.store.postgres.throwaway import Cluster
+    cluster = Cluster(port=args.port)
+    dsn = cluster.start()
+    try:
+        for step in ("parked", "beats", "beats+parked", "prune"):
+            name, db = await asyncio.to_thread(fresh_database, dsn)
+            if step == "parked" and args.parked:
+                r = await pg_fleet.parked(cluster, db, args.parked, args.window_s)
+                print(f"{args.parked} parked claims, {args.window_s:g} s: coordd "
+                      f"{r['coordd_pct']:.2f}% + postgres {r['postgres_pct']:.2f}% = "
+                      f"{r['coordd_pct'] + r['postgres_pct']:.2f}% of one core "
+                      f"({r['answered_early']:.0f} answered early)", flush=True)
+            elif step.startswith("beats") and args.beats:
+                park = step == "beats+parked"
+                r = await pg_fleet.heartbeats(db, args.beats, 5.0, args.window_s, park)
+                print(f"{args.beats} workers heartbeating every 5 s"
+                      f"{', each with a parked claim' if park else ''}, {args.window_s:g} s: "
+                      f"{r['answered']:.0f} of {r['sent']:.0f} answered "
+                      f"({r['per_s']:.1f}/s of {r['target_per_s']:.0f}/s), "
+                      f"{r['refused']:.0f} refused, p50 {r['p50_ms']:.2f} ms, "
+                      f"p99 {r['p99_ms']:.2f} ms", flush=True)
+            elif step == "prune" and args.prune_cycles:
+                rows = await pg_fleet.prune(db, args.prune_cycles, args.prune_jobs)
+                print(f"prune after each of {args.prune_cycles} cycles of "
+                      f"{args.prune_jobs} jobs (jobs rows, events rows, jobs kB, "
+                      "events kB): " + "; ".join(
+                          f"{a} {b} {c // 1024} {d // 1024}" for a, b, c, d in rows))
+            await _database(dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--waiting", type=int, default=100_000)
@@ -168,8 +212,15 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2000)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--fleet", action="store_true")
+    p.add_argument("--parked", type=int, default=500)
+    p.add_argument("--beats", type=int, default=1000)
+    p.add_argument("--window-s", type=float, default=20.0)
+    p.add_argument("--prune-cycles", type=int, default=5)
+    p.add_argument("--prune-jobs", type=int, default=2000)
     args = p.parse_args()
-    asyncio.run(counts_ab(args) if args.counts_ab else run(args))
+    asyncio.run(fleet(args) if args.fleet else counts_ab(args) if args.counts_ab
+                else run(args))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ while none of these is in play. With limits defined, every claim takes one trans
 advisory lock first (LIMITS_LOCK_KEY), so the units held, the rate window and the usage it
 reads are the last committed ones and no other claim changes them before its commit: that
 is what keeps N concurrent claimers within a concurrency of N. Units are released by the
-`limit_holds_release` trigger on every lease row that goes (schema.MIGRATION_LIMITS).
+`limit_holds_release` trigger on every lease row that goes
+(schema_areas.MIGRATION_LIMITS).
 The verdicts are coordd.rules.limits' and coordd.rules.gates' (shared with SQLite); the rule not to
 break: every time is the statement's NOW (the database's clock, or the pinned `now`).
 """

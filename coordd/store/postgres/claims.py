@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
+import asyncpg
 import msgspec
 
 from coordd import errors
@@ -59,9 +60,12 @@ class Claims:
                     kinds: Sequence[str] | None, claim_id: str | None,
                     now: float | None, reservations: Any = None,
                     resources_seen: bool = False) -> ClaimResult:
-        """See PostgresStore.claim. A connection lost under the statement (it may have
-        committed) looks the `claim_id` up once on another: the lease it granted, if any,
-        is the answer, never left to the reaper. With limits, aging, per-job gates or
+        """See PostgresStore.claim. A repeated `claim_id` is not looked up first: its lease
+        row's unique index (leases_claim_id) refuses the new lease, the statement changes
+        nothing, and the lease it granted is looked up then (one round trip per claim, not
+        two). A connection lost under the statement (it may have committed) looks the
+        `claim_id` up once on another the same way: the lease it granted, if any, is the
+        answer, never left to the reaper. With limits, aging, per-job gates or
         resources in play (`resources_seen`: a job asked; or the worker's heartbeat names
         kind defaults), the admission path (coordd.store.postgres.admission), which takes
         a job reserved on the worker first (`reservations`: the store's reservation hint).
@@ -69,8 +73,9 @@ class Claims:
         try:
             return await self._claim(worker_id, lease_s, policy, kinds, claim_id, now,
                                      reservations, resources_seen)
-        except errors.Unavailable:
-            if claim_id is None:
+        except (errors.Unavailable, errors.BadRequest) as exc:
+            if claim_id is None or (isinstance(exc, errors.BadRequest)
+                                    and not _claim_id_taken(exc)):
                 raise
             async with self._conn() as conn:
                 row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
@@ -83,11 +88,6 @@ class Claims:
                      now: float | None, reservations: Any, resources_seen: bool
                      ) -> ClaimResult:
         kinds_list = None if kinds is None else sorted(set(kinds))
-        if claim_id is not None:
-            async with self._conn() as conn:
-                row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
-                if row is not None:
-                    return await pgres.with_gpus(conn, claimed(row))
         if admission.needed(policy, self.gated) or resources_seen:
             async with self._conn() as conn:
                 return await admission.claim(conn, worker_id, lease_s, policy, kinds_list,
@@ -151,6 +151,13 @@ class Claims:
                 *[[i[4].heartbeat[k] for i in items] for k in range(3)])
         got = {r[-1]: tuple(r)[:-1] for r in rows}
         return [got.get(i[0]) for i in items]
+
+
+def _claim_id_taken(exc: errors.BadRequest) -> bool:
+    """The refusal came from leases_claim_id: this worker's claim id has a lease."""
+    cause = exc.__cause__
+    return isinstance(cause, asyncpg.UniqueViolationError) and \
+        getattr(cause, "constraint_name", None) == "leases_claim_id"
 
 
 def _worker_of(item: Any) -> str:

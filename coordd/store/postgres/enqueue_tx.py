@@ -74,8 +74,7 @@ async def enqueue(conn: Any, *, kind: str, required_role: str, payload: Any = No
     created = await conn.fetch(sql.SQL_ENQUEUE, None, [job_id], [kind], [required_role],
                                [priority], [payload_json], [max_attempts], [run_at], [None],
                                [idempotency_key], [max_runtime_s], [None], [None], [sha])
-    if created:
-        await conn.execute(sql.SQL_NOTIFY)
+    if created:  # its NOTIFY comes from a trigger (push_sql.MIGRATION_CLAIM_WAKE)
         return job_id, True
     row = await conn.fetchrow(sql.SQL_BY_KEYS, [idempotency_key])  # (key, job_id, hash)
     if row is None:

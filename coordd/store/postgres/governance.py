@@ -13,20 +13,19 @@ lands on another run's lease.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import Any
 
 from coordd import errors
 from coordd.rules import governance
 from coordd.rules import preemption
 from coordd.rules import transitions as tr
-from coordd.wire.protocol import ClaimResult, HeartbeatResult, RenewResult
+from coordd.wire.protocol import ClaimResult, RenewResult
 from coordd.wire.governance import Suspension
-from coordd.store import dumps, lenient_json
+from coordd.store import lenient_json
 from coordd.store import workers as wkstore
 from coordd.store.api import LeaseRef
 from coordd.store.api_governance import (
-    Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
+    Governance, JobGovernance, WorkerBook,
 )
 from coordd.store.postgres import admission, apply, resources, sql, taken, workflows
 from coordd.store.postgres.sql import NOW
@@ -37,10 +36,6 @@ WORKER_LOST_TEXTS = apply._lost_texts(tr.WORKER_LOST)
 # ---------------------------------------------------------------- heartbeat, goodbye
 
 SQL_INCARNATION = "SELECT incarnation FROM workers WHERE worker_id = $1 FOR UPDATE"
-SQL_SET_STATE = (  # $1 worker, $2 incarnation, $3 kinds JSON, $4 broken kinds JSON
-    "UPDATE workers SET incarnation = $2, kinds_json = $3, broken_kinds_json = $4, "
-    "offline_at = NULL WHERE worker_id = $1"
-)
 SQL_SET_OFFLINE = f"UPDATE workers SET offline_at = {NOW} WHERE worker_id = $2"
 # Every lease of worker $2 ends as coordd.rules.transitions.lost_lease(worker_lost) decides (the
 # reaper's lease ends, sql.END_LOST_LEASES); $3..$9 its texts (WORKER_LOST_TEXTS).
@@ -182,30 +177,6 @@ class GovernancePostgres:
 
     # ------------------------------------------------------------ heartbeat, renew
 
-    async def heartbeat_governed(self, worker_id: str, roles: Sequence[str],
-                                 readings: dict[str, Any], beat: WorkerBeat, gov: Governance,
-                                 *, now: float | None = None) -> GovernedHeartbeat:
-        """One transaction: a new incarnation ends the predecessor's leases, the readings
-        are stored, preemption runs (paced), every held job gets its action."""
-        async with self._conn() as conn, conn.transaction():
-            lost: list[str] = []
-            if beat.incarnation is not None:
-                stored = await conn.fetchrow(SQL_INCARNATION, worker_id)
-                if stored is not None and stored[0] not in (None, beat.incarnation):
-                    lost = await _lose_worker(conn, now, worker_id)
-            t, cancel = await conn.fetchrow(sql.SQL_HEARTBEAT, now, worker_id,
-                                            dumps(sorted(set(roles))), dumps(readings))
-            await conn.execute(SQL_SET_STATE, worker_id, beat.incarnation, beat.kinds_json,
-                               beat.broken_json)
-            preempted = await self._preempt(conn, now, t, gov)
-            steps = governance.plan(gov.policies, readings, t,
-                                    await conn.fetch(SQL_HELD_BY_WORKER, worker_id))
-            await _write_steps(conn, now, worker_id, None, steps)
-        actions, changes = governance.outcome(steps)
-        return GovernedHeartbeat(
-            result=HeartbeatResult(now=t, cancel=list(cancel), lost=lost, actions=actions),
-            changes=changes, preempted=preempted)
-
     async def renew_governed(self, ref: LeaseRef, lease_s: float, gov: Governance, *,
                              now: float | None = None
                              ) -> tuple[RenewResult, list[tuple[str, str]]]:
@@ -219,7 +190,7 @@ class GovernancePostgres:
                 async with conn.transaction():
                     steps = _plan_one(gov, await conn.fetchrow(SQL_HELD_ONE + " FOR UPDATE OF l",
                                                                *args))
-                    await _write_steps(conn, now, ref.worker_id, ref.token, steps)
+                    await write_steps(conn, now, ref.worker_id, ref.token, steps)
         actions, changes = governance.outcome(steps)
         res.action = actions[0] if actions else None
         return res, changes
@@ -234,7 +205,7 @@ class GovernancePostgres:
             if incarnation is not None and row[0] is not None and row[0] != incarnation:
                 return []
             await conn.execute(SQL_SET_OFFLINE, now, worker_id)
-            return await _lose_worker(conn, now, worker_id)
+            return await lose_worker(conn, now, worker_id)
 
     async def forget_worker(self, worker_id: str, stale_s: float, force: bool, *,
                             now: float | None = None) -> list[str]:
@@ -248,22 +219,24 @@ class GovernancePostgres:
             heartbeat_at, offline_at, held, t = row
             if not force:
                 wkstore.check_forget(worker_id, t, heartbeat_at, offline_at, held, stale_s)
-            lost = await _lose_worker(conn, now, worker_id)
+            lost = await lose_worker(conn, now, worker_id)
             await conn.execute(SQL_DELETE_WORKER, worker_id)
         return lost
 
     # ------------------------------------------------------------ preemption
 
-    async def _preempt(self, conn: Any, now: float | None, t: float,
-                       gov: Governance) -> list[tuple[str, str, str]]:
-        """The preemption walk (as coordd.store.sqlite.preemption_ops.preempt on SQLite) inside
-        the heartbeat's transaction."""
+    async def _preempt(self, conn: Any, now: float | None, t: float, gov: Governance,
+                       checked: bool = False) -> list[tuple[str, str, str]]:
+        """The preemption walk (as coordd.store.sqlite.preemption_ops.preempt on SQLite) in
+        the caller's transaction; `checked`: the heartbeat's statement found a job it may
+        serve and the pacer said it is due (coordd.store.postgres.beats)."""
         pacer = gov.preemptor
         policy = pacer.policy
-        if not await conn.fetchval(SQL_PREEMPT_START, now,
-                                   3 - policy.gap if policy.gap > 0 else -1):
+        if not checked and not await conn.fetchval(SQL_PREEMPT_START, now,
+                                                   3 - policy.gap if policy.gap > 0 else -1):
             return []
-        if not pacer.due(t) or not await conn.fetchval(SQL_PREEMPT_LOCK, PREEMPT_LOCK_KEY):
+        if not (checked or pacer.due(t)) or not await conn.fetchval(SQL_PREEMPT_LOCK,
+                                                                    PREEMPT_LOCK_KEY):
             return []
         waiting = await conn.fetch(SQL_PREEMPTING_CANDIDATES, now, 3 - policy.gap,
                                    preemption.CANDIDATES_MAX)
@@ -372,7 +345,7 @@ def _plan_one(gov: Governance, row: Any) -> list[governance.Step]:
     return governance.plan(gov.policies, lenient_json(row[1], {}), row[0], [tuple(row)[2:]])
 
 
-async def _write_steps(conn: Any, now: float | None, worker_id: str, token: int | None,
+async def write_steps(conn: Any, now: float | None, worker_id: str, token: int | None,
                        steps: list[governance.Step]) -> None:
     """Store each changed state on its lease (the rows are locked) and log each event."""
     for st in steps:
@@ -386,14 +359,12 @@ async def _write_steps(conn: Any, now: float | None, worker_id: str, token: int 
                                tr.RUNNING, d.event)
 
 
-async def _lose_worker(conn: Any, now: float | None, worker_id: str) -> list[str]:
+async def lose_worker(conn: Any, now: float | None, worker_id: str) -> list[str]:
     """End every lease of `worker_id` as `worker_lost` and settle the workflows of the
-    nodes among them (locked first: coordd.store.postgres.workflows' lock order); wake
-    claimers if one requeued. In the caller's transaction."""
+    nodes among them (locked first: coordd.store.postgres.workflows' lock order); a job
+    requeued wakes claimers through its trigger. In the caller's transaction."""
     wids = await workflows.lock_of_worker(conn, worker_id)
     rows = await conn.fetch(SQL_LOSE_WORKER, now, worker_id, *WORKER_LOST_TEXTS)
     for wid in wids:
         await workflows.settle(conn, now, wid)
-    if any(r[1] == tr.WAITING for r in rows):
-        await conn.execute(sql.SQL_NOTIFY)
     return [r[0] for r in rows]

@@ -2,12 +2,19 @@
 and the reads the coordinator's explanations take (`explain_book`, `limit_reasons`,
 `job_node`).
 
-Parked claims are woken from LISTEN (a NOTIFY at each commit that may free a job) and by
-a poll every POLL_S, since a NOTIFY is only a hint (coordd.store.postgres.coordination):
-every wake-up wakes every parked claim (coordd.service.push.Push.wake_claims), which looks again.
+Parked claims are woken as on SQLite (coordd.service.push): a job entering `waiting` gives
+one wake credit to a parked claim that may take its role and kind (its trigger's NOTIFY
+names them, coordd.store.postgres.push_sql, whoever wrote the job: a standby's claims wake
+too); a run_at ahead goes on push's timer; a limit's units freed wake the claims a limit
+refused; a heartbeat stored here wakes that worker's gated claims (`beat_stored`). Since
+a NOTIFY is only a hint, every parked claim also looks again when a LISTEN session opens
+or ends (the first one too: nothing was heard before it) and every POLL_S while no session
+can be opened; every SAFETY_S one statement reads the jobs due by role and kind and
+gives their wake credits again (an idle fleet: one read, no claim looks).
+
 The other parked calls are woken by the NOTIFYs of coordd.store.postgres.push_sql's
-triggers (coordd.service.push.Push.store_note), each by the one that concerns it; a listening
-session lost or never opened wakes them all.
+triggers (coordd.service.push.Push.store_note), each by the one that concerns it; a
+listening session lost or never opened wakes them all.
 """
 
 from __future__ import annotations
@@ -18,14 +25,23 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from coordd.clock import SystemClock
 from coordd.store.api import StoreHooks
 from coordd.store.api_governance import ExplainBook
 from coordd.store.postgres.leader import Leadership
+from coordd.store.postgres.push_sql import US
+from coordd.store.postgres.sql import NOW
 from coordd.store.postgres.resources import books, requests_of
 
 logger = logging.getLogger(__name__)
+_WALL = SystemClock()  # a run_at ahead: the database's delay from coordd's wall clock
 
-POLL_S = 1.0  # a parked claim looks again at least this often (NOTIFY is only a hint)
+POLL_S = 1.0  # parked claims look again this often while no LISTEN session opens
+SAFETY_S = 30.0  # ... and this often while one listens (a NOTIFY is only a hint)
+SQL_DUE_BY_ROLE = (  # $2: counted up to this many per role and kind
+    "SELECT required_role, kind, least(count(*), $2) FROM jobs WHERE status = 'waiting' "
+    f"AND run_at <= {NOW} GROUP BY required_role, kind"
+)
 SQL_JOB_NODE = "SELECT workflow_id, node, result_schema FROM jobs WHERE job_id = $1"
 SQL_JOB_DEPS = (  # in the dependencies' order (SQLite: the dependency's rowid, its enqueue)
     "SELECT d.node, d.status, e.policy FROM workflow_edges e JOIN jobs d "
@@ -34,18 +50,19 @@ SQL_JOB_DEPS = (  # in the dependencies' order (SQLite: the dependency's rowid, 
 
 
 class PostgresServing:
-    """Mixed into PostgresStore (its `_conn`, `dsn`, `wait_for_work`, `worker_book`,
-    `job_limits`)."""
+    """Mixed into PostgresStore (its `_conn`, `dsn`, `_listener`, `worker_book`,
+    `job_limits`, `scheduled_jobs`)."""
 
     _conn: Any
     _listener: Any
     dsn: str
-    wait_for_work: Any
+    scheduled_jobs: Any
     worker_book: Any
     job_limits: Any
     backoff_factory: Any
     _hooks: StoreHooks | None = None
     _pump: asyncio.Task[None] | None = None
+    _flush: asyncio.Handle | None = None
 
     noun = "the store"  # what coordd says it cannot open
     """The word for a method of an area not served here, where it is not "not yet"."""
@@ -65,12 +82,44 @@ class PostgresServing:
         self._hooks = hooks
         self.backoff_factory = hooks.backoff
         self._listener.on_push = hooks.push.store_note
+        self._listener.on_work = self._work_heard
 
-    def start_wakeups(self) -> None:
-        """Start waking the parked claims (with hooks attached; at `start`)."""
+    async def start_wakeups(self) -> None:
+        """Start waking the parked claims (with hooks attached; at `start`): push's run_at
+        timer with the jobs scheduled now, and the listening session's keeper."""
         if self._hooks is not None and self._pump is None:
+            self._hooks.push.start(await self.scheduled_jobs())
             self._pump = asyncio.create_task(self._pump_wakeups(self._hooks.push),
                                              name="store-wakeups")
+
+    def _work_heard(self, payload: str) -> None:
+        """One coordd_work NOTIFY (push_sql's payloads) noted for push; the notes of one
+        burst are dispatched together, as a commit's are on SQLite."""
+        push = self._hooks.push if self._hooks is not None else None
+        if push is None:
+            return
+        what, rest = payload[:1], payload[1:]
+        fields = rest.split(US, 3)
+        if what == "w" and len(fields) == 4:
+            role, kind, ahead, job_id = fields
+            push.job_waiting(job_id, role, kind,
+                             _WALL.wall() + float(ahead) if ahead else None)
+            if self._flush is None:
+                self._flush = asyncio.get_running_loop().call_soon(self._committed, push)
+        elif what == "l":
+            push.limits_changed()
+        else:  # an old-style hint (empty), or one this coordd does not know: all look
+            push.wake_claims()
+
+    def _committed(self, push: Any) -> None:
+        self._flush = None
+        push.committed()
+
+    def beat_stored(self, worker_id: str, roles: Sequence[str]) -> None:
+        """A heartbeat committed (after its transaction): that worker's parked claims
+        refused by gates look again, and its roles pick the claims a job wakes."""
+        if self._hooks is not None:
+            self._hooks.push.heartbeat(worker_id, frozenset(roles))
 
     async def stop_wakeups(self) -> None:
         """Stop waking them (at `close`). Idempotent."""
@@ -80,15 +129,31 @@ class PostgresServing:
             await asyncio.gather(pump, return_exceptions=True)
 
     async def _pump_wakeups(self, push: Any) -> None:
-        """Each NOTIFY, and each POLL_S without one, wakes every parked claim."""
+        """Keep the LISTEN session. Every parked claim looks again when one opens or ends
+        (NOTIFYs may have gone unheard) and every POLL_S while none opens; every SAFETY_S
+        the safety look wakes claims for the jobs due then (`_safety_look`)."""
         while True:
             try:
-                await self.wait_for_work(POLL_S)
-            except Exception as exc:  # the listener connection failed: poll meanwhile
+                why = await self._listener.keep(SAFETY_S, POLL_S)
+                if why == "timeout":
+                    await self._safety_look(push)
+                    continue
+            except Exception as exc:  # the listener or the look failed: poll meanwhile
                 logger.warning("store wake-ups: %s (parked claims poll)", exc,
                                extra={"action": "wakeups_failed"})
                 await asyncio.sleep(POLL_S)
             push.wake_claims()
+
+    async def _safety_look(self, push: Any) -> None:
+        """One statement: the waiting jobs due now, by role and kind, each a wake credit
+        (as their NOTIFYs would have given), so an idle fleet costs one read per SAFETY_S,
+        not a look by every parked claim."""
+        if not push.parked:
+            return
+        async with self._conn() as conn:
+            rows = await conn.fetch(SQL_DUE_BY_ROLE, None, push.parked)
+        for role, kind, n in rows:
+            push.job_ready(role, kind, n)
 
     async def ping(self) -> None:
         """One round trip on a pool connection. Raises: errors.Unavailable, Overloaded."""
@@ -137,4 +202,4 @@ class PostgresServing:
         return out
 
 
-__all__ = ["POLL_S", "PostgresServing"]
+__all__ = ["POLL_S", "SAFETY_S", "PostgresServing"]

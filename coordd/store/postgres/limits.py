@@ -107,8 +107,6 @@ async def complete_checked(conn: Any, now: float | None, ref: LeaseRef,
         await conn.execute(sql.SQL_TO_WAITING, now, ref.job_id, d.last_error, d.run_at)
         await conn.execute(sql.SQL_EVENT, now, ref.job_id, ref.worker_id, d.t.from_status,
                            d.t.to_status, d.reason)
-        if d.run_at is not None and d.run_at <= t:
-            await conn.execute(sql.SQL_NOTIFY)
     elif d.t is tr.INVALID_FAILED:
         await conn.execute(sql.SQL_TO_TERMINAL, now, ref.job_id, d.t.to_status, d.last_error)
         await conn.execute(sql.SQL_EVENT, now, ref.job_id, ref.worker_id, d.t.from_status,

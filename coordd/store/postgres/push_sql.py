@@ -12,6 +12,16 @@ PUSH_CHANNEL at the commit of a change a parked `wait_job`, `watch_worker` or
 "While wanted": `want_wakeups` (coordd.store.api_waits) is awaited before a parked call's
 first look, so a change that commits after the look finds the flag on and sends.
 
+Parked claims are woken by WORK_CHANNEL (MIGRATION_CLAIM_WAKE), whoever writes the job
+(this coordd, a standby, an application's own transaction: coordd.store.postgres.enqueue_tx):
+
+- `w<role>US<kind>US<ahead_s>US<job_id>` (US = chr(31)): the job entered `waiting`; `ahead_s`
+  is empty when it is due now, else how far its run_at lies ahead of the database's clock
+  (coordd's run_at timer takes it from there). The job id keeps the NOTIFYs of one
+  transaction apart (equal payloads fold): one wake credit per job, as on SQLite;
+- `l<limit>`: units of a fleet-wide limit freed (a hold went with its lease);
+- `` (empty): something may have become claimable: every parked claim looks again.
+
 A NOTIFY is delivered at its transaction's commit and never replayed: a listener that
 lost its session wakes every parked call (coordd.store.postgres.coordination).
 """
@@ -73,10 +83,38 @@ END $$;
 CREATE TRIGGER push_events AFTER INSERT ON job_events FOR EACH STATEMENT
     EXECUTE FUNCTION coordd_push_events();
 """
+WORK_CHANNEL = "coordd_work"
+US = chr(31)  # the field separator of a `w` payload (names never hold control characters)
+
+# Row triggers whose WHEN filters before any function runs: a claim, renew or complete
+# (status to running or terminal) costs no call and sends nothing.
+MIGRATION_CLAIM_WAKE = f"""
+CREATE FUNCTION coordd_wake_waiting() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE ahead float8 := NEW.run_at - extract(epoch FROM now());
+BEGIN
+    PERFORM pg_notify('{WORK_CHANNEL}', 'w' || NEW.required_role || chr(31) || NEW.kind
+        || chr(31) || CASE WHEN ahead > 0 THEN ahead::text ELSE '' END || chr(31)
+        || NEW.job_id);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER wake_inserted AFTER INSERT ON jobs FOR EACH ROW
+    WHEN (NEW.status = 'waiting') EXECUTE FUNCTION coordd_wake_waiting();
+CREATE TRIGGER wake_waiting AFTER UPDATE OF status ON jobs FOR EACH ROW
+    WHEN (NEW.status = 'waiting' AND OLD.status IS DISTINCT FROM 'waiting')
+    EXECUTE FUNCTION coordd_wake_waiting();
+CREATE FUNCTION coordd_wake_limit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{WORK_CHANNEL}', 'l' || OLD.name);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER wake_limit_freed AFTER DELETE ON limit_holds FOR EACH ROW
+    EXECUTE FUNCTION coordd_wake_limit();
+"""
 SQL_WANT = (  # $1 what, $2 seconds from the database's clock
     "INSERT INTO push_wanted (what, until) VALUES ($1, extract(epoch FROM clock_timestamp()) "
     "+ $2) ON CONFLICT (what) DO UPDATE SET until = greatest(push_wanted.until, "
     "EXCLUDED.until)"
 )
 
-__all__ = ["MIGRATION_PUSH", "PUSH_CHANNEL", "SQL_WANT", "WANT_SLACK_S"]
+__all__ = ["MIGRATION_CLAIM_WAKE", "MIGRATION_PUSH", "PUSH_CHANNEL", "SQL_WANT", "US",
+           "WANT_SLACK_S", "WORK_CHANNEL"]

@@ -9,10 +9,8 @@ however often a statement reads it.
 from __future__ import annotations
 
 NOW = "coalesce($1::float8, extract(epoch FROM now())::float8)"
-NOTIFY_CHANNEL = "coordd_work"
 
 SQL_NOW = f"SELECT {NOW}"
-SQL_NOTIFY = f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
 SQL_EVENT = (
     "INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     f"VALUES ($2, {NOW}, $3, $4, $5, $6)"

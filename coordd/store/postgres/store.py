@@ -17,25 +17,26 @@ from typing import Any, Literal
 import asyncpg
 
 from coordd import errors
-from coordd.rules import transitions as tr
 from coordd.rules.claim_policy import ClaimPolicy
 from coordd.wire.protocol import (
     ClaimResult, CompleteResult, EnqueueResult, HeartbeatResult, JobList, JobView,
-    RenewResult, StatusResult,
+    RenewResult,
 )
 from coordd.store import NewJob, dumps
-from coordd.store.api import Backoff, JobFilter, LeaseRef, StoreStatus
-from coordd.store.postgres import apply, batch, claims, coordination, grace, reads, schema, sql
+from coordd.store.api import JobFilter, LeaseRef, StoreStatus
+from coordd.store.postgres import apply, batch, claims, coordination, reads, schema, sql
 from coordd.store.postgres import admission, workflows
 from coordd.store.postgres.artifacts import ArtifactOps
 from coordd.store.postgres.enrol import EnrolOps
-from coordd.store.postgres.fence import Raced, end_lease, refusal
+from coordd.store.postgres.fence import Raced, refusal
 from coordd.store.postgres.hub import HubOps
 from coordd.store.postgres.logs import LogOps
 from coordd.store.postgres.maintenance import MaintenancePostgres
 from coordd.store.postgres.schedules import SchedulesPostgres
 from coordd.store.postgres.waits import WaitReadsPostgres
 from coordd.store.postgres.web import WebReadsPostgres
+from coordd.store.postgres.beats import BeatsPostgres
+from coordd.store.postgres.lease_ends import LeaseEndsPostgres
 from coordd.store.postgres.governance import GovernancePostgres
 from coordd.store.postgres.hooks import PostgresServing
 from coordd.store.postgres.resources import ResourcesPostgres
@@ -50,10 +51,11 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
-class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostgres,
-                    PostgresAdmission, workflows.PostgresWorkflows, ArtifactOps,
-                    WaitReadsPostgres, SchedulesPostgres, MaintenancePostgres,
-                    WebReadsPostgres, PostgresServing):
+class PostgresStore(LeaseEndsPostgres, HubOps, LogOps, EnrolOps, BeatsPostgres,
+                    GovernancePostgres, ResourcesPostgres, PostgresAdmission,
+                    workflows.PostgresWorkflows, ArtifactOps, WaitReadsPostgres,
+                    SchedulesPostgres, MaintenancePostgres, WebReadsPostgres,
+                    PostgresServing):
     """The store over one PostgreSQL database (schema migrated on `start`).
 
     Args:
@@ -71,7 +73,8 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
     .limits. The hub, job logs and enrolment tokens:
     coordd.store.postgres.hub, logs, enrol; governance and resources: .governance,
     .resources; workflows: .workflows; artifacts, maintenance and schedules: .artifacts,
-    .maintenance, .schedules.
+    .maintenance, .schedules; fail, release, reap, cancel, retry: .lease_ends; the
+    governed heartbeat: .beats; the parked claims' wake-ups: .hooks.
     """
 
     clock: Literal["app", "db"] = "db"
@@ -115,7 +118,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
             self.claims.gated = await self._gated_waiting()
             self._resources_seen = None
             await self.resources_seen()
-            self.start_wakeups()
+            await self.start_wakeups()
         except BaseException as exc:
             pool, self.pool = self.pool, None
             pool.terminate()  # a start that fails leaves no session behind
@@ -176,6 +179,7 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
         async with self._conn() as conn:
             t, cancel = await conn.fetchrow(sql.SQL_HEARTBEAT, now, worker_id,
                                             dumps(sorted(set(roles))), dumps(readings))
+        self.beat_stored(worker_id, roles)
         return HeartbeatResult(now=t, cancel=list(cancel))
 
     async def enqueue(self, jobs: Sequence[NewJob], *, indexed: bool = False,
@@ -222,7 +226,6 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
                 fresh = [j for j in jobs if j.job_id in created]
                 await self.store_requests(conn, fresh)
                 await attach(conn, fresh)
-                await conn.execute(sql.SQL_NOTIFY)
         if any(j.gates_json is not None and j.job_id in created for j in jobs):
             self.claims.gated = True  # claims judge per-job gates from now on
         return out
@@ -313,89 +316,6 @@ class PostgresStore(HubOps, LogOps, EnrolOps, GovernancePostgres, ResourcesPostg
         except errors.CoordError as exc:
             return exc
 
-    async def checkpoint(self, ref: LeaseRef, checkpoint_json: str, *,
-                         now: float | None = None) -> None:
-        """Store the job's latest checkpoint (fenced in the same UPDATE)."""
-        async with self._conn() as conn:
-            if await conn.fetchval(sql.SQL_CHECKPOINT, now, ref.job_id, ref.worker_id,
-                                   ref.token, checkpoint_json) is None:
-                raise await refusal(conn, now, ref)
-
-    async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
-                   now: float | None = None) -> StatusResult:
-        """A failed attempt: back to waiting after `backoff(attempts)` when retryable with
-        attempts left, else `failed` (dead letter); `cancelled` if a cancel was requested."""
-        async with self._conn() as conn, conn.transaction():
-            wid = await workflows.lock_of_job(conn, ref.job_id)  # the workflow, then the job
-            held, t = await end_lease(conn, now, ref)
-            d = tr.fail(held, t, _text(error), retryable, backoff)
-            await apply.apply(conn, now, ref.job_id, ref.worker_id, d)
-            if d.settle:
-                await workflows.settle(conn, now, wid)
-            if d.t is tr.FAIL_RETRY and d.run_at is not None and d.run_at <= t:
-                await conn.execute(sql.SQL_NOTIFY)  # runnable at once: wake claimers
-        return StatusResult(status=d.t.to_status, run_at=d.run_at)
-
-    async def release(self, ref: LeaseRef, reason: str, checkpoint_json: str | None = None,
-                      *, now: float | None = None) -> StatusResult:
-        """Hand the job back without spending its attempt (`preemptions` counts it),
-        recording `checkpoint_json` first if given; `cancelled` if a cancel was requested."""
-        async with self._conn() as conn, conn.transaction():
-            wid = await workflows.lock_of_job(conn, ref.job_id)
-            held, t = await end_lease(conn, now, ref)
-            d = tr.release(held, t, _text(reason))
-            await apply.apply(conn, now, ref.job_id, ref.worker_id, d, checkpoint_json)
-            if d.settle:
-                await workflows.settle(conn, now, wid)
-            if d.t is tr.RELEASED:
-                await conn.execute(sql.SQL_NOTIFY)
-        return StatusResult(status=d.t.to_status, run_at=d.run_at)
-
-    # ------------------------------------------------------------ admin, reaper
-
-    async def reap(self, *, limit: int = 1000, now: float | None = None) -> int:
-        """End up to `limit` expired leases: plain jobs' in one statement (sql.SQL_REAP),
-        workflow nodes' one transaction each, settling their workflows
-        (workflows.reap_nodes)."""
-        async with self._conn() as conn:
-            n, requeued = await conn.fetchrow(sql.SQL_REAP, now, limit, *apply.REAP_TEXTS)
-            nodes, nodes_requeued = await workflows.reap_nodes(conn, now, limit - n)
-            if requeued or nodes_requeued:
-                await conn.execute(sql.SQL_NOTIFY)
-        return n + nodes
-
-    async def restart_grace(self, *, now: float | None = None) -> int:
-        """Give every stored lease at least one more lease_s from now (a coordd starting
-        to serve: coordd.store.postgres.grace); return how many."""
-        async with self._conn() as conn:
-            return await grace.restart_grace(conn, now)
-
-    async def cancel(self, job_id: str, *, now: float | None = None) -> StatusResult:
-        """waiting/blocked -> cancelled; running -> cancel requested (renew and heartbeat
-        say so); cancelled stays. Raises: NotFound, InvalidState."""
-        async with self._conn() as conn, conn.transaction():
-            wid = await workflows.lock_of_job(conn, job_id)
-            status = await _locked_status(conn, now, job_id)
-            d = tr.cancel(status, job_id)
-            if d is not None:  # None: already cancelled
-                await apply.apply(conn, now, job_id, None, d)
-            await workflows.settle(conn, now, wid)  # a node's dependents follow
-        return StatusResult(status=status if d is None else d.t.to_status)
-
-    async def retry(self, job_id: str, *, now: float | None = None) -> StatusResult:
-        """failed/cancelled/skipped -> waiting, attempts reset; a workflow node reopens its
-        workflow (blocked again if it has dependencies). Raises: NotFound, InvalidState."""
-        async with self._conn() as conn, conn.transaction():
-            wid = await workflows.lock_of_job(conn, job_id)
-            status, t = await _locked_status(conn, now, job_id, with_now=True)
-            d = tr.retry(status, job_id, t)
-            await apply.apply(conn, now, job_id, None, d)
-            node = await workflows.reopen(conn, now, job_id, wid)  # a node reopens its graph
-            await conn.execute(sql.SQL_NOTIFY)
-        if node is not None and node != d.t.to_status:
-            return StatusResult(status=node)
-        return StatusResult(status=d.t.to_status, run_at=d.run_at)
-
     # ------------------------------------------------------------ reads, coordination
 
     async def get_job(self, job_id: str, *, now: float | None = None) -> JobView:
@@ -439,12 +359,6 @@ async def _no_reset(_conn: Any) -> None:
     never LISTEN, SET or lock (asyncpg still ends an open transaction itself)."""
 
 
-def _text(free: str) -> str:
-    """Free text (a worker's error, a release reason) as PostgreSQL can store it: its
-    text type holds no NUL, so each becomes U+FFFD rather than refusing the write."""
-    return free.replace("\x00", "\ufffd")
-
-
 def _job_of(item: tuple[LeaseRef, Any]) -> str:
     return item[0].job_id
 
@@ -452,16 +366,6 @@ def _job_of(item: tuple[LeaseRef, Any]) -> str:
 def _refs(refs: Any) -> tuple[list[str], list[str], list[int]]:
     refs = list(refs)
     return [r.job_id for r in refs], [r.worker_id for r in refs], [r.token for r in refs]
-
-
-async def _locked_status(conn: Any, now: float | None, job_id: str,
-                         with_now: bool = False) -> Any:
-    """The job's status, its row locked (with the statement's now if asked).
-    Raises: errors.NotFound."""
-    row = await conn.fetchrow(sql.SQL_LOCK_STATUS, now, job_id)
-    if row is None:
-        raise errors.NotFound(f"job {job_id} not found")
-    return (row[0], row[1]) if with_now else row[0]
 
 
 class _Indexed(Exception):

@@ -76,8 +76,6 @@ async def insert_workflow(conn: Any, now: float | None, wf: wstore.NewWorkflow
         edges = [(n.job_id, ids[dep], policy) for n in nodes for dep, policy in n.needs]
         if edges:
             await conn.execute(wsql.SQL_INSERT_EDGES, *(list(col) for col in zip(*edges)))
-        if any(t is tr.ENQUEUED for t, _ in enqueued):
-            await conn.execute(sql.SQL_NOTIFY)
     return WorkflowSubmitResult(workflow_id=wid, created=True, jobs=ids)
 
 
@@ -115,8 +113,6 @@ async def settle(conn: Any, now: float | None, workflow_id: str | None,
         await conn.execute(wsql.SQL_PROMOTE, now, step.job_id, dumps(payload))
         await conn.execute(sql.SQL_EVENT, now, step.job_id, None, step.t.from_status,
                            step.t.to_status, step.reason)
-    if promoted:
-        await conn.execute(sql.SQL_NOTIFY)  # delivered at commit: claimers look again
     if plan.status is None:
         if touch or plan.steps:
             await conn.execute(wsql.SQL_TOUCH_WORKFLOW, now, workflow_id)
