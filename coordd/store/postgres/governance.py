@@ -28,7 +28,7 @@ from coordd.store.api import LeaseRef
 from coordd.store.api_governance import (
     Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
 )
-from coordd.store.postgres import admission, apply, resources, sql, taken, workflows
+from coordd.store.postgres import admission, apply, liveness, resources, sql, taken, workflows
 from coordd.store.postgres.sql import NOW
 
 PREEMPT_LOCK_KEY = "coordd-preempt"  # one preemption scan at a time (xact advisory lock)
@@ -170,7 +170,7 @@ class Hint(preemption.ReservationHint):
         self.maybe = True
 
 
-class GovernancePostgres:
+class GovernancePostgres(liveness.LivenessPostgres):
     """Mixed into PostgresStore (its `_conn`)."""
 
     _conn: Any
@@ -198,13 +198,13 @@ class GovernancePostgres:
             await conn.execute(SQL_SET_STATE, worker_id, beat.incarnation, beat.kinds_json,
                                beat.broken_json)
             preempted = await self._preempt(conn, now, t, gov)
-            steps = governance.plan(gov.policies, readings, t,
-                                    await conn.fetch(SQL_HELD_BY_WORKER, worker_id))
+            rows = await conn.fetch(SQL_HELD_BY_WORKER, worker_id)
+            steps = governance.plan(gov.policies, readings, t, rows)
             await _write_steps(conn, now, worker_id, None, steps)
         actions, changes = governance.outcome(steps)
         return GovernedHeartbeat(
             result=HeartbeatResult(now=t, cancel=list(cancel), lost=lost, actions=actions),
-            changes=changes, preempted=preempted)
+            changes=changes, preempted=preempted, held=[(r[1], r[2]) for r in rows])
 
     async def renew_governed(self, ref: LeaseRef, lease_s: float, gov: Governance, *,
                              now: float | None = None
