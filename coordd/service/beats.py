@@ -51,8 +51,8 @@ logger = logging.getLogger(__name__)
 class _Seen:
     """One worker's last full beat and its last-seen times (monotonic seconds)."""
 
-    __slots__ = ("key", "rest", "src", "policies", "sig", "actions", "offset", "epoch",
-                 "gen", "full_at", "stored_at", "seen_at")
+    __slots__ = ("key", "rest", "src", "policies", "sig", "actions", "offset", "step",
+                 "epoch", "gen", "full_at", "stored_at", "seen_at")
 
     def __init__(self, key: tuple[Any, ...], readings: dict[str, Any], src: Any,
                  policies: tuple[Any, ...], actions: list[JobAction] | None, offset: float,
@@ -60,6 +60,7 @@ class _Seen:
         self.key, self.src, self.policies, self.actions = key, src, policies, actions
         self.rest, self.sig = gb.rest(readings), gb.signature(policies, readings)
         self.offset, self.epoch, self.gen = offset, epoch, gen
+        self.step = 0.0  # the wall clock's step from coordd's clock then (AnchoredClock.step)
         self.full_at = self.stored_at = self.seen_at = at
 
 
@@ -103,10 +104,12 @@ class Beats:
     def _is_quiet(self, seen: _Seen, worker_id: str, key: tuple[Any, ...],
                   readings: dict[str, Any], at: float) -> bool:
         t = self.timing
-        return (seen.actions is not None and at >= self._hot_until and seen.epoch == self._epoch
+        return (seen.actions is not None and not self._preempting and at >= self._hot_until
+                and seen.epoch == self._epoch
                 and seen.gen == self._gen.get(worker_id, 0) and seen.key == key
                 and at - seen.stored_at < t.fresh_s and at - seen.full_at < t.refresh_s
                 and seen.src is self._coord.governance.policies
+                and abs(self._clock.step() - seen.step) <= self._coord.config.clock_step_s
                 and gb.rest(readings) == seen.rest
                 and gb.signature(seen.policies, readings) == seen.sig)
 
@@ -115,8 +118,10 @@ class Beats:
         coord = self._coord
         epoch, gen = self._epoch, self._gen.get(p.worker_id, 0)
         beat = WorkerBeat(incarnation=key[1], kinds_json=key[2], broken_json=key[3])
+        pacer, looks = coord.governance.preemptor, coord.governance.preemptor.looks
         got: GovernedHeartbeat = await coord.store.heartbeat_governed(
             p.worker_id, p.roles, readings, beat, coord.governance)
+        self._preempting = pacer.looks != looks
         self.full += 1
         log_lost(p.worker_id, got.result.lost, "restarted (new incarnation)")
         coord.meters.count_governance(p.worker_id, got.changes, got.preempted)
@@ -129,6 +134,7 @@ class Beats:
         seen = _Seen(key, readings, src, gb.policies_of(src, got.held),
                      list(res.actions) if calm else None, res.now - self._clock.wall(),
                      epoch, gen, at)
+        seen.step = self._clock.step()  # a step past clock_step_s: the next beat is full
         if old is not None and old.seen_at > at:  # a quiet beat while this one ran
             seen.seen_at = old.seen_at
         self._seen[p.worker_id] = seen
@@ -136,6 +142,8 @@ class Beats:
 
     # ------------------------------------------------------------ what makes beats full
 
+    _preempting = False  # the last walk found a job that may preempt waiting: beats drive
+    # the paced walk (coordd.rules.preemption.Preemptor) as every beat did before
     _hot_until = float("-inf")  # a job that may preempt was enqueued: beats are full
     # until then (one preemption scan interval), so the walk runs at once
 
@@ -205,8 +213,10 @@ class Beats:
         many times were stored. Raises: the store's errors (the times stay pending)."""
         at = self._clock.mono()
         due = [(w, s, s.seen_at) for w, s in self._seen.items() if s.seen_at > s.stored_at]
+        pacer, looks = self._coord.governance.preemptor, self._coord.governance.preemptor.looks
         preempted = await self._coord.store.touch_workers(
             [(w, at - seen_at) for w, _, seen_at in due], self._coord.governance)
+        self._preempting = pacer.looks != looks
         for _, s, seen_at in due:
             s.stored_at = max(s.stored_at, seen_at)
         if preempted:
