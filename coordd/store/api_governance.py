@@ -95,8 +95,8 @@ class GovernanceStore(Protocol):
         module docstring)."""
         ...
 
-    async def touch_workers(self, seen: Sequence[tuple[str, float]], gov: Governance
-                            ) -> list[tuple[str, str, str]]:
+    async def touch_workers(self, seen: Sequence[tuple[str, float]], gov: Governance, *,
+                            now: float | None = None) -> list[tuple[str, str, str]]:
         """One batch: each worker's heartbeat time becomes at least the store's now minus
         its age (s), for [(worker_id, age_s)] of quiet beats kept in memory
         (coordd.service.beats); then preemption runs (paced) as a heartbeat would run it.

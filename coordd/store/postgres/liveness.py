@@ -29,15 +29,15 @@ class LivenessPostgres:
     _conn: Any
     _preempt: Any
 
-    async def touch_workers(self, seen: Sequence[tuple[str, float]], gov: Any
-                            ) -> list[tuple[str, str, str]]:
+    async def touch_workers(self, seen: Sequence[tuple[str, float]], gov: Any, *,
+                            now: float | None = None) -> list[tuple[str, str, str]]:
         """The batch in one statement (its own transaction), then preemption (paced) in
         another, as a heartbeat runs it."""
         async with self._conn() as conn:
-            t, _ = await conn.fetchrow(SQL_TOUCH_WORKERS, None, [w for w, _ in seen],
+            t, _ = await conn.fetchrow(SQL_TOUCH_WORKERS, now, [w for w, _ in seen],
                                        [age for _, age in seen])
             async with conn.transaction():
-                return await self._preempt(conn, None, t, gov)  # type: ignore[no-any-return]
+                return await self._preempt(conn, now, t, gov)  # type: ignore[no-any-return]
 
     async def liveness_grace(self, bound_s: float, stale_s: float, *,
                              now: float | None = None) -> int:

@@ -58,13 +58,13 @@ class SQLiteGovernance:
                 changes=changes, preempted=preempted, held=held)
         return await self._write(op, now, urgent=True)
 
-    async def touch_workers(self, seen: Sequence[tuple[str, float]], gov: Governance
-                            ) -> list[tuple[str, str, str]]:
+    async def touch_workers(self, seen: Sequence[tuple[str, float]], gov: Governance, *,
+                            now: float | None = None) -> list[tuple[str, str, str]]:
         """One writer op: the batch of last-seen times, then preemption (paced)."""
         def op(conn: Any, t: float) -> list[tuple[str, str, str]]:
             conn.executemany(SQL_TOUCH_WORKER, [(t, age, w) for w, age in seen])
             return sqlite_preemption.run(conn, t, gov.policies, gov.preemptor)
-        return await self._write(op, None, urgent=True)  # type: ignore[no-any-return]
+        return await self._write(op, now, urgent=True)  # type: ignore[no-any-return]
 
     async def liveness_grace(self, bound_s: float, stale_s: float, *,
                              now: float | None = None) -> int:
