@@ -84,16 +84,36 @@ def policies_of(policies: dict[int, GatePolicy],
     return tuple(out)
 
 
-def signature(policies: tuple[GatePolicy, ...], readings: dict[str, Any]) -> tuple[Any, ...]:
-    """Which side of every threshold `readings` are on: per policy, the refusal codes and
-    whether the temperature is above the critical one. Equal signatures: no gate and no
-    governance decision can tell the two readings apart."""
-    temp = gates._num(readings.get("temperature_c"))
+# gauge -> the GatePolicy fields that hold its thresholds (coordd.rules.gates.evaluate and
+# coordd.rules.governance.closed_gates compare each gauge only with these)
+THRESHOLDS = {
+    "memory_used_pct": ("max_memory_pct",),
+    "temperature_c": ("max_temperature_c", "critical_temperature_c"),
+    "gpu_temperature_c": ("max_gpu_temperature_c",),
+    "user_idle_s": ("min_user_idle_s",),
+    "battery_pct": ("min_battery_pct",),
+}
+
+
+def thresholds(policies: tuple[GatePolicy, ...]) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """(gauge, its distinct thresholds, sorted) over `policies`."""
+    out = []
+    for gauge, fields in THRESHOLDS.items():
+        values = {getattr(p, f) for p in policies for f in fields}
+        out.append((gauge, tuple(sorted(v for v in values if v is not None))))
+    return tuple(out)
+
+
+def signature(limits: tuple[tuple[str, tuple[float, ...]], ...],
+              readings: dict[str, Any]) -> tuple[Any, ...]:
+    """Which side of every threshold (`thresholds`) `readings` are on: per gauge, None
+    (unknown, as the gates read it) or the signs of reading - threshold. Equal signatures:
+    no gate and no governance decision of a running job can tell the two readings apart
+    (both are functions of these comparisons and of the other readings, `rest`)."""
     out: list[Any] = []
-    for policy in policies:
-        out.append(tuple(code for code, _ in gates.evaluate(policy, readings)))
-        crit = policy.critical_temperature_c
-        out.append(crit is not None and temp is not None and temp > crit)
+    for gauge, limits_of in limits:
+        v = gates._num(readings.get(gauge))
+        out.append(None if v is None else tuple((v > t) - (v < t) for t in limits_of))
     return tuple(out)
 
 

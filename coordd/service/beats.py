@@ -51,14 +51,15 @@ logger = logging.getLogger(__name__)
 class _Seen:
     """One worker's last full beat and its last-seen times (monotonic seconds)."""
 
-    __slots__ = ("key", "rest", "src", "policies", "sig", "actions", "offset", "step",
+    __slots__ = ("key", "rest", "src", "limits", "sig", "actions", "offset", "step",
                  "epoch", "gen", "full_at", "stored_at", "seen_at")
 
     def __init__(self, key: tuple[Any, ...], readings: dict[str, Any], src: Any,
                  policies: tuple[Any, ...], actions: list[JobAction] | None, offset: float,
                  epoch: int, gen: int, at: float) -> None:
-        self.key, self.src, self.policies, self.actions = key, src, policies, actions
-        self.rest, self.sig = gb.rest(readings), gb.signature(policies, readings)
+        self.key, self.src, self.actions = key, src, actions
+        self.limits = gb.thresholds(policies)  # every threshold that applies to it
+        self.rest, self.sig = gb.rest(readings), gb.signature(self.limits, readings)
         self.offset, self.epoch, self.gen = offset, epoch, gen
         self.step = 0.0  # the wall clock's step from coordd's clock then (AnchoredClock.step)
         self.full_at = self.stored_at = self.seen_at = at
@@ -78,6 +79,7 @@ class Beats:
         self._epoch = 0
         self._next_flush = self._clock.mono() + self.timing.flush_s
         self.quiet = self.full = 0
+        self._artifact_dir: tuple[str | None] | None = None
         self._install(coord)
 
     # ------------------------------------------------------------ the method
@@ -98,7 +100,9 @@ class Beats:
         else:
             res = await self._full(p, readings, key, at)
         coord.web.readings.add(p.worker_id, res.now, p.readings)  # the web view's history
-        res.artifact_dir = coord.artifact_dir  # None: send files with artifact_put
+        if self._artifact_dir is None:  # fixed per store; a realpath each call costs
+            self._artifact_dir = (coord.artifact_dir,)
+        res.artifact_dir = self._artifact_dir[0]  # None: send files with artifact_put
         return res
 
     def _is_quiet(self, seen: _Seen, worker_id: str, key: tuple[Any, ...],
@@ -111,7 +115,7 @@ class Beats:
                 and seen.src is self._coord.governance.policies
                 and abs(self._clock.step() - seen.step) <= self._coord.config.clock_step_s
                 and gb.rest(readings) == seen.rest
-                and gb.signature(seen.policies, readings) == seen.sig)
+                and gb.signature(seen.limits, readings) == seen.sig)
 
     async def _full(self, p: Heartbeat, readings: dict[str, Any], key: tuple[Any, ...],
                     at: float) -> HeartbeatResult:

@@ -138,3 +138,18 @@ async def test_a_cancel_reaches_the_next_beat(bundle):
     await bundle.coord.cancel(JobId(job_id=job))
     reply = await beat(bundle)
     assert reply.cancel == [job]
+
+
+def test_the_signature_moves_only_when_a_threshold_is_crossed():
+    from coordd.rules import governance_beat as gb
+    policies = gb.policies_of(config_mod.load(None).policies(), [(2, '{"max_memory_pct": 50}')])
+    limits = gb.thresholds(policies)
+    sig = gb.signature(limits, COOL)
+    assert gb.signature(limits, {**COOL, "memory_used_pct": 49.0, "temperature_c": 70.0}) == sig
+    for crossed in ({"memory_used_pct": 50.5}, {"temperature_c": 96.0},  # job's 50 %; critical
+                    {"user_idle_s": 10.0}, {"temperature_c": None}, {"memory_used_pct": "x"}):
+        assert gb.signature(limits, {**COOL, **crossed}) != sig, crossed
+    assert gb.rest({**COOL, "on_battery": True}) != gb.rest(COOL)  # compared exactly
+    t = gb.timing(30.0, 5.0)
+    assert (t.fresh_s, t.flush_s) == (15.0, 5.0) and t.fresh_s + 2 * t.flush_s <= t.stale_s
+    assert gb.timing(10.0, 5.0).fresh_s == 0.0  # rounds too slow for the bound: never quiet
