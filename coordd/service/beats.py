@@ -4,12 +4,14 @@ nothing that matters (coordd.rules.governance_beat decides), is answered from me
 time is stored later, in one batch per maintenance round (`flush_if_due`, run by the
 reaper), so liveness checks on stored rows keep their answers.
 
-What makes a worker's next beat full again: its own claim, renew (with an action or a
-cancel), complete, fail, release or goodbye (its generation is bumped before and after the
-call); anything that may change another worker's jobs (cancel, workflow_cancel, retry,
-forget_worker, a reap or a workflow round that did something, a preemption: every
-worker's beat, through one epoch); a job enqueued at a priority that may preempt (the
-next beat runs the preemption walk at once).
+What makes a worker's next beat full again (`CHANGES`; the worker's generation or the
+fleet's epoch moves after the call, so a full beat that started before it stays full): its
+own claim of a job, renew with an action or a cancel, complete, fail, release or goodbye;
+anything that may change another worker's jobs (cancel, workflow_cancel, retry,
+forget_worker, a reap or a workflow round that did something); a preemption (its victim's
+worker); a job enqueued at a priority that may preempt (beats are full for one scan
+interval, so the walk runs at once), and while such a job waits (each beat drives the
+paced walk, as before).
 """
 
 from __future__ import annotations
