@@ -64,3 +64,41 @@ async def test_a_governed_heartbeat_names_the_held_jobs_gates(bundle):
     assert c.job is not None
     got = await beat(bundle, g, "w1", T0 + 2)
     assert got.held == [(3, '{"max_memory_pct": 50.0}')]
+
+
+async def test_an_unchanged_beat_calls_no_store_and_a_crossing_one_does(bundle):
+    """The Coordinator over either store: one full beat, then beats that cross nothing
+    reach no store method; the one that crosses a threshold is recorded with its action."""
+    from coordd.clock import FakeClock
+    from coordd.service.coordinator import Coordinator
+    from coordd.wire.protocol import Claim, Enqueue, Heartbeat
+
+    clock = FakeClock(T0)
+    coord = Coordinator(bundle.store, config_mod.load(None), clock)
+    calls: list[str] = []
+    for name in ("heartbeat_governed", "touch_workers"):
+        real = getattr(bundle.store, name)
+
+        async def counted(*a, _real=real, _name=name, **kw):
+            calls.append(_name)
+            return await _real(*a, **kw)
+        setattr(bundle.store, name, counted)
+
+    def hb(**readings):
+        return coord.heartbeat(Heartbeat(worker_id="w1", roles=["cpu"], kinds=["a", "b"],
+                                         readings={**COOL, **readings}))
+    await hb()
+    await coord.enqueue(Enqueue(kind="a", required_role="cpu", priority=3, payload={}))
+    job = (await coord.claim(Claim(worker_id="w1", kinds=["a", "b"]))).job
+    await hb()
+    calls.clear()
+    for i in range(5):
+        clock.advance(1)
+        reply = await hb(memory_used_pct=40.0 + i, user_idle_s=3000.0 + i)
+        assert [(a.job_id, a.action) for a in reply.actions] == [(job.job_id, "continue")]
+    assert calls == []
+    assert await coord.beats.flush() == 1 and calls == ["touch_workers"]  # one batch
+    clock.advance(1)
+    reply = await hb(user_idle_s=5.0)  # P3 needs 300 s idle: suspended on this beat
+    assert calls == ["touch_workers", "heartbeat_governed"]
+    assert [(a.job_id, a.action) for a in reply.actions] == [(job.job_id, "suspend")]
