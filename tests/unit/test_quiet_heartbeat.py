@@ -13,6 +13,11 @@ from tests.conftest import COOL, T0
 
 KINDS = ["train", "embed", "eval"]
 
+try:  # where the daemon builds it (after issue 27's leftovers); before: a classmethod
+    from coordd.daemon.server import sqlite_coordinator as _sqlite_coordinator
+except ImportError:
+    _sqlite_coordinator = Coordinator.over_sqlite
+
 
 async def beat(bundle, worker_id="w1", **readings):
     return await bundle.coord.heartbeat(Heartbeat(
@@ -112,8 +117,8 @@ async def test_a_restart_keeps_liveness_right(make_bundle, tmp_path):
     await bundle.coord.push.close()
     await bundle.coord.store.close()  # not Coordinator.close: no flush at shutdown
     bundle.clock.advance(3)  # restart at T0 + 13
-    coord = Coordinator.over_sqlite(bundle.db_path, config_mod.load(None), bundle.clock,
-                                    rng=random.Random(7))
+    coord = _sqlite_coordinator(bundle.db_path, config_mod.load(None), bundle.clock,
+                                rng=random.Random(7))
     await coord.start()
     try:
         assert await coord.beats.restarted() == 1
