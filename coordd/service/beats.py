@@ -185,7 +185,7 @@ class Beats:
 
         for name, (own, matters) in CHANGES.items():
             if name == "_claim_once" and not hasattr(coord, name):
-                name = "_claim_batch"  # one claim's store call, as coordd.service.dispatch names it
+                name = "_claim_batch"  # one claim's store call (coordd.service.dispatch)
             wrap(name, own, matters)  # a name missing here raises: the table must follow
         gap = coord.governance.preemptor.policy.gap
         for name in ENQUEUES:
