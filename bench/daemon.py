@@ -32,7 +32,8 @@ class Daemon:
     ps: psutil.Process | None = None
     _cpu0: float = 0.0
     extra: dict = field(default_factory=dict)
-    config: str = ""  # more coordd.toml lines (after BENCH_CONFIG)
+    config: str = ""  # more coordd.toml lines (after `base`)
+    base: str = BENCH_CONFIG  # "" for coordd's own heartbeat_stale_s
     store: str = ""  # a postgresql:// DSN: coordd on the PostgreSQL store (else SQLite at db)
 
     @property
@@ -50,7 +51,7 @@ class Daemon:
     def start(self) -> "Daemon":
         """Start coordd and wait until its socket answers."""
         cfg = self.workdir / "coordd.toml"
-        cfg.write_text(BENCH_CONFIG + self.config)
+        cfg.write_text(self.base + self.config)
         args = ["--db", self.db, "--socket", self.socket, "--config", str(cfg)]
         if self.store:
             args += ["--store", self.store]

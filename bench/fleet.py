@@ -2,6 +2,7 @@
 Unix socket, in one run.
 
     python -m bench.fleet [--workers 100,500,1000] [--jobs 2000] [--out FILE.json]
+                          [--idle-s 60] [--stale]
 
 Per transport and N, on a fresh coordd (bench/daemon.py, the writer probe off): N workers
 connect (one connection each, in this process; a certificate per worker id, made by
@@ -12,6 +13,12 @@ connect; one at a time), coordd's RSS per connection (RSS after the connects min
 / N), the drain's jobs/s and coordd CPU seconds per 1,000 jobs, and the claim round trip
 p50/p99 of claims that found a job at once (reply time minus `waited_s`). The TLS/Unix
 ratios of the same N are the figures to read: the machine is shared and noisy.
+
+Idle (issue 30, `--idle-s S`, TLS only): the N workers heartbeat every 5 s (phases spread
+over the interval) with one claim parked each and no job, for S seconds; printed: coordd's
+CPU as % of one core and CPU µs per heartbeat. With `--stale`, one worker then stops
+beating and `workers` is polled every 0.1 s: the seconds from its last beat's reply until
+coordd shows it not live (expected: heartbeat_stale_s, 30 s by default, plus the poll).
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import random
 import resource
 import statistics
 import tempfile
@@ -125,6 +134,73 @@ async def _phase(transport: str, n: int, jobs: int, certs: Path, port: int,
             "claim_p50_ms": 1000 * pct(rtts, 50), "claim_p99_ms": 1000 * pct(rtts, 99)}
 
 
+async def _idle(n: int, idle_s: float, stale: bool, certs: Path, port: int,
+                workdir: Path) -> dict:
+    """N TLS workers idle (heartbeats + a parked claim each): coordd CPU, and the stale
+    detection time of one that stops beating."""
+    cfg = (f'listen_tcp = "127.0.0.1:{port}"\ntls_cert = "{certs}/server-coordd.pem"\n'
+           f'tls_key = "{certs}/server-coordd.key"\ntls_client_ca = "{certs}/ca.pem"\n'
+           "park_max_per_connection = 4\n")
+    d = Daemon(workdir, probe=False, config=cfg, base="").start()  # coordd's stale_s, 30 s
+    rng = random.Random(7)
+    beats = [0]
+    last: dict[str, float] = {}
+    try:
+        async with Client(d.socket) as probe:
+            await probe.status()  # the database is open: the TCP listener serves too
+        clients: list[Client] = []
+        for i in range(n):
+            wid = f"w{i}"
+            c = Client(connector=Connector(f"tls://127.0.0.1:{port}", TlsFiles(
+                str(certs / f"worker-{wid}.pem"), str(certs / f"worker-{wid}.key"),
+                str(certs / "ca.pem")), connect_timeout_s=30), timeout=60)
+            await c.connect()
+            await c.heartbeat(wid, ["cpu"], READINGS)
+            clients.append(c)
+
+        async def beat(c: Client, wid: str) -> None:
+            await asyncio.sleep(rng.uniform(0, HEARTBEAT_S))
+            while True:
+                await c.heartbeat(wid, ["cpu"], READINGS)
+                last[wid] = time.monotonic()
+                beats[0] += 1
+                await asyncio.sleep(HEARTBEAT_S)
+
+        async def park(c: Client, wid: str) -> None:
+            while True:
+                await c.claim(wid, lease_s=60, wait_s=PARK_S)
+
+        beating = [asyncio.create_task(beat(c, f"w{i}")) for i, c in enumerate(clients)]
+        parked = [asyncio.create_task(park(c, f"w{i}")) for i, c in enumerate(clients)]
+        await asyncio.sleep(HEARTBEAT_S + 1)  # every worker beat once, in its phase
+        d.mark_cpu()
+        b0, t0 = beats[0], time.perf_counter()
+        await asyncio.sleep(idle_s)
+        cpu, wall, nbeats = d.cpu_since_mark(), time.perf_counter() - t0, beats[0] - b0
+        row = {"transport": "tls", "workers": n, "idle_s": round(wall, 1), "beats": nbeats,
+               "idle_cpu_pct": 100 * cpu / wall, "us_per_beat": 1e6 * cpu / max(1, nbeats)}
+        if stale:
+            beating[0].cancel()
+            await asyncio.gather(beating[0], return_exceptions=True)
+            gone = last["w0"]
+            async with Client(d.socket, timeout=60) as admin:
+                while True:
+                    views = {w.worker_id: w for w in (await admin.workers()).workers}
+                    if os.environ.get("FLEET_DEBUG"):
+                        print(views["w0"].heartbeat_age_s, views["w0"].live, flush=True)
+                    if not views["w0"].live:
+                        row["stale_detect_s"] = time.monotonic() - gone
+                        break
+                    await asyncio.sleep(0.1)
+        for t in (*beating, *parked):
+            t.cancel()
+        await asyncio.gather(*beating, *parked, return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+    finally:
+        d.stop()
+    return row
+
+
 async def _main(args: argparse.Namespace) -> list[dict]:
     sizes = [int(x) for x in args.workers.split(",")]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -137,6 +213,15 @@ async def _main(args: argparse.Namespace) -> list[dict]:
         for i in range(max(sizes)):
             pki.issue(certs, worker=f"w{i}")
         for n in sizes:
+            if args.idle_s:
+                work = Path(tmp) / f"idle-{n}"
+                work.mkdir()
+                row = await _idle(n, args.idle_s, args.stale, certs, _free_port(), work)
+                out.append(row)
+                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                                  for k, v in row.items()}), flush=True)
+            if args.no_drain:
+                continue
             for transport in ("unix", "tls"):
                 work = Path(tmp) / f"{transport}-{n}"
                 work.mkdir()
@@ -152,8 +237,24 @@ def main() -> None:
     p.add_argument("--workers", default="100,500,1000")
     p.add_argument("--jobs", type=int, default=2000)
     p.add_argument("--out", help="write the rows as JSON here")
+    p.add_argument("--idle-s", type=float, default=0.0,
+                   help="also measure N idle TLS workers for this long (0: skip)")
+    p.add_argument("--stale", action="store_true",
+                   help="with --idle-s: time until a worker that stops beating is stale")
+    p.add_argument("--no-drain", action="store_true", help="only the idle measurement")
     args = p.parse_args()
     rows = uvloop.run(_main(args))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2))
+    for r in rows:
+        if "idle_cpu_pct" in r:
+            print(f"idle TLS N={r['workers']}: coordd {r['idle_cpu_pct']:.2f}% of a core, "
+                  f"{r['us_per_beat']:.0f} µs CPU per heartbeat ({r['beats']} beats in "
+                  f"{r['idle_s']} s)" + (f", stale seen after {r['stale_detect_s']:.1f} s"
+                                         if "stale_detect_s" in r else ""))
+    rows = [r for r in rows if "idle_cpu_pct" not in r]
+    if not rows:
+        return
     by = {(r["transport"], r["workers"]): r for r in rows}
     print(f"\n{'N':>5} {'connect ms tls/unix':>22} {'RSS KiB/conn tls/unix':>24} "
           f"{'jobs/s tls/unix':>18} {'CPU s/1k tls/unix':>19} {'claim p99 ms tls/unix':>23}")
@@ -164,8 +265,6 @@ def main() -> None:
               f"{t['drain_jobs_s']:>7.0f} / {u['drain_jobs_s']:<7.0f} "
               f"{t['cpu_s_per_1k_jobs']:>7.3f} / {u['cpu_s_per_1k_jobs']:<7.3f} "
               f"{t['claim_p99_ms']:>9.2f} / {u['claim_p99_ms']:<9.2f}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

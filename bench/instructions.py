@@ -1,7 +1,10 @@
 """`python -m bench.instructions`: instructions and SQL statements per claim + complete.
 
     python -m bench.instructions [--jobs 2000] [--rev REV ...] [--no-tree] [--statements]
-                                 [--eager]
+                                 [--eager] [--mode cycle|heartbeat]
+
+`--mode heartbeat`: the same figures per heartbeat of one worker that holds one job and
+whose readings do not change (issue 30: a quiet beat), `--jobs` of them.
 
 A deterministic figure for a noisy machine: one client's claim -> complete cycles run
 in-process against a Coordinator (no RPC: the writer, the store and the claim path), and
@@ -47,7 +50,8 @@ RPC_JOBS = 300  # --rpc's default: python under callgrind serves ~100 cycles a s
 TOGGLE = "functools_reduce"  # the C function the measured cycles run inside
 
 
-def _child(n: int, db: str, trace_out: str | None, eager: bool = False) -> None:
+def _child(n: int, db: str, trace_out: str | None, eager: bool = False,
+           mode: str = "cycle") -> None:
     """The measured loop (run in a subprocess whose PYTHONPATH names the source): set-up,
     the cycles inside functools.reduce (what callgrind counts), then the close."""
     import asyncio
@@ -90,15 +94,26 @@ def _child(n: int, db: str, trace_out: str | None, eager: bool = False) -> None:
         coord = Coordinator(db, cfg, clock, rng=random.Random(7))
         writer = coord.writer
 
+    beat = Heartbeat(worker_id="w1", roles=["cpu"], readings=readings)
+
     async def setup() -> None:
         await coord.start()
-        await coord.heartbeat(Heartbeat(worker_id="w1", roles=["cpu"], readings=readings))
+        await coord.heartbeat(beat)
+        if mode == "heartbeat":  # one held job, then beats that change nothing
+            await coord.enqueue(Enqueue(kind="k", required_role="cpu", priority=2, payload={}))
+            assert (await coord.claim(Claim(worker_id="w1", lease_s=3600.0))).job is not None
+            await coord.heartbeat(beat)
+            return
         for i in range(0, n, 500):
             await coord.enqueue_batch(EnqueueBatch(jobs=[
                 Enqueue(kind="k", required_role="cpu", priority=2, payload={"i": j})
                 for j in range(i, min(n, i + 500))]))
 
     async def cycles() -> None:
+        if mode == "heartbeat":
+            for _ in range(n):
+                await coord.heartbeat(beat)
+            return
         got = None
         for i in range(n):
             if got is None:
@@ -185,11 +200,13 @@ def _source(rev: str | None) -> tuple[Path, str, Path | None]:
 
 
 def _run_child(src: Path, n: int, work: Path, *, callgrind: bool,
-               trace_out: Path | None = None, eager: bool = False) -> int | None:
+               trace_out: Path | None = None, eager: bool = False,
+               mode: str = "cycle") -> int | None:
     """Run the loop for `src`; with `callgrind`, the instructions counted (Ir)."""
     db = work / f"c{os.getpid()}-{len(list(work.iterdir()))}.db"
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), "--db", str(db)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(n), "--db", str(db),
+           "--mode", mode]
     if trace_out is not None:
         cmd += ["--trace-out", str(trace_out)]
     if eager:
@@ -209,15 +226,18 @@ def _run_child(src: Path, n: int, work: Path, *, callgrind: bool,
     raise SystemExit(f"no totals in {out}")
 
 
-def measure(rev: str | None, n: int, statements_only: bool, eager: bool = False) -> dict:
-    """Instructions (Ir) and statements per claim + complete for the tree or `rev`."""
+def measure(rev: str | None, n: int, statements_only: bool, eager: bool = False,
+            mode: str = "cycle") -> dict:
+    """Instructions (Ir) and statements per claim + complete (per heartbeat: `mode`
+    "heartbeat") for the tree or `rev`."""
     src, label, tmp = _source(rev)
     label += " eager" if eager else ""
     try:
         with tempfile.TemporaryDirectory(prefix="coordd-instr-") as w:
             work = Path(w)
             trace = work / "trace.json"
-            _run_child(src, n, work, callgrind=False, trace_out=trace, eager=eager)
+            _run_child(src, n, work, callgrind=False, trace_out=trace, eager=eager,
+                       mode=mode)
             traced = json.loads(trace.read_text())
             # SQLite traces a statement again at the start of each trigger program it
             # runs (a TEMP trigger, a persistent one, a foreign key action), with the
@@ -227,7 +247,7 @@ def measure(rev: str | None, n: int, statements_only: bool, eager: bool = False)
             triggers = collections.Counter(_shape(s) for i, s in enumerate(traced)
                                            if i and traced[i - 1] == s)
             ir = None if statements_only else _run_child(src, n, work, callgrind=True,
-                                                         eager=eager)
+                                                         eager=eager, mode=mode)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -262,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="print the statements per job by statement")
     p.add_argument("--eager", action="store_true",
                    help="each complete claims the next job (eager dispatch) where it can")
+    p.add_argument("--mode", choices=("cycle", "heartbeat"), default="cycle",
+                   help="cycle: claim + complete (default); heartbeat: unchanged heartbeats")
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--db", help=argparse.SUPPRESS)
@@ -270,18 +292,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.rpc or args.cprofile:  # a real daemon (bench/rpc_instructions.py)
         return _rpc(args, [*args.rev, *([] if args.no_tree else [None])])
     if args.child is not None:
-        _child(args.child, args.db, args.trace_out, args.eager)
+        _child(args.child, args.db, args.trace_out, args.eager, args.mode)
         return 0
     if not args.statements and shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (or use --statements)")
     targets = [*args.rev, *([] if args.no_tree else [None])]
     results = []
     for rev in targets:
-        r = measure(rev, args.jobs, args.statements, args.eager)
+        r = measure(rev, args.jobs, args.statements, args.eager, args.mode)
         results.append(r)
         ir = "n/a" if r["ir_per_job"] is None else f"{r['ir_per_job'] / 1e3:,.1f}k"
-        print(f"{r['label']:<28} Ir/job {ir:>9}   SQL statements/job "
-              f"{r['statements_per_job']:.2f}   trigger programs/job "
+        u = "beat" if args.mode == "heartbeat" else "job"
+        print(f"{r['label']:<28} Ir/{u} {ir:>9}   SQL statements/{u} "
+              f"{r['statements_per_job']:.2f}   trigger programs/{u} "
               f"{r['trigger_runs_per_job']:.2f}", flush=True)
         if args.by_statement:
             for shape, k in r["by_statement"].items():

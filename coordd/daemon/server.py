@@ -162,6 +162,7 @@ class Daemon(ServingDaemon):
             raise StartupError(exc.message) from exc
         except errors.CoordError as exc:
             raise StartupError(f"cannot open {store.noun}: {exc.message}") from exc
+        await self.coord.beats.restarted()  # quiet beats a stopped coordd had not stored
         if self.config.restart_grace:
             n = await store.restart_grace()
             if n:

@@ -64,8 +64,11 @@ class Preemptor:
         self.hint = ReservationHint()
         self._last = float("-inf")
 
+    looks = 0  # calls of `due`: each store asks only while a job that may preempt waits
+
     def due(self, now: float) -> bool:
         """True (and the interval restarts) when a full look may run at `now`."""
+        self.looks += 1
         if now - self._last < self.policy.scan_interval_s:
             return False
         self._last = now

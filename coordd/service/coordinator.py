@@ -29,10 +29,11 @@ from coordd.rules.claim_policy import ClaimPolicy
 from coordd.rules.transitions import backoff_delay
 from coordd.clock import Clock, anchored
 from coordd.config import Config
+from coordd.service.beats import Beats
 from coordd.service.enrol import Enrolment
 from coordd.service.hub import Hub
 from coordd.ids import JobIds
-from coordd.service.lifecycle import _clip, heartbeat_state, log_lost
+from coordd.service.lifecycle import _clip, log_lost
 from coordd.service.logs import JobLogStore
 from coordd.ops.metrics import Metrics
 from coordd.rules.names import check_id, check_name
@@ -50,11 +51,11 @@ from coordd.service.dispatch import Dispatch
 from coordd.service.push import Push
 from coordd.service.coalesced import Coalesced
 from coordd.service.areas import Areas
-from coordd.service.checks import checked_readings, lease_ref, truncate
+from coordd.service.checks import lease_ref, truncate
 from coordd.service.reads import Reads
 from coordd.store import NewJob
 from coordd.store.api import StoreHooks
-from coordd.store.api_governance import Governance, WorkerBeat
+from coordd.store.api_governance import Governance
 from coordd.rules.times import check_duration
 from coordd.service.waits import Waits
 from coordd.service.web_reads import WebReads
@@ -119,6 +120,7 @@ class Coordinator(Dispatch, Reads, Areas):
                               (self.maintenance, ("prune", "check"))):
             for method in methods:
                 setattr(self, method, getattr(part, method))
+        self.beats = Beats(self)  # heartbeats; wraps the methods that change their answers
 
     @property
     def artifact_dir(self) -> str | None:
@@ -149,6 +151,7 @@ class Coordinator(Dispatch, Reads, Areas):
         writer drains and folds the WAL back). Idempotent."""
         try:
             await self.push.close()
+            await self.beats.close()
         finally:
             await self.store.close()
 
@@ -163,18 +166,7 @@ class Coordinator(Dispatch, Reads, Areas):
         stored as unknown. Raises: errors.BadRequest (empty id, bad readings types, bad
         kinds, GPU devices coordd.rules.resources.check_readings refuses), PayloadTooLarge.
         """
-        readings, _ = checked_readings(p, self.config.max_payload_bytes)
-        kinds_json, broken_json = heartbeat_state(p)
-        beat = WorkerBeat(incarnation=p.incarnation, kinds_json=kinds_json,
-                          broken_json=broken_json)
-        got = await self.store.heartbeat_governed(p.worker_id, p.roles, readings, beat,
-                                                  self.governance)
-        log_lost(p.worker_id, got.result.lost, "restarted (new incarnation)")
-        self.meters.count_governance(p.worker_id, got.changes, got.preempted)
-        res: HeartbeatResult = got.result
-        self.web.readings.add(p.worker_id, res.now, p.readings)  # the web view's history
-        res.artifact_dir = self.artifact_dir  # None: send files with artifact_put
-        return res
+        return await self.beats.heartbeat(p)  # coordd.service.beats: full or quiet
 
     async def renew(self, p: Renew) -> RenewResult:
         """Extend a lease; `action` is the job's governance action. Raises: LeaseLost,

@@ -66,13 +66,15 @@ class Reaper:
         return result
 
     async def round(self) -> list[str]:
-        """One round: workflows (absent workers, settling, schedules), reap, prune when due.
+        """One round: workflows (absent workers, settling, schedules), reap, the quiet
+        heartbeats' last-seen times when due (coordd.service.beats), prune when due.
         Each step's failure is logged and leaves the others to run; returns the names of
         the steps that failed. The store serves them as maintenance
         (`maintenance_window`: on SQLite the writer's urgent lane)."""
         failed = []
         with self._coord.store.maintenance_window():
             for name, step in (("workflows", self._coord.workflow_tick), ("reap", self.run_once),
+                               ("liveness", self._coord.beats.flush_if_due),
                                ("prune", self.prune_if_due)):
                 if not await _step(name, step):
                     failed.append(name)

@@ -40,11 +40,13 @@ class WorkerBeat(msgspec.Struct, kw_only=True, frozen=True):
 class GovernedHeartbeat(msgspec.Struct, kw_only=True):
     """What a governed heartbeat did: the reply (`now`, `cancel`, `lost`, `actions`), the
     governance transitions [(action, reason code)] and preemptions [(waiting job,
-    victim, worker)] for the metrics and logs."""
+    victim, worker)] for the metrics and logs, and (priority, gates JSON) of each held job
+    (the thresholds a later beat must not cross to be quiet, coordd.rules.governance_beat)."""
 
     result: HeartbeatResult
     changes: list[tuple[str, str]] = []
     preempted: list[tuple[str, str, str]] = []
+    held: list[tuple[int, str | None]] = []
 
 
 class WorkerBook(msgspec.Struct, kw_only=True):
@@ -91,6 +93,21 @@ class GovernanceStore(Protocol):
                                  *, now: float | None = None) -> GovernedHeartbeat:
         """Record the heartbeat and decide for every job the worker holds (see the
         module docstring)."""
+        ...
+
+    async def touch_workers(self, seen: Sequence[tuple[str, float]], gov: Governance, *,
+                            now: float | None = None) -> list[tuple[str, str, str]]:
+        """One batch: each worker's heartbeat time becomes at least the store's now minus
+        its age (s), for [(worker_id, age_s)] of quiet beats kept in memory
+        (coordd.service.beats); then preemption runs (paced) as a heartbeat would run it.
+        Returns the preemptions [(waiting job, victim, worker)]."""
+        ...
+
+    async def liveness_grace(self, bound_s: float, stale_s: float, *,
+                             now: float | None = None) -> int:
+        """At start: a worker not offline whose stored heartbeat time s may still be live
+        (s > now - stale_s - bound_s) is taken as seen at min(now, s + bound_s), since a
+        quiet beat up to `bound_s` later may not have been stored. Returns how many."""
         ...
 
     async def renew_governed(self, ref: LeaseRef, lease_s: float, gov: Governance, *,

@@ -31,6 +31,16 @@ _HELD = (
 SQL_HELD_BY_WORKER = _HELD + "WHERE l.worker_id = ? ORDER BY l.job_id"
 SQL_HELD_ONE = _HELD + "WHERE l.worker_id = ? AND l.job_id = ?"
 
+# Quiet heartbeats' times, stored in one batch (coordd.service.beats): ?1 now, ?2 age, ?3 id.
+SQL_TOUCH_WORKER = (
+    "UPDATE workers SET heartbeat_at = max(heartbeat_at, ?1 - ?2) WHERE worker_id = ?3"
+)
+# The restart grace's liveness part: ?1 now, ?2 bound_s, ?3 stale_s.
+SQL_LIVENESS_GRACE = (
+    "UPDATE workers SET heartbeat_at = min(?1, heartbeat_at + ?2) WHERE offline_at IS NULL "
+    "AND heartbeat_at < ?1 AND heartbeat_at > ?1 - ?3 - ?2"
+)
+
 SQL_SET_GOVERNANCE = (
     "UPDATE leases SET suspended_at = ?, suspend_reason = ?, gate_open_at = ?, "
     "vacate_reason = ?, resume_at = ? WHERE job_id = ?"

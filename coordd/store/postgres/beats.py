@@ -79,15 +79,16 @@ class BeatsPostgres:
                 async with conn.transaction():
                     preempted = await self._preempt(conn, now, t, gov, checked=True)
             steps: list[Any] = []
+            rows: list[Any] = []
             if held and not lost:
                 async with conn.transaction():
-                    steps = governance.plan(gov.policies, readings, t,
-                                            await conn.fetch(SQL_HELD_BY_WORKER, worker_id))
+                    rows = await conn.fetch(SQL_HELD_BY_WORKER, worker_id)
+                    steps = governance.plan(gov.policies, readings, t, rows)
                     await write_steps(conn, now, worker_id, None, steps)
         self.beat_stored(worker_id, roles)
         actions, changes = governance.outcome(steps)
         return GovernedHeartbeat(
             result=HeartbeatResult(now=t, cancel=list(cancel), lost=lost, actions=actions),
-            changes=changes, preempted=preempted)
+            changes=changes, preempted=preempted, held=[(r[1], r[2]) for r in rows])
 
 __all__ = ["BeatsPostgres", "SQL_BEAT"]

@@ -27,7 +27,7 @@ from coordd.store.api import LeaseRef
 from coordd.store.api_governance import (
     Governance, JobGovernance, WorkerBook,
 )
-from coordd.store.postgres import admission, apply, resources, sql, taken, workflows
+from coordd.store.postgres import admission, apply, liveness, resources, sql, taken, workflows
 from coordd.store.postgres.sql import NOW
 
 PREEMPT_LOCK_KEY = "coordd-preempt"  # one preemption scan at a time (xact advisory lock)
@@ -165,7 +165,7 @@ class Hint(preemption.ReservationHint):
         self.maybe = True
 
 
-class GovernancePostgres:
+class GovernancePostgres(liveness.LivenessPostgres):
     """Mixed into PostgresStore (its `_conn`)."""
 
     _conn: Any

@@ -26,7 +26,8 @@ from coordd.store.api_governance import (
     ExplainBook, Governance, GovernedHeartbeat, JobGovernance, WorkerBeat, WorkerBook,
 )
 from coordd.store.governance import (
-    SQL_HELD_BY_WORKER, SQL_HELD_ONE, SQL_SET_GOVERNANCE, SQL_WORKER_READINGS,
+    SQL_HELD_BY_WORKER, SQL_HELD_ONE, SQL_LIVENESS_GRACE, SQL_SET_GOVERNANCE, SQL_TOUCH_WORKER,
+    SQL_WORKER_READINGS,
 )
 
 
@@ -50,11 +51,27 @@ class SQLiteGovernance:
             wkstore.store_state(conn, worker_id, beat.incarnation, beat.kinds_json,
                                 beat.broken_json)
             preempted = sqlite_preemption.run(conn, t, gov.policies, gov.preemptor)
-            actions, changes = govern(conn, t, worker_id, gov.policies)
+            held: list[Any] = []
+            actions, changes = govern(conn, t, worker_id, gov.policies, held=held)
             return GovernedHeartbeat(
                 result=HeartbeatResult(now=t, cancel=cancel, lost=lost, actions=actions),
-                changes=changes, preempted=preempted)
+                changes=changes, preempted=preempted, held=held)
         return await self._write(op, now, urgent=True)
+
+    async def touch_workers(self, seen: Sequence[tuple[str, float]], gov: Governance, *,
+                            now: float | None = None) -> list[tuple[str, str, str]]:
+        """One writer op: the batch of last-seen times, then preemption (paced)."""
+        def op(conn: Any, t: float) -> list[tuple[str, str, str]]:
+            conn.executemany(SQL_TOUCH_WORKER, [(t, age, w) for w, age in seen])
+            return sqlite_preemption.run(conn, t, gov.policies, gov.preemptor)
+        return await self._write(op, now, urgent=True)  # type: ignore[no-any-return]
+
+    async def liveness_grace(self, bound_s: float, stale_s: float, *,
+                             now: float | None = None) -> int:
+        """coordd.store.api_governance's liveness grace, one writer op."""
+        return await self._write(  # type: ignore[no-any-return]
+            lambda conn, t: conn.execute(SQL_LIVENESS_GRACE, (t, bound_s, stale_s)).rowcount,
+            now)
 
     async def renew_governed(self, ref: LeaseRef, lease_s: float, gov: Governance, *,
                              now: float | None = None
@@ -113,16 +130,20 @@ class SQLiteGovernance:
 
 
 def govern(conn: sqlite3.Connection, now: float, worker_id: str,
-           policies: dict[int, GatePolicy], job_id: str | None = None
+           policies: dict[int, GatePolicy], job_id: str | None = None,
+           held: list[Any] | None = None
            ) -> tuple[list[JobAction], list[tuple[str, str]]]:
     """Decide for every job `worker_id` holds (or only `job_id`), inside the writer's
     transaction; store each new state on its lease and log each transition as an event.
-    Returns (one JobAction per held job, [(action, reason code)] of the transitions)."""
+    Returns (one JobAction per held job, [(action, reason code)] of the transitions);
+    (priority, gates JSON) of each job decided for are appended to `held`."""
     row = conn.execute(SQL_WORKER_READINGS, (worker_id,)).fetchone()
     readings = lenient_json(row[0], {}) if row is not None else {}
     rows = (conn.execute(SQL_HELD_BY_WORKER, (worker_id,)) if job_id is None
             else conn.execute(SQL_HELD_ONE, (worker_id, job_id))).fetchall()
     steps = governance.plan(policies, readings, now, rows)
+    if held is not None:
+        held.extend((r[1], r[2]) for r in rows)
     for st in steps:
         d = st.decision
         if d.state != st.before:
