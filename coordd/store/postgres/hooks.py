@@ -88,7 +88,8 @@ class PostgresServing:
         """Start waking the parked claims (with hooks attached; at `start`): push's run_at
         timer with the jobs scheduled now, and the listening session's keeper."""
         if self._hooks is not None and self._pump is None:
-            self._hooks.push.start(await self.scheduled_jobs())
+            due = await self.scheduled_jobs()  # asked again only after a clock step: SQLite
+            self._hooks.push.start(lambda now: [d for d in due if d[0] > now])
             self._pump = asyncio.create_task(self._pump_wakeups(self._hooks.push),
                                              name="store-wakeups")
 
