@@ -21,7 +21,9 @@ kinds): they answer with nothing, without another look, or with the job a look u
 takes. A heartbeat wakes that worker's parked claims when their last answer was a gate or
 staleness refusal. Units of a fleet-wide limit that free (a lease ends) or a limit changed
 at runtime wake the parked claims whose last answer was a limit refusal; one refused by a
-rate looks again when its next slot frees (`next_slot_s` of its answer).
+rate looks again when its next slot frees (`next_slot_s` of its answer). Each of these
+visits only the claims it concerns (coordd.service.parked.ClaimIndex): a heartbeat its
+worker's, a job the claims in flight and the oldest idle ones that may take it.
 """
 
 from __future__ import annotations
