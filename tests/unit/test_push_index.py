@@ -119,13 +119,15 @@ def test_the_index_gives_credits_in_the_order_a_full_scan_would():
         claims = []
         for seq in range(rng.randrange(1, 30)):
             worker = f"w{rng.randrange(8)}"
-            kinds = None if rng.random() < 0.3 else frozenset(rng.sample(kinds_pool, rng.randrange(0, 3)))
+            kinds = None if rng.random() < 0.3 else \
+                frozenset(rng.sample(kinds_pool, rng.randrange(0, 3)))
             w = ClaimWaiter(None, seq, worker, kinds)
             index.add(w, roles.get(worker))
             claims.append(w)
             if rng.random() < 0.4:  # a heartbeat changes (or forgets) a worker's roles
                 who = f"w{rng.randrange(8)}"
-                new = None if rng.random() < 0.3 else frozenset(rng.sample(roles_pool, rng.randrange(0, 3)))
+                new = None if rng.random() < 0.3 else \
+                    frozenset(rng.sample(roles_pool, rng.randrange(0, 3)))
                 roles[who] = new
                 index.set_roles(who, new)
             if claims and rng.random() < 0.2:
