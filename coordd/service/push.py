@@ -21,7 +21,9 @@ kinds): they answer with nothing, without another look, or with the job a look u
 takes. A heartbeat wakes that worker's parked claims when their last answer was a gate or
 staleness refusal. Units of a fleet-wide limit that free (a lease ends) or a limit changed
 at runtime wake the parked claims whose last answer was a limit refusal; one refused by a
-rate looks again when its next slot frees (`next_slot_s` of its answer).
+rate looks again when its next slot frees (`next_slot_s` of its answer). Each of these
+visits only the claims it concerns (coordd.service.parked.ClaimIndex): a heartbeat its
+worker's, a job the claims in flight and the oldest idle ones that may take it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from coordd.clock import Clock
 from coordd.net.parking import PARK_SCOPE, ParkScope  # noqa: F401 (re-exported)
 from coordd.rules.gates import NO_MATCHING_ROLE
 from coordd.rules.limits import LIMIT_REFUSED
-from coordd.service.parked import ClaimAttempt, ClaimWaiter, Waiter
+from coordd.service.parked import ClaimAttempt, ClaimIndex, ClaimWaiter, Waiter
 from coordd.service.push_notes import Note, NoteIntake
 from coordd.service.run_at import DUE_SLACK_S, RunAtTimer, Scheduled
 from coordd.store.api_waits import WaitReads
@@ -74,7 +76,8 @@ class Push(NoteIntake):
         self._closed = asyncio.Event()
         self._notes: list[Note] = []
         self._seq = itertools.count()
-        self._claims: dict[int, ClaimWaiter] = {}  # every parked claim, in arrival order
+        self._index = ClaimIndex()  # the parked claims
+        self._claims = self._index.all  # every parked claim, in arrival order
         self._jobs: dict[str, set[Waiter]] = {}     # wait_job, by job id
         self._workers: dict[str, set[Waiter]] = {}  # watch_worker, by worker id
         self._events: set[Waiter] = set()           # watch_events
@@ -173,25 +176,32 @@ class Push(NoteIntake):
     def job_ready(self, role: str, kind: str, n: int = 1) -> None:
         """`n` jobs of `role`/`kind` may be claimable now: one credit each to the first idle
         parked claims that may take them; every claim in flight that may take one looks
-        again."""
-        for w in self._claims.values():
-            if not self._may_take(w, role, kind):
-                continue
-            if not w.idle:
+        again. Visits the claims in flight and, oldest first, those that may take them
+        until the credits are given."""
+        index = self._index
+        for w in index.looking.values():
+            index.visits += 1
+            if self._may_take(w, role, kind):
                 w.dirty = True
-            elif n > 0 and not w.credits:
-                w.credits.append((role, kind))
-                w.wake()
-                n -= 1
+        self._give(role, kind, n, -1)
 
     def _forward(self, credits: list[tuple[str, str]], after: int) -> None:
         """Pass credits a claim could not use on to the next idle parked claims after it."""
         for role, kind in credits:
-            for w in self._claims.values():
-                if w.seq > after and w.idle and not w.credits and self._may_take(w, role, kind):
-                    w.credits.append((role, kind))
-                    w.wake()
-                    break
+            self._give(role, kind, 1, after)
+
+    def _give(self, role: str, kind: str, n: int, after: int) -> None:
+        """One credit each to the `n` oldest idle parked claims without one that arrived
+        after `after` and may take a job of `role`/`kind`."""
+        if n <= 0:
+            return
+        for w in self._index.takers(role, kind, after):
+            if w.idle and not w.credits:
+                w.credits.append((role, kind))
+                w.wake()
+                n -= 1
+                if n == 0:
+                    return
 
     def _may_take(self, w: ClaimWaiter, role: str, kind: str) -> bool:
         if w.kinds is not None and kind not in w.kinds:
@@ -199,22 +209,38 @@ class Push(NoteIntake):
         roles = self.roles.get(w.worker_id)
         return roles is None or role in roles
 
+    def _set_roles(self, worker_id: str, roles: frozenset[str] | None) -> None:
+        """Note `worker_id`'s roles (None: unknown, any job may wake its claims)."""
+        if roles is None:
+            self.roles.pop(worker_id, None)
+        else:
+            self.roles[worker_id] = roles
+        self._index.set_roles(worker_id, roles)
+
     def heartbeat(self, worker_id: str, roles: frozenset[str]) -> None:
         """A heartbeat from `worker_id` was committed (a trigger noted it while claims are
         parked): its gates may have opened, or its roles changed: its parked claims that
-        were refused look again."""
+        were refused look again. Visits only that worker's claims."""
         changed = self.roles.get(worker_id) != roles
-        self.roles[worker_id] = roles
-        for w in self._claims.values():
-            if w.worker_id == worker_id and (w.gated or changed):
-                w.wake()
+        if not changed:
+            mine = self._index.by_worker.get(worker_id)
+            if mine:
+                for w in mine.values():
+                    self._index.visits += 1
+                    if w.gated:
+                        w.wake()
+            return
+        self._set_roles(worker_id, roles)
+        for w in self._index.by_worker.get(worker_id, {}).values():
+            self._index.visits += 1
+            w.wake()
 
     def limits_changed(self) -> None:
         """Units of a fleet-wide limit freed, or a limit changed: the parked claims a
-        limit refused look again."""
-        for w in self._claims.values():
-            if w.limited:
-                w.wake()
+        limit refused look again (only they are visited)."""
+        for w in self._index.limited.values():
+            self._index.visits += 1
+            w.wake()
 
     def wake_claims(self) -> None:
         """Every parked claim looks again (a store whose wake-ups do not say which role
@@ -237,17 +263,16 @@ class Push(NoteIntake):
                         None if kinds is None else frozenset(kinds))
         # the roles noted last may be stale (noted only while claims are parked): unknown
         # until this worker's next heartbeat, so any job may wake it (it looks, or parks)
-        self.roles.pop(worker_id, None)
+        self._set_roles(worker_id, None)
         start = self._clock.mono()
         deadline = start + wait_s
-        for old in self._claims.values():
-            if old.worker_id == worker_id:
-                old.superseded = True
-                old.wake()
+        for old in self._index.by_worker.get(worker_id, {}).values():
+            old.superseded = True
+            old.wake()
         with self._slot(w):
             if not self._claims:
                 self._store.claims_parked(True)
-            self._claims[w.seq] = w
+            self._index.add(w, None)
             try:
                 while True:
                     w.dirty = False
@@ -257,7 +282,7 @@ class Push(NoteIntake):
                         return res
                     reasons = getattr(res, "reasons", None) or ()
                     w.gated = any(r != NO_MATCHING_ROLE for r in reasons)
-                    w.limited = LIMIT_REFUSED in reasons
+                    self._index.set_limited(w, LIMIT_REFUSED in reasons)
                     slot = getattr(res, "next_slot_s", None)  # a rate frees a unit then
                     if used and reasons:
                         self._forward(used, w.seq)
@@ -265,13 +290,13 @@ class Push(NoteIntake):
                         return res
                     if w.dirty or w.credits:
                         continue
-                    w.idle = True
+                    self._index.set_idle(w, True)
                     until = deadline if slot is None else \
                         min(deadline, self._clock.mono() + slot + DUE_SLACK_S)
                     try:
                         woken = await self._sleep(w, until)
                     finally:
-                        w.idle = False
+                        self._index.set_idle(w, False)
                     if not woken and until < deadline and not (w.dropped or self.closing):
                         continue  # a rate slot came free: look again
                     if not woken or w.dropped or self.closing:
@@ -279,7 +304,7 @@ class Push(NoteIntake):
                             res.waited_s = self._clock.mono() - start
                         return res
             finally:
-                del self._claims[w.seq]
+                self._index.remove(w)
                 if not self._claims:
                     self._store.claims_parked(False)
                 if w.credits:  # woken, then left without looking (dropped, shutdown)
