@@ -66,8 +66,9 @@ def daemon_toml(preempt_min_runtime_s: float = 30.0, **p3: Any) -> str:
 
 
 @pytest.fixture
-async def gov(daemon_factory, tmp_path):
-    """Factory: a coordd with `[gates.p3]` settings, a client and a worker starter."""
+async def gov(store_daemon_factory, tmp_path):
+    """Factory: a coordd with `[gates.p3]` settings over each store in turn
+    (tests/integration/conftest.py), a client and a worker starter."""
     started: list[WorkerProc] = []
     clients: list[Client] = []
     model = tmp_path / "counter.py"
@@ -76,7 +77,7 @@ async def gov(daemon_factory, tmp_path):
     readings.write_text(json.dumps(COOL))
 
     async def make(**p3: Any) -> tuple[Bench, Any]:
-        daemon = daemon_factory(daemon_toml(**p3))
+        daemon = store_daemon_factory(daemon_toml(**p3))
         daemon.start()
         client = Client(daemon.socket, timeout=10)
         await client.__aenter__()

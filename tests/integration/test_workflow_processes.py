@@ -154,10 +154,11 @@ async def test_story_without_build_worker_ends_partial(daemon_factory, fleet):
     assert "worker_absent" in show.stdout and "capabilities to add" in show.stdout
 
 
-async def test_sigkill_mid_graph_resumes_and_no_node_succeeds_twice(daemon_factory, fleet):
+async def test_sigkill_mid_graph_resumes_and_no_node_succeeds_twice(store_daemon_factory, fleet):
     """Must show 3: coordd SIGKILLed while narrate runs on a real worker, restarted on
-    the same files: the graph goes on where it stood; every node succeeds exactly once."""
-    d = daemon_factory(DAEMON_FAST)
+    the same files (or PostgreSQL database): the graph goes on where it stood; every node
+    succeeds exactly once. On both stores."""
+    d = store_daemon_factory(DAEMON_FAST)
     d.start()
     f = fleet(d.socket)
     f.start("box1", ["gather", "narrate", "build"], lease_s=15)
@@ -187,11 +188,11 @@ async def test_sigkill_mid_graph_resumes_and_no_node_succeeds_twice(daemon_facto
     assert jobs[2].payload["inputs"]["narrate"] == jobs[1].result
 
 
-async def test_sigkill_between_steps_driven_by_hand(daemon_factory):
+async def test_sigkill_between_steps_driven_by_hand(store_daemon_factory):
     """Must show 3, deterministic: kill after gather's completion was acknowledged and
     narrate was claimed; after restart narrate's lease still holds, its completion
-    queues build, and gather's result is not produced again."""
-    d = daemon_factory(DAEMON_FAST)
+    queues build, and gather's result is not produced again. On both stores."""
+    d = store_daemon_factory(DAEMON_FAST)
     d.start()
     spec = json.loads(json.dumps({"name": "s", "nodes": [
         {"name": "gather", "kind": "gather", "required_role": "cpu"},
