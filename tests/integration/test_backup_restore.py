@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -15,13 +14,13 @@ from coordd import cas
 from coordd.client import SyncClient
 from coordd.config import artifact_dir_for
 from tests.integration.conftest import DaemonProc
+from tests import ctlfork
 
 COOL = {"memory_used_pct": 10.0}
 
 
 def ctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "coordctl", *args], capture_output=True,
-                          text=True, timeout=60)
+    return ctlfork.run(list(args), timeout=60)  # python -m coordctl ARGS
 
 
 def _with_artifacts(sock: str, db: str, tmp: Path) -> tuple[dict[str, str], str]:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from coordd.client import Client
+from tests import ctlfork
 from tests.integration.test_worker import COOL, DAEMON_FAST, worker_toml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,8 +95,7 @@ async def until_done(client: Client, workflow_id: str, timeout: float = WAIT_S,
 
 
 def coordctl(socket: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordctl", "--socket", socket, *args],
-                          capture_output=True, text=True, timeout=30)
+    return ctlfork.run(["--socket", socket, *args], timeout=30)  # python -m coordctl
 
 
 async def test_story_with_every_capability_runs_in_order(daemon_factory, fleet):
