@@ -1,6 +1,9 @@
 """Restore drill (issue 5): a backup taken while 4 clients keep writing restores, with every
 job and artifact readable and matching its hash; a damaged backup or a running coordd on the
-target refuses the restore and changes nothing."""
+target refuses the restore and changes nothing.
+
+SQLite only: `backup` and `restore` copy the database file (PostgreSQL refuses `backup`,
+naming pg_dump: test_store_areas_daemon.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Governance of running work through a real coordd and coord-worker with real signals
-(issue 16, item 1): readings come through `--readings-override`, the model is a small
-deterministic counter that checkpoints on SIGTERM."""
+(issue 16, item 1), on both stores: readings come through `--readings-override`, the model
+is a small deterministic counter that checkpoints on SIGTERM."""
 
 from __future__ import annotations
 
@@ -153,6 +153,11 @@ async def test_p3_model_is_stopped_when_the_user_returns_and_continues_when_idle
     assert steps_done(progress) <= frozen + 1 and state_of(pid) == psutil.STATUS_STOPPED
     view = await bench.client.get_job(job)
     assert view.status == "running" and view.lease.governance.suspend_reason == "user_active"
+    workers = (await bench.client.call("workers", {}))["workers"]
+    assert [x["worker_id"] for x in workers] == ["w1"] and workers[0]["live"]
+    assert workers[0]["readings"]["user_idle_s"] == ACTIVE["user_idle_s"]
+    assert workers[0]["verdicts"]["p3"] == ["user_active"]
+    assert any(n.startswith(f"governance: {job} suspended since") for n in workers[0]["notes"])
     readings.write_text(json.dumps(COOL))
     await wait_for(lambda: state_of(pid) not in (psutil.STATUS_STOPPED, "gone")
                    and steps_done(progress) > frozen + 2, HEARTBEAT_S * 2 + 0.5 + 1.5,
@@ -165,6 +170,16 @@ async def test_p3_model_is_stopped_when_the_user_returns_and_continues_when_idle
     assert any(r.startswith("suspended: user_active") for r in reasons), reasons
     assert any(r.startswith("resumed:") for r in reasons), reasons
     assert took <= HEARTBEAT_S + 1.0
+    # an orderly stop ends with a delivered goodbye: `workers` shows it offline at once
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(15) == 0, w.log()
+    assert "goodbye not delivered" not in w.log(), w.log()
+    await wait_for(lambda: "worker w1 said goodbye" in bench.daemon.log(), 5, "the goodbye")
+    gone = (await bench.client.call("workers", {}))["workers"][0]
+    assert gone["offline_at"] is not None and not gone["live"]
+    assert (await bench.client.status()).workers_live == 0
+    metrics = (await bench.client.call("metrics", {}))["text"]
+    assert 'coordd_governance_actions_total{action="suspend",reason="user_active"}' in metrics
 
 
 async def test_suspended_past_max_suspend_s_is_vacated_and_resumes_from_its_checkpoint(gov):
