@@ -2,6 +2,9 @@
 
 Model processes are small scripts configured as kinds in a worker TOML, plus the real `train`
 model. Leases, grace periods and reaper intervals are kept short so the file stays quick.
+The tests over `store_bench` run on both stores (SQLite, then a fresh PostgreSQL database);
+`bench` is SQLite's, for what no store decides (the in-process supervisor's cancel) and for
+the other files that import it.
 """
 
 from __future__ import annotations
