@@ -65,6 +65,10 @@ def daemon_toml(preempt_min_runtime_s: float = 30.0, **p3: Any) -> str:
             f"preempt_min_runtime_s = {preempt_min_runtime_s}\n[gates.p3]\n{gates}\n")
 
 
+# a rule that is the worker's alone runs on SQLite only (the store's parameter narrowed)
+SQLITE_ONLY = pytest.mark.parametrize("store_daemon_factory", ["sqlite"], indirect=True)
+
+
 @pytest.fixture
 async def gov(store_daemon_factory, tmp_path):
     """Factory: a coordd with `[gates.p3]` settings over each store in turn
@@ -204,7 +208,10 @@ async def test_suspended_past_max_suspend_s_is_vacated_and_resumes_from_its_chec
     assert final.attempts == 1 and final.preemptions == 1
 
 
+@SQLITE_ONLY
 async def test_supervisor_killed_while_suspended_leaves_no_stopped_process(gov):
+    """SQLite only: the stopped model's end is the worker's (lease expiry and the reaper
+    run on both stores in test_worker's b07 and b10)."""
     bench, readings = await gov(resume_after_s=0.3, max_suspend_s=60)
     job, progress, pidfile = await enqueue_counter(bench, steps=60)
     a = bench.start_worker("A")
@@ -259,7 +266,9 @@ async def test_p0_on_a_one_slot_worker_busy_with_p3_starts_within_grace_plus_1s(
     assert again >= max(e.at for e in done.events if e.to_status == "succeeded")
 
 
+@SQLITE_ONLY
 async def test_time_spent_suspended_does_not_count_toward_the_kinds_timeout(gov):
+    """SQLite only: the kind's timeout is the worker's clock."""
     bench, readings = await gov(resume_after_s=0.2, max_suspend_s=60)
     job, progress, pidfile = await enqueue_counter(bench, steps=50)  # ~1 s of running
     w = bench.start_worker(kind={"timeout_s": 2.5})

@@ -383,8 +383,9 @@ async def test_exit_75_retried_with_backoff_exit_1_failed_at_once(store_bench):
     assert v.last_error.startswith("permanent: exit 1") and "boom: bad weights" in v.last_error
 
 
-async def test_b17_timeout_kills_sigterm_trapping_model(store_bench):
-    bench = store_bench
+async def test_b17_timeout_kills_sigterm_trapping_model(bench):
+    """SQLite only: the kind's timeout is the worker's (the store sees a retryable fail,
+    as test_exit_75_retried_with_backoff_exit_1_failed_at_once on both)."""
     w = bench.start_worker(kind={"timeout_s": 1}, grace_s=0.5)
     job = await bench.enqueue({"sleep": 60, "trap_term": True, "child": True}, max_attempts=1)
     pids = await bench.model_pids(job, "w1")
