@@ -117,7 +117,7 @@ SQL_INSERT_RESERVATION = (
 )
 SQL_MARK_VACATE = "UPDATE leases SET vacate_reason = ? WHERE job_id = ? AND vacate_reason IS NULL"
 SQL_RESERVED_FOR_WORKER = (  # the claim's look: is this worker's freed capacity promised?
-    "SELECT r.job_id, j.status FROM reservations r JOIN jobs j ON j.job_id = r.job_id "
+    "SELECT r.job_id, j.status, j.kind FROM reservations r JOIN jobs j ON j.job_id = r.job_id "
     "WHERE r.worker_id = ? AND r.expires_at > ? ORDER BY r.created_at"
 )
 SQL_DELETE_RESERVATION = "DELETE FROM reservations WHERE job_id = ?"

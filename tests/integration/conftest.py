@@ -84,6 +84,20 @@ class DaemonProc:
     def log(self) -> str:
         return Path(self.log_path).read_text(errors="replace")[-4000:]
 
+    async def artifact_bytes(self, sha256: str) -> bytes:
+        """An artifact's bytes where coordd keeps them: the file beside a SQLite database,
+        the rows of a PostgreSQL store."""
+        if self.store is None:
+            return (Path(self.db).parent / "artifacts" / sha256[:2] / sha256).read_bytes()
+        import asyncpg
+        conn = await asyncpg.connect(self.store)
+        try:
+            rows = await conn.fetch("SELECT data FROM artifact_chunks WHERE sha256 = $1 "
+                                    "ORDER BY pos", sha256)
+        finally:
+            await conn.close()
+        return b"".join(r[0] for r in rows)
+
 
 def _status(sock: str, timeout: float) -> None:
     from coordd.client import SyncClient
@@ -123,10 +137,11 @@ def daemon(daemon_factory) -> DaemonProc:
 
 
 @pytest.fixture
-def pg_db(pg_dsn: str) -> Any:
-    """A DSN of a fresh, empty database on the session's cluster (dropped after)."""
+def pg_databases(pg_dsn: str) -> Any:
+    """Factory: the DSN of a fresh, empty database on the session's cluster at each call
+    (all dropped after the test)."""
     import asyncpg
-    name = f"t_{uuid.uuid4().hex[:12]}"
+    made: list[str] = []
 
     async def admin(sql: str) -> None:
         conn = await asyncpg.connect(pg_dsn)
@@ -134,18 +149,52 @@ def pg_db(pg_dsn: str) -> Any:
             await conn.execute(sql)
         finally:
             await conn.close()
-    asyncio.run(admin(f"CREATE DATABASE {name}"))
-    yield pg_dsn.replace("/postgres?", f"/{name}?")
-    asyncio.run(admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+    def run(sql: str) -> None:  # in a thread: callers may be inside a running event loop
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, admin(sql)).result()
+
+    def make() -> str:
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        run(f"CREATE DATABASE {name}")
+        made.append(name)
+        return pg_dsn.replace("/postgres?", f"/{name}?")
+    yield make
+    for name in made:
+        run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_daemon(request: Any, daemon_factory: Any) -> DaemonProc:
-    """A started coordd with the default config over each store in turn: `--db` a
-    temporary file, then `--store` a fresh PostgreSQL database (skipped, with the reason,
-    where asyncpg or the server binaries are missing). The same test runs on both."""
-    d = daemon_factory(name=request.param)
-    if request.param == "postgresql":
-        d.store = request.getfixturevalue("pg_db")
+@pytest.fixture
+def pg_db(pg_databases: Any) -> str:
+    """A DSN of a fresh, empty database on the session's cluster (dropped after)."""
+    return pg_databases()
+
+
+STORES = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(params=STORES)
+def store_daemon_factory(request: Any, daemon_factory: Any) -> Any:
+    """`daemon_factory` over each store in turn: `--db` a temporary file, then `--store` a
+    fresh PostgreSQL database for each daemon made (skipped, with the reason, where asyncpg
+    or the server binaries are missing). `make.store` says which ("sqlite"/"postgresql").
+    The same test runs on both; a restarted DaemonProc keeps its file or database."""
+    databases = request.getfixturevalue("pg_databases") if request.param == "postgresql" \
+        else None
+
+    def make(config_text: str | None = None, name: str = "d") -> DaemonProc:
+        d = daemon_factory(config_text, name=name)
+        if databases is not None:
+            d.store = databases()
+        return d
+    make.store = request.param
+    return make
+
+
+@pytest.fixture
+def store_daemon(store_daemon_factory: Any) -> DaemonProc:
+    """A started coordd with the default config over each store in turn (as
+    `store_daemon_factory`)."""
+    d = store_daemon_factory(name=store_daemon_factory.store)
     d.start()
     return d

@@ -1,13 +1,15 @@
 """Restore drill (issue 5): a backup taken while 4 clients keep writing restores, with every
 job and artifact readable and matching its hash; a damaged backup or a running coordd on the
-target refuses the restore and changes nothing."""
+target refuses the restore and changes nothing.
+
+SQLite only: `backup` and `restore` copy the database file (PostgreSQL refuses `backup`,
+naming pg_dump: test_store_areas_daemon.py)."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -15,13 +17,13 @@ from coordd import cas
 from coordd.client import SyncClient
 from coordd.paths import artifact_dir_for
 from tests.integration.conftest import DaemonProc
+from tests import ctlfork
 
 COOL = {"memory_used_pct": 10.0}
 
 
 def ctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "coordctl", *args], capture_output=True,
-                          text=True, timeout=60)
+    return ctlfork.run(list(args), timeout=60)  # python -m coordctl ARGS
 
 
 def _with_artifacts(sock: str, db: str, tmp: Path) -> tuple[dict[str, str], str]:

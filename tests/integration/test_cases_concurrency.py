@@ -49,7 +49,7 @@ def _claimer(sock: str, idx: int, rounds: int, barrier, results) -> None:
             barrier.wait(ROUND_TIMEOUT_S)           # the round is over
 
 
-@pytest.mark.parametrize("rounds", [30, pytest.param(500, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("rounds", [10, pytest.param(500, marks=pytest.mark.slow)])
 def test_b01_16_claimer_processes_one_winner_per_round(daemon, rounds):
     n = 16
     ctx = _spawn()

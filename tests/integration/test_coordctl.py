@@ -16,6 +16,7 @@ import time
 from contextlib import closing
 
 from coordd.client import SyncClient
+from tests import ctlfork
 
 JOB_ID = re.compile(r"^[0-9a-f]{16}$")
 STATUSES = ("waiting", "running", "succeeded", "failed", "cancelled", "blocked", "skipped")
@@ -25,10 +26,10 @@ COOL = {"memory_used_pct": 30.0, "temperature_c": 40.0, "on_battery": False,
 
 def ctl(socket: str, *args: str, cwd: str | None = None, stdin: str | None = None,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `python -m coordctl --socket SOCKET ARGS...` and capture its output."""
-    argv = [sys.executable, "-m", "coordctl", *(["--socket", socket] if socket else []), *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=cwd,
-                          input=stdin, env={**os.environ, **(env or {})})
+    """Run `python -m coordctl --socket SOCKET ARGS...` and capture its output (a real
+    process, forked from one that imported coordctl: tests/ctlfork.py)."""
+    argv = [*(["--socket", socket] if socket else []), *args]
+    return ctlfork.run(argv, timeout=30, cwd=cwd, input=stdin, env={**os.environ, **(env or {})})
 
 
 def ok(p: subprocess.CompletedProcess[str]) -> str:
@@ -275,8 +276,7 @@ def test_metrics_parse_with_prometheus_parser_and_hold_the_series(daemon):
         assert c.claim("w1").reasons == ["memory_high"]
         c.heartbeat("w1", ["cpu"], {"memory_used_pct": 10.0})
         assert c.claim("w1").job.job_id == job.job_id
-    out = subprocess.run([sys.executable, "-m", "coordctl", "--socket", daemon.socket, "metrics"],
-                         capture_output=True, text=True, timeout=30)
+    out = ctl(daemon.socket, "metrics")
     assert out.returncode == 0, out.stderr
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for fam in text_string_to_metric_families(out.stdout) for s in fam.samples}

@@ -3,6 +3,11 @@ moment. Every acknowledged operation must survive, nothing half-applied, and the
 pass quick_check and the state-machine invariants; the restarted daemon must agree with it.
 
 Default run: 3 rounds. `pytest -m slow tests/integration/test_crash.py`: 20 more.
+
+SQLite only: the checks read the killed daemon's file (quick_check, foreign_key_check, the
+job_counts the writer keeps). The same rounds on PostgreSQL, checked on its rows, are
+test_pg_crash.py; coordd SIGKILLed mid-job with a real worker, on both stores, is
+test_workflow_processes.py::test_sigkill_mid_graph_resumes_and_no_node_succeeds_twice.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Whole-process lifecycle of coordd: crashes, signals, backups and start-up refusals
 (B20, B22, B23); socket activation and sd_notify are in test_daemon_systemd.py.
+
+SQLite only: the database file's lock (a second coordd on the same file, under another
+name), the online backup of the file and start-up refusals of a damaged file. PostgreSQL's
+counterparts (the advisory-lock standby, `backup` refused for pg_dump) are test_pg_daemon.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Governance of running work through a real coordd and coord-worker with real signals
-(issue 16, item 1): readings come through `--readings-override`, the model is a small
-deterministic counter that checkpoints on SIGTERM."""
+(issue 16, item 1), on both stores: readings come through `--readings-override`, the model
+is a small deterministic counter that checkpoints on SIGTERM."""
 
 from __future__ import annotations
 
@@ -65,9 +65,14 @@ def daemon_toml(preempt_min_runtime_s: float = 30.0, **p3: Any) -> str:
             f"preempt_min_runtime_s = {preempt_min_runtime_s}\n[gates.p3]\n{gates}\n")
 
 
+# a rule that is the worker's alone runs on SQLite only (the store's parameter narrowed)
+SQLITE_ONLY = pytest.mark.parametrize("store_daemon_factory", ["sqlite"], indirect=True)
+
+
 @pytest.fixture
-async def gov(daemon_factory, tmp_path):
-    """Factory: a coordd with `[gates.p3]` settings, a client and a worker starter."""
+async def gov(store_daemon_factory, tmp_path):
+    """Factory: a coordd with `[gates.p3]` settings over each store in turn
+    (tests/integration/conftest.py), a client and a worker starter."""
     started: list[WorkerProc] = []
     clients: list[Client] = []
     model = tmp_path / "counter.py"
@@ -76,7 +81,7 @@ async def gov(daemon_factory, tmp_path):
     readings.write_text(json.dumps(COOL))
 
     async def make(**p3: Any) -> tuple[Bench, Any]:
-        daemon = daemon_factory(daemon_toml(**p3))
+        daemon = store_daemon_factory(daemon_toml(**p3))
         daemon.start()
         client = Client(daemon.socket, timeout=10)
         await client.__aenter__()
@@ -152,6 +157,11 @@ async def test_p3_model_is_stopped_when_the_user_returns_and_continues_when_idle
     assert steps_done(progress) <= frozen + 1 and state_of(pid) == psutil.STATUS_STOPPED
     view = await bench.client.get_job(job)
     assert view.status == "running" and view.lease.governance.suspend_reason == "user_active"
+    workers = (await bench.client.call("workers", {}))["workers"]
+    assert [x["worker_id"] for x in workers] == ["w1"] and workers[0]["live"]
+    assert workers[0]["readings"]["user_idle_s"] == ACTIVE["user_idle_s"]
+    assert workers[0]["verdicts"]["p3"] == ["user_active"]
+    assert any(n.startswith(f"governance: {job} suspended since") for n in workers[0]["notes"])
     readings.write_text(json.dumps(COOL))
     await wait_for(lambda: state_of(pid) not in (psutil.STATUS_STOPPED, "gone")
                    and steps_done(progress) > frozen + 2, HEARTBEAT_S * 2 + 0.5 + 1.5,
@@ -164,6 +174,16 @@ async def test_p3_model_is_stopped_when_the_user_returns_and_continues_when_idle
     assert any(r.startswith("suspended: user_active") for r in reasons), reasons
     assert any(r.startswith("resumed:") for r in reasons), reasons
     assert took <= HEARTBEAT_S + 1.0
+    # an orderly stop ends with a delivered goodbye: `workers` shows it offline at once
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(15) == 0, w.log()
+    assert "goodbye not delivered" not in w.log(), w.log()
+    await wait_for(lambda: "worker w1 said goodbye" in bench.daemon.log(), 5, "the goodbye")
+    gone = (await bench.client.call("workers", {}))["workers"][0]
+    assert gone["offline_at"] is not None and not gone["live"]
+    assert (await bench.client.status()).workers_live == 0
+    metrics = (await bench.client.call("metrics", {}))["text"]
+    assert 'coordd_governance_actions_total{action="suspend",reason="user_active"}' in metrics
 
 
 async def test_suspended_past_max_suspend_s_is_vacated_and_resumes_from_its_checkpoint(gov):
@@ -188,7 +208,10 @@ async def test_suspended_past_max_suspend_s_is_vacated_and_resumes_from_its_chec
     assert final.attempts == 1 and final.preemptions == 1
 
 
+@SQLITE_ONLY
 async def test_supervisor_killed_while_suspended_leaves_no_stopped_process(gov):
+    """SQLite only: the stopped model's end is the worker's (lease expiry and the reaper
+    run on both stores in test_worker's b07 and b10)."""
     bench, readings = await gov(resume_after_s=0.3, max_suspend_s=60)
     job, progress, pidfile = await enqueue_counter(bench, steps=60)
     a = bench.start_worker("A")
@@ -243,7 +266,9 @@ async def test_p0_on_a_one_slot_worker_busy_with_p3_starts_within_grace_plus_1s(
     assert again >= max(e.at for e in done.events if e.to_status == "succeeded")
 
 
+@SQLITE_ONLY
 async def test_time_spent_suspended_does_not_count_toward_the_kinds_timeout(gov):
+    """SQLite only: the kind's timeout is the worker's clock."""
     bench, readings = await gov(resume_after_s=0.2, max_suspend_s=60)
     job, progress, pidfile = await enqueue_counter(bench, steps=50)  # ~1 s of running
     w = bench.start_worker(kind={"timeout_s": 2.5})

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from coordd.client import Client
+from tests import ctlfork
 from tests.integration.test_worker import (
     COOL, WorkerProc, stop_workers, until, worker_toml,
 )
@@ -139,8 +140,7 @@ async def test_p0_starts_at_once_while_p3_fill_the_unreserved_units(fleet):
 
 
 def coordctl(sock: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordctl", "--socket", sock, *args],
-                          capture_output=True, text=True, timeout=30)
+    return ctlfork.run(["--socket", sock, *args], timeout=30)  # python -m coordctl
 
 
 async def test_coordctl_limits_show_set_reset(fleet):

@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
 from coordd import errors
 from coordd.client import Client
+from tests import ctlfork
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def ctl(d, *args: str) -> subprocess.CompletedProcess[str]:
     """coordctl against `d`; stdout with its lines joined (rich wraps at 80 columns)."""
-    got = subprocess.run([sys.executable, "-m", "coordctl", "--socket", d.socket, *args],
-                         capture_output=True, text=True, timeout=30)
+    got = ctlfork.run(["--socket", d.socket, *args], timeout=30)  # python -m coordctl
     got.stdout = " ".join(got.stdout.split())
     return got
 

@@ -1,7 +1,11 @@
 """Governance of running work on coordd --store postgresql://, as processes: a real coordd
 on the throwaway cluster and a real coord-worker whose readings come through
 `--readings-override`; the model is tests/integration/test_governance_worker's counter.
-Skipped, with the reason, without asyncpg or the PostgreSQL binaries."""
+Skipped, with the reason, without asyncpg or the PostgreSQL binaries.
+
+The default run's cases (suspend and resume, the goodbye, `workers`, metrics, vacate past
+max_suspend_s, preemption) are tests/integration/test_governance_worker's, on both stores;
+this file keeps the long vacate drill with coordctl `workers` and `top` (`-m slow`)."""
 
 from __future__ import annotations
 
@@ -111,26 +115,6 @@ async def _stop(d: Coordd, w: WorkerProc) -> None:
 
 async def _async(value: Any) -> Any:
     return value
-
-
-async def test_a_worker_on_postgres_is_suspended_and_resumed_and_says_goodbye(rig):
-    """SIGSTOP and SIGCONT decided by coordd on PostgreSQL; the worker's stop hands the
-    job back (no attempt spent) and its goodbye is delivered: `workers` shows it offline."""
-    d, readings, start_worker, tmp = rig
-    await d.wait_serving()
-    async with Client(d.socket, timeout=10) as c:
-        job, w, _ = await _suspend_and_resume(c, readings, start_worker, tmp, steps=400)
-        await _stop(d, w)
-        back = await c.get_job(job)
-        assert back.status == "waiting" and back.attempts == 0, back
-        reasons = [e.reason or "" for e in back.events]
-        for text in ("suspended: user_active", "resumed:"):
-            assert any(r.startswith(text) for r in reasons), reasons
-        gone = (await c.call("workers", {}))["workers"][0]
-        assert gone["offline_at"] is not None and not gone["live"]
-        assert (await c.status()).workers_live == 0
-        metrics = (await c.call("metrics", {}))["text"]
-        assert 'coordd_governance_actions_total{action="suspend",reason="user_active"}' in metrics
 
 
 @pytest.mark.slow

@@ -7,13 +7,13 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 
 from coordd import errors
 from coordd.client import SyncClient
+from tests import ctlfork
 
 LOW = 64  # coordd itself uses ~25 descriptors idle
 
@@ -24,8 +24,7 @@ def _limits(pid: int) -> tuple[int, int]:
 
 
 def _coordctl(sock: str, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordctl", "--socket", sock, *argv],
-                          capture_output=True, text=True, timeout=30)
+    return ctlfork.run(["--socket", sock, *argv], timeout=30)  # python -m coordctl
 
 
 def test_soft_fd_limit_raised_to_hard_at_start(daemon_factory):

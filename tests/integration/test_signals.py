@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_worker import bench  # noqa: F401  (the fixture)
+from tests.integration.test_worker import bench, store_bench  # noqa: F401  (the fixtures)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,7 +28,9 @@ async def _log_has(read, text: str, timeout: float = 10.0) -> str:
 
 
 @pytest.mark.parametrize("holding", [True, False], ids=["holding_a_job", "idle"])
-async def test_graceful_worker_stop_logs_the_stop_not_coordd_unreachable(bench, holding):  # noqa: F811
+async def test_graceful_worker_stop_logs_the_stop_not_coordd_unreachable(store_bench, holding):  # noqa: F811
+    """On both stores: the hand-back of a held lease, or a goodbye that ends a parked claim."""
+    bench = store_bench
     w = bench.start_worker(lease_s=30, grace_s=0.5, claim_interval_s=0.2)
     await _log_has(w.log, "started")
     job = None

@@ -2,7 +2,7 @@
 while a batch drains. Every job ends `succeeded` exactly once; the model-process runs that
 finished are counted beside the jobs (the gap is what the crashes cost in re-execution).
 
-The default run is small (3 workers, 120 jobs, a kill every ~0.7 s); `-m slow` runs the
+The default run is small (3 workers, 60 jobs, a kill every ~0.5 s); `-m slow` runs the
 issue's size (8 workers, 2,000 jobs).
 """
 
@@ -147,8 +147,8 @@ def _soak(daemon_factory, tmp_path: Path, workers: int, jobs: int, kill_every_s:
 
 
 def test_soak_small_every_job_succeeds_exactly_once(daemon_factory, tmp_path):
-    jobs, runs, kills = _soak(daemon_factory, tmp_path, workers=3, jobs=120,
-                              kill_every_s=0.7, timeout_s=90)
+    jobs, runs, kills = _soak(daemon_factory, tmp_path, workers=3, jobs=60,
+                              kill_every_s=0.5, timeout_s=90)
     assert kills >= 1
 
 

@@ -44,14 +44,12 @@ MODEL = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def fast_daemon(request: Any, daemon_factory: Any) -> Any:
+@pytest.fixture
+def fast_daemon(store_daemon_factory: Any) -> Any:
     """A started coordd with quick reaper rounds and no retention, over each store in turn
-    (as tests/integration/conftest.py's `store_daemon`)."""
-    d = daemon_factory(DAEMON_FAST + "retention_s = 0\nworkflow_absent_wait_s = 1\n",
-                       name=request.param)
-    if request.param == "postgresql":
-        d.store = request.getfixturevalue("pg_db")
+    (tests/integration/conftest.py's `store_daemon_factory`)."""
+    d = store_daemon_factory(DAEMON_FAST + "retention_s = 0\nworkflow_absent_wait_s = 1\n",
+                             name=store_daemon_factory.store)
     d.start()
     return d
 

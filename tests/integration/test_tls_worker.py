@@ -117,21 +117,6 @@ def tls_daemon(request, daemon_factory, fleet):
     return d
 
 
-async def _stored_bytes(d, sha256: str) -> bytes:
-    """An artifact's bytes where coordd keeps them: the file beside a SQLite database, the
-    rows of a PostgreSQL store."""
-    if d.store is None:
-        return (Path(d.db).parent / "artifacts" / sha256[:2] / sha256).read_bytes()
-    import asyncpg
-    conn = await asyncpg.connect(d.store)
-    try:
-        rows = await conn.fetch("SELECT data FROM artifact_chunks WHERE sha256 = $1 "
-                                "ORDER BY pos", sha256)
-    finally:
-        await conn.close()
-    return b"".join(r[0] for r in rows)
-
-
 async def test_checkpoint_and_large_result_travel_over_the_connection(tls_daemon, fleet,
                                                                        tmp_path):
     """A checkpointed `train` job starts on wa, is handed back when wa stops, and resumes on
@@ -155,7 +140,7 @@ async def test_checkpoint_and_large_result_travel_over_the_connection(tls_daemon
             assert Path(ckpt["path"]).parent.parent == store  # coordd's path, not wa's
         else:
             assert ckpt["path"] == "postgresql:" + ckpt["sha256"]
-        assert await _stored_bytes(d, ckpt["sha256"]) == b"state:" + b"s" * 200000
+        assert await d.artifact_bytes(ckpt["sha256"]) == b"state:" + b"s" * 200000
         wb = start_tls_worker(tmp_path, fleet, "wb", "worker-wb")
         try:
             async def done():
@@ -170,7 +155,7 @@ async def test_checkpoint_and_large_result_travel_over_the_connection(tls_daemon
     assert art is not None
     assert Path(art.path).parent.parent == store if d.store is None else \
         art.path == "postgresql:" + art.sha256
-    result = json.loads(await _stored_bytes(d, art.sha256))
+    result = json.loads(await d.artifact_bytes(art.sha256))
     assert result["resumed"] == 200006 and result["head"] == "state:" and result["by"] == "wb"
     assert len(result["pad"]) == 300000
     # wb fetched the checkpoint into its own store (by sha256), over the connection

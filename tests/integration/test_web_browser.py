@@ -21,6 +21,7 @@ import pytest
 from coordd.client import SyncClient
 from tests.integration.test_worker import DAEMON_FAST, MODEL, worker_toml
 from tests.integration.webtools import COOL, start_web
+from tests import ctlfork
 
 CHROMIUM = os.environ.get("COORDD_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -202,9 +203,8 @@ def test_example_workflow_without_build_worker_shows_the_skipped_node(browser, s
     while not any(x.live for x in rpc(d.socket, "workers").workers):
         assert time.monotonic() < deadline, "box1 sent no heartbeat"
         time.sleep(0.05)
-    out = subprocess.run([sys.executable, "-m", "coordctl", "--socket", d.socket, "--json",
-                          "workflow", "submit", str(EXAMPLE)],
-                         capture_output=True, text=True, timeout=30)
+    out = ctlfork.run(["--socket", d.socket, "--json", "workflow", "submit", str(EXAMPLE)],
+                      timeout=30)  # python -m coordctl
     assert out.returncode == 0, out.stderr
     wf_id = json.loads(out.stdout)["workflow_id"]
     page, errors = page_of(browser)

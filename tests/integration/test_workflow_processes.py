@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from coordd.client import Client
+from tests import ctlfork
 from tests.integration.test_worker import COOL, DAEMON_FAST, worker_toml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,8 +95,7 @@ async def until_done(client: Client, workflow_id: str, timeout: float = WAIT_S,
 
 
 def coordctl(socket: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordctl", "--socket", socket, *args],
-                          capture_output=True, text=True, timeout=30)
+    return ctlfork.run(["--socket", socket, *args], timeout=30)  # python -m coordctl
 
 
 async def test_story_with_every_capability_runs_in_order(daemon_factory, fleet):
@@ -154,10 +154,11 @@ async def test_story_without_build_worker_ends_partial(daemon_factory, fleet):
     assert "worker_absent" in show.stdout and "capabilities to add" in show.stdout
 
 
-async def test_sigkill_mid_graph_resumes_and_no_node_succeeds_twice(daemon_factory, fleet):
+async def test_sigkill_mid_graph_resumes_and_no_node_succeeds_twice(store_daemon_factory, fleet):
     """Must show 3: coordd SIGKILLed while narrate runs on a real worker, restarted on
-    the same files: the graph goes on where it stood; every node succeeds exactly once."""
-    d = daemon_factory(DAEMON_FAST)
+    the same files (or PostgreSQL database): the graph goes on where it stood; every node
+    succeeds exactly once. On both stores."""
+    d = store_daemon_factory(DAEMON_FAST)
     d.start()
     f = fleet(d.socket)
     f.start("box1", ["gather", "narrate", "build"], lease_s=15)
@@ -187,11 +188,11 @@ async def test_sigkill_mid_graph_resumes_and_no_node_succeeds_twice(daemon_facto
     assert jobs[2].payload["inputs"]["narrate"] == jobs[1].result
 
 
-async def test_sigkill_between_steps_driven_by_hand(daemon_factory):
+async def test_sigkill_between_steps_driven_by_hand(store_daemon_factory):
     """Must show 3, deterministic: kill after gather's completion was acknowledged and
     narrate was claimed; after restart narrate's lease still holds, its completion
-    queues build, and gather's result is not produced again."""
-    d = daemon_factory(DAEMON_FAST)
+    queues build, and gather's result is not produced again. On both stores."""
+    d = store_daemon_factory(DAEMON_FAST)
     d.start()
     spec = json.loads(json.dumps({"name": "s", "nodes": [
         {"name": "gather", "kind": "gather", "required_role": "cpu"},

@@ -172,6 +172,26 @@ async def test_a_p0_enqueued_vacates_a_p3_run_on_a_full_worker(bundle):
     assert (await bundle.claim("b", now=T0 + 46)).job.job_id == p3
 
 
+async def test_a_reserved_job_is_taken_only_by_a_claim_naming_its_kind(bundle):
+    """The worker's claim names the kinds it has a free slot for: while the victim still
+    holds the slot of the reserved job's kind, a claim for another kind neither takes the
+    reserved job nor drops its reservation (found on PostgreSQL by
+    test_governance_worker's kind_full_slots_free case)."""
+    g = gov()
+    p3 = await bundle.enqueue(priority=3)
+    await beat(bundle, g, "a", T0, {**COOL, **FULL})
+    got = await bundle.claim("a", now=T0 + 1, lease_s=300.0)
+    p0 = await bundle.enqueue(now=T0 + 20, priority=0)
+    assert (await beat(bundle, g, "a", T0 + 40, {**COOL, **FULL})).preempted == [(p0, p3, "a")]
+    other = await bundle.claim("a", now=T0 + 41, lease_s=300.0, kinds=["other"])
+    assert other.job is None
+    assert (await bundle.store.get_job(p0, now=T0 + 41)).status == "waiting"
+    assert (await bundle.store.job_governance(p0, now=T0 + 41)).reservation == (
+        "a", p3, 3, T0 + 40 + 60.0)
+    await bundle.store.release(ref(got, "a"), "vacated", None, now=T0 + 42)
+    assert (await bundle.claim("a", now=T0 + 43, lease_s=300.0, kinds=["k"])).job.job_id == p0
+
+
 async def test_preemption_off_and_no_preemption_where_a_worker_has_room(bundle):
     g = gov()
     await bundle.enqueue(priority=3)

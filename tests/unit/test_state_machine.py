@@ -224,7 +224,7 @@ class CoordMachine(RuleBasedStateMachine):
         assert leases == jobs["running"]
 
 
-DEFAULT_EXAMPLES, SLOW_EXAMPLES, STEPS = 80, 1000, 50
+DEFAULT_EXAMPLES, SLOW_EXAMPLES, STEPS = 40, 1000, 50
 CoordMachine.TestCase.settings = settings(
     max_examples=DEFAULT_EXAMPLES, stateful_step_count=STEPS, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])

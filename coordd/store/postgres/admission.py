@@ -95,12 +95,14 @@ SQL_INSERT_CLAIMS = (  # $2 names, $3 units
     f"INSERT INTO limit_claims (name, at, units) SELECT n, {NOW}, u "
     "FROM unnest($2::text[], $3::int[]) AS x(n, u)"
 )
-# worker $2's reserved jobs still waiting, oldest reservation first, as SQL_CANDIDATES' rows
+# worker $2's reserved jobs still waiting, of kinds $3 (NULL: any), oldest reservation
+# first, as SQL_CANDIDATES' rows
 SQL_RESERVED_FOR = (
     "SELECT j.job_id, j.priority, j.queued_at, j.gates_json, j.priority, j.kind "
     "FROM reservations r "
     f"JOIN jobs j ON j.job_id = r.job_id WHERE r.worker_id = $2 AND r.expires_at > {NOW} "
-    "AND j.status = 'waiting' ORDER BY r.created_at, r.job_id"
+    "AND j.status = 'waiting' AND ($3::text[] IS NULL OR j.kind = ANY($3::text[])) "
+    "ORDER BY r.created_at, r.job_id"
 )
 SQL_RESERVED_LEFT = (  # drop worker $1's reservations whose job no longer waits; any left?
     "WITH d AS (DELETE FROM reservations r USING jobs j WHERE r.worker_id = $1 "
@@ -226,7 +228,8 @@ async def _claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
         walk.resources = await pgres.ClaimResources.open(
             conn, worker_id, readings if isinstance(readings, dict) else {})
     if reservations is not None and reservations.maybe:
-        got = await _reserved(conn, now, walk, reservations, worker_id, lease_s, claim_id)
+        got = await _reserved(conn, now, walk, reservations, worker_id, lease_s, claim_id,
+                              kinds_list)
         if got is not None:
             return got
     seen: set[str] = set()
@@ -254,14 +257,15 @@ async def _claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
 
 
 async def _reserved(conn: Any, now: float | None, walk: _Walk, hint: Any, worker_id: str,
-                    lease_s: float, claim_id: str | None) -> ClaimResult | None:
-    """The job reserved on `worker_id`, taken (its reservation gone, its units held) while
+                    lease_s: float, claim_id: str | None, kinds_list: list[str] | None
+                    ) -> ClaimResult | None:
+    """The job reserved on `worker_id` (of one of the claim's kinds), taken (its reservation gone, its units held) while
     its limits have room, as SQLite's claim does (gates not judged: the victim's slot is
     promised to it); while the victim's resources are not free yet, a refusal that gives
     nobody else anything either. None otherwise, the hint lowered when no reservation is
     left."""
     epoch = hint.epoch
-    rows = await conn.fetch(SQL_RESERVED_FOR, now, worker_id)
+    rows = await conn.fetch(SQL_RESERVED_FOR, now, worker_id, kinds_list)
     if rows:
         return await walk.take_first(list(rows), worker_id, lease_s, claim_id,
                                      reserved=True)

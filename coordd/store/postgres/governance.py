@@ -113,12 +113,13 @@ SQL_INSERT_RESERVATION = (  # $2 job, $3 worker, $4 victim, $5 reservation_s
 SQL_MARK_VACATE = (
     "UPDATE leases SET vacate_reason = $2 WHERE job_id = $1 AND vacate_reason IS NULL"
 )
-# The claim's take of a job reserved on worker $2 (still waiting, the worker's heartbeat
-# fresh within $5): as sql.SQL_CLAIM's take, the reservation deleted with it.
+# The claim's take of a job reserved on worker $2 (still waiting, of kinds $6 or any, the
+# worker's heartbeat fresh within $5): as sql.SQL_CLAIM's take, the reservation deleted too.
 SQL_RESERVED_CLAIM = (  # $3 lease_s, $4 claim_id
     "WITH c AS MATERIALIZED (SELECT j.job_id FROM reservations r JOIN jobs j "
     f"ON j.job_id = r.job_id WHERE r.worker_id = $2 AND r.expires_at > {NOW} "
-    "AND j.status = 'waiting' AND EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = $2 "
+    "AND j.status = 'waiting' AND ($6::text[] IS NULL OR j.kind = ANY($6::text[])) "
+    "AND EXISTS (SELECT 1 FROM workers w WHERE w.worker_id = $2 "
     f"AND w.heartbeat_at >= {NOW} - $5::float8) ORDER BY r.created_at, r.job_id LIMIT 1 "
     "FOR UPDATE OF j SKIP LOCKED), "
     "j AS (UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, "
@@ -272,10 +273,11 @@ class GovernancePostgres(liveness.LivenessPostgres):
         return done
 
     async def reserved_claim(self, worker_id: str, lease_s: float, claim_id: str | None,
-                             stale_s: float, now: float | None) -> ClaimResult | None:
+                             stale_s: float, now: float | None,
+                             kinds: Sequence[str] | None = None) -> ClaimResult | None:
         """The claim's look at reservations on `worker_id` (coordd.rules.preemption.
-        reserved_claim): the reserved job taken under a new lease, or None (and the hint
-        lowered when no reservation is left)."""
+        reserved_claim): the reserved job, of one of `kinds` (None: any), taken under a new
+        lease, or None (and the hint lowered when no reservation is left)."""
         hint = self.reservation_hint
         if not hint.maybe:
             return None
@@ -286,8 +288,8 @@ class GovernancePostgres(liveness.LivenessPostgres):
                 if row is not None:
                     return taken.claimed(row)
             while True:
-                row = await conn.fetchrow(SQL_RESERVED_CLAIM, now, worker_id, lease_s,
-                                          claim_id, stale_s)
+                row = await conn.fetchrow(SQL_RESERVED_CLAIM, now, worker_id, lease_s, claim_id,
+                                          stale_s, None if kinds is None else list(kinds))
                 if row is None:
                     break
                 try:

@@ -250,7 +250,7 @@ class PostgresStore(LeaseEndsPostgres, HubOps, LogOps, EnrolOps, BeatsPostgres,
         admitted = admission.needed(policy, self.claims.gated) or seen
         if self.reservation_hint.maybe and not admitted:  # preemption's reservations first
             reserved = await self.reserved_claim(worker_id, lease_s, claim_id,
-                                                 policy.heartbeat_stale_s, now)
+                                                 policy.heartbeat_stale_s, now, kinds)
             if reserved is not None:
                 return reserved
         return await self.claims.claim(worker_id, lease_s, policy, kinds, claim_id, now,

@@ -97,7 +97,9 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
                            detail=f"last heartbeat {age:.1f}s ago > {policy.heartbeat_stale_s:g}s")
     roles_json, heartbeat_json = worker[0], worker[1]
     judge = _Judge(policy, heartbeat_json, conn, worker_id, now)
-    reserved = sqlite_preemption.reserved_claim(conn, now, worker_id, policy.reservations)
+    reserved = sqlite_preemption.reserved_claim(
+        conn, now, worker_id, policy.reservations,
+        None if kinds_json is None else json_decode(kinds_json))
     # capacity freed by a preemption: promised to this job (while its limits have room)
     if reserved is not None and judge.admits_limits(reserved):
         short = judge.admission.admit(reserved) if judge.admission is not None else None

@@ -4,6 +4,7 @@ transaction (the decisions: coordd.rules.preemption.choose, pure)."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Collection
 
 from coordd.rules.gates import GatePolicy
 from coordd.rules.preemption import (
@@ -69,16 +70,21 @@ def preempt(conn: sqlite3.Connection, now: float, policies: dict[int, GatePolicy
 
 
 def reserved_claim(conn: sqlite3.Connection, now: float, worker_id: str,
-                   hint: ReservationHint | None = None) -> str | None:
-    """The claim's look at reservations on `worker_id`: the reserved job still waiting, to
-    be taken first, or None. Reservations whose job no longer waits are dropped. With a
-    `hint` that says none can exist, no look; one that finds none for this worker checks
-    whether the table is empty, and if so lowers the hint."""
+                   hint: ReservationHint | None = None,
+                   kinds: Collection[str] | None = None) -> str | None:
+    """The claim's look at reservations on `worker_id`: the reserved job still waiting, of
+    one of `kinds` (None: any) the claim names, to be taken first, or None. Reservations
+    whose job no longer waits are dropped; one of another kind stays. With a `hint` that
+    says none can exist, no look; one that finds none for this worker checks whether the
+    table is empty, and if so lowers the hint."""
     if hint is not None and not hint.maybe:
         return None
-    for job_id, status in conn.execute(SQL_RESERVED_FOR_WORKER, (worker_id, now)).fetchall():
+    for job_id, status, kind in conn.execute(SQL_RESERVED_FOR_WORKER,
+                                             (worker_id, now)).fetchall():
         if status == "waiting":
-            return job_id
+            if kinds is None or kind in kinds:
+                return job_id
+            continue
         conn.execute(SQL_DELETE_RESERVATION, (job_id,))
     if hint is not None and conn.execute(SQL_ANY_RESERVATION).fetchone() is None:
         hint.maybe = False
