@@ -13,6 +13,7 @@ lands on another run's lease.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from coordd import errors
