@@ -22,8 +22,8 @@ COOL = {"memory_used_pct": 10.0}
 @pytest.fixture
 async def served(pg_dsn: str) -> Any:
     from coordd.store.postgres import PostgresStore
-    push = Push(SystemClock())
     st = PostgresStore(pg_dsn)
+    push = Push(SystemClock(), st)
     st.attach(StoreHooks(policy=policy(), reservations=None, push=push, meters=None,
                          backoff=None))
     await st.start()
