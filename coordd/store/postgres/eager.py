@@ -23,6 +23,11 @@ from coordd.wire.protocol import CompleteResult
 from coordd.store.postgres import admission, apply, sql
 
 
+# the complete statement's plan from the session's cache: left to itself, the planner
+# plans it anew at every call (a custom plan: most of a millisecond; docs/decisions.md)
+SQL_GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
+
+
 class EagerPostgres:
     """Mixed into PostgresStore (its `_conn`, claims, reservation hint, resources_seen,
     `_complete_one`)."""
@@ -60,6 +65,7 @@ class EagerPostgres:
         """(ref, result JSON, NextClaim) items of distinct workers: their completes, then
         the next claims of those that succeeded, in one transaction."""
         async with self._conn() as conn, conn.transaction():
+            await conn.execute(SQL_GENERIC_PLANS)
             rows = await conn.fetch(sql.SQL_COMPLETE_BATCH, now, [r.job_id for r, _, _ in items],
                                     [r.worker_id for r, _, _ in items],
                                     [r.token for r, _, _ in items],
