@@ -88,10 +88,8 @@ class PostgresServing:
         """Start waking the parked claims (with hooks attached; at `start`): push's run_at
         timer with the jobs scheduled now, and the listening session's keeper."""
         if self._hooks is not None and self._pump is None:
-            rows = await self.scheduled_jobs()  # push asks a callable (SQLite reads
-            # its own file at once); read here, handed over as read: a clock step's
-            # re-read finds these (a later NOTIFY names any job scheduled since)
-            self._hooks.push.start(lambda _now: list(rows))
+            due = await self.scheduled_jobs()  # no clock step is told here (SQLite only)
+            self._hooks.push.start(lambda now: [d for d in due if d[0] > now])
             self._pump = asyncio.create_task(self._pump_wakeups(self._hooks.push),
                                              name="store-wakeups")
 
