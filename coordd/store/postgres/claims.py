@@ -178,8 +178,15 @@ class Claims:
             return await self._claim_rows(conn, now, items)
 
     async def _claim_rows(self, conn: Any, now: float | None, items: list[Any]) -> list[Any]:
-        """The batch claim statement for `items` (one claim group) on `conn`."""
-        _w, _c, lease_s, kinds_list, seen = items[0]
+        """The claim statement for `items` (one claim group) on `conn`: a lone item the
+        one-worker statement (a cheaper plan than the batch's for one row), else the
+        batch's."""
+        wid, cid, lease_s, kinds_list, seen = items[0]
+        if len(items) == 1:
+            row = await conn.fetchrow(sql.claim_sql(seen.roles), now, wid, lease_s, cid,
+                                      seen.decision.allowed, seen.roles, kinds_list,
+                                      seen.policy.heartbeat_stale_s, *seen.heartbeat)
+            return [None if row is None else tuple(row)]
         rows = await conn.fetch(
             sql.claim_sql(seen.roles, batch=True), now, [i[0] for i in items], lease_s,
             [i[1] for i in items],
