@@ -24,7 +24,7 @@ from coordd.store.postgres import admission, apply, sql
 
 
 # the complete statement's plan from the session's cache: left to itself, the planner
-# plans it anew at every call (a custom plan: most of a millisecond; docs/decisions.md)
+# plans it anew at every call (a custom plan: a quarter of a millisecond; docs/decisions.md)
 SQL_GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 
@@ -64,8 +64,10 @@ class EagerPostgres:
     async def _complete_next_batch(self, now: float | None, items: list[Any]) -> list[Any]:
         """(ref, result JSON, NextClaim) items of distinct workers: their completes, then
         the next claims of those that succeeded, in one transaction."""
+        admitted = await self._admitted(items[0][2])
         async with self._conn() as conn, conn.transaction():
-            await conn.execute(SQL_GENERIC_PLANS)
+            if not admitted:  # (the admission path's statements keep the planner's choice)
+                await conn.execute(SQL_GENERIC_PLANS)
             rows = await conn.fetch(sql.SQL_COMPLETE_BATCH, now, [r.job_id for r, _, _ in items],
                                     [r.worker_id for r, _, _ in items],
                                     [r.token for r, _, _ in items],
