@@ -12,8 +12,8 @@ PostgreSQL's floor. Like for like: the cluster's durability (synchronous_commit 
 on) holds for coordd's pool and the bare loop alike, and the bare loop commits as often
 per job as the coordd drain does: with eager dispatch (bench.load; COORDD_BENCH_EAGER=0
 turns it off) coordd commits a complete and the next claim together, so the bare loop
-does too (`drain_bare(eager=True)`); without it, each statement commits alone on both. The jobs table is ANALYZEd after the enqueue, as the bare loop's is
-after its fill (`--no-analyze`: drain on the statistics of the empty table, where every
+does too (`drain_bare(eager=True)`); without it, each statement commits alone on both.
+The jobs table is ANALYZEd after the enqueue, as the bare loop's is after its fill (`--no-analyze`: drain on the statistics of the empty table, where every
 claim seq-scans `jobs` until autovacuum analyzes it). One table: medians over rounds;
 ratios are medians of each round's ratio. See bench/README.md.
 """
