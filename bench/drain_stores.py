@@ -8,8 +8,12 @@ PostgreSQL (`--store`, a fresh database on a throwaway cluster with fsync on, or
 --dsn), each enqueued with `enqueue_batch` and then drained by C connections looping
 claim -> complete (bench.load, the same load processes as bench.run), and the bare asyncpg
 SKIP LOCKED loop (coordd.store.postgres.bare, bench.store) on the same cluster as
-PostgreSQL's floor. The jobs table is ANALYZEd after the enqueue, as the bare loop's is
-after its fill (`--no-analyze`: drain on the statistics of the empty table, where every
+PostgreSQL's floor. Like for like: the cluster's durability (synchronous_commit on, fsync
+on) holds for coordd's pool and the bare loop alike, and the bare loop commits as often
+per job as the coordd drain does: with eager dispatch (bench.load; COORDD_BENCH_EAGER=0
+turns it off) coordd commits a complete and the next claim together, so the bare loop
+does too (`drain_bare(eager=True)`); without it, each statement commits alone on both.
+The jobs table is ANALYZEd after the enqueue, as the bare loop's is after its fill (`--no-analyze`: drain on the statistics of the empty table, where every
 claim seq-scans `jobs` until autovacuum analyzes it). One table: medians over rounds;
 ratios are medians of each round's ratio. See bench/README.md.
 """
@@ -27,7 +31,7 @@ from pathlib import Path
 
 from bench.coordd_bench import client_procs
 from bench.daemon import Daemon
-from bench.load import run_phase
+from bench.load import EAGER, run_phase
 from bench.store import drain_bare
 
 ENQUEUE_BATCH = 500
@@ -96,7 +100,8 @@ def run(args: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
                         analyze=not args.no_analyze))
                 finally:
                     asyncio.run(_database(dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                rows[BARE].setdefault(c, []).append(asyncio.run(drain_bare(dsn, args.jobs, c)))
+                rows[BARE].setdefault(c, []).append(
+                    asyncio.run(drain_bare(dsn, args.jobs, c, eager=EAGER)))
                 print(f"round {rnd + 1}, {c} client(s): "
                       + ", ".join(f"{k} {v[c][-1]:,.0f}" for k, v in rows.items()),
                       file=sys.stderr)

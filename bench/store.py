@@ -71,8 +71,10 @@ async def drain_store(store: Any, jobs: int, clients: int) -> float:
     return jobs / elapsed
 
 
-async def drain_bare(dsn: str, jobs: int, clients: int) -> float:
-    """The bare asyncpg SKIP LOCKED loop on its own table; jobs/s."""
+async def drain_bare(dsn: str, jobs: int, clients: int, eager: bool = False) -> float:
+    """The bare asyncpg SKIP LOCKED loop on its own table; jobs/s. `eager`: each complete
+    and the next claim in one transaction (one commit per job, as coordd's drain with
+    `next`); else each statement commits alone (two commits per job)."""
     import asyncpg
     from coordd.store.postgres import bare
     pool = await asyncpg.create_pool(dsn, min_size=clients, max_size=clients)
@@ -87,11 +89,17 @@ async def drain_bare(dsn: str, jobs: int, clients: int) -> float:
             nonlocal done
             worker = f"w{c}"
             async with pool.acquire() as conn:
-                while True:
-                    row = await conn.fetchrow(bare.SQL_CLAIM, worker)
-                    if row is None:
-                        return
-                    await conn.execute(bare.SQL_COMPLETE, row[0], worker, row[1], '"ok"')
+                row = await conn.fetchrow(bare.SQL_CLAIM, worker)
+                while row is not None:
+                    if eager:
+                        async with conn.transaction():
+                            await conn.execute(bare.SQL_COMPLETE, row[0], worker, row[1],
+                                               '"ok"')
+                            nxt = await conn.fetchrow(bare.SQL_CLAIM, worker)
+                    else:
+                        await conn.execute(bare.SQL_COMPLETE, row[0], worker, row[1], '"ok"')
+                        nxt = await conn.fetchrow(bare.SQL_CLAIM, worker)
+                    row = nxt
                     done += 1
         t0 = time.perf_counter()
         await asyncio.gather(*(client(c) for c in range(clients)))

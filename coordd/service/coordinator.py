@@ -231,8 +231,9 @@ class Coordinator(Dispatch, Reads, Areas):
 
     async def _then(self, res: Any, nxt: Any, then: dict[str, Any]) -> Any:
         """A report's reply with its next claim: run in the same write (`then`: counted
-        here), or now, apart."""
-        res.next = self.counted(res.next) if then else await self.claim_next(nxt)
+        here), or now, apart (also where the store left `next` None: it could not)."""
+        res.next = self.counted(res.next) if then and res.next is not None \
+            else await self.claim_next(nxt)
         return res
 
     async def goodbye(self, p: Goodbye) -> ReleasedResult:

@@ -7,8 +7,9 @@ The rule not to break: every job is handed out by the store's one claim (coordd.
 exactly as for single claims; a batch is that many claims in a row, stopping at the first
 that finds nothing (coordd.rules.claim_batch). A next claim runs only after its report
 succeeded: a refused report (a stale fencing token, already completed) raises before
-anything is claimed. A store that can (SQLite: `next_in_report`) runs the report and its
-next claim in one write, the claims decided here (NextClaim); otherwise they are two.
+anything is claimed. A store that can (`next_in_report`) runs the report and its next
+claim in one write, the claims decided here (NextClaim); otherwise (or where the store
+left `next` None: PostgreSQL for a claim of several jobs) they are two.
 """
 
 from __future__ import annotations

@@ -170,7 +170,8 @@ class Store(Protocol):
         after the attached backoff); `artifact` (SQLite: a stored artifact's reference).
         A store whose `next_in_report` is True also takes `then` (a
         coordd.rules.claim_batch.NextClaim) on complete, complete_counted, fail and
-        release: the next claim runs in the report's own write, its result in `next`."""
+        release: the next claim runs in the report's own write, its result in `next`
+        (PostgreSQL: `next` None where it cannot; the Coordinator claims after)."""
         ...
     async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
                    now: float | None = None) -> StatusResult: ...

@@ -5,6 +5,7 @@ limits hold per job exactly as for single claims."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -179,20 +180,65 @@ async def test_fail_and_release_with_next_claim_by_priority(coord):
     assert (await coord.get_job(_id(p3))).status == "waiting"
 
 
-async def test_on_sqlite_the_report_and_its_next_claim_are_one_write(coord):
-    """SQLite runs both in one writer request (one transaction: both or neither);
-    PostgreSQL, whose store runs them apart, answers the same."""
+def _at(view: Any, to_status: str) -> float:
+    """When the job's last transition to `to_status` was logged."""
+    return [e.at for e in view.events if e.to_status == to_status][-1]
+
+
+async def test_the_report_and_its_next_claim_are_one_transaction(coord):
+    """Both stores run a report and its next claim in one transaction (SQLite: one writer
+    request; PostgreSQL: one transaction, whose clock, now(), is its start): the report's
+    event and the next job's claim event carry the same time."""
     await beat(coord)
-    a, b = await enqueue(coord), await enqueue(coord)
+    assert coord.next_in_report
+    a, b, c, d = [await enqueue(coord) for _ in range(4)]
     got = await coord.claim(Claim(worker_id="w1"))
     stats = getattr(getattr(coord.store, "writer", None), "stats", None)
     before = None if stats is None else stats.requests
     res = await coord.complete(Complete(job_id=a, worker_id="w1", token=got.lease.token,
                                         next=ClaimAsk()))
     assert res.next.job.job_id == b
-    assert coord.next_in_report == (stats is not None)
     if stats is not None:
         assert stats.requests - before == 1
+    assert _at(await coord.get_job(_id(a)), "succeeded") == \
+        _at(await coord.get_job(_id(b)), "running")
+    failed = await coord.fail(Fail(job_id=b, worker_id="w1", token=res.next.lease.token,
+                                   error="x", retryable=False, next=ClaimAsk()))
+    assert failed.next.job.job_id == c
+    assert _at(await coord.get_job(_id(b)), "failed") == \
+        _at(await coord.get_job(_id(c)), "running")
+    released = await coord.release(Release(job_id=c, worker_id="w1",
+                                           token=failed.next.lease.token, next=ClaimAsk()))
+    taken = released.next.job.job_id
+    assert taken in (c, d)  # c queued again at that time (a clock that moved: d first)
+    assert _at(await coord.get_job(_id(c)), "waiting") == \
+        _at(await coord.get_job(_id(taken)), "running")
+
+
+async def test_concurrent_completes_with_next_each_get_their_own_job(coord):
+    """Eight workers complete with `next` at once (PostgreSQL: batched into shared
+    transactions): every job is handed out once, in priority order, each report stored."""
+    workers = [f"w{i}" for i in range(8)]
+    for w in workers:
+        await beat(coord, w)
+    first = [await enqueue(coord, 2) for _ in workers]
+    held = {}
+    for w in workers:
+        got = await coord.claim(Claim(worker_id=w))
+        held[w] = got
+    assert sorted(g.job.job_id for g in held.values()) == sorted(first)
+    later = [await enqueue(coord, 3) for _ in workers] + [await enqueue(coord, 1)
+                                                          for _ in workers]
+    results = await asyncio.gather(*(coord.complete(Complete(
+        job_id=g.job.job_id, worker_id=w, token=g.lease.token, next=ClaimAsk()))
+        for w, g in held.items()))
+    assert all(r.status == "succeeded" for r in results)
+    handed = [r.next.job.job_id for r in results]
+    assert sorted(handed) == sorted(later[len(workers):])  # the P1s, each once
+    for w, r in zip(held, results):
+        view = await coord.get_job(_id(r.next.job.job_id))
+        assert view.status == "running" and view.lease.worker_id == w
+        assert view.lease.token == r.next.lease.token
 
 
 async def test_a_vacated_jobs_release_with_next_takes_the_reserved_p0(coord):

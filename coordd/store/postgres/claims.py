@@ -103,6 +103,38 @@ class Claims:
         async with self._conn() as conn:
             return await self._full(conn, worker_id, lease_s, policy, kinds_list, claim_id, now)
 
+    async def claim_in(self, conn: Any, now: float | None, asks: list[Any]) -> list[Any]:
+        """One claim for each of `asks` (NextClaims of distinct workers, each taking one
+        job, no limits, aging, per-job gates or resources in play) on `conn`, inside its
+        transaction: the asks whose worker's gate decision is known share one statement
+        per claim group, as batched claims do; the others (or those it found nothing
+        for) take the full path. A ClaimResult per ask, in order."""
+        out: list[Any] = [None] * len(asks)
+        groups: dict[Any, list[int]] = {}
+        for i, a in enumerate(asks):
+            kinds = None if a.kinds is None else sorted(set(a.kinds))
+            seen = self._seen.get(a.worker_id)
+            if seen is not None and seen.policy is a.policy and seen.decision.allowed:
+                item = (a.worker_id, a.claim_id, a.lease_s, kinds, seen)
+                groups.setdefault(_group_of(item), []).append(i)
+        for idx in groups.values():
+            items = [(asks[i].worker_id, asks[i].claim_id, asks[i].lease_s,
+                      None if asks[i].kinds is None else sorted(set(asks[i].kinds)),
+                      self._seen[asks[i].worker_id]) for i in idx]
+            for i, row in zip(idx, await self._claim_rows(conn, now, items)):
+                if row is None:
+                    continue
+                with contextlib.suppress(Undecodable):
+                    out[i] = claimed(row)
+                    continue
+                await dead_letter(conn, now, row, asks[i].worker_id)
+        for i, a in enumerate(asks):
+            if out[i] is None:
+                out[i] = await self._full(conn, a.worker_id, a.lease_s, a.policy,
+                                          None if a.kinds is None else sorted(set(a.kinds)),
+                                          a.claim_id, now)
+        return out
+
     async def _full(self, conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
                     kinds_list: list[str] | None, claim_id: str | None,
                     now: float | None) -> ClaimResult:
@@ -142,13 +174,24 @@ class Claims:
     async def _claim_batch(self, now: float | None, items: list[Any]) -> list[Any]:
         """One statement for claims sharing their parameters: a row per worker served,
         None for the others (they take the full path)."""
-        _w, _c, lease_s, kinds_list, seen = items[0]
         async with self._conn() as conn:
-            rows = await conn.fetch(
-                sql.claim_sql(seen.roles, batch=True), now, [i[0] for i in items], lease_s,
-                [i[1] for i in items],
-                seen.decision.allowed, seen.roles, kinds_list, seen.policy.heartbeat_stale_s,
-                *[[i[4].heartbeat[k] for i in items] for k in range(3)])
+            return await self._claim_rows(conn, now, items)
+
+    async def _claim_rows(self, conn: Any, now: float | None, items: list[Any]) -> list[Any]:
+        """The claim statement for `items` (one claim group) on `conn`: a lone item the
+        one-worker statement (a cheaper plan than the batch's for one row), else the
+        batch's."""
+        wid, cid, lease_s, kinds_list, seen = items[0]
+        if len(items) == 1:
+            row = await conn.fetchrow(sql.claim_sql(seen.roles), now, wid, lease_s, cid,
+                                      seen.decision.allowed, seen.roles, kinds_list,
+                                      seen.policy.heartbeat_stale_s, *seen.heartbeat)
+            return [None if row is None else tuple(row)]
+        rows = await conn.fetch(
+            sql.claim_sql(seen.roles, batch=True), now, [i[0] for i in items], lease_s,
+            [i[1] for i in items],
+            seen.decision.allowed, seen.roles, kinds_list, seen.policy.heartbeat_stale_s,
+            *[[i[4].heartbeat[k] for i in items] for k in range(3)])
         got = {r[-1]: tuple(r)[:-1] for r in rows}
         return [got.get(i[0]) for i in items]
 

@@ -17,9 +17,12 @@ from coordd.store.postgres.fence import end_lease, refusal
 
 
 class LeaseEndsPostgres:
-    """Mixed into PostgresStore (its `_conn`)."""
+    """Mixed into PostgresStore (its `_conn`, and `in_report`, `next_in` of
+    coordd.store.postgres.eager)."""
 
     _conn: Any
+    in_report: Any
+    next_in: Any
 
     async def checkpoint(self, ref: LeaseRef, checkpoint_json: str, *,
                          now: float | None = None) -> None:
@@ -30,9 +33,11 @@ class LeaseEndsPostgres:
                 raise await refusal(conn, now, ref)
 
     async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
-                   now: float | None = None) -> StatusResult:
+                   now: float | None = None, then: Any = None) -> StatusResult:
         """A failed attempt: back to waiting after `backoff(attempts)` when retryable with
-        attempts left, else `failed` (dead letter); `cancelled` if a cancel was requested."""
+        attempts left, else `failed` (dead letter); `cancelled` if a cancel was requested.
+        `then`: the next claim, in the same transaction (coordd.store.postgres.eager)."""
+        eager = await self.in_report(then)
         async with self._conn() as conn, conn.transaction():
             wid = await workflows.lock_of_job(conn, ref.job_id)  # the workflow, then the job
             held, t = await end_lease(conn, now, ref)
@@ -40,12 +45,15 @@ class LeaseEndsPostgres:
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d)
             if d.settle:
                 await workflows.settle(conn, now, wid)
-        return StatusResult(status=d.t.to_status, run_at=d.run_at)
+            nxt = await self.next_in(conn, now, then, eager)
+        return StatusResult(status=d.t.to_status, run_at=d.run_at, next=nxt)
 
     async def release(self, ref: LeaseRef, reason: str, checkpoint_json: str | None = None,
-                      *, now: float | None = None) -> StatusResult:
+                      *, now: float | None = None, then: Any = None) -> StatusResult:
         """Hand the job back without spending its attempt (`preemptions` counts it),
-        recording `checkpoint_json` first if given; `cancelled` if a cancel was requested."""
+        recording `checkpoint_json` first if given; `cancelled` if a cancel was requested.
+        `then`: the next claim, in the same transaction (coordd.store.postgres.eager)."""
+        eager = await self.in_report(then)
         async with self._conn() as conn, conn.transaction():
             wid = await workflows.lock_of_job(conn, ref.job_id)
             held, t = await end_lease(conn, now, ref)
@@ -53,7 +61,8 @@ class LeaseEndsPostgres:
             await apply.apply(conn, now, ref.job_id, ref.worker_id, d, checkpoint_json)
             if d.settle:
                 await workflows.settle(conn, now, wid)
-        return StatusResult(status=d.t.to_status, run_at=d.run_at)
+            nxt = await self.next_in(conn, now, then, eager)
+        return StatusResult(status=d.t.to_status, run_at=d.run_at, next=nxt)
 
     async def reap(self, *, limit: int = 1000, now: float | None = None) -> int:
         """End up to `limit` expired leases: plain jobs' in one statement (sql.SQL_REAP),

@@ -151,7 +151,9 @@ class PostgresAdmission:
     async def complete_counted(self, ref: LeaseRef, result_json: str | None,
                                usage: dict[str, float] | None, book: LimitBook,
                                backoff: Backoff, *, artifact: Any = None,
-                               now: float | None = None) -> CompleteResult:
+                               now: float | None = None, then: Any = None) -> CompleteResult:
+        """complete with reported usage in one transaction; `then` is not run here (limits
+        are in play: `next` None, the Coordinator claims after the report)."""
         budgets = [(n, m) for n, d in book.defs.items() for m in d.budget]
         async with self._conn() as conn, conn.transaction():
             res = await complete_checked(conn, now, ref, result_json, backoff, artifact)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from coordd import errors
-from coordd.store.postgres.push_sql import MIGRATION_CLAIM_WAKE, MIGRATION_PUSH
+from coordd.store.postgres.push_sql import (
+    MIGRATION_CLAIM_WAKE, MIGRATION_PUSH, MIGRATION_PUSH_CACHED)
 from coordd.store.postgres.schema_areas import (
     MIGRATION_ENROL, MIGRATION_GOVERNANCE, MIGRATION_HUB, MIGRATION_LIMITS, MIGRATION_LOGS,
     MIGRATION_WORKFLOWS,
@@ -217,6 +218,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_JOB_COUNTS,  # job_counts (+ its triggers), jobs_waiting_since
     MIGRATION_PUSH,  # the parked calls' NOTIFY triggers (coordd.store.postgres.push_sql)
     MIGRATION_CLAIM_WAKE,  # the parked claims' NOTIFY triggers (push_sql: role and kind)
+    MIGRATION_PUSH_CACHED,  # the push triggers look push_wanted up with a kept plan
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

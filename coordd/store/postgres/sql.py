@@ -162,7 +162,7 @@ SQL_COMPLETE_BATCH = (
     "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     f"SELECT job_id, {NOW}, worker_id, 'running', status, CASE WHEN status = 'cancelled' "
     "THEN $7::text END FROM j) "
-    "SELECT job_id, status FROM j"
+    "SELECT job_id, status, worker_id FROM j"
 )
 SQL_CHECKPOINT = (  # $2 job, $3 worker, $4 token, $5 checkpoint JSON
     f"UPDATE jobs SET checkpoint_json = $5, updated_at = {NOW} FROM leases l "

@@ -27,6 +27,7 @@ from coordd.store.api import JobFilter, LeaseRef, StoreStatus
 from coordd.store.postgres import apply, batch, claims, coordination, reads, schema, sql
 from coordd.store.postgres import admission, workflows
 from coordd.store.postgres.artifacts import ArtifactOps
+from coordd.store.postgres.eager import EagerPostgres, worker_of
 from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.fence import Raced, refusal
 from coordd.store.postgres.hub import HubOps
@@ -51,7 +52,7 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
                 asyncpg.OperatorInterventionError)
 
 
-class PostgresStore(LeaseEndsPostgres, HubOps, LogOps, EnrolOps, BeatsPostgres,
+class PostgresStore(EagerPostgres, LeaseEndsPostgres, HubOps, LogOps, EnrolOps, BeatsPostgres,
                     GovernancePostgres, ResourcesPostgres, PostgresAdmission,
                     workflows.PostgresWorkflows, ArtifactOps, WaitReadsPostgres,
                     SchedulesPostgres, MaintenancePostgres, WebReadsPostgres,
@@ -95,6 +96,9 @@ class PostgresStore(LeaseEndsPostgres, HubOps, LogOps, EnrolOps, BeatsPostgres,
                                     max_in_flight=batch_in_flight)
         self.completes = batch.Batcher(self._complete_batch, _job_of, max_items=batch_items,
                                        max_in_flight=batch_in_flight)
+        self.completes_next = batch.Batcher(self._complete_next_batch, worker_of,
+                                            max_items=batch_items,
+                                            max_in_flight=batch_in_flight)
         self._listener = coordination.WorkListener(dsn)
         self._wanted: dict[str, float] = {}  # the parked calls' wake-ups (postgres.waits)
         self.claims = claims.Claims(self._conn, max_items=batch_items,
@@ -130,7 +134,8 @@ class PostgresStore(LeaseEndsPostgres, HubOps, LogOps, EnrolOps, BeatsPostgres,
     async def close(self) -> None:
         """Run what is batched, then close the listener and the pool. Idempotent."""
         await self.stop_wakeups()
-        for batcher in (self.claims.batcher, self.renews, self.completes):
+        for batcher in (self.claims.batcher, self.renews, self.completes,
+                        self.completes_next):
             await batcher.drain()
         await self._listener.close()
         if self.pool is not None:
@@ -277,16 +282,20 @@ class PostgresStore(LeaseEndsPostgres, HubOps, LogOps, EnrolOps, BeatsPostgres,
             return out
 
     async def complete(self, ref: LeaseRef, result_json: str | None, *,
-                       artifact: Any = None, now: float | None = None) -> CompleteResult:
+                       artifact: Any = None, now: float | None = None,
+                       then: Any = None) -> CompleteResult:
         """Store the result and end the job `succeeded` (`cancelled`, the result dropped,
         when a cancel was requested). Fenced; a resend under the same lease after success
         raises errors.AlreadyCompleted. An `artifact` (stored already by `artifact_put`)
         is recorded in one transaction of its own (limits.complete_checked); raises
-        errors.BadRequest where it is not in the store."""
+        errors.BadRequest where it is not in the store. `then`: the next claim, in the
+        same transaction where it can (coordd.store.postgres.eager; else `next` None)."""
         if artifact is not None:
             async with self._conn() as conn, conn.transaction():
                 return await complete_checked(conn, now, ref, result_json,
                                               self._result_backoff(), artifact)
+        if then is not None and await self.in_report(then):
+            return await self.completes_next.submit(now, (ref, result_json, then))
         return await self.completes.submit(now, (ref, result_json))
 
     async def _complete_batch(self, now: float | None, items: list[Any]) -> list[Any]:
