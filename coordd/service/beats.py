@@ -54,7 +54,7 @@ class _Seen:
     """One worker's last full beat and its last-seen times (monotonic seconds)."""
 
     __slots__ = ("key", "rest", "src", "limits", "sig", "actions", "offset", "step",
-                 "epoch", "gen", "full_at", "stored_at", "seen_at")
+                 "epoch", "gen", "full_at", "stored_at", "seen_at", "readings")
 
     def __init__(self, key: tuple[Any, ...], readings: dict[str, Any], src: Any,
                  policies: tuple[Any, ...], actions: list[JobAction] | None, offset: float,
@@ -65,6 +65,7 @@ class _Seen:
         self.offset, self.epoch, self.gen = offset, epoch, gen
         self.step = 0.0  # the wall clock's step from coordd's clock then (AnchoredClock.step)
         self.full_at = self.stored_at = self.seen_at = at
+        self.readings: dict[str, Any] | None = None  # a quiet beat's, not yet stored
 
 
 class Beats:
@@ -96,6 +97,7 @@ class Beats:
         seen = self._seen.get(p.worker_id)
         if seen is not None and self._is_quiet(seen, p.worker_id, key, readings, at):
             seen.seen_at = at
+            seen.readings = readings  # stored with the next flush: views lag a round
             self.quiet += 1
             res = HeartbeatResult(now=self._clock.wall() + seen.offset,
                                   actions=list(seen.actions or ()))
@@ -220,13 +222,17 @@ class Beats:
         preemption walk with it); forget workers not seen for `refresh_s`. Returns how
         many times were stored. Raises: the store's errors (the times stay pending)."""
         at = self._clock.mono()
-        due = [(w, s, s.seen_at) for w, s in self._seen.items() if s.seen_at > s.stored_at]
+        due = [(w, s, s.seen_at, s.readings) for w, s in self._seen.items()
+               if s.seen_at > s.stored_at]
         pacer, looks = self._coord.governance.preemptor, self._coord.governance.preemptor.looks
         preempted = await self._coord.store.touch_workers(
-            [(w, at - seen_at) for w, _, seen_at in due], self._coord.governance)
+            [(w, at - seen_at, readings) for w, _, seen_at, readings in due],
+            self._coord.governance)
         self._preempting = pacer.looks != looks
-        for _, s, seen_at in due:
+        for _, s, seen_at, readings in due:
             s.stored_at = max(s.stored_at, seen_at)
+            if s.readings is readings:  # none newer arrived while the batch was stored
+                s.readings = None
         if preempted:
             self._coord.meters.count_governance("", [], preempted)
             self._preempted(preempted)

@@ -95,12 +95,14 @@ class GovernanceStore(Protocol):
         module docstring)."""
         ...
 
-    async def touch_workers(self, seen: Sequence[tuple[str, float]], gov: Governance, *,
-                            now: float | None = None) -> list[tuple[str, str, str]]:
+    async def touch_workers(self, seen: Sequence[tuple[str, float, dict[str, Any] | None]],
+                            gov: Governance, *, now: float | None = None
+                            ) -> list[tuple[str, str, str]]:
         """One batch: each worker's heartbeat time becomes at least the store's now minus
-        its age (s), for [(worker_id, age_s)] of quiet beats kept in memory
-        (coordd.service.beats); then preemption runs (paced) as a heartbeat would run it.
-        Returns the preemptions [(waiting job, victim, worker)]."""
+        its age (s), and its stored readings the latest quiet beat's where given, for
+        [(worker_id, age_s, readings or None)] kept in memory (coordd.service.beats); then
+        preemption runs (paced) as a heartbeat would run it. Returns the preemptions
+        [(waiting job, victim, worker)]."""
         ...
 
     async def liveness_grace(self, bound_s: float, stale_s: float, *,

@@ -32,8 +32,9 @@ SQL_HELD_BY_WORKER = _HELD + "WHERE l.worker_id = ? ORDER BY l.job_id"
 SQL_HELD_ONE = _HELD + "WHERE l.worker_id = ? AND l.job_id = ?"
 
 # Quiet heartbeats' times, stored in one batch (coordd.service.beats): ?1 now, ?2 age, ?3 id.
-SQL_TOUCH_WORKER = (
-    "UPDATE workers SET heartbeat_at = max(heartbeat_at, ?1 - ?2) WHERE worker_id = ?3"
+SQL_TOUCH_WORKER = (  # ?4: the latest readings' JSON, or NULL to keep the stored ones
+    "UPDATE workers SET heartbeat_at = max(heartbeat_at, ?1 - ?2), "
+    "heartbeat_json = coalesce(?4, heartbeat_json) WHERE worker_id = ?3"
 )
 # The restart grace's liveness part: ?1 now, ?2 bound_s, ?3 stale_s.
 SQL_LIVENESS_GRACE = (

@@ -29,11 +29,24 @@ async def test_touch_workers_stores_the_batch_and_never_goes_back(bundle):
     for w in ("w1", "w2", "w3"):
         await beat(bundle, g, w, T0)
     await beat(bundle, g, "w3", T0 + 9)
-    preempted = await bundle.store.touch_workers([("w1", 2.0), ("w3", 4.0), ("gone", 1.0)], g,
-                                                 now=T0 + 10)
+    preempted = await bundle.store.touch_workers(
+        [("w1", 2.0, None), ("w3", 4.0, None), ("gone", 1.0, None)], g, now=T0 + 10)
     assert preempted == []
     assert await seen(bundle, T0 + 10) == {"w1": T0 + 8, "w2": T0, "w3": T0 + 9}
     await bundle.store.touch_workers([], g, now=T0 + 11)  # an empty batch is fine
+
+
+async def test_touch_workers_stores_a_quiet_beats_readings_where_given(bundle):
+    """The views show what a quiet beat reported, one flush later; None keeps the stored."""
+    g = gov()
+    for w in ("w1", "w2"):
+        await beat(bundle, g, w, T0)
+    await bundle.store.touch_workers(
+        [("w1", 1.0, {**COOL, "memory_used_pct": 33.0}), ("w2", 1.0, None)], g, now=T0 + 5)
+    book = await bundle.store.worker_book(now=T0 + 5)
+    readings = {row[0]: row[2] for row in book.rows}
+    assert readings["w1"]["memory_used_pct"] == 33.0
+    assert readings["w2"] == COOL
 
 
 async def test_liveness_grace_covers_what_a_stopped_coordd_had_not_stored(bundle):

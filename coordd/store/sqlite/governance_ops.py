@@ -58,11 +58,15 @@ class SQLiteGovernance:
                 changes=changes, preempted=preempted, held=held)
         return await self._write(op, now, urgent=True)
 
-    async def touch_workers(self, seen: Sequence[tuple[str, float]], gov: Governance, *,
-                            now: float | None = None) -> list[tuple[str, str, str]]:
-        """One writer op: the batch of last-seen times, then preemption (paced)."""
+    async def touch_workers(self, seen: Sequence[tuple[str, float, dict[str, Any] | None]],
+                            gov: Governance, *, now: float | None = None
+                            ) -> list[tuple[str, str, str]]:
+        """One writer op: the batch of last-seen times and readings, then preemption
+        (paced)."""
+        rows = [(age, w, None if r is None else dumps(r)) for w, age, r in seen]
+
         def op(conn: Any, t: float) -> list[tuple[str, str, str]]:
-            conn.executemany(SQL_TOUCH_WORKER, [(t, age, w) for w, age in seen])
+            conn.executemany(SQL_TOUCH_WORKER, [(t, *row) for row in rows])
             return sqlite_preemption.run(conn, t, gov.policies, gov.preemptor)
         return await self._write(op, now, urgent=True)  # type: ignore[no-any-return]
 
