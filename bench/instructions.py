@@ -60,6 +60,11 @@ def _child(n: int, db: str, trace_out: str | None, eager: bool = False,
 
     import uvloop
 
+    # The checkout's editable install finds any coordd module the measured source lacks
+    # (e.g. coordd.wire in --rev 9727d64) in the checkout: drop it, so a revision runs
+    # only its own modules and the fallbacks below see their ImportError.
+    sys.meta_path[:] = [f for f in sys.meta_path if "Editable" not in getattr(
+        f, "__name__", type(f).__name__)]
     import coordd
     from coordd import config as config_mod
     from coordd.clock import FakeClock

@@ -23,6 +23,11 @@ import signal
 import sys
 import time
 
+# The checkout's editable install would lend a snapshot (--rev) the modules it lacks:
+# drop it, so a revision runs only its own and the fallbacks see their ImportError.
+sys.meta_path[:] = [f for f in sys.meta_path if "Editable" not in getattr(
+    f, "__name__", type(f).__name__)]
+
 try:  # the packaged layout (issue 27 item 4)
     from coordd.daemon import server
     from coordd.store.sqlite.writer import Writer

@@ -50,6 +50,10 @@ def daemon_child(sock_path: str, db: str, ctl_r: int, ack_w: int, prof: str | No
 
     import uvloop
 
+    # as bench.instructions: the checkout's editable install must not lend a revision the
+    # modules it lacks
+    sys.meta_path[:] = [f for f in sys.meta_path if "Editable" not in getattr(
+        f, "__name__", type(f).__name__)]
     from coordd import config as config_mod
     from coordd.clock import FakeClock
     try:
