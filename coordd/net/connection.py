@@ -53,7 +53,10 @@ class Host(Ledger, Protocol):
     _conns: set["Connection"]
 
     def _mono(self) -> float: ...
+    at_once: dict[str, Callable[[Any], Any]]
+
     def _one(self, req: Request, conn: "Connection") -> Coroutine[Any, Any, None]: ...
+    def _answered_now(self, req: Request, conn: "Connection") -> bool: ...
     def _closed(self, conn: "Connection") -> None: ...
 
 
@@ -254,6 +257,8 @@ class Connection(Budgets, asyncio.Protocol):
         if self._d._closing:
             self.send_error(req.id, errors.Overloaded("coordd is shutting down"))
             return
+        if req.method in self._d.at_once and self._d._answered_now(req, self):
+            return  # e.g. a quiet heartbeat: answered from memory, no task
         task = self._loop.create_task(self._d._one(req, self), context=self._ctx.copy())
         self._inflight += 1
         self._d._tasks[id(req)] = task  # Dispatcher._one ends with self._done()

@@ -152,6 +152,27 @@ async def test_large_partial_frames_share_one_inbound_budget(make_served):
         p.close()
 
 
+async def test_requests_answered_at_once_wait_for_a_peer_that_does_not_read(make_served):
+    """A method answered at once (Dispatcher.at_once, as a quiet heartbeat) is answered
+    inside the read, with no task; once its replies fill the write buffer the peer's further
+    requests wait unread (back-pressure) instead of being refused, and are all answered
+    when it reads."""
+    sv = await make_served(max_unsent_bytes=600_000, write_stall_timeout_s=5.0)
+    sv.dispatcher.at_once["status"] = lambda params: {"blob": "x" * BLOB}
+    loop = asyncio.get_running_loop()
+    lazy = await sv.peer()
+    await loop.sock_sendall(lazy, b"".join(req(i) for i in range(1, 21)))  # 4 MB of replies
+    conn = next(iter(sv.dispatcher._conns))
+    await until(lambda: conn._write_paused, "replies made")
+    assert not sv.dispatcher._tasks and conn._inflight == 0  # none became a task
+    assert conn._buf  # the rest wait, unread
+    lazy.shutdown(socket.SHUT_WR)
+    got = await replies_until_close(lazy)
+    assert sorted(r["id"] for r in got) == list(range(1, 21))
+    assert all("result" in r for r in got), [r for r in got if "error" in r][:1]
+    lazy.close()
+
+
 async def test_replies_to_a_peer_that_does_not_read_are_bounded(make_served):
     sv = await make_served(max_unsent_bytes=600_000, write_stall_timeout_s=5.0)
     sv.blob = BLOB
