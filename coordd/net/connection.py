@@ -10,7 +10,8 @@ before it is closed (the flush is cut off after FLUSH_TIMEOUT_S).
 
 The per-request path is kept short: each request's task runs in a copy of the
 connection's own context (its park scope and reply connection set once, at the start),
-and its bookkeeping is done in its last step (no done callback).
+and its bookkeeping is done in its last step (no done callback). A method with an answer
+in `Dispatcher.at_once` (a quiet heartbeat) is answered inside `data_received`, no task.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from coordd import errors
 from coordd.net import rpc
 from coordd.clock import FakeClock
 
@@ -220,3 +221,31 @@ async def test_a_peer_that_reads_nothing_is_dropped_and_its_bytes_freed(make_ser
     assert [r.get("error") for r in got] == [None], got
     lazy.close()
     other.close()
+
+
+async def test_at_once_errors_are_replies_and_none_goes_to_the_handler(make_served):
+    """An at-once answer that raises a CoordError is that error's reply, any other
+    exception an `internal` one, the connection open; one that says None leaves the
+    request to the handler (a task)."""
+    sv = await make_served()
+    said: list[Any] = []
+
+    def at_once(params: Any) -> Any:
+        said.append(params)
+        if len(said) == 1:
+            raise errors.BadRequest("readings: not a number")
+        if len(said) == 2:
+            raise KeyError("bug")
+        return None
+
+    sv.dispatcher.at_once["status"] = at_once
+    loop = asyncio.get_running_loop()
+    peer = await sv.peer()
+    await loop.sock_sendall(peer, req(1) + req(2) + req(3))
+    peer.shutdown(socket.SHUT_WR)
+    got = {r["id"]: r for r in await replies_until_close(peer)}
+    assert got[1]["error"]["code"] == "bad_request"
+    assert got[2]["error"]["code"] == "internal"
+    assert got[3]["result"] == {"blob": ""}  # the handler's answer
+    assert len(said) == 3
+    peer.close()
