@@ -96,6 +96,7 @@ class Daemon(ServingDaemon):
         super().__init__(config, clock, config_path)
         clock = anchored(self.clock)  # the store's writer and the coordinator share it
         self.coord = Coordinator(open_store(config, clock), config, clock)
+        self.dispatcher.at_once["heartbeat"] = self.coord.beats.quiet_reply  # no task
         self.leader = self.coord.store.leader(LEADER_KEY, config.store_session_timeout_s)
         self._held = contextlib.ExitStack()
         if config.store:

@@ -10,7 +10,8 @@ before it is closed (the flush is cut off after FLUSH_TIMEOUT_S).
 
 The per-request path is kept short: each request's task runs in a copy of the
 connection's own context (its park scope and reply connection set once, at the start),
-and its bookkeeping is done in its last step (no done callback).
+and its bookkeeping is done in its last step (no done callback). A method with an answer
+in `Dispatcher.at_once` (a quiet heartbeat) is answered inside `data_received`, no task.
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ class Host(Ledger, Protocol):
     _closing: bool
     _tasks: dict[int, asyncio.Task[None]]
     _conns: set["Connection"]
+    at_once: dict[str, Callable[[Any], Any]]
 
     def _mono(self) -> float: ...
     def _one(self, req: Request, conn: "Connection") -> Coroutine[Any, Any, None]: ...
+    def _answered_now(self, req: Request, conn: "Connection") -> bool: ...
     def _closed(self, conn: "Connection") -> None: ...
 
 
@@ -254,6 +257,8 @@ class Connection(Budgets, asyncio.Protocol):
         if self._d._closing:
             self.send_error(req.id, errors.Overloaded("coordd is shutting down"))
             return
+        if req.method in self._d.at_once and self._d._answered_now(req, self):
+            return  # e.g. a quiet heartbeat: answered from memory, no task
         task = self._loop.create_task(self._d._one(req, self), context=self._ctx.copy())
         self._inflight += 1
         self._d._tasks[id(req)] = task  # Dispatcher._one ends with self._done()

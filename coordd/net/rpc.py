@@ -11,8 +11,8 @@ the connection stays open.
 Replies are capped like requests: a reply over the cap becomes a `payload_too_large`
 error for that id, so a client never has to drop a frame it cannot take. Each peer is a
 `Connection` (coordd.net.connection: frames in, back-pressure, replies out); the
-`Dispatcher` here serves its requests, one task each, and holds what all connections
-share: the handler, the budgets' totals, the sweeper. At shutdown, `stop_intake()`
+`Dispatcher` here serves its requests, one task each (or none: `at_once`), and holds
+what all connections share: the handler, the budgets' totals, the sweeper. At shutdown, `stop_intake()`
 answers new requests `overloaded` ("shutting down"), `drain()` lets the ones in flight
 finish, and `close_connections()` closes every peer.
 
@@ -96,6 +96,10 @@ class Dispatcher:
         self.outbound_bytes = 0  # unsent reply bytes of connections over the high-water mark
         self.reply_reserved = 0  # reserved by replies being built (budgets.reserve_reply)
         self.large_bytes = 0     # large frames and replies handled since the last trim
+        self.at_once: dict[str, Callable[[Any], Any]] = {}
+        """Per method, an answer without a task: `f(params)` -> the result, or None when
+        the request needs the handler (e.g. a heartbeat that is not quiet). It must not
+        await, park or reserve reply bytes; it runs outside the request's context."""
 
     def accept(self, peer_of: PeerOf | None = None) -> Connection:
         """Make the Protocol for one new connection (the server's protocol factory);
@@ -105,38 +109,11 @@ class Dispatcher:
     async def _one(self, req: Request, conn: Connection) -> None:
         """Answer one request on `conn` (a task of its own, in a copy of the connection's
         context: its park scope and reply connection; replies go out in any order)."""
-        peer = conn.peer
         method = req.method
         try:
-            route = _ROUTES.get(method)
-            if route is None:
-                raise errors.UnknownMethod(f"unknown method {method!r}")
-            if peer.methods is not None and method not in peer.methods:
-                raise errors.PermissionDenied(
-                    f"{method} is not served here (only {', '.join(sorted(peer.methods))})")
-            if route[1] and not self._is_admin(peer):
-                raise errors.PermissionDenied(
-                    f"{method} is an admin method; {peer!r} is not in the admin set")
-            try:
-                params = route[0].decode(req.params)
-            except msgspec.DecodeError as exc:
-                raise errors.BadRequest(f"{method}: {_located(exc, req.params)}") from exc
-            except RecursionError as exc:
-                raise errors.BadRequest(f"{method}: params nested too deep") from exc
-            if peer.worker_id is not None and getattr(params, "worker_id", None) not in (
-                    None, peer.worker_id):  # a TLS peer acts only as its certificate's id
-                raise errors.PermissionDenied(
-                    f"{method}: this connection's certificate is worker {peer.worker_id};"
-                    f" it may not act as worker {params.worker_id}")  # type: ignore[attr-defined]
-            result = await self._handler(method, params)
-        except errors.CoordError as exc:
-            if exc.code in _REFUSED_CODES:
-                logger.info("refused %s from uid %s: %s: %s", method, peer.uid, exc.code,
-                            exc.message, extra={"action": "refused", "code": exc.code})
-            conn.send_error(req.id, exc)
+            result = await self._handler(method, self._checked(req, conn.peer))
         except Exception as exc:
-            logger.exception("internal error in %s", method, extra={"action": "internal"})
-            conn.send_error(req.id, errors.CoordError(f"internal error: {type(exc).__name__}"))
+            self._failed(req, conn, exc)
         else:
             conn.send_result(req.id, result, method)
         finally:  # the request's bookkeeping, here rather than in a done callback
@@ -144,6 +121,57 @@ class Dispatcher:
                 conn._release_reply()
             self._tasks.pop(id(req), None)
             conn._done()
+
+    def _checked(self, req: Request, peer: PeerCred) -> Any:
+        """`req`'s params, decoded, once its peer may call its method as the worker it names.
+
+        Raises: UnknownMethod, PermissionDenied, BadRequest."""
+        method = req.method
+        route = _ROUTES.get(method)
+        if route is None:
+            raise errors.UnknownMethod(f"unknown method {method!r}")
+        if peer.methods is not None and method not in peer.methods:
+            raise errors.PermissionDenied(
+                f"{method} is not served here (only {', '.join(sorted(peer.methods))})")
+        if route[1] and not self._is_admin(peer):
+            raise errors.PermissionDenied(
+                f"{method} is an admin method; {peer!r} is not in the admin set")
+        try:
+            params = route[0].decode(req.params)
+        except msgspec.DecodeError as exc:
+            raise errors.BadRequest(f"{method}: {_located(exc, req.params)}") from exc
+        except RecursionError as exc:
+            raise errors.BadRequest(f"{method}: params nested too deep") from exc
+        if peer.worker_id is not None and getattr(params, "worker_id", None) not in (
+                None, peer.worker_id):  # a TLS peer acts only as its certificate's id
+            raise errors.PermissionDenied(
+                f"{method}: this connection's certificate is worker {peer.worker_id};"
+                f" it may not act as worker {params.worker_id}")  # type: ignore[attr-defined]
+        return params
+
+    def _failed(self, req: Request, conn: Connection, exc: Exception) -> None:
+        """Reply to `req` with `exc`: its code, or `internal` (logged) for a non-CoordError."""
+        if isinstance(exc, errors.CoordError):
+            if exc.code in _REFUSED_CODES:
+                logger.info("refused %s from uid %s: %s: %s", req.method, conn.peer.uid,
+                            exc.code, exc.message, extra={"action": "refused", "code": exc.code})
+            conn.send_error(req.id, exc)
+            return
+        logger.exception("internal error in %s", req.method, extra={"action": "internal"})
+        conn.send_error(req.id, errors.CoordError(f"internal error: {type(exc).__name__}"))
+
+    def _answered_now(self, req: Request, conn: Connection) -> bool:
+        """Answer `req` at once through `at_once[req.method]` (no task); False when that
+        said None (not answerable now: the request goes on as a task)."""
+        try:
+            result = self.at_once[req.method](self._checked(req, conn.peer))
+            if result is None:
+                return False
+        except Exception as exc:
+            self._failed(req, conn, exc)
+        else:
+            conn.send_result(req.id, result, req.method)
+        return True
 
     def connections(self) -> list[Connection]:
         """The open connections (a copy)."""

@@ -89,20 +89,32 @@ class Beats:
 
     async def heartbeat(self, p: Heartbeat) -> HeartbeatResult:
         """The Coordinator's `heartbeat` (its docstring has the contract)."""
-        coord = self._coord
-        readings, _ = checked_readings(p, coord.config.max_payload_bytes)
-        kinds_json, broken_json = heartbeat_state(p)
-        at = self._clock.mono()
-        key = (p.roles, p.incarnation, kinds_json, broken_json)
+        return self.quiet_reply(p) or await self._beat(p)
+
+    def quiet_reply(self, p: Heartbeat) -> HeartbeatResult | None:
+        """`heartbeat`'s answer if `p` is quiet (answered from memory, no await), else
+        None: then `heartbeat` must be called. Raises: as `heartbeat`."""
+        readings, _ = checked_readings(p, self._coord.config.max_payload_bytes)
         seen = self._seen.get(p.worker_id)
-        if seen is not None and self._is_quiet(seen, p.worker_id, key, readings, at):
-            seen.seen_at = at
-            seen.readings = readings  # stored with the next flush: views lag a round
-            self.quiet += 1
-            res = HeartbeatResult(now=self._clock.wall() + seen.offset,
-                                  actions=list(seen.actions or ()))
-        else:
-            res = await self._full(p, readings, key, at)
+        if seen is None:
+            return None
+        at = self._clock.mono()
+        key = (p.roles, p.incarnation, *heartbeat_state(p))
+        if not self._is_quiet(seen, p.worker_id, key, readings, at):
+            return None
+        seen.seen_at = at
+        seen.readings = readings  # stored with the next flush: views lag a round
+        self.quiet += 1
+        return self._finish(p, HeartbeatResult(now=self._clock.wall() + seen.offset,
+                                               actions=list(seen.actions or ())))
+
+    async def _beat(self, p: Heartbeat) -> HeartbeatResult:
+        readings, _ = checked_readings(p, self._coord.config.max_payload_bytes)
+        key = (p.roles, p.incarnation, *heartbeat_state(p))
+        return self._finish(p, await self._full(p, readings, key, self._clock.mono()))
+
+    def _finish(self, p: Heartbeat, res: HeartbeatResult) -> HeartbeatResult:
+        coord = self._coord
         coord.web.readings.add(p.worker_id, res.now, p.readings)  # the web view's history
         if self._artifact_dir is None:  # fixed per store; a realpath each call costs
             self._artifact_dir = (coord.artifact_dir,)

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from coordd import errors
 from coordd.net import rpc
 from coordd.clock import FakeClock
 
@@ -152,6 +153,27 @@ async def test_large_partial_frames_share_one_inbound_budget(make_served):
         p.close()
 
 
+async def test_requests_answered_at_once_wait_for_a_peer_that_does_not_read(make_served):
+    """A method answered at once (Dispatcher.at_once, as a quiet heartbeat) is answered
+    inside the read, with no task; once its replies fill the write buffer the peer's further
+    requests wait unread (back-pressure) instead of being refused, and are all answered
+    when it reads."""
+    sv = await make_served(max_unsent_bytes=600_000, write_stall_timeout_s=5.0)
+    sv.dispatcher.at_once["status"] = lambda params: {"blob": "x" * BLOB}
+    loop = asyncio.get_running_loop()
+    lazy = await sv.peer()
+    await loop.sock_sendall(lazy, b"".join(req(i) for i in range(1, 21)))  # 4 MB of replies
+    conn = next(iter(sv.dispatcher._conns))
+    await until(lambda: conn._write_paused, "replies made")
+    assert not sv.dispatcher._tasks and conn._inflight == 0  # none became a task
+    assert conn._buf  # the rest wait, unread
+    lazy.shutdown(socket.SHUT_WR)
+    got = await replies_until_close(lazy)
+    assert sorted(r["id"] for r in got) == list(range(1, 21))
+    assert all("result" in r for r in got), [r for r in got if "error" in r][:1]
+    lazy.close()
+
+
 async def test_replies_to_a_peer_that_does_not_read_are_bounded(make_served):
     sv = await make_served(max_unsent_bytes=600_000, write_stall_timeout_s=5.0)
     sv.blob = BLOB
@@ -199,3 +221,31 @@ async def test_a_peer_that_reads_nothing_is_dropped_and_its_bytes_freed(make_ser
     assert [r.get("error") for r in got] == [None], got
     lazy.close()
     other.close()
+
+
+async def test_at_once_errors_are_replies_and_none_goes_to_the_handler(make_served):
+    """An at-once answer that raises a CoordError is that error's reply, any other
+    exception an `internal` one, the connection open; one that says None leaves the
+    request to the handler (a task)."""
+    sv = await make_served()
+    said: list[Any] = []
+
+    def at_once(params: Any) -> Any:
+        said.append(params)
+        if len(said) == 1:
+            raise errors.BadRequest("readings: not a number")
+        if len(said) == 2:
+            raise KeyError("bug")
+        return None
+
+    sv.dispatcher.at_once["status"] = at_once
+    loop = asyncio.get_running_loop()
+    peer = await sv.peer()
+    await loop.sock_sendall(peer, req(1) + req(2) + req(3))
+    peer.shutdown(socket.SHUT_WR)
+    got = {r["id"]: r for r in await replies_until_close(peer)}
+    assert got[1]["error"]["code"] == "bad_request"
+    assert got[2]["error"]["code"] == "internal"
+    assert got[3]["result"] == {"blob": ""}  # the handler's answer
+    assert len(said) == 3
+    peer.close()
