@@ -28,7 +28,10 @@ async def test_enqueue_flood_refuses_no_renewal_or_heartbeat(daemon_factory):
                 counts["enqueued"] += 1
             except errors.Overloaded:
                 counts["enqueue_refused"] += 1
-        for _ in range(ROUNDS):
+        rounds = 0  # flood on until the holder made its calls in it (a loaded machine
+        # may run the holder less often than the producers)
+        while rounds < ROUNDS or (counts["holder_ok"] < 10 and rounds < 10 * ROUNDS):
+            rounds += 1
             await asyncio.gather(*(one() for _ in range(64)))
 
     async with Client(d.socket, timeout=30) as w:
