@@ -8,7 +8,7 @@ import hashlib
 import textwrap
 from pathlib import Path
 
-from tests.integration.test_worker import bench  # noqa: F401  (the fixture)
+from tests.integration.workerbench import bench  # noqa: F401  (the fixture)
 
 # Attempt 1: ckpt-1 written in place in three slow chunks (never renamed), a pause, then
 # ckpt-2 half written in place and the model SIGKILLs itself mid-write (an OOM kill, say).

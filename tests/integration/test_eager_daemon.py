@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from coordd.wire.protocol import Request
-from tests.integration.test_worker import bench_over
+from tests.integration.workerbench import bench_over
 
 _decode = msgspec.msgpack.Decoder(Request).decode
 

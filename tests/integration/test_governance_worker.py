@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from coordd.client import Client
-from tests.integration.test_worker import (
+from tests.integration.workerbench import (
     COOL, Bench, WorkerProc, alive, stop_workers, worker_toml,
 )
 

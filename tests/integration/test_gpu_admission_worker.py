@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from coordd.client import Client
-from tests.integration.test_worker import COOL, WorkerProc, stop_workers
+from tests.integration.workerbench import COOL, WorkerProc, stop_workers
 
 FAKE_NVML = Path(__file__).resolve().parents[1] / "fake_nvml"
 

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 from tests.integration.test_coordctl import ctl
-from tests.integration.test_worker import bench  # noqa: F401  (the fixture)
+from tests.integration.workerbench import bench  # noqa: F401  (the fixture)
 
 MODEL = textwrap.dedent("""
     import json, os, sys, time

@@ -16,7 +16,7 @@ import pytest
 
 from coordd.client import Client
 from tests import ctlfork
-from tests.integration.test_worker import (
+from tests.integration.workerbench import (
     COOL, WorkerProc, stop_workers, until, worker_toml,
 )
 

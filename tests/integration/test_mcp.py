@@ -20,7 +20,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from tests.integration.test_worker import COOL, DAEMON_FAST, worker_toml
+from tests.integration.workerbench import COOL, DAEMON_FAST, worker_toml
 
 TOOL_NAMES = {"enqueue_job", "get_job", "list_jobs", "cancel_job", "wait_for_job",
               "coordinator_status", "send_message", "read_messages", "broadcast",

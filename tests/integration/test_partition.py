@@ -31,7 +31,7 @@ import pytest
 
 from coordd.client import Client
 from tests.integration.fleet_certs import make_fleet
-from tests.integration.test_worker import COOL, worker_toml
+from tests.integration.workerbench import COOL, worker_toml
 
 ROUNDS = int(os.environ.get("COORDD_PARTITION_ROUNDS", "20"))
 LEASE_S = 3.0

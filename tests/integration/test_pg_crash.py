@@ -180,7 +180,7 @@ async def crash_rounds(rig: Rig, kills: int, seed: int, enqueuers: int = 2, work
 
 @pytest.fixture
 def crash_rig(pg_db: str, tmp_path: Path) -> Any:  # noqa: F811 - pg_db is the fixture
-    from tests.integration.test_worker import stop_workers
+    from tests.integration.workerbench import stop_workers
     r = Rig(tmp_path, pg_db, [], [], config_extra=CFG)
     yield r
     stop_workers(r.workers)

@@ -20,7 +20,7 @@ import pytest
 from coordd import errors
 from coordd.client import Client
 from tests.integration.conftest import pg_db  # noqa: F401 - the fixture, for the pg files
-from tests.integration.test_worker import COOL, MODEL, stop_workers, until, worker_toml, WorkerProc
+from tests.integration.workerbench import COOL, MODEL, stop_workers, until, worker_toml, WorkerProc
 
 START_TIMEOUT_S = 20.0
 DAEMON_CFG = """

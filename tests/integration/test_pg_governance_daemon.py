@@ -24,7 +24,7 @@ from tests.integration.test_governance_worker import (
     ACTIVE, COUNTER, HEARTBEAT_S, expected_acc, state_of, steps_done, wait_for,
 )
 from tests.integration.test_pg_daemon import Coordd, pg_db  # noqa: F401 (a fixture)
-from tests.integration.test_worker import COOL, WorkerProc, stop_workers, until, worker_toml
+from tests.integration.workerbench import COOL, WorkerProc, stop_workers, until, worker_toml
 
 DAEMON_CFG = """
 reaper_interval_s = 0.3

@@ -15,7 +15,7 @@ from coordd import errors
 from coordd.client import Client
 from tests.integration.test_coordctl import ctl, ok, ok_json, refused
 from tests.integration.test_pg_daemon import DAEMON_CFG, Coordd, pg_db  # noqa: F401 (fixture)
-from tests.integration.test_worker import until
+from tests.integration.workerbench import until
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 from coordd import errors
 from coordd.client import Client
 from tests.integration.test_pg_daemon import DAEMON_CFG, Coordd, pg_db  # noqa: F401
-from tests.integration.test_worker import COOL
+from tests.integration.workerbench import COOL
 
 LIMITS_CFG = """
 [limits.gpu]

@@ -20,7 +20,7 @@ from coordd.client import Client
 from coordd.rules.gates import NO_MATCHING_ROLE
 from coordd.store.postgres import enqueue_tx
 from tests.integration.test_pg_daemon import rig  # noqa: F401 - the fixture
-from tests.integration.test_worker import COOL
+from tests.integration.workerbench import COOL
 
 WOKEN_MAX_S = 3.0  # a job enqueued is claimed this fast by a parked claim (safety: 30 s)
 

@@ -28,7 +28,7 @@ import pytest
 from coordd.client import Client
 from tests.integration.pgproxy import FreezableProxy
 from tests.integration.test_pg_daemon import Coordd, Rig, _all_done, _once, pg_db  # noqa: F401
-from tests.integration.test_worker import stop_workers, until
+from tests.integration.workerbench import stop_workers, until
 
 SESSION_TIMEOUT_S = 1.5
 # the active's probe (a third of the session timeout) unanswered for a third: it exits;

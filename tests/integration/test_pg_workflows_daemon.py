@@ -12,7 +12,7 @@ import pytest
 from coordd import errors
 from coordd.client import Client
 from tests.integration.test_pg_daemon import pg_db, rig  # noqa: F401 (fixtures)
-from tests.integration.test_worker import until
+from tests.integration.workerbench import until
 
 
 def _node(name: str, *needs: str, **payload: Any) -> dict[str, Any]:

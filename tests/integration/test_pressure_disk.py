@@ -15,7 +15,7 @@ import textwrap
 from coordd.client import Client
 
 from test_hostile_files import fill_disk, tmpfs  # noqa: F401  (tmpfs: the fixture)
-from tests.integration.test_worker import until
+from tests.integration.workerbench import until
 
 MODEL = textwrap.dedent("""
     import json, os, time

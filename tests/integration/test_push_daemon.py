@@ -20,7 +20,7 @@ import pytest
 from coordd import errors
 from coordd.client import Client, Disconnected
 from coordd.net.rpc import encode_frame
-from tests.integration.test_worker import alive, bench  # noqa: F401  (the fixture)
+from tests.integration.workerbench import alive, bench  # noqa: F401  (the fixture)
 
 COOL = {"memory_used_pct": 30.0, "temperature_c": 40.0, "on_battery": False,
         "user_idle_s": 10_000.0}

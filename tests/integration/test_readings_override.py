@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from tests.integration.test_worker import COOL, bench  # noqa: F401  (the fixture)
+from tests.integration.workerbench import COOL, bench  # noqa: F401  (the fixture)
 from worker import override
 
 pytestmark = pytest.mark.timeout(60)

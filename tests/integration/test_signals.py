@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_worker import bench, store_bench  # noqa: F401  (the fixtures)
+from tests.integration.workerbench import bench, store_bench  # noqa: F401  (the fixtures)
 
 pytestmark = pytest.mark.timeout(60)
 

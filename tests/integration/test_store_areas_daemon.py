@@ -23,7 +23,7 @@ import pytest
 from coordd import errors
 from coordd.client import Client
 from tests.conftest import COOL
-from tests.integration.test_worker import DAEMON_FAST, bench_over
+from tests.integration.workerbench import DAEMON_FAST, bench_over
 
 BIG = 70_000  # bytes of result: over the worker's 64 KiB inline_result_bytes
 

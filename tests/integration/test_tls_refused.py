@@ -19,7 +19,7 @@ import pytest
 
 from coordd.client import Client
 from tests.integration.fleet_certs import Fleet, make_fleet
-from tests.integration.test_worker import COOL, DAEMON_FAST, worker_toml
+from tests.integration.workerbench import COOL, DAEMON_FAST, worker_toml
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -16,7 +16,7 @@ import pytest
 
 from coordd.client import Client
 from tests.integration.fleet_certs import make_fleet
-from tests.integration.test_worker import COOL, DAEMON_FAST, MODEL, until, worker_toml
+from tests.integration.workerbench import COOL, DAEMON_FAST, MODEL, until, worker_toml
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from coordd.client import SyncClient
-from tests.integration.test_worker import DAEMON_FAST, MODEL, worker_toml
+from tests.integration.workerbench import DAEMON_FAST, MODEL, worker_toml
 from tests.integration.webtools import COOL, start_web
 from tests import ctlfork
 

@@ -14,7 +14,7 @@ import time
 
 import psutil
 
-from tests.integration.test_worker import alive, bench  # noqa: F401 - the fixture
+from tests.integration.workerbench import alive, bench  # noqa: F401 - the fixture
 
 # Writes a new checkpoint file every 0.1 s for a minute.
 CHECKPOINTER = textwrap.dedent("""

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.integration.test_worker import alive, bench  # noqa: F401  (the fixture)
+from tests.integration.workerbench import alive, bench  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,7 @@ import pytest
 
 from coordd.client import Client
 from tests import ctlfork
-from tests.integration.test_worker import COOL, DAEMON_FAST, worker_toml
+from tests.integration.workerbench import COOL, DAEMON_FAST, worker_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "workflow.toml"
