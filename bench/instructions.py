@@ -225,10 +225,8 @@ def _run_child(src: Path, n: int, work: Path, *, callgrind: bool,
         raise SystemExit(f"the loop failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     if not callgrind:
         return None
-    for line in out.read_text().splitlines():
-        if line.startswith("summary:") or line.startswith("totals:"):
-            return int(line.split()[1])
-    raise SystemExit(f"no totals in {out}")
+    from bench.rpc_instructions import callgrind_total
+    return callgrind_total(out)
 
 
 def measure(rev: str | None, n: int, statements_only: bool, eager: bool = False,

@@ -221,8 +221,12 @@ def run(src: Path, n: int, work: Path, *, callgrind: bool, prof: str | None = No
                              f"{(work / 'daemon.log').read_text()[-3000:]}")
         os.close(ack_r)
         log.close()
-    if not callgrind:
-        return None
+    return callgrind_total(out) if callgrind else None
+
+
+def callgrind_total(out: Path) -> int:
+    """The instructions (Ir) callgrind counted in its output file `out` (also
+    bench.instructions'). Raises SystemExit when the file has no totals."""
     for line in out.read_text().splitlines():
         if line.startswith("summary:") or line.startswith("totals:"):
             return int(line.split()[1])
