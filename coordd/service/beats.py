@@ -35,7 +35,7 @@ def _always(_result: Any) -> bool:
 
 # method -> (changes only its caller's worker, whether its result changed anything)
 CHANGES: dict[str, tuple[bool, Callable[[Any], bool]]] = {
-    "_claim_once": (True, lambda r: r.job is not None),
+    "_claim_batch": (True, lambda r: r.job is not None),
     "renew": (True, lambda r: r.cancel_requested or (
         r.action is not None and r.action.action != "continue")),
     "complete": (True, _always), "fail": (True, _always), "release": (True, _always),
@@ -198,8 +198,6 @@ class Beats:
             setattr(coord, name, call)
 
         for name, (own, matters) in CHANGES.items():
-            if name == "_claim_once" and not hasattr(coord, name):
-                name = "_claim_batch"  # one claim's store call (coordd.service.dispatch)
             wrap(name, own, matters)  # a name missing here raises: the table must follow
         gap = coord.governance.preemptor.policy.gap
         for name in ENQUEUES:
