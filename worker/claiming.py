@@ -23,6 +23,7 @@ from coordd.wire.protocol import ClaimedJob, ClaimResult
 from worker import artifacts
 from worker.control import early, until
 from worker.jobrun import JobRun, SendStamp
+from worker.slots import Slots
 from worker.waits import wait_any as _wait_any
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class ClaimLoop:
     _link: Any
     _tg: asyncio.TaskGroup | None
     _watch: Any
+    _slots: Slots
 
     async def heartbeat_once(self) -> bool:
         raise NotImplementedError
@@ -63,8 +65,8 @@ class ClaimLoop:
 
     def _held(self, leaving: JobRun | None) -> dict[str, int]:
         held: dict[str, int] = {}
-        for r in self._runs.values():
-            if r is not leaving:
+        for r in self._runs.values():  # (a run whose report ended its lease holds no slot)
+            if r is not leaving and not r.finished.is_set():
                 held[r.job.kind] = held.get(r.job.kind, 0) + 1
         return held
 
@@ -81,7 +83,8 @@ class ClaimLoop:
     def _can_claim(self) -> bool:
         if any(r.waiting_for_slot for r in self._runs.values()):
             return False  # a job already waits for a slot of its kind: take no more
-        return len(self._runs) < self.config.total_slots and bool(self._claimable())
+        held = sum(not r.finished.is_set() for r in self._runs.values())
+        return held < self.config.total_slots and bool(self._claimable())
 
     # ------------------------------------------------------------ the claim loop
 
@@ -208,14 +211,17 @@ class ClaimLoop:
         return ClaimAsk(lease_s=self.config.lease_s, claim_id=uuid.uuid4().hex, kinds=kinds,
                         max_jobs=n)
 
-    async def take_next(self, ask: ClaimAsk, res: ClaimResult | None, sent: float,
-                        replay: bool) -> None:
-        """Start the jobs a report's next claim brought (leases timed from `sent`, when the
-        report was sent). `replay`: the report's reply was lost (it was stored): claim
-        again with the same claim_id, which returns the leases it granted, if any."""
+    async def take_next(self, run: JobRun, ask: ClaimAsk, res: ClaimResult | None,
+                        sent: float, replay: bool) -> None:
+        """Start the jobs `run`'s report's next claim brought (leases timed from `sent`,
+        when the report was sent), handing them `run`'s slot first: its model has ended.
+        `replay`: the report's reply was lost (it was stored): claim again with the same
+        claim_id, which returns the leases it granted, if any."""
         if replay:
             got = await self.claim_many(0.0, ask.kinds, ask.max_jobs, claim_id=ask.claim_id)
         else:
             got = [] if res is None else self._granted(res, sent)
+        if got:
+            self._slots.release(run)
         for one in got:
             self._start_job(self._new_run(one))

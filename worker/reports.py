@@ -69,17 +69,17 @@ class Reporter:
                     call(run.job_id, self.worker_id, run.token, **params), timeout)
                 run.finished.set()  # the lease ends with this report: stop renewing it
                 if ask is not None:
-                    await self._eager.take_next(ask, res.next, sent, replay=False)
+                    await self._eager.take_next(run, ask, res.next, sent, replay=False)
                 return res
             except errors.AlreadyCompleted:
                 run.finished.set()
                 if ask is not None and resent:  # stored by the lost one: its next claim too
-                    await self._eager.take_next(ask, None, 0.0, replay=True)
+                    await self._eager.take_next(run, ask, None, 0.0, replay=True)
                 raise
             except LEASE_GONE as exc:
                 run.lease_gone = True
                 if ask is not None and resent:
-                    await self._eager.take_next(ask, None, 0.0, replay=True)
+                    await self._eager.take_next(run, ask, None, 0.0, replay=True)
                 logger.warning("job %s: %s refused: %s", run.job_id, method, exc,
                                extra={"action": "report_refused", "job_id": run.job_id})
                 return None

@@ -31,6 +31,7 @@ from worker.control import ControlWatch
 from worker.probes import Probes
 from worker.process import ModelProcess, classify_exit
 from worker.reports import LEASE_GONE, REPORT_TIMEOUT_S, SHUTDOWN_REPORT_TIMEOUT_S, Reporter
+from worker.slots import Slots
 from worker.waits import signame as _signame, wait_any as _wait_any
 
 logger = logging.getLogger(__name__)
@@ -72,10 +73,9 @@ class Supervisor(ClaimLoop):
         self._reports = Reporter(self._client, worker_id, self._clock, self._stop, eager=self)
         self._wake = asyncio.Event()  # a slot freed, or stop
         self._never = asyncio.Event()
-        self._slot_freed = asyncio.Event()
         self._runs: dict[str, JobRun] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._busy: dict[str, int] = {name: 0 for name in config.kinds}
+        self._slots = Slots(config.kinds)
         self._last_heartbeat: float | None = None
         self._artifact_dir: str | None = None
         self._link = Link(refused_cap_s=config.refused_backoff_cap_s)
@@ -237,30 +237,13 @@ class Supervisor(ClaimLoop):
                                          run, self.worker_id)
         run.checkpoints, values["resume_from"] = await checkpoints.start(
             values["checkpoint_dir"], self.artifact_dir, run.dir, job.job_id, job.checkpoint, run.files)
-        if not await self._acquire_slot(run, kind):
+        if not await self._slots.acquire(run, kind.slots):
             await self._after_abort(run)
             return
         try:
             await self._execute(run, kind, values)
         finally:
-            self._busy[job.kind] -= 1
-            self._slot_freed.set()
-            self._slot_freed = asyncio.Event()
-
-    async def _acquire_slot(self, run: JobRun, kind: KindConfig) -> bool:
-        name = run.job.kind
-        run.waiting_for_slot = True
-        try:
-            while self._busy[name] >= kind.slots:
-                if run.aborted.is_set():
-                    return False
-                await _wait_any(self._slot_freed, run.aborted)
-            if run.aborted.is_set():
-                return False
-            self._busy[name] += 1
-            return True
-        finally:
-            run.waiting_for_slot = False
+            self._slots.release(run)
 
     async def _execute(self, run: JobRun, kind: KindConfig, values: dict[str, str]) -> None:
         argv = expand_argv(kind.argv, values)

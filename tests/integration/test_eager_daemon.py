@@ -78,7 +78,10 @@ async def test_a_worker_claims_in_batches_and_on_complete(store_daemon, tmp_path
         assert views[0].events[1].at <= min(v.events[1].at for v in views[1:])  # P0 first
         worker_calls = counts["claim"] + counts["complete"]
         # one claim per job would be 2 calls a job; here a claim takes 3 jobs at once and
-        # each complete brings the next: at most the first claim(s) and the final park
+        # each complete brings the next: the first claim and the final park (one spare).
+        # A job a report brought that waited for the ended run's slot made the reports
+        # sent meanwhile ask for nothing, and their slots fell back to claims (4-7 here
+        # on a loaded machine).
         assert counts["complete"] == n + 1
-        assert counts["claim"] <= 5, counts
+        assert counts["claim"] <= 3, counts
         assert worker_calls < 1.5 * (n + 1), counts  # one claim a job: 2 * (n + 1)

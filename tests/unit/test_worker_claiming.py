@@ -11,7 +11,7 @@ from typing import Any
 from coordd import errors
 from coordd.client import Disconnected
 from coordd.clock import SystemClock
-from coordd.wire.protocol import ClaimedJob, ClaimResult, CompleteResult
+from coordd.wire.protocol import ClaimedJob, ClaimResult, CompleteResult, LeaseGrant
 from worker.config import from_dict
 from worker.jobrun import JobRun
 from worker.reports import Reporter
@@ -69,7 +69,8 @@ class Eager:
     def next_ask(self, run: JobRun) -> Any:
         return SimpleNamespace(claim_id="c1")
 
-    async def take_next(self, ask: Any, res: Any, sent: float, replay: bool) -> None:
+    async def take_next(self, run: JobRun, ask: Any, res: Any, sent: float,
+                        replay: bool) -> None:
         self.taken.append((res, replay))
 
 
@@ -111,3 +112,34 @@ async def test_a_reports_next_job_is_handed_to_the_claim_loop(tmp_path):
                        eager=eager)
     await reports.complete(run, ({"ok": 1}, None))
     assert eager.taken == [(nxt, False)]
+
+
+async def test_a_reports_next_job_takes_the_ended_runs_slot_at_once(tmp_path):
+    # the ended run stays in the worker's table until its task's last steps: the job its
+    # report brought must not wait for its slot, and the other full runs' reports must
+    # still ask for their next job meanwhile (else each of them falls back to a claim)
+    sup = supervisor(tmp_path)
+    a1, a2, _ = hold(sup, "j1", "a"), hold(sup, "j2", "a"), hold(sup, "j3", "b")
+    assert await sup._slots.acquire(a1, 2) and await sup._slots.acquire(a2, 2)
+    ask = sup.next_ask(a1)
+    assert ask is not None
+    started: list[JobRun] = []
+    sup._start_job = lambda run: (started.append(run), sup._runs.__setitem__(run.job_id, run))
+    job = ClaimedJob(job_id="j4", kind="a", required_role="cpu", priority=2, payload={},
+                     attempts=1)
+    a1.finished.set()  # (the report's reply ends the lease)
+    await sup.take_next(a1, ask, ClaimResult(job=job, lease=LeaseGrant(
+        token=7, expires_at=1e12, lease_s=60.0)), 0.0, replay=False)
+    assert [r.job_id for r in started] == ["j4"] and "j1" in sup._runs
+    take = asyncio.ensure_future(sup._slots.acquire(started[0], 2))
+    await asyncio.sleep(0)
+    assert take.done() and take.result()  # the slot j1 held, not a wait for j1's end
+    ask = sup.next_ask(a2)
+    assert ask is not None and ask.kinds == ["a"] and ask.max_jobs == 1
+    sup._slots.release(a1)  # j1's task ends: its slot is not given back twice
+    j5 = hold(sup, "j5", "a")
+    wait = asyncio.ensure_future(sup._slots.acquire(j5, 2))
+    await asyncio.sleep(0)
+    assert not wait.done() and j5.waiting_for_slot  # j2 and j4 hold both slots of a
+    j5.aborted.set()
+    assert await wait is False
