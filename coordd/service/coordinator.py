@@ -194,14 +194,13 @@ class Coordinator(Dispatch, Reads, Areas):
         usage = self.check_usage(p.usage)
         nxt = self.next_claim(p)
         art = None if p.artifact is None else await self.transfers.held(p.artifact)
-        then = {"then": nxt} if nxt is not None and self.next_in_report else {}
         if usage:
             res: CompleteResult = await self.store.complete_counted(
                 lease_ref(p), text, usage, self.limit_book, self._backoff(),
-                artifact=art, **then)
+                artifact=art, then=nxt)
         else:
-            res = await self.store.complete(lease_ref(p), text, artifact=art, **then)
-        return await self._then(res, nxt, then)
+            res = await self.store.complete(lease_ref(p), text, artifact=art, then=nxt)
+        return await self._then(res, nxt)
 
     async def fail(self, p: Fail) -> StatusResult:
         """Record a failure; the error text is truncated to `max_error_chars`; `next` as
@@ -212,9 +211,9 @@ class Coordinator(Dispatch, Reads, Areas):
         """
         error = truncate(p.error, self.config.max_error_chars)
         nxt = self.next_claim(p)
-        then = {"then": nxt} if nxt is not None and self.next_in_report else {}
-        res = await self.store.fail(lease_ref(p), error, p.retryable, self._backoff(), **then)
-        return await self._then(res, nxt, then)  # type: ignore[no-any-return]
+        res = await self.store.fail(lease_ref(p), error, p.retryable, self._backoff(),
+                                    then=nxt)
+        return await self._then(res, nxt)  # type: ignore[no-any-return]
 
     async def release(self, p: Release) -> StatusResult:
         """Hand a held job back without spending an attempt; `next` as `complete`'s.
@@ -223,16 +222,15 @@ class Coordinator(Dispatch, Reads, Areas):
         ckpt = None if p.checkpoint is None else values.encode(
             "checkpoint", p.checkpoint, self.config.max_checkpoint_bytes)
         nxt = self.next_claim(p)
-        then = {"then": nxt} if nxt is not None and self.next_in_report else {}
-        res = await self.store.release(lease_ref(p), reason, ckpt, **then)
+        res = await self.store.release(lease_ref(p), reason, ckpt, then=nxt)
         logger.info("job %s released by %s: %s", p.job_id, p.worker_id, reason,
                     extra={"action": "release", "job_id": p.job_id, "worker_id": p.worker_id})
-        return await self._then(res, nxt, then)  # type: ignore[no-any-return]
+        return await self._then(res, nxt)  # type: ignore[no-any-return]
 
-    async def _then(self, res: Any, nxt: Any, then: dict[str, Any]) -> Any:
-        """A report's reply with its next claim: run in the same write (`then`: counted
-        here), or now, apart (also where the store left `next` None: it could not)."""
-        res.next = self.counted(res.next) if then and res.next is not None \
+    async def _then(self, res: Any, nxt: Any) -> Any:
+        """A report's reply with its next claim: run in the same write (counted here), or
+        now, apart, where the store left `next` None (it could not)."""
+        res.next = self.counted(res.next) if res.next is not None \
             else await self.claim_next(nxt)
         return res
 

@@ -7,9 +7,9 @@ The rule not to break: every job is handed out by the store's one claim (coordd.
 exactly as for single claims; a batch is that many claims in a row, stopping at the first
 that finds nothing (coordd.rules.claim_batch). A next claim runs only after its report
 succeeded: a refused report (a stale fencing token, already completed) raises before
-anything is claimed. A store that can (`next_in_report`) runs the report and its next
-claim in one write, the claims decided here (NextClaim); otherwise (or where the store
-left `next` None: PostgreSQL for a claim of several jobs) they are two.
+anything is claimed. The store runs the report and its next claim in one write, the claims decided
+here (NextClaim); where it cannot (it leaves `next` None: PostgreSQL for a claim of
+several jobs) they are two.
 """
 
 from __future__ import annotations
@@ -96,11 +96,6 @@ class Dispatch:
         return NextClaim(worker_id=p.worker_id, lease_s=self._lease_s(ask.lease_s),
                          policy=self._claim_policy, kinds=ask.kinds, claim_id=ask.claim_id,
                          max_jobs=ask.max_jobs)
-
-    @property
-    def next_in_report(self) -> bool:
-        """The store runs a report and its next claim in one write (SQLite)."""
-        return bool(getattr(self.store, "next_in_report", False))
 
     async def claim_next(self, nxt: NextClaim | None) -> ClaimResult | None:
         """The next claim of a report that succeeded (None: not asked), on a store that ran

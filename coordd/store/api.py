@@ -21,6 +21,7 @@ from coordd.wire.protocol import (
 )
 
 if TYPE_CHECKING:
+    from coordd.rules.claim_batch import NextClaim
     from coordd.rules.claim_policy import ClaimPolicy
 
 Backoff = Callable[[int], float]  # attempts so far -> seconds before the retry
@@ -165,18 +166,21 @@ class Store(Protocol):
     async def checkpoint(self, ref: LeaseRef, checkpoint_json: str, *,
                          now: float | None = None) -> None: ...
     async def complete(self, ref: LeaseRef, result_json: str | None, *,
-                       artifact: Any = None, now: float | None = None) -> CompleteResult:
+                       artifact: Any = None, now: float | None = None,
+                       then: NextClaim | None = None) -> CompleteResult:
         """Store the result once (a result failing the job's schema spends the attempt
         after the attached backoff); `artifact` (SQLite: a stored artifact's reference).
-        A store whose `next_in_report` is True also takes `then` (a
-        coordd.rules.claim_batch.NextClaim) on complete, complete_counted, fail and
-        release: the next claim runs in the report's own write, its result in `next`
-        (PostgreSQL: `next` None where it cannot; the Coordinator claims after)."""
+        `then` (on complete, complete_counted, fail and release): the worker's next claim,
+        decided by the Coordinator, run in the report's own write, its result in `next`;
+        a store that cannot run it there leaves `next` None and the Coordinator claims
+        after the report (PostgreSQL, for a claim of several jobs)."""
         ...
     async def fail(self, ref: LeaseRef, error: str, retryable: bool, backoff: Backoff, *,
-                   now: float | None = None) -> StatusResult: ...
+                   now: float | None = None, then: NextClaim | None = None
+                   ) -> StatusResult: ...
     async def release(self, ref: LeaseRef, reason: str, checkpoint_json: str | None = None,
-                      *, now: float | None = None) -> StatusResult: ...
+                      *, now: float | None = None, then: NextClaim | None = None
+                      ) -> StatusResult: ...
     async def reap(self, *, limit: int = 1000, now: float | None = None) -> int: ...
     async def cancel(self, job_id: str, *, now: float | None = None) -> StatusResult: ...
     async def retry(self, job_id: str, *, now: float | None = None) -> StatusResult: ...

@@ -14,6 +14,7 @@ from coordd.wire.limits import LimitView
 from coordd.store.api import Backoff, LeaseRef
 
 if TYPE_CHECKING:
+    from coordd.rules.claim_batch import NextClaim
     from coordd.rules.limits import LimitBook
 
 
@@ -23,7 +24,8 @@ class AdmissionStore(Protocol):
     async def complete_counted(self, ref: LeaseRef, result_json: str | None,
                                usage: dict[str, float] | None, book: LimitBook,
                                backoff: Backoff, *, artifact: Any = None,
-                               now: float | None = None) -> CompleteResult:
+                               now: float | None = None, then: NextClaim | None = None
+                               ) -> CompleteResult:
         """`complete` (a result failing its schema spends the attempt after `backoff`),
         then `usage` counted against the budgets of the job's limits, in one transaction.
         Raises: as Store.complete."""

@@ -38,9 +38,6 @@ class EagerPostgres:
     resources_seen: Any  # () -> awaitable bool
     _complete_one: Any  # (conn, now, ref, result JSON) -> CompleteResult or the error
 
-    next_in_report = True
-    """complete, fail and release take `then`; see the module doc."""
-
     async def in_report(self, then: NextClaim | None) -> bool:
         """Whether `then` runs in its report's transaction (see the module doc)."""
         if then is None or then.max_jobs != 1:

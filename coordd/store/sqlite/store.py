@@ -248,10 +248,6 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
         await self._write(lambda conn, t: leases.checkpoint(
             conn, t, ref.job_id, ref.worker_id, ref.token, checkpoint_json), now, urgent=True)
 
-    next_in_report = True
-    """complete, fail and release take `then` (a NextClaim): the next claim runs in the
-    report's own write (coordd.store.sqlite.claims.with_next)."""
-
     async def complete(self, ref: LeaseRef, result_json: str | None, *,
                        artifact: Any = None, now: float | None = None,
                        then: NextClaim | None = None) -> CompleteResult:
