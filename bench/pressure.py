@@ -6,7 +6,8 @@ run's baseline (issue 21).
 
 Every scenario starts real coordd processes on fresh files and drives them over the
 socket. A scenario is a function `(workdir, args) -> list[Row]` in `SCENARIOS`; other
-modules add theirs (`bench/pressure_io.py`: file descriptors, frames, slow readers, a
+modules add theirs (`bench/pressure_prune.py`: claims during a prune;
+`bench/pressure_io.py`: file descriptors, frames, slow readers, a
 full disk, overload by class) by exporting a `SCENARIOS` dict of the same shape, which
 is merged here. Each Row is one figure, its baseline measured in the same run (without
 the pressure), their ratio and the target. See bench/README.md.
@@ -142,7 +143,7 @@ async def claim_loop(sock: str, worker: str, roles: list[str], kinds: list[str] 
     return lat
 
 
-def _ms(values: list[float], q: float) -> float:
+def quantile_ms(values: list[float], q: float) -> float:
     return 1e3 * pct(values, q)
 
 
@@ -218,10 +219,10 @@ def _claims_ahead(workdir: Path, args: argparse.Namespace, name: str, foreign: t
     finally:
         for d in daemons:
             d.stop()
-    base = (_ms(lat[0], 50), _ms(lat[0], 99))
+    base = (quantile_ms(lat[0], 50), quantile_ms(lat[0], 99))
     rows: list[Row] = []
     for n, got, load_s in zip(sizes[1:], lat[1:], loads[1:]):
-        p50, p99 = _ms(got, 50), _ms(got, 99)
+        p50, p99 = quantile_ms(got, 50), quantile_ms(got, 99)
         what = f"claim with {n:,} waiting jobs of another {'kind' if kinds else 'role'} ahead"
         rows.append(Row(name, what + " p50", p50, base[0], target="<= 1.2x",
                         met=p50 <= 1.2 * base[0], note=f"preload {load_s:.0f}s"))
@@ -269,26 +270,26 @@ def status_pollers(workdir: Path, args: argparse.Namespace) -> list[Row]:
         # so a change in the machine's load falls on both; medians of the rounds' p99
         alone_p99, calm_p99, paced = [], [], []
         for r in range(PACED_ROUNDS):
-            alone_p99.append(_ms(claims(f"a{r}")(), 99))
+            alone_p99.append(quantile_ms(claims(f"a{r}")(), 99))
             got, calm = _with_pollers(d.socket, 16, args.poll_s, 10.0, claims(f"c{r}"))
             paced += got
-            calm_p99.append(_ms(calm, 99))
+            calm_p99.append(quantile_ms(calm, 99))
     finally:
         d.stop()
     alone99, calm99 = statistics.median(alone_p99), statistics.median(calm_p99)
     ratio = statistics.median(c / a for c, a in zip(calm_p99, alone_p99))
     note = f"{n:,} jobs (preload {load_s:.0f}s)"
     return [
-        Row("status_pollers", "status p50, 16 pollers back to back", _ms(many, 50),
-            _ms(one, 50), note=note),
-        Row("status_pollers", "status p99, 16 pollers back to back", _ms(many, 99),
-            _ms(one, 99), target="<= 50 ms", met=_ms(many, 99) <= 50.0),
+        Row("status_pollers", "status p50, 16 pollers back to back", quantile_ms(many, 50),
+            quantile_ms(one, 50), note=note),
+        Row("status_pollers", "status p99, 16 pollers back to back", quantile_ms(many, 99),
+            quantile_ms(one, 99), target="<= 50 ms", met=quantile_ms(many, 99) <= 50.0),
         Row("status_pollers", "status answers/s, 16 pollers back to back",
             len(many) / args.poll_s, len(one) / 3.0, unit="/s"),
-        Row("status_pollers", "claim p99 beside 16 pollers back to back", _ms(busy, 99),
+        Row("status_pollers", "claim p99 beside 16 pollers back to back", quantile_ms(busy, 99),
             alone99, note="coordd's one core shared with ~all the pollers can send"),
-        Row("status_pollers", "status p99, 16 pollers at 10/s each", _ms(paced, 99),
-            _ms(one, 99), target="<= 50 ms", met=_ms(paced, 99) <= 50.0),
+        Row("status_pollers", "status p99, 16 pollers at 10/s each", quantile_ms(paced, 99),
+            quantile_ms(one, 99), target="<= 50 ms", met=quantile_ms(paced, 99) <= 50.0),
         Row("status_pollers", "claim p99 beside 16 pollers at 10/s each", calm99,
             alone99, target="unchanged (<= 1.2x)", met=ratio <= 1.2,
             note=f"median of {PACED_ROUNDS} alternating rounds; median ratio {ratio:.2f}x "
@@ -296,51 +297,11 @@ def status_pollers(workdir: Path, args: argparse.Namespace) -> list[Row]:
     ]
 
 
-# ---------------------------------------------------------------- finding 6
-
-
-@scenario("prune")
-def prune(workdir: Path, args: argparse.Namespace) -> list[Row]:
-    """Claims while a prune deletes N terminal jobs past retention (and vacuums, and
-    refreshes statistics); against claims before it (same daemon)."""
-    n = args.prune_jobs
-    d = fresh_daemon(workdir, "prune", config="retention_s = 3600.0\nreaper_interval_s = 3600.0\n")
-    t0 = time.time() - 30 * 86400.0
-    load_s = preload(d.db, [(n, "a", "cpu", 2, "succeeded"),
-                            (WARMUP + CLAIMS + 200_000, "b", "cpu", 1, "waiting")], t0)
-    d.start()
-
-    async def during() -> tuple[list[float], float, int]:
-        stop = asyncio.Event()
-        async with Client(d.socket, timeout=600.0) as c:
-            claims = asyncio.create_task(claim_loop(d.socket, "w2", ["cpu"], ["b"], 10**9,
-                                                    stop))
-            await asyncio.sleep(0.3)
-            t = time.perf_counter()
-            res = await c.call("prune", {})
-            took = time.perf_counter() - t
-            stop.set()
-            return await claims, took, res["pruned"] if isinstance(res, dict) else res.pruned
-
-    try:
-        uvloop.run(claim_loop(d.socket, "warm", ["cpu"], ["b"], WARMUP))
-        before = uvloop.run(claim_loop(d.socket, "w", ["cpu"], ["b"], CLAIMS))
-        lat, took, pruned = uvloop.run(during())
-    finally:
-        d.stop()
-    note = f"pruned {pruned:,} in {took:.1f}s, {len(lat)} claims meanwhile (preload {load_s:.0f}s)"
-    return [
-        Row("prune", "claim p50 during a prune", _ms(lat, 50), _ms(before, 50), note=note),
-        Row("prune", "claim p99 during a prune", _ms(lat, 99), _ms(before, 99),
-            target="<= 20 ms", met=_ms(lat, 99) <= 20.0),
-        Row("prune", "claim max during a prune", 1e3 * max(lat), 1e3 * max(before)),
-    ]
-
-
 # ---------------------------------------------------------------- running
 
 
-def load_more(modules: tuple[str, ...] = ("bench.pressure_io",)) -> list[str]:
+def load_more(modules: tuple[str, ...] = ("bench.pressure_prune", "bench.pressure_io")
+              ) -> list[str]:
     """Add the scenarios of other bench modules that exist; return their names.
 
     A module's `SCENARIOS` maps a name to a function: either of this module's shape
