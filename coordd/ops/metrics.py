@@ -161,9 +161,9 @@ class LoopHistogram:
     """A Prometheus histogram observed from the event loop's thread only (the writer's
     batches), exported by a collector: the same series as prometheus_client's Histogram
     (`_bucket{le}`, `_count`, `_sum`, `_created`) without its lock and Python calls per
-    observation (issue 30: about 8k instructions each, three or more a commit). A scrape
-    from the HTTP thread reads counts a batch may be adding to, as it would with the
-    library's Histogram (its buckets and sum are separate values too)."""
+    observation (docs/decisions.md, "jobcost"). A scrape from the HTTP thread reads counts
+    a batch may be adding to, as it would with the library's Histogram (its buckets and
+    sum are separate values too)."""
 
     def __init__(self, name: str, documentation: str, bounds: tuple[float, ...],
                  registry: CollectorRegistry) -> None:
