@@ -18,10 +18,11 @@ Each revision given with --rev is extracted to a temp folder (`git archive`, as
 `bench.run --rev` does) and measured with this file, so the loop is the same for both.
 
     python -m bench.instructions --rpc [--jobs 300] [--rpc-clients K] [--rev REV ...]
-                                 [--rpc-idle] [--keep DIR] [--cprofile DIR]
+                                 [--rpc-idle] [--keep DIR] [--cprofile DIR] [--eager]
 
 With `--rpc` a real daemon serves the cycles over its socket instead
-(bench/rpc_instructions.py): instructions per RPC, the request path included.
+(bench/rpc_instructions.py): instructions per RPC, the request path included; with
+`--eager` each complete asks for the next job (one request a job where the daemon has it).
 
 The clock is a FakeClock, pinned (moving it would wake coordd's timers on every cycle, which
 a real clock does not); the background checkpointer thread is off
@@ -168,7 +169,7 @@ def _rpc(args: argparse.Namespace, targets: list[str | None]) -> int:
         try:
             r = rpc_instructions.measure(src, label, n, idle=args.rpc_idle,
                                          cprofile_dir=args.cprofile, keep=args.keep,
-                                         k=args.rpc_clients)
+                                         k=args.rpc_clients, eager=args.eager)
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -178,9 +179,10 @@ def _rpc(args: argparse.Namespace, targets: list[str | None]) -> int:
             print("\n".join(rpc_instructions.profile_top(r["profile"])), flush=True)
             continue
         idle = f"   idle phase {r['ir_idle'] / 1e3:,.1f}k" if "ir_idle" in r else ""
+        eager = f" eager ({r['rpcs_per_job']:.2f} RPC/job)" if args.eager else ""
         print(f"{label:<28} {r['clients']:>2} conn daemon Ir/job "
               f"{r['ir_per_job'] / 1e3:,.1f}k   Ir/RPC "
-              f"{r['ir_per_rpc'] / 1e3:,.1f}k{idle}", flush=True)
+              f"{r['ir_per_rpc'] / 1e3:,.1f}k{idle}{eager}", flush=True)
     if len(results) > 1 and not args.cprofile:
         base = results[0]
         for r in results[1:]:

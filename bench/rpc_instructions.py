@@ -155,10 +155,36 @@ def cycle(clients: list[BareClient]) -> None:
         c.reply("complete")
 
 
+def eager_cycle(clients: list[BareClient], held: list[dict | None]) -> int:
+    """One job on every client, eager dispatch: a complete that asks for the next job
+    (`next`) brings it, so a job is one request; a claim is sent only where a client holds
+    none (the first round, or a revision without `next`: its reply has none). `held`: each
+    client's ClaimResult, updated in place. Returns the requests sent."""
+    sent = 0
+    for i, c in enumerate(clients):
+        if held[i] is None:
+            c.send("claim", {"worker_id": f"w{i}", "lease_s": 30.0})
+            sent += 1
+    for i, c in enumerate(clients):
+        if held[i] is None:
+            held[i] = c.reply("claim")
+    for i, (c, g) in enumerate(zip(clients, held)):
+        assert g and g.get("job"), g
+        c.send("complete", {"job_id": g["job"]["job_id"], "worker_id": f"w{i}",
+                            "token": g["lease"]["token"], "result": {"ok": 1},
+                            "next": {"lease_s": 30.0}})
+    for i, c in enumerate(clients):
+        nxt = c.reply("complete").get("next")
+        held[i] = nxt if nxt and nxt.get("job") else None
+    return sent + len(clients)
+
+
 def run(src: Path, n: int, work: Path, *, callgrind: bool, prof: str | None = None,
-        toggle: str = "functools_reduce", k: int = 1) -> int | None:
+        toggle: str = "functools_reduce", k: int = 1, eager: bool = False,
+        sent: list[int] | None = None) -> int | None:
     """Start the daemon child for `src`, set up, run `n` counted jobs over `k` connections
-    (n // k rounds of k claims, then k completes); Ir with callgrind."""
+    (n // k rounds of k claims, then k completes; `eager`: of k completes that bring the
+    next job, eager_cycle); Ir with callgrind. `sent`: the counted requests are added to it."""
     sock_path = str(work / f"d{len(list(work.iterdir()))}.sock")
     db = sock_path[:-5] + ".db"
     ctl_r, ctl_w = os.pipe()
@@ -199,13 +225,24 @@ def run(src: Path, n: int, work: Path, *, callgrind: bool, prof: str | None = No
             client.call("enqueue_batch", {"jobs": [
                 {"kind": "k", "required_role": "cpu", "priority": 2, "payload": {"i": j}}
                 for j in range(i, min(total, i + 500))]})
+        held: list[dict | None] = [None] * k
         for _ in range(WARMUP):
-            cycle(clients)
+            if eager:
+                eager_cycle(clients, held)
+            else:
+                cycle(clients)
         os.write(ctl_w, b"m")
         if not select.select([ack_r], [], [], START_TIMEOUT_S)[0] or os.read(ack_r, 1) != b"g":
             raise SystemExit("the daemon did not start the counted phase")
+        requests = 0
         for _ in range(n // k):
-            cycle(clients)
+            if eager:
+                requests += eager_cycle(clients, held)
+            else:
+                cycle(clients)
+                requests += 2 * k
+        if sent is not None:
+            sent.append(requests)
         os.write(ctl_w, b"e")
     finally:
         for c in clients or ([client] if client is not None else []):
@@ -247,7 +284,8 @@ def profile_top(path: str, top: int = 25) -> list[str]:
 
 
 def measure(src: Path, label: str, n: int, *, idle: bool = False,
-            cprofile_dir: str | None = None, keep: str | None = None, k: int = 1) -> dict:
+            cprofile_dir: str | None = None, keep: str | None = None, k: int = 1,
+            eager: bool = False) -> dict:
     """Ir per RPC and per job of the daemon serving `n` claim + complete cycles; `keep`: a
     folder to copy callgrind's output to (for callgrind_annotate)."""
     with tempfile.TemporaryDirectory(prefix="coordd-rpc-instr-") as w:
@@ -257,18 +295,20 @@ def measure(src: Path, label: str, n: int, *, idle: bool = False,
         if cprofile_dir:
             Path(cprofile_dir).mkdir(parents=True, exist_ok=True)
             prof = str(Path(cprofile_dir) / f"{label.split()[0].replace('/', '_')}.pstats")
-            run(src, n, work, callgrind=False, prof=prof, k=k)
+            run(src, n, work, callgrind=False, prof=prof, k=k, eager=eager)
             result["profile"] = prof
             return result
-        ir = run(src, n, work, callgrind=True, k=k)
-        result.update(ir_total=ir, ir_per_job=ir / n, ir_per_rpc=ir / (2 * n))
+        sent: list[int] = []
+        ir = run(src, n, work, callgrind=True, k=k, eager=eager, sent=sent)
+        result.update(ir_total=ir, ir_per_job=ir / n, ir_per_rpc=ir / sent[0],
+                      rpcs_per_job=sent[0] / n)
         if keep:
             Path(keep).mkdir(parents=True, exist_ok=True)
             kept = Path(keep) / f"callgrind.{label.split()[0].replace('/', '_')}.out"
             shutil.copyfile(work / "callgrind.rpc.out", kept)
             result["callgrind_out"] = str(kept)
         if idle:
-            result["ir_idle"] = run(src, 0, work, callgrind=True, k=k)
+            result["ir_idle"] = run(src, 0, work, callgrind=True, k=k, eager=eager)
         return result
 
 

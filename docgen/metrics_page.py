@@ -13,10 +13,12 @@ from docgen import md
 SUFFIXES = {"counter": "_total", "histogram": "_bucket, _sum, _count"}
 
 
-def families() -> list[MetricWrapperBase]:
-    """The metric objects of a fresh Metrics, in the order they are declared."""
+def families() -> list[MetricWrapperBase | metrics.LoopHistogram]:
+    """The metric objects of a fresh Metrics, in the order they are declared (the writer's
+    histograms are LoopHistograms, which carry the same attributes read here)."""
     m = metrics.Metrics()
-    return [v for v in vars(m).values() if isinstance(v, MetricWrapperBase)]
+    return [v for v in vars(m).values()
+            if isinstance(v, (MetricWrapperBase, metrics.LoopHistogram))]
 
 
 def render() -> str:

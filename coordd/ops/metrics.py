@@ -24,10 +24,15 @@ on 127.0.0.1.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
+import time
+from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from coordd.wire.protocol import StatusReply
 from coordd.wire.limits import LimitView
@@ -49,14 +54,14 @@ class Metrics:
         self.lease_expiries = Counter("coordd_lease_expiries",
                                       "Expired leases reaped (job requeued, failed or cancelled)",
                                       registry=r)
-        self.batch_size = Histogram("coordd_writer_batch_size", "Requests per group commit",
-                                    buckets=BATCH_BUCKETS, registry=r)
-        self.commit_seconds = Histogram("coordd_writer_commit_seconds",
-                                        "Seconds per group commit (BEGIN to COMMIT)",
-                                        buckets=SECONDS_BUCKETS, registry=r)
-        self.queue_wait = Histogram("coordd_writer_queue_wait_seconds",
-                                    "Seconds a request waits for the writer",
-                                    buckets=SECONDS_BUCKETS, registry=r)
+        self.batch_size = LoopHistogram("coordd_writer_batch_size",
+                                        "Requests per group commit", BATCH_BUCKETS, r)
+        self.commit_seconds = LoopHistogram("coordd_writer_commit_seconds",
+                                            "Seconds per group commit (BEGIN to COMMIT)",
+                                            SECONDS_BUCKETS, r)
+        self.queue_wait = LoopHistogram("coordd_writer_queue_wait_seconds",
+                                        "Seconds a request waits for the writer",
+                                        SECONDS_BUCKETS, r)
         self.queue_depth = Gauge("coordd_writer_queue_depth",
                                  "Requests accepted and not yet committed", registry=r)
         self.jobs = Gauge("coordd_jobs", "Jobs by status", ["status"], registry=r)
@@ -150,6 +155,50 @@ class Metrics:
     def render(self) -> str:
         """The Prometheus text exposition of every series."""
         return generate_latest(self.registry).decode()
+
+
+class LoopHistogram:
+    """A Prometheus histogram observed from the event loop's thread only (the writer's
+    batches), exported by a collector: the same series as prometheus_client's Histogram
+    (`_bucket{le}`, `_count`, `_sum`, `_created`) without its lock and Python calls per
+    observation (docs/decisions.md, "jobcost"). A scrape from the HTTP thread reads counts
+    a batch may be adding to, as it would with the library's Histogram (its buckets and
+    sum are separate values too)."""
+
+    def __init__(self, name: str, documentation: str, bounds: tuple[float, ...],
+                 registry: CollectorRegistry) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = tuple(float(b) for b in bounds)
+        # what docgen reads of a prometheus_client metric (docs/reference/metrics.md)
+        self._type, self._labelnames = "histogram", ()
+        self._upper_bounds = [*self._bounds, float("inf")]
+        self._les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
+        self.counts = [0] * (len(self._bounds) + 1)  # per bucket, not cumulative; +Inf last
+        self.sum = 0.0
+        self._created = time.time()
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        """Count one observation (a value equal to a bound falls in that bound's bucket)."""
+        self.counts[bisect.bisect_left(self._bounds, value)] += 1
+        self.sum += value
+
+    def describe(self) -> list[HistogramMetricFamily]:
+        """The family without samples (the registry's name check)."""
+        return [HistogramMetricFamily(self._name, self._documentation)]
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        """The histogram's samples now, cumulative by bucket as Prometheus reads them."""
+        counts, total, running = list(self.counts), self.sum, 0
+        buckets = []
+        for le, n in zip(self._les, counts):
+            running += n
+            buckets.append((le, float(running)))
+        family = HistogramMetricFamily(self._name, self._documentation, buckets=buckets,
+                                       sum_value=total)
+        family.add_sample(self._name + "_created", {}, self._created)
+        yield family
 
 
 def tree_bytes(root: str) -> int:

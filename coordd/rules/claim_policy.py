@@ -28,6 +28,9 @@ class ClaimPolicy(msgspec.Struct, kw_only=True):
     # the kinds waiting per role, kept by the writer (coordd.store.sqlite.job_changes.
     # RoleKinds); None: read them from the claim index at each claim
     role_kinds: Any = None
+    # the claim's read of its worker row, kept by the writer (coordd.store.sqlite.job_changes.
+    # WorkerRows); None: read it at each claim
+    worker_rows: Any = None
     # whether a reservation may exist (coordd.rules.preemption.ReservationHint); None: always look
     reservations: Any = None
     # (priority, the worker's stored heartbeat JSON) -> what that priority's own gates say

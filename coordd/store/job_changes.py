@@ -33,6 +33,21 @@ TRIGGERS = (
     "NULL); END",
 )
 
+# The claim's read of its worker (coordd.store.jobs.SQL_WORKER) is kept by the writer
+# (coordd.store.sqlite.job_changes.WorkerRows); a change to those columns of a worker row
+# by the writer's connection drops it there. Rows another connection changed: the same
+# `PRAGMA data_version` check as the counters.
+WORKER_FUNCTION = "coordd_worker"
+WORKER_TRIGGERS = (
+    "CREATE TEMP TRIGGER IF NOT EXISTS worker_rows_insert AFTER INSERT ON main.workers "
+    f"BEGIN SELECT {WORKER_FUNCTION}(NEW.worker_id); END",
+    "CREATE TEMP TRIGGER IF NOT EXISTS worker_rows_update AFTER UPDATE OF worker_id, "
+    "roles_json, heartbeat_json, heartbeat_at ON main.workers "
+    f"BEGIN SELECT {WORKER_FUNCTION}(OLD.worker_id), {WORKER_FUNCTION}(NEW.worker_id); END",
+    "CREATE TEMP TRIGGER IF NOT EXISTS worker_rows_delete AFTER DELETE ON main.workers "
+    f"BEGIN SELECT {WORKER_FUNCTION}(OLD.worker_id); END",
+)
+
 # The counters migration's successor: the writer keeps job_counts (in the batch's
 # transaction; since MIGRATION_COUNTERS_ONE_ROW as one row, `job_totals`).
 MIGRATION_COUNTERS_BY_WRITER = """

@@ -25,7 +25,7 @@ from coordd.store import worker_schema as _worker_schema
 from coordd.store import workflow_schema as _workflow_schema
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 PRAGMA_AUTO_VACUUM = "PRAGMA auto_vacuum = INCREMENTAL"
 PRAGMAS_WRITER = (
     "PRAGMA journal_mode=WAL",
@@ -40,6 +40,41 @@ PRAGMA_JOURNAL_SIZE_LIMIT = "PRAGMA journal_size_limit = {:d}"  # a burst's WAL 
 PRAGMA_WAL_AUTOCHECKPOINT = "PRAGMA wal_autocheckpoint = {:d}"  # pages of WAL per checkpoint
 PRAGMA_QUICK_CHECK = "PRAGMA quick_check"
 PRAGMA_FOREIGN_KEY_CHECK = "PRAGMA foreign_key_check"
+
+# v20: leases rebuilt WITHOUT ROWID, the same columns in the same order. A lease was a
+# rowid row plus its job_id primary-key index: two B-trees written by every claim and every
+# report, besides leases_expiry and leases_worker; now the row lives in the job_id B-tree.
+# The rebuild drops the limits' release trigger with the old table: it is made again here,
+# so the file is whole without a start (which drops it while no limit is defined and no
+# unit is held, coordd.store.limits).
+MIGRATION_LEASES_WITHOUT_ROWID = FK_OFF_MARKER + """
+    CREATE TABLE leases_v20 (
+        job_id         TEXT NOT NULL PRIMARY KEY REFERENCES jobs(job_id) ON DELETE CASCADE,
+        worker_id      TEXT NOT NULL,
+        token          INTEGER NOT NULL,
+        claim_id       TEXT,
+        granted_at     REAL NOT NULL,
+        expires_at     REAL NOT NULL,
+        lease_s        REAL NOT NULL,
+        suspended_at   REAL,
+        suspend_reason TEXT,
+        gate_open_at   REAL,
+        vacate_reason  TEXT,
+        gpu_ids        TEXT,
+        vram_mb        INTEGER,
+        ram_mb         INTEGER,
+        resume_at      REAL
+    ) WITHOUT ROWID;
+    INSERT INTO leases_v20 SELECT job_id, worker_id, token, claim_id, granted_at,
+        expires_at, lease_s, suspended_at, suspend_reason, gate_open_at, vacate_reason,
+        gpu_ids, vram_mb, ram_mb, resume_at FROM leases;
+    DROP TABLE leases;
+    ALTER TABLE leases_v20 RENAME TO leases;
+    CREATE INDEX leases_expiry ON leases (expires_at);
+    CREATE INDEX leases_worker ON leases (worker_id);
+    CREATE UNIQUE INDEX leases_claim_id ON leases (worker_id, claim_id)
+        WHERE claim_id IS NOT NULL;
+""" + ";" + _limits.SQL_RELEASE_TRIGGER
 
 MIGRATIONS: tuple[str, ...] = (
     # v1
@@ -158,6 +193,8 @@ MIGRATIONS: tuple[str, ...] = (
     # v18: the job counters in one row the writer rewrites once a batch (job_counts: a view)
     _job_changes.MIGRATION_COUNTERS_ONE_ROW,
     _governance_schema.MIGRATION_RESUME_AT,  # v19: leases.resume_at (a pending resume)
+    # v20: leases keyed by job_id alone (WITHOUT ROWID): one B-tree fewer to write a lease
+    MIGRATION_LEASES_WITHOUT_ROWID,
 )
 
 

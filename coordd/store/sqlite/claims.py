@@ -87,7 +87,9 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
         if row is not None:
             return _claimed(conn, row[0], LeaseGrant(token=row[1], expires_at=row[2],
                                                      lease_s=row[3]))
-    worker = conn.execute(SQL_WORKER, (worker_id,)).fetchone()
+    rows = policy.worker_rows
+    worker = (conn.execute(SQL_WORKER, (worker_id,)).fetchone() if rows is None
+              else rows.get(conn, worker_id))
     if worker is None:
         return ClaimResult(reasons=[gates.HEARTBEAT_STALE],
                            detail=f"worker {worker_id} never sent a heartbeat")

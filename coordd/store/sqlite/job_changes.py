@@ -1,5 +1,6 @@
 """What the writer learns from each job row it changes: the status counters, the kinds
-waiting per role, and the rows that may wake a parked call.
+waiting per role, and the rows that may wake a parked call; and the claim's worker rows,
+kept until the writer changes them (WorkerRows).
 
 One TEMP trigger per insert, status/priority update and delete of a job calls `row()`
 inside the writer's transaction (coordd.store.job_changes), whatever code path made the
@@ -24,10 +25,12 @@ import msgspec
 
 from coordd.store import job_changes as sql
 from coordd.store.claim_index import SQL_ROLE_KINDS
+from coordd.store.jobs import SQL_WORKER
 
 logger = logging.getLogger(__name__)
 
 KINDS_REFRESH_S = 1.0  # a role's cached kinds are read again after this (drops gone kinds)
+WORKER_ROWS_KEPT = 4096  # worker rows kept before starting over
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "skipped"})
 _encode = msgspec.json.Encoder().encode
 
@@ -74,12 +77,43 @@ class RoleKinds:
         self._kinds.clear()
 
 
+class WorkerRows:
+    """The claim's read of its worker row, (roles_json, heartbeat_json, heartbeat_at), as the
+    writer's connection sees it: read once, then kept until a TEMP trigger says the writer
+    changed one of those columns (`changed`), or until anything cached may be stale
+    (a rollback, another connection's commit: `clear`)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[Any, ...]] = {}
+
+    def get(self, conn: sqlite3.Connection, worker_id: str) -> tuple[Any, ...] | None:
+        """The worker's row, or None when it has none (that is not kept)."""
+        row = self._rows.get(worker_id)
+        if row is None:
+            row = conn.execute(SQL_WORKER, (worker_id,)).fetchone()
+            if row is not None:
+                if len(self._rows) >= WORKER_ROWS_KEPT:
+                    self._rows.clear()
+                self._rows[worker_id] = row
+        return row
+
+    def changed(self, worker_id: Any) -> None:
+        """The writer inserted, updated or deleted the row (the triggers' function; must not
+        raise)."""
+        self._rows.pop(worker_id, None)
+
+    def clear(self) -> None:
+        """Forget every row."""
+        self._rows.clear()
+
+
 class JobChanges:
     """The writer's view of the job rows its batches change (see the module doc)."""
 
     def __init__(self) -> None:
         self.journal: list[tuple[Any, Any, Any, Any]] = []  # (old status, prio, new, prio)
         self.role_kinds = RoleKinds()
+        self.worker_rows = WorkerRows()
         self.listener: Listener | None = None
         # committed counts by (status, priority): what `status` answers, no read needed
         self.counts: dict[tuple[str, int], int] = {}
@@ -109,14 +143,17 @@ class JobChanges:
             self.counts = {}
             raise
         conn.create_function(sql.JOB_FUNCTION, sql.JOB_FUNCTION_ARGS, self.row)
-        for stmt in sql.TRIGGERS:
+        conn.create_function(sql.WORKER_FUNCTION, 1, self.worker_rows.changed)
+        for stmt in (*sql.TRIGGERS, *sql.WORKER_TRIGGERS):
             conn.execute(stmt)
         self._data_version = conn.execute(sql.SQL_DATA_VERSION).fetchone()[0]
         self._doubt()
 
     def _doubt(self) -> None:
-        """What is cached of the file may be stale: forget the kinds, raise the hint."""
+        """What is cached of the file may be stale: forget the kinds and the worker rows,
+        raise the hint."""
         self.role_kinds.clear()
+        self.worker_rows.clear()
         if self.reservations is not None:
             self.reservations.may_exist()
 

@@ -151,6 +151,7 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
         self.attach_wakeups(hooks.push)
         self.writer.metrics = hooks.meters
         hooks.policy.role_kinds = changes.role_kinds
+        hooks.policy.worker_rows = changes.worker_rows
         hooks.policy.reservations = changes.reservations = hooks.reservations
         self.backoff_factory = hooks.backoff
 
