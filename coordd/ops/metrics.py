@@ -27,13 +27,13 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from coordd.clock import SystemClock
 from coordd.wire.protocol import StatusReply
 from coordd.wire.limits import LimitView
 
@@ -176,7 +176,7 @@ class LoopHistogram:
         self._les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
         self.counts = [0] * (len(self._bounds) + 1)  # per bucket, not cumulative; +Inf last
         self.sum = 0.0
-        self._created = time.time()
+        self._created = SystemClock().wall()  # the series' `_created`, as the library's
         registry.register(self)
 
     def observe(self, value: float) -> None:
