@@ -99,6 +99,7 @@ class PostgresStore(EagerPostgres, LeaseEndsPostgres, HubOps, LogOps, EnrolOps, 
         self.completes_next = batch.Batcher(self._complete_next_batch, worker_of,
                                             max_items=batch_items,
                                             max_in_flight=batch_in_flight)
+        self.eager_paths = {"statement": 0, "transaction": 0}
         self._listener = coordination.WorkListener(dsn)
         self._wanted: dict[str, float] = {}  # the parked calls' wake-ups (postgres.waits)
         self.claims = claims.Claims(self._conn, max_items=batch_items,
