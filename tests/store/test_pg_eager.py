@@ -176,3 +176,30 @@ async def test_a_next_job_that_does_not_decode_is_dead_lettered(pg):
     view = await pg.store.get_job(bad)
     assert view.status == "failed" and view.lease is None
     assert gates.PAYLOAD_DECODE_ERROR in (view.last_error or "")
+
+
+async def test_the_hot_statements_keep_a_generic_plan(request, tmp_path):
+    """The plain complete and the complete with its next claim are planned once per
+    session, not at every call (pg_prepared_statements on the pool's one connection)."""
+    from coordd.store.postgres import eager_sql, sql
+    st = await open_store("postgres", request, tmp_path, pool_min=1, pool_max=1)
+    b = Bundle(store=st, kind="postgres", policy=policy())
+    try:
+        await _beat(b, "w1")
+        for _ in range(20):
+            await b.enqueue()
+        for _ in range(8):
+            got = await st.claim("w1", 60.0, b.policy)
+            await st.complete(LeaseRef(got.job.job_id, "w1", got.lease.token), "1")
+        got = await st.claim("w1", 60.0, b.policy)
+        for _ in range(8):
+            got = (await st.complete(LeaseRef(got.job.job_id, "w1", got.lease.token), "1",
+                                     then=_next(b, "w1"))).next
+        async with st.pool.acquire() as conn:
+            plans = {r[0]: (r[1], r[2]) for r in await conn.fetch(
+                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")}
+        for text in (sql.SQL_COMPLETE_BATCH, eager_sql.SQL_COMPLETE_NEXT):
+            generic, custom = plans[text]
+            assert generic >= 3 and custom <= 5  # custom: the plan cache's first five
+    finally:
+        await st.close()

@@ -59,7 +59,7 @@ _MANY = (
     "WITH r AS (SELECT * FROM unnest($2::text[], $4::text[], $9::float8[], $10::text[], "
     "$11::text[], $12::text[], $13::bigint[], $16::text[]) WITH ORDINALITY AS r(worker_id, "
     "claim_id, hb_at, hb_json, roles_json, job_id, token, result_json, n) "
-    "LIMIT cardinality($2::text[])), "  # (below)
+    "LIMIT cardinality($2::text[])), "  # (every row: sql._CLAIM_BATCH says why)
     "hb AS (SELECT r.* FROM r JOIN workers x ON x.worker_id = r.worker_id "
     f"AND x.heartbeat_at >= {NOW} - $8::float8 AND x.heartbeat_at = r.hb_at "
     "AND x.heartbeat_json = r.hb_json AND x.roles_json = r.roles_json), "
@@ -85,9 +85,6 @@ _MANY = (
     "rp.lease_s, true FROM rp JOIN jobs j ON j.job_id = rp.job_id) "
     "SELECT d.worker_id, d.status, x.* FROM d LEFT JOIN x ON x.worker_id = d.worker_id"
 )
-# `LIMIT cardinality(...)` keeps every row: it gives a generic plan the estimate of one
-# row (a custom plan's: the array's length), so the plan cache keeps the generic plan
-# instead of planning the statement at every call (docs/decisions.md, pgone).
 SQL_COMPLETE_NEXT_BATCH = _MANY.replace("{candidates}", candidates(BATCH_LIMIT, "", False))
 SQL_COMPLETE_NEXT_BATCH_ROLES = _MANY.replace("{candidates}",
                                               candidates(BATCH_LIMIT, "", True))

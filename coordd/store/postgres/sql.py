@@ -163,9 +163,10 @@ COMPLETED_EVENTS = (  # the events of the CTE {jobs} (job_id, status, worker_id)
 # reason of a complete that meets a requested cancel (postgres.apply.COMPLETE_TEXTS).
 # Not matched: workflow nodes (they settle in a transaction of their own,
 # postgres.limits.complete_checked) and jobs with a result schema (judged there too).
+# `LIMIT cardinality($2)` keeps every row: see _CLAIM_BATCH (a cached generic plan).
 SQL_COMPLETE_BATCH = (
     "WITH r AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[]) "
-    "AS r(job_id, worker_id, token, result_json)), "
+    "AS r(job_id, worker_id, token, result_json) LIMIT cardinality($2::text[])), "
     f"l AS (DELETE FROM leases l USING r WHERE {_FENCE} AND (SELECT x.workflow_id IS NULL "
     "AND x.result_schema IS NULL FROM jobs x WHERE x.job_id = l.job_id) "
     "RETURNING l.job_id, l.worker_id), "
@@ -334,10 +335,14 @@ BATCH_TAKE = (  # the candidates `c` (for the workers `w`: worker_id, claim_id, 
     f"SELECT job_id, {NOW}, holder, 'waiting', 'running', 'claimed (token ' || last_token "
     "|| ')' FROM j) "
 )
+# `LIMIT cardinality(...)` keeps every row: it gives a generic plan the estimate of one row
+# (a custom plan's: the array's length), so the plan cache keeps the generic plan instead
+# of planning the statement at every call (docs/decisions.md, pgone).
 _CLAIM_BATCH = (
-    "WITH w AS (SELECT r.worker_id, r.claim_id, r.n FROM unnest($2::text[], $4::text[], "
-    "$9::float8[], $10::text[], $11::text[]) WITH ORDINALITY AS r(worker_id, claim_id, "
-    "hb_at, hb_json, roles_json, n) JOIN workers x ON x.worker_id = r.worker_id "
+    "WITH w AS (SELECT r.worker_id, r.claim_id, r.n FROM (SELECT * FROM unnest($2::text[], "
+    "$4::text[], $9::float8[], $10::text[], $11::text[]) WITH ORDINALITY AS r(worker_id, "
+    "claim_id, hb_at, hb_json, roles_json, n) LIMIT cardinality($2::text[])) r "
+    "JOIN workers x ON x.worker_id = r.worker_id "
     f"AND x.heartbeat_at >= {NOW} - $8::float8 AND x.heartbeat_at = r.hb_at "
     "AND x.heartbeat_json = r.hb_json AND x.roles_json = r.roles_json), "
     + BATCH_TAKE +
