@@ -34,6 +34,11 @@ from coordd.store.postgres.taken import Undecodable, claimed, dead_letter
 
 logger = logging.getLogger(__name__)
 
+# one statement at a time: the completes that arrive meanwhile share the next one (group
+# commit, as SQLite's one writer); two at a time made smaller batches and a slower drain
+# at 16 clients on a 2-core machine (docs/decisions.md, pgone)
+EAGER_IN_FLIGHT_DEFAULT = 1
+
 
 class EagerPostgres:
     """Mixed into PostgresStore (its `_conn`, claims, reservation hint, resources_seen,
