@@ -164,8 +164,9 @@ class EagerPostgres:
         got = {r[0]: (r[1], *tuple(r)[3:]) for r in rows}  # (r[2]: x's worker again)
         return [got.get(i[0].worker_id) for i in items]
 
-    async def _next_of(self, conn: Any, now: float | None, worker_id: str, taken: tuple[Any, ...],
-                       replayed: bool, seen: Any, kinds_list: list[str] | None) -> Any:
+    async def _next_of(self, conn: Any, now: float | None, worker_id: str,
+                       taken: tuple[Any, ...], replayed: bool, seen: Any,
+                       kinds_list: list[str] | None) -> Any:
         """A completed item's next claim other than a new lease that decodes: the lease
         replayed, or no job and why (None: the job taken does not decode, dead-lettered:
         the Coordinator claims after)."""
