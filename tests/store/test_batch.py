@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from coordd import errors
 from coordd.store.postgres.batch import Batcher
 
 
@@ -21,6 +22,8 @@ class Statements:
         await asyncio.sleep(0)
         if "bad" in items:
             raise ValueError("bad item")
+        if "lost" in items:
+            raise errors.Unavailable("connection lost")
         return [f"done {i}" for i in items]
 
 
@@ -39,6 +42,17 @@ async def test_a_failed_statement_is_run_again_item_by_item():
                                b.submit(None, "ok"), return_exceptions=True)
     assert res[0] == "done first" and res[2] == "done ok" and isinstance(res[1], ValueError)
     assert [items for _, items in st.calls] == [["first"], ["bad", "ok"], ["bad"], ["ok"]]
+
+
+async def test_a_lost_connection_fails_every_item_of_its_statement_and_runs_none_again():
+    st = Statements()
+    b = Batcher(st, key=lambda i: i, max_in_flight=1)
+    res = await asyncio.wait_for(asyncio.gather(
+        b.submit(None, "first"), b.submit(None, "lost"), b.submit(None, "other"),
+        return_exceptions=True), timeout=5)
+    assert res[0] == "done first"
+    assert all(isinstance(r, errors.Unavailable) for r in res[1:])  # it may have committed
+    assert [items for _, items in st.calls] == [["first"], ["lost", "other"]]
 
 
 async def test_one_statement_never_holds_a_key_twice_nor_mixes_now_or_group():

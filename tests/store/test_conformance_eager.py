@@ -263,3 +263,35 @@ async def test_a_vacated_jobs_release_with_next_takes_the_reserved_p0(coord):
     p0_view = await coord.get_job(_id(p0))
     assert p0_view.lease.token == res.next.lease.token
     assert any((e.reason or "").startswith("reserved on w1") for e in p0_view.events)
+
+
+async def test_a_repeated_next_claim_id_returns_the_lease_it_granted(coord):
+    """A worker re-sends a report's next claim with the same claim id (its reply was lost):
+    the report is stored and the answer is the lease that claim id already granted, as a
+    repeated claim's is; no second job is taken. Once that lease has ended (with the
+    report itself, here), the claim id claims anew."""
+    await beat(coord)
+    a, x, b, y, c = [await enqueue(coord) for _ in range(5)]
+    held = [await coord.claim(Claim(worker_id="w1")) for _ in range(2)]
+    assert [h.job.job_id for h in held] == [a, x]
+    first = await coord.complete(Complete(job_id=a, worker_id="w1", token=held[0].lease.token,
+                                          next=ClaimAsk(claim_id="n1")))
+    assert first.next.job.job_id == b
+    again = await coord.complete(Complete(job_id=x, worker_id="w1", token=held[1].lease.token,
+                                          next=ClaimAsk(claim_id="n1")))
+    assert again.status == "succeeded"
+    assert again.next.job.job_id == b and again.next.lease.token == first.next.lease.token
+    assert (await coord.get_job(_id(x))).status == "succeeded"
+    got_y = await coord.claim(Claim(worker_id="w1"))
+    assert got_y.job.job_id == y
+    failed = await coord.fail(Fail(job_id=y, worker_id="w1", token=got_y.lease.token,
+                                   error="x", retryable=False, next=ClaimAsk(claim_id="n1")))
+    assert failed.status == "failed"
+    assert failed.next.job.job_id == b and failed.next.lease.token == first.next.lease.token
+    assert (await coord.get_job(_id(c))).status == "waiting"  # no second job taken
+    resent = await coord.release(Release(job_id=b, worker_id="w1",
+                                         token=first.next.lease.token, next=ClaimAsk(
+                                             claim_id="n1")))
+    assert resent.status == "waiting"  # n1's lease ended with b: a new claim
+    assert granted(resent.next) not in ([], [(b, first.next.lease.token)])
+    assert resent.next.job.job_id in (b, c)  # b queued again (a clock that moved: c first)

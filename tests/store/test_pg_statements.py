@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from coordd.rules import transitions as tr
-from coordd.store.postgres import apply, sql
+from coordd.store.postgres import apply, eager_sql, sql
 
 WRITES_STATUS = re.compile(r"UPDATE jobs SET (?:(?!WHERE).)*\bstatus = |INSERT INTO jobs \(",
                            re.S)
@@ -18,11 +18,16 @@ STATUS_WRITES = {  # statement -> the transitions it writes (coordd.rules.transi
     "SQL_TO_TERMINAL": "failed/cancelled (apply)", "SQL_TO_WAITING": "fail (apply)",
     "SQL_RELEASE_JOB": "release (apply)", "SQL_RETRY": "retry (apply)",
     "SQL_REAP": "lease_expired/cancel_requested",
+    # eager_sql: a complete and its next claim in one statement
+    "SQL_COMPLETE_NEXT": "complete/cancel_requested, claim",
+    "SQL_COMPLETE_NEXT_ROLES": "complete/cancel_requested, claim",
+    "SQL_COMPLETE_NEXT_BATCH": "complete/cancel_requested, claim",
+    "SQL_COMPLETE_NEXT_BATCH_ROLES": "complete/cancel_requested, claim",
 }
 
 
 def test_every_status_writing_statement_is_known():
-    found = {name for name, v in vars(sql).items()
+    found = {name for module in (sql, eager_sql) for name, v in vars(module).items()
              if name.startswith("SQL_") and isinstance(v, str) and WRITES_STATUS.search(v)}
     assert found == set(STATUS_WRITES)
 

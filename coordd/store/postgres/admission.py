@@ -85,7 +85,7 @@ SQL_TAKE = (
     "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     f"SELECT job_id, {NOW}, $3, 'waiting', 'running', 'claimed (token ' || last_token || ')' "
     "FROM j) "
-    f"SELECT {sql._CLAIMED_COLS}, j.last_token, {NOW} + $4::float8, $4::float8 FROM j"
+    f"SELECT {sql.CLAIMED_COLS}, j.last_token, {NOW} + $4::float8, $4::float8 FROM j"
 )
 SQL_INSERT_HOLDS = (  # $2 job, $3 worker, $4 priority, $5 names, $6 units
     "INSERT INTO limit_holds (name, job_id, units, priority, worker_id, since) "

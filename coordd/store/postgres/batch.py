@@ -29,6 +29,25 @@ def _no_group(_item: Any) -> None:
     return None
 
 
+async def each(flush: Flush, now: float | None, items: list[Any]) -> list[Any]:
+    """`flush(now, items)`'s results, or an error per item: a statement (or transaction)
+    that fails changed nothing, so each item runs again alone and a bad one fails alone;
+    a lost connection (`unavailable`: it may have committed) fails every item, never
+    runs again here (each caller decides: a claim looks its claim_id up)."""
+    try:
+        return await flush(now, items)
+    except Exception as exc:
+        if len(items) == 1 or isinstance(exc, errors.Unavailable):
+            return [exc] * len(items)
+        results: list[Any] = []
+        for item in items:
+            try:
+                results += await flush(now, [item])
+            except Exception as one:
+                results.append(one)
+        return results
+
+
 class Batcher:
     """Collect calls of one operation into statements of up to `max_items` items.
 
@@ -89,19 +108,7 @@ class Batcher:
         self.statements += 1
         self.items += len(batch)
         try:
-            results = await self._flush(now, [item for _, item, _ in batch])
-        except Exception as exc:
-            if len(batch) == 1 or isinstance(exc, errors.Unavailable):
-                # a lost connection: the statement may have committed, so never run it
-                # again here; each caller decides (a claim looks its claim_id up)
-                results = [exc]
-            else:  # one statement is all or nothing: run each alone, so a bad item fails alone
-                results = []
-                for _, item, _ in batch:
-                    try:
-                        results += await self._flush(now, [item])
-                    except Exception as one:
-                        results.append(one)
+            results = await each(self._flush, now, [item for _, item, _ in batch])
         except BaseException:  # cancelled (the store is closing): so are its callers
             for _, _, fut in batch:
                 fut.cancel()

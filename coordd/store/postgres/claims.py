@@ -75,7 +75,7 @@ class Claims:
                                      reservations, resources_seen)
         except (errors.Unavailable, errors.BadRequest) as exc:
             if claim_id is None or (isinstance(exc, errors.BadRequest)
-                                    and not _claim_id_taken(exc)):
+                                    and not claim_id_taken(exc)):
                 raise
             async with self._conn() as conn:
                 row = await conn.fetchrow(sql.SQL_CLAIM_REPLAY, now, worker_id, claim_id)
@@ -110,18 +110,9 @@ class Claims:
         per claim group, as batched claims do; the others (or those it found nothing
         for) take the full path. A ClaimResult per ask, in order."""
         out: list[Any] = [None] * len(asks)
-        groups: dict[Any, list[int]] = {}
-        for i, a in enumerate(asks):
-            kinds = None if a.kinds is None else sorted(set(a.kinds))
-            seen = self._seen.get(a.worker_id)
-            if seen is not None and seen.policy is a.policy and seen.decision.allowed:
-                item = (a.worker_id, a.claim_id, a.lease_s, kinds, seen)
-                groups.setdefault(_group_of(item), []).append(i)
-        for idx in groups.values():
-            items = [(asks[i].worker_id, asks[i].claim_id, asks[i].lease_s,
-                      None if asks[i].kinds is None else sorted(set(asks[i].kinds)),
-                      self._seen[asks[i].worker_id]) for i in idx]
-            for i, row in zip(idx, await self._claim_rows(conn, now, items)):
+        items = [self.seen_item(a) for a in asks]
+        for idx in groups_of(items).values():
+            for i, row in zip(idx, await self._claim_rows(conn, now, [items[i] for i in idx])):
                 if row is None:
                     continue
                 with contextlib.suppress(Undecodable):
@@ -134,6 +125,27 @@ class Claims:
                                           None if a.kinds is None else sorted(set(a.kinds)),
                                           a.claim_id, now)
         return out
+
+    def seen_item(self, ask: Any) -> tuple[Any, ...] | None:
+        """A claim item (worker, claim id, lease_s, kinds, Seen) for a NextClaim whose
+        worker's gate decision is known and lets it claim at some priority; else None."""
+        seen = self._seen.get(ask.worker_id)
+        if seen is None or seen.policy is not ask.policy or not seen.decision.allowed:
+            return None
+        kinds = None if ask.kinds is None else sorted(set(ask.kinds))
+        return (ask.worker_id, ask.claim_id, ask.lease_s, kinds, seen)
+
+    async def replays(self, conn: Any, now: float | None, asks: list[Any]) -> list[Any]:
+        """For each ask (NextClaims of distinct workers), the live lease its claim id
+        already granted (a ClaimResult), else None; one statement for the lot."""
+        ids = [(a.worker_id, a.claim_id) for a in asks if a.claim_id is not None]
+        if not ids:
+            return [None] * len(asks)
+        rows = await conn.fetch(sql.SQL_CLAIM_REPLAYS, now, [w for w, _ in ids],
+                                [c for _, c in ids])
+        got = {r[-1]: r[:-1] for r in rows}
+        return [None if a.worker_id not in got
+                else await pgres.with_gpus(conn, claimed(got[a.worker_id])) for a in asks]
 
     async def _full(self, conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
                     kinds_list: list[str] | None, claim_id: str | None,
@@ -162,6 +174,12 @@ class Claims:
             with contextlib.suppress(Undecodable):
                 return claimed(row)
             await dead_letter(conn, now, row, worker_id)
+        return await self.refused(conn, now, decision, roles, kinds_list)
+
+    async def refused(self, conn: Any, now: float | None,
+                      decision: gate_decision.GateDecision, roles: list[str],
+                      kinds_list: list[str] | None) -> ClaimResult:
+        """No job under `decision` for a worker of `roles`: the reasons why (reads only)."""
         refused = [p for (p,) in await conn.fetch(sql.SQL_GATED_PRIORITIES, now, roles,
                                                   kinds_list, decision.allowed)] \
             if decision.refused else []
@@ -196,7 +214,7 @@ class Claims:
         return [got.get(i[0]) for i in items]
 
 
-def _claim_id_taken(exc: errors.BadRequest) -> bool:
+def claim_id_taken(exc: errors.BadRequest) -> bool:
     """The refusal came from leases_claim_id: this worker's claim id has a lease."""
     cause = exc.__cause__
     return isinstance(cause, asyncpg.UniqueViolationError) and \
@@ -205,6 +223,15 @@ def _claim_id_taken(exc: errors.BadRequest) -> bool:
 
 def _worker_of(item: Any) -> str:
     return item[0]
+
+
+def groups_of(items: list[Any]) -> dict[Any, list[int]]:
+    """The indexes of `items` (claim items, or None: skipped) by claim group."""
+    groups: dict[Any, list[int]] = {}
+    for i, item in enumerate(items):
+        if item is not None:
+            groups.setdefault(_group_of(item), []).append(i)
+    return groups
 
 
 def _group_of(item: Any) -> Any:

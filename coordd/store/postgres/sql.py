@@ -53,12 +53,18 @@ SQL_CLAIM_WORKER = (  # one row, with NOW, whether or not the worker is known
     f"SELECT {NOW}, w.roles_json, w.heartbeat_json, w.heartbeat_at "
     "FROM (SELECT 1) one LEFT JOIN workers w ON w.worker_id = $2"
 )
-_CLAIMED_COLS = ("j.job_id, j.kind, j.required_role, j.priority, j.payload_json, j.attempts, "
-                 "j.checkpoint_json, j.max_runtime_s")
+CLAIMED_COLS = ("j.job_id, j.kind, j.required_role, j.priority, j.payload_json, j.attempts, "
+                "j.checkpoint_json, j.max_runtime_s")
 SQL_CLAIM_REPLAY = (
-    f"SELECT {_CLAIMED_COLS}, l.token, l.expires_at, l.lease_s FROM leases l "
+    f"SELECT {CLAIMED_COLS}, l.token, l.expires_at, l.lease_s FROM leases l "
     f"JOIN jobs j ON j.job_id = l.job_id WHERE l.worker_id = $2 AND l.claim_id = $3 "
     f"AND l.expires_at > {NOW}"
+)
+SQL_CLAIM_REPLAYS = (  # SQL_CLAIM_REPLAY's columns, then the worker, for workers $2, ids $3
+    f"SELECT {CLAIMED_COLS}, l.token, l.expires_at, l.lease_s, l.worker_id FROM leases l "
+    "JOIN unnest($2::text[], $3::text[]) AS r(worker_id, claim_id) "
+    "ON l.worker_id = r.worker_id AND l.claim_id = r.claim_id "
+    f"JOIN jobs j ON j.job_id = l.job_id WHERE l.expires_at > {NOW}"
 )
 # $2 worker, $3 lease_s, $4 claim_id, $5 allowed priorities, $6 roles, $7 kinds (NULL:
 # any), $8 heartbeat_stale_s; $9..$11 (or NULL): the heartbeat (at, readings, roles) the
@@ -83,7 +89,7 @@ _WORKER_FRESH = (
 )
 
 
-def _candidates(limit: str, worker: str, roles: bool) -> str:
+def candidates(limit: str, worker: str, roles: bool) -> str:
     """The candidate CTE's body: one role's walk, or each role's (`roles`) merged."""
     if not roles:
         return _CANDIDATE.format(role="required_role = (SELECT ($6::text[])[1])", limit=limit,
@@ -97,7 +103,7 @@ def _candidates(limit: str, worker: str, roles: bool) -> str:
             f"ORDER BY x.priority, x.queued_at, x.job_id LIMIT {limit}")
 
 
-_CLAIM_TAKE = (
+TAKE = (  # the candidate CTE `c` taken by worker $2 under claim id $4 for $3 s: CTE j
     f"j AS (UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, "
     f"last_token = jobs.last_token + 1, updated_at = {NOW} FROM c "
     "WHERE jobs.job_id = c.job_id RETURNING jobs.*), "
@@ -106,11 +112,11 @@ _CLAIM_TAKE = (
     "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     f"SELECT job_id, {NOW}, $2, 'waiting', 'running', 'claimed (token ' || last_token || ')' "
     "FROM j) "
-    f"SELECT {_CLAIMED_COLS}, j.last_token, {NOW} + $3::float8, $3::float8 FROM j"
 )
-SQL_CLAIM = ("WITH c AS MATERIALIZED (" + _candidates("1", _WORKER_FRESH, False) + "), "
+_CLAIM_TAKE = TAKE + f"SELECT {CLAIMED_COLS}, j.last_token, {NOW} + $3::float8, $3::float8 FROM j"
+SQL_CLAIM = ("WITH c AS MATERIALIZED (" + candidates("1", _WORKER_FRESH, False) + "), "
              + _CLAIM_TAKE)  # one role
-SQL_CLAIM_ROLES = ("WITH c AS MATERIALIZED (" + _candidates("1", _WORKER_FRESH, True)
+SQL_CLAIM_ROLES = ("WITH c AS MATERIALIZED (" + candidates("1", _WORKER_FRESH, True)
                    + "), " + _CLAIM_TAKE)  # several roles
 SQL_ANY_RUNNABLE = f"SELECT 1 FROM jobs WHERE status = 'waiting' AND run_at <= {NOW} LIMIT 1"
 SQL_DEAD_LETTER_TAKEN = (  # a job just taken whose stored data does not decode
@@ -141,27 +147,33 @@ SQL_RENEW_BATCH = (  # $2 job ids, $3 workers, $4 tokens, $5 lease_s
     f"AND (j.max_runtime_s IS NULL OR {NOW} <= l.granted_at + j.max_runtime_s) "
     "RETURNING l.job_id, l.expires_at, l.lease_s, j.cancel_requested"
 )
+COMPLETED = (  # a complete's job columns ({result}): a requested cancel wins ({error})
+    "status = CASE WHEN jobs.cancel_requested THEN 'cancelled' ELSE 'succeeded' END, "
+    "result_json = CASE WHEN jobs.cancel_requested THEN jobs.result_json ELSE {result} END, "
+    "artifact_sha256 = CASE WHEN jobs.cancel_requested THEN jobs.artifact_sha256 END, "
+    "last_error = CASE WHEN jobs.cancel_requested THEN {error}::text END, "
+    f"cancel_requested = false, updated_at = {NOW}, finished_at = {NOW} "
+)
+COMPLETED_EVENTS = (  # the events of the CTE {jobs} (job_id, status, worker_id) completed
+    "INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
+    f"SELECT job_id, {NOW}, worker_id, 'running', status, CASE WHEN status = 'cancelled' "
+    "THEN {reason}::text END FROM {jobs}"
+)
 # $2 job ids, $3 workers, $4 tokens, $5 results (JSON text); $6, $7: last_error and event
 # reason of a complete that meets a requested cancel (postgres.apply.COMPLETE_TEXTS).
 # Not matched: workflow nodes (they settle in a transaction of their own,
 # postgres.limits.complete_checked) and jobs with a result schema (judged there too).
+# `LIMIT cardinality($2)` keeps every row: see _CLAIM_BATCH (a cached generic plan).
 SQL_COMPLETE_BATCH = (
     "WITH r AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[]) "
-    "AS r(job_id, worker_id, token, result_json)), "
+    "AS r(job_id, worker_id, token, result_json) LIMIT cardinality($2::text[])), "
     f"l AS (DELETE FROM leases l USING r WHERE {_FENCE} AND (SELECT x.workflow_id IS NULL "
     "AND x.result_schema IS NULL FROM jobs x WHERE x.job_id = l.job_id) "
     "RETURNING l.job_id, l.worker_id), "
-    "j AS (UPDATE jobs SET "
-    "status = CASE WHEN jobs.cancel_requested THEN 'cancelled' ELSE 'succeeded' END, "
-    "result_json = CASE WHEN jobs.cancel_requested THEN jobs.result_json ELSE r.result_json END, "
-    "artifact_sha256 = CASE WHEN jobs.cancel_requested THEN jobs.artifact_sha256 END, "
-    "last_error = CASE WHEN jobs.cancel_requested THEN $6::text END, "
-    f"cancel_requested = false, updated_at = {NOW}, finished_at = {NOW} "
+    "j AS (UPDATE jobs SET " + COMPLETED.format(result="r.result_json", error="$6") +
     "FROM l JOIN r ON r.job_id = l.job_id WHERE jobs.job_id = l.job_id "
     "RETURNING jobs.job_id, jobs.status, l.worker_id), "
-    "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
-    f"SELECT job_id, {NOW}, worker_id, 'running', status, CASE WHEN status = 'cancelled' "
-    "THEN $7::text END FROM j) "
+    "e AS (" + COMPLETED_EVENTS.format(jobs="j", reason="$7") + ") "
     "SELECT job_id, status, worker_id FROM j"
 )
 SQL_CHECKPOINT = (  # $2 job, $3 worker, $4 token, $5 checkpoint JSON
@@ -307,13 +319,8 @@ SQL_GATED_PRIORITIES = (
 # roles, $7 kinds, $8 heartbeat_stale_s), each with the heartbeat its decision was made
 # from ($2 workers, $4 claim ids, $9 at, $10 readings, $11 roles): the jobs are handed
 # out in claim order to the workers whose heartbeat still holds, in the order they asked.
-_CLAIM_BATCH = (
-    "WITH w AS (SELECT r.worker_id, r.claim_id, r.n FROM unnest($2::text[], $4::text[], "
-    "$9::float8[], $10::text[], $11::text[]) WITH ORDINALITY AS r(worker_id, claim_id, "
-    "hb_at, hb_json, roles_json, n) JOIN workers x ON x.worker_id = r.worker_id "
-    f"AND x.heartbeat_at >= {NOW} - $8::float8 AND x.heartbeat_at = r.hb_at "
-    "AND x.heartbeat_json = r.hb_json AND x.roles_json = r.roles_json), "
-    "c AS MATERIALIZED ({candidates}), "
+BATCH_TAKE = (  # the candidates `c` (for the workers `w`: worker_id, claim_id, n) taken
+    "c AS MATERIALIZED ({candidates}), "  # in claim order by the workers in ask order
     "p AS (SELECT cn.job_id, wn.worker_id, wn.claim_id FROM (SELECT job_id, row_number() "
     "OVER (ORDER BY priority, queued_at, job_id) AS k FROM c) cn JOIN (SELECT worker_id, "
     "claim_id, row_number() OVER (ORDER BY n) AS k FROM w) wn USING (k)), "
@@ -327,12 +334,24 @@ _CLAIM_BATCH = (
     "e AS (INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     f"SELECT job_id, {NOW}, holder, 'waiting', 'running', 'claimed (token ' || last_token "
     "|| ')' FROM j) "
-    f"SELECT {_CLAIMED_COLS}, j.last_token, {NOW} + $3::float8, $3::float8, j.holder FROM j"
 )
-_BATCH_LIMIT = "(SELECT count(*) FROM w)"
-SQL_CLAIM_BATCH = _CLAIM_BATCH.replace("{candidates}", _candidates(_BATCH_LIMIT, "", False))
+# `LIMIT cardinality(...)` keeps every row: it gives a generic plan the estimate of one row
+# (a custom plan's: the array's length), so the plan cache keeps the generic plan instead
+# of planning the statement at every call (docs/decisions.md, pgone).
+_CLAIM_BATCH = (
+    "WITH w AS (SELECT r.worker_id, r.claim_id, r.n FROM (SELECT * FROM unnest($2::text[], "
+    "$4::text[], $9::float8[], $10::text[], $11::text[]) WITH ORDINALITY AS r(worker_id, "
+    "claim_id, hb_at, hb_json, roles_json, n) LIMIT cardinality($2::text[])) r "
+    "JOIN workers x ON x.worker_id = r.worker_id "
+    f"AND x.heartbeat_at >= {NOW} - $8::float8 AND x.heartbeat_at = r.hb_at "
+    "AND x.heartbeat_json = r.hb_json AND x.roles_json = r.roles_json), "
+    + BATCH_TAKE +
+    f"SELECT {CLAIMED_COLS}, j.last_token, {NOW} + $3::float8, $3::float8, j.holder FROM j"
+)
+BATCH_LIMIT = "(SELECT count(*) FROM w)"
+SQL_CLAIM_BATCH = _CLAIM_BATCH.replace("{candidates}", candidates(BATCH_LIMIT, "", False))
 SQL_CLAIM_BATCH_ROLES = _CLAIM_BATCH.replace("{candidates}",
-                                             _candidates(_BATCH_LIMIT, "", True))
+                                             candidates(BATCH_LIMIT, "", True))
 
 
 def claim_sql(roles: list[str], batch: bool = False) -> str:

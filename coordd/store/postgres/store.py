@@ -27,7 +27,7 @@ from coordd.store.api import JobFilter, LeaseRef, StoreStatus
 from coordd.store.postgres import apply, batch, claims, coordination, reads, schema, sql
 from coordd.store.postgres import admission, workflows
 from coordd.store.postgres.artifacts import ArtifactOps
-from coordd.store.postgres.eager import EagerPostgres, worker_of
+from coordd.store.postgres.eager import EAGER_IN_FLIGHT_DEFAULT, EagerPostgres, worker_of
 from coordd.store.postgres.enrol import EnrolOps
 from coordd.store.postgres.fence import Raced, refusal
 from coordd.store.postgres.hub import HubOps
@@ -64,6 +64,8 @@ class PostgresStore(EagerPostgres, LeaseEndsPostgres, HubOps, LogOps, EnrolOps, 
             transaction pooler: LISTEN and session advisory locks need a session).
         pool_min, pool_max: the asyncpg pool's size.
         batch_items, batch_in_flight: per-operation batching (coordd.store.postgres.batch).
+        eager_in_flight: statements of completes with a next claim running at once (the
+            others batch behind them; coordd.store.postgres.eager).
         aging_s: priority aging shown by the views (claims age by their ClaimPolicy).
         acquire_timeout_s: how long a call waits for a free pool connection before it is
             refused `overloaded` (the store's backpressure).
@@ -83,7 +85,8 @@ class PostgresStore(EagerPostgres, LeaseEndsPostgres, HubOps, LogOps, EnrolOps, 
 
     def __init__(self, dsn: str, *, pool_min: int = POOL_MIN_DEFAULT,
                  pool_max: int = POOL_MAX_DEFAULT, batch_items: int = batch.MAX_ITEMS_DEFAULT,
-                 batch_in_flight: int = batch.MAX_IN_FLIGHT_DEFAULT, aging_s: float = 0.0,
+                 batch_in_flight: int = batch.MAX_IN_FLIGHT_DEFAULT,
+                 eager_in_flight: int = EAGER_IN_FLIGHT_DEFAULT, aging_s: float = 0.0,
                  acquire_timeout_s: float = ACQUIRE_TIMEOUT_DEFAULT_S,
                  server_settings: dict[str, str] | None = None) -> None:
         self.dsn = dsn
@@ -98,7 +101,8 @@ class PostgresStore(EagerPostgres, LeaseEndsPostgres, HubOps, LogOps, EnrolOps, 
                                        max_in_flight=batch_in_flight)
         self.completes_next = batch.Batcher(self._complete_next_batch, worker_of,
                                             max_items=batch_items,
-                                            max_in_flight=batch_in_flight)
+                                            max_in_flight=eager_in_flight)
+        self.eager_paths = {"statement": 0, "transaction": 0}
         self._listener = coordination.WorkListener(dsn)
         self._wanted: dict[str, float] = {}  # the parked calls' wake-ups (postgres.waits)
         self.claims = claims.Claims(self._conn, max_items=batch_items,
