@@ -140,22 +140,28 @@ class Beats:
 
     async def _full(self, p: Heartbeat, readings: dict[str, Any], key: tuple[Any, ...],
                     at: float) -> HeartbeatResult:
-        coord = self._coord
-        epoch, gen = self._epoch, self._gen.get(p.worker_id, 0)
-        beat = WorkerBeat(incarnation=key[1], kinds_json=key[2], broken_json=key[3])
-        pacer, looks = coord.governance.preemptor, coord.governance.preemptor.looks
+        """`_stored`, with the worker's roles unknown (`roles_of`) while it runs, and after
+        it failed (the store may hold this beat's roles, or not) until a full beat ends."""
         wid = p.worker_id
         self._storing[wid] = self._storing.get(wid, 0) + 1
         try:
-            got: GovernedHeartbeat = await coord.store.heartbeat_governed(
-                wid, p.roles, readings, beat, coord.governance)
+            return await self._stored(p, readings, key, at)
         except BaseException:
             if (prev := self._seen.get(wid)) is not None:
-                prev.unsure = True  # the store may hold this beat's roles, or not
+                prev.unsure = True  # its next beat is full
             raise
         finally:
             if (n := self._storing.pop(wid) - 1) > 0:
                 self._storing[wid] = n
+
+    async def _stored(self, p: Heartbeat, readings: dict[str, Any], key: tuple[Any, ...],
+                      at: float) -> HeartbeatResult:
+        coord = self._coord
+        epoch, gen = self._epoch, self._gen.get(p.worker_id, 0)
+        beat = WorkerBeat(incarnation=key[1], kinds_json=key[2], broken_json=key[3])
+        pacer, looks = coord.governance.preemptor, coord.governance.preemptor.looks
+        got: GovernedHeartbeat = await coord.store.heartbeat_governed(
+            p.worker_id, p.roles, readings, beat, coord.governance)
         self._preempting = pacer.looks != looks
         self.full += 1
         log_lost(p.worker_id, got.result.lost, "restarted (new incarnation)")
