@@ -90,7 +90,7 @@ class Push(NoteIntake):
         self._events: set[Waiter] = set()           # watch_events
         # worker id -> its roles, for the workers with a parked claim (absent: unknown)
         self.roles: dict[str, frozenset[str]] = {}
-        self.roles_of: Callable[[str], frozenset[str] | None] = _unknown
+        self.roles_of: Callable[[str], frozenset[str] | None] = lambda _w: None  # unknown
         self._timer = RunAtTimer(clock, self.job_ready)
         self._events_moved: Callable[[], bool] | None = None
 
@@ -388,11 +388,6 @@ class Push(NoteIntake):
                 registry.discard(w)
                 if group != "events" and not registry:
                     table.pop(key, None)  # type: ignore[arg-type]
-
-
-def _unknown(worker_id: str) -> None:
-    """No roles known for any worker (a Push without a Coordinator's heartbeats)."""
-    return None
 
 
 __all__ = ["PARK_PER_CONNECTION_DEFAULT", "PARK_SCOPE", "PARK_TOTAL_DEFAULT",
