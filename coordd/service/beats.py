@@ -2,7 +2,9 @@
 (recorded, preemption paced, governance for every held job); a quiet beat, one that changed
 nothing that matters (coordd.rules.governance_beat decides), is answered from memory and its
 time is stored later, in one batch per maintenance round (`flush_if_due`, run by the
-reaper), so liveness checks on stored rows keep their answers.
+reaper), so liveness checks on stored rows keep their answers. A quiet beat's roles are its
+last full beat's: the parked claims (coordd.service.push) are filed under them
+(`roles_of`, `Push.beat_roles`), so a job of another role wakes none.
 
 What makes a worker's next beat full again (`CHANGES`; the worker's generation or the
 fleet's epoch moves after the call, so a full beat that started before it stays full): its
@@ -54,7 +56,7 @@ class _Seen:
     """One worker's last full beat and its last-seen times (monotonic seconds)."""
 
     __slots__ = ("key", "rest", "src", "limits", "sig", "actions", "offset", "step",
-                 "epoch", "gen", "full_at", "stored_at", "seen_at", "readings")
+                 "epoch", "gen", "full_at", "stored_at", "seen_at", "readings", "unsure")
 
     def __init__(self, key: tuple[Any, ...], readings: dict[str, Any], src: Any,
                  policies: tuple[Any, ...], actions: list[JobAction] | None, offset: float,
@@ -66,6 +68,7 @@ class _Seen:
         self.step = 0.0  # the wall clock's step from coordd's clock then (AnchoredClock.step)
         self.full_at = self.stored_at = self.seen_at = at
         self.readings: dict[str, Any] | None = None  # a quiet beat's, not yet stored
+        self.unsure = False  # a later full beat failed: the stored roles may be its
 
 
 class Beats:
@@ -80,6 +83,7 @@ class Beats:
         self._seen: dict[str, _Seen] = {}
         self._gen: dict[str, int] = {}
         self._epoch = 0
+        self._storing: dict[str, int] = {}  # worker id -> its full beats under way
         self._next_flush = self._clock.mono() + self.timing.flush_s
         self.quiet = self.full = 0
         self._artifact_dir: tuple[str | None] | None = None
@@ -105,6 +109,7 @@ class Beats:
         seen.seen_at = at
         seen.readings = readings  # stored with the next flush: views lag a round
         self.quiet += 1
+        self._coord.push.beat_roles(p.worker_id, p.roles)  # its parked claims learn them
         return self._finish(p, HeartbeatResult(now=self._clock.wall() + seen.offset,
                                                actions=list(seen.actions or ())))
 
@@ -124,8 +129,8 @@ class Beats:
     def _is_quiet(self, seen: _Seen, worker_id: str, key: tuple[Any, ...],
                   readings: dict[str, Any], at: float) -> bool:
         t = self.timing
-        return (seen.actions is not None and not self._preempting and at >= self._hot_until
-                and seen.epoch == self._epoch
+        return (seen.actions is not None and not seen.unsure and not self._preempting
+                and at >= self._hot_until and seen.epoch == self._epoch
                 and seen.gen == self._gen.get(worker_id, 0) and seen.key == key
                 and at - seen.stored_at < t.fresh_s and at - seen.full_at < t.refresh_s
                 and seen.src is self._coord.governance.policies
@@ -135,6 +140,22 @@ class Beats:
 
     async def _full(self, p: Heartbeat, readings: dict[str, Any], key: tuple[Any, ...],
                     at: float) -> HeartbeatResult:
+        """`_stored`, with the worker's roles unknown (`roles_of`) while it runs, and after
+        it failed (the store may hold this beat's roles, or not) until a full beat ends."""
+        wid = p.worker_id
+        self._storing[wid] = self._storing.get(wid, 0) + 1
+        try:
+            return await self._stored(p, readings, key, at)
+        except BaseException:
+            if (prev := self._seen.get(wid)) is not None:
+                prev.unsure = True  # its next beat is full
+            raise
+        finally:
+            if (n := self._storing.pop(wid) - 1) > 0:
+                self._storing[wid] = n
+
+    async def _stored(self, p: Heartbeat, readings: dict[str, Any], key: tuple[Any, ...],
+                      at: float) -> HeartbeatResult:
         coord = self._coord
         epoch, gen = self._epoch, self._gen.get(p.worker_id, 0)
         beat = WorkerBeat(incarnation=key[1], kinds_json=key[2], broken_json=key[3])
@@ -159,6 +180,14 @@ class Beats:
             seen.seen_at = old.seen_at
         self._seen[p.worker_id] = seen
         return res
+
+    def roles_of(self, worker_id: str) -> frozenset[str] | None:
+        """The roles `worker_id`'s last full beat stored (its quiet beats carry the same),
+        or None: unknown (no beat seen here lately, one under way, or the last failed)."""
+        seen = self._seen.get(worker_id)
+        if seen is None or seen.unsure or worker_id in self._storing:
+            return None
+        return frozenset(seen.key[0])
 
     # ------------------------------------------------------------ what makes beats full
 

@@ -121,6 +121,7 @@ class Coordinator(Dispatch, Reads, Areas):
             for method in methods:
                 setattr(self, method, getattr(part, method))
         self.beats = Beats(self)  # heartbeats; wraps the methods that change their answers
+        self.push.roles_of = self.beats.roles_of  # a parked claim's roles (push.py)
 
     @property
     def artifact_dir(self) -> str | None:

@@ -18,12 +18,15 @@ one; a claim in flight is marked to look again. A `run_at` in the future goes on
 run_at timer (coordd.service.run_at). A worker's new claim supersedes its older parked
 ones (a worker claims again at once when a slot frees while its claim names only its other
 kinds): they answer with nothing, without another look, or with the job a look under way
-takes. A heartbeat wakes that worker's parked claims when their last answer was a gate or
-staleness refusal. Units of a fleet-wide limit that free (a lease ends) or a limit changed
-at runtime wake the parked claims whose last answer was a limit refusal; one refused by a
-rate looks again when its next slot frees (`next_slot_s` of its answer). Each of these
-visits only the claims it concerns (coordd.service.parked.ClaimIndex): a heartbeat its
-worker's, a job the claims in flight and the oldest idle ones that may take it.
+takes. A parked claim is filed under its worker's roles as its last stored heartbeat
+gave them (`roles_of`; unknown: any job wakes it, until a heartbeat, quiet or stored,
+says them). A heartbeat wakes that worker's parked claims when their last answer was a
+gate or staleness refusal, or when its roles changed. Units of a fleet-wide limit that
+free (a lease ends) or a limit changed at runtime wake the parked claims whose last
+answer was a limit refusal; one refused by a rate looks again when its next slot frees
+(`next_slot_s` of its answer). Each of these visits only the claims it concerns
+(coordd.service.parked.ClaimIndex): a heartbeat its worker's, a job the claims in flight
+and the oldest idle ones that may take it.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ class Push(NoteIntake):
         per_connection_max / total_max: parked calls allowed per connection / in all;
             one more is refused with `overloaded`.
         wait_max_s: the longest any call may stay parked (longer asks are cut to it).
+
+    `roles_of(worker_id)`, set by the Coordinator (coordd.service.beats.Beats.roles_of):
+    the roles of the worker's last stored heartbeat, or None (unknown); a new parked claim
+    is filed under them, so that a job of another role wakes none.
     """
 
     def __init__(self, clock: Clock, store: WaitReads, *,
@@ -81,7 +88,9 @@ class Push(NoteIntake):
         self._jobs: dict[str, set[Waiter]] = {}     # wait_job, by job id
         self._workers: dict[str, set[Waiter]] = {}  # watch_worker, by worker id
         self._events: set[Waiter] = set()           # watch_events
-        self.roles: dict[str, frozenset[str]] = {}   # worker id -> roles of its last heartbeat
+        # worker id -> its roles, for the workers with a parked claim (absent: unknown)
+        self.roles: dict[str, frozenset[str]] = {}
+        self.roles_of: Callable[[str], frozenset[str] | None] = lambda _w: None  # unknown
         self._timer = RunAtTimer(clock, self.job_ready)
         self._events_moved: Callable[[], bool] | None = None
 
@@ -220,20 +229,37 @@ class Push(NoteIntake):
     def heartbeat(self, worker_id: str, roles: frozenset[str]) -> None:
         """A heartbeat from `worker_id` was committed (a trigger noted it while claims are
         parked): its gates may have opened, or its roles changed: its parked claims that
-        were refused look again. Visits only that worker's claims."""
-        changed = self.roles.get(worker_id) != roles
-        if not changed:
-            mine = self._index.by_worker.get(worker_id)
-            if mine:
-                for w in mine.values():
-                    self._index.visits += 1
-                    if w.gated:
-                        w.wake()
+        were refused look again. Visits only that worker's claims (none parked: nothing)."""
+        mine = self._index.by_worker.get(worker_id)
+        if not mine:
+            return  # its next claim takes its roles from `roles_of`
+        if self.roles.get(worker_id) == roles:
+            for w in mine.values():
+                self._index.visits += 1
+                if w.gated:
+                    w.wake()
             return
         self._set_roles(worker_id, roles)
-        for w in self._index.by_worker.get(worker_id, {}).values():
+        for w in mine.values():
             self._index.visits += 1
             w.wake()
+
+    def beat_roles(self, worker_id: str, roles: list[str]) -> None:
+        """A quiet heartbeat (answered from memory, nothing stored: coordd.service.beats)
+        says `worker_id` still has the `roles` of its last stored beat: its parked claims
+        are filed under them if they were not (unknown: none looks; other roles: they look
+        again, as at a stored change). Gates did not move: a gated claim stays asleep."""
+        mine = self._index.by_worker.get(worker_id)
+        if not mine:
+            return
+        known, now = self.roles.get(worker_id), frozenset(roles)
+        if known == now:
+            return
+        self._set_roles(worker_id, now)
+        if known is not None:
+            for w in mine.values():
+                self._index.visits += 1
+                w.wake()
 
     def limits_changed(self) -> None:
         """Units of a fleet-wide limit freed, or a limit changed: the parked claims a
@@ -261,9 +287,10 @@ class Push(NoteIntake):
         """
         w = ClaimWaiter(PARK_SCOPE.get(), next(self._seq), worker_id,
                         None if kinds is None else frozenset(kinds))
-        # the roles noted last may be stale (noted only while claims are parked): unknown
-        # until this worker's next heartbeat, so any job may wake it (it looks, or parks)
-        self._set_roles(worker_id, None)
+        # its roles as its last stored heartbeat gave them (None: unknown, any job may wake
+        # it, until a heartbeat says them); later stored changes come as `heartbeat`
+        roles = self.roles_of(worker_id)
+        self._set_roles(worker_id, roles)
         start = self._clock.mono()
         deadline = start + wait_s
         for old in self._index.by_worker.get(worker_id, {}).values():
@@ -272,7 +299,7 @@ class Push(NoteIntake):
         with self._slot(w):
             if not self._claims:
                 self._store.claims_parked(True)
-            self._index.add(w, None)
+            self._index.add(w, roles)
             try:
                 while True:
                     w.dirty = False
@@ -305,6 +332,8 @@ class Push(NoteIntake):
                         return res
             finally:
                 self._index.remove(w)
+                if worker_id not in self._index.by_worker:
+                    self.roles.pop(worker_id, None)  # asked afresh at its next claim
                 if not self._claims:
                     self._store.claims_parked(False)
                 if w.credits:  # woken, then left without looking (dropped, shutdown)

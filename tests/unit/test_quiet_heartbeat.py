@@ -1,12 +1,17 @@
 """Quiet heartbeats (issue 30 item 3, coordd.service.beats): an unchanged beat writes
 nothing, governance still reacts on the beat that crosses a threshold, and liveness is
-exact: a worker that stops beating is stale when it was before, also across a restart."""
+exact: a worker that stops beating is stale when it was before, also across a restart; the
+roles a new parked claim is filed under (`roles_of`)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
+import pytest
+
 from coordd import config as config_mod
+from coordd import errors
 from coordd.service.coordinator import Coordinator
 from coordd.wire.protocol import Heartbeat
 from tests.conftest import COOL, T0
@@ -158,3 +163,32 @@ def test_the_signature_moves_only_when_a_threshold_is_crossed():
     t = gb.timing(30.0, 5.0)
     assert (t.fresh_s, t.flush_s) == (15.0, 5.0) and t.fresh_s + 2 * t.flush_s <= t.stale_s
     assert gb.timing(10.0, 5.0).fresh_s == 0.0  # rounds too slow for the bound: never quiet
+
+
+async def test_a_parked_claims_roles_are_unknown_while_a_full_beat_is_stored_or_failed(
+        bundle, monkeypatch):
+    """Beats.roles_of (a new parked claim's roles, coordd.service.push): the last full
+    beat's; unknown while one is being stored, and after one failed (the store may hold its
+    roles or not), which also makes the next beat full."""
+    beats = bundle.coord.beats
+    await beat(bundle)
+    assert beats.roles_of("w1") == frozenset({"cpu"}) and beats.roles_of("w2") is None
+    storing = asyncio.ensure_future(bundle.coord.heartbeat(Heartbeat(
+        worker_id="w1", roles=["gpu"], kinds=KINDS, incarnation="i1", readings=COOL)))
+    await asyncio.sleep(0)  # the beat is on its way to the writer
+    assert beats.roles_of("w1") is None
+    await storing
+    assert beats.roles_of("w1") == frozenset({"gpu"})
+
+    async def broken(*a, **kw):
+        raise errors.Unavailable("the store is gone")
+    monkeypatch.setattr(bundle.coord.store, "heartbeat_governed", broken)
+    with pytest.raises(errors.Unavailable):
+        await bundle.coord.heartbeat(Heartbeat(worker_id="w1", roles=["cpu"], kinds=KINDS,
+                                               incarnation="i1", readings=COOL))
+    assert beats.roles_of("w1") is None
+    monkeypatch.undo()
+    full = beats.full
+    await bundle.coord.heartbeat(Heartbeat(worker_id="w1", roles=["gpu"], kinds=KINDS,
+                                           incarnation="i1", readings=COOL))
+    assert beats.full == full + 1 and beats.roles_of("w1") == frozenset({"gpu"})
