@@ -232,6 +232,11 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
             raise
         finally:
             conn.execute(f"PRAGMA foreign_keys={fk_was}")
+    if version < target and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+        # the migrations' pages go into the file and the WAL starts empty: a new file's
+        # WAL would otherwise keep the ~650 KiB its tables took (the disk-full refusals
+        # count on a WAL that grows with what is written)
+        conn.execute(PRAGMA_CHECKPOINT_TRUNCATE)
     return target
 
 

@@ -45,7 +45,7 @@ def snapshot(db: str) -> str:
     try:
         h = hashlib.sha256()
         for table in ("jobs", "leases", "job_events", "workers"):
-            for row in conn.execute(f"SELECT * FROM {table} ORDER BY rowid"):
+            for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1"):  # (the key first)
                 h.update(repr(row).encode())
         return h.hexdigest()
     finally:

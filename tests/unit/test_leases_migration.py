@@ -71,3 +71,18 @@ async def test_a_live_lease_and_its_limit_hold_survive_the_rebuild(tmp_path, mon
         "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'leases'")}
     assert indexes == {"leases_expiry", "leases_worker", "leases_claim_id"}
     conn.close()
+
+
+def test_a_migrated_file_starts_with_an_empty_wal(tmp_path):
+    """The migrations' pages are checkpointed into the file: a new file's WAL does not keep
+    the ~650 KiB its tables took (the disk-full refusals count on a WAL that grows with what
+    is written: tests/integration/test_pressure_disk.py)."""
+    path = tmp_path / "new.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        assert schema.migrate(conn) == schema.SCHEMA_VERSION
+        assert (tmp_path / "new.db-wal").stat().st_size == 0
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    finally:
+        conn.close()
