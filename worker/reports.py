@@ -84,6 +84,7 @@ class Reporter:
                                extra={"action": "report_refused", "job_id": run.job_id})
                 return None
             except errors.Unavailable as exc:  # coordd's disk is full: retry while we hold
+                resent = True  # (PostgreSQL: a connection lost at the commit may have stored it)
                 if not unavailable:            # the lease (a stored result must not be lost)
                     logger.warning("job %s: %s not stored yet, retrying until the lease "
                                    "ends: %s", run.job_id, method, exc,

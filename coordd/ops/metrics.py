@@ -30,6 +30,7 @@ import os
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import metrics as _library
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
@@ -197,7 +198,8 @@ class LoopHistogram:
             buckets.append((le, float(running)))
         family = HistogramMetricFamily(self._name, self._documentation, buckets=buckets,
                                        sum_value=total)
-        family.add_sample(self._name + "_created", {}, self._created)
+        if getattr(_library, "_use_created", True):  # as the library's own metrics
+            family.add_sample(self._name + "_created", {}, self._created)
         yield family
 
 

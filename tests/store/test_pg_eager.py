@@ -203,3 +203,56 @@ async def test_the_hot_statements_keep_a_generic_plan(request, tmp_path):
             assert generic >= 3 and custom <= 5  # custom: the plan cache's first five
     finally:
         await st.close()
+
+
+@pytest.mark.parametrize("path", ["statement", "transaction"])
+@pytest.mark.parametrize("zombie_first", [True, False])
+async def test_a_stale_holders_complete_in_the_same_statement_never_writes_its_result(
+        request, tmp_path, path, zombie_first):
+    """Two workers report the same job in one batched statement: the one whose lease
+    expired (a stale token) and the one that claimed it after the reaper. The holder's
+    result is stored, the stale one gets lease_lost, and the stale one claims nothing.
+    (The completes with `next` are batched per worker, not per job: a join on the job
+    alone picked either worker's result.)"""
+    st = await open_store("postgres", request, tmp_path, eager_in_flight=1)
+    pol = policy() if path == "statement" else policy(aging_interval_s=60.0)
+    b = Bundle(store=st, kind="postgres", policy=pol)
+    try:
+        x = await b.enqueue(priority=0)
+        filler = await b.enqueue(priority=1)
+        spare = [await b.enqueue(priority=3) for _ in range(3)]
+        for w in ("zombie", "holder", "filler"):
+            await _beat(b, w)
+        old = await st.claim("zombie", 60.0, b.policy)
+        assert old.job.job_id == x
+        async with st.pool.acquire() as conn:
+            await conn.execute("UPDATE leases SET expires_at = extract(epoch FROM now()) - 1 "
+                               "WHERE job_id = $1", x)
+        assert await st.reap() == 1
+        new = await st.claim("holder", 60.0, b.policy)
+        assert new.job.job_id == x and new.lease.token > old.lease.token
+        held = await st.claim("filler", 60.0, b.policy)
+        assert held.job.job_id == filler
+
+        async def complete(w: str, got: object, result: str) -> object:
+            try:
+                return await st.complete(LeaseRef(x if w != "filler" else filler, w,
+                                                  got.lease.token), result,
+                                         then=_next(b, w, f"{w}-n"))
+            except errors.CoordError as exc:
+                return exc
+        pair = [("zombie", old, '"zombie"'), ("holder", new, '"holder"')]
+        if not zombie_first:
+            pair.reverse()
+        got = await asyncio.gather(complete("filler", held, '"f"'),
+                                   *(complete(*p) for p in pair))
+        by = dict(zip(["filler"] + [p[0] for p in pair], got))
+        assert st.completes_next.statements == 2  # the filler alone, then the pair
+        assert isinstance(by["zombie"], errors.LeaseLost)
+        assert by["holder"].status == "succeeded"
+        view = await st.get_job(x)
+        assert view.status == "succeeded" and view.result == "holder"
+        assert sorted([by["holder"].next.job.job_id, by["filler"].next.job.job_id]) == \
+            sorted(spare[:2])
+    finally:
+        await st.close()

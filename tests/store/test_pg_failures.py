@@ -334,3 +334,49 @@ async def test_a_pool_session_stuck_inside_a_transaction_loses_its_locks(request
     finally:
         await admin.close()
         await b.store.close()
+
+
+async def test_a_connection_asyncpg_lost_track_of_is_unavailable_and_leaves_the_pool(
+        request, tmp_path):
+    """A backend terminated under asyncpg can leave the connection's protocol in a state
+    asyncpg refuses to go on from (InternalClientError "cannot switch to state 12; another
+    operation (2) is in progress", seen under pg_terminate_backend with 12 clients): the
+    caller gets `unavailable` (it may have been stored), never `internal`, and that
+    connection is not handed out again."""
+    b = await _pg(request, tmp_path, pool_min=1, pool_max=1)
+    try:
+        with pytest.raises(errors.Unavailable):
+            async with b.store._conn() as conn:
+                lost = conn._con
+                raise asyncpg.InternalClientError(
+                    "cannot switch to state 12; another operation (2) is in progress")
+        assert lost.is_closed()
+        async with b.store._conn() as conn:
+            assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await b.store.close()
+
+
+async def test_a_release_that_fails_after_the_work_does_not_turn_it_into_an_error(
+        request, tmp_path, monkeypatch):
+    """The pool's reset of a connection whose backend was terminated right after the
+    statement committed raises from `release`: the statement stands (it is not reported
+    as failed, which would make a stored report look refused), and the connection is
+    dropped by the pool."""
+    b = await _pg(request, tmp_path)
+    try:
+        job_id, ref = await _held(b)
+        real = asyncpg.pool.Pool.release
+
+        async def failing(pool, conn, *a, **kw):
+            monkeypatch.setattr(asyncpg.pool.Pool, "release", real)  # once
+            conn._con.terminate()
+            await real(pool, conn, *a, **kw)
+            raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle "
+                                                      "of operation")
+        monkeypatch.setattr(asyncpg.pool.Pool, "release", failing)
+        res = await b.store.complete(ref, '{"ok": 1}')
+        assert res.status == "succeeded"
+        assert (await b.store.get_job(job_id)).status == "succeeded"
+    finally:
+        await b.store.close()

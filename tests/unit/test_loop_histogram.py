@@ -39,3 +39,17 @@ def test_a_batch_is_counted_in_the_three_writer_histograms():
     assert "coordd_writer_commit_seconds_bucket{le=\"0.0005\"} 1.0" in text
     assert "coordd_writer_queue_wait_seconds_count 3.0" in text
     assert "coordd_writer_queue_wait_seconds_bucket{le=\"0.005\"} 2.0" in text
+
+
+def test_no_created_series_where_the_library_exports_none():
+    """PROMETHEUS_DISABLE_CREATED_SERIES (or disable_created_metrics()) drops every
+    `_created` series of the library's metrics: the writer's histograms follow it."""
+    import prometheus_client.metrics as library
+    library.disable_created_metrics()
+    try:
+        reg = CollectorRegistry()
+        LoopHistogram("h_seconds", "doc", SECONDS_BUCKETS, reg).observe(0.1)
+        Histogram("g_seconds", "doc", buckets=SECONDS_BUCKETS, registry=reg).observe(0.1)
+        assert "_created" not in generate_latest(reg).decode()
+    finally:
+        library.enable_created_metrics()

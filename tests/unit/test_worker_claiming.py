@@ -143,3 +143,27 @@ async def test_a_reports_next_job_takes_the_ended_runs_slot_at_once(tmp_path):
     assert not wait.done() and j5.waiting_for_slot  # j2 and j4 hold both slots of a
     j5.aborted.set()
     assert await wait is False
+
+
+async def test_a_report_stored_under_an_unavailable_reply_claims_its_next_job_again(tmp_path):
+    """PostgreSQL answers `unavailable` when the connection is lost at the commit (the
+    report and its next claim may have been stored): the resend's already_completed then
+    says they were, and the next claim is replayed by its claim id (else the lease it
+    granted is left until the reaper, an attempt of that job spent)."""
+    sup = supervisor(tmp_path)
+    run = hold(sup, "j1", "a")
+    eager = Eager()
+
+    class Client:
+        calls = 0
+
+        async def complete(self, *a: Any, **kw: Any) -> Any:
+            Client.calls += 1
+            if Client.calls == 1:
+                raise errors.Unavailable("connection lost at the commit")
+            raise errors.AlreadyCompleted("stored")
+    clock = SystemClock()
+    reports = Reporter(Client(), "w1", clock, asyncio.Event(),  # type: ignore[arg-type]
+                       eager=eager)
+    await reports.complete(run, ({"ok": 1}, None))
+    assert Client.calls == 2 and eager.taken == [(None, True)]

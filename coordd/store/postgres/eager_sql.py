@@ -73,7 +73,8 @@ _MANY = (
     "AND x.result_schema IS NULL FROM jobs x WHERE x.job_id = l.job_id) "
     "RETURNING l.job_id, l.worker_id), "
     "d AS (UPDATE jobs SET " + COMPLETED.format(result="hb.result_json", error="$14") +
-    "FROM l0 JOIN hb ON hb.job_id = l0.job_id WHERE jobs.job_id = l0.job_id "
+    "FROM l0 JOIN hb ON hb.job_id = l0.job_id AND hb.worker_id = l0.worker_id "
+    "WHERE jobs.job_id = l0.job_id "
     "RETURNING jobs.job_id, jobs.status, l0.worker_id), "
     + _ENDED +
     "w AS (SELECT r.worker_id, r.claim_id, r.n FROM r JOIN d ON d.worker_id = r.worker_id "

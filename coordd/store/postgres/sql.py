@@ -171,7 +171,8 @@ SQL_COMPLETE_BATCH = (
     "AND x.result_schema IS NULL FROM jobs x WHERE x.job_id = l.job_id) "
     "RETURNING l.job_id, l.worker_id), "
     "j AS (UPDATE jobs SET " + COMPLETED.format(result="r.result_json", error="$6") +
-    "FROM l JOIN r ON r.job_id = l.job_id WHERE jobs.job_id = l.job_id "
+    "FROM l JOIN r ON r.job_id = l.job_id AND r.worker_id = l.worker_id "
+    "WHERE jobs.job_id = l.job_id "
     "RETURNING jobs.job_id, jobs.status, l.worker_id), "
     "e AS (" + COMPLETED_EVENTS.format(jobs="j", reason="$7") + ") "
     "SELECT job_id, status, worker_id FROM j"

@@ -11,6 +11,7 @@ pass the pinned `now` (None in production) through to the statement.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
@@ -43,6 +44,7 @@ from coordd.store.postgres.hooks import PostgresServing
 from coordd.store.postgres.resources import ResourcesPostgres
 from coordd.store.postgres.limits import PostgresAdmission, attach, complete_checked
 
+logger = logging.getLogger(__name__)
 POOL_MIN_DEFAULT = 2
 POOL_MAX_DEFAULT = 8
 ACQUIRE_TIMEOUT_DEFAULT_S = 10.0
@@ -171,8 +173,15 @@ class PostgresStore(EagerPostgres, LeaseEndsPostgres, HubOps, LogOps, EnrolOps, 
             raise errors.Unavailable("postgresql rolled the transaction back "
                                      f"({getattr(exc, 'message', exc)}); "
                                      "retry") from exc
-        finally:
-            await pool.release(conn)
+        except asyncpg.InternalClientError as exc:  # a protocol a lost backend confused
+            conn.terminate()  # (never handed out again)
+            raise errors.Unavailable(f"postgresql connection lost: {exc}") from exc
+        finally:  # a reset that fails drops the connection; what the block did stands
+            try:
+                await pool.release(conn)
+            except Exception as exc:
+                logger.warning("PostgreSQL connection dropped on release: %s", exc,
+                               extra={"action": "pg_release_failed"})
 
     async def truncate(self) -> None:
         """Empty every table (tests)."""
