@@ -340,7 +340,13 @@ class Supervisor(ClaimLoop):
             logger.warning("job %s: %s; not reported", run.job_id, why,
                            extra={"action": "usage_ignored", "job_id": run.job_id})
         await self._reports.complete(run, outcome, usage)
-        if not run.lease_gone:
+        await self._tidy(run)
+
+    async def _tidy(self, run: JobRun) -> None:
+        """Remove the job folder of `run`, whose report was sent, unless its lease was lost
+        or the report's next claim handed the same job back (a refused result put it back
+        to waiting with no backoff): the new run of it owns that folder now."""
+        if not run.lease_gone and self._runs.get(run.job_id, run) is run:
             await asyncio.to_thread(shutil.rmtree, run.dir, True)
 
     # ------------------------------------------------------------ lease, timeout, checkpoints

@@ -5,6 +5,7 @@ whose reply was lost claiming again with the same claim_id."""
 from __future__ import annotations
 
 import asyncio
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -167,3 +168,24 @@ async def test_a_report_stored_under_an_unavailable_reply_claims_its_next_job_ag
                        eager=eager)
     await reports.complete(run, ({"ok": 1}, None))
     assert Client.calls == 2 and eager.taken == [(None, True)]
+
+
+async def test_a_reported_runs_folder_stays_when_its_next_claim_handed_the_job_back(tmp_path):
+    # a result its schema refused, no backoff: the job waits again and the report's next
+    # claim may hand it back to this worker; the ended run must not remove the folder its
+    # new run is setting up (same job id, same folder)
+    sup = supervisor(tmp_path)
+    old = hold(sup, "j1", "a")
+    old.dir = str(tmp_path / "j1")
+    os.makedirs(old.dir)
+    again = JobRun(job=old.job, token=2, deadline=1e12, dir=old.dir, kind=old.kind)
+    sup._runs["j1"] = again  # (take_next started it before the report returned)
+    await sup._tidy(old)
+    assert os.path.isdir(old.dir)
+    del sup._runs["j1"]  # no new run of it: the folder goes
+    await sup._tidy(old)
+    assert not os.path.exists(old.dir)
+    os.makedirs(old.dir)
+    sup._runs["j1"] = old
+    await sup._tidy(old)
+    assert not os.path.exists(old.dir)
