@@ -14,7 +14,6 @@ command that runs with them. Exit codes: 0 enrolled, 1 refused (fingerprint, tok
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shlex
 import ssl

@@ -49,6 +49,7 @@ class JobRun:
     lease_gone: bool = False
     proc: ModelProcess | None = None
     waiting_for_slot: bool = False
+    holds_slot: bool = False  # a slot of its kind (worker.slots)
     checkpoints: CheckpointRecorder | None = None
     logs: LogShipper | None = None
     group_record: str | None = None  # worker.orphans: the model's group, while it lives

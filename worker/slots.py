@@ -22,7 +22,6 @@ class Slots:
     def __init__(self, kinds: Iterable[str]) -> None:
         self._busy: dict[str, int] = {name: 0 for name in kinds}
         self._freed = asyncio.Event()
-        self._holders: set[int] = set()  # id() of the runs holding a slot
 
     async def acquire(self, run: JobRun, slots: int) -> bool:
         """Take a slot of `run`'s kind (`slots` in all), waiting while all are taken:
@@ -37,16 +36,15 @@ class Slots:
             if run.aborted.is_set():
                 return False
             self._busy[name] += 1
-            self._holders.add(id(run))
+            run.holds_slot = True
             return True
         finally:
             run.waiting_for_slot = False
 
     def release(self, run: JobRun) -> None:
         """Give back `run`'s slot, if it holds one (a second call does nothing)."""
-        if id(run) in self._holders:
-            self._holders.discard(id(run))
+        if run.holds_slot:
+            run.holds_slot = False
             self._busy[run.job.kind] -= 1
             self._freed.set()
             self._freed = asyncio.Event()
-

@@ -7,9 +7,9 @@ The rule not to break: every job is handed out by the store's one claim (coordd.
 exactly as for single claims; a batch is that many claims in a row, stopping at the first
 that finds nothing (coordd.rules.claim_batch). A next claim runs only after its report
 succeeded: a refused report (a stale fencing token, already completed) raises before
-anything is claimed. The store runs the report and its next claim in one write, the claims decided
-here (NextClaim); where it cannot (it leaves `next` None: PostgreSQL for a claim of
-several jobs) they are two.
+anything is claimed. The store runs the report and its next claim in one write, the
+claims decided here (NextClaim); where it cannot (it leaves `next` None: PostgreSQL for
+a claim of several jobs) they are two.
 """
 
 from __future__ import annotations
