@@ -93,17 +93,27 @@ class Beats:
 
     async def heartbeat(self, p: Heartbeat) -> HeartbeatResult:
         """The Coordinator's `heartbeat` (its docstring has the contract)."""
-        return self.quiet_reply(p) or await self._beat(p)
+        readings, key = self._parsed(p)
+        return self._quiet(p, readings, key) or self._finish(
+            p, await self._full(p, readings, key, self._clock.mono()))
 
     def quiet_reply(self, p: Heartbeat) -> HeartbeatResult | None:
         """`heartbeat`'s answer if `p` is quiet (answered from memory, no await), else
         None: then `heartbeat` must be called. Raises: as `heartbeat`."""
+        return self._quiet(p, *self._parsed(p))
+
+    def _parsed(self, p: Heartbeat) -> tuple[dict[str, Any], tuple[Any, ...]]:
+        """`p`'s checked readings and what a quiet beat must repeat of its last full one.
+        Raises: as `heartbeat`."""
         readings, _ = checked_readings(p, self._coord.config.max_payload_bytes)
+        return readings, (p.roles, p.incarnation, *heartbeat_state(p))
+
+    def _quiet(self, p: Heartbeat, readings: dict[str, Any], key: tuple[Any, ...]
+               ) -> HeartbeatResult | None:
         seen = self._seen.get(p.worker_id)
         if seen is None:
             return None
         at = self._clock.mono()
-        key = (p.roles, p.incarnation, *heartbeat_state(p))
         if not self._is_quiet(seen, p.worker_id, key, readings, at):
             return None
         seen.seen_at = at
@@ -112,11 +122,6 @@ class Beats:
         self._coord.push.beat_roles(p.worker_id, p.roles)  # its parked claims learn them
         return self._finish(p, HeartbeatResult(now=self._clock.wall() + seen.offset,
                                                actions=list(seen.actions or ())))
-
-    async def _beat(self, p: Heartbeat) -> HeartbeatResult:
-        readings, _ = checked_readings(p, self._coord.config.max_payload_bytes)
-        key = (p.roles, p.incarnation, *heartbeat_state(p))
-        return self._finish(p, await self._full(p, readings, key, self._clock.mono()))
 
     def _finish(self, p: Heartbeat, res: HeartbeatResult) -> HeartbeatResult:
         coord = self._coord
