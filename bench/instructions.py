@@ -165,7 +165,7 @@ def _rpc(args: argparse.Namespace, targets: list[str | None]) -> int:
     n = args.jobs if args.jobs != DEFAULT_JOBS else RPC_JOBS
     results = []
     for rev in targets:
-        src, label, tmp = _source(rev)
+        src, label, tmp = source_tree(rev)
         try:
             r = rpc_instructions.measure(src, label, n, idle=args.rpc_idle,
                                          cprofile_dir=args.cprofile, keep=args.keep,
@@ -193,8 +193,9 @@ def _rpc(args: argparse.Namespace, targets: list[str | None]) -> int:
     return 0
 
 
-def _source(rev: str | None) -> tuple[Path, str, Path | None]:
-    """(folder on PYTHONPATH, label, temp folder to remove) for the tree or `rev`."""
+def source_tree(rev: str | None) -> tuple[Path, str, Path | None]:
+    """(folder on PYTHONPATH, label, temp folder to remove) for the working tree (None) or
+    coordd at `rev` (also bench.parked_looks's)."""
     if rev is None:
         return ROOT, "working tree", None
     snap = Path(tempfile.mkdtemp(prefix="coordd-instr-src-"))
@@ -235,7 +236,7 @@ def measure(rev: str | None, n: int, statements_only: bool, eager: bool = False,
             mode: str = "cycle") -> dict:
     """Instructions (Ir) and statements per claim + complete (per heartbeat: `mode`
     "heartbeat") for the tree or `rev`."""
-    src, label, tmp = _source(rev)
+    src, label, tmp = source_tree(rev)
     label += " eager" if eager else ""
     try:
         with tempfile.TemporaryDirectory(prefix="coordd-instr-") as w:

@@ -83,19 +83,6 @@ async def _measure(n: int, db: str) -> int:
     return int(looks() - before)
 
 
-def _source(rev: str | None) -> tuple[Path, str, Path | None]:
-    """(folder on PYTHONPATH, label, temp folder to remove) for the tree or `rev`."""
-    if rev is None:
-        return ROOT, "working tree", None
-    snap = Path(tempfile.mkdtemp(prefix="coordd-looks-src-"))
-    archive = subprocess.run(["git", "archive", rev, "coordd"], cwd=ROOT, check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(snap)], input=archive, check=True)
-    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout.strip()
-    return snap, f"{rev} ({sha})", snap
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.parked_looks",
                                  description=__doc__.split("\n\n")[0])
@@ -108,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             print(asyncio.run(_measure(args.parked, str(Path(tmp) / "c.db"))))
         return 0
+    from bench.instructions import source_tree  # (not in the child: it runs as a script)
     targets: list[str | None] = [*args.rev, *([] if args.no_tree else [None])]
     for rev in targets:
-        src, label, tmp = _source(rev)
+        src, label, tmp = source_tree(rev)
         try:
             env = {**os.environ, "PYTHONPATH": str(src)}
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
