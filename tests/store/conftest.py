@@ -83,3 +83,13 @@ async def bundle(request: Any, tmp_path: Any) -> AsyncIterator[Bundle]:
         yield Bundle(store=st, kind=request.param, policy=policy())
     finally:
         await st.close()
+
+
+@pytest.fixture
+async def pg(request: Any, tmp_path: Any) -> AsyncIterator[Bundle]:
+    """A Bundle over PostgreSQL alone, its pool large enough for 20 concurrent callers."""
+    st = await open_store("postgres", request, tmp_path, pool_max=20)
+    try:
+        yield Bundle(store=st, kind="postgres", policy=policy())
+    finally:
+        await st.close()

@@ -18,15 +18,6 @@ from tests.store.conftest import COOL, Bundle, open_store, policy
 asyncpg = pytest.importorskip("asyncpg", reason="asyncpg is not installed")
 
 
-@pytest.fixture
-async def pg(request, tmp_path):
-    st = await open_store("postgres", request, tmp_path, pool_max=20)
-    try:
-        yield Bundle(store=st, kind="postgres", policy=policy())
-    finally:
-        await st.close()
-
-
 def _next(b: Bundle, worker: str, claim_id: str | None = None) -> NextClaim:
     return NextClaim(worker_id=worker, lease_s=60.0, policy=b.policy, kinds=None,
                      claim_id=claim_id, max_jobs=1)

@@ -14,15 +14,6 @@ from tests.store.conftest import Bundle, open_store, policy
 asyncpg = pytest.importorskip("asyncpg", reason="asyncpg is not installed")
 
 
-@pytest.fixture
-async def pg(request, tmp_path):
-    st = await open_store("postgres", request, tmp_path, pool_max=20)
-    try:
-        yield Bundle(store=st, kind="postgres", policy=policy())
-    finally:
-        await st.close()
-
-
 async def _drain(b: Bundle, jobs: int, claimers: int) -> None:
     """`claimers` tasks claim and complete until the queue is empty; then check that no
     job was handed out twice and every job succeeded exactly once."""
