@@ -31,7 +31,7 @@ import pytest
 
 from coordd.client import Client
 from tests.integration.fleet_certs import make_fleet
-from tests.integration.workerbench import COOL, worker_toml
+from tests.integration.workerbench import COOL, until, worker_toml
 
 ROUNDS = int(os.environ.get("COORDD_PARTITION_ROUNDS", "20"))
 LEASE_S = 3.0
@@ -164,21 +164,25 @@ async def _drill(lab, daemon_factory, tmp_path, mode: str, rounds: int,
             for n in range(rounds):
                 job = (await c.enqueue(kind="m", required_role="cpu", priority=1,
                                        payload={})).job_id
-                view = await _until(lambda: _running_on(c, job, "wa"), 30, "wa runs the job")
+                view = await until(lambda: _running_on(c, job, "wa"), 30, "wa runs the job",
+                                   every=0.02)
                 token1 = view.lease.token
-                pid = int(await _until(lambda: _read(piddir / f"{job}.wa"), 10, "model pid"))
+                pid = int(await until(lambda: _read(piddir / f"{job}.wa"), 10, "model pid",
+                                      every=0.02))
                 await asyncio.sleep(random.uniform(0.2, 1.2))  # anywhere in a renew period
                 lab.cut(mode)
                 try:
                     expiry = (await c.get_job(job)).lease.expires_at
                     # wa stops its model before coordd's expiry (its own deadline is earlier)
-                    gone_at = await _until(lambda: _gone(pid), LEASE_S + 5, "model stopped")
+                    gone_at = await until(lambda: _gone(pid), LEASE_S + 5, "model stopped",
+                                          every=0.02)
                     assert gone_at < expiry, (n, gone_at - expiry)
                     print(f"{mode} round {n}: model stopped {expiry - gone_at:.3f}s before "
                           "coordd's expiry")
                     if wb is None:
                         wb = worker("wb", [], ["--socket", d.socket])
-                    done = await _until(lambda: _ended(c, job), 30, "job done by wb")
+                    done = await until(lambda: _ended(c, job), 30, "job done by wb",
+                                       every=0.02)
                     assert done.status == "succeeded" and done.result == {"by": "wb"}
                     assert done.attempts >= 2
                 finally:
@@ -237,16 +241,6 @@ async def _stale_calls_fenced(lab, fleet, files, job: str, token: int) -> None:
     codes = out.stdout.split()
     assert len(codes) == 2 and "accepted" not in codes, (out.stdout, out.stderr)
     assert set(codes) <= {"lease_lost", "already_completed", "lease_expired"}, codes
-
-
-async def _until(fn, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await fn()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
-        await asyncio.sleep(0.02)
 
 
 async def _running_on(c, job, wid):

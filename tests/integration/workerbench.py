@@ -92,16 +92,16 @@ class WorkerProc:
 
 
 async def until(check: Callable[[], Awaitable[Any]], timeout: float = WAIT_S,
-                what: str = "condition") -> Any:
-    """Poll `check()` every 50 ms until it returns something true (returned), failing the
-    test after `timeout` seconds."""
+                what: str = "condition", every: float = 0.05) -> Any:
+    """Poll `check()` every `every` seconds until it returns something true (returned),
+    failing the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         got = await check()
         if got:
             return got
         assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(every)
 
 
 def stop_workers(started: list[WorkerProc]) -> None:
