@@ -48,7 +48,8 @@ def prune(workdir: Path, args: argparse.Namespace) -> list[Row]:
         d.stop()
     note = f"pruned {pruned:,} in {took:.1f}s, {len(lat)} claims meanwhile (preload {load_s:.0f}s)"
     return [
-        Row("prune", "claim p50 during a prune", quantile_ms(lat, 50), quantile_ms(before, 50), note=note),
+        Row("prune", "claim p50 during a prune", quantile_ms(lat, 50), quantile_ms(before, 50),
+            note=note),
         Row("prune", "claim p99 during a prune", quantile_ms(lat, 99), quantile_ms(before, 99),
             target="<= 20 ms", met=quantile_ms(lat, 99) <= 20.0),
         Row("prune", "claim max during a prune", 1e3 * max(lat), 1e3 * max(before)),

@@ -12,9 +12,9 @@ Replies are capped like requests: a reply over the cap becomes a `payload_too_la
 error for that id, so a client never has to drop a frame it cannot take. Each peer is a
 `Connection` (coordd.net.connection: frames in, back-pressure, replies out); the
 `Dispatcher` here serves its requests, one task each (or none: `at_once`), and holds
-what all connections share: the handler, the budgets' totals, the sweeper. At shutdown, `stop_intake()`
-answers new requests `overloaded` ("shutting down"), `drain()` lets the ones in flight
-finish, and `close_connections()` closes every peer.
+what all connections share: the handler, the budgets' totals, the sweeper. At shutdown,
+`stop_intake()` answers new requests `overloaded` ("shutting down"), `drain()` lets the
+ones in flight finish, and `close_connections()` closes every peer.
 
 Budgets (`Limits`, issue 21): coordd.net.budgets.
 Connection-closed hook: `Connection.on_close` callbacks run once in `connection_lost`.

@@ -259,11 +259,11 @@ async def _claim(conn: Any, worker_id: str, lease_s: float, policy: ClaimPolicy,
 async def _reserved(conn: Any, now: float | None, walk: _Walk, hint: Any, worker_id: str,
                     lease_s: float, claim_id: str | None, kinds_list: list[str] | None
                     ) -> ClaimResult | None:
-    """The job reserved on `worker_id` (of one of the claim's kinds), taken (its reservation gone, its units held) while
-    its limits have room, as SQLite's claim does (gates not judged: the victim's slot is
-    promised to it); while the victim's resources are not free yet, a refusal that gives
-    nobody else anything either. None otherwise, the hint lowered when no reservation is
-    left."""
+    """The job reserved on `worker_id` (of one of the claim's kinds), taken (its
+    reservation gone, its units held) while its limits have room, as SQLite's claim does
+    (gates not judged: the victim's slot is promised to it); while the victim's resources
+    are not free yet, a refusal that gives nobody else anything either. None otherwise,
+    the hint lowered when no reservation is left."""
     epoch = hint.epoch
     rows = await conn.fetch(SQL_RESERVED_FOR, now, worker_id, kinds_list)
     if rows:
