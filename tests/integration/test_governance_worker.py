@@ -187,10 +187,17 @@ async def test_p3_model_is_stopped_when_the_user_returns_and_continues_when_idle
 
 
 async def test_suspended_past_max_suspend_s_is_vacated_and_resumes_from_its_checkpoint(gov):
+    """The user returns only once a checkpoint is recorded: a file is taken once it held
+    still for SETTLE_S while the model ran (worker.checkpoints), so a vacate sooner than
+    that after ckpt-10 was written may rightly leave nothing to resume from."""
     bench, readings = await gov(resume_after_s=0.3, max_suspend_s=1.0)
-    job, progress, pidfile = await enqueue_counter(bench, steps=60)
+    job, progress, pidfile = await enqueue_counter(bench, steps=300)
     w = bench.start_worker()
-    await wait_for(lambda: steps_done(progress) >= 10, 15, "the model running")
+
+    async def checkpointed() -> Any:
+        return (await bench.client.get_job(job)).checkpoint
+    await bench.until(checkpointed, what="a checkpoint of the run recorded")
+    assert steps_done(progress) < 300, "the model ended before its user returned"
     pid = int(pidfile.read_text())
     readings.write_text(json.dumps(ACTIVE))
     await wait_for(lambda: state_of(pid) == psutil.STATUS_STOPPED, HEARTBEAT_S + 1.0,
@@ -204,7 +211,7 @@ async def test_suspended_past_max_suspend_s_is_vacated_and_resumes_from_its_chec
     readings.write_text(json.dumps(COOL))  # idle again: claimed again, resumed from it
     final = await bench.status_is(job, "succeeded", "failed", timeout=20)
     assert final.status == "succeeded", (final.last_error, w.log())
-    assert final.result == {"acc": expected_acc(60), "resumed": True}
+    assert final.result == {"acc": expected_acc(300), "resumed": True}
     assert final.attempts == 1 and final.preemptions == 1
 
 
