@@ -2,7 +2,7 @@
 Unix socket, in one run.
 
     python -m bench.fleet [--workers 100,500,1000] [--jobs 2000] [--out FILE.json]
-                          [--idle-s 60] [--stale]
+                          [--idle-s 60] [--stale] [--store sqlite|postgresql]
 
 Per transport and N, on a fresh coordd (bench/daemon.py, the writer probe off): N workers
 connect (one connection each, in this process; a certificate per worker id, made by
@@ -19,6 +19,8 @@ over the interval) with one claim parked each and no job, for S seconds; printed
 CPU as % of one core and CPU µs per heartbeat. With `--stale`, one worker then stops
 beating and `workers` is polled every 0.1 s: the seconds from its last beat's reply until
 coordd shows it not live (expected: heartbeat_stale_s, 30 s by default, plus the poll).
+With `--store postgresql` the idle measurement runs coordd on a throwaway PostgreSQL cluster
+and adds the CPU of every postgres process (% of a core, µs per heartbeat).
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
+from bench import pg_fleet
 from bench.daemon import Daemon, pct
 from coordd.net import pki
 from coordd.client import Client
@@ -135,13 +139,16 @@ async def _phase(transport: str, n: int, jobs: int, certs: Path, port: int,
 
 
 async def _idle(n: int, idle_s: float, stale: bool, certs: Path, port: int,
-                workdir: Path) -> dict:
+                workdir: Path, cluster: Any = None, dsn: str = "") -> dict:
     """N TLS workers idle (heartbeats + a parked claim each): coordd CPU, and the stale
-    detection time of one that stops beating."""
+    detection time of one that stops beating. With `cluster` and `dsn` (a throwaway
+    PostgreSQL cluster and a fresh database on it) coordd runs on that store, and the
+    CPU of every postgres process is counted beside coordd's."""
     cfg = (f'listen_tcp = "127.0.0.1:{port}"\ntls_cert = "{certs}/server-coordd.pem"\n'
            f'tls_key = "{certs}/server-coordd.key"\ntls_client_ca = "{certs}/ca.pem"\n'
            "park_max_per_connection = 4\n")
-    d = Daemon(workdir, probe=False, config=cfg, base="").start()  # coordd's stale_s, 30 s
+    d = Daemon(workdir, probe=False, config=cfg, base="",  # coordd's stale_s, 30 s
+               store=dsn).start()
     rng = random.Random(7)
     beats = [0]
     last: dict[str, float] = {}
@@ -173,12 +180,18 @@ async def _idle(n: int, idle_s: float, stale: bool, certs: Path, port: int,
         beating = [asyncio.create_task(beat(c, f"w{i}")) for i, c in enumerate(clients)]
         parked = [asyncio.create_task(park(c, f"w{i}")) for i, c in enumerate(clients)]
         await asyncio.sleep(HEARTBEAT_S + 1)  # every worker beat once, in its phase
+        pg = pg_fleet.postgres_procs(cluster) if cluster is not None else []
         d.mark_cpu()
-        b0, t0 = beats[0], time.perf_counter()
+        b0, t0, p0 = beats[0], time.perf_counter(), pg_fleet.cpu_of(pg)
         await asyncio.sleep(idle_s)
         cpu, wall, nbeats = d.cpu_since_mark(), time.perf_counter() - t0, beats[0] - b0
-        row = {"transport": "tls", "workers": n, "idle_s": round(wall, 1), "beats": nbeats,
+        row = {"transport": "tls", "store": "postgresql" if dsn else "sqlite", "workers": n,
+               "idle_s": round(wall, 1), "beats": nbeats,
                "idle_cpu_pct": 100 * cpu / wall, "us_per_beat": 1e6 * cpu / max(1, nbeats)}
+        if pg:
+            pg_cpu = pg_fleet.cpu_of(pg) - p0
+            row.update(postgres_cpu_pct=100 * pg_cpu / wall,
+                       postgres_us_per_beat=1e6 * pg_cpu / max(1, nbeats))
         if stale:
             beating[0].cancel()
             await asyncio.gather(beating[0], return_exceptions=True)
@@ -201,6 +214,21 @@ async def _idle(n: int, idle_s: float, stale: bool, certs: Path, port: int,
     return row
 
 
+async def _idle_on(store: str, n: int, idle_s: float, stale: bool, certs: Path,
+                   workdir: Path) -> dict:
+    """`_idle` on `store` ("sqlite", or "postgresql": a throwaway cluster of its own)."""
+    if store == "sqlite":
+        return await _idle(n, idle_s, stale, certs, _free_port(), workdir)
+    from bench.drain_stores import fresh_database
+    from coordd.store.postgres.throwaway import Cluster
+    cluster = Cluster(port=_free_port())
+    try:
+        _, db = await asyncio.to_thread(fresh_database, cluster.start())
+        return await _idle(n, idle_s, stale, certs, _free_port(), workdir, cluster, db)
+    finally:
+        cluster.stop()
+
+
 async def _main(args: argparse.Namespace) -> list[dict]:
     sizes = [int(x) for x in args.workers.split(",")]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -216,7 +244,7 @@ async def _main(args: argparse.Namespace) -> list[dict]:
             if args.idle_s:
                 work = Path(tmp) / f"idle-{n}"
                 work.mkdir()
-                row = await _idle(n, args.idle_s, args.stale, certs, _free_port(), work)
+                row = await _idle_on(args.store, n, args.idle_s, args.stale, certs, work)
                 out.append(row)
                 print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                   for k, v in row.items()}), flush=True)
@@ -242,16 +270,22 @@ def main() -> None:
     p.add_argument("--stale", action="store_true",
                    help="with --idle-s: time until a worker that stops beating is stale")
     p.add_argument("--no-drain", action="store_true", help="only the idle measurement")
+    p.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite",
+                   help="the store of the idle measurement (postgresql: a throwaway cluster "
+                        "of PostgreSQL's server binaries; its CPU is counted too)")
     args = p.parse_args()
     rows = uvloop.run(_main(args))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
     for r in rows:
         if "idle_cpu_pct" in r:
-            print(f"idle TLS N={r['workers']}: coordd {r['idle_cpu_pct']:.2f}% of a core, "
-                  f"{r['us_per_beat']:.0f} µs CPU per heartbeat ({r['beats']} beats in "
-                  f"{r['idle_s']} s)" + (f", stale seen after {r['stale_detect_s']:.1f} s"
-                                         if "stale_detect_s" in r else ""))
+            pg = (f" + postgres {r['postgres_cpu_pct']:.2f}% / "
+                  f"{r['postgres_us_per_beat']:.0f} µs" if "postgres_cpu_pct" in r else "")
+            print(f"idle TLS N={r['workers']} ({r['store']}): coordd {r['idle_cpu_pct']:.2f}% "
+                  f"of a core, {r['us_per_beat']:.0f} µs CPU per heartbeat{pg} ({r['beats']} "
+                  f"beats in {r['idle_s']} s)"
+                  + (f", stale seen after {r['stale_detect_s']:.1f} s"
+                     if "stale_detect_s" in r else ""))
     rows = [r for r in rows if "idle_cpu_pct" not in r]
     if not rows:
         return

@@ -30,14 +30,14 @@ COOL = {"memory_used_pct": 40.0, "temperature_c": 50.0, "on_battery": False,
         "user_idle_s": 3600.0}
 
 
-def _postgres_procs(cluster: Any) -> list[psutil.Process]:
+def postgres_procs(cluster: Any) -> list[psutil.Process]:
     """The cluster's postmaster and every backend and helper under it."""
     pid = int((Path(cluster.root) / "data" / "postmaster.pid").read_text().split()[0])
     top = psutil.Process(pid)
     return [top, *top.children(recursive=True)]
 
 
-def _cpu(procs: list[psutil.Process]) -> float:
+def cpu_of(procs: list[psutil.Process]) -> float:
     total = 0.0
     for p in procs:
         try:
@@ -78,10 +78,10 @@ async def parked(cluster: Any, dsn: str, workers: int, window_s: float) -> dict[
         for i, c in enumerate(clients):  # their roles, known from the next heartbeat
             await c.heartbeat(f"w{i}", ["cpu"], COOL)
         await asyncio.sleep(2.0)
-        pg = _postgres_procs(cluster)
-        c0, p0, t0 = d.cpu_total(), _cpu(pg), time.monotonic()
+        pg = postgres_procs(cluster)
+        c0, p0, t0 = d.cpu_total(), cpu_of(pg), time.monotonic()
         await asyncio.sleep(window_s)
-        c1, p1, t1 = d.cpu_total(), _cpu(pg), time.monotonic()
+        c1, p1, t1 = d.cpu_total(), cpu_of(pg), time.monotonic()
         answered = sum(f.done() for f in claims)
     finally:
         for f in claims:
