@@ -88,6 +88,12 @@ def _unencodable(method: str, exc: Exception) -> Unencodable:
     return Unencodable(f"{method}: the request cannot be sent: {why}")
 
 
+def _time_out(fut: asyncio.Future[Any]) -> None:
+    """A call's timer: no reply came in time."""
+    if not fut.done():
+        fut.set_exception(asyncio.TimeoutError())
+
+
 def _shown(bad: str) -> str:
     """The bytes a lone surrogate stood for (a non-UTF-8 argument), else the characters."""
     try:
@@ -265,14 +271,19 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
                 or self._read_task.done():
             await self.connect()
         assert self._writer is not None
-        fut: asyncio.Future[ReplyHeader] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[ReplyHeader] = loop.create_future()
         self._pending[req_id] = fut
+        timer = None
         try:
             self._writer.write(frame)
             if on_sent is not None:
                 on_sent()
             await self._writer.drain()
-            header = await asyncio.wait_for(fut, timeout or self.timeout)
+            # the read loop resolves `fut`; the timer fails it (no wait_for: its waiter and
+            # callback cost a loop turn per reply)
+            timer = loop.call_later(timeout or self.timeout, _time_out, fut)
+            header = await fut
         except asyncio.TimeoutError:
             raise CallTimeout(f"{method}: no reply within {timeout or self.timeout:g}s") from None
         except (ConnectionError, OSError) as exc:
@@ -284,6 +295,8 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
             await self.close()
             raise lost from exc
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(req_id, None)
             if fut.done() and not fut.cancelled():
                 fut.exception()  # retrieved: an error raised otherwise is never "unretrieved"
