@@ -46,8 +46,8 @@ async def test_with_other_peers_requests_wait_for_the_group_commit(bundle):
 
 
 async def test_a_caller_submitting_in_a_row_still_yields_to_the_loop(bundle):
-    """At most one inline batch per loop iteration: the next submit of the same step is
-    queued, so a loop of writes cannot starve the event loop."""
+    """A task's second inline batch in a row is queued for the writer's task instead, so
+    a loop of writes cannot starve the event loop; another task's request runs inline."""
     writer = bundle.coord.store.writer
     writer.peers = lambda: 1
     await _idle(writer)
@@ -55,7 +55,15 @@ async def test_a_caller_submitting_in_a_row_still_yields_to_the_loop(bundle):
     assert first.done() and not second.done()
     assert await second == 7
     await _idle(writer)
-    assert writer.submit(op).done()
+    assert writer.submit(op).done()  # the writer's task ran: inline again
+
+    async def other_task() -> bool:
+        return writer.submit(op).done()
+
+    assert writer.submit(op).done() is False  # this task's second in a row
+    assert await asyncio.create_task(other_task()) is False  # queued behind it
+    await _idle(writer)
+    assert await asyncio.create_task(other_task()) is True
 
 
 async def test_an_outside_write_lock_sends_the_lone_request_to_the_writers_task(make_bundle):
@@ -88,8 +96,7 @@ async def test_an_inline_op_that_fails_fails_alone_and_leaves_no_transaction(bun
     fut = writer.submit(bad)
     assert fut.done() and isinstance(fut.exception(), errors.NotFound)
     assert not writer._conn.in_transaction
-    await _idle(writer)
-    assert writer.submit(op).result() == 7
+    assert await writer.submit(op) == 7
 
 
 async def test_the_daemon_tells_its_writer_how_many_peers_are_connected(tmp_path):

@@ -104,7 +104,7 @@ class Writer(BatchApply):
         # connections); None: unknown. See `submit` and `_linger`.
         self.peers: Callable[[], int] | None = None
         self._idle = False  # the task waits for requests, none queued
-        self._inline_ok = True  # no lone batch ran inline in this loop iteration yet
+        self._inline_by: object = None  # the task whose step ran the last inline batch
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # start()
 
     @property
@@ -169,8 +169,8 @@ class Writer(BatchApply):
 
         When the writer is idle, nothing is queued and `peers()` says no other peer could
         join the batch, the op's batch runs now, in the caller's step (COMMIT first, then
-        the future resolves; at most once per loop iteration, so a caller that submits in
-        a row still yields): no hand-off to the writer's task, no loop turns.
+        the future resolves; a task's second in a row goes to the writer's task, so a
+        caller that submits in a loop still yields): no hand-off, no loop turns.
 
         Raises:
             errors.Overloaded: the op's lane is full, or the writer is shutting down.
@@ -179,8 +179,8 @@ class Writer(BatchApply):
             raise errors.Overloaded("writer is not accepting requests (shutting down)")
         fut: asyncio.Future[Any] = self._loop.create_future()
         item = (op, fut, self._clock.mono())
-        if self._idle and self._inline_ok and not self._lanes and self.peers is not None \
-                and self.peers() <= 1 and self._run_inline(item):
+        if self._idle and not self._lanes and self.peers is not None and self.peers() <= 1 \
+                and self._run_inline(item):
             return fut  # resolved: no other request could have joined its batch
         self._lanes.add(item, urgent)
         self._wakeup.set()
@@ -253,6 +253,7 @@ class Writer(BatchApply):
                     await self._wakeup.wait()
                 finally:
                     self._idle = False
+                    self._inline_by = None  # the loop turned
                 continue
             await self._linger()
             batch = queued.take(self._batch_max)
@@ -274,15 +275,15 @@ class Writer(BatchApply):
         task takes it then, and says why if it fails."""
         conn = self._conn
         ck = self._checkpointer
-        if conn is None or ck.wal_over_bound or ck.low_space:
-            return False
+        by = asyncio.current_task(self._loop) or self  # (a callback: not a task)
+        if conn is None or ck.wal_over_bound or ck.low_space or by is self._inline_by:
+            return False  # (a task's second in a row goes the task's way: it yields)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error:
             return False
         self._idle = False  # a submit from a commit hook is queued for the writer's task
-        self._inline_ok = False  # until the loop turns: a caller that submits in a row yields
-        self._loop.call_soon(setattr, self, "_inline_ok", True)
+        self._inline_by = by
         try:
             self._commit(conn, [item], item[2])
         finally:
