@@ -10,16 +10,13 @@ a reply that is a connection-level error (id 0) fails them all and is kept as th
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Any
 
 import msgspec
 
 from coordd import errors
 from coordd.net.frames import HEADER, FrameTooLarge
 from coordd.wire.protocol import ReplyHeader
-
-if TYPE_CHECKING:
-    from coordd.client import Client
 
 _decode_header = msgspec.msgpack.Decoder(ReplyHeader).decode
 
@@ -33,7 +30,7 @@ class Wire(asyncio.Protocol):
 
     transport: asyncio.Transport
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Any) -> None:  # a coordd.client.Client
         self._client = client
         self._buf = bytearray()
         self.paused = False
