@@ -242,8 +242,8 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
                 on_sent()
             if wire.paused or wire.lost:
                 await wire.drain()
-            # the read loop resolves `fut`; the timer fails it (no wait_for: its waiter and
-            # callback cost a loop turn per reply)
+            # the connection (client_wire.Wire) resolves `fut` as its reply is read; the
+            # timer fails it (no wait_for: its waiter and callback cost a loop turn a reply)
             timer = loop.call_later(timeout or self.timeout, _time_out, fut)
             header = await fut
         except asyncio.TimeoutError:
@@ -252,7 +252,7 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
             self._pending.pop(req_id, None)  # ours is answered by this raise, not by close()
             told = fut.exception() if fut.done() and not fut.cancelled() else None
             lost = told if isinstance(told, errors.CoordError) else Disconnected(
-                f"{method}: connection to coordd lost: {exc}")  # the read loop knew why first
+                f"{method}: connection to coordd lost: {exc}")  # the connection knew why first
             self._fail_pending(lost)  # the others too: an outage, not our own close
             await self.close()
             raise lost from exc

@@ -176,7 +176,7 @@ class BatchApply:
 
 
 def settle_futures(batch: list[tuple[WriteOp, asyncio.Future[Any], float]],
-           outcomes: list[tuple[bool, Any]]) -> None:
+                   outcomes: list[tuple[bool, Any]]) -> None:
     """Resolve each request's future with its outcome (ok, result or error)."""
     for (_, fut, _t), (ok, value) in zip(batch, outcomes):
         if fut.done():
