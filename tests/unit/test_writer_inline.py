@@ -47,7 +47,8 @@ async def test_with_other_peers_requests_wait_for_the_group_commit(bundle):
 
 async def test_a_caller_submitting_in_a_row_still_yields_to_the_loop(bundle):
     """A task's second inline batch in a row is queued for the writer's task instead, so
-    a loop of writes cannot starve the event loop; another task's request runs inline."""
+    a loop of writes cannot starve the event loop; once the writer's task has run, and for
+    another task with the writer idle, a request runs inline again."""
     writer = bundle.coord.store.writer
     writer.peers = lambda: 1
     await _idle(writer)
