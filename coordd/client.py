@@ -20,6 +20,7 @@ and push calls in coordd.client_areas); `SyncClient` wraps it for scripts. Both:
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 from collections.abc import Callable
@@ -30,20 +31,18 @@ import msgspec
 from coordd import errors
 from coordd.client_areas import AdminCalls, HubCalls, PushCalls, WorkflowCalls
 from coordd.client_leases import LeaseCalls
+from coordd.client_wire import Wire
 from coordd.wire.protocol import (
     MAX_FRAME_DEFAULT, TERMINAL_STATUSES, Enqueue, EnqueueBatchResult, EnqueueResult, JobView,
     ReplyHeader,
 )
-from coordd.net.frames import encode_frame, read_frame
+from coordd.net.frames import encode_frame
 
 if TYPE_CHECKING:
     from coordd.transport import Connector
 
 T = TypeVar("T")
 CALL_TIMEOUT_DEFAULT = 30.0
-
-_decode_header = msgspec.msgpack.Decoder(ReplyHeader).decode
-
 
 class Disconnected(errors.CoordError):
     """The connection to coordd dropped before the reply came (the call may have committed)."""
@@ -88,6 +87,12 @@ def _unencodable(method: str, exc: Exception) -> Unencodable:
     return Unencodable(f"{method}: the request cannot be sent: {why}")
 
 
+def _time_out(fut: asyncio.Future[Any]) -> None:
+    """A call's timer: no reply came in time."""
+    if not fut.done():
+        fut.set_exception(asyncio.TimeoutError())
+
+
 def _shown(bad: str) -> str:
     """The bytes a lone surrogate stood for (a non-UTF-8 argument), else the characters."""
     try:
@@ -125,9 +130,7 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
         self.max_frame = max_frame
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[ReplyHeader]] = {}
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._read_task: asyncio.Task[None] | None = None
+        self._wire: Wire | None = None  # the connection (coordd.client_wire)
         self._lock = asyncio.Lock()
         self._refused = False  # coordd refused this connection (Refused)
 
@@ -145,43 +148,32 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
             Disconnected: nothing listens at the path (coordd is not running).
         """
         async with self._lock:
-            if self._writer is not None and not self._writer.is_closing():
+            if self._wire is not None and not self._wire.closing():
                 return
+            made = functools.partial(Wire, self)
             if self.connector is not None:
                 try:
-                    self._reader, self._writer = await self.connector.open()
+                    _transport, self._wire = await self.connector.connect(made)
                 except errors.CoordError as exc:  # transport.ConnectFailed
                     kind = Refused if getattr(exc, "refused", False) else Disconnected
                     raise kind(exc.message) from exc
                 self._refused = False
-                self._read_task = asyncio.create_task(self._read_loop(self._reader))
                 return
             try:
-                self._reader, self._writer = await asyncio.open_unix_connection(
-                    self.path, limit=1 << 20)
+                _transport, self._wire = await asyncio.get_running_loop(
+                ).create_unix_connection(made, self.path)
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 raise Disconnected(f"coordd is not running at {self.path}: {exc.strerror}") from exc
             except OSError as exc:  # permission denied on the socket, path too long, ...
                 raise Disconnected(f"cannot connect to coordd at {self.path}: {exc}") from exc
-            self._read_task = asyncio.create_task(self._read_loop(self._reader))
 
     async def close(self) -> None:
         """Close the connection; calls in flight raise Closed (a Disconnected). Idempotent."""
-        writer, self._writer = self._writer, None
-        self._fail_pending(Closed("connection closed by this client"))  # before the read
-        if writer is not None:                         # loop sees the end of the stream
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (ConnectionError, OSError):
-                pass
-        if self._read_task is not None:
-            self._read_task.cancel()
-            try:
-                await self._read_task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._read_task = None
+        wire, self._wire = self._wire, None
+        self._fail_pending(Closed("connection closed by this client"))
+        if wire is not None:
+            wire.transport.close()
+            await wire.wait_closed()
         self._fail_pending(Closed("connection closed by this client"))
 
     def _fail_pending(self, exc: Exception) -> None:
@@ -190,38 +182,12 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
             if not fut.done():
                 fut.set_exception(exc)
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        refusal: errors.CoordError | None = None  # a connection-level error, kept for all
-        answered = False
-        lost: Disconnected = Disconnected("coordd closed the connection")
-        ended: BaseException | None = None
-        try:
-            while True:
-                body = await read_frame(reader, self.max_frame)
-                if body is None:
-                    break
-                header = _decode_header(body)
-                if header.id == 0 and header.error is not None:
-                    # a connection-level error (oversize or garbage frame, out of file
-                    # descriptors, inbound budget spent, this peer refused): fail everyone
-                    refusal = self._connection_error(header.error.code, header.error.message)
-                    self._fail_pending(refusal)
-                    continue
-                if not answered and refusal is None:
-                    answered = True
-                    if (refusals := getattr(self.connector, "refusals", None)) is not None:
-                        refusals.answered()
-                fut = self._pending.pop(header.id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(header)
-        except (asyncio.IncompleteReadError, OSError, msgspec.DecodeError,  # OSError: ssl too
-                errors.PayloadTooLarge) as exc:
-            lost, ended = Disconnected(f"connection to coordd lost: {exc}"), exc
-        why = None if refusal or answered else getattr(  # coordd.transport.Connector's
-            self.connector, "closed_unanswered", lambda _exc: None)(ended)
-        if why is not None:  # closed at once, nothing answered: coordd refused the certificate
-            refusal = self._connection_error("permission_denied", why)
-        self._fail_pending(refusal or lost)
+    @staticmethod
+    def disconnected(ended: BaseException | None) -> Disconnected:
+        """The error of calls in flight on a connection that ended (`ended`: why, if known)."""
+        if ended is None:
+            return Disconnected("coordd closed the connection")
+        return Disconnected(f"connection to coordd lost: {ended}")
 
     def _connection_error(self, code: str, message: str) -> errors.CoordError:
         """The error of a connection-level reply; a refusal of this peer starts (or goes
@@ -261,29 +227,38 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
             raise _unencodable(method, exc) from exc
         if self._refused:  # this connection was refused: the connector says when to dial
             await self.close()
-        if self._writer is None or self._writer.is_closing() or self._read_task is None \
-                or self._read_task.done():
+        wire = self._wire
+        if wire is None or wire.closing():
             await self.connect()
-        assert self._writer is not None
-        fut: asyncio.Future[ReplyHeader] = asyncio.get_running_loop().create_future()
+            wire = self._wire
+        assert wire is not None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[ReplyHeader] = loop.create_future()
         self._pending[req_id] = fut
+        timer = None
         try:
-            self._writer.write(frame)
+            wire.transport.write(frame)
             if on_sent is not None:
                 on_sent()
-            await self._writer.drain()
-            header = await asyncio.wait_for(fut, timeout or self.timeout)
+            if wire.paused or wire.lost:
+                await wire.drain()
+            # the connection (client_wire.Wire) resolves `fut` as its reply is read; the
+            # timer fails it (no wait_for: its waiter and callback cost a loop turn a reply)
+            timer = loop.call_later(timeout or self.timeout, _time_out, fut)
+            header = await fut
         except asyncio.TimeoutError:
             raise CallTimeout(f"{method}: no reply within {timeout or self.timeout:g}s") from None
         except (ConnectionError, OSError) as exc:
             self._pending.pop(req_id, None)  # ours is answered by this raise, not by close()
             told = fut.exception() if fut.done() and not fut.cancelled() else None
             lost = told if isinstance(told, errors.CoordError) else Disconnected(
-                f"{method}: connection to coordd lost: {exc}")  # the read loop knew why first
+                f"{method}: connection to coordd lost: {exc}")  # the connection knew why first
             self._fail_pending(lost)  # the others too: an outage, not our own close
             await self.close()
             raise lost from exc
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(req_id, None)
             if fut.done() and not fut.cancelled():
                 fut.exception()  # retrieved: an error raised otherwise is never "unretrieved"

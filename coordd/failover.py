@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from coordd.clock import Clock, SystemClock
-from coordd.transport import ConnectFailed, Connector, Refusals, TlsFiles
+from coordd.transport import P, ConnectFailed, Connector, Refusals, TlsFiles
+
+T = TypeVar("T")
 
 BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 2.0  # short: a standby that took over should be found within seconds
@@ -57,11 +60,19 @@ class Failover:
         return self.connectors[self._current].scheme
 
     async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Connect to the first endpoint that answers, starting at the last good one.
+        """Connect as `connect` does, as a pair of streams. Raises: ConnectFailed."""
+        return await self._first(lambda c: c.open())
+
+    async def connect(self, protocol_factory: Callable[[], P]) -> tuple[asyncio.Transport, P]:
+        """Connect to the first endpoint that answers, starting at the last good one,
+        served by the protocol `protocol_factory()` makes.
 
         Raises: ConnectFailed (none answered: every endpoint's reason; `refused`: coordd
         refused this client a moment ago, nothing dialled).
         """
+        return await self._first(lambda c: c.connect(protocol_factory))
+
+    async def _first(self, dial: Callable[[Connector], Awaitable[T]]) -> T:
         not_yet = self.refusals.admit()
         if not_yet is not None:
             raise ConnectFailed(not_yet, refused=True)
@@ -73,12 +84,12 @@ class Failover:
         for k in range(n):
             i = (self._current + k) % n
             try:
-                pair = await self.connectors[i].open()
+                got = await dial(self.connectors[i])
             except ConnectFailed as exc:
                 why.append(exc.message)
                 continue
             self._current, self.failures, self._next_try = i, 0, 0.0
-            return pair
+            return got
         self.failures += 1
         self._next_try = self._clock.mono() + self._rng.uniform(
             0.0, min(self._cap, self._base * 2.0 ** min(self.failures - 1, 30)))

@@ -18,7 +18,9 @@ import asyncio
 import math
 import random
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from coordd import errors
 from coordd.net import tls
@@ -31,6 +33,8 @@ BACKOFF_CAP_S = 5.0
 READ_LIMIT = 1 << 20
 REFUSED_BACKOFF_BASE_S = 1.0
 REFUSED_BACKOFF_CAP_S = 300.0
+
+P = TypeVar("P", bound=asyncio.BaseProtocol)
 
 
 class ConnectFailed(errors.CoordError):
@@ -161,7 +165,19 @@ class Connector:
         return self._rng.uniform(0.0, min(self._cap, self._base * 2.0 ** min(self.failures - 1, 30)))
 
     async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Connect (after the backoff's wait, if the last connect failed).
+        """Connect as `connect` does, as a pair of streams.
+
+        Raises: ConnectFailed (see `connect`).
+        """
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=READ_LIMIT, loop=loop)
+        transport, protocol = await self.connect(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=loop))
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+    async def connect(self, protocol_factory: Callable[[], P]) -> tuple[asyncio.Transport, P]:
+        """Connect (after the backoff's wait, if the last connect failed), served by the
+        protocol `protocol_factory()` makes.
 
         Raises: ConnectFailed (nothing answers, timeout, a refused handshake: with a hint;
         `refused`: coordd refused this client a moment ago, not dialled: Refusals).
@@ -173,7 +189,7 @@ class Connector:
         if wait > 0:
             await asyncio.sleep(wait)
         try:
-            pair = await asyncio.wait_for(self._open(), self.connect_timeout_s)
+            pair = await asyncio.wait_for(self._open(protocol_factory), self.connect_timeout_s)
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
             self.failures += 1
             self._next_try = self._clock.mono() + self.backoff_s()
@@ -183,17 +199,18 @@ class Connector:
         self.opened_at = self._clock.mono()
         return pair
 
-    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _open(self, protocol_factory: Callable[[], P]) -> tuple[asyncio.Transport, P]:
+        loop = asyncio.get_running_loop()
         if self.scheme == "unix":
-            return await asyncio.open_unix_connection(self.path, limit=READ_LIMIT)
-        reader, writer = await asyncio.open_connection(
-            self.host, self.port, limit=READ_LIMIT, ssl=self._ctx,
+            return await loop.create_unix_connection(protocol_factory, self.path)
+        transport, protocol = await loop.create_connection(
+            protocol_factory, self.host, self.port, ssl=self._ctx,
             server_hostname=self._server_name if self._ctx else None,
             ssl_handshake_timeout=self.connect_timeout_s if self._ctx else None)
-        sock = writer.get_extra_info("socket")
+        sock = transport.get_extra_info("socket")
         if sock is not None:
             tls.tune_tcp(sock, self._user_timeout_s)  # type: ignore[arg-type]
-        return reader, writer
+        return transport, protocol  # type: ignore[return-value]
 
     def _why(self, exc: BaseException) -> str:
         where = self.path if self.scheme == "unix" else f"{self.scheme}://{self.host}:{self.port}"

@@ -177,6 +177,10 @@ class Dispatcher:
         """The open connections (a copy)."""
         return list(self._conns)
 
+    def peers(self) -> int:
+        """How many connections are open: the peers that may send a request any moment."""
+        return len(self._conns)
+
     def _closed(self, conn: Connection) -> None:
         self._conns.discard(conn)
         if not self._conns and self._all_closed is not None and not self._all_closed.done():

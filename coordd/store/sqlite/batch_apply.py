@@ -175,6 +175,31 @@ class BatchApply:
         return errors.CoordError(f"internal error: {type(exc).__name__}: {exc}")
 
 
+def settle_futures(batch: list[tuple[WriteOp, asyncio.Future[Any], float]],
+                   outcomes: list[tuple[bool, Any]]) -> None:
+    """Resolve each request's future with its outcome (ok, result or error)."""
+    for (_, fut, _t), (ok, value) in zip(batch, outcomes):
+        if fut.done():
+            continue  # the caller went away; the op is committed all the same
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
+def batch_error(exc: Exception) -> errors.CoordError:
+    """The error every request of a failed batch gets: nothing of the batch is stored.
+
+    A busy or locked file (an outside process held the write lock past the busy
+    timeout) is `overloaded`, which callers retry; no reply says "database is locked".
+    """
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+        return errors.Overloaded("the database file is busy (held by another process past "
+                                 "the busy timeout); nothing was stored, retry")
+    return errors.CoordError(f"commit failed, nothing stored: {exc}")
+
+
 def _check_still_in_transaction(conn: sqlite3.Connection, exc: Exception) -> None:
     """Raise if the op's error made SQLite roll back the whole transaction.
 

@@ -11,9 +11,10 @@ coordd.store.sqlite.batch_apply.
 The batch runs on the event loop's own thread with a plain `sqlite3` connection; a write lock
 held by another process is waited for with asyncio sleeps, and WAL checkpoints run on
 coordd.store.sqlite.checkpointer's thread. A batch lingers up to `linger_rounds` loop iterations
-while requests keep arriving (group commit). What each batch changes in jobs is seen by
-coordd.store.sqlite.job_changes (counters, kinds, wake-ups). Why each of these, with the
-measurements: docs/decisions.md, "writer".
+while requests keep arriving and fewer are queued than `peers()` (group commit); a lone
+peer's request to an idle writer runs at once, in the caller's step (`submit`). What each
+batch changes in jobs is seen by coordd.store.sqlite.job_changes (counters, kinds, wake-ups).
+Why each of these, with the measurements: docs/decisions.md, "writer" and "onec".
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 
 from coordd import errors, store
 from coordd.store.sqlite import lanes
-from coordd.store.sqlite.batch_apply import BatchApply, WriteOp, WriterStats
+from coordd.store.sqlite.batch_apply import (BatchApply, WriteOp, WriterStats, batch_error,
+                                              settle_futures)
 from coordd.store.sqlite.checkpointer import WalCheckpointer
 from coordd.clock import Clock, anchored
 from coordd.store.sqlite.clock_steps import ClockSteps
@@ -98,6 +100,12 @@ class Writer(BatchApply):
         self.on_clock_step: Callable[[float], None] | None = None
         self.on_commit: Callable[[], None] | None = None
         self.on_rollback: Callable[[], None] | None = None
+        # peers(): how many peers may add requests to a batch (the daemon: its open
+        # connections); None: unknown. See `submit` and `_linger`.
+        self.peers: Callable[[], int] | None = None
+        self._idle = False  # the task waits for requests, none queued
+        self._inline_by: object = None  # the task whose step ran the last inline batch
+        self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # start()
 
     @property
     def queue_depth(self) -> int:
@@ -133,6 +141,7 @@ class Writer(BatchApply):
         self._conn = conn
         self._checkpointer.start()
         self._closing = False  # started again after a stop: taking requests again
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="coordd-writer")
 
     def _setup(self, conn: sqlite3.Connection) -> None:
@@ -158,13 +167,22 @@ class Writer(BatchApply):
         `urgent`: a holder call (or maintenance: also inside `maintenance()`); it goes in
         the urgent lane, bounded apart from new work and committed first.
 
+        When the writer is idle, nothing is queued and `peers()` says no other peer could
+        join the batch, the op's batch runs now, in the caller's step (COMMIT first, then
+        the future resolves; a task's second in a row goes to the writer's task, so a
+        caller that submits in a loop still yields): no hand-off, no loop turns.
+
         Raises:
             errors.Overloaded: the op's lane is full, or the writer is shutting down.
         """
         if self._closing or self._task is None:
             raise errors.Overloaded("writer is not accepting requests (shutting down)")
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._lanes.add((op, fut, self._clock.mono()), urgent)
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        item = (op, fut, self._clock.mono())
+        if self._idle and not self._lanes and self.peers is not None and self.peers() <= 1 \
+                and self._run_inline(item):
+            return fut  # resolved: no other request could have joined its batch
+        self._lanes.add(item, urgent)
         self._wakeup.set()
         return fut
 
@@ -230,7 +248,12 @@ class Writer(BatchApply):
                 if self._closing:
                     return
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                self._idle = True  # `submit` may run a lone request inline meanwhile
+                try:
+                    await self._wakeup.wait()
+                finally:
+                    self._idle = False
+                    self._inline_by = None  # the loop turned
                 continue
             await self._linger()
             batch = queued.take(self._batch_max)
@@ -240,37 +263,66 @@ class Writer(BatchApply):
                 if ck.wal_over_bound or ck.low_space and ck.check_bound():
                     await self._cut_wal(conn)  # before the batch can grow the WAL further
                 await self._begin(conn)
-                outcomes = self._apply(conn, batch)
-                if self.on_commit is not None:
-                    self.on_commit()  # wake-ups after the COMMIT, never before (service.push)
-                self._checkpointer.kick()
-                if self.metrics is not None:
-                    self.metrics.observe_batch(len(batch), self.stats.commit_times[-1],
-                                                [started - t for _, _, t in batch])
-            except Exception as exc:  # the whole transaction failed: nothing of it is stored
-                reason = storage_reason(exc)
-                if reason is not None:
-                    err = self.health.refuse(exc, reason, len(batch), self._clock.wall(),
-                                             self._clock.mono())
-                    self._checkpointer.kick()  # a WAL past its bound is cut once space allows
-                else:
-                    logger.error("group commit failed: %s", exc,
-                                 extra={"action": "commit_failed", "n": len(batch)})
-                    err = _batch_error(exc)
-                outcomes = [(False, err)] * len(batch)
-                if self.on_rollback is not None:
-                    self.on_rollback()
+            except Exception as exc:  # nothing of the batch is stored
+                settle_futures(batch, self._refused(exc, len(batch)))
             else:
-                if self.health.reason is not None:
-                    self.health.committed(self._clock.mono())
-            for (_, fut, _t), (ok, value) in zip(batch, outcomes):
-                if fut.done():
-                    continue  # the caller went away; the op is committed all the same
-                if ok:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(value)
+                self._commit(conn, batch, started)
             await asyncio.sleep(0)  # let the loop read sockets: the next batch is what came
+
+    def _run_inline(self, item: lanes.Queued) -> bool:
+        """Run a lone request's batch now, in the caller's step (see `submit`); False if it
+        cannot start at once (a WAL to cut first, BEGIN IMMEDIATE refused): the writer's
+        task takes it then, and says why if it fails."""
+        conn = self._conn
+        ck = self._checkpointer
+        by = asyncio.current_task(self._loop) or self  # (a callback: not a task)
+        if conn is None or ck.wal_over_bound or ck.low_space or by is self._inline_by:
+            return False  # (a task's second in a row goes the task's way: it yields)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error:
+            return False
+        self._idle = False  # a submit from a commit hook is queued for the writer's task
+        self._inline_by = by
+        try:
+            self._commit(conn, [item], item[2])
+        finally:
+            self._idle = not self._lanes and not self._closing
+        return True
+
+    def _commit(self, conn: sqlite3.Connection, batch: list[lanes.Queued],
+                started: float) -> None:
+        """Run `batch` in the open transaction, COMMIT, run the commit hooks, then resolve
+        its futures (a failed COMMIT: every future gets the batch's error)."""
+        try:
+            outcomes = self._apply(conn, batch)
+            if self.on_commit is not None:
+                self.on_commit()  # wake-ups after the COMMIT, never before (service.push)
+            self._checkpointer.kick()
+            if self.metrics is not None:
+                self.metrics.observe_batch(len(batch), self.stats.commit_times[-1],
+                                            [started - t for _, _, t in batch])
+        except Exception as exc:  # the whole transaction failed: nothing of it is stored
+            outcomes = self._refused(exc, len(batch))
+        else:
+            if self.health.reason is not None:
+                self.health.committed(self._clock.mono())
+        settle_futures(batch, outcomes)
+
+    def _refused(self, exc: Exception, n: int) -> list[tuple[bool, Any]]:
+        """The outcomes of a batch of `n` whose transaction failed: a storage refusal
+        (`unavailable`, logged once) or the batch's error (logged)."""
+        reason = storage_reason(exc)
+        if reason is not None:
+            err = self.health.refuse(exc, reason, n, self._clock.wall(), self._clock.mono())
+            self._checkpointer.kick()  # a WAL past its bound is cut once space allows
+        else:
+            logger.error("group commit failed: %s", exc,
+                         extra={"action": "commit_failed", "n": n})
+            err = batch_error(exc)
+        if self.on_rollback is not None:
+            self.on_rollback()
+        return [(False, err)] * n
 
     async def _cut_wal(self, conn: sqlite3.Connection) -> None:
         """Checkpoint with TRUNCATE on the writer's own connection (in a thread; no batch runs
@@ -298,11 +350,12 @@ class Writer(BatchApply):
 
     async def _linger(self) -> None:
         """Yield to the loop while each iteration brings more requests, at most
-        `linger_rounds` times or until a full batch is queued (see the module docstring)."""
+        `linger_rounds` times or until a full batch, or one from every peer, is queued."""
         queued = self._lanes
+        peers = self.peers
         for _ in range(self._linger_rounds):
             n = len(queued)
-            if n >= self._batch_max:
+            if n >= self._batch_max or peers is not None and n >= peers():
                 return
             await asyncio.sleep(0)
             if len(queued) == n:
@@ -312,7 +365,7 @@ class Writer(BatchApply):
         """BEGIN IMMEDIATE; while another process holds the write lock, retry after asyncio
         sleeps (1 ms doubling to 50 ms) so the loop keeps serving reads and heartbeats,
         until the sleeps add up to `busy_timeout_ms`; then the OperationalError propagates
-        (the batch gets `overloaded`, see `_batch_error`)."""
+        (the batch gets `overloaded`, see batch_apply.batch_error)."""
         budget_s = self._busy_timeout_ms / 1000
         delay = 0.001
         while True:
@@ -327,19 +380,6 @@ class Writer(BatchApply):
             await asyncio.sleep(min(delay, budget_s))
             budget_s -= delay
             delay = min(delay * 2, 0.05)
-
-
-def _batch_error(exc: Exception) -> errors.CoordError:
-    """The error every request of a failed batch gets: nothing of the batch is stored.
-
-    A busy or locked file (an outside process held the write lock past the busy
-    timeout) is `overloaded`, which callers retry; no reply says "database is locked".
-    """
-    text = str(exc)
-    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
-        return errors.Overloaded("the database file is busy (held by another process past "
-                                 "the busy timeout); nothing was stored, retry")
-    return errors.CoordError(f"commit failed, nothing stored: {exc}")
 
 
 def _probe_open(path: str) -> None:

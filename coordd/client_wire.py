@@ -1,0 +1,147 @@
+"""One connection of the client library (coordd.client.Client) as an asyncio Protocol: it
+cuts reply frames out of what arrives and resolves each call's future as its frame is
+read, in the same loop step (no reading task between the socket and the call).
+
+The rule not to break: whatever ends the connection (EOF, a reset, a frame over the cap,
+bytes that are not a reply) fails every call still waiting on it, with the reason, once;
+a reply that is a connection-level error (id 0) fails them all and is kept as the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+
+from coordd import errors
+from coordd.net.frames import HEADER, FrameTooLarge
+from coordd.wire.protocol import ReplyHeader
+
+_decode_header = msgspec.msgpack.Decoder(ReplyHeader).decode
+
+
+class Wire(asyncio.Protocol):
+    """Replies in for `client`, whose `_pending` futures it resolves; `transport` out.
+
+    `lost`: the connection ended (reconnect). `paused`: the transport's write buffer is
+    over its high-water mark (`drain` waits).
+    """
+
+    transport: asyncio.Transport
+
+    def __init__(self, client: Any) -> None:  # a coordd.client.Client
+        self._client = client
+        self._buf = bytearray()
+        self.paused = False
+        self.lost = False
+        self._drained: asyncio.Future[None] | None = None
+        self._closed = asyncio.get_running_loop().create_future()
+        self._ended: BaseException | None = None  # why we ended it (a bad frame)
+        self.refusal: errors.CoordError | None = None  # a connection-level error reply
+        self.answered = False  # a reply that is no refusal came
+
+    # -------------------------------------------------------------- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self._ended is not None:
+            return
+        if self._buf:
+            self._buf += data
+            data = bytes(self._buf)
+            self._buf.clear()
+        end, pos, max_frame = len(data), 0, self._client.max_frame
+        while end - pos >= HEADER.size:
+            (length,) = HEADER.unpack_from(data, pos)
+            if length > max_frame:
+                return self._end(FrameTooLarge(
+                    f"frame of {length} bytes is over the {max_frame}-byte cap"))
+            stop = pos + HEADER.size + length
+            if stop > end:
+                break
+            try:
+                header = _decode_header(data[pos + HEADER.size:stop])
+            except msgspec.DecodeError as exc:
+                return self._end(exc)
+            self._reply(header)
+            pos = stop
+        if pos < end:
+            self._buf += memoryview(data)[pos:]
+
+    def eof_received(self) -> None:
+        if self._buf and self._ended is None:  # the peer went away mid-frame
+            (length,) = HEADER.unpack_from(self._buf) if len(self._buf) >= HEADER.size \
+                else (0,)
+            self._ended = asyncio.IncompleteReadError(bytes(self._buf),
+                                                      HEADER.size + length)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_exception(ConnectionResetError("Connection lost"))
+            self._drained.exception()  # retrieved: the call that waits raises it
+        if not self._closed.done():
+            self._closed.set_result(None)
+        client = self._client
+        if client._wire is not self:
+            return  # closed by the client (its calls failed Closed) or replaced
+        ended = self._ended or exc
+        lost = client.disconnected(ended)
+        why = None if self.refusal or self.answered else getattr(  # transport.Connector's
+            client.connector, "closed_unanswered", lambda _exc: None)(ended)
+        if why is not None:  # closed at once, nothing answered: coordd refused the certificate
+            self.refusal = client._connection_error("permission_denied", why)
+        client._fail_pending(self.refusal or lost)
+
+    # -------------------------------------------------------------- the client's side
+
+    def _reply(self, header: ReplyHeader) -> None:
+        client = self._client
+        if header.id == 0 and header.error is not None:
+            # a connection-level error (oversize or garbage frame, out of file descriptors,
+            # inbound budget spent, this peer refused): fail everyone
+            self.refusal = client._connection_error(header.error.code, header.error.message)
+            client._fail_pending(self.refusal)
+            return
+        if not self.answered and self.refusal is None:
+            self.answered = True
+            if (refusals := getattr(client.connector, "refusals", None)) is not None:
+                refusals.answered()
+        fut = client._pending.pop(header.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(header)
+
+    def _end(self, exc: BaseException) -> None:
+        """Stop reading: `exc` is why every waiting call fails (connection_lost says it)."""
+        self._ended = exc
+        self._buf.clear()
+        self.transport.abort()
+
+    def closing(self) -> bool:
+        """True once the connection ended or is being closed: the next call reconnects."""
+        return self.lost or self.transport.is_closing()
+
+    async def drain(self) -> None:
+        """Wait until the write buffer is under its high-water mark again.
+
+        Raises: ConnectionResetError (the connection was lost)."""
+        if self.lost:
+            raise ConnectionResetError("Connection lost")
+        if self.paused:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+
+    async def wait_closed(self) -> None:
+        """Return once the connection is closed (after `transport.close()`)."""
+        await self._closed

@@ -1,0 +1,117 @@
+"""The client library's connection (coordd.client_wire) against a scripted server on a real
+Unix socket: replies cut out of any split of the byte stream, in any order; a connection
+that ends or sends what is not a reply fails the calls waiting on it, and the next call
+dials again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import pytest
+
+from coordd.client import CallTimeout, Client, Disconnected
+from coordd.net.frames import HEADER, encode_frame
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+async def _request(reader: asyncio.StreamReader) -> dict:
+    (n,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+    return msgspec.msgpack.decode(await reader.readexactly(n))
+
+
+def _reply(req: dict, result: object) -> bytes:
+    return encode_frame({"id": req["id"], "result": result})
+
+
+async def _serve(tmp_path, script: Script) -> tuple[asyncio.AbstractServer, str]:
+    """A server whose k-th connection (from 0) runs `script(reader, writer, k)`."""
+    path = str(tmp_path / "s.sock")
+    count = 0
+
+    async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal count
+        k, count = count, count + 1
+        try:
+            await script(reader, writer, k)
+        finally:
+            writer.close()
+
+    return await asyncio.start_unix_server(conn, path), path
+
+
+async def test_replies_split_and_joined_arbitrarily_reach_their_calls(tmp_path):
+    async def script(reader, writer, k):
+        a, b, c = await _request(reader), await _request(reader), await _request(reader)
+        frames = _reply(c, "c") + _reply(a, "a") + _reply(b, "b")  # any order
+        for i in range(0, len(frames), 3):  # in pieces of 3 bytes
+            writer.write(frames[i:i + 3])
+            await writer.drain()
+            await asyncio.sleep(0)
+        await reader.read()
+
+    server, path = await _serve(tmp_path, script)
+    async with server, Client(path, timeout=5) as c:
+        got = await asyncio.gather(c.call("x"), c.call("y"), c.call("z"))
+        assert got == ["a", "b", "c"]
+
+
+async def test_a_frame_that_is_not_a_reply_ends_the_connection_and_the_next_call_dials(
+        tmp_path):
+    async def script(reader, writer, k):
+        req = await _request(reader)
+        if k == 0:
+            writer.write(HEADER.pack(3) + b"\xc1\xc1\xc1")  # not msgpack
+        else:
+            writer.write(_reply(req, "fine"))
+        await writer.drain()
+        await reader.read()
+
+    server, path = await _serve(tmp_path, script)
+    async with server, Client(path, timeout=5) as c:
+        with pytest.raises(Disconnected, match="lost"):
+            await c.call("x")
+        assert await c.call("x") == "fine"  # a new connection, not a timeout
+
+
+async def test_a_reply_over_the_clients_cap_ends_the_connection(tmp_path):
+    async def script(reader, writer, k):
+        req = await _request(reader)
+        writer.write(_reply(req, "x" * 2000) if k == 0 else _reply(req, "small"))
+        await writer.drain()
+        await reader.read()
+
+    server, path = await _serve(tmp_path, script)
+    async with server, Client(path, timeout=5, max_frame=1000) as c:
+        with pytest.raises(Disconnected, match="over the 1000-byte cap"):
+            await c.call("x")
+        assert await c.call("x") == "small"
+
+
+async def test_a_peer_gone_mid_frame_fails_the_call_with_why(tmp_path):
+    async def script(reader, writer, k):
+        req = await _request(reader)
+        writer.write(_reply(req, "never whole")[:-2])
+        await writer.drain()
+
+    server, path = await _serve(tmp_path, script)
+    async with server, Client(path, timeout=5) as c:
+        with pytest.raises(Disconnected, match="bytes read"):  # IncompleteReadError's text
+            await c.call("x")
+
+
+async def test_a_call_times_out_and_a_late_reply_is_dropped(tmp_path):
+    async def script(reader, writer, k):
+        first = await _request(reader)
+        second = await _request(reader)
+        writer.write(_reply(first, "late") + _reply(second, "second"))
+        await writer.drain()
+        await reader.read()
+
+    server, path = await _serve(tmp_path, script)
+    async with server, Client(path, timeout=5) as c:
+        with pytest.raises(CallTimeout):
+            await c.call("x", timeout=0.05)
+        assert await c.call("y") == "second"
