@@ -33,6 +33,7 @@ class Wire(asyncio.Protocol):
     def __init__(self, client: Any) -> None:  # a coordd.client.Client
         self._client = client
         self._buf = bytearray()
+        self._need = 0  # bytes `_buf` must hold before the frame in it can be cut out
         self.paused = False
         self.lost = False
         self._drained: asyncio.Future[None] | None = None
@@ -51,6 +52,8 @@ class Wire(asyncio.Protocol):
             return
         if self._buf:
             self._buf += data
+            if len(self._buf) < self._need:
+                return  # the frame in progress is still short: no copy of it yet
             data = bytes(self._buf)
             self._buf.clear()
         end, pos, max_frame = len(data), 0, self._client.max_frame
@@ -70,6 +73,8 @@ class Wire(asyncio.Protocol):
             pos = stop
         if pos < end:
             self._buf += memoryview(data)[pos:]
+            self._need = HEADER.size + (HEADER.unpack_from(data, pos)[0]
+                                        if end - pos >= HEADER.size else 0)
 
     def eof_received(self) -> None:
         if self._buf and self._ended is None:  # the peer went away mid-frame
