@@ -122,11 +122,15 @@ SQL_LEASE_BY_CLAIM_ID = (
     "WHERE worker_id = ? AND claim_id = ? AND expires_at > ?"
 )
 # Candidate walks over the claim index: coordd.store.claim_index.
+# The take, then its row read apart (SQL_TAKEN): an UPDATE with RETURNING gathers its rows
+# in an ephemeral table it builds on every execution, which costs more than the read.
 SQL_TAKE = (
     "UPDATE jobs SET status = 'running', attempts = attempts + 1, "
-    "last_token = last_token + 1, updated_at = ? WHERE job_id = ? AND status = 'waiting' "
-    "RETURNING kind, required_role, priority, payload_json, attempts, checkpoint_json, "
-    "max_runtime_s, last_token"
+    "last_token = last_token + 1, updated_at = ? WHERE job_id = ? AND status = 'waiting'"
+)
+SQL_TAKEN = (
+    "SELECT kind, required_role, priority, payload_json, attempts, checkpoint_json, "
+    "max_runtime_s, last_token FROM jobs WHERE job_id = ?"
 )
 SQL_INSERT_LEASE = (
     "INSERT INTO leases (job_id, worker_id, token, claim_id, granted_at, expires_at, lease_s) "
