@@ -32,13 +32,23 @@ SQL_EVENT = (
     "INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
+# The same rows where a value is None, with NULL written in the statement: Python's sqlite3
+# binds None through its adapter look-up (~3.5k instructions a value; str, int and float
+# are bound directly). A complete's event has no reason, a lease most often no claim id.
+SQL_EVENT_NO_REASON = (
+    "INSERT INTO job_events (job_id, at, worker_id, from_status, to_status, reason) "
+    "VALUES (?, ?, ?, ?, ?, NULL)"
+)
 
 
 def event(conn: sqlite3.Connection, job_id: str, now: float, worker_id: str | None,
            from_status: str | None, to_status: str, reason: str | None) -> None:
     """Log an event; a status change's event comes with its coordd.rules.transitions row (a
     same-status note, e.g. a governance action, names the status twice)."""
-    conn.execute(SQL_EVENT, (job_id, now, worker_id, from_status, to_status, reason))
+    if reason is None:
+        conn.execute(SQL_EVENT_NO_REASON, (job_id, now, worker_id, from_status, to_status))
+    else:
+        conn.execute(SQL_EVENT, (job_id, now, worker_id, from_status, to_status, reason))
 
 
 def apply(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str | None,
@@ -56,7 +66,10 @@ def apply(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str | No
         conn.execute(SQL_DELETE_LEASE, (job_id,))
     to, cause = t.to_status, t.cause
     if to == "succeeded":
-        conn.execute(SQL_SUCCEED, (d.result_json, artifact_sha256, now, now, job_id))
+        if artifact_sha256 is None:
+            conn.execute(SQL_SUCCEED, (d.result_json, now, now, job_id))
+        else:
+            conn.execute(SQL_SUCCEED_ARTIFACT, (d.result_json, artifact_sha256, now, now, job_id))
     elif to == "waiting":
         if cause == tr.RELEASE:
             conn.execute(SQL_RELEASE, (d.last_error, d.run_at, now, now, job_id))
@@ -74,7 +87,7 @@ def apply(conn: sqlite3.Connection, now: float, job_id: str, worker_id: str | No
         conn.execute(SQL_TO_TERMINAL, (to, d.last_error, now, now, job_id))
     else:  # the claim's take, enqueue and workflow node moves have their own statements
         raise ValueError(f"store.apply does not write {t}")
-    conn.execute(SQL_EVENT, (job_id, now, worker_id, t.from_status, to, d.reason))
+    event(conn, job_id, now, worker_id, t.from_status, to, d.reason)
 
 
 # ---------------------------------------------------------------- enqueue
@@ -122,15 +135,23 @@ SQL_LEASE_BY_CLAIM_ID = (
     "WHERE worker_id = ? AND claim_id = ? AND expires_at > ?"
 )
 # Candidate walks over the claim index: coordd.store.claim_index.
+# The take, then its row read apart (SQL_TAKEN): an UPDATE with RETURNING gathers its rows
+# in an ephemeral table it builds on every execution, which costs more than the read.
 SQL_TAKE = (
     "UPDATE jobs SET status = 'running', attempts = attempts + 1, "
-    "last_token = last_token + 1, updated_at = ? WHERE job_id = ? AND status = 'waiting' "
-    "RETURNING kind, required_role, priority, payload_json, attempts, checkpoint_json, "
-    "max_runtime_s, last_token"
+    "last_token = last_token + 1, updated_at = ? WHERE job_id = ? AND status = 'waiting'"
+)
+SQL_TAKEN = (
+    "SELECT kind, required_role, priority, payload_json, attempts, checkpoint_json, "
+    "max_runtime_s, last_token FROM jobs WHERE job_id = ?"
 )
 SQL_INSERT_LEASE = (
     "INSERT INTO leases (job_id, worker_id, token, claim_id, granted_at, expires_at, lease_s) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_INSERT_LEASE_NO_CLAIM_ID = (  # a claim without claim_id (NULL in the statement: above)
+    "INSERT INTO leases (job_id, worker_id, token, claim_id, granted_at, expires_at, lease_s) "
+    "VALUES (?, ?, ?, NULL, ?, ?, ?)"
 )
 SQL_CLAIMED_JOB = (
     "SELECT kind, required_role, priority, payload_json, attempts, checkpoint_json, "
@@ -153,7 +174,11 @@ SQL_JOB_FOR_LEASE = (
 SQL_RENEW = "UPDATE leases SET expires_at = ?, lease_s = ? WHERE job_id = ?"
 SQL_CHECKPOINT = "UPDATE jobs SET checkpoint_json = ?, updated_at = ? WHERE job_id = ?"
 SQL_DELETE_LEASE = "DELETE FROM leases WHERE job_id = ?"
-SQL_SUCCEED = (
+SQL_SUCCEED = (  # no artifact (NULL in the statement: see SQL_EVENT_NO_REASON)
+    "UPDATE jobs SET status = 'succeeded', result_json = ?, artifact_sha256 = NULL, "
+    "updated_at = ?, finished_at = ?, last_error = NULL WHERE job_id = ?"
+)
+SQL_SUCCEED_ARTIFACT = (
     "UPDATE jobs SET status = 'succeeded', result_json = ?, artifact_sha256 = ?, "
     "updated_at = ?, finished_at = ?, last_error = NULL WHERE job_id = ?"
 )

@@ -2,12 +2,15 @@
 the connection PRAGMAs, and `migrate`.
 
 A migration is one entry of MIGRATIONS, never edited once released; a new one goes last
-and raises SCHEMA_VERSION. A migration that rebuilds a table starts with FK_OFF_MARKER.
+and raises SCHEMA_VERSION. A migration is a script of statements, or a function of the
+connection where a step needs Python (run in the same transaction). A migration that
+rebuilds a table starts with FK_OFF_MARKER.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from coordd import errors
 from coordd.store import enrol as _enrol
@@ -25,7 +28,7 @@ from coordd.store import worker_schema as _worker_schema
 from coordd.store import workflow_schema as _workflow_schema
 from coordd.store.workflow_schema import FK_OFF_MARKER
 
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 21
 PRAGMA_AUTO_VACUUM = "PRAGMA auto_vacuum = INCREMENTAL"
 PRAGMAS_WRITER = (
     "PRAGMA journal_mode=WAL",
@@ -76,7 +79,48 @@ MIGRATION_LEASES_WITHOUT_ROWID = FK_OFF_MARKER + """
         WHERE claim_id IS NOT NULL;
 """ + ";" + _limits.SQL_RELEASE_TRIGGER
 
-MIGRATIONS: tuple[str, ...] = (
+# v21: the jobs table's status CHECK as ORs of equalities. SQLite evaluates a constant IN
+# list of more than two terms through an ephemeral index it builds and fills on every
+# execution: each UPDATE that sets `status` (two a job) paid for one. The constraint text
+# is edited in place (https://sqlite.org/lang_altertable.html, "making other kinds of
+# table schema changes": a CHECK constraint may be changed this way, the rows are not
+# touched), so the migration takes the same time at any number of jobs.
+JOBS_STATUS_CHECK_IN = """CHECK (status IN
+                           ('blocked','waiting','running','succeeded','failed','cancelled',
+                            'skipped'))"""
+JOBS_STATUS_CHECK_OR = (
+    "CHECK (status = 'blocked' OR status = 'waiting' OR status = 'running' OR "
+    "status = 'succeeded' OR status = 'failed' OR status = 'cancelled' OR "
+    "status = 'skipped')"
+)
+SQL_JOBS_TABLE_SQL = "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'jobs'"
+SQL_SET_JOBS_TABLE_SQL = "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'jobs'"
+
+
+def migrate_jobs_status_check(conn: sqlite3.Connection) -> None:
+    """v21, inside `migrate`'s transaction: the jobs status CHECK from IN to ORs (the same
+    rule) in the stored CREATE TABLE text, and the schema cookie raised so every connection
+    parses it again. A table text that does not hold the v5 constraint exactly once, or a
+    SQLite that refuses to write the schema table (SQLITE_DBCONFIG_DEFENSIVE), keeps the
+    IN list: the same rule, a little slower."""
+    sql = conn.execute(SQL_JOBS_TABLE_SQL).fetchone()[0]
+    if sql.count(JOBS_STATUS_CHECK_IN) != 1:
+        return
+    cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        conn.execute(SQL_SET_JOBS_TABLE_SQL,
+                     (sql.replace(JOBS_STATUS_CHECK_IN, JOBS_STATUS_CHECK_OR),))
+    except sqlite3.DatabaseError:  # the schema table is read-only here: nothing changed
+        return
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+    conn.execute(f"PRAGMA schema_version = {int(cookie) + 1}")
+
+
+Migration = str | Callable[[sqlite3.Connection], None]  # a script, or a step in Python
+
+MIGRATIONS: tuple[Migration, ...] = (
     # v1
     """
     CREATE TABLE workers (
@@ -195,6 +239,8 @@ MIGRATIONS: tuple[str, ...] = (
     _governance_schema.MIGRATION_RESUME_AT,  # v19: leases.resume_at (a pending resume)
     # v20: leases keyed by job_id alone (WITHOUT ROWID): one B-tree fewer to write a lease
     MIGRATION_LEASES_WITHOUT_ROWID,
+    # v21: the jobs status CHECK without an IN list (an ephemeral index per status write)
+    migrate_jobs_status_check,
 )
 
 
@@ -216,13 +262,18 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
         if tables:
             raise errors.StoreError("database has tables but no coordd schema version")
     for v in range(version, target):
-        rebuild = MIGRATIONS[v].lstrip().startswith(FK_OFF_MARKER)  # no cascade on DROP
+        step = MIGRATIONS[v]
+        # a rebuild runs with foreign keys off: no cascade on DROP
+        rebuild = isinstance(step, str) and step.lstrip().startswith(FK_OFF_MARKER)
         fk_was = conn.execute("PRAGMA foreign_keys").fetchone()[0]
         conn.execute(f"PRAGMA foreign_keys={0 if rebuild else fk_was}")  # outside the txn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for stmt in _split(MIGRATIONS[v]):
-                conn.execute(stmt)
+            if isinstance(step, str):
+                for stmt in _split(step):
+                    conn.execute(stmt)
+            else:
+                step(conn)
             if rebuild and conn.execute(PRAGMA_FOREIGN_KEY_CHECK).fetchone() is not None:
                 raise errors.StoreError(f"migration to v{v + 1} broke a foreign key")
             conn.execute(f"PRAGMA user_version = {v + 1}")

@@ -24,7 +24,8 @@ from coordd.wire.workflows import WorkflowSubmit
 
 # SQL statements of coordd.store that write jobs.status, and the transitions they serve.
 STATUS_WRITES = {
-    "SQL_TAKE": "claim", "SQL_SUCCEED": "complete", "SQL_TO_WAITING": "fail/lost/invalid",
+    "SQL_TAKE": "claim", "SQL_SUCCEED": "complete", "SQL_SUCCEED_ARTIFACT": "complete",
+    "SQL_TO_WAITING": "fail/lost/invalid",
     "SQL_RELEASE": "release", "SQL_RETRY": "retry", "SQL_DEAD_LETTER": "dead_letter",
     "SQL_TO_TERMINAL": "failed/cancelled", "SQL_PROMOTE": "dependencies_met",
     "SQL_SKIP": "dependency_ended/worker_absent", "SQL_UNSKIP": "reopen",

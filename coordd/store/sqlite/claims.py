@@ -35,7 +35,8 @@ from coordd.store.claim_index import (
     SQL_ANY_RUNNABLE, SQL_PAIR_LEVEL, SQL_PAIR_WALK, SQL_ROLE_KINDS,
 )
 from coordd.store.jobs import (
-    SQL_CLAIMED_JOB, SQL_INSERT_LEASE, SQL_LEASE_BY_CLAIM_ID, SQL_TAKE, SQL_WORKER, event,
+    SQL_CLAIMED_JOB, SQL_INSERT_LEASE, SQL_INSERT_LEASE_NO_CLAIM_ID, SQL_LEASE_BY_CLAIM_ID,
+    SQL_TAKE, SQL_TAKEN, SQL_WORKER, event,
 )
 from coordd.store import limits as limit_store
 from coordd.store.sqlite import preemption_ops as sqlite_preemption
@@ -132,7 +133,9 @@ def _claim_once(conn: sqlite3.Connection, now: float, worker_id: str, lease_s: f
 def _take(conn: sqlite3.Connection, now: float, worker_id: str, job_id: str, lease_s: float,
           claim_id: str | None) -> ClaimResult | None:
     """Move the chosen job to running under a new lease (None: dead-lettered on the way)."""
-    row = conn.execute(SQL_TAKE, (now, job_id)).fetchone()
+    if conn.execute(SQL_TAKE, (now, job_id)).rowcount != 1:  # the walk read it waiting
+        raise RuntimeError(f"job {job_id} was not waiting when taken")
+    row = conn.execute(SQL_TAKEN, (job_id,)).fetchone()
     kind, role, prio, payload_json, attempts, checkpoint_json, max_runtime_s, token = row
     try:
         payload = json_decode(payload_json)
@@ -146,8 +149,12 @@ def _take(conn: sqlite3.Connection, now: float, worker_id: str, job_id: str, lea
         _dead_letter(conn, now, job_id, worker_id, "running",
                      gates.CHECKPOINT_DECODE_ERROR, str(exc))
         return None
-    conn.execute(SQL_INSERT_LEASE, (job_id, worker_id, token, claim_id, now, now + lease_s,
-                                    lease_s))
+    if claim_id is None:
+        conn.execute(SQL_INSERT_LEASE_NO_CLAIM_ID,
+                     (job_id, worker_id, token, now, now + lease_s, lease_s))
+    else:
+        conn.execute(SQL_INSERT_LEASE, (job_id, worker_id, token, claim_id, now, now + lease_s,
+                                        lease_s))
     t = tr.CLAIMED
     event(conn, job_id, now, worker_id, t.from_status, t.to_status, tr.claimed_reason(token))
     return ClaimResult(
