@@ -110,3 +110,47 @@ async def test_one_update_of_many_jobs_keeps_the_counts_and_tells_wait_job(pg_ds
         await conn.close()
         await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
         await admin.close()
+
+
+async def test_a_key_taken_before_the_partial_key_index_stays_taken(pg_dsn):
+    """MIGRATION_KEY_PARTIAL (jobs' idempotency key: a unique index of the keyed jobs
+    only): a key stored under the old constraint still returns its job, jobs without a key
+    are as many as wanted, and a key is still unique under concurrent enqueues."""
+    import asyncio
+
+    from coordd.ids import JobIds
+    from coordd.store.api import NewJob
+    from coordd.store.postgres import PostgresStore, schema
+    ids = JobIds()
+
+    def job(key: str | None = None) -> NewJob:
+        return NewJob(job_id=ids.new(1.0), kind="k", required_role="cpu", priority=2,
+                      payload_json="{}", run_at=None, max_attempts=3, idempotency_key=key,
+                      max_runtime_s=None, gates_json=None, request_sha256="h")
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_dsn)
+    await admin.execute(f"CREATE DATABASE {name}")
+    dsn = pg_dsn.replace("/postgres?", f"/{name}?")
+    conn = await asyncpg.connect(dsn)
+    store = PostgresStore(dsn, pool_min=1, pool_max=6)
+    try:
+        await schema.migrate(conn, target=schema.MIGRATIONS.index(schema.MIGRATION_KEY_PARTIAL))
+        await conn.execute("INSERT INTO jobs (job_id, kind, required_role, priority, "
+                           "payload_json, status, max_attempts, run_at, queued_at, "
+                           "created_at, updated_at, idempotency_key, request_sha256) VALUES ('j1', "
+                           "'k', 'cpu', 2, '{}', 'waiting', 3, 1, 1, 1, 1, 'order-1', 'h')")
+        await store.start()  # migrates to the partial index
+        again = await store.enqueue([job("order-1")])
+        assert again[0].job_id == "j1" and not again[0].created
+        plain = await store.enqueue([job() for _ in range(3)])
+        assert all(r.created for r in plain)
+        raced = await asyncio.gather(*(store.enqueue([job("order-2")])
+                                       for _ in range(6)))
+        assert sum(r[0].created for r in raced) == 1
+        assert len({r[0].job_id for r in raced}) == 1
+    finally:
+        await store.close()
+        await conn.close()
+        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        await admin.close()

@@ -234,6 +234,15 @@ CREATE TRIGGER jobs_updated AFTER UPDATE ON jobs
     FOR EACH STATEMENT EXECUTE FUNCTION coordd_jobs_updated();
 """
 
+# A job without an idempotency key (most) no longer has an entry in the key's unique
+# index: every update of a job that is not HOT (a claim, a complete: status is in partial
+# indexes) inserted one for its NULL key. Enqueue's ON CONFLICT names the index's WHERE.
+MIGRATION_KEY_PARTIAL = """
+CREATE UNIQUE INDEX jobs_idempotency_key ON jobs (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+ALTER TABLE jobs DROP CONSTRAINT jobs_idempotency_key_key;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -254,6 +263,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CLAIM_WAKE,  # the parked claims' NOTIFY triggers (push_sql: role and kind)
     MIGRATION_PUSH_CACHED,  # the push triggers look push_wanted up with a kept plan
     MIGRATION_JOBS_UPDATED,  # job_counts_update and push_ended: one statement trigger
+    MIGRATION_KEY_PARTIAL,  # jobs' idempotency key: a partial unique index (no NULLs)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
