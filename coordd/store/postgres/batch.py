@@ -119,7 +119,7 @@ class Batcher:
             for _, _, fut in batch:
                 fut.cancel()
             raise
-        self._free(asyncio.current_task())  # (no await from here: drain() sees it done)
+        self._free(asyncio.current_task())  # (no await below: drain() waits for the results)
         for (_, _, fut), res in zip(batch, results):
             if fut.done():
                 continue  # its caller went away; the write stands all the same

@@ -201,12 +201,11 @@ CREATE INDEX jobs_waiting_since ON jobs ((greatest(queued_at, run_at)))
 """
 
 # One statement-level trigger for every UPDATE of `jobs` in place of two row triggers
-# (job_counts_update, push_ended): a batched complete with its next claims (eager_sql)
-# called PL/pgSQL three times a job, each call an SPI statement; now once a statement,
-# the counters' deltas summed by shard, status and priority (a row whose status and
-# priority did not change adds -1 and +1: nothing). The transition tables of one statement
+# (job_counts_update, push_ended): one PL/pgSQL call a statement, not one to three a job.
+# The counters' deltas are summed by shard, status and priority (a row whose status and
+# priority did not change adds -1 and +1: nothing). The transition tables of a statement
 # hold every row its data-modifying CTEs updated in `jobs` (the trigger fires once).
-# Column lists are not allowed with transition tables: it fires for any UPDATE of jobs.
+# Transition tables allow no column list: it fires for any UPDATE of jobs.
 MIGRATION_JOBS_UPDATED = f"""
 DROP TRIGGER job_counts_update ON jobs;
 DROP TRIGGER push_ended ON jobs;
@@ -234,9 +233,9 @@ CREATE TRIGGER jobs_updated AFTER UPDATE ON jobs
     FOR EACH STATEMENT EXECUTE FUNCTION coordd_jobs_updated();
 """
 
-# A job without an idempotency key (most) no longer has an entry in the key's unique
-# index: every update of a job that is not HOT (a claim, a complete: status is in partial
-# indexes) inserted one for its NULL key. Enqueue's ON CONFLICT names the index's WHERE.
+# The idempotency key's unique index holds the keyed jobs only: an update of a job that
+# is not HOT (a claim, a complete: status is in partial indexes) adds no entry for a NULL
+# key. Enqueue's ON CONFLICT names the index's WHERE.
 MIGRATION_KEY_PARTIAL = """
 CREATE UNIQUE INDEX jobs_idempotency_key ON jobs (idempotency_key)
     WHERE idempotency_key IS NOT NULL;
