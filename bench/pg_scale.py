@@ -118,7 +118,7 @@ async def run(args: argparse.Namespace) -> None:
           f"({args.waiting} waiting)")
 
 
-TRIGGERS = ("job_counts_insert", "job_counts_update", "job_counts_delete")
+TRIGGERS = ("job_counts_insert", "jobs_updated", "job_counts_delete")
 
 
 async def _drain(st: Any, policy: ClaimPolicy, ids: JobIds, jobs: int, clients: int) -> float:

@@ -68,3 +68,29 @@ async def test_one_statement_never_holds_a_key_twice_nor_mixes_now_or_group():
 def test_bounds_are_checked():
     with pytest.raises(ValueError):
         Batcher(Statements(), key=str, max_items=0)
+
+
+async def test_the_next_statement_starts_before_the_callers_of_the_last_resume():
+    """One in flight: when a statement's results are in, the statement of the calls that
+    queued meanwhile is sent before the first statement's callers run on (their replies
+    overlap it, not delay it)."""
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def flush(now: float | None, items: list[str]) -> list[str]:
+        order.append("sent " + "+".join(items))
+        if items == ["a"]:
+            await release.wait()
+        return items
+
+    b = Batcher(flush, key=lambda i: i, max_in_flight=1)
+
+    async def caller(item: str) -> None:
+        await b.submit(None, item)
+        order.append("resumed " + item)
+
+    tasks = [asyncio.create_task(caller(i)) for i in ("a", "b", "c")]
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(*tasks)
+    assert order == ["sent a", "sent b+c", "resumed a", "resumed b", "resumed c"]

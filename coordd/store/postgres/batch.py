@@ -5,9 +5,11 @@ statements run, an item is sent at once (a lone caller waits for nothing); past 
 items queue, and the next statement takes up to `max_items` of them (one `unnest()`
 statement for the lot). Items of one statement share their `now` (pinned or None) and
 their `group` (the statement's other parameters), and never share a key (a second call
-on a job goes in a later statement). A statement that fails is run again item by item
-(it changed nothing: one statement is atomic), so one bad item fails only its caller;
-a lost connection (`unavailable`: it may have committed) fails every item, never reruns.
+on a job goes in a later statement). A statement's slot is free once its results are
+in: the next statement starts before its callers resume, so their replies overlap it. A
+statement that fails is run again item by item (it changed nothing: one statement is
+atomic), so one bad item fails only its caller; a lost connection (`unavailable`: it may
+have committed) fails every item, never reruns.
 """
 
 from __future__ import annotations
@@ -99,7 +101,11 @@ class Batcher:
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        self._free(task)
+
+    def _free(self, task: asyncio.Task[Any] | None) -> None:
+        """`task`'s statement is over: start what waits, up to `max_in_flight`."""
+        self._tasks.discard(task)  # type: ignore[arg-type]
         while self._pending and len(self._tasks) < self._max_in_flight:
             self._start()
 
@@ -113,6 +119,7 @@ class Batcher:
             for _, _, fut in batch:
                 fut.cancel()
             raise
+        self._free(asyncio.current_task())  # (no await below: drain() waits for the results)
         for (_, _, fut), res in zip(batch, results):
             if fut.done():
                 continue  # its caller went away; the write stands all the same

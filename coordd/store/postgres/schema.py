@@ -12,7 +12,7 @@ from typing import Any
 
 from coordd import errors
 from coordd.store.postgres.push_sql import (
-    MIGRATION_CLAIM_WAKE, MIGRATION_PUSH, MIGRATION_PUSH_CACHED)
+    MIGRATION_CLAIM_WAKE, MIGRATION_PUSH, MIGRATION_PUSH_CACHED, PUSH_CHANNEL)
 from coordd.store.postgres.schema_areas import (
     MIGRATION_ENROL, MIGRATION_GOVERNANCE, MIGRATION_HUB, MIGRATION_LIMITS, MIGRATION_LOGS,
     MIGRATION_WORKFLOWS,
@@ -200,6 +200,48 @@ CREATE INDEX jobs_waiting_since ON jobs ((greatest(queued_at, run_at)))
     WHERE status = 'waiting';
 """
 
+# One statement-level trigger for every UPDATE of `jobs` in place of two row triggers
+# (job_counts_update, push_ended): one PL/pgSQL call a statement, not one to three a job.
+# The counters' deltas are summed by shard, status and priority (a row whose status and
+# priority did not change adds -1 and +1: nothing). The transition tables of a statement
+# hold every row its data-modifying CTEs updated in `jobs` (the trigger fires once).
+# Transition tables allow no column list: it fires for any UPDATE of jobs.
+MIGRATION_JOBS_UPDATED = f"""
+DROP TRIGGER job_counts_update ON jobs;
+DROP TRIGGER push_ended ON jobs;
+DROP FUNCTION coordd_push_ended();
+CREATE FUNCTION coordd_jobs_updated() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO job_counts AS c (shard, status, priority, n)
+    SELECT pg_backend_pid(), x.status, x.priority, sum(x.d)
+    FROM (SELECT o.status, o.priority, -1 AS d FROM gone o WHERE o.status <> 'running'
+          UNION ALL
+          SELECT n.status, n.priority, 1 FROM came n WHERE n.status <> 'running') x
+    GROUP BY x.status, x.priority HAVING sum(x.d) <> 0
+    ON CONFLICT (shard, status, priority) DO UPDATE SET n = c.n + EXCLUDED.n;
+    IF EXISTS (SELECT 1 FROM push_wanted WHERE what = 't'
+               AND until > extract(epoch FROM clock_timestamp())) THEN
+        PERFORM pg_notify('{PUSH_CHANNEL}', 't' || n.job_id)
+        FROM came n JOIN gone o ON o.job_id = n.job_id
+        WHERE n.status IN ('succeeded', 'failed', 'cancelled', 'skipped')
+          AND o.status IS DISTINCT FROM n.status;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER jobs_updated AFTER UPDATE ON jobs
+    REFERENCING OLD TABLE AS gone NEW TABLE AS came
+    FOR EACH STATEMENT EXECUTE FUNCTION coordd_jobs_updated();
+"""
+
+# The idempotency key's unique index holds the keyed jobs only: an update of a job that
+# is not HOT (a claim, a complete: status is in partial indexes) adds no entry for a NULL
+# key. Enqueue's ON CONFLICT names the index's WHERE.
+MIGRATION_KEY_PARTIAL = """
+CREATE UNIQUE INDEX jobs_idempotency_key ON jobs (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+ALTER TABLE jobs DROP CONSTRAINT jobs_idempotency_key_key;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_CORE,  # v1: workers, artifacts, jobs, leases, job_events
     MIGRATION_HUB,  # the hub: messages, message_reads, agents
@@ -219,6 +261,8 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_PUSH,  # the parked calls' NOTIFY triggers (coordd.store.postgres.push_sql)
     MIGRATION_CLAIM_WAKE,  # the parked claims' NOTIFY triggers (push_sql: role and kind)
     MIGRATION_PUSH_CACHED,  # the push triggers look push_wanted up with a kept plan
+    MIGRATION_JOBS_UPDATED,  # job_counts_update and push_ended: one statement trigger
+    MIGRATION_KEY_PARTIAL,  # jobs' idempotency key: a partial unique index (no NULLs)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
