@@ -2,12 +2,15 @@
 PostgreSQL store, docs/guides/postgresql.md). Each connect tries the address that answered
 last, then every other in turn; only when none answers does the next connect wait a capped
 exponential backoff with full jitter (as coordd.transport's). The client's own reconnect
-loop does the rest: a call after a lost connection connects again, here.
+loop does the rest: a call after a lost connection connects again, here. A connect that
+lands on another address than the last one that answered logs a WARNING naming both (the
+operator's line for a fail-over).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -16,6 +19,7 @@ from coordd.clock import Clock, SystemClock
 from coordd.transport import P, ConnectFailed, Connector, Refusals, TlsFiles
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 2.0  # short: a standby that took over should be found within seconds
@@ -88,6 +92,12 @@ class Failover:
             except ConnectFailed as exc:
                 why.append(exc.message)
                 continue
+            if i != self._current:  # a fail-over: the one that answered last did not
+                logger.warning("coordd at %s: %s; connected to %s",
+                               self.connectors[self._current].endpoint, why[0],
+                               self.connectors[i].endpoint,
+                               extra={"action": "coordd_failover",
+                                      "endpoint": self.connectors[i].endpoint})
             self._current, self.failures, self._next_try = i, 0, 0.0
             return got
         self.failures += 1

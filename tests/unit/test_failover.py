@@ -29,7 +29,8 @@ async def _serve(path: Path) -> tuple[asyncio.AbstractServer, list[int]]:
     return await asyncio.start_unix_server(conn, str(path)), seen
 
 
-async def test_failover_connects_to_the_first_address_that_answers(tmp_path: Path) -> None:
+async def test_failover_connects_to_the_first_address_that_answers(tmp_path: Path,
+                                                                   caplog) -> None:
     a, b = tmp_path / "a.sock", tmp_path / "b.sock"
     fo = Failover([str(a), str(b)], rng=random.Random(1))
     with pytest.raises(ConnectFailed) as none:  # nothing listens: both reasons named
@@ -47,9 +48,13 @@ async def test_failover_connects_to_the_first_address_that_answers(tmp_path: Pat
     server_b.close()
     await server_b.wait_closed()
     b.unlink()
+    caplog.clear()
     _, w = await fo.open()  # b gone: a, in turn
     w.close()
     assert fo.endpoint == str(a)
+    moved = [r.getMessage() for r in caplog.records if r.name == "coordd.failover"]
+    assert len(moved) == 1 and moved[0].startswith(f"coordd at {b}: ") \
+        and moved[0].endswith(f"; connected to {a}"), moved  # the operator's fail-over line
     server_a.close()
     await server_a.wait_closed()
 
