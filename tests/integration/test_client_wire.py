@@ -115,3 +115,29 @@ async def test_a_call_times_out_and_a_late_reply_is_dropped(tmp_path):
         with pytest.raises(CallTimeout):
             await c.call("x", timeout=0.05)
         assert await c.call("y") == "second"
+
+
+async def test_calls_that_wait_together_for_a_full_write_buffer_all_go_on(tmp_path):
+    # the server reads nothing until both big requests are written into the client's buffer
+    # (over its high-water mark: both calls wait in `drain`); once it reads, each call must
+    # get its reply, not only the one that waited last
+    go = asyncio.Event()
+
+    async def script(reader, writer, k):
+        await go.wait()
+        reqs = [await _request(reader), await _request(reader)]
+        writer.write(b"".join(_reply(r, r["params"]["n"]) for r in reqs))
+        await writer.drain()
+        await reader.read()
+
+    big = "x" * (4 << 20)  # far over the socket's and the transport's buffers
+    server, path = await _serve(tmp_path, script)
+    async with server, Client(path, timeout=5) as c:
+        calls = [asyncio.ensure_future(c.call("x", {"n": n, "pad": big})) for n in (1, 2)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert c._wire is not None and c._wire.paused
+        go.set()
+        done, _ = await asyncio.wait(calls, timeout=5)
+        assert len(done) == 2, "a call waiting on the write buffer never resumed"
+        assert [f.result() for f in calls] == [1, 2]
