@@ -172,7 +172,10 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
         wire, self._wire = self._wire, None
         self._fail_pending(Closed("connection closed by this client"))
         if wire is not None:
-            wire.transport.close()
+            if wire.transport.get_write_buffer_size():
+                wire.transport.abort()  # unsent requests (their calls failed): no flush to
+            else:                       # a peer that may never read them
+                wire.transport.close()
             await wire.wait_closed()
         self._fail_pending(Closed("connection closed by this client"))
 
@@ -240,11 +243,12 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
             wire.transport.write(frame)
             if on_sent is not None:
                 on_sent()
-            if wire.paused or wire.lost:
-                await wire.drain()
             # the connection (client_wire.Wire) resolves `fut` as its reply is read; the
-            # timer fails it (no wait_for: its waiter and callback cost a loop turn a reply)
+            # timer fails it (no wait_for: its waiter and callback cost a loop turn a reply),
+            # also while the request waits for a write buffer the peer does not read
             timer = loop.call_later(timeout or self.timeout, _time_out, fut)
+            if wire.paused or wire.lost:
+                await wire.drain(fut)
             header = await fut
         except asyncio.TimeoutError:
             raise CallTimeout(f"{method}: no reply within {timeout or self.timeout:g}s") from None

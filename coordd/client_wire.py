@@ -146,15 +146,18 @@ class Wire(asyncio.Protocol):
         """True once the connection ended or is being closed: the next call reconnects."""
         return self.lost or self.transport.is_closing()
 
-    async def drain(self) -> None:
-        """Wait until the write buffer is under its high-water mark again.
+    async def drain(self, until: asyncio.Future[Any] | None = None) -> None:
+        """Wait until the write buffer is under its high-water mark again, or `until` (a
+        call's reply future: its timer, its reply, a close) is done.
 
         Raises: ConnectionResetError (the connection was lost)."""
         if self.lost:
             raise ConnectionResetError("Connection lost")
         if self.paused:  # each waiting call has its own future: one cancelled is one gone
-            fut = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._drainers.append(fut)
+            if until is not None:
+                until.add_done_callback(lambda _u: fut.done() or fut.set_result(None))
             await fut
 
     async def wait_closed(self) -> None:

@@ -141,3 +141,22 @@ async def test_calls_that_wait_together_for_a_full_write_buffer_all_go_on(tmp_pa
         done, _ = await asyncio.wait(calls, timeout=5)
         assert len(done) == 2, "a call waiting on the write buffer never resumed"
         assert [f.result() for f in calls] == [1, 2]
+
+
+async def test_a_peer_that_reads_nothing_times_the_call_out_and_close_returns(tmp_path):
+    # the request sits in a full write buffer: the call's timeout counts from the write,
+    # and closing the client does not wait to flush bytes nobody reads
+    async def script(reader, writer, k):
+        await asyncio.sleep(30)
+
+    server, path = await _serve(tmp_path, script)
+    async with server:
+        c = Client(path, timeout=0.2)
+        with pytest.raises(CallTimeout):
+            await asyncio.wait_for(c.call("x", {"pad": "x" * (4 << 20)}), 5)
+        stuck = asyncio.ensure_future(c.call("x", {"pad": "x" * (4 << 20)}, timeout=30))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        await asyncio.wait_for(c.close(), 5)
+        with pytest.raises(Disconnected, match="closed by this client"):
+            await asyncio.wait_for(stuck, 5)
