@@ -212,7 +212,8 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
             method: an RPC method name (protocol.PARAMS).
             params: a params Struct or a dict (None = no params).
             result_type: decode the result into this type (None = plain msgpack objects).
-            timeout: seconds to wait for this reply (default: the client's `timeout`).
+            timeout: seconds to wait for this reply, from the write on (a request that
+                waits for a full write buffer counts; default: the client's `timeout`).
             on_sent: called when the request frame is written (after any reconnect): a
                 lease holder stamps its send time there.
         Raises:
