@@ -160,3 +160,25 @@ async def test_a_peer_that_reads_nothing_times_the_call_out_and_close_returns(tm
         await asyncio.wait_for(c.close(), 5)
         with pytest.raises(Disconnected, match="closed by this client"):
             await asyncio.wait_for(stuck, 5)
+
+
+async def test_a_connection_lost_under_a_full_write_buffer_fails_every_waiting_call(tmp_path):
+    drop = asyncio.Event()
+
+    async def script(reader, writer, k):
+        await drop.wait()  # read nothing, then reset the connection
+        writer.transport.abort()
+
+    big = "x" * (4 << 20)
+    server, path = await _serve(tmp_path, script)
+    async with server, Client(path, timeout=30) as c:
+        calls = [asyncio.ensure_future(c.call("x", {"n": n, "pad": big})) for n in (1, 2)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert c._wire is not None and c._wire.paused
+        drop.set()
+        done, _ = await asyncio.wait(calls, timeout=5)
+        assert len(done) == 2, "a call waiting on the write buffer never heard of the loss"
+        for f in calls:
+            with pytest.raises(Disconnected):
+                f.result()
