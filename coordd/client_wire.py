@@ -88,11 +88,11 @@ class Wire(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.paused = False
-        self._wake_drainers(None)
+        self._wake_drainers(lost=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        self._wake_drainers(ConnectionResetError("Connection lost"))
+        self._wake_drainers(lost=True)
         if not self._closed.done():
             self._closed.set_result(None)
         client = self._client
@@ -124,16 +124,16 @@ class Wire(asyncio.Protocol):
         if fut is not None and not fut.done():
             fut.set_result(header)
 
-    def _wake_drainers(self, exc: Exception | None) -> None:
-        """Resume every call waiting in `drain` (`exc`: each raises it)."""
+    def _wake_drainers(self, lost: bool) -> None:
+        """Resume every call waiting in `drain` (`lost`: each raises ConnectionResetError)."""
         drainers, self._drainers = self._drainers, []
         for fut in drainers:
             if fut.done():
-                continue  # its call was cancelled
-            if exc is None:
+                continue  # its call was cancelled, or its reply future is done
+            if not lost:
                 fut.set_result(None)
             else:
-                fut.set_exception(exc)
+                fut.set_exception(ConnectionResetError("Connection lost"))
                 fut.exception()  # retrieved: the call that waits raises it
 
     def _end(self, exc: BaseException) -> None:
