@@ -172,7 +172,10 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
         wire, self._wire = self._wire, None
         self._fail_pending(Closed("connection closed by this client"))
         if wire is not None:
-            wire.transport.close()
+            if wire.transport.get_write_buffer_size():
+                wire.transport.abort()  # unsent requests (their calls failed): no flush to
+            else:                       # a peer that may never read them
+                wire.transport.close()
             await wire.wait_closed()
         self._fail_pending(Closed("connection closed by this client"))
 
@@ -209,7 +212,8 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
             method: an RPC method name (protocol.PARAMS).
             params: a params Struct or a dict (None = no params).
             result_type: decode the result into this type (None = plain msgpack objects).
-            timeout: seconds to wait for this reply (default: the client's `timeout`).
+            timeout: seconds to wait for this reply, from the write on (a request that
+                waits for a full write buffer counts; default: the client's `timeout`).
             on_sent: called when the request frame is written (after any reconnect): a
                 lease holder stamps its send time there.
         Raises:
@@ -240,11 +244,12 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
             wire.transport.write(frame)
             if on_sent is not None:
                 on_sent()
-            if wire.paused or wire.lost:
-                await wire.drain()
             # the connection (client_wire.Wire) resolves `fut` as its reply is read; the
-            # timer fails it (no wait_for: its waiter and callback cost a loop turn a reply)
+            # timer fails it (no wait_for: its waiter and callback cost a loop turn a reply),
+            # also while the request waits for a write buffer the peer does not read
             timer = loop.call_later(timeout or self.timeout, _time_out, fut)
+            if wire.paused or wire.lost:
+                await wire.drain(fut)
             header = await fut
         except asyncio.TimeoutError:
             raise CallTimeout(f"{method}: no reply within {timeout or self.timeout:g}s") from None

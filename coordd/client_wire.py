@@ -36,7 +36,7 @@ class Wire(asyncio.Protocol):
         self._need = 0  # bytes `_buf` must hold before the frame in it can be cut out
         self.paused = False
         self.lost = False
-        self._drained: asyncio.Future[None] | None = None
+        self._drainers: list[asyncio.Future[None]] = []  # calls waiting in `drain`
         self._closed = asyncio.get_running_loop().create_future()
         self._ended: BaseException | None = None  # why we ended it (a bad frame)
         self.refusal: errors.CoordError | None = None  # a connection-level error reply
@@ -88,14 +88,11 @@ class Wire(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.paused = False
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
+        self._wake_drainers(lost=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_exception(ConnectionResetError("Connection lost"))
-            self._drained.exception()  # retrieved: the call that waits raises it
+        self._wake_drainers(lost=True)
         if not self._closed.done():
             self._closed.set_result(None)
         client = self._client
@@ -127,6 +124,18 @@ class Wire(asyncio.Protocol):
         if fut is not None and not fut.done():
             fut.set_result(header)
 
+    def _wake_drainers(self, lost: bool) -> None:
+        """Resume every call waiting in `drain` (`lost`: each raises ConnectionResetError)."""
+        drainers, self._drainers = self._drainers, []
+        for fut in drainers:
+            if fut.done():
+                continue  # its call was cancelled, or its reply future is done
+            if not lost:
+                fut.set_result(None)
+            else:
+                fut.set_exception(ConnectionResetError("Connection lost"))
+                fut.exception()  # retrieved: the call that waits raises it
+
     def _end(self, exc: BaseException) -> None:
         """Stop reading: `exc` is why every waiting call fails (connection_lost says it)."""
         self._ended = exc
@@ -137,15 +146,19 @@ class Wire(asyncio.Protocol):
         """True once the connection ended or is being closed: the next call reconnects."""
         return self.lost or self.transport.is_closing()
 
-    async def drain(self) -> None:
-        """Wait until the write buffer is under its high-water mark again.
+    async def drain(self, until: asyncio.Future[Any] | None = None) -> None:
+        """Wait until the write buffer is under its high-water mark again, or `until` (a
+        call's reply future: its timer, its reply, a close) is done.
 
         Raises: ConnectionResetError (the connection was lost)."""
         if self.lost:
             raise ConnectionResetError("Connection lost")
-        if self.paused:
-            self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
+        if self.paused:  # each waiting call has its own future: one cancelled is one gone
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._drainers.append(fut)
+            if until is not None:
+                until.add_done_callback(lambda _u: fut.done() or fut.set_result(None))
+            await fut
 
     async def wait_closed(self) -> None:
         """Return once the connection is closed (after `transport.close()`)."""

@@ -178,8 +178,10 @@ class Dispatcher:
         return list(self._conns)
 
     def peers(self) -> int:
-        """How many connections are open: the peers that may send a request any moment."""
-        return len(self._conns)
+        """How many requests may reach the store together: the open connections, or the
+        requests in flight if more (one connection may have many: a client that gathers
+        its calls)."""
+        return max(len(self._conns), len(self._tasks))
 
     def _closed(self, conn: Connection) -> None:
         self._conns.discard(conn)

@@ -115,3 +115,70 @@ async def test_a_call_times_out_and_a_late_reply_is_dropped(tmp_path):
         with pytest.raises(CallTimeout):
             await c.call("x", timeout=0.05)
         assert await c.call("y") == "second"
+
+
+async def test_calls_that_wait_together_for_a_full_write_buffer_all_go_on(tmp_path):
+    # the server reads nothing until both big requests are written into the client's buffer
+    # (over its high-water mark: both calls wait in `drain`); once it reads, each call must
+    # get its reply, not only the one that waited last
+    go = asyncio.Event()
+
+    async def script(reader, writer, k):
+        await go.wait()
+        reqs = [await _request(reader), await _request(reader)]
+        writer.write(b"".join(_reply(r, r["params"]["n"]) for r in reqs))
+        await writer.drain()
+        await reader.read()
+
+    big = "x" * (4 << 20)  # far over the socket's and the transport's buffers
+    server, path = await _serve(tmp_path, script)
+    async with server, Client(path, timeout=5) as c:
+        calls = [asyncio.ensure_future(c.call("x", {"n": n, "pad": big})) for n in (1, 2)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert c._wire is not None and c._wire.paused
+        go.set()
+        done, _ = await asyncio.wait(calls, timeout=5)
+        assert len(done) == 2, "a call waiting on the write buffer never resumed"
+        assert [f.result() for f in calls] == [1, 2]
+
+
+async def test_a_peer_that_reads_nothing_times_the_call_out_and_close_returns(tmp_path):
+    # the request sits in a full write buffer: the call's timeout counts from the write,
+    # and closing the client does not wait to flush bytes nobody reads
+    async def script(reader, writer, k):
+        await asyncio.sleep(30)
+
+    server, path = await _serve(tmp_path, script)
+    async with server:
+        c = Client(path, timeout=0.2)
+        with pytest.raises(CallTimeout):
+            await asyncio.wait_for(c.call("x", {"pad": "x" * (4 << 20)}), 5)
+        stuck = asyncio.ensure_future(c.call("x", {"pad": "x" * (4 << 20)}, timeout=30))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        await asyncio.wait_for(c.close(), 5)
+        with pytest.raises(Disconnected, match="closed by this client"):
+            await asyncio.wait_for(stuck, 5)
+
+
+async def test_a_connection_lost_under_a_full_write_buffer_fails_every_waiting_call(tmp_path):
+    drop = asyncio.Event()
+
+    async def script(reader, writer, k):
+        await drop.wait()  # read nothing, then reset the connection
+        writer.transport.abort()
+
+    big = "x" * (4 << 20)
+    server, path = await _serve(tmp_path, script)
+    async with server, Client(path, timeout=30) as c:
+        calls = [asyncio.ensure_future(c.call("x", {"n": n, "pad": big})) for n in (1, 2)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert c._wire is not None and c._wire.paused
+        drop.set()
+        done, _ = await asyncio.wait(calls, timeout=5)
+        assert len(done) == 2, "a call waiting on the write buffer never heard of the loss"
+        for f in calls:
+            with pytest.raises(Disconnected):
+                f.result()

@@ -101,7 +101,8 @@ class Writer(BatchApply):
         self.on_commit: Callable[[], None] | None = None
         self.on_rollback: Callable[[], None] | None = None
         # peers(): how many peers may add requests to a batch (the daemon: its open
-        # connections); None: unknown. See `submit` and `_linger`.
+        # connections, or its requests in flight if more: rpc.Dispatcher.peers); None:
+        # unknown. See `submit` and `_linger`.
         self.peers: Callable[[], int] | None = None
         self._idle = False  # the task waits for requests, none queued
         self._inline_by: object = None  # the task whose step ran the last inline batch
