@@ -9,6 +9,14 @@ import pytest
 
 asyncpg = pytest.importorskip("asyncpg", reason="asyncpg is not installed")
 
+# 30 jobs j1..j30, priority g % 4, every third succeeded and the rest waiting
+SQL_THIRTY_JOBS = (
+    "INSERT INTO jobs (job_id, kind, required_role, priority, payload_json, status, "
+    "max_attempts, run_at, queued_at, created_at, updated_at) SELECT 'j' || g, 'k', 'cpu', "
+    "g % 4, '{}', CASE WHEN g % 3 = 0 THEN 'succeeded' ELSE 'waiting' END, 3, 1, 1, 1, 1 "
+    "FROM generate_series(1, 30) g"
+)
+
 
 async def test_an_older_database_gains_the_hub_logs_and_enrol_tables(pg_dsn):
     from coordd.store.postgres import schema
@@ -47,11 +55,7 @@ async def test_an_older_database_gains_job_counts_that_count_its_jobs(pg_dsn):
     conn = await asyncpg.connect(pg_dsn.replace("/postgres?", f"/{name}?"))
     try:
         await schema.migrate(conn, target=schema.MIGRATIONS.index(schema.MIGRATION_JOB_COUNTS))
-        await conn.execute("INSERT INTO jobs (job_id, kind, required_role, priority, "
-                           "payload_json, status, max_attempts, run_at, queued_at, "
-                           "created_at, updated_at) SELECT 'j' || g, 'k', 'cpu', g % 4, '{}', "
-                           "CASE WHEN g % 3 = 0 THEN 'succeeded' ELSE 'waiting' END, 3, 1, 1, "
-                           "1, 1 FROM generate_series(1, 30) g")
+        await conn.execute(SQL_THIRTY_JOBS)
         assert await schema.migrate(conn) == schema.SCHEMA_VERSION
         await conn.execute("UPDATE jobs SET status = 'cancelled' WHERE job_id = 'j1'")
         st = await reads.status(conn, 100.0, 30.0)
@@ -80,11 +84,7 @@ async def test_one_update_of_many_jobs_keeps_the_counts_and_tells_wait_job(pg_ds
     try:
         await schema.migrate(conn, target=schema.MIGRATIONS.index(
             schema.MIGRATION_JOBS_UPDATED))  # the row triggers
-        await conn.execute("INSERT INTO jobs (job_id, kind, required_role, priority, "
-                           "payload_json, status, max_attempts, run_at, queued_at, "
-                           "created_at, updated_at) SELECT 'j' || g, 'k', 'cpu', g % 4, '{}', "
-                           "CASE WHEN g % 3 = 0 THEN 'succeeded' ELSE 'waiting' END, 3, 1, 1, "
-                           "1, 1 FROM generate_series(1, 30) g")
+        await conn.execute(SQL_THIRTY_JOBS)
         assert await schema.migrate(conn) == schema.SCHEMA_VERSION
         await conn.add_listener(push_sql.PUSH_CHANNEL, lambda *a: heard.append(a[3]))
         await conn.execute(push_sql.SQL_WANT, "t", 60.0)
