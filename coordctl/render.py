@@ -160,8 +160,9 @@ def status_table(st: StatusReply, warnings: list[str]) -> Table:
               "  ".join(f"{p.upper()} {by_prio.get(p, 0)}" for p in PRIORITIES_SHOWN))
     t.add_row("oldest runnable", fmt_age(st.oldest_waiting_age_s))  # since it became runnable
     if st.db_bytes or st.wal_bytes:  # a SQLite file is never empty
-        t.add_row("database", f"{fmt_bytes(st.db_bytes)} (WAL {fmt_bytes(st.wal_bytes)})")
-    else:  # the PostgreSQL store does not report sizes (psql: pg_database_size)
+        wal = f" (WAL {fmt_bytes(st.wal_bytes)})" if st.wal_bytes else ""  # SQLite's alone
+        t.add_row("database", fmt_bytes(st.db_bytes) + wal)
+    else:  # a store that reports no size
         t.add_row("database", "size not reported by this store")
     t.add_row("warnings", "; ".join(warnings) if warnings else "none")
     return t

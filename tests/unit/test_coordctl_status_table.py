@@ -27,6 +27,12 @@ def test_sqlite_sizes_are_shown():
     assert "8.0 KiB (WAL 4.0 KiB)" in _text(_reply(db_bytes=8192, wal_bytes=4096))
 
 
+def test_a_store_without_a_wal_shows_its_size_alone():
+    """The PostgreSQL store reports the database's size and no WAL (SQLite's file)."""
+    text = _text(_reply(db_bytes=8_700_000))
+    assert "8.3 MiB" in text and "WAL" not in text
+
+
 def test_a_store_without_sizes_says_so():
     text = _text(_reply())
     assert "size not reported by this store" in text and "0 B" not in text
