@@ -215,6 +215,7 @@ async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Cons
         state.total = len(ids)
         console.print(f"{len(ids) - len(p3)} requests (P0..P2) and {len(p3)} P3 idle-learning "
                       "jobs; the simulated user is at the keyboard until the requests are done")
+        console.print(f"watch from another terminal: coordctl --socket {sock} top")
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
             requests = bar.add_task("requests", total=len(ids) - len(p3))
@@ -282,8 +283,7 @@ def report(views: list[Any], kind_of: dict[str, str], elapsed: float, run: Path,
             console.print(f"train {v.job_id}: {v.result.get('steps')} steps, perplexity "
                           f"{v.result.get('perplexity'):.2f}, sample {v.result.get('sample')!r}")
             break
-    console.print(f"results: {run / 'results.jsonl'}  (database {run / 'coordd.db'}; "
-                  f"while running: coordctl --socket {sock} list)")
+    console.print(f"results: {run / 'results.jsonl'}  (database {run / 'coordd.db'})")
     failed = [v for v in views if v.status != "succeeded"]
     for v in failed[:5]:
         console.print(f"[red]{v.job_id} {v.kind} P{v.priority} {v.status}: {why(v)}")
