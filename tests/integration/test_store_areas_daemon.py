@@ -27,8 +27,10 @@ from tests.integration.workerbench import DAEMON_FAST, bench_over
 
 BIG = 70_000  # bytes of result: over the worker's 64 KiB inline_result_bytes
 
-# Attempt 1 stores a checkpoint (temp name, rename) and exits 75 once it is recorded (its
-# MARK); attempt 2 reports the file it was handed and a result over the inline limit.
+# Attempt 1 stores a checkpoint (temp name, rename) and exits 75 once the test saw it
+# recorded (the test makes the file MARK; a file is taken only once it held still for
+# worker.checkpoints.SETTLE_S while the model ran, so a fixed wait races the scans);
+# attempt 2 reports the file it was handed and a result over the inline limit.
 MODEL = textwrap.dedent("""
     import json, os, sys, time
     d, resume = os.environ["COORD_CHECKPOINT_DIR"], os.environ["COORD_RESUME_FROM"]
@@ -36,7 +38,9 @@ MODEL = textwrap.dedent("""
         with open(os.path.join(d, ".tmp"), "wb") as fh:
             fh.write(b"state:" + b"s" * 40000)
         os.replace(os.path.join(d, ".tmp"), os.path.join(d, "ckpt-1"))
-        time.sleep(float(os.environ["HOLD_S"]))
+        end = time.monotonic() + 30
+        while not os.path.exists(os.environ["MARK"]) and time.monotonic() < end:
+            time.sleep(0.05)
         sys.exit(75)
     with open(os.environ["COORD_RESULT"], "w") as fh:
         json.dump({"resumed": open(resume, "rb").read()[:6].decode(),
@@ -65,10 +69,16 @@ async def test_big_result_and_checkpoint_through_a_real_worker(store_bench):
     b = store_bench
     model = b.tmp / "ckpt.py"
     model.write_text(MODEL)
+    mark = b.tmp / "MARK"
     kinds = {"ck": {"argv": [sys.executable, str(model)],
-                    "env": {"HOLD_S": "1.5", "BIG": str(BIG)}}}
+                    "env": {"MARK": str(mark), "BIG": str(BIG)}}}
     job = await b.enqueue({}, kind="ck", max_attempts=3)
     w = b.start_worker(extra_kinds=kinds)
+
+    async def recorded() -> Any:
+        return (await b.client.get_job(job)).checkpoint
+    await b.until(recorded, what="attempt 1's checkpoint recorded")
+    mark.touch()
     final = await b.status_is(job, "succeeded", "failed", timeout=30)
     assert final.status == "succeeded", (final.last_error, w.log())
     assert final.attempts == 2
