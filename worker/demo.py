@@ -243,7 +243,7 @@ async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Cons
                 await asyncio.sleep(0.5)
         elapsed = CLOCK.mono() - t0
         views = await asyncio.gather(*(c.get_job(i) for i in ids))
-    return report(views, kind_of, elapsed, run, sock, console)
+    return report(views, kind_of, elapsed, run, console)
 
 
 async def requests_done(c: Client, ids: list[str], p3: list[str]) -> bool:
@@ -253,7 +253,7 @@ async def requests_done(c: Client, ids: list[str], p3: list[str]) -> bool:
     return all(v.status in TERMINAL_STATUSES for v in views)
 
 
-def report(views: list[Any], kind_of: dict[str, str], elapsed: float, run: Path, sock: str,
+def report(views: list[Any], kind_of: dict[str, str], elapsed: float, run: Path,
            console: Console) -> int:
     """Print the summary table and write results.jsonl; return the exit code."""
     table = Table(title=f"coordd demo: {len(views)} jobs in {elapsed:.1f}s "
