@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 import pytest
@@ -117,6 +118,18 @@ async def test_a_call_times_out_and_a_late_reply_is_dropped(tmp_path):
         assert await c.call("y") == "second"
 
 
+async def _two_calls_behind_a_full_buffer(c: Client) -> list[asyncio.Future[Any]]:
+    """Calls n=1 and n=2, each with a 4 MiB request (far over the socket's and the
+    transport's buffers), both waiting in the connection's `drain` (the peer reads
+    nothing yet)."""
+    big = "x" * (4 << 20)
+    calls = [asyncio.ensure_future(c.call("x", {"n": n, "pad": big})) for n in (1, 2)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert c._wire is not None and c._wire.paused
+    return calls
+
+
 async def test_calls_that_wait_together_for_a_full_write_buffer_all_go_on(tmp_path):
     # the server reads nothing until both big requests are written into the client's buffer
     # (over its high-water mark: both calls wait in `drain`); once it reads, each call must
@@ -130,13 +143,9 @@ async def test_calls_that_wait_together_for_a_full_write_buffer_all_go_on(tmp_pa
         await writer.drain()
         await reader.read()
 
-    big = "x" * (4 << 20)  # far over the socket's and the transport's buffers
     server, path = await _serve(tmp_path, script)
     async with server, Client(path, timeout=5) as c:
-        calls = [asyncio.ensure_future(c.call("x", {"n": n, "pad": big})) for n in (1, 2)]
-        for _ in range(20):
-            await asyncio.sleep(0)
-        assert c._wire is not None and c._wire.paused
+        calls = await _two_calls_behind_a_full_buffer(c)
         go.set()
         done, _ = await asyncio.wait(calls, timeout=5)
         assert len(done) == 2, "a call waiting on the write buffer never resumed"
@@ -169,13 +178,9 @@ async def test_a_connection_lost_under_a_full_write_buffer_fails_every_waiting_c
         await drop.wait()  # read nothing, then reset the connection
         writer.transport.abort()
 
-    big = "x" * (4 << 20)
     server, path = await _serve(tmp_path, script)
     async with server, Client(path, timeout=30) as c:
-        calls = [asyncio.ensure_future(c.call("x", {"n": n, "pad": big})) for n in (1, 2)]
-        for _ in range(20):
-            await asyncio.sleep(0)
-        assert c._wire is not None and c._wire.paused
+        calls = await _two_calls_behind_a_full_buffer(c)
         drop.set()
         done, _ = await asyncio.wait(calls, timeout=5)
         assert len(done) == 2, "a call waiting on the write buffer never heard of the loss"
