@@ -95,11 +95,9 @@ class Daemon(ServingDaemon):
                  config_path: str | None = None) -> None:
         super().__init__(config, clock, config_path)
         clock = anchored(self.clock)  # the store's writer and the coordinator share it
-        self.coord = Coordinator(open_store(config, clock), config, clock)
+        self.coord = Coordinator(open_store(config, clock), config, clock,
+                                 peers=self.dispatcher.peers)
         self.dispatcher.at_once["heartbeat"] = self.coord.beats.quiet_reply  # no task
-        writer = getattr(self.coord.store, "writer", None)  # SQLite's single writer
-        if writer is not None:  # a lone peer's request commits at once (Writer.submit)
-            writer.peers = self.dispatcher.peers
         self.leader = self.coord.store.leader(LEADER_KEY, config.store_session_timeout_s)
         self._held = contextlib.ExitStack()
         if config.store:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import random
 from functools import partial
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -77,10 +78,13 @@ class Coordinator(Dispatch, Reads, Areas):
         clock: coordd's clock (tests pin it; on SQLite the store's writer runs on it too:
             build both with the same `coordd.clock.anchored` clock).
         rng: source of backoff jitter (tests may seed it).
+        peers: how many peers may send requests at once (the daemon's
+            rpc.Dispatcher.peers), handed to the store (StoreHooks.peers); None: unknown.
     """
 
     def __init__(self, store: Any, config: Config, clock: Clock,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 peers: Callable[[], int] | None = None) -> None:
         self.store = store
         self.config = config
         self.clock = anchored(clock)
@@ -99,7 +103,8 @@ class Coordinator(Dispatch, Reads, Areas):
                          total_max=config.park_max_total, wait_max_s=config.park_wait_max_s)
         store.attach(StoreHooks(policy=self._claim_policy,
                                 reservations=self.governance.preemptor.hint,
-                                push=self.push, meters=self.meters, backoff=self._backoff))
+                                push=self.push, meters=self.meters, backoff=self._backoff,
+                                peers=peers))
         self._status = Coalesced(self._status_now)  # many pollers share one read
         self._queue_depth = 0
         self.hub = Hub(store, config)

@@ -89,13 +89,16 @@ class StoreHooks(msgspec.Struct, kw_only=True):
     """What the coordinator hands its store once (`Store.attach`): its claim policy (a
     store may add hints to it), preemption's reservation hint, the parked calls to wake
     (coordd.service.push.Push), its metrics and its backoff factory (each call draws one backoff
-    function: a result failing its schema, a failure, wait after it)."""
+    function: a result failing its schema, a failure, wait after it). `peers`: how many
+    peers may add requests at once (the daemon's rpc.Dispatcher.peers; None outside a
+    daemon); a store that group-commits stops waiting for more once each has one."""
 
     policy: Any
     reservations: Any
     push: Any
     meters: Any
     backoff: Any
+    peers: Callable[[], int] | None = None
 
 
 class Leader(Protocol):

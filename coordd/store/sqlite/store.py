@@ -145,11 +145,13 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
         """The coordinator's hooks: the writer wakes parked calls after each COMMIT (its
         TEMP triggers and job hook note what changed, coordd.store.sqlite.wakeups), records
         its batches in the metrics, and the claim policy reads the writer's role/kind and
-        reservation hints (coordd.store.sqlite.job_changes)."""
+        reservation hints (coordd.store.sqlite.job_changes). A lone peer's request commits
+        at once (`hooks.peers`: coordd.store.sqlite.writer.Writer.submit)."""
         self._hooks = hooks
         changes = self.writer.changes
         self.attach_wakeups(hooks.push)
         self.writer.metrics = hooks.meters
+        self.writer.peers = hooks.peers
         hooks.policy.role_kinds = changes.role_kinds
         hooks.policy.worker_rows = changes.worker_rows
         hooks.policy.reservations = changes.reservations = hooks.reservations
