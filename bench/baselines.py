@@ -61,7 +61,8 @@ LEASE_S = 30.0
 ENQUEUE_BATCH = 500
 
 
-def _connect(path: str) -> sqlite3.Connection:
+def connect(path: str) -> sqlite3.Connection:
+    """A plain connection on `path` with coordd's writer PRAGMAs and schema."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA busy_timeout = 10000")
     for pragma in store.PRAGMAS_WRITER:
@@ -75,46 +76,55 @@ def _job_row(i: int, now: float) -> tuple:
             None, None, None)
 
 
-def _insert(conn: sqlite3.Connection, i: int, now: float) -> None:
+def insert(conn: sqlite3.Connection, i: int, now: float) -> None:
+    """Enqueue bare job `i` (and its event), in the caller's transaction."""
     conn.execute(SQL_ENQUEUE, _job_row(i, now)).fetchone()
     conn.execute(SQL_EVENT, (f"b{i:08x}", now, None, None, "waiting", "enqueued"))
 
 
+def claim_in(conn: sqlite3.Connection, worker_id: str, now: float) -> tuple[str, int] | None:
+    """The bare claim's statements, in the caller's open transaction: (job_id, token)."""
+    job_id = None
+    for prio in (0, 1, 2, 3):
+        row = conn.execute(SQL_CANDIDATE, (ROLE, KIND, prio, now)).fetchone()
+        if row is not None:
+            job_id = row[0]
+            break
+    if job_id is None:
+        return None
+    token = conn.execute(SQL_TAKE, (now, job_id)).fetchone()[0]
+    conn.execute(SQL_INSERT_LEASE, (job_id, worker_id, token, None, now, now + LEASE_S, LEASE_S))
+    conn.execute(SQL_EVENT, (job_id, now, worker_id, "waiting", "running",
+                             f"claimed (token {token})"))
+    return job_id, token
+
+
+def complete_in(conn: sqlite3.Connection, worker_id: str, job_id: str, token: int,
+                now: float) -> None:
+    """The bare complete's statements (fence check first), in the caller's open transaction."""
+    row = conn.execute(SQL_LEASE_CHECK, (job_id,)).fetchone()
+    if row[1] != worker_id or row[2] != token or now >= row[3]:
+        raise RuntimeError(f"bare baseline: lease check failed for {job_id}")
+    conn.execute(SQL_DELETE_LEASE, (job_id,))
+    conn.execute(SQL_SUCCEED, (None, None, now, now, job_id))
+    conn.execute(SQL_EVENT, (job_id, now, worker_id, "running", "succeeded", None))
+
+
 def _claim(conn: sqlite3.Connection, worker_id: str) -> tuple[str, int] | None:
-    now = time.time()
     conn.execute("BEGIN IMMEDIATE")
     try:
-        job_id = None
-        for prio in (0, 1, 2, 3):
-            row = conn.execute(SQL_CANDIDATE, (ROLE, KIND, prio, now)).fetchone()
-            if row is not None:
-                job_id = row[0]
-                break
-        if job_id is None:
-            conn.execute("COMMIT")
-            return None
-        token = conn.execute(SQL_TAKE, (now, job_id)).fetchone()[0]
-        conn.execute(SQL_INSERT_LEASE,
-                     (job_id, worker_id, token, None, now, now + LEASE_S, LEASE_S))
-        conn.execute(SQL_EVENT, (job_id, now, worker_id, "waiting", "running",
-                                       f"claimed (token {token})"))
+        got = claim_in(conn, worker_id, time.time())
         conn.execute("COMMIT")
-        return job_id, token
+        return got
     except BaseException:
         conn.execute("ROLLBACK")
         raise
 
 
 def _complete(conn: sqlite3.Connection, worker_id: str, job_id: str, token: int) -> None:
-    now = time.time()
     conn.execute("BEGIN IMMEDIATE")
     try:
-        row = conn.execute(SQL_LEASE_CHECK, (job_id,)).fetchone()
-        if row[1] != worker_id or row[2] != token or now >= row[3]:
-            raise RuntimeError(f"bare baseline: lease check failed for {job_id}")
-        conn.execute(SQL_DELETE_LEASE, (job_id,))
-        conn.execute(SQL_SUCCEED, (None, None, now, now, job_id))
-        conn.execute(SQL_EVENT, (job_id, now, worker_id, "running", "succeeded", None))
+        complete_in(conn, worker_id, job_id, token, time.time())
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
@@ -123,19 +133,19 @@ def _complete(conn: sqlite3.Connection, worker_id: str, job_id: str, token: int)
 
 def bare_sqlite(workdir: Path, n: int) -> dict:
     """Enqueue (per-op and batched) then drain N jobs with one transaction per operation."""
-    conn = _connect(str(workdir / "bare.db"))
+    conn = connect(str(workdir / "bare.db"))
     n_single = n // 2
     t0 = time.perf_counter()
     for i in range(n_single):
         conn.execute("BEGIN IMMEDIATE")
-        _insert(conn, i, time.time())
+        insert(conn, i, time.time())
         conn.execute("COMMIT")
     t1 = time.perf_counter()
     for lo in range(n_single, n, ENQUEUE_BATCH):
         conn.execute("BEGIN IMMEDIATE")
         now = time.time()
         for i in range(lo, min(n, lo + ENQUEUE_BATCH)):
-            _insert(conn, i, now)
+            insert(conn, i, now)
         conn.execute("COMMIT")
     t2 = time.perf_counter()
     lat: list[float] = []
