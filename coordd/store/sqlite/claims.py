@@ -367,6 +367,9 @@ def claim_next(conn: sqlite3.Connection, now: float, nxt: NextClaim) -> ClaimRes
     """A report's next claim, run in the report's own write: up to `nxt.max_jobs` claims
     in a row (coordd.rules.claim_batch, the Coordinator's rule)."""
     kinds_json = None if nxt.kinds is None else dumps(list(nxt.kinds))
+    if nxt.max_jobs == 1:  # a batch of one is its one claim, under `claim_id` itself
+        return claim(conn, now, nxt.worker_id, nxt.lease_s, nxt.claim_id, nxt.policy,
+                     kinds_json)
     batch = Batch(nxt.claim_id, nxt.max_jobs)
     for claim_id in batch.ids():
         if not batch.add(claim(conn, now, nxt.worker_id, nxt.lease_s, claim_id, nxt.policy,
