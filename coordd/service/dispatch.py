@@ -114,6 +114,9 @@ class Dispatch:
         """Up to `p.max_jobs` claims in a row (coordd.rules.claim_batch)."""
         check_claim(p.worker_id, p.claim_id, p.max_jobs)
         lease_s = self._lease_s(p.lease_s)
+        if p.max_jobs == 1:  # a batch of one is its one claim, under `claim_id` itself
+            return self.counted(await self.store.claim(
+                p.worker_id, lease_s, self._claim_policy, kinds=p.kinds, claim_id=p.claim_id))
         batch = Batch(p.claim_id, p.max_jobs)
         for claim_id in batch.ids():
             if not batch.add(await self.store.claim(
