@@ -13,12 +13,13 @@ from docgen import md
 SUFFIXES = {"counter": "_total", "histogram": "_bucket, _sum, _count"}
 
 
-def families() -> list[MetricWrapperBase | metrics.LoopHistogram]:
+def families() -> list[MetricWrapperBase | metrics.LoopHistogram | metrics.LoopCounter]:
     """The metric objects of a fresh Metrics, in the order they are declared (the writer's
-    histograms are LoopHistograms, which carry the same attributes read here)."""
+    histograms are LoopHistograms and the claims a LoopCounter, which carry the same
+    attributes read here)."""
     m = metrics.Metrics()
     return [v for v in vars(m).values()
-            if isinstance(v, (MetricWrapperBase, metrics.LoopHistogram))]
+            if isinstance(v, (MetricWrapperBase, metrics.LoopHistogram, metrics.LoopCounter))]
 
 
 def render() -> str:

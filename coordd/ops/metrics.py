@@ -31,7 +31,7 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client import metrics as _library
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from coordd.clock import SystemClock
@@ -49,7 +49,7 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.claims = Counter("coordd_claims", "Jobs handed out by claim", registry=r)
+        self.claims = LoopCounter("coordd_claims", "Jobs handed out by claim", r)
         self.refusals = Counter("coordd_claim_refusals", "Claims that got no job, by reason",
                                 ["reason"], registry=r)
         self.lease_expiries = Counter("coordd_lease_expiries",
@@ -201,6 +201,34 @@ class LoopHistogram:
         if getattr(_library, "_use_created", True):  # as the library's own metrics
             family.add_sample(self._name + "_created", {}, self._created)
         yield family
+
+
+class LoopCounter:
+    """A Prometheus counter without labels, counted from the event loop's thread only (the
+    claims), exported by a collector: the same series as prometheus_client's Counter
+    (`_total`, `_created`) without its lock and Python calls per count (as LoopHistogram)."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._type, self._labelnames = "counter", ()  # what docgen reads, as LoopHistogram
+        self.value = 0.0
+        self._created = SystemClock().wall()  # the series' `_created`, as the library's
+        registry.register(self)
+
+    def inc(self, amount: float = 1) -> None:
+        """Add `amount` (>= 0: a counter only goes up; callers count jobs)."""
+        self.value += amount
+
+    def describe(self) -> list[CounterMetricFamily]:
+        """The family without samples (the registry's name check)."""
+        return [CounterMetricFamily(self._name, self._documentation)]
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """The counter's samples now."""
+        yield CounterMetricFamily(
+            self._name, self._documentation, value=self.value,
+            created=self._created if getattr(_library, "_use_created", True) else None)
 
 
 def tree_bytes(root: str) -> int:

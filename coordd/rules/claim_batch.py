@@ -10,8 +10,9 @@ batch, and its reasons say why there are no more. Pure: the caller runs each cla
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from coordd.wire.protocol import ClaimResult, Granted
 
@@ -21,10 +22,11 @@ def batch_claim_id(claim_id: str | None, i: int) -> str | None:
     return claim_id if claim_id is None or i == 0 else f"{claim_id}.{i}"
 
 
-@dataclass
-class NextClaim:
+class NextClaim(msgspec.Struct):
     """A claim decided above the stores, for a store to run after a report in the same
-    write: the worker, the clamped lease, the claim policy, kinds, claim id and count."""
+    write: the worker, the clamped lease, the claim policy, kinds, claim id and count (a
+    Struct: made on every report that asks for its next job, built without a Python
+    __init__)."""
 
     worker_id: str
     lease_s: float

@@ -42,6 +42,8 @@ def check_id(what: str, value: str) -> None:
     Raises:
         errors.BadRequest: naming `what` and the first forbidden character.
     """
+    if value.isascii() and value.isprintable():
+        return  # U+0020..U+007E only: no forbidden character (the common case, no regex)
     bad = FORBIDDEN.search(value)
     if bad is not None:
         raise errors.BadRequest(

@@ -357,8 +357,8 @@ class Coordinator(Dispatch, Reads, Areas):
         pg_dump."""
         return await self.store.backup(p.dest)  # type: ignore[no-any-return]
 
-    def _lease_s(self, asked: float | None) -> float:
+    def _lease_s(self, asked: float | None, what: str = "lease_s") -> float:
         if asked is None:
             return self.config.lease_default_s
-        check_duration("lease_s", asked)  # then clamped to lease_min_s..lease_max_s
+        check_duration(what, asked)  # then clamped to lease_min_s..lease_max_s
         return min(self.config.lease_max_s, max(self.config.lease_min_s, float(asked)))

@@ -20,7 +20,6 @@ from typing import Any
 from coordd import errors
 from coordd.rules.claim_batch import Batch, NextClaim
 from coordd.rules.names import NAME_MAX_CHARS, check_name
-from coordd.rules.times import check_duration
 from coordd.wire.claims import MAX_JOBS_MAX, ClaimAsk
 from coordd.wire.protocol import Claim, ClaimResult, Granted
 from coordd.wire.workers import Release
@@ -51,7 +50,7 @@ class Dispatch:
     meters: Any
     _claim_policy: Any
 
-    def _lease_s(self, asked: float | None) -> float:
+    def _lease_s(self, asked: float | None, what: str = "lease_s") -> float:
         raise NotImplementedError
 
     async def release(self, p: Release) -> Any:
@@ -91,9 +90,8 @@ class Dispatch:
         if ask is None:
             return None
         check_claim(p.worker_id, ask.claim_id, ask.max_jobs)
-        if ask.lease_s is not None:
-            check_duration("next.lease_s", ask.lease_s)
-        return NextClaim(worker_id=p.worker_id, lease_s=self._lease_s(ask.lease_s),
+        lease_s = self._lease_s(ask.lease_s, "next.lease_s")  # checked, then clamped
+        return NextClaim(worker_id=p.worker_id, lease_s=lease_s,
                          policy=self._claim_policy, kinds=ask.kinds, claim_id=ask.claim_id,
                          max_jobs=ask.max_jobs)
 
@@ -116,6 +114,9 @@ class Dispatch:
         """Up to `p.max_jobs` claims in a row (coordd.rules.claim_batch)."""
         check_claim(p.worker_id, p.claim_id, p.max_jobs)
         lease_s = self._lease_s(p.lease_s)
+        if p.max_jobs == 1:  # a batch of one is its one claim, under `claim_id` itself
+            return self.counted(await self.store.claim(
+                p.worker_id, lease_s, self._claim_policy, kinds=p.kinds, claim_id=p.claim_id))
         batch = Batch(p.claim_id, p.max_jobs)
         for claim_id in batch.ids():
             if not batch.add(await self.store.claim(

@@ -117,6 +117,21 @@ async def test_max_jobs_out_of_range_is_refused_before_anything_is_written(coord
     assert (await coord.get_job(_id(job_id))).status == "running"  # not completed
 
 
+async def test_a_bad_next_lease_s_is_refused_by_its_name_before_anything_is_written(coord):
+    await beat(coord)
+    job_id = await enqueue(coord)
+    await enqueue(coord)
+    got = await coord.claim(Claim(worker_id="w1"))
+    for bad in (0.0, -1.0, float("inf"), float("nan"), 10 ** 12):
+        with pytest.raises(errors.BadRequest, match=r"^next\.lease_s must be > 0"):
+            await coord.complete(Complete(job_id=got.job.job_id, worker_id="w1",
+                                          token=got.lease.token, next=ClaimAsk(lease_s=bad)))
+    assert (await coord.get_job(_id(job_id))).status == "running"  # not completed
+    res = await coord.complete(Complete(job_id=got.job.job_id, worker_id="w1",
+                                        token=got.lease.token, next=ClaimAsk(lease_s=1e-3)))
+    assert res.next.lease.lease_s == coord.config.lease_min_s  # clamped, as a claim's
+
+
 async def test_complete_with_next_hands_out_the_next_job(coord):
     await beat(coord)
     a, b = await enqueue(coord), await enqueue(coord)

@@ -8,7 +8,7 @@ import pytest
 
 from coordd import errors
 from coordd.process_start import LineFormatter
-from coordd.rules.names import check_name
+from coordd.rules.names import check_id, check_name
 from coordd.wire.protocol import (
     AgentStatusUpdate, Claim, Empty, Enqueue, Heartbeat, SendMessage,
 )
@@ -65,6 +65,18 @@ def test_check_name_accepts_ordinary_unicode_and_names_the_character():
         check_name("x", value)
     with pytest.raises(errors.BadRequest, match=r"U\+202E at position 1"):
         check_name("node name", "a\u202eb")
+
+
+@pytest.mark.parametrize("code", range(128))
+def test_check_id_refuses_exactly_the_ascii_controls(code):
+    # check_id passes printable ASCII without its regex: the same answer for every
+    # ASCII character, alone and inside an id
+    for value in (chr(code), f"job-{chr(code)}-1"):
+        if 0x20 <= code < 0x7f:
+            check_id("job_id", value)
+        else:
+            with pytest.raises(errors.BadRequest, match=f"U\\+{code:04X} at position"):
+                check_id("job_id", value)
 
 
 def test_plain_log_lines_stay_one_line():

@@ -8,6 +8,7 @@ lease holder are coordd.store.sqlite.leases.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -255,14 +256,22 @@ def _pairs(conn: sqlite3.Connection, now: float, roles_json: str, kinds_json: st
     """The (role, kind) pairs a worker can take: its roles times its kinds, or, when it
     names no kinds, times the kinds waiting for each role (`role_kinds`, else one index
     seek per kind)."""
-    roles = lenient_json(roles_json, [])
-    roles = sorted({r for r in roles if isinstance(r, str)}) if isinstance(roles, list) else []
+    roles = _roles(roles_json)
     if kinds_json is not None:
         kinds = sorted({k for k in json_decode(kinds_json) if isinstance(k, str)})
         return [(r, k) for r in roles for k in kinds]
     if role_kinds is not None:
         return [(r, k) for r in roles for k in role_kinds.kinds(conn, r, now)]
     return [(r, k) for r in roles for (k,) in conn.execute(SQL_ROLE_KINDS, (r,))]
+
+
+@functools.lru_cache(maxsize=256)
+def _roles(roles_json: str | None) -> tuple[str, ...]:
+    """A worker row's roles (its JSON text as stored), sorted; what is not a list of
+    strings holds none. Decoded once per text: a worker's claims all read the same."""
+    roles = lenient_json(roles_json, [])
+    return tuple(sorted({r for r in roles if isinstance(r, str)})) \
+        if isinstance(roles, list) else ()
 
 
 def _merged(cursors: list[sqlite3.Cursor]) -> Iterable[tuple[int, float, str, str | None]]:
@@ -358,6 +367,9 @@ def claim_next(conn: sqlite3.Connection, now: float, nxt: NextClaim) -> ClaimRes
     """A report's next claim, run in the report's own write: up to `nxt.max_jobs` claims
     in a row (coordd.rules.claim_batch, the Coordinator's rule)."""
     kinds_json = None if nxt.kinds is None else dumps(list(nxt.kinds))
+    if nxt.max_jobs == 1:  # a batch of one is its one claim, under `claim_id` itself
+        return claim(conn, now, nxt.worker_id, nxt.lease_s, nxt.claim_id, nxt.policy,
+                     kinds_json)
     batch = Batch(nxt.claim_id, nxt.max_jobs)
     for claim_id in batch.ids():
         if not batch.add(claim(conn, now, nxt.worker_id, nxt.lease_s, claim_id, nxt.policy,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -194,11 +194,15 @@ class SQLiteStore(SQLiteHubOps, SQLiteLogOps, SQLiteEnrolOps, SQLiteGovernance,
         finally:
             await self.writer.stop()
 
-    async def _write(self, fn: Any, now: float | None, urgent: bool = False) -> Any:
-        """Run `fn(conn, now)` in the writer's next group commit, `now` pinned or the writer's."""
+    def _write(self, fn: Any, now: float | None, urgent: bool = False) -> Awaitable[Any]:
+        """Run `fn(conn, now)` in the writer's next group commit, `now` pinned or the
+        writer's; await what it returns (the writer's future) for the result. No coroutine
+        of its own: a request waiting for its commit is resumed through one layer less.
+
+        Raises: errors.Overloaded (at once, as Writer.submit)."""
         if now is None:
-            return await self.writer.run(fn, urgent=urgent)
-        return await self.writer.run(lambda conn, _now: fn(conn, now), urgent=urgent)
+            return self.writer.submit(fn, urgent)
+        return self.writer.submit(lambda conn, _now: fn(conn, now), urgent)
 
     def _now(self, now: float | None) -> float:
         return self._clock.wall() if now is None else now
