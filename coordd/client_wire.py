@@ -10,6 +10,7 @@ a reply that is a connection-level error (id 0) fails them all and is kept as th
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import msgspec
@@ -19,6 +20,58 @@ from coordd.net.frames import HEADER, FrameTooLarge
 from coordd.wire.protocol import ReplyHeader
 
 _decode_header = msgspec.msgpack.Decoder(ReplyHeader).decode
+TIMER_SLACK_S = 0.001  # uvloop's clock and timers count whole milliseconds
+
+
+class Deadlines:
+    """The calls' timeouts under one loop timer, armed for the earliest deadline: a call
+    adds its reply future and discards it when it ends (a timer made and cancelled for
+    each call would cost more than the rest of the call's bookkeeping).
+
+    The rule not to break: a future still here at its deadline fails with
+    asyncio.TimeoutError, as a `call_later` of its own would have failed it.
+    """
+
+    def __init__(self) -> None:
+        self._due: dict[asyncio.Future[Any], float] = {}  # future -> loop.time() deadline
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = math.inf  # when `_timer` fires
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of `_timer`
+
+    def add(self, fut: asyncio.Future[Any], seconds: float) -> None:
+        """Fail `fut` with asyncio.TimeoutError `seconds` from now, unless discarded."""
+        loop = fut.get_loop()
+        due = loop.time() + seconds
+        self._due[fut] = due
+        if due < self._at or loop is not self._loop:
+            self._arm(loop, due)
+
+    def discard(self, fut: asyncio.Future[Any]) -> None:
+        """`fut`'s call ended: it has no deadline any more."""
+        self._due.pop(fut, None)
+
+    def stop(self) -> None:
+        """Cancel the timer (the client closed); the next `add` arms it again."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._at, self._loop = None, math.inf, None
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        self.stop()
+        self._timer, self._at, self._loop = loop.call_at(due, self._fire), due, loop
+
+    def _fire(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        self._timer, self._at, self._loop = None, math.inf, None
+        now = loop.time() + TIMER_SLACK_S
+        for fut, due in list(self._due.items()):
+            if due <= now:
+                del self._due[fut]
+                if not fut.done():
+                    fut.set_exception(asyncio.TimeoutError())
+        if self._due:
+            self._arm(loop, min(self._due.values()))
 
 
 class Wire(asyncio.Protocol):
