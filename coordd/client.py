@@ -235,6 +235,7 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[ReplyHeader] = loop.create_future()
         self._pending[req_id] = fut
+        header: ReplyHeader | None = None  # set once the reply came
         try:
             wire.transport.write(frame)
             if on_sent is not None:
@@ -259,7 +260,7 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
         finally:
             self._deadlines.discard(fut)
             self._pending.pop(req_id, None)
-            if fut.done() and not fut.cancelled():
+            if header is None and fut.done() and not fut.cancelled():
                 fut.exception()  # retrieved: an error raised otherwise is never "unretrieved"
         if header.error is not None:
             raise errors.error_for_code(header.error.code, header.error.message)
