@@ -20,6 +20,10 @@ from coordd.net.frames import HEADER, FrameTooLarge
 from coordd.wire.protocol import ReplyHeader
 
 _decode_header = msgspec.msgpack.Decoder(ReplyHeader).decode
+# the length prefix's size and reader, looked up once (an attribute of a struct.Struct is
+# a slow lookup each time it is read)
+_HEAD = HEADER.size
+_length_at = HEADER.unpack_from
 TIMER_SLACK_S = 0.001  # uvloop's clock and timers count whole milliseconds
 
 
@@ -110,24 +114,23 @@ class Wire(asyncio.Protocol):
             data = bytes(self._buf)
             self._buf.clear()
         end, pos, max_frame = len(data), 0, self._client.max_frame
-        while end - pos >= HEADER.size:
-            (length,) = HEADER.unpack_from(data, pos)
+        while end - pos >= _HEAD:
+            (length,) = _length_at(data, pos)
             if length > max_frame:
                 return self._end(FrameTooLarge(
                     f"frame of {length} bytes is over the {max_frame}-byte cap"))
-            stop = pos + HEADER.size + length
+            stop = pos + _HEAD + length
             if stop > end:
                 break
             try:
-                header = _decode_header(data[pos + HEADER.size:stop])
+                header = _decode_header(data[pos + _HEAD:stop])
             except msgspec.DecodeError as exc:
                 return self._end(exc)
             self._reply(header)
             pos = stop
         if pos < end:
             self._buf += memoryview(data)[pos:]
-            self._need = HEADER.size + (HEADER.unpack_from(data, pos)[0]
-                                        if end - pos >= HEADER.size else 0)
+            self._need = _HEAD + (_length_at(data, pos)[0] if end - pos >= _HEAD else 0)
 
     def eof_received(self) -> None:
         if self._buf and self._ended is None:  # the peer went away mid-frame
