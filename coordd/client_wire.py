@@ -1,6 +1,7 @@
 """One connection of the client library (coordd.client.Client) as an asyncio Protocol: it
 cuts reply frames out of what arrives and resolves each call's future as its frame is
-read, in the same loop step (no reading task between the socket and the call).
+read, in the same loop step (no reading task between the socket and the call); and the
+client's call timeouts (`Deadlines`: one loop timer for all calls in flight).
 
 The rule not to break: whatever ends the connection (EOF, a reset, a frame over the cap,
 bytes that are not a reply) fails every call still waiting on it, with the reason, once;
@@ -29,8 +30,8 @@ TIMER_SLACK_S = 0.001  # uvloop's clock and timers count whole milliseconds
 
 class Deadlines:
     """The calls' timeouts under one loop timer, armed for the earliest deadline: a call
-    adds its reply future and discards it when it ends (a timer made and cancelled for
-    each call would cost more than the rest of the call's bookkeeping).
+    adds its reply future once its request is written and discards it when it ends (no
+    timer made and cancelled per call: docs/decisions.md, clientcost).
 
     The rule not to break: a future still here at its deadline fails with
     asyncio.TimeoutError, as a `call_later` of its own would have failed it.
