@@ -31,7 +31,7 @@ import msgspec
 from coordd import errors
 from coordd.client_areas import AdminCalls, HubCalls, PushCalls, WorkflowCalls
 from coordd.client_leases import LeaseCalls
-from coordd.client_wire import Wire
+from coordd.client_wire import Deadlines, Wire
 from coordd.wire.protocol import (
     MAX_FRAME_DEFAULT, TERMINAL_STATUSES, Enqueue, EnqueueBatchResult, EnqueueResult, JobView,
     ReplyHeader,
@@ -87,12 +87,6 @@ def _unencodable(method: str, exc: Exception) -> Unencodable:
     return Unencodable(f"{method}: the request cannot be sent: {why}")
 
 
-def _time_out(fut: asyncio.Future[Any]) -> None:
-    """A call's timer: no reply came in time."""
-    if not fut.done():
-        fut.set_exception(asyncio.TimeoutError())
-
-
 def _shown(bad: str) -> str:
     """The bytes a lone surrogate stood for (a non-UTF-8 argument), else the characters."""
     try:
@@ -130,6 +124,7 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
         self.max_frame = max_frame
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[ReplyHeader]] = {}
+        self._deadlines = Deadlines()  # the calls' timeouts (one loop timer)
         self._wire: Wire | None = None  # the connection (coordd.client_wire)
         self._lock = asyncio.Lock()
         self._refused = False  # coordd refused this connection (Refused)
@@ -171,6 +166,7 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
         """Close the connection; calls in flight raise Closed (a Disconnected). Idempotent."""
         wire, self._wire = self._wire, None
         self._fail_pending(Closed("connection closed by this client"))
+        self._deadlines.stop()
         if wire is not None:
             if wire.transport.get_write_buffer_size():
                 wire.transport.abort()  # unsent requests (their calls failed): no flush to
@@ -239,15 +235,15 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[ReplyHeader] = loop.create_future()
         self._pending[req_id] = fut
-        timer = None
+        header: ReplyHeader | None = None  # set once the reply came
         try:
             wire.transport.write(frame)
             if on_sent is not None:
                 on_sent()
-            # the connection (client_wire.Wire) resolves `fut` as its reply is read; the
-            # timer fails it (no wait_for: its waiter and callback cost a loop turn a reply),
-            # also while the request waits for a write buffer the peer does not read
-            timer = loop.call_later(timeout or self.timeout, _time_out, fut)
+            # the connection (client_wire.Wire) resolves `fut` as its reply is read; its
+            # deadline fails it (no wait_for: its waiter and callback cost a loop turn a
+            # reply), also while the request waits for a write buffer the peer does not read
+            self._deadlines.add(fut, timeout or self.timeout)
             if wire.paused or wire.lost:
                 await wire.drain(fut)
             header = await fut
@@ -262,10 +258,9 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
             await self.close()
             raise lost from exc
         finally:
-            if timer is not None:
-                timer.cancel()
+            self._deadlines.discard(fut)
             self._pending.pop(req_id, None)
-            if fut.done() and not fut.cancelled():
+            if header is None and fut.done() and not fut.cancelled():
                 fut.exception()  # retrieved: an error raised otherwise is never "unretrieved"
         if header.error is not None:
             raise errors.error_for_code(header.error.code, header.error.message)

@@ -1,6 +1,7 @@
 """One connection of the client library (coordd.client.Client) as an asyncio Protocol: it
 cuts reply frames out of what arrives and resolves each call's future as its frame is
-read, in the same loop step (no reading task between the socket and the call).
+read, in the same loop step (no reading task between the socket and the call); and the
+client's call timeouts (`Deadlines`: one loop timer for all calls in flight).
 
 The rule not to break: whatever ends the connection (EOF, a reset, a frame over the cap,
 bytes that are not a reply) fails every call still waiting on it, with the reason, once;
@@ -10,6 +11,7 @@ a reply that is a connection-level error (id 0) fails them all and is kept as th
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import msgspec
@@ -19,6 +21,62 @@ from coordd.net.frames import HEADER, FrameTooLarge
 from coordd.wire.protocol import ReplyHeader
 
 _decode_header = msgspec.msgpack.Decoder(ReplyHeader).decode
+# the length prefix's size and reader, looked up once (an attribute of a struct.Struct is
+# a slow lookup each time it is read)
+_HEAD = HEADER.size
+_length_at = HEADER.unpack_from
+TIMER_SLACK_S = 0.001  # uvloop's clock and timers count whole milliseconds
+
+
+class Deadlines:
+    """The calls' timeouts under one loop timer, armed for the earliest deadline: a call
+    adds its reply future once its request is written and discards it when it ends (no
+    timer made and cancelled per call: docs/decisions.md, clientcost).
+
+    The rule not to break: a future still here at its deadline fails with
+    asyncio.TimeoutError, as a `call_later` of its own would have failed it.
+    """
+
+    def __init__(self) -> None:
+        self._due: dict[asyncio.Future[Any], float] = {}  # future -> loop.time() deadline
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = math.inf  # when `_timer` fires
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of `_timer`
+
+    def add(self, fut: asyncio.Future[Any], seconds: float) -> None:
+        """Fail `fut` with asyncio.TimeoutError `seconds` from now, unless discarded."""
+        loop = fut.get_loop()
+        due = loop.time() + seconds
+        self._due[fut] = due
+        if due < self._at or loop is not self._loop:
+            self._arm(loop, due)
+
+    def discard(self, fut: asyncio.Future[Any]) -> None:
+        """`fut`'s call ended: it has no deadline any more."""
+        self._due.pop(fut, None)
+
+    def stop(self) -> None:
+        """Cancel the timer (the client closed); the next `add` arms it again."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._at, self._loop = None, math.inf, None
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        self.stop()
+        self._timer, self._at, self._loop = loop.call_at(due, self._fire), due, loop
+
+    def _fire(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        self._timer, self._at, self._loop = None, math.inf, None
+        now = loop.time() + TIMER_SLACK_S
+        for fut, due in list(self._due.items()):
+            if due <= now:
+                del self._due[fut]
+                if not fut.done():
+                    fut.set_exception(asyncio.TimeoutError())
+        if self._due:
+            self._arm(loop, min(self._due.values()))
 
 
 class Wire(asyncio.Protocol):
@@ -57,24 +115,23 @@ class Wire(asyncio.Protocol):
             data = bytes(self._buf)
             self._buf.clear()
         end, pos, max_frame = len(data), 0, self._client.max_frame
-        while end - pos >= HEADER.size:
-            (length,) = HEADER.unpack_from(data, pos)
+        while end - pos >= _HEAD:
+            (length,) = _length_at(data, pos)
             if length > max_frame:
                 return self._end(FrameTooLarge(
                     f"frame of {length} bytes is over the {max_frame}-byte cap"))
-            stop = pos + HEADER.size + length
+            stop = pos + _HEAD + length
             if stop > end:
                 break
             try:
-                header = _decode_header(data[pos + HEADER.size:stop])
+                header = _decode_header(data[pos + _HEAD:stop])
             except msgspec.DecodeError as exc:
                 return self._end(exc)
             self._reply(header)
             pos = stop
         if pos < end:
             self._buf += memoryview(data)[pos:]
-            self._need = HEADER.size + (HEADER.unpack_from(data, pos)[0]
-                                        if end - pos >= HEADER.size else 0)
+            self._need = _HEAD + (_length_at(data, pos)[0] if end - pos >= _HEAD else 0)
 
     def eof_received(self) -> None:
         if self._buf and self._ended is None:  # the peer went away mid-frame

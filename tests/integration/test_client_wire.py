@@ -187,3 +187,25 @@ async def test_a_connection_lost_under_a_full_write_buffer_fails_every_waiting_c
         for f in calls:
             with pytest.raises(Disconnected):
                 f.result()
+
+
+async def test_calls_with_different_timeouts_each_time_out_at_their_own(tmp_path):
+    # the calls' deadlines share one loop timer (client_wire.Deadlines): a shorter timeout
+    # sent after a longer one still fires first, and the longer one still fires after it
+    async def script(reader, writer, k):
+        await _request(reader), await _request(reader)
+        third = await _request(reader)
+        writer.write(_reply(third, "third"))
+        await writer.drain()
+        await reader.read()
+
+    server, path = await _serve(tmp_path, script)
+    async with server, Client(path, timeout=30) as c:
+        long = asyncio.ensure_future(c.call("x", timeout=0.3))
+        await asyncio.sleep(0)
+        with pytest.raises(CallTimeout, match="0.05s"):
+            await asyncio.wait_for(c.call("y", timeout=0.05), 0.25)
+        assert not long.done()
+        with pytest.raises(CallTimeout, match="0.3s"):
+            await asyncio.wait_for(long, 5)
+        assert await c.call("z") == "third"
