@@ -48,7 +48,9 @@ class Deadlines:
         loop = fut.get_loop()
         due = loop.time() + seconds
         self._due[fut] = due
-        if due < self._at or loop is not self._loop:
+        if loop is not self._loop:
+            self._moved(loop)
+        elif due < self._at:
             self._arm(loop, due)
 
     def discard(self, fut: asyncio.Future[Any]) -> None:
@@ -60,6 +62,14 @@ class Deadlines:
         if self._timer is not None:
             self._timer.cancel()
         self._timer, self._at, self._loop = None, math.inf, None
+
+    def _moved(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer goes to `loop` (the first call, after a close, or a client used on
+        another loop): futures of another loop are dropped (calls left behind on a loop
+        that stopped, whose `finally` never ran: failing one would need its loop, and one
+        that raises in `_fire` would stop the timer for the rest)."""
+        self._due = {f: due for f, due in self._due.items() if f.get_loop() is loop}
+        self._arm(loop, min(self._due.values()))
 
     def _arm(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
         self.stop()

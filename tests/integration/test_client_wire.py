@@ -209,3 +209,71 @@ async def test_calls_with_different_timeouts_each_time_out_at_their_own(tmp_path
         with pytest.raises(CallTimeout, match="0.3s"):
             await asyncio.wait_for(long, 5)
         assert await c.call("z") == "third"
+
+
+def _errors_of(loop: asyncio.AbstractEventLoop) -> list[dict[str, Any]]:
+    """What `loop` reports to its exception handler from now on (a timer's callback that
+    raised, a future's exception never retrieved)."""
+    seen: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    return seen
+
+
+async def test_calls_cancelled_by_their_callers_leave_no_deadline_behind(tmp_path):
+    # each cancelled call's deadline goes with it: the shared timer fails no other call's
+    # future, later calls still time out at their own deadline or get their reply, and
+    # nothing is left for the loop to report
+    async def script(reader, writer, k):
+        while True:
+            try:
+                req = await _request(reader)
+            except asyncio.IncompleteReadError:  # the client closed
+                return
+            if req["params"].get("answer"):
+                writer.write(_reply(req, req["params"]["n"]))
+
+    seen = _errors_of(asyncio.get_running_loop())
+    server, path = await _serve(tmp_path, script)
+    async with server, Client(path, timeout=30) as c:
+        cancelled = [asyncio.ensure_future(c.call("x", {"n": n}, timeout=0.05 * (n % 3 + 1)))
+                     for n in range(9)]
+        await asyncio.sleep(0.01)
+        for task in cancelled:
+            task.cancel()
+        with pytest.raises(asyncio.TimeoutError):  # the caller's own, shorter timeout
+            await asyncio.wait_for(c.call("x", {"n": 9}, timeout=30), 0.05)
+        assert c._deadlines._due == {}
+        slow = asyncio.ensure_future(c.call("x", {"n": 10}, timeout=0.1))
+        assert await c.call("x", {"n": 11, "answer": True}, timeout=0.3) == 11
+        with pytest.raises(CallTimeout, match="0.1s"):
+            await asyncio.wait_for(slow, 5)
+        assert all(t.cancelled() for t in cancelled)
+    assert seen == []
+
+
+async def test_calls_in_flight_at_close_fail_and_the_client_times_calls_out_after(tmp_path):
+    async def script(reader, writer, k):
+        while True:
+            try:
+                req = await _request(reader)
+            except asyncio.IncompleteReadError:  # the client closed
+                return
+            if req["params"].get("answer"):
+                writer.write(_reply(req, k))
+
+    seen = _errors_of(asyncio.get_running_loop())
+    server, path = await _serve(tmp_path, script)
+    async with server:
+        c = Client(path, timeout=30)
+        calls = [asyncio.ensure_future(c.call("x", {}, timeout=t)) for t in (0.05, 5, 0.1)]
+        await asyncio.sleep(0.01)
+        await c.close()
+        for f in calls:
+            with pytest.raises(Disconnected, match="closed by this client"):
+                await f
+        assert c._deadlines._timer is None  # no timer left on the loop
+        with pytest.raises(CallTimeout):  # a new connection: its calls still time out
+            await asyncio.wait_for(c.call("x", {}, timeout=0.05), 5)
+        assert await c.call("x", {"answer": True}) == 1
+        await c.close()
+    assert seen == []
