@@ -211,6 +211,20 @@ async def test_calls_with_different_timeouts_each_time_out_at_their_own(tmp_path
         assert await c.call("z") == "third"
 
 
+def _answering(result_of: Callable[[dict[str, Any], int], Any]) -> Any:
+    """A server script that reads requests until the client closes and replies only to
+    those whose params say `answer`, with `result_of(request, connection number)`."""
+    async def script(reader, writer, k):
+        while True:
+            try:
+                req = await _request(reader)
+            except asyncio.IncompleteReadError:  # the client closed
+                return
+            if req["params"].get("answer"):
+                writer.write(_reply(req, result_of(req, k)))
+    return script
+
+
 def _errors_of(loop: asyncio.AbstractEventLoop) -> list[dict[str, Any]]:
     """What `loop` reports to its exception handler from now on (a timer's callback that
     raised, a future's exception never retrieved)."""
@@ -223,17 +237,8 @@ async def test_calls_cancelled_by_their_callers_leave_no_deadline_behind(tmp_pat
     # each cancelled call's deadline goes with it: the shared timer fails no other call's
     # future, later calls still time out at their own deadline or get their reply, and
     # nothing is left for the loop to report
-    async def script(reader, writer, k):
-        while True:
-            try:
-                req = await _request(reader)
-            except asyncio.IncompleteReadError:  # the client closed
-                return
-            if req["params"].get("answer"):
-                writer.write(_reply(req, req["params"]["n"]))
-
     seen = _errors_of(asyncio.get_running_loop())
-    server, path = await _serve(tmp_path, script)
+    server, path = await _serve(tmp_path, _answering(lambda req, k: req["params"]["n"]))
     async with server, Client(path, timeout=30) as c:
         cancelled = [asyncio.ensure_future(c.call("x", {"n": n}, timeout=0.05 * (n % 3 + 1)))
                      for n in range(9)]
@@ -252,17 +257,8 @@ async def test_calls_cancelled_by_their_callers_leave_no_deadline_behind(tmp_pat
 
 
 async def test_calls_in_flight_at_close_fail_and_the_client_times_calls_out_after(tmp_path):
-    async def script(reader, writer, k):
-        while True:
-            try:
-                req = await _request(reader)
-            except asyncio.IncompleteReadError:  # the client closed
-                return
-            if req["params"].get("answer"):
-                writer.write(_reply(req, k))
-
     seen = _errors_of(asyncio.get_running_loop())
-    server, path = await _serve(tmp_path, script)
+    server, path = await _serve(tmp_path, _answering(lambda req, k: k))
     async with server:
         c = Client(path, timeout=30)
         calls = [asyncio.ensure_future(c.call("x", {}, timeout=t)) for t in (0.05, 5, 0.1)]
