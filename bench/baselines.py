@@ -110,7 +110,8 @@ def complete_in(conn: sqlite3.Connection, worker_id: str, job_id: str, token: in
     conn.execute(SQL_EVENT, (job_id, now, worker_id, "running", "succeeded", None))
 
 
-def _claim(conn: sqlite3.Connection, worker_id: str) -> tuple[str, int] | None:
+def claim(conn: sqlite3.Connection, worker_id: str) -> tuple[str, int] | None:
+    """One bare claim in its own BEGIN IMMEDIATE transaction: (job_id, token) or None."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         got = claim_in(conn, worker_id, time.time())
@@ -121,7 +122,8 @@ def _claim(conn: sqlite3.Connection, worker_id: str) -> tuple[str, int] | None:
         raise
 
 
-def _complete(conn: sqlite3.Connection, worker_id: str, job_id: str, token: int) -> None:
+def complete(conn: sqlite3.Connection, worker_id: str, job_id: str, token: int) -> None:
+    """One bare complete (fence check first) in its own BEGIN IMMEDIATE transaction."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         complete_in(conn, worker_id, job_id, token, time.time())
@@ -154,11 +156,11 @@ def bare_sqlite(workdir: Path, n: int) -> dict:
     t3 = time.perf_counter()
     while True:
         a = time.perf_counter()
-        got = _claim(conn, "bare-0")
+        got = claim(conn, "bare-0")
         lat.append(time.perf_counter() - a)
         if got is None:
             break
-        _complete(conn, "bare-0", *got)
+        complete(conn, "bare-0", *got)
         done += 1
     t4 = time.perf_counter()
     cpu = _cpu() - cpu0

@@ -57,8 +57,8 @@ def _sql_drain(workdir: Path, n: int, per_txn: int) -> float:
     t0 = time.perf_counter()
     done = 0
     if per_txn == 0:
-        while (got := baselines._claim(conn, "floor-0")) is not None:
-            baselines._complete(conn, "floor-0", *got)
+        while (got := baselines.claim(conn, "floor-0")) is not None:
+            baselines.complete(conn, "floor-0", *got)
             done += 1
     else:
         conn.execute("BEGIN IMMEDIATE")
