@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import random
-from functools import partial
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgspec
