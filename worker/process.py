@@ -16,6 +16,7 @@ import signal
 import psutil
 
 from worker import launch
+from worker.child import Child, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ def _kill_tree(pgid: int, leader: psutil.Process | None, tree: dict[int, psutil.
 class ModelProcess:
     """A running model process, leader of its own session and process group."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, stderr_path: str) -> None:
+    def __init__(self, proc: Child, stderr_path: str) -> None:
         """Wrap an already spawned process; use ``ModelProcess.start`` instead."""
         self._proc = proc
         self._stderr_path = stderr_path
@@ -151,10 +152,7 @@ class ModelProcess:
         fast = launch.fast_argv(argv, env)  # the model dies with us: worker.launch
         if fast is not None:
             with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-                proc = await asyncio.create_subprocess_exec(
-                    *fast, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
-                    cwd=cwd, env=env, start_new_session=True,
-                )
+                proc = spawn(fast, env=env, cwd=cwd, stdout=out.fileno(), stderr=err.fileno())
         else:
             proc = await _start_shimmed(argv, env, cwd, stdout_path, stderr_path)
         logger.info("model process started", extra={"action": "model_start", "pid": proc.pid, "argv0": argv[0]})
@@ -243,7 +241,7 @@ class ModelProcess:
                 with contextlib.suppress(psutil.Error):
                     leader = psutil.Process(pgid)  # not reaped yet, so the pid is still ours
             tree = _snapshot([leader]) if leader is not None else {}
-            tree.pop(pgid, None)  # the leader is reaped through asyncio, not psutil
+            tree.pop(pgid, None)  # the leader is reaped through its pidfd (worker.child), not psutil
             if self._proc.returncode is None:
                 self._killed_by_us = True
             logger.info(
@@ -298,21 +296,13 @@ class ModelProcess:
 
 
 async def _start_shimmed(argv: list[str], env: dict[str, str], cwd: str, stdout_path: str,
-                         stderr_path: str) -> asyncio.subprocess.Process:
+                         stderr_path: str) -> Child:
     """Spawn ``argv`` through worker.launch's Python shim; raise the exec's OSError."""
     status_r, status_w = os.pipe()
     try:
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *launch.shim_argv(argv, status_w),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-                pass_fds=(status_w,),
-            )
+            proc = spawn(launch.shim_argv(argv, status_w), env=env, cwd=cwd,
+                         stdout=out.fileno(), stderr=err.fileno(), pass_fds=(status_w,))
     except BaseException:
         os.close(status_r)
         raise

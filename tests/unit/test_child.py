@@ -1,0 +1,121 @@
+"""worker.child: spawned children are reaped on the loop (pidfd, or a thread without one),
+on asyncio's loop and uvloop, with the exit code asyncio's Process would give."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import sys
+
+import pytest
+import uvloop
+
+from worker import child
+
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(params=["pidfd", "thread"])
+def waiting(request, monkeypatch):
+    """Each test runs with pidfds and with the thread that stands in where they are refused."""
+    if request.param == "thread":
+        def refused(pid: int, flags: int = 0) -> int:
+            raise OSError(errno.EPERM, "pidfd_open refused by seccomp")
+        monkeypatch.setattr(os, "pidfd_open", refused)
+    return request.param
+
+
+def _run(loop_name: str, coro_fn):
+    with asyncio.Runner(loop_factory=LOOPS[loop_name]) as runner:
+        return runner.run(coro_fn())
+
+
+def _spawn(tmp_path, code: str) -> child.Child:
+    out = os.open(tmp_path / "out.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        return child.spawn([sys.executable, "-S", "-c", code], env=dict(os.environ),
+                           cwd=str(tmp_path), stdout=out, stderr=out)
+    finally:
+        os.close(out)
+
+
+@pytest.mark.parametrize("loop_name", sorted(LOOPS))
+def test_exit_codes_of_concurrent_children_each_reach_their_own_waiter(tmp_path, waiting, loop_name):
+    async def main():
+        kids = [_spawn(tmp_path, f"import sys, time; time.sleep({0.05 * (i % 3)}); sys.exit({i})")
+                for i in range(12)]
+        codes = await asyncio.gather(*(k.wait() for k in kids))
+        assert codes == list(range(12))
+        assert [k.returncode for k in kids] == list(range(12))
+        # reaped: the pids are no longer our children
+        for k in kids:
+            with pytest.raises(ChildProcessError):
+                os.waitpid(k.pid, os.WNOHANG)
+    _run(loop_name, main)
+
+
+@pytest.mark.parametrize("loop_name", sorted(LOOPS))
+def test_returncode_is_set_without_a_waiter_and_a_cancelled_wait_leaves_it_watched(
+        tmp_path, waiting, loop_name):
+    async def main():
+        quick = _spawn(tmp_path, "raise SystemExit(3)")
+        slow = _spawn(tmp_path, "import time; time.sleep(0.3)")
+        assert quick.returncode is None
+        for _ in range(500):  # nobody waits on `quick`: the loop reaps it all the same
+            if quick.returncode is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert quick.returncode == 3
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(slow.wait(), 0.01)
+        assert await slow.wait() == 0
+    _run(loop_name, main)
+
+
+@pytest.mark.parametrize("loop_name", sorted(LOOPS))
+def test_a_signal_death_reads_as_minus_the_signal(tmp_path, waiting, loop_name):
+    async def main():
+        kid = _spawn(tmp_path, "import time; time.sleep(30)")
+        assert os.getpgid(kid.pid) == kid.pid  # its own session and group
+        os.kill(kid.pid, signal.SIGKILL)
+        assert await kid.wait() == -signal.SIGKILL
+    _run(loop_name, main)
+
+
+def test_a_program_that_cannot_run_raises_the_exec_error(tmp_path):
+    async def main():
+        with pytest.raises(FileNotFoundError):
+            child.spawn([str(tmp_path / "missing")], env=dict(os.environ), cwd=str(tmp_path),
+                        stdout=1, stderr=2)
+        (tmp_path / "plain").write_text("not a program")
+        with pytest.raises(PermissionError):
+            child.spawn([str(tmp_path / "plain")], env=dict(os.environ), cwd=str(tmp_path),
+                        stdout=1, stderr=2)
+    asyncio.run(main())
+
+
+def test_only_pass_fds_reach_the_child(tmp_path):
+    async def main():
+        kept_r, kept_w = os.pipe()
+        other_r, other_w = os.pipe()
+        try:
+            kid = _spawn_with(tmp_path, kept_w, other_w)
+            assert await kid.wait() == 0
+        finally:
+            for fd in (kept_r, kept_w, other_r, other_w):
+                os.close(fd)
+        assert (tmp_path / "fds").read_text() == "kept open, other closed"
+
+    def _spawn_with(tmp_path, kept: int, other: int) -> child.Child:
+        code = ("import os\n"
+                "def ok(fd):\n"
+                "    try: os.fstat(fd); return True\n"
+                "    except OSError: return False\n"
+                f"k, o = ok({kept}), ok({other})\n"
+                "open('fds', 'w').write(('kept open' if k else 'kept closed') + ', '"
+                " + ('other open' if o else 'other closed'))\n")
+        return child.spawn([sys.executable, "-S", "-c", code], env=dict(os.environ),
+                           cwd=str(tmp_path), stdout=1, stderr=2, pass_fds=(kept,))
+    asyncio.run(main())
