@@ -110,6 +110,14 @@ class StoreError(CoordError):
     code = "internal"
 
 
+def schema_too_new(version: int, known: int) -> StoreError:
+    """The refusal of a database a newer coordd has migrated (schema `version` > `known`):
+    this coordd would not know its tables, so it neither migrates nor serves it."""
+    return StoreError(
+        f"database schema v{version} is newer than this coordd (v{known}): a newer coordd "
+        "migrated it and coordd does not migrate down; run that version or a newer one")
+
+
 ERROR_CODES: dict[str, type[CoordError]] = {
     cls.code: cls
     for cls in (

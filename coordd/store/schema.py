@@ -255,8 +255,7 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
     """
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > target:
-        raise errors.StoreError(
-            f"database schema v{version} is newer than this coordd (v{target})")
+        raise errors.schema_too_new(version, target)
     if version == 0:
         tables = conn.execute(SQL_COUNT_TABLES).fetchone()[0]
         if tables:

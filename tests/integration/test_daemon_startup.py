@@ -1,13 +1,16 @@
 """coordd's start-up refusals: a socket path too long or in a missing folder, a database in a
-missing folder, a file that is not a database or is truncated. Each is one line on stderr,
-exit 1, and the file is left as it was (SQLite only: PostgreSQL's are in test_pg_daemon.py).
+missing folder, a file that is not a database, is truncated or was migrated by a newer
+coordd. Each is one line on stderr, exit 1, and the file is left as it was (SQLite only:
+PostgreSQL's are in test_pg_daemon.py).
 """
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 from pathlib import Path
 
+from coordd import store
 from tests.integration.test_daemon_lifecycle import enqueue_some, run_coordd
 
 
@@ -64,3 +67,20 @@ async def test_startup_db_truncated(daemon_factory, tmp_path):
     _assert_one_line_refusal(res, str(db))
     assert "malformed" in res.stderr or "not a database" in res.stderr
     assert db.read_bytes() == data[: len(data) // 2]
+
+
+async def test_startup_db_migrated_by_a_newer_coordd_is_refused_and_left_unchanged(
+        daemon_factory, tmp_path):
+    d = daemon_factory()
+    d.start()
+    await enqueue_some(d.socket, 20)
+    assert d.stop() == 0
+    conn = sqlite3.connect(d.db)
+    conn.execute(f"PRAGMA user_version = {store.SCHEMA_VERSION + 1}")  # as a newer one leaves it
+    conn.commit()
+    conn.close()
+    data = Path(d.db).read_bytes()
+    res = await run_coordd("--db", d.db, "--socket", str(tmp_path / "c.sock"))
+    _assert_one_line_refusal(res, f"v{store.SCHEMA_VERSION + 1} is newer than this coordd",
+                             "does not migrate down")
+    assert Path(d.db).read_bytes() == data

@@ -253,6 +253,32 @@ async def test_a_standby_stopped_while_waiting_says_so_and_exits_0(rig):
     assert not os.path.exists(b.socket)
 
 
+async def test_a_standby_older_than_the_schema_refuses_to_take_over(rig):
+    """Mixed versions at a fail-over: while a standby waits, a newer coordd migrates the
+    database (here: its version row, as that migration would leave it) and the active dies.
+    The standby takes the lock, then refuses the schema in one line and exits 1: it never
+    listens, and it leaves the database as it found it."""
+    import asyncpg
+    from coordd.store.postgres import schema
+    a = rig.coordd("a")
+    await a.wait_serving()
+    b = rig.coordd("b")
+    await b.wait_log("standby: waiting for the active coordd")
+    newer = schema.SCHEMA_VERSION + 1
+    conn = await asyncpg.connect(rig.dsn)
+    try:
+        await conn.execute("INSERT INTO coordd_schema_version (version) VALUES ($1)", newer)
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait(5)
+        assert await asyncio.to_thread(b.proc.wait, 30) == 1, b.log()
+        assert f"database schema v{newer} is newer than this coordd" in b.log(), b.log()
+        assert "does not migrate down" in b.log() and "Traceback" not in b.log(), b.log()
+        assert not os.path.exists(b.socket)
+        assert await conn.fetchval("SELECT max(version) FROM coordd_schema_version") == newer
+    finally:
+        await conn.close()
+
+
 async def test_an_active_coordd_whose_lock_session_ends_exits_at_once(rig):
     """Never two serving: the server ends the active's lock session (as its keepalives or
     idle_session_timeout would for a partitioned host); it exits 3 and the standby leads."""

@@ -297,8 +297,7 @@ async def migrate(conn: Any, target: int = SCHEMA_VERSION) -> int:
                     f"not a coordd database: it has table(s) {', '.join(taken)} but no "
                     "coordd schema version; give coordd a database (or schema) of its own")
         if version > target:
-            raise errors.StoreError(
-                f"database schema v{version} is newer than this coordd (v{target})")
+            raise errors.schema_too_new(version, target)
         for v in range(version, target):
             await conn.execute(MIGRATIONS[v])
             await conn.execute(SQL_SET_VERSION, v + 1)
