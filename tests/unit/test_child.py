@@ -8,6 +8,7 @@ import errno
 import os
 import signal
 import sys
+import threading
 
 import pytest
 import uvloop
@@ -71,6 +72,31 @@ def test_returncode_is_set_without_a_waiter_and_a_cancelled_wait_leaves_it_watch
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(slow.wait(), 0.01)
         assert await slow.wait() == 0
+    _run(loop_name, main)
+
+
+@pytest.mark.parametrize("loop_name", sorted(LOOPS))
+def test_without_a_pidfd_the_thread_only_learns_of_the_exit_and_the_loop_reaps(
+        tmp_path, monkeypatch, loop_name):
+    """The waiting thread must not reap: `returncode` would change off the loop's thread and
+    the pid could be recycled between ModelProcess's `returncode is None` and its look at
+    the pid (terminate_tree). Until the loop runs, the exited child stays our zombie."""
+    def refused(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "no pidfd_open")
+    monkeypatch.setattr(os, "pidfd_open", refused)
+
+    async def main():
+        kid = _spawn(tmp_path, "raise SystemExit(3)")
+        waiter = next(t for t in threading.enumerate() if t.name == f"child-{kid.pid}")
+        waiter.join(30)  # the loop does not run meanwhile
+        assert not waiter.is_alive()
+        assert kid.returncode is None
+        status = os.waitid(os.P_PID, kid.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        assert (status.si_pid, status.si_status) == (kid.pid, 3)  # exited, not reaped
+        assert await kid.wait() == 3
+        assert kid.returncode == 3
+        with pytest.raises(ChildProcessError):
+            os.waitpid(kid.pid, os.WNOHANG)
     _run(loop_name, main)
 
 
