@@ -6,8 +6,9 @@ and the loop's thread waits for that exec: about 2.8 ms a spawn on the bench mac
 ``subprocess.Popen`` (vfork, then exec) returns in 0.3 ms (docs/decisions.md, "vfork").
 The exit is watched through ``os.pidfd_open`` (Linux 5.3) on the loop: no thread, no SIGCHLD
 handler, and the pid cannot be mistaken for a recycled one. Where the kernel or a seccomp
-profile refuses a pidfd, one thread per child waits for it instead (as asyncio's
-ThreadedChildWatcher does).
+profile refuses a pidfd, one thread per child waits for the exit instead (waitid with
+WNOWAIT: it does not reap) and hands the reap to the loop, so either way `returncode` only
+changes on the loop's thread and an exited child's pid stays ours until then.
 """
 
 from __future__ import annotations
@@ -60,24 +61,29 @@ class Child:
         return await asyncio.shield(self._exited)
 
     def _reap(self) -> None:
-        """The pidfd is readable: the child has exited; reap it (waitpid) and wake waiters."""
+        """The child has exited (its pidfd is readable, or the waiting thread says so): reap
+        it (waitpid) on the loop's thread and wake the waiters."""
         if self._popen.poll() is None:
             return
-        self._loop.remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        self._pidfd = -1
-        self._settle()
-
-    def _wait_in_thread(self) -> None:
-        self._popen.wait()
-        try:
-            self._loop.call_soon_threadsafe(self._settle)
-        except RuntimeError:  # the loop was closed meanwhile: nobody is waiting
-            pass
-
-    def _settle(self) -> None:
+        if self._pidfd >= 0:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = -1
         if not self._exited.done():
             self._exited.set_result(self._popen.returncode)
+
+    def _wait_in_thread(self) -> None:
+        """Block until the child has exited, without reaping it (WNOWAIT), then hand the reap
+        to the loop: `returncode` changes on the loop's thread only, as with a pidfd, and the
+        pid stays ours (a zombie, not recycled) until the loop reaps it."""
+        try:
+            os.waitid(os.P_PID, self._popen.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # reaped by someone else: _reap reports it
+            pass
+        try:
+            self._loop.call_soon_threadsafe(self._reap)
+        except RuntimeError:  # the loop was closed meanwhile: nobody waits; leave no zombie
+            self._popen.poll()
 
 
 def spawn(argv: list[str], *, env: dict[str, str], cwd: str, stdout: int, stderr: int,
