@@ -110,6 +110,22 @@ def test_a_signal_death_reads_as_minus_the_signal(tmp_path, waiting, loop_name):
     _run(loop_name, main)
 
 
+@pytest.mark.parametrize("loop_name", sorted(LOOPS))
+def test_an_exit_reaped_by_someone_else_never_reads_as_success(tmp_path, waiting, loop_name):
+    """With SIGCHLD ignored the kernel reaps the child and waitpid says ECHILD: Popen.poll
+    would call that exit 0, and the supervisor a success. The status is lost: 255, as
+    asyncio's child watchers report it."""
+    async def main():
+        kid = _spawn(tmp_path, "raise SystemExit(3)")
+        assert await kid.wait() == 255
+        assert kid.returncode == 255
+    ignored = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        _run(loop_name, main)
+    finally:
+        signal.signal(signal.SIGCHLD, ignored)
+
+
 def test_a_program_that_cannot_run_raises_the_exec_error(tmp_path):
     async def main():
         with pytest.raises(FileNotFoundError):
