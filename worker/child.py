@@ -21,6 +21,10 @@ import threading
 
 logger = logging.getLogger(__name__)
 
+LOST_EXIT_CODE = 255
+"""The exit code of a child someone else reaped (SIGCHLD ignored, a ``waitpid(-1)``): its
+status is lost. asyncio's child watchers report the same; Popen.poll would say 0."""
+
 
 class Child:
     """A spawned child process: `pid`, `returncode` (None until reaped) and `wait()`.
@@ -52,7 +56,8 @@ class Child:
 
     @property
     def returncode(self) -> int | None:
-        """The exit code once reaped (``-N`` for signal N), else None."""
+        """The exit code once reaped (``-N`` for signal N; `LOST_EXIT_CODE` if someone else
+        reaped it), else None."""
         return self._popen.returncode
 
     async def wait(self) -> int:
@@ -63,8 +68,18 @@ class Child:
     def _reap(self) -> None:
         """The child has exited (its pidfd is readable, or the waiting thread says so): reap
         it (waitpid) on the loop's thread and wake the waiters."""
-        if self._popen.poll() is None:
-            return
+        if self._popen.returncode is None:
+            try:
+                pid, status = os.waitpid(self._popen.pid, os.WNOHANG)
+            except ChildProcessError:
+                logger.warning("child %d was reaped by someone else: exit status lost, reported "
+                               "as %d", self._popen.pid, LOST_EXIT_CODE,
+                               extra={"action": "child_status_lost", "pid": self._popen.pid})
+                self._popen.returncode = LOST_EXIT_CODE
+            else:
+                if pid == 0:
+                    return
+                self._popen.returncode = os.waitstatus_to_exitcode(status)
         if self._pidfd >= 0:
             self._loop.remove_reader(self._pidfd)
             os.close(self._pidfd)
