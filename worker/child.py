@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import threading
 
@@ -123,3 +124,12 @@ def spawn(argv: list[str], *, env: dict[str, str], cwd: str, stdout: int, stderr
     popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                              cwd=cwd, env=env, start_new_session=True, pass_fds=pass_fds)
     return Child(popen, loop)
+
+
+def restore_sigchld() -> None:
+    """Undo an inherited ``SIGCHLD`` SIG_IGN (exec keeps it: a parent's ``trap '' CHLD``,
+    some process supervisors): with it the kernel reaps our children itself and their exit
+    codes are lost (`LOST_EXIT_CODE`). uvloop's spawn used to install a SIGCHLD handler,
+    Popen does not. Call it on the main thread before the first spawn (worker.__main__)."""
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
