@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import os
 import signal
 import sys
@@ -124,6 +125,38 @@ def test_an_exit_reaped_by_someone_else_never_reads_as_success(tmp_path, waiting
         _run(loop_name, main)
     finally:
         signal.signal(signal.SIGCHLD, ignored)
+
+
+def _pidfds() -> set[str]:
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]":
+                found.add(fd)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("loop_name", sorted(LOOPS))
+def test_a_child_still_running_when_its_loop_closes_leaves_no_pidfd_open(tmp_path, loop_name):
+    """The closed loop drops the Child: Popen warns that the child still runs (and keeps it
+    in subprocess._active to reap later); the pidfd must not stay open for the process's
+    life."""
+    before = _pidfds()
+    pids = []
+
+    async def main():
+        pids.append(_spawn(tmp_path, "import time; time.sleep(60)").pid)
+    try:
+        with pytest.warns(ResourceWarning, match="still running"):
+            _run(loop_name, main)
+            gc.collect()
+        assert _pidfds() == before
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def test_a_program_that_cannot_run_raises_the_exec_error(tmp_path):
