@@ -50,6 +50,13 @@ class Child:
         else:
             loop.add_reader(self._pidfd, self._reap)
 
+    def __del__(self, _close=os.close) -> None:
+        """Collected unreaped (its loop was closed first): close the pidfd. Popen warns that
+        the child still runs and keeps it in ``subprocess._active`` to reap later."""
+        if getattr(self, "_pidfd", -1) >= 0:
+            _close(self._pidfd)
+            self._pidfd = -1
+
     @property
     def pid(self) -> int:
         """The child's pid."""
