@@ -8,6 +8,7 @@ import errno
 import gc
 import os
 import signal
+import subprocess
 import sys
 import threading
 
@@ -157,6 +158,36 @@ def test_a_child_still_running_when_its_loop_closes_leaves_no_pidfd_open(tmp_pat
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+def test_a_child_that_cannot_be_watched_is_killed_before_spawn_raises(tmp_path, monkeypatch):
+    """No pidfd and no thread to spare (a pids cgroup at its limit): spawn raises, and the
+    child it started must not run on unwatched, its exit never reaped."""
+    def refused(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.EPERM, "pidfd_open refused by seccomp")
+    monkeypatch.setattr(os, "pidfd_open", refused)
+
+    def no_thread(self) -> None:
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    started = []
+    real_popen = subprocess.Popen
+
+    def recording_popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+    monkeypatch.setattr(subprocess, "Popen", recording_popen)
+
+    async def main():
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            _spawn(tmp_path, "import time; time.sleep(60)")
+    try:
+        asyncio.run(main())
+        assert len(started) == 1 and started[0].returncode == -signal.SIGKILL
+    finally:
+        for popen in started:
+            popen.kill()
+            popen.wait()
 
 
 def test_a_program_that_cannot_run_raises_the_exec_error(tmp_path):
