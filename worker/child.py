@@ -125,12 +125,18 @@ def spawn(argv: list[str], *, env: dict[str, str], cwd: str, stdout: int, stderr
 
     Raises:
         OSError: The program cannot be executed (as the exec reported it).
-        RuntimeError: No running event loop.
+        RuntimeError: No running event loop; or no thread could be started to watch the
+            child where a pidfd is refused (the child is killed and reaped first).
     """
     loop = asyncio.get_running_loop()
     popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                              cwd=cwd, env=env, start_new_session=True, pass_fds=pass_fds)
-    return Child(popen, loop)
+    try:
+        return Child(popen, loop)
+    except BaseException:  # not watched (no thread to spare): it must not run on unreaped
+        os.killpg(popen.pid, signal.SIGKILL)  # its own group: with what it started already
+        popen.wait()
+        raise
 
 
 def restore_sigchld() -> None:
