@@ -6,8 +6,9 @@ and the loop's thread waits for that exec: about 2.8 ms a spawn on the bench mac
 ``subprocess.Popen`` (vfork, then exec) returns in 0.3 ms (docs/decisions.md, "vfork").
 The exit is watched through ``os.pidfd_open`` (Linux 5.3) on the loop: no thread, no SIGCHLD
 handler, and the pid cannot be mistaken for a recycled one. Where the kernel or a seccomp
-profile refuses a pidfd, one thread per child waits for it instead (as asyncio's
-ThreadedChildWatcher does).
+profile refuses a pidfd, one thread per child waits for the exit instead (waitid with
+WNOWAIT: it does not reap) and hands the reap to the loop, so either way `returncode` only
+changes on the loop's thread and an exited child's pid stays ours until then.
 """
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import threading
 
 logger = logging.getLogger(__name__)
+
+LOST_EXIT_CODE = 255
+"""The exit code of a child someone else reaped (SIGCHLD ignored, a ``waitpid(-1)``): its
+status is lost. asyncio's child watchers report the same; Popen.poll would say 0."""
 
 
 class Child:
@@ -44,6 +50,13 @@ class Child:
         else:
             loop.add_reader(self._pidfd, self._reap)
 
+    def __del__(self, _close=os.close) -> None:
+        """Collected unreaped (its loop was closed first): close the pidfd. Popen warns that
+        the child still runs and keeps it in ``subprocess._active`` to reap later."""
+        if getattr(self, "_pidfd", -1) >= 0:
+            _close(self._pidfd)
+            self._pidfd = -1
+
     @property
     def pid(self) -> int:
         """The child's pid."""
@@ -51,7 +64,8 @@ class Child:
 
     @property
     def returncode(self) -> int | None:
-        """The exit code once reaped (``-N`` for signal N), else None."""
+        """The exit code once reaped (``-N`` for signal N; `LOST_EXIT_CODE` if someone else
+        reaped it), else None."""
         return self._popen.returncode
 
     async def wait(self) -> int:
@@ -60,24 +74,39 @@ class Child:
         return await asyncio.shield(self._exited)
 
     def _reap(self) -> None:
-        """The pidfd is readable: the child has exited; reap it (waitpid) and wake waiters."""
-        if self._popen.poll() is None:
-            return
-        self._loop.remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        self._pidfd = -1
-        self._settle()
-
-    def _wait_in_thread(self) -> None:
-        self._popen.wait()
-        try:
-            self._loop.call_soon_threadsafe(self._settle)
-        except RuntimeError:  # the loop was closed meanwhile: nobody is waiting
-            pass
-
-    def _settle(self) -> None:
+        """The child has exited (its pidfd is readable, or the waiting thread says so): reap
+        it (waitpid) on the loop's thread and wake the waiters."""
+        if self._popen.returncode is None:
+            try:
+                pid, status = os.waitpid(self._popen.pid, os.WNOHANG)
+            except ChildProcessError:
+                logger.warning("child %d was reaped by someone else: exit status lost, reported "
+                               "as %d", self._popen.pid, LOST_EXIT_CODE,
+                               extra={"action": "child_status_lost", "pid": self._popen.pid})
+                self._popen.returncode = LOST_EXIT_CODE
+            else:
+                if pid == 0:
+                    return
+                self._popen.returncode = os.waitstatus_to_exitcode(status)
+        if self._pidfd >= 0:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = -1
         if not self._exited.done():
             self._exited.set_result(self._popen.returncode)
+
+    def _wait_in_thread(self) -> None:
+        """Block until the child has exited, without reaping it (WNOWAIT), then hand the reap
+        to the loop: `returncode` changes on the loop's thread only, as with a pidfd, and the
+        pid stays ours (a zombie, not recycled) until the loop reaps it."""
+        try:
+            os.waitid(os.P_PID, self._popen.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # reaped by someone else: _reap reports it
+            pass
+        try:
+            self._loop.call_soon_threadsafe(self._reap)
+        except RuntimeError:  # the loop was closed meanwhile: nobody waits; leave no zombie
+            self._popen.poll()
 
 
 def spawn(argv: list[str], *, env: dict[str, str], cwd: str, stdout: int, stderr: int,
@@ -96,9 +125,24 @@ def spawn(argv: list[str], *, env: dict[str, str], cwd: str, stdout: int, stderr
 
     Raises:
         OSError: The program cannot be executed (as the exec reported it).
-        RuntimeError: No running event loop.
+        RuntimeError: No running event loop; or no thread could be started to watch the
+            child where a pidfd is refused (the child is killed and reaped first).
     """
     loop = asyncio.get_running_loop()
     popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                              cwd=cwd, env=env, start_new_session=True, pass_fds=pass_fds)
-    return Child(popen, loop)
+    try:
+        return Child(popen, loop)
+    except BaseException:  # not watched (no thread to spare): it must not run on unreaped
+        os.killpg(popen.pid, signal.SIGKILL)  # its own group: with what it started already
+        popen.wait()
+        raise
+
+
+def restore_sigchld() -> None:
+    """Undo an inherited ``SIGCHLD`` SIG_IGN (exec keeps it: a parent's ``trap '' CHLD``,
+    some process supervisors): with it the kernel reaps our children itself and their exit
+    codes are lost (`LOST_EXIT_CODE`). uvloop's spawn used to install a SIGCHLD handler,
+    Popen does not. Call it on the main thread before the first spawn (worker.__main__)."""
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)

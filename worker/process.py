@@ -241,7 +241,7 @@ class ModelProcess:
                 with contextlib.suppress(psutil.Error):
                     leader = psutil.Process(pgid)  # not reaped yet, so the pid is still ours
             tree = _snapshot([leader]) if leader is not None else {}
-            tree.pop(pgid, None)  # the leader is reaped through its pidfd (worker.child), not psutil
+            tree.pop(pgid, None)  # the leader is reaped by worker.child, on the loop, not psutil
             if self._proc.returncode is None:
                 self._killed_by_us = True
             logger.info(

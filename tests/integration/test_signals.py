@@ -108,6 +108,20 @@ async def test_sighup_to_a_worker_holding_a_job_is_logged_and_changes_nothing(be
     assert f"job {job}: handed back (worker_shutdown)" in w.log()
 
 
+async def test_a_worker_started_with_sigchld_ignored_still_reads_its_models_exit_codes(bench):  # noqa: F811
+    """SIG_IGN is kept across exec, so a worker can be started with SIGCHLD ignored (a
+    parent's `trap '' CHLD`, some process supervisors). Then the kernel reaps the models
+    itself and their exit codes are lost; a failed model must still fail with its code."""
+    ignored = signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # for the worker to inherit
+    try:
+        w = bench.start_worker()
+    finally:
+        signal.signal(signal.SIGCHLD, ignored)
+    job = await bench.enqueue({"exit": 3, "stderr": "bad input\n"})
+    view = await bench.status_is(job, "failed", "succeeded")
+    assert view.status == "failed" and view.last_error.startswith("permanent: exit 3"), w.log()
+
+
 def psutil_alive(pid: int) -> bool:
     import psutil
     try:
