@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from coordd.process_start import ignore_sighup_until_handled, setup_logging
 from worker import config as config_mod
-from worker.child import restore_sigchld
+from worker.child import restore_default_signals
 
 if TYPE_CHECKING:
     from coordd.client import Client
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         from worker.enroll import main as enroll_main
         return enroll_main(argv[1:])
     ignore_sighup_until_handled()  # until _run's handler; the imports below take ~0.3 s
-    restore_sigchld()  # our models' exit codes are ours to reap
+    restore_default_signals()  # our models' exit codes are ours; their signals the defaults
     import uvloop
     from worker import orphans
     from worker.supervisor import Supervisor

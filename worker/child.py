@@ -139,10 +139,25 @@ def spawn(argv: list[str], *, env: dict[str, str], cwd: str, stdout: int, stderr
         raise
 
 
-def restore_sigchld() -> None:
-    """Undo an inherited ``SIGCHLD`` SIG_IGN (exec keeps it: a parent's ``trap '' CHLD``,
-    some process supervisors): with it the kernel reaps our children itself and their exit
-    codes are lost (`LOST_EXIT_CODE`). uvloop's spawn used to install a SIGCHLD handler,
-    Popen does not. Call it on the main thread before the first spawn (worker.__main__)."""
-    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+KEPT_IGNORED = frozenset({signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP})
+"""Ignored signals `restore_default_signals` leaves as they are: SIGPIPE and SIGXFSZ are
+Python's own (Popen gives the child their defaults), SIGHUP the worker's own until its
+loop handles it (coordd.process_start.ignore_sighup_until_handled)."""
+
+
+def restore_default_signals() -> None:
+    """Undo every SIG_IGN the worker inherited (exec keeps them: a parent's ``trap '' CHLD``,
+    a background job of a non-interactive shell with SIGINT and SIGQUIT ignored, some
+    process supervisors), but `KEPT_IGNORED`. An ignored SIGCHLD makes the kernel reap our
+    models itself, so their exit codes are lost (`LOST_EXIT_CODE`); any other would pass on
+    to every model, which Popen starts with the worker's dispositions (uvloop's spawn used
+    to reset them all and install a SIGCHLD handler). Call it on the main thread before the
+    first spawn (worker.__main__)."""
+    for sig in signal.valid_signals():
+        if sig in KEPT_IGNORED or sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):  # a real-time signal libc keeps for itself
+            continue

@@ -122,6 +122,23 @@ async def test_a_worker_started_with_sigchld_ignored_still_reads_its_models_exit
     assert view.status == "failed" and view.last_error.startswith("permanent: exit 3"), w.log()
 
 
+async def test_models_start_with_the_default_of_a_signal_the_worker_inherited_ignored(bench):  # noqa: F811
+    """A background job of a non-interactive shell starts with SIGINT and SIGQUIT ignored,
+    and exec keeps SIG_IGN: the worker must not pass that on to its models (uvloop's spawn
+    reset every signal for the child; Popen does not)."""
+    asked = [signal.SIGQUIT, signal.SIGUSR1, signal.SIGINT]
+    before = {s: signal.signal(s, signal.SIG_IGN) for s in asked}  # for the worker to inherit
+    try:
+        w = bench.start_worker()
+    finally:
+        for s, old in before.items():
+            signal.signal(s, old)
+    job = await bench.enqueue({"ignored": [int(s) for s in asked]})
+    view = await bench.status_is(job, "succeeded", "failed")
+    assert view.status == "succeeded", (view.last_error, w.log())
+    assert view.result["ignored"] == [], view.result
+
+
 def psutil_alive(pid: int) -> bool:
     import psutil
     try:

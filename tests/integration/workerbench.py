@@ -65,7 +65,9 @@ MODEL = textwrap.dedent("""
     code = p.get("exit", 0)
     if code == 0:
         with open(os.environ["COORD_RESULT"], "w") as fh:
-            json.dump({"echo": p.get("echo"), "worker": me, "pad": "x" * p.get("pad", 0)}, fh)
+            json.dump({"echo": p.get("echo"), "worker": me, "pad": "x" * p.get("pad", 0),
+                       "ignored": sorted(signal.Signals(n).name for n in p.get("ignored", [])
+                                         if signal.getsignal(n) == signal.SIG_IGN)}, fh)
     sys.exit(code)
 """)
 
