@@ -22,8 +22,10 @@ PORT_DEFAULT = 8787
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="coordd-web", description=__doc__.split("\n")[0])
     ap.add_argument("--socket", help="coordd's socket (default: $COORDD_SOCKET or the per-user one)")
-    ap.add_argument("--host", default="127.0.0.1", help="loopback address to bind (127.0.0.1, ::1)")
-    ap.add_argument("--port", type=int, default=PORT_DEFAULT, help="TCP port (0: any free one)")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="loopback address to bind: 127.0.0.1 (the default) or ::1")
+    ap.add_argument("--port", type=int, default=PORT_DEFAULT,
+                    help=f"TCP port (default {PORT_DEFAULT}; 0: any free one)")
     ap.add_argument("--actions", action="store_true",
                     help="enable cancel/retry/reap (off by default; needs the printed token)")
     ap.add_argument("--allow-host", action="append", default=[], metavar="NAME",
