@@ -198,7 +198,7 @@ def coordctl_program(path: str | None = None) -> str:
     mine = Path(sys.executable).parent / "coordctl"
     if not mine.exists():
         return "coordctl"
-    found = shutil.which("coordctl", path=path if path is not None else os.environ.get("PATH"))
+    found = shutil.which("coordctl", path=path)  # None: $PATH
     return "coordctl" if found and Path(found) == mine else str(mine)
 
 
