@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 if [ ! -x .venv/bin/coordd ]; then
   echo "first run: creating .venv and installing coordd and its dependencies into it" \
-       "(pip, about 35 s; later runs start at once)"
+       "(pip, 10-40 s; later runs start at once)"
   python3 -m venv .venv
   .venv/bin/pip install -q -e .
   echo "installed; starting the demo"

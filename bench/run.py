@@ -301,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     report["elapsed_s"] = time.monotonic() - t0
     report["machine"]["loadavg_end"] = os.getloadavg()
     if report["targets"]:
-        print("\n== targets (issue 6)")
+        print("\n== targets (issue 6; bench/README.md, Targets: set for the default sizes, "
+              "which small --jobs runs may miss)")
         for k, t in report["targets"].items():
             print(f"{k:<22} {t['value']:>10.2f}  target {t['target']:<8g} "
                   f"{'MET' if t['met'] else 'NOT MET'}")

@@ -1,7 +1,8 @@
 """`coordctl top`: a live view of coordd — queues, workers with readings and gate verdicts,
 the oldest waiting jobs with why each waits, running jobs with the lease time left, recent
 failures. Refreshes in place; `q` (on a terminal) or Ctrl-C quits. `--once` prints one
-frame, without the refresh footer, and exits (for scripts and tests).
+frame, without the refresh footer, and exits (for scripts and tests). Into a pipe or a
+file it writes each frame after the last, one per interval.
 The view fits the terminal: narrow, it drops columns by rank; short, it shows fewer rows
 (`layout`); a line never wraps; below MIN_WIDTH x MIN_HEIGHT it is one line saying so.
 """
@@ -13,6 +14,7 @@ import os
 import select
 import sys
 import termios
+import time
 import tty
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -248,8 +250,6 @@ def _keys() -> Iterator[Any]:
     """
     fd = sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None
     if fd is None:
-        import time
-
         def sleep(seconds: float) -> str | None:
             time.sleep(seconds)
             return None
@@ -274,6 +274,8 @@ def run(client: Any, console: Console, interval: float, once: bool) -> dict[str,
         console.print(view)
         return data
     view, data = frame(client, interval, view_size(console))
+    if not console.is_terminal:  # Live would show a pipe nothing before it stops
+        return _frames(client, console, interval, view, data)
     try:
         with _keys() as wait, Live(view, console=console, auto_refresh=False,
                                    screen=console.is_terminal) as live:
@@ -281,6 +283,22 @@ def run(client: Any, console: Console, interval: float, once: bool) -> dict[str,
                 if key is None:
                     view, data = frame(client, interval, view_size(console))
                     live.update(view, refresh=True)
+    except KeyboardInterrupt:
+        pass
+    return data
+
+
+def _frames(client: Any, console: Console, interval: float, view: Group,
+            data: dict[str, Any]) -> dict[str, Any]:
+    """Into a pipe or a file: write `view` (whose data is `data`), then a fresh frame every
+    `interval` seconds, each whole and flushed, until Ctrl-C; return the last frame's data."""
+    try:
+        while True:
+            console.print(view)
+            console.print()
+            console.file.flush()
+            time.sleep(interval)
+            view, data = frame(client, interval, view_size(console))
     except KeyboardInterrupt:
         pass
     return data

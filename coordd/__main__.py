@@ -24,9 +24,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (also read by docgen for the configuration reference)."""
     p = argparse.ArgumentParser(prog="coordd", description="Local coordinator for AI jobs.")
-    p.add_argument("--db", help="SQLite file (env COORDD_DB; default ~/.local/state/coordd/coordd.db)")
+    p.add_argument("--db", help="SQLite file (env COORDD_DB; default "
+                                "$XDG_STATE_HOME/coordd/coordd.db: ~/.local/state/coordd/coordd.db)")
     p.add_argument("--socket", help="Unix socket (env COORDD_SOCKET; default "
-                                    "$XDG_RUNTIME_DIR/coordd/coordd.sock)")
+                                    "$XDG_RUNTIME_DIR/coordd/coordd.sock, or "
+                                    "$XDG_STATE_HOME/coordd/coordd.sock when XDG_RUNTIME_DIR "
+                                    "is unset)")
     p.add_argument("--store", metavar="DSN",
                    help="postgresql://... : serve the core over PostgreSQL (config `store`; "
                         "a second coordd with the same DSN is its standby)")

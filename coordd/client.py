@@ -283,7 +283,8 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
         an older coordd (unknown_method) it polls every `poll_s` instead.
 
         Raises:
-            CallTimeout: not terminal within `timeout` seconds.
+            CallTimeout: not terminal within `timeout` seconds (the message names the
+                status and, for a waiting job, why it waits).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -301,14 +302,21 @@ class Client(LeaseCalls, AdminCalls, WorkflowCalls, HubCalls, PushCalls):
             if got.terminal:
                 return got.job
             if loop.time() >= deadline:
-                raise CallTimeout(f"job {job_id} still {got.job.status} after {timeout:g}s")
+                raise CallTimeout(_still(got.job, timeout))
         while True:
             job = await self.get_job(job_id)
             if job.status in TERMINAL_STATUSES:
                 return job
             if loop.time() >= deadline:
-                raise CallTimeout(f"job {job_id} still {job.status} after {timeout:g}s")
+                raise CallTimeout(_still(job, timeout))
             await asyncio.sleep(poll_s)
+
+
+def _still(job: JobView, timeout: float) -> str:
+    """The message of a wait that timed out: the job's status and, for a waiting job,
+    coordd's reason (`job J still waiting after 60s: no live worker runs kind K`)."""
+    why = f": {job.waiting_reason}" if job.waiting_reason else ""
+    return f"job {job.job_id} still {job.status} after {timeout:g}s{why}"
 
 
 class SyncClient:

@@ -22,8 +22,10 @@ PORT_DEFAULT = 8787
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="coordd-web", description=__doc__.split("\n")[0])
     ap.add_argument("--socket", help="coordd's socket (default: $COORDD_SOCKET or the per-user one)")
-    ap.add_argument("--host", default="127.0.0.1", help="loopback address to bind (127.0.0.1, ::1)")
-    ap.add_argument("--port", type=int, default=PORT_DEFAULT, help="TCP port (0: any free one)")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="loopback address to bind: 127.0.0.1 (the default) or ::1")
+    ap.add_argument("--port", type=int, default=PORT_DEFAULT,
+                    help=f"TCP port (default {PORT_DEFAULT}; 0: any free one)")
     ap.add_argument("--actions", action="store_true",
                     help="enable cancel/retry/reap (off by default; needs the printed token)")
     ap.add_argument("--allow-host", action="append", default=[], metavar="NAME",
@@ -33,7 +35,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run coordd-web until SIGINT/SIGTERM/SIGHUP (graceful); exit 2 on a usage error."""
+    """Run coordd-web until SIGINT/SIGTERM/SIGHUP (graceful, then exit 0); exit 1 when it
+    cannot listen, 2 on a usage error."""
     args = parse(argv)
     try:
         import uvicorn
@@ -71,16 +74,20 @@ def main(argv: list[str] | None = None) -> int:
     port = sock.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{shown}:{port}/"
-    if token:
-        print(f"coordd-web: actions are ON; open {url}?token={token}", flush=True)
-    else:
-        print(f"coordd-web: read-only view at {url}", flush=True)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="off",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
-    # SIGHUP (the terminal closed) stops it as SIGTERM does: uvicorn's graceful shutdown
-    signal.signal(signal.SIGHUP, lambda _sig, frame: server.handle_exit(signal.SIGTERM, frame))
+    # SIGINT, SIGTERM and SIGHUP (the terminal closed) each stop it by uvicorn's graceful
+    # shutdown. Once done, uvicorn puts back the handlers it found and raises the signal
+    # again; with these as the handlers it finds, that ends in `return 0` rather than in
+    # death by SIGTERM (status 143) or a KeyboardInterrupt traceback after Ctrl-C.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda _sig, frame: server.handle_exit(signal.SIGTERM, frame))
+    if token:
+        print(f"coordd-web: actions are ON; open {url}?token={token}", flush=True)
+    else:
+        print(f"coordd-web: read-only view at {url}", flush=True)
     server.run(sockets=[sock])
     return 0
 

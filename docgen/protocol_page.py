@@ -176,14 +176,16 @@ EXAMPLE = """\
 ## Example: one call by hand
 
 What a client in any language does: connect, write one frame, read one frame. This block
-(run by the documentation tests) asks `status` over `$COORDD_SOCKET`, then asks for a job
-that does not exist and gets the `not_found` error reply.
+(run by the documentation tests) asks `status` over coordd's socket (`$COORDD_SOCKET`, else
+the per-user default, found as every coordd program finds it), then asks for a job that
+does not exist and gets the `not_found` error reply.
 
 <!-- runnable -->
 ```bash
 python3 - <<'PY'
-import os, socket, struct
+import socket, struct
 import msgspec  # any msgpack library will do
+from coordd.paths import default_socket_path  # $COORDD_SOCKET, else the per-user socket
 
 def call(sock, req_id, method, params):
     body = msgspec.msgpack.encode({"id": req_id, "method": method, "params": params})
@@ -193,7 +195,7 @@ def call(sock, req_id, method, params):
     return msgspec.msgpack.decode(sock.recv(length, socket.MSG_WAITALL))
 
 with socket.socket(socket.AF_UNIX) as s:
-    s.connect(os.environ["COORDD_SOCKET"])
+    s.connect(str(default_socket_path()))
     reply = call(s, 1, "status", {})
     assert reply["id"] == 1 and "waiting" in reply["result"]["jobs"], reply
     reply = call(s, 2, "get_job", {"job_id": "0000000000000000"})

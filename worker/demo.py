@@ -21,6 +21,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -190,6 +191,17 @@ async def p3_line(c: Client, ids: list[str], state: RunState,
                     else "P3: done")
 
 
+def coordctl_program(path: str | None = None) -> str:
+    """How to call coordctl from another terminal: `coordctl` where the PATH (`path`,
+    default $PATH) finds the one beside this interpreter, else that one's full path
+    (`./demo.sh` installs into .venv without putting it on the PATH)."""
+    mine = Path(sys.executable).parent / "coordctl"
+    if not mine.exists():
+        return "coordctl"
+    found = shutil.which("coordctl", path=path)  # None: $PATH
+    return "coordctl" if found and Path(found) == mine else str(mine)
+
+
 async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Console,
                 state: RunState) -> int:
     sock = str(run / "coordd.sock")
@@ -215,7 +227,8 @@ async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Cons
         state.total = len(ids)
         console.print(f"{len(ids) - len(p3)} requests (P0..P2) and {len(p3)} P3 idle-learning "
                       "jobs; the simulated user is at the keyboard until the requests are done")
-        console.print(f"watch from another terminal: coordctl --socket {sock} top")
+        console.print(f"watch from another terminal: {coordctl_program()} --socket {sock} top",
+                      soft_wrap=True)  # one line, whatever the width: it is copied whole
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
             requests = bar.add_task("requests", total=len(ids) - len(p3))

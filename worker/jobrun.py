@@ -69,7 +69,8 @@ class JobRun:
     def request_cancel(self) -> None:
         """coordd says a cancel was requested (from a renew or a heartbeat): end the job once."""
         if not self.aborted.is_set():
-            logger.info("cancel requested", extra={"action": "cancel", "job_id": self.job_id})
+            logger.info("job %s: cancel requested", self.job_id,
+                        extra={"action": "cancel", "job_id": self.job_id})
             self.abort(CANCELLED)
 
     def holds_lease(self, mono: float) -> bool:

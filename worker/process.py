@@ -242,10 +242,13 @@ class ModelProcess:
                     leader = psutil.Process(pgid)  # not reaped yet, so the pid is still ours
             tree = _snapshot([leader]) if leader is not None else {}
             tree.pop(pgid, None)  # the leader is reaped by worker.child, on the loop, not psutil
-            if self._proc.returncode is None:
+            running = self._proc.returncode is None
+            if running:
                 self._killed_by_us = True
-            logger.info(
-                "terminating model tree",
+            # after the leader's own exit this only sweeps up what it left: not news at INFO
+            logger.log(
+                logging.INFO if running else logging.DEBUG,
+                "terminating model tree" if running else "model exited; sweeping its process group",
                 extra={"action": "model_terminate", "pid": pgid, "descendants": sorted(tree)},
             )
             # a stopped group (suspended by us or anyone) would sit on SIGTERM for the grace

@@ -5,7 +5,9 @@ A block is marked by a line `<!-- runnable -->` right before a ```bash fence, in
 docs/**/*.md or README.md. Each block runs in its own `bash` with `set -euo pipefail`, in
 a scratch folder holding a link to the repository's `examples/`, with the environment a
 reader has after the getting-started steps: `coordctl`, `coordd` and `coord-worker` on
-PATH and `COORDD_SOCKET` / `COORDD_DB` naming the running coordd. A worker `docs-w1` runs
+PATH, and the running coordd at the per-user default socket and database (under the
+scratch `XDG_RUNTIME_DIR` and `XDG_STATE_HOME`), with no `COORDD_SOCKET` / `COORDD_DB` set:
+a reader who ran `coordd &` exported neither. A worker `docs-w1` runs
 the kinds of examples/worker.toml for the roles in `ROLES`, with cool, idle, on-mains
 readings (so gates pass). Processes a block leaves in the background are killed when it
 ends.
@@ -154,7 +156,11 @@ def start_site(tmp: Path) -> Iterator[Site]:
     """Start coordd and the worker in `tmp`; yield the Site; stop both (a generator for a
     fixture)."""
     bin_dir = os.path.dirname(sys.executable)
-    socket, db = str(tmp / "coordd.sock"), str(tmp / "coordd.db")
+    run_dir, state_dir = tmp / "run", tmp / "state"  # XDG_RUNTIME_DIR, XDG_STATE_HOME
+    (run_dir / "coordd").mkdir(parents=True)
+    (state_dir / "coordd").mkdir(parents=True)
+    socket = str(run_dir / "coordd" / "coordd.sock")  # the defaults `coordd &` would use
+    db = str(state_dir / "coordd" / "coordd.db")
     (tmp / "work").mkdir()
     (tmp / "work" / "examples").symlink_to(ROOT / "examples")
     (tmp / "coordd.toml").write_text(COORDD_CONFIG)
@@ -162,9 +168,10 @@ def start_site(tmp: Path) -> Iterator[Site]:
     worker_toml = (f"work_dir = {json.dumps(str(tmp / 'worker-work'))}\n"
                    + (ROOT / "examples" / "worker.toml").read_text())
     (tmp / "worker.toml").write_text(worker_toml)
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-           "COORDD_SOCKET": socket, "COORDD_DB": db, "XDG_RUNTIME_DIR": str(tmp / "run"),
-           "XDG_STATE_HOME": str(tmp / "state"), "NO_COLOR": "1", "COLUMNS": "120"}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("COORDD_SOCKET", "COORDD_DB")},
+           "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+           "XDG_RUNTIME_DIR": str(run_dir), "XDG_STATE_HOME": str(state_dir),
+           "NO_COLOR": "1", "COLUMNS": "120"}
     procs = []
     with open(tmp / "coordd.log", "ab") as log:
         procs.append(subprocess.Popen(

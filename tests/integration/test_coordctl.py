@@ -311,6 +311,23 @@ def test_top_once_and_q_quits_the_live_view(daemon):
     doc = ok_json(ctl(daemon.socket, "top", "--json"))
     assert doc["status"]["jobs"]["waiting"] == 1 and doc["workers"][0]["worker_id"] == "w1"
 
+    # into a pipe: a whole frame per interval as it comes (rich's Live showed a pipe
+    # nothing until it stopped, and nothing at all when killed)
+    proc = subprocess.Popen([sys.executable, "-m", "coordctl", "--socket", daemon.socket, "top",
+                             "--interval", "0.2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    piped = b""
+    try:
+        deadline = time.monotonic() + 15
+        while piped.count(b"coordd status") < 2 and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 0.2)[0]:
+                piped += os.read(proc.stdout.fileno(), 65536)
+        assert piped.count(b"coordd status") >= 2 and b"memory_high" in piped, piped
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
     master, slave = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "coordctl", "--socket", daemon.socket, "top",
                              "--interval", "0.2"], stdin=slave, stdout=slave, stderr=slave,

@@ -116,3 +116,13 @@ def test_first_run_says_it_is_installing(tmp_path):
     again = subprocess.run(["bash", str(tmp_path / "demo.sh")], capture_output=True, text=True,
                            env=env, timeout=30)
     assert again.stdout.splitlines() == ["DEMO -m worker.demo"]
+
+
+def test_the_watch_command_names_a_coordctl_that_runs(tmp_path):
+    """`./demo.sh` installs into .venv and does not put it on the PATH, so the printed
+    `coordctl --socket ... top` was `command not found` in the reader's other terminal."""
+    from worker.demo import coordctl_program
+    beside = Path(sys.executable).parent / "coordctl"
+    assert beside.exists()  # the test venv has the console scripts
+    assert coordctl_program(path=str(tmp_path)) == str(beside)  # not on this PATH
+    assert coordctl_program(path=str(beside.parent)) == "coordctl"

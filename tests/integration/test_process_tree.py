@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import textwrap
@@ -132,7 +133,8 @@ async def test_cancelled_terminate_still_kills_the_tree(tmp_path: Path) -> None:
     await model.terminate_tree(GRACE_S)  # a later call finishes the job
 
 
-async def test_cooperative_leader_exits_within_grace(tmp_path: Path) -> None:
+async def test_cooperative_leader_exits_within_grace(tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="worker.process")
     script = "import sys, time\nprint('ready', flush=True)\ntime.sleep(60)"
     model = await start(tmp_path, [sys.executable, "-c", script])
     await wait_for(lambda: (tmp_path / "stdout.log").read_text() == "ready\n")
@@ -141,13 +143,17 @@ async def test_cooperative_leader_exits_within_grace(tmp_path: Path) -> None:
     await model.terminate_tree(5.0)
     assert loop.time() - began < 4.0  # SIGTERM was enough: no waiting out the grace
     assert model.returncode == -15 and model.killed_by_us
+    assert "terminating model tree" in caplog.text
 
 
-async def test_terminate_after_natural_exit_is_safe(tmp_path: Path) -> None:
+async def test_terminate_after_natural_exit_is_safe(tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="worker.process")
     script = "import sys; sys.stderr.write('x' * 5000 + 'END'); sys.exit(3)"
     model = await start(tmp_path, [sys.executable, "-c", script])
     assert await model.wait(10.0) == 3
     await model.terminate_tree(GRACE_S)
+    # the sweep after a model's own exit is no "terminating" at INFO (it read as a kill)
+    assert not [r for r in caplog.records if "terminat" in r.getMessage()], caplog.text
     await model.terminate_tree(GRACE_S)
     assert model.killed_by_us is False
     assert classify_exit(model.returncode, model.killed_by_us) == "permanent"

@@ -283,6 +283,8 @@ async def test_coordctl_enqueue_wait_prints_the_result_and_exits_1_on_failure(da
         p = _ctl_wait(daemon.socket, "--timeout", "0.5")
         out, err = await asyncio.to_thread(p.communicate, timeout=20)
         assert p.returncode == 1 and err.startswith("coordctl: timeout:"), (out, err)
+        # the timeout says why the job still waits, as `show` would
+        assert "still waiting after 0.5s: " in err, err
 
         p = _ctl_wait(daemon.socket, "--batch", "-")
         out, err = await asyncio.to_thread(p.communicate, "", 20)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from urllib.parse import parse_qs, urlparse
 
@@ -232,6 +233,27 @@ def test_cli_refuses_a_non_loopback_host():
     out = subprocess.run([sys.executable, "-m", "coordd_web", "--host", "0.0.0.0"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "loopback" in out.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_cli_exits_0_without_a_traceback_on_a_stop_signal(sig):
+    """Ctrl-C printed a KeyboardInterrupt traceback and `kill` left status 143: uvicorn
+    raises the signal it stopped for again after its graceful shutdown."""
+    import subprocess
+
+    def default_signals() -> None:  # a background job of a script starts with SIGINT ignored
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    p = subprocess.Popen([sys.executable, "-m", "coordd_web", "--port", "0", "--socket",
+                          "/nonexistent/coordd.sock"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+    try:
+        assert "read-only view at http://127.0.0.1:" in p.stdout.readline()
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 0 and "Traceback" not in err, (p.returncode, err)
 
 
 def test_pages_say_resources_reasons_and_ends_in_words(daemon):

@@ -160,8 +160,10 @@ def test_cancel_by_status():
             status, "cancelled", "cancelled by admin")
     assert tr.cancel("running", "j").t is tr.CANCEL_REQUEST
     assert tr.cancel("cancelled", "j") is None
-    for status in ("succeeded", "failed", "skipped"):
-        with pytest.raises(errors.InvalidState, match=f"job j is {status}; only waiting"):
+    for status, words in (("succeeded", "has succeeded"), ("failed", "has failed"),
+                          ("skipped", "was skipped")):
+        with pytest.raises(errors.InvalidState, match=(
+                f"^job j {words}: only a waiting, blocked or running job can be cancelled$")):
             tr.cancel(status, "j")
 
 
@@ -170,8 +172,10 @@ def test_retry_only_from_failed_cancelled_skipped():
         d = tr.retry(status, "j", 300.0)
         assert (d.t.from_status, d.t.to_status, d.run_at, d.reason) == (
             status, "waiting", 300.0, "retried by admin")
-    for status in ("waiting", "blocked", "running", "succeeded"):
-        with pytest.raises(errors.InvalidState, match=f"job j is {status}; only failed"):
+    for status, words in (("waiting", "is waiting"), ("blocked", "is blocked"),
+                          ("running", "is running"), ("succeeded", "has succeeded")):
+        with pytest.raises(errors.InvalidState, match=(
+                f"^job j {words}: only a failed, cancelled or skipped job can be retried$")):
             tr.retry(status, "j", 300.0)
 
 

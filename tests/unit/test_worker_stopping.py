@@ -61,3 +61,12 @@ def test_announce_names_each_job_and_confirm_corrects_a_late_exit(caplog):
         "stopped)",
         "stopping: no job held"], lines
     assert caplog.records[0].jobs == {"a": "completing", "b": "handing back"}
+
+
+def test_a_cancel_request_is_logged_with_its_job(caplog):
+    """The plain log line names the job (a worker with slots runs several at once)."""
+    caplog.set_level(logging.INFO, logger="worker.supervisor")
+    run = _run(job_id="j7")
+    run.request_cancel()
+    run.request_cancel()  # once
+    assert [r.getMessage() for r in caplog.records] == ["job j7: cancel requested"]

@@ -11,6 +11,14 @@ from coordd.rules.transitions.table import (
 
 CANCELLED_BY_ADMIN = "cancelled by admin"  # the reason of a job cancelled before it ran
 
+# how a refusal names the job's state: `job J has succeeded`, `job J is running`
+_STATE_WORDS = {"succeeded": "has succeeded", "failed": "has failed", "skipped": "was skipped",
+                "cancelled": "was cancelled"}
+
+
+def _in_state(job_id: str, status: str) -> str:
+    return f"job {job_id} {_STATE_WORDS.get(status, f'is {status}')}"
+
 
 def cancel(status: str, job_id: str) -> Decision | None:
     """An admin cancel of a job in `status`: waiting or blocked -> cancelled at once;
@@ -27,7 +35,8 @@ def cancel(status: str, job_id: str) -> Decision | None:
         return Decision(t=CANCEL_REQUEST, reason="cancel requested")
     if status == CANCELLED:
         return None
-    raise errors.InvalidState(f"job {job_id} is {status}; only waiting/blocked/running cancel")
+    raise errors.InvalidState(f"{_in_state(job_id, status)}: only a waiting, blocked or "
+                              "running job can be cancelled")
 
 
 def retry(status: str, job_id: str, now: float) -> Decision:
@@ -39,6 +48,6 @@ def retry(status: str, job_id: str, now: float) -> Decision:
     """
     t = RETRIED.get(status)
     if t is None:
-        raise errors.InvalidState(
-            f"job {job_id} is {status}; only failed/cancelled/skipped retry")
+        raise errors.InvalidState(f"{_in_state(job_id, status)}: only a failed, cancelled or "
+                                  "skipped job can be retried")
     return Decision(t=t, reason="retried by admin", run_at=now)
