@@ -16,14 +16,13 @@ from typing import Any
 import msgspec
 
 from coordd import conffile
+from coordd.paths import default_state_dir
 from coordd.rules import ranges
 from coordd.rules.resources import Request
 from coordd.transport import REFUSED_BACKOFF_CAP_S
 
 LEASE_S_DEFAULT = 30.0
 HEARTBEAT_INTERVAL_S_DEFAULT = 5.0
-WORK_DIR_DEFAULT = "~/.local/state/coordd/work"
-"""The work_dir of a worker run by hand; under systemd it is `$STATE_DIRECTORY/work`."""
 GRACE_S_DEFAULT = 10.0
 STOP_TIMEOUT_S_DEFAULT = 30.0
 """Must stay below the unit's TimeoutStopSec (60 s in coord-worker@.service)."""
@@ -44,9 +43,10 @@ _PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r"|python)\}")
 
 def default_work_dir() -> str:
     """`$STATE_DIRECTORY/work` when systemd gave the unit a state directory (the first, if
-    several), else WORK_DIR_DEFAULT: a system user without a home still has a work_dir."""
+    several: a system user without a home still has a work_dir), else `work` in coordd's
+    state folder (`$XDG_STATE_HOME/coordd/work`, ~/.local/state/coordd/work by default)."""
     state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return os.path.join(state, "work") if state else WORK_DIR_DEFAULT
+    return os.path.join(state, "work") if state else str(default_state_dir() / "work")
 
 
 KIND_RANGES: dict[str, ranges.Range] = {

@@ -24,6 +24,7 @@ import uvloop
 
 from coordd import errors
 from coordd.net import pki
+from coordd.paths import default_state_dir
 from coordd.client import Client
 from coordd.wire.enrol import CaBundle, Enrolled
 from coordd.transport import Connector
@@ -89,13 +90,12 @@ SYSTEM_TLS_DIR = "/etc/coordd/tls"
 
 
 def default_out() -> str:
-    """`$STATE_DIRECTORY/tls` under systemd, SYSTEM_TLS_DIR as root, else
-    ~/.local/state/coordd/tls."""
+    """`$STATE_DIRECTORY/tls` under systemd, SYSTEM_TLS_DIR as root, else `tls` in coordd's
+    state folder (`$XDG_STATE_HOME/coordd/tls`, ~/.local/state/coordd/tls by default)."""
     state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
     if state:
         return os.path.join(state, "tls")
-    return SYSTEM_TLS_DIR if os.geteuid() == 0 else \
-        os.path.expanduser("~/.local/state/coordd/tls")
+    return SYSTEM_TLS_DIR if os.geteuid() == 0 else str(default_state_dir() / "tls")
 
 
 def run_command(done: Enrolled, server: str, out: Path, roles: str) -> str:

@@ -132,6 +132,7 @@ def test_installed_worker_works_in_its_state_directory_without_a_home(tmp_path, 
     state = tmp_path / "var-lib-coord-worker-gpu1"
     monkeypatch.setenv("STATE_DIRECTORY", str(state))
     monkeypatch.setenv("HOME", "/nonexistent")
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     cfg = load(UNITS.parent / "examples" / "worker.toml")
     assert cfg.work_dir == str(state / "work")
     monkeypatch.delenv("STATE_DIRECTORY")

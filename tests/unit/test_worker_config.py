@@ -15,7 +15,9 @@ from worker.config import (
 )
 
 
-def test_defaults_without_a_file():
+def test_defaults_without_a_file(monkeypatch):
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     cfg = load(None)
     assert (cfg.lease_s, cfg.heartbeat_interval_s, cfg.grace_s, cfg.stop_timeout_s) == (30, 5, 10, 30)
     assert cfg.claim_interval_s == 1 and cfg.inline_result_bytes == 65536
@@ -28,6 +30,18 @@ def test_defaults_without_a_file():
         (3600, 1, 1048576, True, {})
     assert cfg.kinds["embed"].argv[3:] == ["--payload", "{payload}", "--result", "{result}"]
     assert cfg.total_slots == 2
+
+
+def test_the_default_work_dir_moves_with_xdg_state_home_as_the_database_does(tmp_path, monkeypatch):
+    from coordd.paths import default_db_path
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    monkeypatch.delenv("COORDD_DB", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert load(None).work_dir == str(tmp_path / "state" / "coordd" / "work")
+    assert default_db_path().parent == tmp_path / "state" / "coordd"
+    from worker import enroll
+    monkeypatch.setattr(enroll.os, "geteuid", lambda: 1000)  # not root: no /etc/coordd/tls
+    assert enroll.default_out() == str(tmp_path / "state" / "coordd" / "tls")
 
 
 def test_file_values_and_kind_defaults(tmp_path):
