@@ -365,6 +365,16 @@ def liveness(w: Any) -> str:
     return "yes" if w.live else ("offline" if w.offline_at is not None else "NO")
 
 
+def verdict_cells(w: Any) -> list[str]:
+    """A WorkerView's gate verdict per shown priority: the gates that hold it (`ok`: none),
+    `-` where it takes no such work; all `-` for a worker that is not live (its `live`
+    column says why; a stale heartbeat in every column only widened the table)."""
+    if not w.live:
+        return ["-"] * len(PRIORITIES_SHOWN)
+    return [",".join(w.verdicts.get(p, [])) or "ok" if p in w.verdicts else "-"
+            for p in PRIORITIES_SHOWN]
+
+
 def workers_table(res: WorkersResult) -> Table:
     """One row per worker: liveness, readings, leases and per-priority gate verdicts."""
     t = SafeTable(box=box.SIMPLE_HEAD, show_edge=False)
@@ -374,8 +384,6 @@ def workers_table(res: WorkersResult) -> Table:
     for w in res.workers:
         r = w.readings
         mem = r.get("memory_used_pct")
-        verdicts = [",".join(w.verdicts.get(p, [])) or "ok" if p in w.verdicts else "-"
-                    for p in PRIORITIES_SHOWN]
         t.add_row(
             w.worker_id, ",".join(w.roles), f"{fmt_age(w.heartbeat_age_s)} ago",
             liveness(w),
@@ -383,5 +391,5 @@ def workers_table(res: WorkersResult) -> Table:
             _reading(r, w.notes, "temperature_c", "temperature", lambda v: f"{v:.0f}°C"),
             _reading(r, w.notes, "on_battery", "power", lambda _v: _power(r)),
             _reading(r, w.notes, "user_idle_s", "user idle", fmt_age),
-            str(w.active_leases), *verdicts)
+            str(w.active_leases), *verdict_cells(w))
     return t

@@ -222,8 +222,6 @@ def frame(client: Any, interval: float | None,
 def _worker_row(w: Any) -> list[str]:
     r = w.readings
     mem = r.get("memory_used_pct")
-    verdicts = [",".join(w.verdicts.get(p, [])) or "ok" if p in w.verdicts else "-"
-                for p in render.PRIORITIES_SHOWN]
     return [w.worker_id, ",".join(w.roles), f"{render.fmt_age(w.heartbeat_age_s)} ago",
             render.liveness(w),
             f"{mem:.0f}" if isinstance(mem, (int, float)) else "-",
@@ -232,7 +230,7 @@ def _worker_row(w: Any) -> list[str]:
             "-" if r.get("on_battery") is None else ("battery" if r["on_battery"] else "mains"),
             render.fmt_age(r["user_idle_s"]) if isinstance(r.get("user_idle_s"), (int, float))
             else "-",
-            str(w.active_leases), *verdicts]
+            str(w.active_leases), *render.verdict_cells(w)]
 
 
 def view_size(console: Console) -> tuple[int, int | None]:

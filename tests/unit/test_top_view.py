@@ -210,3 +210,19 @@ def test_a_worker_that_said_goodbye_is_offline_as_in_coordctl_workers():
     assert "offline" in row["gpu-box-1.lab.example.org"], text
     assert "NO" in row["gpu-box-2.lab.example.org"], text
     assert "yes" in row["gpu-box-0.lab.example.org"], text
+
+
+def test_a_worker_that_is_not_live_shows_no_gate_verdicts_only_its_liveness():
+    """A stale or offline worker's verdicts (heartbeat_stale at every priority) said only
+    what its `live` column says, four times over: `workers` and `top` show `-` there."""
+    from types import SimpleNamespace
+    from coordctl import render
+    stale = {p: ["heartbeat_stale"] for p in render.PRIORITIES_SHOWN}
+    gone = SimpleNamespace(live=False, offline_at=None, verdicts=stale)
+    assert render.verdict_cells(gone) == ["-"] * len(render.PRIORITIES_SHOWN)
+    assert render.liveness(gone) == "NO"
+    held = dict(stale, **{render.PRIORITIES_SHOWN[-1]: ["user_active"]})
+    held[render.PRIORITIES_SHOWN[0]] = []
+    up = SimpleNamespace(live=True, offline_at=None, verdicts=held)
+    cells = render.verdict_cells(up)
+    assert cells[0] == "ok" and cells[-1] == "user_active"
