@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--roles", required=True, help="comma-separated roles, e.g. cpu,gpu")
     p.add_argument("--socket", action="append",
                    help="coordd socket (env COORDD_SOCKET; default "
-                        "$XDG_RUNTIME_DIR/coordd/coordd.sock, or ~/.local/state/coordd/coordd.sock "
+                        "$XDG_RUNTIME_DIR/coordd/coordd.sock, or $XDG_STATE_HOME/coordd/coordd.sock "
                         "when XDG_RUNTIME_DIR is unset); repeat it for an active coordd "
                         "and its standbys (tried in turn; config `socket`)")
     p.add_argument("--connect", metavar="URL", action="append",
