@@ -8,13 +8,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from coordd.store import views
+from coordd.store import reads, views
 from coordd.store.sqlite.backup import (  # noqa: F401 (coordctl restore)
     RestoreRefused, ownership_problem, restore,
 )
 
 SQL_HAS_JOBS = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='jobs'"
-PRAGMA_USER_VERSION = "PRAGMA user_version"
 
 
 def check_file(path: str) -> dict[str, Any]:
@@ -32,7 +31,7 @@ def check_file(path: str) -> dict[str, Any]:
         qc, fk = views.integrity(conn)
         res: dict[str, Any] = {"path": str(p), "quick_check": qc,
                                "foreign_key_violations": len(fk), "violations": fk[:100]}
-        res["schema_version"] = conn.execute(PRAGMA_USER_VERSION).fetchone()[0]
+        res["schema_version"] = conn.execute(reads.SQL_USER_VERSION).fetchone()[0]
         if conn.execute(SQL_HAS_JOBS).fetchone():
             res["jobs"] = views.count_jobs(conn)
         return res
