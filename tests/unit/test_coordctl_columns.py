@@ -4,6 +4,9 @@ the width and printed nothing at all, with status 0 (`coordctl top` not even its
 
 from __future__ import annotations
 
+import io
+import sys
+
 import pytest
 
 from coordctl import render
@@ -12,9 +15,11 @@ from coordctl import render
 @pytest.mark.parametrize("columns", ["0", "-3", "wide"])
 def test_a_columns_that_is_no_width_is_ignored(monkeypatch, columns):
     monkeypatch.setenv("COLUMNS", columns)
-    assert render.make_console().width == render.PIPE_WIDTH_DEFAULT  # stdout is no terminal
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # a pipe, also under `pytest -s`
+    assert render.make_console().width == render.PIPE_WIDTH_DEFAULT
 
 
 def test_a_columns_that_is_a_width_is_used(monkeypatch):
     monkeypatch.setenv("COLUMNS", "57")
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
     assert render.make_console().width == 57
