@@ -10,7 +10,6 @@ live parts on a message; no page polls.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
