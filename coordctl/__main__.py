@@ -53,8 +53,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def fail(code: str, message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
-    """Print the one-line error to stderr and exit."""
-    one_line = " ".join(str(message).split())
+    """Print the one-line error to stderr (control characters escaped) and exit."""
+    from coordctl.render import safe  # imports rich: only on the way out
+    one_line = safe(" ".join(str(message).split()))
     print(f"coordctl: {code}: {one_line}", file=sys.stderr)
     raise SystemExit(exit_code)
 

@@ -295,6 +295,8 @@ def _check_line(res: dict[str, Any]) -> str:
         line += f"; jobs: {res['jobs']}"
     if "schema_version" in res:
         line += f"; schema version: {res['schema_version']}"
+        if res["schema_version"] > res.get("schema_version_known", res["schema_version"]):
+            line += f" (newer than this coordd's {res['schema_version_known']})"
     if res.get("invariants"):
         line += f"; broken invariants: {', '.join(res['invariants'])}"
     return (f"{res['path']}: " if "path" in res else "") + line

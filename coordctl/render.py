@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 from typing import Any
 
@@ -57,10 +58,13 @@ PRIORITIES_SHOWN = ("p0", "p1", "p2", "p3")
 
 
 def make_console() -> Console:
-    """Return the stdout console (plain and wide when stdout is not a terminal)."""
-    width = None
-    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
-        width = PIPE_WIDTH_DEFAULT
+    """Return the stdout console (plain and wide when stdout is not a terminal; COLUMNS,
+    when a positive number, is its width)."""
+    width = None  # on a terminal rich follows its size
+    columns = os.environ.get("COLUMNS", "")
+    if not (columns.isdigit() and int(columns) > 0):  # unset, 0 (rich: print nothing), junk
+        width = PIPE_WIDTH_DEFAULT if not sys.stdout.isatty() else (
+            shutil.get_terminal_size().columns if columns.isdigit() else None)
     return SafeConsole(width=width, markup=False, emoji=False, highlight=False,
                        soft_wrap=False)
 

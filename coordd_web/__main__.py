@@ -13,6 +13,7 @@ import argparse
 import logging
 import signal
 import sys
+from typing import Any
 
 WEB_MODULES = frozenset({"starlette", "uvicorn", "jinja2", "markupsafe"})  # the `web` extra
 
@@ -38,10 +39,26 @@ def main(argv: list[str] | None = None) -> int:
     """Run coordd-web until SIGINT/SIGTERM/SIGHUP (graceful, then exit 0); exit 1 when it
     cannot listen, 2 on a usage error."""
     args = parse(argv)
+    # SIGINT, SIGTERM and SIGHUP (the terminal closed) each stop it, from here on: before
+    # uvicorn runs (the imports below take ~0.3 s) by not starting it, after by uvicorn's
+    # graceful shutdown. Once done, uvicorn puts back the handlers it found (these) and
+    # raises the signal again, which ends in `return 0` rather than in death by SIGTERM
+    # (status 143) or a KeyboardInterrupt traceback after Ctrl-C.
+    server: Any = None
+    stop_asked = False
+
+    def stop(_sig: int, frame: Any) -> None:
+        nonlocal stop_asked
+        stop_asked = True
+        if server is not None:
+            server.handle_exit(signal.SIGTERM, frame)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
     try:
         import uvicorn
 
         from coordd_web.app import Settings, build_app
+        from coordd_web.feed import Feed
         from coordd_web.security import LOOPBACK_HOSTS, new_token
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] not in WEB_MODULES:
@@ -59,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import socket
     token = new_token() if args.actions else None
+    feed = Feed(args.socket)
     app = build_app(Settings(socket=args.socket, actions=args.actions, token=token,
-                             allow_hosts=tuple(args.allow_host)))
+                             allow_hosts=tuple(args.allow_host)), feed)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -77,13 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="off",
                             timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    # SIGINT, SIGTERM and SIGHUP (the terminal closed) each stop it by uvicorn's graceful
-    # shutdown. Once done, uvicorn puts back the handlers it found and raises the signal
-    # again; with these as the handlers it finds, that ends in `return 0` rather than in
-    # death by SIGTERM (status 143) or a KeyboardInterrupt traceback after Ctrl-C.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda _sig, frame: server.handle_exit(signal.SIGTERM, frame))
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            await feed.close()  # open live streams end now, not at the graceful timeout
+            await super().shutdown(sockets)
+
+    server = Server(config)
+    if stop_asked:  # stopped while starting
+        sock.close()
+        return 0
     if token:
         print(f"coordd-web: actions are ON; open {url}?token={token}", flush=True)
     else:

@@ -246,9 +246,10 @@ async def http_error(request: Request, exc: Exception) -> Response:
                   detail=exc.detail, head=0, feed="")
 
 
-def build_app(settings: Settings) -> Any:
+def build_app(settings: Settings, feed: live.Feed | None = None) -> Any:
     """The ASGI app for `settings` (wrapped in the peer uid check, the Host allowlist and
-    the security headers)."""
+    the security headers); its live streams follow `feed` (default: a new one), which
+    ends them when closed."""
     routes = [
         Route("/", with_token(overview)),
         Route("/workers", with_token(workers_page)),
@@ -267,5 +268,5 @@ def build_app(settings: Settings) -> Any:
         routes += actions.ROUTES
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.settings = settings
-    app.state.feed = live.Feed(settings.socket)
+    app.state.feed = feed or live.Feed(settings.socket)
     return HostGuard(PeerGuard(app, settings.peer_uid), settings.allow_hosts)

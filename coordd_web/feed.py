@@ -63,6 +63,24 @@ class Feed:
         self.why = ""
         self.epoch = 0
         self.seq = 0  # bumped at each piece of news
+        self._closing = asyncio.Event()
+
+    @property
+    def closing(self) -> bool:
+        """Whether `close` was called: every stream ends at its next step."""
+        return self._closing.is_set()
+
+    async def close(self) -> None:
+        """End every stream (the server is shutting down): each returns at once instead of
+        holding its connection until uvicorn's graceful timeout cancels it."""
+        self._closing.set()
+        if self._changed is not None:
+            await self._notify()
+
+    async def rest(self, seconds: float) -> None:
+        """Sleep `seconds`, or less: until `close`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), seconds)
 
     @property
     def streams(self) -> int:

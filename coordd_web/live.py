@@ -10,7 +10,6 @@ live parts on a message; no page polls.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -69,13 +68,14 @@ async def _catch_up(socket: str | None, after: int, flt: dict[str, Any]
 
 async def stream(feed: Feed, socket: str | None, after: int, flt: dict[str, Any]
                  ) -> AsyncIterator[bytes]:
-    """SSE frames from coordd's feed after `after` (matching `flt`), forever."""
+    """SSE frames from coordd's feed after `after` (matching `flt`), until the feed
+    closes (the server is shutting down)."""
     yield f"retry: {RETRY_MS}\n\n".encode()
     async with feed.subscribe():
         up: bool | None = None
         checked = False  # the stream's cursor looked at by coordd once
         epoch = feed.epoch
-        while True:
+        while not feed.closing:
             seen = feed.seq
             if feed.epoch != epoch and feed.cursor is not None:  # another database
                 epoch, after = feed.epoch, feed.cursor
@@ -91,7 +91,7 @@ async def stream(feed: Feed, socket: str | None, after: int, flt: dict[str, Any]
                     if up is not False:
                         yield _message("coordd", {"up": False, "why": str(exc)})
                     up = False
-                    await asyncio.sleep(DOWN_RETRY_S)
+                    await feed.rest(DOWN_RETRY_S)
                     continue
                 checked = True
                 if up is not True:
@@ -101,7 +101,7 @@ async def stream(feed: Feed, socket: str | None, after: int, flt: dict[str, Any]
                 after = nxt
                 if events or reset:
                     yield _jobs(events, after)
-                await asyncio.sleep(PACE_S)
+                await feed.rest(PACE_S)
                 continue
             if feed.up is not None and feed.up != up:
                 yield _message("coordd", {"up": feed.up, **({} if feed.up else
@@ -111,7 +111,7 @@ async def stream(feed: Feed, socket: str | None, after: int, flt: dict[str, Any]
             after = max(after, feed.cursor)
             if events:
                 yield _jobs(events, after)
-            if not await feed.changed(seen, KEEPALIVE_S):
+            if not await feed.changed(seen, KEEPALIVE_S) and not feed.closing:
                 yield b": keep-alive\n\n"
 
 

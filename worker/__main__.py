@@ -180,8 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_json)
     try:
         os.makedirs(cfg.work_dir, mode=0o700, exist_ok=True)
+        # and the id's records folder the supervisor locks: a work_dir that exists but is
+        # not ours to write in is refused here, not by a traceback from the lock
+        os.makedirs(orphans.records_dir(cfg.work_dir, args.worker_id), mode=0o700,
+                    exist_ok=True)
     except OSError as exc:
-        print(f"coord-worker: cannot create work_dir {cfg.work_dir}: {exc.strerror} (set "
+        where = "" if exc.filename in (None, cfg.work_dir) else f" ({exc.filename})"
+        print(f"coord-worker: cannot create work_dir {cfg.work_dir}{where}: {exc.strerror} (set "
               "work_dir in the config, or give the unit a StateDirectory=)", file=sys.stderr)
         return 2
     try:

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -202,6 +203,14 @@ def coordctl_program(path: str | None = None) -> str:
     return "coordctl" if found and Path(found) == mine else str(mine)
 
 
+def show_watch(console: Console, sock: str, path: str | None = None) -> None:
+    """Print the command that watches this run from another terminal: on one line,
+    quoted for a shell, as it is (no rich markup), so it can be copied whole."""
+    cmd = shlex.join([coordctl_program(path), "--socket", sock, "top"])
+    console.print(f"watch from another terminal: {cmd}", soft_wrap=True, markup=False,
+                  highlight=False)
+
+
 async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Console,
                 state: RunState) -> int:
     sock = str(run / "coordd.sock")
@@ -227,8 +236,7 @@ async def drive(args: argparse.Namespace, run: Path, fleet: Fleet, console: Cons
         state.total = len(ids)
         console.print(f"{len(ids) - len(p3)} requests (P0..P2) and {len(p3)} P3 idle-learning "
                       "jobs; the simulated user is at the keyboard until the requests are done")
-        console.print(f"watch from another terminal: {coordctl_program()} --socket {sock} top",
-                      soft_wrap=True)  # one line, whatever the width: it is copied whole
+        show_watch(console, sock)
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
             requests = bar.add_task("requests", total=len(ids) - len(p3))

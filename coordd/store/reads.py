@@ -81,3 +81,4 @@ SQL_SET_ARTIFACT_PATH = "UPDATE artifacts SET path = ? WHERE sha256 = ?"
 SQL_SET_CHECKPOINT_PATH = (
     "UPDATE jobs SET checkpoint_json = json_set(checkpoint_json, ? || '.path', ?) WHERE job_id = ?"
 )
+SQL_USER_VERSION = "PRAGMA user_version"  # the schema version (coordd.store.schema)

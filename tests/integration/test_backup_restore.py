@@ -161,3 +161,34 @@ def test_restore_over_a_database_keeps_the_replaced_one_beside_it(daemon_factory
         assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == jobs
         conn.close()
     assert not Path(d.db + "-wal").exists() or Path(d.db + "-wal").stat().st_size == 0
+
+
+def test_a_backup_from_a_newer_coordd_is_refused_and_nothing_is_replaced(daemon_factory,
+                                                                        tmp_path):
+    """A backup whose schema is newer than this coordd's was installed (this coordd's SQL
+    run on it first), leaving a database coordd then refused to start on. Now restore
+    refuses it before anything changes."""
+    import hashlib
+    import json
+
+    from coordd.store.schema import SCHEMA_VERSION
+    d = daemon_factory()
+    d.start()
+    with SyncClient(d.socket, timeout=10) as c:
+        c.enqueue(kind="k", required_role="cpu", priority=0)
+        dest = tmp_path / "bk.db"
+        c.backup(str(dest))
+    d.stop()
+    conn = sqlite3.connect(dest)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")  # as a newer one writes it
+    conn.close()
+    manifest = Path(str(dest) + ".manifest.json")
+    doc = json.loads(manifest.read_text())
+    doc["db"]["sha256"] = hashlib.sha256(dest.read_bytes()).hexdigest()
+    manifest.write_text(json.dumps(doc))
+    before = Path(d.db).read_bytes()
+    res = ctl("restore", str(dest), "--db", d.db)
+    assert res.returncode == 1 and "restore_refused" in res.stderr, res.stderr
+    assert f"schema v{SCHEMA_VERSION + 1} is newer" in res.stderr, res.stderr
+    assert Path(d.db).read_bytes() == before
+    assert not [p for p in Path(d.db).parent.iterdir() if ".replaced-" in p.name]

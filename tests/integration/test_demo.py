@@ -126,3 +126,21 @@ def test_the_watch_command_names_a_coordctl_that_runs(tmp_path):
     assert beside.exists()  # the test venv has the console scripts
     assert coordctl_program(path=str(tmp_path)) == str(beside)  # not on this PATH
     assert coordctl_program(path=str(beside.parent)) == "coordctl"
+
+
+def test_the_watch_command_is_printed_as_a_shell_reads_it(tmp_path):
+    """A run folder or checkout with a space or `[...]` in its path printed a command that
+    did not work: unquoted, and rich took `[work]` for markup and dropped it."""
+    import io
+    import shlex
+
+    from rich.console import Console
+
+    from worker.demo import show_watch
+    sock = "/tmp/my runs/[work]/coordd.sock"
+    out = io.StringIO()
+    show_watch(Console(file=out, width=40, color_system=None), sock, path=str(tmp_path))
+    line = out.getvalue()
+    assert line.startswith("watch from another terminal: ") and line.count("\n") == 1, line
+    argv = shlex.split(line.removeprefix("watch from another terminal: "))
+    assert argv == [str(Path(sys.executable).parent / "coordctl"), "--socket", sock, "top"]

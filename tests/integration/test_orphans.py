@@ -100,3 +100,21 @@ def test_a_second_worker_with_a_live_id_refuses_before_saying_started(tmp_path):
     assert proc.returncode == 2
     assert "another process runs this worker id" in proc.stderr
     assert "started" not in proc.stderr + proc.stdout
+
+
+def test_a_work_dir_it_cannot_write_in_is_refused_in_one_line(tmp_path):
+    """A work_dir that exists but whose records folder cannot be made (left by another
+    user, read-only; here a file in its place) ended in a PermissionError/NotADirectory
+    traceback and status 1 from the supervisor's lock; now the start refuses it (2)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / orphans.RECORDS_DIR).write_text("")
+    cfg = tmp_path / "worker.toml"
+    cfg.write_text(f'work_dir = "{work}"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker", "--worker-id", "w1", "--roles", "cpu",
+         "--config", str(cfg), "--socket", str(tmp_path / "none.sock")],
+        capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot create work_dir {work}" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr

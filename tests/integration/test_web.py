@@ -303,3 +303,26 @@ def test_pages_say_resources_reasons_and_ends_in_words(daemon):
         home = web.get("/").text
         assert re.search(r"0 succeeded, 0 failed \(dead letter\), 0 skipped, 1 cancelled",
                          home)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_cli_stopped_during_start_up_exits_0_without_a_traceback(sig):
+    """A stop signal while coordd-web starts (its imports, the app; ~0.3 s) met Python's
+    defaults: a KeyboardInterrupt traceback, status 143 or 129. The signal lands here
+    while the app is built, before uvicorn runs."""
+    import subprocess
+    code = ("import os, signal, sys\n"
+            "import coordd_web.__main__ as m, coordd_web.app as app\n"
+            "real = app.build_app\n"
+            "def build(*a, **kw):\n"
+            f"    os.kill(os.getpid(), {int(sig)})\n"
+            "    return real(*a, **kw)\n"
+            "app.build_app = build\n"
+            "sys.exit(m.main(['--port', '0', '--socket', '/nonexistent/coordd.sock']))\n")
+
+    def default_signals() -> None:  # a background job of a script starts with SIGINT ignored
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30, preexec_fn=default_signals)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, (out.returncode, out.stderr)

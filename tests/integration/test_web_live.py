@@ -98,3 +98,21 @@ def test_streams_past_the_cap_get_503(daemon, monkeypatch):
     with TestClient(app, base_url=BASE) as web:
         r = web.get("/events")
     assert r.status_code == 503 and "too many live streams" in r.text
+
+
+async def test_a_stop_signal_ends_open_streams_at_once(daemon, tmp_path):
+    """SIGTERM with a tab's stream open waited out uvicorn's graceful timeout (2 s),
+    then cancelled the stream: 'timeout graceful shutdown exceeded' and a CancelledError
+    traceback per open tab. Streams now end when the shutdown begins."""
+    import signal
+    web = start_web(tmp_path, daemon.socket)
+    streams = await open_streams(web.url, 2)
+    try:
+        web.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(web.proc.wait, 30) == 0
+    finally:
+        for w in streams:
+            w.close()
+        web.stop()
+    log = web.log_path.read_text()
+    assert "Traceback" not in log and "graceful shutdown exceeded" not in log, log

@@ -36,6 +36,7 @@ from coordd.store import views
 from coordd.clock import SystemClock
 from coordd.store.sqlite.dblock import DbLock
 from coordd.store import reads
+from coordd.store.schema import SCHEMA_VERSION
 from coordd.wire.protocol import BackupResult
 from coordd.store.sqlite.storage_health import storage_reason
 
@@ -240,11 +241,11 @@ def _in_store(root: str, sha: str) -> str:
 
 
 def verify(src: str) -> dict[str, Any]:
-    """Check a backup: manifest present, database hash and `quick_check`, every artifact's
-    hash. Returns the manifest.
+    """Check a backup: manifest present, database hash and `quick_check`, a schema this
+    coordd knows (not a newer one's), every artifact's hash. Returns the manifest.
 
     Raises:
-        RestoreRefused: anything is missing or does not match.
+        RestoreRefused: anything is missing or does not match, or the schema is newer.
     """
     src = os.path.abspath(src)
     try:
@@ -256,13 +257,13 @@ def verify(src: str) -> dict[str, Any]:
     if db_sha != manifest["db"]["sha256"]:
         raise RestoreRefused(f"{src}: database does not match its manifest's sha256")
     try:
-        conn = sqlite3.connect(f"file:{src}?mode=ro", uri=True)
-        try:
+        with contextlib.closing(sqlite3.connect(f"file:{src}?mode=ro", uri=True)) as conn:
             qc, fk = views.integrity(conn)
-        finally:
-            conn.close()
+            version = conn.execute(reads.SQL_USER_VERSION).fetchone()[0]
     except sqlite3.Error as exc:
         raise RestoreRefused(f"{src}: not a readable SQLite database: {exc}") from exc
+    if version > SCHEMA_VERSION:  # this coordd would refuse to start on it
+        raise RestoreRefused(f"{src}: {errors.schema_too_new(version, SCHEMA_VERSION)}")
     if qc != "ok" or fk:
         raise RestoreRefused(f"{src}: quick_check {qc!r}, {len(fk)} foreign-key violation(s)")
     for art in manifest["artifacts"]:
