@@ -11,13 +11,19 @@ from coordd.store.schema import SCHEMA_VERSION
 from coordd.store.sqlite.offline import check_file
 
 
-def test_a_newer_schema_is_named_and_the_file_is_left_alone(tmp_path):
+def _db(tmp_path, version: int):
+    """A file with a jobs table at schema `version`."""
     db = tmp_path / "coordd.db"
     conn = sqlite3.connect(db)
     conn.execute("CREATE TABLE jobs (job_id TEXT PRIMARY KEY, status TEXT)")
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.execute(f"PRAGMA user_version = {version}")
     conn.commit()
     conn.close()
+    return db
+
+
+def test_a_newer_schema_is_named_and_the_file_is_left_alone(tmp_path):
+    db = _db(tmp_path, SCHEMA_VERSION + 1)
     before = db.read_bytes()
     res = check_file(str(db))
     assert res["schema_version"] == SCHEMA_VERSION + 1
@@ -27,10 +33,5 @@ def test_a_newer_schema_is_named_and_the_file_is_left_alone(tmp_path):
 
 
 def test_a_known_schema_says_the_number_alone(tmp_path):
-    db = tmp_path / "coordd.db"
-    conn = sqlite3.connect(db)
-    conn.execute("CREATE TABLE jobs (job_id TEXT PRIMARY KEY, status TEXT)")
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    conn.commit()
-    conn.close()
+    db = _db(tmp_path, SCHEMA_VERSION)
     assert _check_line(check_file(str(db))).endswith(f"schema version: {SCHEMA_VERSION}")
