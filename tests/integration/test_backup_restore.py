@@ -26,6 +26,17 @@ def ctl(*args: str) -> subprocess.CompletedProcess[str]:
     return ctlfork.run(list(args), timeout=60)  # python -m coordctl ARGS
 
 
+def _one_job_backup(sock: str, tmp: Path, after: int = 0) -> Path:
+    """Enqueue one job, back it up to `tmp`/bk.db (returned), then enqueue `after` more."""
+    dest = tmp / "bk.db"
+    with SyncClient(sock, timeout=10) as c:
+        c.enqueue(kind="k", required_role="cpu", priority=0)
+        c.backup(str(dest))
+        for _ in range(after):
+            c.enqueue(kind="k", required_role="cpu", priority=0)
+    return dest
+
+
 def _with_artifacts(sock: str, db: str, tmp: Path) -> tuple[dict[str, str], str]:
     """Complete 5 jobs whose results are artifact files, and checkpoint one running job on
     an artifact file. Returns (job_id -> artifact sha256, the checkpointed job's id)."""
@@ -144,12 +155,7 @@ def test_restore_over_a_database_keeps_the_replaced_one_beside_it(daemon_factory
     here, so what it committed last may be only there), and the output says where."""
     d = daemon_factory()
     d.start()
-    with SyncClient(d.socket, timeout=10) as c:
-        c.enqueue(kind="k", required_role="cpu", priority=0)
-        dest = tmp_path / "bk.db"
-        c.backup(str(dest))
-        for _ in range(2):
-            c.enqueue(kind="k", required_role="cpu", priority=0)
+    dest = _one_job_backup(d.socket, tmp_path, after=2)
     d.kill()
     res = ctl("restore", str(dest), "--db", d.db)
     assert res.returncode == 0, res.stderr
@@ -174,10 +180,7 @@ def test_a_backup_from_a_newer_coordd_is_refused_and_nothing_is_replaced(daemon_
     from coordd.store.schema import SCHEMA_VERSION
     d = daemon_factory()
     d.start()
-    with SyncClient(d.socket, timeout=10) as c:
-        c.enqueue(kind="k", required_role="cpu", priority=0)
-        dest = tmp_path / "bk.db"
-        c.backup(str(dest))
+    dest = _one_job_backup(d.socket, tmp_path)
     d.stop()
     conn = sqlite3.connect(dest)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")  # as a newer one writes it
