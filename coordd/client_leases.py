@@ -18,6 +18,13 @@ from coordd.wire.protocol import (
 from coordd.wire.workers import ReleasedResult
 
 
+def _with_next(params: dict[str, Any], next: ClaimAsk | None) -> dict[str, Any]:
+    """A report's `params`, with `next` (the worker's next claim) where it asks for one."""
+    if next is not None:
+        params["next"] = next
+    return params
+
+
 class LeaseCalls(Caller):
     """A worker's calls (docs/concepts/leases.md). A report's `next` asks coordd to claim
     the worker's next job once the report is stored; the reply's `next` is that claim's
@@ -34,11 +41,9 @@ class LeaseCalls(Caller):
                       checkpoint: Any = None, next: ClaimAsk | None = None) -> StatusResult:
         """Hand a held job back without spending its attempt (protocol.Release); `next`:
         then claim the worker's next job (see the class)."""
-        params: dict[str, Any] = {"job_id": job_id, "worker_id": worker_id, "token": token,
-                                  "reason": reason, "checkpoint": checkpoint}
-        if next is not None:
-            params["next"] = next
-        return await self.call("release", params, StatusResult)
+        return await self.call("release", _with_next(
+            {"job_id": job_id, "worker_id": worker_id, "token": token, "reason": reason,
+             "checkpoint": checkpoint}, next), StatusResult)
 
     async def goodbye(self, worker_id: str, incarnation: str | None = None) -> ReleasedResult:
         """Say this worker stops: offline at once; leases it still holds end."""
@@ -105,15 +110,11 @@ class LeaseCalls(Caller):
                                   "result": result, "artifact": artifact}
         if usage:
             params["usage"] = usage
-        if next is not None:
-            params["next"] = next
-        return await self.call("complete", params, CompleteResult)
+        return await self.call("complete", _with_next(params, next), CompleteResult)
 
     async def fail(self, job_id: str, worker_id: str, token: int, error: str,
                    retryable: bool, next: ClaimAsk | None = None) -> StatusResult:
         """Report a failure (`next`: then claim the worker's next job, see the class)."""
-        params: dict[str, Any] = {"job_id": job_id, "worker_id": worker_id, "token": token,
-                                  "error": error, "retryable": retryable}
-        if next is not None:
-            params["next"] = next
-        return await self.call("fail", params, StatusResult)
+        return await self.call("fail", _with_next(
+            {"job_id": job_id, "worker_id": worker_id, "token": token, "error": error,
+             "retryable": retryable}, next), StatusResult)
